@@ -1,0 +1,34 @@
+# Thin wrapper over CMake: the two commands a newcomer needs, plus build and clean.
+BUILD_DIR ?= build
+BUILD_TYPE ?= RelWithDebInfo
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CTEST_ARGS ?=
+CMAKE_ARGS ?=
+
+ifeq ($(SANITIZE),1)
+BUILD_DIR := build-asan
+CMAKE_ARGS += -DBATON_SANITIZE=ON
+BUILD_TYPE := Debug
+endif
+
+.PHONY: all deps build test demo clean
+
+all: build
+
+deps:
+	@sh scripts/install-deps.sh
+
+$(BUILD_DIR)/CMakeCache.txt:
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS)
+
+build: deps $(BUILD_DIR)/CMakeCache.txt
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS) $(CTEST_ARGS)
+
+demo: build
+	@sh scripts/demo.sh $(BUILD_DIR)
+
+clean:
+	rm -rf build build-asan

@@ -1,0 +1,106 @@
+/* buf.c — growable byte buffer (see buf.h). */
+#include "common/buf.h"
+
+#include "baton/error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int baton_buf_reserve(baton_buf_t *b, size_t extra)
+{
+    size_t need = b->len + extra + 1;
+    if (need < b->len)
+        return BATON_ENOMEM;
+    if (need <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < need) {
+        if (cap > ((size_t)-1) / 2)
+            return BATON_ENOMEM;
+        cap *= 2;
+    }
+    char *p = realloc(b->data, cap);
+    if (p == NULL)
+        return BATON_ENOMEM;
+    b->data = p;
+    b->cap = cap;
+    b->data[b->len] = '\0';
+    return 0;
+}
+
+int baton_buf_append(baton_buf_t *b, const void *data, size_t len)
+{
+    if (baton_buf_reserve(b, len) != 0)
+        return BATON_ENOMEM;
+    if (len > 0)
+        memcpy(b->data + b->len, data, len);
+    b->len += len;
+    b->data[b->len] = '\0';
+    return 0;
+}
+
+int baton_buf_append_str(baton_buf_t *b, const char *s)
+{
+    return baton_buf_append(b, s, strlen(s));
+}
+
+int baton_buf_vprintf(baton_buf_t *b, const char *fmt, va_list ap)
+{
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap2);
+    va_end(ap2);
+    if (n < 0)
+        return BATON_EINVAL;
+    if (baton_buf_reserve(b, (size_t)n) != 0)
+        return BATON_ENOMEM;
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    b->len += (size_t)n;
+    return 0;
+}
+
+int baton_buf_printf(baton_buf_t *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = baton_buf_vprintf(b, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+void baton_buf_consume(baton_buf_t *b, size_t n)
+{
+    if (n >= b->len) {
+        b->len = 0;
+    } else {
+        memmove(b->data, b->data + n, b->len - n);
+        b->len -= n;
+    }
+    if (b->data != NULL)
+        b->data[b->len] = '\0';
+}
+
+void baton_buf_reset(baton_buf_t *b)
+{
+    b->len = 0;
+    if (b->data != NULL)
+        b->data[0] = '\0';
+}
+
+char *baton_buf_steal(baton_buf_t *b, size_t *len_p)
+{
+    char *p = b->data;
+    if (len_p != NULL)
+        *len_p = b->len;
+    b->data = NULL;
+    b->len = b->cap = 0;
+    return p;
+}
+
+void baton_buf_free(baton_buf_t *b)
+{
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}

@@ -1,0 +1,29 @@
+/* buf.h — a growable byte buffer; the owner frees it with baton_buf_free. */
+#ifndef BATON_COMMON_BUF_H
+#define BATON_COMMON_BUF_H
+
+#include <stdarg.h>
+#include <stddef.h>
+
+typedef struct {
+    char *data; /* always NUL-terminated when non-NULL (len excludes the NUL) */
+    size_t len;
+    size_t cap;
+} baton_buf_t;
+
+#define BATON_BUF_INIT {NULL, 0, 0}
+
+/* All return 0 or BATON_ENOMEM; on failure the buffer is unchanged. */
+int baton_buf_reserve(baton_buf_t *b, size_t extra);
+int baton_buf_append(baton_buf_t *b, const void *data, size_t len);
+int baton_buf_append_str(baton_buf_t *b, const char *s);
+int baton_buf_printf(baton_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int baton_buf_vprintf(baton_buf_t *b, const char *fmt, va_list ap);
+/* Drops the first n bytes (n <= len). */
+void baton_buf_consume(baton_buf_t *b, size_t n);
+void baton_buf_reset(baton_buf_t *b);
+/* Hands the storage to the caller (free() it); the buffer becomes empty. */
+char *baton_buf_steal(baton_buf_t *b, size_t *len_p);
+void baton_buf_free(baton_buf_t *b);
+
+#endif

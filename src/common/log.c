@@ -1,0 +1,72 @@
+/* log.c — structured log lines, one write(2) per line so threads never interleave. */
+#include "common/log.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+static atomic_int current_level = -1;
+
+static const char *const level_names[] = {"debug", "info", "warn", "error"};
+
+int baton_log_parse_level(const char *name, baton_log_level_t *level_p)
+{
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(name, level_names[i]) == 0) {
+            *level_p = (baton_log_level_t)i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+void baton_log_set_level(baton_log_level_t level)
+{
+    atomic_store(&current_level, (int)level);
+}
+
+int baton_log_enabled(baton_log_level_t level)
+{
+    int cur = atomic_load(&current_level);
+    if (cur < 0) {
+        baton_log_level_t env = BATON_LOG_INFO;
+        const char *s = getenv("BATON_LOG_LEVEL");
+        if (s != NULL)
+            baton_log_parse_level(s, &env);
+        cur = (int)env;
+        atomic_store(&current_level, cur);
+    }
+    return (int)level >= cur;
+}
+
+void baton_log(baton_log_level_t level, const char *comp, const char *fmt, ...)
+{
+    if (!baton_log_enabled(level))
+        return;
+    char line[2048];
+    struct timeval tv;
+    struct tm tm;
+    gettimeofday(&tv, NULL);
+    gmtime_r(&tv.tv_sec, &tm);
+    int n = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ level=%s comp=%s ",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     (int)(tv.tv_usec / 1000), level_names[level], comp);
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 2, fmt, ap);
+    va_end(ap);
+    if (m < 0)
+        m = 0;
+    size_t len = (size_t)n + (size_t)m;
+    if (len > sizeof(line) - 2)
+        len = sizeof(line) - 2;
+    line[len++] = '\n';
+    ssize_t w = write(STDERR_FILENO, line, len);
+    (void)w;
+}

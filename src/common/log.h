@@ -1,0 +1,34 @@
+/* log.h — structured, levelled log lines on stderr: ts level comp event key=value... */
+#ifndef BATON_COMMON_LOG_H
+#define BATON_COMMON_LOG_H
+
+typedef enum {
+    BATON_LOG_DEBUG = 0,
+    BATON_LOG_INFO = 1,
+    BATON_LOG_WARN = 2,
+    BATON_LOG_ERROR = 3,
+} baton_log_level_t;
+
+/* Thread-safe. Default level INFO; BATON_LOG_LEVEL=debug|info|warn|error overrides. */
+void baton_log_set_level(baton_log_level_t level);
+int baton_log_parse_level(const char *name, baton_log_level_t *level_p);
+int baton_log_enabled(baton_log_level_t level);
+
+/*
+ * One logfmt-style line: `2026-11-22T07:00:00.123Z level=info comp=router listening port=8000`.
+ * By convention the format starts with a bare event word and adds ` key=value` fields.
+ */
+void baton_log(baton_log_level_t level, const char *comp, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define BATON_LOG_DEBUG_(comp, ...)                                                                \
+    do {                                                                                           \
+        if (baton_log_enabled(BATON_LOG_DEBUG))                                                    \
+            baton_log(BATON_LOG_DEBUG, comp, __VA_ARGS__);                                         \
+    } while (0)
+#define log_debug(comp, ...) BATON_LOG_DEBUG_(comp, __VA_ARGS__)
+#define log_info(comp, ...) baton_log(BATON_LOG_INFO, comp, __VA_ARGS__)
+#define log_warn(comp, ...) baton_log(BATON_LOG_WARN, comp, __VA_ARGS__)
+#define log_error(comp, ...) baton_log(BATON_LOG_ERROR, comp, __VA_ARGS__)
+
+#endif

@@ -1,0 +1,138 @@
+/* server.h — HTTP/1.1 server on one libuv loop (llhttp parsing, limits, keep-alive, streaming). */
+#ifndef BATON_HTTP_SERVER_H
+#define BATON_HTTP_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "http/common.h"
+
+/*
+ * Threading: a server instance belongs to one loop and every function here must be called on
+ * that loop's thread. Several instances (one per loop/thread) may listen on the same host:port
+ * with SO_REUSEPORT; the kernel spreads connections over them.
+ *
+ * Life of a request:
+ *   1. The server reads and parses a request; the limits below are enforced with an
+ *      OpenAI-style JSON error ({"error":{"message","type","param","code"}}) and the
+ *      connection is closed after that error: 400 malformed HTTP, 408 header/body read timeout,
+ *      413 body too large, 431 request line + headers too large, 503 connection cap.
+ *   2. Once the whole request (headers and de-chunked body) is in, handler(req, ctx) is called.
+ *      The request (and its path, headers and body) stays valid and owned by the server until
+ *      the handler finishes it with exactly one of baton_http_respond*() or
+ *      baton_http_stream_end(). The handler may finish it inside the call or any time later.
+ *   3. If the client goes away before the request is finished, req->on_abort (when set) is
+ *      called once, later, on the loop. The request stays valid: the handler must still finish
+ *      it (the write calls then return BATON_ECLOSED and write nothing; finishing frees it).
+ *   4. After a request is finished, the connection is kept alive (HTTP/1.1 default,
+ *      "Connection: keep-alive" for 1.0) or closed. Pipelined requests are parsed only after
+ *      the previous response is finished (bytes read meanwhile are buffered, bounded by the
+ *      header limit).
+ *
+ * Ownership: `body` and `data` passed to the respond/write calls are copied (or written before
+ * return) and may be reused by the caller right away.
+ */
+
+typedef struct baton_http_limits_s {
+    size_t max_header_bytes;     /* request line + headers; 431. Default 64 KiB */
+    size_t max_headers;          /* header count; 431. Default 100 */
+    size_t max_body_bytes;       /* 413. Default 64 MiB */
+    uint64_t header_timeout_ms;  /* first byte of a request to end of headers; 408. Default 30 s */
+    uint64_t body_timeout_ms;    /* longest gap between body reads; 408. Default 60 s */
+    uint64_t keepalive_timeout_ms; /* idle keep-alive connection is closed. Default 75 s */
+    unsigned max_connections;    /* per instance; over it → 503 and close. Default 10000 */
+} baton_http_limits_t;
+
+/* Fills the defaults above. */
+void baton_http_limits_default(baton_http_limits_t *limits);
+
+typedef struct baton_http_server_s baton_http_server_t;
+typedef struct baton_http_req_s baton_http_req_t;
+
+typedef void (*baton_http_handler_cb)(baton_http_req_t *req, void *ctx);
+typedef void (*baton_http_abort_cb)(baton_http_req_t *req);
+typedef void (*baton_http_drain_cb)(baton_http_req_t *req);
+typedef void (*baton_http_server_close_cb)(baton_http_server_t *srv);
+
+struct baton_http_req_s {
+    void *data;                   /* the handler's; the server never touches it */
+    baton_http_abort_cb on_abort; /* set by the handler; see rule 3 above */
+    baton_http_drain_cb on_drain; /* set by the handler; called when the write queue empties */
+
+    /* Read-only, valid until the request is finished. All strings are NUL-terminated. */
+    const char *method; /* "GET", "POST", ... */
+    const char *path;   /* raw path, without the query: "/v1/chat/completions" */
+    const char *query;  /* raw query after '?', or "" */
+    const baton_http_header_t *headers;
+    size_t n_headers;
+    const char *body; /* de-chunked body, NUL-terminated; "" when empty */
+    size_t body_len;
+    int http_minor;       /* 0 or 1 */
+    uint64_t start_ns;    /* uv_hrtime() when the first byte of the request arrived */
+    char peer[64];        /* "127.0.0.1:54321" */
+    baton_http_server_t *server;
+};
+
+/* Case-insensitive header lookup; NULL when absent. */
+const baton_http_header_t *baton_http_req_header(const baton_http_req_t *req, const char *name);
+
+/* Creates a server on `loop`. `limits` may be NULL for the defaults. */
+int baton_http_server_create(baton_http_server_t **srv_p, uv_loop_t *loop,
+                             const baton_http_limits_t *limits, baton_http_handler_cb handler,
+                             void *ctx);
+
+/*
+ * Binds and listens on host:port (IPv4 or IPv6 literal, or "localhost"). port 0 picks an
+ * ephemeral port; baton_http_server_port() tells which. reuseport != 0 sets SO_REUSEPORT so
+ * other instances (other loops) can bind the same address.
+ */
+int baton_http_server_listen(baton_http_server_t *srv, const char *host, int port, int reuseport);
+int baton_http_server_port(const baton_http_server_t *srv);
+
+/* Connections open now on this instance (for metrics and tests). */
+unsigned baton_http_server_connections(const baton_http_server_t *srv);
+
+/* Stops accepting new connections; idle keep-alive connections are closed, busy ones are
+ * closed as soon as their current response is finished. */
+void baton_http_server_stop_accepting(baton_http_server_t *srv);
+
+/*
+ * Closes the listener and every connection (in-flight requests see on_abort). close_cb runs
+ * once everything is closed and all requests were finished by their handlers; the server is
+ * freed after close_cb returns.
+ */
+void baton_http_server_close(baton_http_server_t *srv, baton_http_server_close_cb close_cb);
+
+/* ---- Responses (exactly one finishing call per request) ---- */
+
+/*
+ * A complete response with Content-Length. `extra` headers may be NULL. Content-Type defaults
+ * to application/json when NULL. Returns 0, or BATON_ECLOSED when the client is gone (the
+ * request is finished either way).
+ */
+int baton_http_respond(baton_http_req_t *req, int status, const char *content_type,
+                       const baton_http_header_t *extra, size_t n_extra, const char *body,
+                       size_t body_len);
+
+/* {"error":{"message":message,"type":type,"param":param or null,"code":code or null}} */
+int baton_http_respond_error(baton_http_req_t *req, int status, const char *message,
+                             const char *type, const char *param, const char *code);
+
+/* Starts a chunked (Transfer-Encoding: chunked) response, e.g. text/event-stream for SSE. */
+int baton_http_stream_start(baton_http_req_t *req, int status, const char *content_type,
+                            const baton_http_header_t *extra, size_t n_extra);
+
+/* Writes one chunk (len 0 is ignored). Returns 0 or BATON_ECLOSED. */
+int baton_http_stream_write(baton_http_req_t *req, const char *data, size_t len);
+
+/* Bytes queued to this client and not yet written to the socket (for back-pressure). */
+size_t baton_http_write_queue_size(const baton_http_req_t *req);
+
+/* Writes the last chunk and finishes the request. */
+int baton_http_stream_end(baton_http_req_t *req);
+
+/* Standard reason phrase for a status ("OK", "Not Found", ...). */
+const char *baton_http_reason(int status);
+
+#endif
