@@ -1,0 +1,124 @@
+/* config.h — the router's configuration: defaults, conf/baton.json and the command line. */
+#ifndef BATON_ROUTER_CONFIG_H
+#define BATON_ROUTER_CONFIG_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "common/log.h"
+#include "http/client.h"
+#include "http/server.h"
+#include "router/policy.h"
+#include "router/registry.h"
+
+/*
+ * Every key of the JSON config file is also a command-line flag (underscores become dashes,
+ * nested objects are flattened: "limits":{"max_body_bytes":N} is --max-body-bytes N). The
+ * command line overrides the file whatever the order of the flags; --config is read first.
+ *
+ *  JSON key                     CLI flag                    default
+ *  host                         --host HOST                 127.0.0.1
+ *  port                         --port N                    8000 (0 = ephemeral)
+ *  threads                      --threads N                 number of cores (1..1024)
+ *  policy                       --policy P                  round_robin (regular workers, and
+ *                                                           prefill/decode unless set below)
+ *  prefill_policy               --prefill-policy P          = policy
+ *  decode_policy                --decode-policy P           = policy
+ *                               (P: round_robin | random | power_of_two)
+ *  log_level                    --log-level L               info (debug|info|warn|error)
+ *  workers: [ {url, worker_type, bootstrap_port, api_key, model_id, priority, cost, labels} ]
+ *                               --prefill URL [BOOTSTRAP_PORT]   (repeatable; the optional
+ *                                     second word is taken as the port when it is a number
+ *                                     1..65535 or "none"/"null", else it is the next flag)
+ *                               --decode URL                (repeatable)
+ *                               --worker URL                (repeatable; a regular worker)
+ *       worker_type: "prefill" | "decode" | "regular" (default "regular");
+ *       bootstrap_port: integer or null, prefill only; api_key, model_id: strings;
+ *       priority: integer >= 0 (50); cost: number >= 0 (1.0); labels: object.
+ *       Workers from the file and the command line are all registered; a command-line worker
+ *       with the same URL as a file worker replaces it.
+ *  limits.max_header_bytes      --max-header-bytes N        65536   (431 over it)
+ *  limits.max_headers           --max-headers N             100     (431 over it)
+ *  limits.max_body_bytes        --max-body-bytes N          67108864 (64 MiB, 413 over it)
+ *  limits.header_timeout_ms     --header-timeout-ms N       30000   (408)
+ *  limits.body_timeout_ms       --body-timeout-ms N         60000   (408)
+ *  limits.keepalive_timeout_ms  --keepalive-timeout-ms N    75000
+ *  limits.max_connections       --max-connections N         10000   (per thread; 503 over it)
+ *  timeouts.connect_timeout_ms      --connect-timeout-ms N      5000
+ *  timeouts.first_byte_timeout_ms   --first-byte-timeout-ms N   600000 (a 100k-token prefill
+ *                                                               can take minutes)
+ *  timeouts.idle_timeout_ms         --idle-timeout-ms N         120000 (gap between chunks)
+ *  timeouts.request_timeout_ms      --request-timeout-ms N      3600000 (whole request)
+ *                               (timeouts: 0 = none)
+ *                               --config FILE               none (the JSON file above)
+ *                               --help                      print this and exit 0
+ *
+ * Unknown keys in the file and unknown flags are errors (typos must not pass silently).
+ *
+ * Threading: a config is built once at start-up on the main thread and is read-only while the
+ * router runs (a reload builds a new one).
+ * Ownership: the config owns all its strings; baton_config_free() releases them.
+ */
+
+typedef struct baton_config_worker_s {
+    char *url;
+    baton_worker_role_t role;
+    int bootstrap_port; /* -1 = none */
+    char *api_key;      /* NULL = none */
+    char *model_id;     /* NULL = none */
+    int priority;
+    double cost;
+    char *labels_json; /* NULL = none */
+} baton_config_worker_t;
+
+typedef struct baton_config_s {
+    char *host;
+    int port;
+    unsigned threads;
+    char *config_path; /* NULL when no --config */
+    baton_policy_kind_t policy;
+    baton_policy_kind_t prefill_policy; /* resolved: never "unset" after parsing */
+    baton_policy_kind_t decode_policy;
+    baton_log_level_t log_level;
+    baton_http_limits_t limits;     /* for baton_http_server_create */
+    baton_http_timeouts_t timeouts; /* for baton_http_request (upstream), ms, 0 = none */
+    baton_config_worker_t *workers;
+    size_t n_workers;
+
+    /* Private to config.c: which keys were given explicitly. */
+    unsigned set_flags_;
+} baton_config_t;
+
+/* baton_config_from_args() returns this (positive) when --help was given. */
+#define BATON_CONFIG_HELP 1
+
+/* Fills the defaults (threads = number of cores). 0 or BATON_ENOMEM. */
+int baton_config_init(baton_config_t *cfg);
+void baton_config_free(baton_config_t *cfg);
+
+/*
+ * The whole start-up path: defaults are expected in cfg (baton_config_init); the --config file
+ * (if any) is applied, then every other flag. Returns 0, BATON_CONFIG_HELP, or BATON_EINVAL /
+ * BATON_ENOMEM with a one-line reason in err (e.g. "--port: not a number: 'x'"). The caller
+ * prints the reason and exits with status 2. argv[0] is the program name and is skipped.
+ */
+int baton_config_from_args(baton_config_t *cfg, int argc, char *const argv[], char *err,
+                           size_t errlen);
+
+/* Applies one JSON config file on top of cfg (used by from_args and for reloads).
+ * 0, or BATON_EINVAL / BATON_ENOMEM with the reason in err. */
+int baton_config_load_file(baton_config_t *cfg, const char *path, char *err, size_t errlen);
+
+/* Same, from JSON text (tests). `origin` names the source in messages. */
+int baton_config_load_json(baton_config_t *cfg, const char *text, const char *origin, char *err,
+                           size_t errlen);
+
+/* Registers cfg's workers in reg. Stops at the first failure: BATON_EINVAL / BATON_EEXIST /
+ * BATON_ENOMEM with "worker URL: reason" in err. */
+int baton_config_apply_workers(const baton_config_t *cfg, baton_registry_t *reg, char *err,
+                               size_t errlen);
+
+/* Prints the usage text: every flag with its default. */
+void baton_config_print_help(FILE *out, const char *argv0);
+
+#endif

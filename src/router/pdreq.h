@@ -1,0 +1,117 @@
+/* pdreq.h — a client request body for the PD router: validation, batch size, bootstrap
+ * injection, one compact serialization, and prefill→decode logprob merging. */
+#ifndef BATON_ROUTER_PDREQ_H
+#define BATON_ROUTER_PDREQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "common/buf.h"
+
+/*
+ * The body is parsed once (jansson), validated for its API, and kept as a tree so a retry can
+ * inject new bootstrap values and serialize again. Everything here is plain data: no loop, no
+ * locks; a baton_pdreq_t belongs to the one request (and thread) that parsed it.
+ *
+ * Batch rule (what makes bootstrap_host/port/room arrays, one element per batch entry):
+ *   chat         n > 1                                       → n
+ *   completions  prompt an array of strings or of int arrays → its length; else n > 1 → n
+ *   generate     text an array, or input_ids an array of int arrays → its length;
+ *                else sampling_params.n > 1                  → n
+ * A flat int array (`prompt: [1,2,3]`, `input_ids: [1,2,3]`) is ONE prompt, not a batch.
+ * A batch of length 1 (`prompt: ["x"]`) is still a batch (arrays of length 1), because the
+ * engine sees a list there too.
+ */
+
+typedef enum {
+    BATON_API_CHAT = 0,    /* POST /v1/chat/completions */
+    BATON_API_COMPLETIONS, /* POST /v1/completions */
+    BATON_API_GENERATE,    /* POST /generate (SGLang native) */
+    BATON_API__COUNT,
+} baton_api_t;
+
+/* The route path of an API ("/v1/chat/completions", ...). */
+const char *baton_api_path(baton_api_t api);
+
+/* A validation failure, ready for baton_http_respond_error(). */
+typedef struct baton_pdreq_error_s {
+    int status; /* 400 */
+    char message[256];
+    char param[64];   /* the offending parameter, "" when none */
+    const char *code; /* "invalid_json", "missing_parameter", "invalid_type", "invalid_value" */
+} baton_pdreq_error_t;
+
+/* Largest batch accepted (bounds the injected arrays). */
+#define BATON_PDREQ_MAX_BATCH 4096
+
+typedef struct baton_pdreq_s {
+    baton_api_t api;
+    json_t *root;    /* the parsed body (an object); owned */
+    size_t batch;    /* 0 for a single request, else the batch length (>= 1) */
+    int stream;      /* "stream": true */
+    int logprobs;    /* logprobs asked: merge prefill's input_token_logprobs */
+    baton_buf_t out; /* the serialized body after baton_pdreq_inject() */
+} baton_pdreq_t;
+
+/*
+ * Parses and validates body[0..len). On success returns 0 and fills *r (free it with
+ * baton_pdreq_free). On bad input returns BATON_EINVAL and fills *err (r holds nothing).
+ * BATON_ENOMEM on allocation failure.
+ */
+int baton_pdreq_parse(baton_pdreq_t *r, baton_api_t api, const char *body, size_t len,
+                      baton_pdreq_error_t *err);
+
+/* Rooms needed for one injection: max(batch, 1). */
+static inline size_t baton_pdreq_n_rooms(const baton_pdreq_t *r)
+{
+    return r->batch ? r->batch : 1;
+}
+
+/*
+ * Sets bootstrap_host, bootstrap_port (bootstrap_port < 0 → null) and bootstrap_room (rooms:
+ * baton_pdreq_n_rooms() values) — arrays of the batch length for a batch — replacing any the
+ * client sent, then serializes the whole body compactly into r->out (replacing what was there).
+ * Safe to call again for a retry with a new pair. 0 or BATON_ENOMEM.
+ */
+int baton_pdreq_inject(baton_pdreq_t *r, const char *host, int bootstrap_port,
+                       const uint64_t *rooms);
+
+void baton_pdreq_free(baton_pdreq_t *r);
+
+/* A bootstrap room, uniform in [0, 2^63-1], from a per-thread generator seeded from the OS. */
+uint64_t baton_pdreq_room(void);
+
+/* ---- logprob merging ---- */
+
+/*
+ * Prefill's input logprobs, extracted from prefill's complete response body (a JSON object, a
+ * JSON array for a batch, or an SSE stream of JSON events). Keyed by element index: a JSON array
+ * body gives index i to element i; SSE events use their "index" field (0 when absent), the first
+ * event carrying meta_info.input_token_logprobs per index wins. Returns NULL when there are none
+ * (or the body is not understood); free with baton_pdreq_lp_free.
+ */
+typedef struct baton_pdreq_lp_s baton_pdreq_lp_t;
+baton_pdreq_lp_t *baton_pdreq_lp_extract(const char *body, size_t len);
+void baton_pdreq_lp_free(baton_pdreq_lp_t *lp);
+
+/*
+ * Non-streaming merge: decode's body (object or batch array) with prefill's logprobs put in
+ * front of decode's meta_info.input_token_logprobs, per element, where both have that array.
+ * Returns 1 and fills `out` when something was merged; 0 when nothing to merge (use decode's
+ * body as is); BATON_ENOMEM.
+ */
+int baton_pdreq_merge_body(const baton_pdreq_lp_t *lp, const char *decode_body, size_t len,
+                           baton_buf_t *out);
+
+/*
+ * Streaming merge of one SSE event payload (the JSON after "data: "). `merged_mask` tracks
+ * which indices were merged already (bit i, indices < 64; higher indices are merged every
+ * time they appear, which engines do not send twice). Returns 1 and fills `out` with the new
+ * payload when merged; 0 when the event is left as is.
+ */
+int baton_pdreq_merge_event(const baton_pdreq_lp_t *lp, const char *payload, size_t len,
+                            uint64_t *merged_mask, baton_buf_t *out);
+
+#endif

@@ -1,0 +1,201 @@
+/* registry.h — the router's worker registry: workers by role, references, health/breaker slots. */
+#ifndef BATON_ROUTER_REGISTRY_H
+#define BATON_ROUTER_REGISTRY_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "http/common.h"
+
+/*
+ * One registry is shared by every router thread (each thread runs its own libuv loop).
+ *
+ * Threading: every function here is thread-safe. The registry's list is guarded by one mutex,
+ * held only for short copies; per-worker mutable state (in-flight count, health, breaker,
+ * draining) is atomic and read without the lock.
+ *
+ * Ownership and lifetime: a worker is reference-counted. The registry holds one reference while
+ * the worker is registered. Every function that hands out a worker pointer (add with worker_p,
+ * get, find_url, snapshot) hands out a NEW reference that the caller must drop with
+ * baton_worker_unref() (or baton_workers_unref()). Removing a worker marks it removed and
+ * draining and drops the registry's reference; a request that still holds a reference keeps
+ * the worker (and its strings) valid until its last reference is dropped, then it is freed on
+ * whichever thread dropped it.
+ *
+ * Change detection: baton_registry_generation() increases on every change that can alter the
+ * result of a snapshot (add, remove, health/breaker/draining change). A per-loop cache may keep
+ * a snapshot and refresh it when the generation it saw differs.
+ */
+
+typedef enum {
+    BATON_ROLE_PREFILL = 0,
+    BATON_ROLE_DECODE = 1,
+    BATON_ROLE_REGULAR = 2,
+    BATON_ROLE_COUNT = 3,
+    BATON_ROLE_ANY = -1 /* only as a filter argument */
+} baton_worker_role_t;
+
+/* "prefill", "decode", "regular" (and "any" for BATON_ROLE_ANY). */
+const char *baton_worker_role_name(baton_worker_role_t role);
+/* Exact, case-sensitive match of the names above (not "any"). 0 or BATON_EINVAL. */
+int baton_worker_role_parse(const char *name, baton_worker_role_t *role_p);
+
+/* Health as decided by the health layer (issue 4). A new worker starts HEALTHY. */
+typedef enum {
+    BATON_HEALTH_HEALTHY = 0,
+    BATON_HEALTH_UNHEALTHY = 1,
+} baton_worker_health_t;
+const char *baton_worker_health_name(baton_worker_health_t h); /* "healthy", "unhealthy" */
+
+/* Circuit-breaker state (issue 4). A new worker starts CLOSED. OPEN workers are never picked;
+ * HALF_OPEN workers are eligible (the breaker module limits the probes). */
+typedef enum {
+    BATON_BREAKER_CLOSED = 0,
+    BATON_BREAKER_OPEN = 1,
+    BATON_BREAKER_HALF_OPEN = 2,
+} baton_breaker_state_t;
+const char *baton_breaker_state_name(baton_breaker_state_t s); /* "closed", "open", "half_open" */
+
+#define BATON_WORKER_ID_MAX 16 /* "w-" + 8 hex digits + NUL fits with room to spare */
+
+/* What a caller asks to register. Strings are borrowed for the duration of the call only. */
+typedef struct baton_worker_spec_s {
+    const char *url;          /* required: "http://host[:port][/prefix]" (port 80 if absent) */
+    baton_worker_role_t role; /* PREFILL, DECODE or REGULAR */
+    int bootstrap_port;       /* -1 = none (JSON null); 1..65535 and only for PREFILL */
+    const char *api_key;      /* NULL = none; sent upstream as "Authorization: Bearer" */
+    const char *model_id;     /* NULL = none */
+    int priority;             /* >= 0; default 50 (higher = preferred; informational now) */
+    double cost;              /* >= 0; default 1.0 (informational now) */
+    const char *labels_json;  /* NULL or a JSON object as text, e.g. {"zone":"a"} */
+} baton_worker_spec_t;
+
+/* Fills the defaults: url NULL, role REGULAR, bootstrap_port -1, priority 50, cost 1.0. */
+void baton_worker_spec_init(baton_worker_spec_t *spec);
+
+/*
+ * A registered worker. The fields in the first block are immutable after registration and may
+ * be read from any thread while holding a reference. The atomic block is updated through the
+ * functions below; read it with the accessors.
+ */
+typedef struct baton_worker_s {
+    char id[BATON_WORKER_ID_MAX]; /* "w-" + 8 lowercase hex, stable: derived from the URL */
+    char *url;                    /* normalized: "http://host:port[/prefix]" (no trailing '/') */
+    baton_url_t parsed;           /* host (no brackets), port, prefix */
+    baton_worker_role_t role;
+    int bootstrap_port; /* -1 = none */
+    char *api_key;      /* NULL = none */
+    char *model_id;     /* NULL = none */
+    int priority;
+    double cost;
+    char *labels_json; /* compact JSON object text, "{}" when none; never NULL */
+    uint64_t added_ns; /* uv_hrtime() at registration */
+
+    /* Mutable, atomic. */
+    atomic_long in_flight; /* requests currently sent to this worker */
+    atomic_int health;     /* baton_worker_health_t */
+    atomic_int breaker;    /* baton_breaker_state_t */
+    atomic_int draining;   /* 1: takes no new requests (set on removal or by drain) */
+    atomic_int removed;    /* 1: no longer in the registry */
+
+    /* Private to registry.c. */
+    atomic_long refcount;
+    struct baton_worker_s *next;
+} baton_worker_t;
+
+typedef struct baton_registry_s baton_registry_t;
+
+/* 0, or BATON_ENOMEM. */
+int baton_registry_create(baton_registry_t **reg_p);
+
+/*
+ * Drops the registry's reference to every worker and frees the registry. Workers still
+ * referenced by requests stay valid until they are unreferenced. No other call on this registry
+ * may run concurrently or afterwards.
+ */
+void baton_registry_destroy(baton_registry_t *reg);
+
+/*
+ * Validates and registers a worker:
+ *   BATON_EINVAL  bad URL (must be http://host[:port][/prefix]), bad role,
+ *                 bootstrap_port out of 1..65535 or given for a non-prefill role, negative
+ *                 priority/cost, labels_json not a JSON object;
+ *   BATON_EEXIST  a registered worker already has this (normalized) URL;
+ *   BATON_ENOMEM.
+ * On failure and when err != NULL, a one-line human-readable reason is written to err
+ * (errlen bytes, NUL-terminated). worker_p may be NULL; otherwise it receives a new reference.
+ */
+int baton_registry_add(baton_registry_t *reg, const baton_worker_spec_t *spec,
+                       baton_worker_t **worker_p, char *err, size_t errlen);
+
+/* Removes by id or by URL (the URL is normalized first). 0 or BATON_ENOTFOUND. The worker is
+ * marked removed and draining; requests holding references finish normally. */
+int baton_registry_remove(baton_registry_t *reg, const char *id);
+int baton_registry_remove_url(baton_registry_t *reg, const char *url);
+
+/* A new reference to the registered worker with this id / URL, or NULL. */
+baton_worker_t *baton_registry_get(baton_registry_t *reg, const char *id);
+baton_worker_t *baton_registry_find_url(baton_registry_t *reg, const char *url);
+
+/* Snapshot flags. */
+#define BATON_SNAP_ALL 0u /* every registered worker of the role */
+#define BATON_SNAP_ELIGIBLE                                                                        \
+    1u /* only those a policy may pick: healthy, breaker not OPEN, not                             \
+        * draining */
+
+/*
+ * Copies up to `cap` workers of `role` (BATON_ROLE_ANY for all roles) into out[], in
+ * registration order, each with a NEW reference. Returns how many match in total, which may be
+ * more than cap (like snprintf): only min(total, cap) were written and referenced. Release them
+ * with baton_workers_unref(out, min(total, cap)).
+ */
+size_t baton_registry_snapshot(baton_registry_t *reg, baton_worker_role_t role, unsigned flags,
+                               baton_worker_t **out, size_t cap);
+
+/* Registered workers per role; counts[BATON_ROLE_COUNT]. `eligible` may be NULL; otherwise it
+ * receives the per-role counts of BATON_SNAP_ELIGIBLE workers (for /readiness). */
+void baton_registry_counts(baton_registry_t *reg, size_t counts[BATON_ROLE_COUNT],
+                           size_t eligible[BATON_ROLE_COUNT]);
+
+/* Total registered workers. */
+size_t baton_registry_size(baton_registry_t *reg);
+
+/* Monotonic change counter, starts at 1. */
+uint64_t baton_registry_generation(baton_registry_t *reg);
+
+/* State changes used by the health layer and the drain logic; each bumps the generation when
+ * the value actually changes. Safe on removed workers (no effect on the registry then). */
+void baton_registry_set_health(baton_registry_t *reg, baton_worker_t *w, baton_worker_health_t h);
+void baton_registry_set_breaker(baton_registry_t *reg, baton_worker_t *w, baton_breaker_state_t s);
+void baton_registry_set_draining(baton_registry_t *reg, baton_worker_t *w, int draining);
+
+/* ---- per-worker references and counters (any thread, lock-free) ---- */
+
+void baton_worker_ref(baton_worker_t *w);
+/* Drops one reference; frees the worker when it was the last. NULL is ignored. */
+void baton_worker_unref(baton_worker_t *w);
+/* Unrefs ws[0..n). */
+void baton_workers_unref(baton_worker_t **ws, size_t n);
+
+/* Call inc when a request is dispatched to the worker and dec when it ends (whatever the
+ * outcome). power_of_two reads this. */
+void baton_worker_in_flight_inc(baton_worker_t *w);
+void baton_worker_in_flight_dec(baton_worker_t *w);
+long baton_worker_in_flight(const baton_worker_t *w);
+
+baton_worker_health_t baton_worker_health(const baton_worker_t *w);
+baton_breaker_state_t baton_worker_breaker(const baton_worker_t *w);
+int baton_worker_is_draining(const baton_worker_t *w);
+int baton_worker_is_removed(const baton_worker_t *w);
+/* healthy && breaker != OPEN && !draining && !removed */
+int baton_worker_is_eligible(const baton_worker_t *w);
+
+/*
+ * Normalizes a worker URL into out (outlen bytes): lowercase scheme and host, explicit port,
+ * IPv6 host in brackets, path prefix without trailing '/'. 0 or BATON_EINVAL (also when out
+ * is too small). parsed_p may be NULL.
+ */
+int baton_worker_url_normalize(const char *url, char *out, size_t outlen, baton_url_t *parsed_p);
+
+#endif
