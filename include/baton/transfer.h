@@ -1,0 +1,377 @@
+/* baton/transfer.h — libbaton's public API: the KV transfer engine (rooms, memory, peers). */
+#ifndef BATON_TRANSFER_H
+#define BATON_TRANSFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "baton/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Model
+ * -----
+ * Two engines meet through a bootstrap handshake. The PREFILL engine listens on its bootstrap
+ * port; the DECODE engine connects to it (one control connection per peer, multiplexed by
+ * room) and OFFERs a room: a 64-bit room id plus the destination pages of every layer, in
+ * memory it registered. The prefill engine reports the room to its caller (room_cb), the caller
+ * writes the pages layer by layer (or all at once) from its own registered source buffers, then
+ * completes the room with a small payload (status, first token, opaque bytes). The decode
+ * caller gets the payload in its offer callback once every byte is in place.
+ *
+ * One engine may play both roles at once (listen and connect).
+ *
+ * Threads
+ * -------
+ * An engine belongs to the libuv loop passed to baton_xfer_engine_create (the "caller loop").
+ * Every baton_xfer_* function must be called on the caller loop's thread, except where noted.
+ * The engine runs its own progress thread (its own loop) for all network and device I/O and
+ * hands completions back to the caller loop with a uv_async_t. Every callback below runs on
+ * the caller loop's thread, never on the progress thread, and never inside the call that
+ * started the work (a call that returns an error fires no callback; a call that returns 0
+ * fires its callback exactly once, later).
+ *
+ * Fencing (the rule that protects KV pages)
+ * -----------------------------------------
+ * The decode side's offer callback fires exactly once per accepted offer and, whatever its
+ * status, ONLY when no write for that room can still land in its pages: after DONE (all the
+ * room's writes were acknowledged before the prefill side sent it), after the peer's
+ * ABORT_ACK, after the transport was fenced (RDMA QPs in ERROR and drained, TCP lanes closed,
+ * shared-memory writer fenced or its process gone). Only then may the caller reuse the pages.
+ * Timeouts alone never release pages: a room timeout sends ABORT and still waits for a fence.
+ *
+ * Errors: 0 or a negative code from baton/error.h (libuv codes pass through).
+ */
+
+typedef struct baton_xfer_engine_s baton_xfer_engine_t;
+typedef struct baton_xfer_mem_s baton_xfer_mem_t;   /* a registered memory region */
+typedef struct baton_xfer_room_s baton_xfer_room_t; /* a room, as seen by the prefill side */
+
+typedef enum {
+    BATON_XFER_TRANSPORT_NONE = 0,
+    BATON_XFER_TRANSPORT_RDMA = 1, /* rdma-core verbs, RDMA WRITE */
+    BATON_XFER_TRANSPORT_TCP = 2,  /* lanes of TCP connections, direct placement */
+    BATON_XFER_TRANSPORT_SHM = 3,  /* same host: writer copies into the reader's memfd pages */
+} baton_xfer_transport_t;
+
+#define BATON_XFER_MAX_TRANSPORTS   4
+#define BATON_XFER_ENGINE_ID_MAX    64   /* bytes, without the NUL */
+#define BATON_XFER_DONE_PAYLOAD_MAX 1024 /* opaque bytes carried by DONE */
+
+/* "rdma", "tcp", "shm" or "none". */
+const char *baton_xfer_transport_name(baton_xfer_transport_t t);
+/* Parses a name; returns 0 or BATON_EINVAL. */
+int baton_xfer_transport_parse(const char *name, baton_xfer_transport_t *t_p);
+
+/* ---- configuration ---------------------------------------------------------------------- */
+
+typedef struct {
+    /* Identifies this engine to its peers (copied; at most BATON_XFER_ENGINE_ID_MAX bytes).
+     * NULL: "<hostname>-<pid>". A random incarnation is drawn per engine on top of it. */
+    const char *engine_id;
+    /* Bootstrap listener (the prefill role). NULL host: do not listen. Port 0: ephemeral; read
+     * the real one with baton_xfer_engine_listen_port(). The engine logs
+     * "bootstrap_listening addr=HOST:PORT" once it listens. */
+    const char *listen_host;
+    int listen_port;
+    /* Transports in fallback order (the decode side's order wins). A transport that cannot
+     * start here (e.g. rdma without devices) is logged with its error and skipped. Empty
+     * (n_transports 0): tcp only. */
+    baton_xfer_transport_t transports[BATON_XFER_MAX_TRANSPORTS];
+    int n_transports;
+    /* Health. A peer is DOWN when nothing arrived for heartbeat_interval_ms * heartbeat_misses.
+     * Defaults 250 ms x 4 (detection within about 1 s). */
+    uint32_t heartbeat_interval_ms;
+    uint32_t heartbeat_misses;
+    /* Reconnect back-off (decode side): exponential from min to max, with full jitter.
+     * Defaults 50 ms .. 2000 ms. connect_timeout_ms bounds one attempt (default 2000). */
+    uint32_t reconnect_min_ms;
+    uint32_t reconnect_max_ms;
+    uint32_t connect_timeout_ms;
+    /* Decode side: a room with no DONE after this long is aborted (ABORT, then fenced) and
+     * reported as BATON_ETIMEOUT. 0 (default): no limit. */
+    uint32_t room_timeout_ms;
+    /* Bytes per write (an RDMA WRITE, a TCP lane message, a shm copy step). Default 64 KiB. */
+    uint32_t slice_size;
+    /* TCP lanes (connections) per peer. Default 4, at most 16. */
+    uint32_t lanes;
+    /* RDMA: device names, comma separated (NULL: every active device); QPs per NIC per peer
+     * (default 2). Ignored by other transports. */
+    const char *rdma_devices;
+    uint32_t rdma_qps_per_nic;
+} baton_xfer_config_t;
+
+/* Fills the defaults above. Always call it first, then override fields. */
+void baton_xfer_config_init(baton_xfer_config_t *cfg);
+
+/* ---- callbacks ---------------------------------------------------------------------------- */
+
+/* The small payload of DONE, sent by the prefill side with baton_xfer_room_complete(). */
+typedef struct {
+    int32_t status;      /* the prefill application's status: 0 ok, else its own code */
+    int64_t first_token; /* the first generated token (-1 when none) */
+    const uint8_t *payload;
+    size_t payload_len; /* <= BATON_XFER_DONE_PAYLOAD_MAX */
+} baton_xfer_done_t;
+
+/*
+ * Decode side: the end of an offered room. Fires exactly once per offer that returned 0.
+ *   status 0: DONE arrived and every byte written before it is in place; `done` is valid
+ *             (only during the call: copy what you keep).
+ *   status < 0: the room failed (BATON_EPEERDOWN, BATON_EABORTED, BATON_ETIMEOUT,
+ *             BATON_ERKEY, BATON_ESHUTDOWN, ...); `done` is NULL.
+ * Either way the room's pages are released to the caller: nothing can land in them anymore.
+ */
+typedef void (*baton_xfer_offer_cb)(void *data, uint64_t room_id, int status,
+                                    const baton_xfer_done_t *done);
+
+/*
+ * Prefill side: an OFFER arrived. `room` stays valid until room_closed_cb for it returns. The
+ * engine keeps the room; the caller writes it (baton_xfer_write_layer) and completes or aborts
+ * it. An offer that arrives before the caller knows its request is still reported here: keep
+ * it until the request comes (the decode side's room timeout or an abort ends it otherwise).
+ */
+typedef void (*baton_xfer_room_cb)(baton_xfer_engine_t *engine, baton_xfer_room_t *room,
+                                   void *data);
+
+/*
+ * Prefill side: the room ended. status 0: DONE was sent after all the room's writes were
+ * acknowledged. Else BATON_EABORTED (the decode side aborted, or baton_xfer_room_abort),
+ * BATON_EPEERDOWN, BATON_ESHUTDOWN, ... Every write callback of the room has fired before
+ * this one. The room handle is freed when this callback returns.
+ */
+typedef void (*baton_xfer_room_closed_cb)(baton_xfer_engine_t *engine, baton_xfer_room_t *room,
+                                          int status, void *data);
+
+/* Peer states, reported for metrics and logs. */
+typedef enum {
+    BATON_XFER_PEER_CONNECTING = 1, /* a connect attempt / handshake is under way */
+    BATON_XFER_PEER_UP = 2,         /* handshake done, rooms flow */
+    BATON_XFER_PEER_DOWN = 3,       /* failed; decode side: reconnect pending after back-off */
+    BATON_XFER_PEER_GONE = 4,       /* prefill side: the peer's connection was retired */
+} baton_xfer_peer_state_t;
+
+typedef struct {
+    const char *endpoint;  /* "host:port" (decode side) or the peer's address (prefill side) */
+    const char *engine_id; /* the peer's id once it said HELLO, else "" */
+    uint64_t incarnation;  /* the peer's incarnation once known, else 0 */
+    baton_xfer_peer_state_t state;
+    baton_xfer_transport_t transport; /* negotiated transport when UP */
+    int reason;                       /* why it went DOWN/GONE (0 otherwise) */
+    uint32_t reconnects;              /* successful re-handshakes after a failure */
+} baton_xfer_peer_info_t;
+
+typedef void (*baton_xfer_peer_cb)(baton_xfer_engine_t *engine, const baton_xfer_peer_info_t *info,
+                                   void *data);
+
+typedef struct {
+    baton_xfer_room_cb room_cb;               /* prefill role: required when listening */
+    baton_xfer_room_closed_cb room_closed_cb; /* prefill role: required when listening */
+    baton_xfer_peer_cb peer_cb;               /* optional */
+    void *data;                               /* passed to the three callbacks above */
+} baton_xfer_callbacks_t;
+
+/* ---- engine ------------------------------------------------------------------------------- */
+
+/*
+ * Creates an engine on `loop` (the caller loop), starts its progress thread, its transports and
+ * (when cfg->listen_host is set) its bootstrap listener. cfg and cbs are copied.
+ * Returns 0 and *engine_p, or an error (bind failure, no transport usable, ...).
+ */
+int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
+                             const baton_xfer_callbacks_t *cbs, baton_xfer_engine_t **engine_p);
+
+/* The bound bootstrap port (after an ephemeral bind), or 0 when not listening. Any thread. */
+int baton_xfer_engine_listen_port(const baton_xfer_engine_t *engine);
+
+/* This engine's id and incarnation. Any thread. */
+const char *baton_xfer_engine_id(const baton_xfer_engine_t *engine);
+uint64_t baton_xfer_engine_incarnation(const baton_xfer_engine_t *engine);
+
+/* Transports that started here, in fallback order; returns how many were written. */
+int baton_xfer_engine_transports(const baton_xfer_engine_t *engine, baton_xfer_transport_t *out,
+                                 int cap);
+
+typedef void (*baton_xfer_close_cb)(baton_xfer_engine_t *engine, void *data);
+
+/*
+ * Shuts the engine down: every open room fails with BATON_ESHUTDOWN (decode rooms only after
+ * their fence, as always), connections close, the progress thread exits, then close_cb runs on
+ * the caller loop and the engine memory is freed after it returns. Registered memory must be
+ * deregistered before (or the engine releases it: regions from baton_xfer_mem_alloc are
+ * unmapped, other regions are only forgotten). Call once.
+ */
+void baton_xfer_engine_destroy(baton_xfer_engine_t *engine, baton_xfer_close_cb close_cb,
+                               void *data);
+
+/* ---- memory ------------------------------------------------------------------------------- */
+
+typedef enum {
+    BATON_XFER_MEM_HOST = 0,
+    BATON_XFER_MEM_CUDA = 1, /* device memory; only when built with CUDA (else BATON_ENOTSUP) */
+} baton_xfer_mem_kind_t;
+
+/*
+ * Registers [addr, addr+len) with every started transport (RDMA MRs, split at max_mr_size)
+ * and announces it to connected peers. The memory stays owned by the caller and must stay
+ * mapped until baton_xfer_mem_deregister returns. Regions must not overlap.
+ * Over shm a region is only reachable when it was made by baton_xfer_mem_alloc (a memfd);
+ * a room whose pages are elsewhere fails with BATON_ENOTSUP on a shm peer.
+ * `device` is the CUDA device ordinal (ignored for host memory).
+ */
+int baton_xfer_mem_register(baton_xfer_engine_t *engine, void *addr, size_t len,
+                            baton_xfer_mem_kind_t kind, int device, baton_xfer_mem_t **mem_p);
+
+/*
+ * Allocates len bytes of host memory backed by a memfd (shareable with a same-host peer),
+ * zero-filled, page-aligned, and registers it like baton_xfer_mem_register. The engine owns
+ * the mapping: baton_xfer_mem_deregister unmaps it.
+ */
+int baton_xfer_mem_alloc(baton_xfer_engine_t *engine, size_t len, baton_xfer_mem_t **mem_p);
+
+/* Base address and length of a region. Any thread. */
+void *baton_xfer_mem_addr(const baton_xfer_mem_t *mem);
+size_t baton_xfer_mem_len(const baton_xfer_mem_t *mem);
+
+/*
+ * Deregisters (and for baton_xfer_mem_alloc regions unmaps). BATON_EBUSY while an open room
+ * (offered pages or write sources) still uses the region: wait for its callback first.
+ */
+int baton_xfer_mem_deregister(baton_xfer_engine_t *engine, baton_xfer_mem_t *mem);
+
+/* ---- peers -------------------------------------------------------------------------------- */
+
+/*
+ * Decode side: starts (or keeps) the control connection to the prefill engine listening at
+ * host:port. Optional: baton_xfer_offer connects on demand. The engine keeps the peer for the
+ * engine's life and reconnects it with back-off after failures. Returns 0 or BATON_EINVAL.
+ */
+int baton_xfer_connect(baton_xfer_engine_t *engine, const char *host, int port);
+
+/* ---- decode side: rooms ------------------------------------------------------------------- */
+
+typedef struct {
+    void *addr;   /* inside a registered region */
+    uint64_t len; /* > 0 */
+} baton_xfer_iov_t;
+
+typedef struct {
+    uint64_t room_id;         /* unique among this engine's open rooms */
+    uint32_t n_layers;        /* >= 1 */
+    uint32_t pages_per_layer; /* >= 1 */
+    /* n_layers * pages_per_layer destination pages, layer-major (layer 0's pages first).
+     * Copied during the call. Each page lies inside one registered region. */
+    const baton_xfer_iov_t *pages;
+} baton_xfer_offer_t;
+
+/*
+ * Offers a room to the prefill engine at host:port (connecting first when needed; offers wait
+ * while a connect attempt is under way, and fail with BATON_EPEERDOWN while the peer is down
+ * between attempts). The pages are the caller's; the engine writes into them (through the
+ * transport) until cb fires — do not read them as final, reuse or deregister them before.
+ * Synchronous errors (no cb): BATON_EINVAL (bad arguments, a page outside registered memory,
+ * too many pages), BATON_EEXIST (room id already open here), BATON_ESHUTDOWN.
+ * cb(data, room_id, status, done) fires exactly once otherwise, under the fencing rule.
+ */
+int baton_xfer_offer(baton_xfer_engine_t *engine, const char *host, int port,
+                     const baton_xfer_offer_t *offer, baton_xfer_offer_cb cb, void *data);
+
+/*
+ * Decode side: asks to abort a room this engine offered. Sends ABORT; the room's offer callback
+ * then fires with BATON_EABORTED once the peer's ABORT_ACK (or a fence) proves no write can still
+ * land. Returns 0, or BATON_ENOTFOUND when no such room is open (it already completed: its callback
+ * has fired or is queued).
+ */
+int baton_xfer_abort(baton_xfer_engine_t *engine, uint64_t room_id);
+
+/* ---- prefill side: rooms ------------------------------------------------------------------ */
+
+/* The offer, read-only and immutable; valid until room_closed_cb returns. */
+uint64_t baton_xfer_room_id(const baton_xfer_room_t *room);
+uint32_t baton_xfer_room_layers(const baton_xfer_room_t *room);
+uint32_t baton_xfer_room_pages_per_layer(const baton_xfer_room_t *room);
+/* Length of the destination page `page` of `layer` (0 when out of range). */
+uint64_t baton_xfer_room_page_len(const baton_xfer_room_t *room, uint32_t layer, uint32_t page);
+/* The decode peer's engine id and the transport the room travels on. */
+const char *baton_xfer_room_peer_id(const baton_xfer_room_t *room);
+baton_xfer_transport_t baton_xfer_room_transport(const baton_xfer_room_t *room);
+/* A user pointer the caller may set and read (caller thread only). */
+void baton_xfer_room_set_data(baton_xfer_room_t *room, void *data);
+void *baton_xfer_room_get_data(const baton_xfer_room_t *room);
+
+/*
+ * Fires once per accepted write call, when the bytes are in place in the peer's pages (status
+ * 0) or the write failed (room aborted, peer down, ...). The source buffers of the call belong
+ * to the engine (must stay valid and unchanged) until then.
+ */
+typedef void (*baton_xfer_write_cb)(baton_xfer_room_t *room, uint32_t layer, int status,
+                                    void *data);
+
+/*
+ * Marks layer `layer` ready and starts writing it at once: src[j] (len == the decode page
+ * length of page j of that layer) goes to page j, for j < pages_per_layer. Sources lie in
+ * memory registered with this engine. Each layer is written at most once per room.
+ * Synchronous errors (no cb): BATON_EINVAL (bad layer, count, lengths, unregistered source),
+ * BATON_EEXIST (layer already written), BATON_ECANCELED (room already completed/closing).
+ */
+int baton_xfer_write_layer(baton_xfer_room_t *room, uint32_t layer, const baton_xfer_iov_t *src,
+                           size_t n_src, baton_xfer_write_cb cb, void *data);
+
+/* All layers at once: src holds n_layers * pages_per_layer sources, layer-major; cb fires once
+ * (layer = UINT32_MAX) when every layer is in place. */
+int baton_xfer_write_room(baton_xfer_room_t *room, const baton_xfer_iov_t *src, size_t n_src,
+                          baton_xfer_write_cb cb, void *data);
+
+/*
+ * Like baton_xfer_write_layer, but the engine starts the write once `cuda_event` (a CUevent
+ * recorded after the layer's kernels) has completed, so the caller never blocks on the GPU.
+ * BATON_ENOTSUP when libbaton was built without CUDA.
+ */
+int baton_xfer_write_layer_after_event(baton_xfer_room_t *room, uint32_t layer,
+                                       const baton_xfer_iov_t *src, size_t n_src, void *cuda_event,
+                                       baton_xfer_write_cb cb, void *data);
+
+/*
+ * Sends DONE with `done` (copied) once every write issued for the room so far is acknowledged.
+ * Layers never written are simply not sent (say so in done->status). room_closed_cb then fires
+ * with 0, or an error if the peer failed first. Synchronous errors: BATON_EINVAL (payload too
+ * long), BATON_ECANCELED (already completed/closing).
+ */
+int baton_xfer_room_complete(baton_xfer_room_t *room, const baton_xfer_done_t *done);
+
+/*
+ * Prefill side abort: stops issuing writes, waits for the ones in flight, sends ABORT(reason)
+ * to the decode side (which then releases its pages) and closes the room: pending write
+ * callbacks fire with BATON_EABORTED, then room_closed_cb with BATON_EABORTED.
+ * Returns 0 or BATON_ECANCELED (already completed/closing).
+ */
+int baton_xfer_room_abort(baton_xfer_room_t *room, int reason);
+
+/* ---- observability ------------------------------------------------------------------------ */
+
+typedef struct {
+    uint64_t bytes_written;   /* prefill side: payload bytes acknowledged in place */
+    uint64_t bytes_received;  /* decode side: payload bytes placed into pages (tcp) or reported
+                                 by DONE (shm/rdma) */
+    uint64_t rooms_done;      /* rooms finished with DONE (either side) */
+    uint64_t rooms_failed;    /* rooms finished with an error (either side) */
+    uint64_t rooms_aborted;   /* of which aborts */
+    uint64_t peers_up;        /* peers currently UP */
+    uint64_t peers_down;      /* peers currently DOWN / CONNECTING */
+    uint64_t reconnects;      /* successful re-handshakes after a failure */
+    uint64_t frames_rejected; /* malformed / out-of-order frames (connections closed) */
+    uint64_t writes_rejected; /* bounds/rkey violations refused by the receiver */
+} baton_xfer_stats_t;
+
+/* A snapshot of counters (relaxed atomics). Any thread. */
+void baton_xfer_engine_stats(const baton_xfer_engine_t *engine, baton_xfer_stats_t *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
