@@ -1,0 +1,1310 @@
+/* server.c — HTTP/1.1 server: accept, llhttp parsing, limits, keep-alive, responses, streaming. */
+#include "http/server.h"
+
+#include "baton/error.h"
+#include "common/buf.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <llhttp.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+
+/* One read buffer per server (per loop): libuv hands it to exactly one read_cb at a time and
+ * nothing keeps pointers into it after read_cb returns, so idle connections own no buffer. */
+#define READ_BUF_SIZE (64 * 1024)
+/* After an error response, unread request bytes are drained this long before the close, so the
+ * kernel sends FIN rather than RST and the client gets to read the error. */
+#define LINGER_MS 2000
+/* Initial arena: a typical request line + headers fits without a realloc. */
+#define ARENA_INIT 1024
+#define NO_VALUE   UINT32_MAX
+
+enum timer_mode {
+    TM_NONE,
+    TM_IDLE,   /* keep-alive wait: silent close */
+    TM_HEAD,   /* first byte → end of headers: 408 */
+    TM_BODY,   /* longest gap between body reads: 408 */
+    TM_ABORT,  /* deliver on_abort on a later loop turn */
+    TM_RESUME, /* parse bytes that arrived while the previous request was with the handler */
+    TM_LINGER, /* draining after an error response */
+};
+
+typedef struct hdr_off_s {
+    uint32_t name;
+    uint32_t value;
+} hdr_off_t;
+
+typedef struct conn_s conn_t;
+
+struct baton_http_server_s {
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    baton_http_limits_t limits;
+    baton_http_handler_cb handler;
+    void *ctx;
+    llhttp_settings_t settings;
+    char *rbuf;
+    conn_t *conns;    /* every connection until its memory is freed */
+    unsigned n_conns; /* open, counted against max_connections */
+    unsigned n_live;  /* listener + connection structs not yet freed */
+    int port;
+    unsigned listening : 1;
+    unsigned listener_closing : 1;
+    unsigned stopping : 1;
+    unsigned closing : 1;
+    baton_http_server_close_cb close_cb;
+};
+
+typedef struct wreq_s {
+    uv_write_t req;
+    conn_t *conn;
+    size_t len;
+    char data[];
+} wreq_t;
+
+struct conn_s {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    uv_shutdown_t shutdown_req;
+    llhttp_t parser;
+    baton_http_server_t *srv;
+    conn_t *prev, *next;
+    baton_http_req_t req; /* the one request being read or handled */
+    baton_buf_t arena;    /* url, header names and values, each NUL-terminated */
+    baton_buf_t hdrs;     /* hdr_off_t[] while parsing, then baton_http_header_t[] after them */
+    baton_buf_t body;
+    baton_buf_t pending; /* bytes read while a request is with the handler (pipelining) */
+    size_t head_bytes;
+    size_t n_hdrs;
+    size_t wq_bytes; /* bytes in our write requests that the socket has not taken yet */
+    uint64_t last_read;
+    uint32_t url_off;
+    int err_status;
+    const char *err_msg;
+    uint8_t timer_mode;
+    unsigned counted : 1;    /* counted in n_conns */
+    unsigned in_msg : 1;     /* a request began and is not complete */
+    unsigned in_field : 1;   /* llhttp is inside a header name */
+    unsigned req_active : 1; /* handed to the handler, not finished */
+    unsigned keep_alive : 1;
+    unsigned parser_paused : 1;
+    unsigned in_feed : 1;
+    unsigned closing : 1;     /* no more requests: shutting down or closed */
+    unsigned tcp_closing : 1; /* uv_close called on tcp */
+    unsigned tcp_closed : 1;
+    unsigned timer_closing : 1;
+    unsigned read_stopped : 1;
+    unsigned streaming : 1;
+    unsigned chunked_out : 1;
+    unsigned no_body_out : 1; /* HEAD request: headers only */
+    unsigned abort_sent : 1;
+};
+
+static void conn_close_hard(conn_t *c);
+static void conn_close_graceful(conn_t *c);
+static void conn_send_error(conn_t *c, int status, const char *message, const char *code);
+static void conn_maybe_free(conn_t *c);
+static void conn_feed(conn_t *c, const char *data, size_t len);
+static void server_maybe_done(baton_http_server_t *srv);
+static void conn_read_start(conn_t *c);
+static void on_timer(uv_timer_t *t);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Limits, reason phrases, small helpers                                                     */
+
+void baton_http_limits_default(baton_http_limits_t *limits)
+{
+    limits->max_header_bytes = 64 * 1024;
+    limits->max_headers = 100;
+    limits->max_body_bytes = 64 * 1024 * 1024;
+    limits->header_timeout_ms = 30000;
+    limits->body_timeout_ms = 60000;
+    limits->keepalive_timeout_ms = 75000;
+    limits->max_connections = 10000;
+}
+
+const char *baton_http_reason(int status)
+{
+    switch (status) {
+    case 100:
+        return "Continue";
+    case 101:
+        return "Switching Protocols";
+    case 200:
+        return "OK";
+    case 201:
+        return "Created";
+    case 202:
+        return "Accepted";
+    case 204:
+        return "No Content";
+    case 206:
+        return "Partial Content";
+    case 301:
+        return "Moved Permanently";
+    case 302:
+        return "Found";
+    case 304:
+        return "Not Modified";
+    case 307:
+        return "Temporary Redirect";
+    case 308:
+        return "Permanent Redirect";
+    case 400:
+        return "Bad Request";
+    case 401:
+        return "Unauthorized";
+    case 403:
+        return "Forbidden";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 406:
+        return "Not Acceptable";
+    case 408:
+        return "Request Timeout";
+    case 409:
+        return "Conflict";
+    case 410:
+        return "Gone";
+    case 411:
+        return "Length Required";
+    case 413:
+        return "Payload Too Large";
+    case 414:
+        return "URI Too Long";
+    case 415:
+        return "Unsupported Media Type";
+    case 417:
+        return "Expectation Failed";
+    case 422:
+        return "Unprocessable Entity";
+    case 429:
+        return "Too Many Requests";
+    case 431:
+        return "Request Header Fields Too Large";
+    case 499:
+        return "Client Closed Request";
+    case 500:
+        return "Internal Server Error";
+    case 501:
+        return "Not Implemented";
+    case 502:
+        return "Bad Gateway";
+    case 503:
+        return "Service Unavailable";
+    case 504:
+        return "Gateway Timeout";
+    case 505:
+        return "HTTP Version Not Supported";
+    default:
+        break;
+    }
+    if (status >= 100 && status < 200)
+        return "Informational";
+    if (status >= 200 && status < 300)
+        return "Success";
+    if (status >= 300 && status < 400)
+        return "Redirection";
+    if (status >= 400 && status < 500)
+        return "Client Error";
+    return "Server Error";
+}
+
+const baton_http_header_t *baton_http_req_header(const baton_http_req_t *req, const char *name)
+{
+    for (size_t i = 0; i < req->n_headers; i++)
+        if (strcasecmp(req->headers[i].name, name) == 0)
+            return &req->headers[i];
+    return NULL;
+}
+
+/* Appends `s` as a JSON string literal (quotes included). */
+static int json_append_string(baton_buf_t *b, const char *s)
+{
+    static const char hex[] = "0123456789abcdef";
+    if (baton_buf_reserve(b, strlen(s) + 2) != 0)
+        return BATON_ENOMEM;
+    if (baton_buf_append(b, "\"", 1) != 0)
+        return BATON_ENOMEM;
+    const char *run = s;
+    for (const char *p = s;; p++) {
+        unsigned char ch = (unsigned char)*p;
+        if (ch != 0 && ch >= 0x20 && ch != '"' && ch != '\\')
+            continue;
+        if (p > run && baton_buf_append(b, run, (size_t)(p - run)) != 0)
+            return BATON_ENOMEM;
+        if (ch == 0)
+            break;
+        char esc[6] = {'\\', (char)ch, 0, 0, 0, 0};
+        size_t n = 2;
+        switch (ch) {
+        case '"':
+        case '\\':
+            break;
+        case '\n':
+            esc[1] = 'n';
+            break;
+        case '\r':
+            esc[1] = 'r';
+            break;
+        case '\t':
+            esc[1] = 't';
+            break;
+        default:
+            esc[1] = 'u';
+            esc[2] = '0';
+            esc[3] = '0';
+            esc[4] = hex[ch >> 4];
+            esc[5] = hex[ch & 15];
+            n = 6;
+        }
+        if (baton_buf_append(b, esc, n) != 0)
+            return BATON_ENOMEM;
+        run = p + 1;
+    }
+    return baton_buf_append(b, "\"", 1);
+}
+
+static int error_json(baton_buf_t *b, const char *message, const char *type, const char *param,
+                      const char *code)
+{
+    int r = baton_buf_append_str(b, "{\"error\":{\"message\":");
+    r = r ? r : json_append_string(b, message ? message : "");
+    r = r ? r : baton_buf_append_str(b, ",\"type\":");
+    r = r ? r : json_append_string(b, type ? type : "");
+    r = r ? r : baton_buf_append_str(b, ",\"param\":");
+    r = r ? r : (param ? json_append_string(b, param) : baton_buf_append_str(b, "null"));
+    r = r ? r : baton_buf_append_str(b, ",\"code\":");
+    r = r ? r : (code ? json_append_string(b, code) : baton_buf_append_str(b, "null"));
+    r = r ? r : baton_buf_append_str(b, "}}");
+    return r;
+}
+
+static void timer_start(conn_t *c, enum timer_mode mode, uint64_t ms)
+{
+    c->timer_mode = (uint8_t)mode;
+    uv_timer_start(&c->timer, on_timer, ms, 0);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Writing                                                                                   */
+
+static void on_write(uv_write_t *wr, int status)
+{
+    wreq_t *w = container_of(wr, wreq_t, req);
+    conn_t *c = w->conn;
+    c->wq_bytes -= w->len;
+    free(w);
+    if (status < 0) {
+        conn_close_hard(c);
+        return;
+    }
+    if (c->wq_bytes == 0 && c->req_active && !c->tcp_closing && c->req.on_drain)
+        c->req.on_drain(&c->req);
+}
+
+/* Writes bufs in order: straight to the socket when it takes them, else one copy queued.
+ * 0, or BATON_ECLOSED after closing the connection on a write error. */
+static int conn_write(conn_t *c, const uv_buf_t *bufs, unsigned n)
+{
+    if (c->tcp_closing)
+        return BATON_ECLOSED;
+    size_t total = 0;
+    for (unsigned i = 0; i < n; i++)
+        total += bufs[i].len;
+    if (total == 0)
+        return 0;
+    size_t done = 0;
+    if (c->wq_bytes == 0) {
+        int r = uv_try_write((uv_stream_t *)&c->tcp, bufs, n);
+        if (r >= 0)
+            done = (size_t)r;
+        else if (r != UV_EAGAIN && r != UV_ENOSYS) {
+            conn_close_hard(c);
+            return BATON_ECLOSED;
+        }
+        if (done == total)
+            return 0;
+    }
+    size_t rest = total - done;
+    wreq_t *w = malloc(sizeof(*w) + rest);
+    if (w == NULL) {
+        log_error("http", "write_oom bytes=%zu peer=%s", rest, c->req.peer);
+        conn_close_hard(c);
+        return BATON_ECLOSED;
+    }
+    size_t skip = done, off = 0;
+    for (unsigned i = 0; i < n; i++) {
+        size_t len = bufs[i].len;
+        if (skip >= len) {
+            skip -= len;
+            continue;
+        }
+        memcpy(w->data + off, bufs[i].base + skip, len - skip);
+        off += len - skip;
+        skip = 0;
+    }
+    w->conn = c;
+    w->len = rest;
+    uv_buf_t b = uv_buf_init(w->data, (unsigned)rest);
+    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_write) != 0) {
+        free(w);
+        conn_close_hard(c);
+        return BATON_ECLOSED;
+    }
+    c->wq_bytes += rest;
+    return 0;
+}
+
+/*
+ * Builds the status line and headers into `stack` (or a malloc'd block when it does not fit;
+ * *heap_p is set then and the caller frees it). `framing` is the Content-Length or
+ * Transfer-Encoding line without CRLF, or NULL.
+ */
+static char *build_head(conn_t *c, char *stack, size_t stack_cap, char **heap_p, size_t *len_p,
+                        int status, const char *ctype, const baton_http_header_t *extra,
+                        size_t n_extra, const char *framing)
+{
+    const char *reason = baton_http_reason(status);
+    const char *conn_line = NULL;
+    if (!c->keep_alive)
+        conn_line = "Connection: close\r\n";
+    else if (c->req.http_minor == 0)
+        conn_line = "Connection: keep-alive\r\n";
+    size_t need = 32 + strlen(reason) + 2;
+    if (ctype)
+        need += 16 + strlen(ctype);
+    if (framing)
+        need += strlen(framing) + 2;
+    if (conn_line)
+        need += strlen(conn_line);
+    for (size_t i = 0; i < n_extra; i++)
+        need += strlen(extra[i].name) + strlen(extra[i].value) + 4;
+    char *out = stack;
+    *heap_p = NULL;
+    if (need > stack_cap) {
+        out = malloc(need);
+        if (out == NULL)
+            return NULL;
+        *heap_p = out;
+    }
+    char *p = out;
+    p += sprintf(p, "HTTP/1.1 %d %s\r\n", status, reason);
+#define PUT(s)                                                                                     \
+    do {                                                                                           \
+        size_t l_ = strlen(s);                                                                     \
+        memcpy(p, s, l_);                                                                          \
+        p += l_;                                                                                   \
+    } while (0)
+    if (ctype) {
+        PUT("Content-Type: ");
+        PUT(ctype);
+        PUT("\r\n");
+    }
+    if (framing) {
+        PUT(framing);
+        PUT("\r\n");
+    }
+    if (conn_line)
+        PUT(conn_line);
+    for (size_t i = 0; i < n_extra; i++) {
+        PUT(extra[i].name);
+        PUT(": ");
+        PUT(extra[i].value);
+        PUT("\r\n");
+    }
+    PUT("\r\n");
+#undef PUT
+    *len_p = (size_t)(p - out);
+    return out;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Request life                                                                              */
+
+static void req_reset(conn_t *c)
+{
+    baton_buf_free(&c->arena);
+    baton_buf_free(&c->hdrs);
+    baton_buf_free(&c->body);
+    c->n_hdrs = 0;
+    c->head_bytes = 0;
+    c->in_field = 0;
+    baton_http_req_t *r = &c->req;
+    r->data = NULL;
+    r->on_abort = NULL;
+    r->on_drain = NULL;
+    r->method = "";
+    r->path = "";
+    r->query = "";
+    r->headers = NULL;
+    r->n_headers = 0;
+    r->body = "";
+    r->body_len = 0;
+}
+
+static void arm_idle(conn_t *c)
+{
+    if (c->srv->limits.keepalive_timeout_ms)
+        timer_start(c, TM_IDLE, c->srv->limits.keepalive_timeout_ms);
+    else
+        uv_timer_stop(&c->timer);
+}
+
+static void dispatch(conn_t *c)
+{
+    baton_http_req_t *r = &c->req;
+    r->body = c->body.data ? c->body.data : "";
+    r->body_len = c->body.len;
+    c->req_active = 1;
+    c->streaming = 0;
+    c->abort_sent = 0;
+    uv_timer_stop(&c->timer);
+    c->timer_mode = TM_NONE;
+    c->srv->handler(r, c->srv->ctx);
+}
+
+/* The handler is done with the request (respond or stream_end). */
+static void req_finish(conn_t *c)
+{
+    c->req_active = 0;
+    c->streaming = 0;
+    req_reset(c);
+    if (c->tcp_closing) {
+        conn_maybe_free(c);
+        return;
+    }
+    if (!c->keep_alive || c->srv->stopping) {
+        conn_close_graceful(c);
+        return;
+    }
+    if (c->in_feed)
+        return; /* conn_feed goes on with the bytes it holds */
+    if (c->read_stopped) {
+        c->read_stopped = 0;
+        conn_read_start(c);
+        if (c->tcp_closing)
+            return;
+    }
+    if (c->pending.len > 0)
+        timer_start(c, TM_RESUME, 0);
+    else
+        arm_idle(c);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* llhttp callbacks                                                                          */
+
+static int fail_cb(conn_t *c, int status, const char *msg)
+{
+    c->err_status = status;
+    c->err_msg = msg;
+    return -1;
+}
+
+static int count_head(conn_t *c, size_t len)
+{
+    c->head_bytes += len;
+    if (c->head_bytes > c->srv->limits.max_header_bytes)
+        return fail_cb(c, 431, "request line and headers are too large");
+    return 0;
+}
+
+static int append_arena(conn_t *c, const char *at, size_t len)
+{
+    if (count_head(c, len) != 0)
+        return -1;
+    if (baton_buf_append(&c->arena, at, len) != 0)
+        return fail_cb(c, 500, "out of memory");
+    return 0;
+}
+
+static int on_message_begin(llhttp_t *p)
+{
+    conn_t *c = p->data;
+    c->in_msg = 1;
+    req_reset(c);
+    c->req.start_ns = uv_hrtime();
+    if (baton_buf_reserve(&c->arena, ARENA_INIT) != 0)
+        return fail_cb(c, 500, "out of memory");
+    c->url_off = 0;
+    if (c->srv->limits.header_timeout_ms)
+        timer_start(c, TM_HEAD, c->srv->limits.header_timeout_ms);
+    else
+        uv_timer_stop(&c->timer);
+    return 0;
+}
+
+static int on_url(llhttp_t *p, const char *at, size_t len)
+{
+    return append_arena(p->data, at, len);
+}
+
+static int on_url_complete(llhttp_t *p)
+{
+    return append_arena(p->data, "", 1);
+}
+
+static int on_header_field(llhttp_t *p, const char *at, size_t len)
+{
+    conn_t *c = p->data;
+    if (!c->in_field) {
+        if (c->n_hdrs >= c->srv->limits.max_headers)
+            return fail_cb(c, 431, "too many request headers");
+        hdr_off_t h = {(uint32_t)c->arena.len, NO_VALUE};
+        if (baton_buf_append(&c->hdrs, &h, sizeof(h)) != 0)
+            return fail_cb(c, 500, "out of memory");
+        c->n_hdrs++;
+        c->in_field = 1;
+        if (count_head(c, 4) != 0) /* ": " and CRLF */
+            return -1;
+    }
+    return append_arena(c, at, len);
+}
+
+static int on_header_field_complete(llhttp_t *p)
+{
+    conn_t *c = p->data;
+    c->in_field = 0;
+    return append_arena(c, "", 1);
+}
+
+static int on_header_value(llhttp_t *p, const char *at, size_t len)
+{
+    conn_t *c = p->data;
+    hdr_off_t *h = (hdr_off_t *)c->hdrs.data + (c->n_hdrs - 1);
+    if (h->value == NO_VALUE)
+        h->value = (uint32_t)c->arena.len;
+    return append_arena(c, at, len);
+}
+
+static int on_header_value_complete(llhttp_t *p)
+{
+    conn_t *c = p->data;
+    if (c->n_hdrs == 0)
+        return 0;
+    hdr_off_t *h = (hdr_off_t *)c->hdrs.data + (c->n_hdrs - 1);
+    if (h->value == NO_VALUE)
+        h->value = (uint32_t)c->arena.len;
+    return append_arena(c, "", 1);
+}
+
+static void send_continue(conn_t *c)
+{
+    static const char msg[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    uv_buf_t b = uv_buf_init((char *)msg, sizeof(msg) - 1);
+    conn_write(c, &b, 1);
+}
+
+static int on_headers_complete(llhttp_t *p)
+{
+    conn_t *c = p->data;
+    baton_http_server_t *srv = c->srv;
+    baton_http_req_t *r = &c->req;
+    if (p->http_major != 1)
+        return fail_cb(c, 505, "only HTTP/1.x is supported");
+
+    /* The arena is final now: turn offsets into pointers, stored after the offsets. */
+    size_t n = c->n_hdrs;
+    size_t off_bytes = n * sizeof(hdr_off_t);
+    size_t align = (off_bytes + 15) & ~(size_t)15;
+    if (baton_buf_reserve(&c->hdrs, align - off_bytes + n * sizeof(baton_http_header_t) + 16) != 0)
+        return fail_cb(c, 500, "out of memory");
+    char *base = c->arena.data ? c->arena.data : "";
+    hdr_off_t *offs = (hdr_off_t *)c->hdrs.data;
+    baton_http_header_t *hs = (baton_http_header_t *)(c->hdrs.data + align);
+    for (size_t i = 0; i < n; i++) {
+        hs[i].name = base + offs[i].name;
+        hs[i].value = offs[i].value == NO_VALUE ? "" : base + offs[i].value;
+    }
+    r->headers = n ? hs : NULL;
+    r->n_headers = n;
+
+    char *url = base + c->url_off;
+    char *q = strchr(url, '?');
+    if (q) {
+        *q = '\0';
+        r->query = q + 1;
+    } else {
+        r->query = "";
+    }
+    r->path = url;
+    r->method = llhttp_method_name((llhttp_method_t)p->method);
+    r->http_minor = p->http_minor;
+    c->no_body_out = (p->method == HTTP_HEAD);
+
+    int chunked = (p->flags & F_CHUNKED) != 0;
+    int has_len = (p->flags & F_CONTENT_LENGTH) != 0;
+    if (has_len && p->content_length > srv->limits.max_body_bytes)
+        return fail_cb(c, 413, "request body is too large");
+    int want_body = chunked || (has_len && p->content_length > 0);
+    if (has_len && p->content_length > 0 &&
+        baton_buf_reserve(&c->body, (size_t)p->content_length) != 0)
+        return fail_cb(c, 500, "out of memory");
+    if (want_body) {
+        const baton_http_header_t *e = baton_http_req_header(r, "expect");
+        if (e && p->http_minor >= 1 && strcasecmp(e->value, "100-continue") == 0)
+            send_continue(c);
+        c->last_read = uv_now(srv->loop);
+        if (srv->limits.body_timeout_ms)
+            timer_start(c, TM_BODY, srv->limits.body_timeout_ms);
+        else
+            uv_timer_stop(&c->timer);
+    }
+    return 0;
+}
+
+static int on_chunk_header(llhttp_t *p)
+{
+    conn_t *c = p->data;
+    if (p->content_length > c->srv->limits.max_body_bytes - c->body.len)
+        return fail_cb(c, 413, "request body is too large");
+    return 0;
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t len)
+{
+    conn_t *c = p->data;
+    if (len > c->srv->limits.max_body_bytes - c->body.len)
+        return fail_cb(c, 413, "request body is too large");
+    if (baton_buf_append(&c->body, at, len) != 0)
+        return fail_cb(c, 500, "out of memory");
+    return 0;
+}
+
+static int on_message_complete(llhttp_t *p)
+{
+    conn_t *c = p->data;
+    c->in_msg = 0;
+    c->keep_alive = llhttp_should_keep_alive(p) && !p->upgrade;
+    uv_timer_stop(&c->timer);
+    c->timer_mode = TM_NONE;
+    /* Stop here: the rest of the buffer is the next (pipelined) request, parsed only after
+     * this one is finished. */
+    return HPE_PAUSED;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Reading and parsing                                                                       */
+
+static void stash(conn_t *c, const char *data, size_t len)
+{
+    if (baton_buf_append(&c->pending, data, len) != 0) {
+        conn_close_hard(c);
+        return;
+    }
+    /* Back-pressure on a client that pipelines faster than we answer. */
+    if (c->pending.len > c->srv->limits.max_header_bytes && !c->read_stopped) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->read_stopped = 1;
+    }
+}
+
+static void parse_error(conn_t *c, llhttp_errno_t e)
+{
+    if (c->err_status) {
+        int st = c->err_status;
+        const char *code = st == 413   ? "request_too_large"
+                           : st == 431 ? "request_header_fields_too_large"
+                           : st == 505 ? "http_version_not_supported"
+                                       : "internal_error";
+        conn_send_error(c, st, c->err_msg, code);
+        return;
+    }
+    char msg[160];
+    const char *reason = llhttp_get_error_reason(&c->parser);
+    snprintf(msg, sizeof(msg), "malformed HTTP request: %s (%s)", reason ? reason : "parse error",
+             llhttp_errno_name(e));
+    conn_send_error(c, 400, msg, "bad_request");
+}
+
+static void conn_feed(conn_t *c, const char *data, size_t len)
+{
+    c->in_feed = 1;
+    while (len > 0 && !c->closing) {
+        if (c->req_active) {
+            stash(c, data, len);
+            break;
+        }
+        if (c->parser_paused) {
+            llhttp_resume(&c->parser);
+            c->parser_paused = 0;
+        }
+        llhttp_errno_t e = llhttp_execute(&c->parser, data, len);
+        if (e == HPE_OK)
+            break;
+        if (e == HPE_PAUSED && !c->in_msg && c->err_status == 0) {
+            size_t used = (size_t)(llhttp_get_error_pos(&c->parser) - data);
+            data += used;
+            len -= used;
+            c->parser_paused = 1;
+            dispatch(c);
+            continue;
+        }
+        parse_error(c, e);
+        break;
+    }
+    c->in_feed = 0;
+    if (!c->closing && !c->req_active && !c->in_msg)
+        arm_idle(c);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    conn_t *c = h->data;
+    buf->base = c->srv->rbuf;
+    buf->len = READ_BUF_SIZE;
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    conn_t *c = s->data;
+    if (nread == 0)
+        return;
+    if (nread < 0) {
+        conn_close_hard(c);
+        return;
+    }
+    if (c->closing)
+        return; /* lingering: drop */
+    if (c->timer_mode == TM_BODY)
+        c->last_read = uv_now(c->srv->loop);
+    if (c->req_active || c->pending.len > 0) {
+        stash(c, buf->base, (size_t)nread);
+        return;
+    }
+    conn_feed(c, buf->base, (size_t)nread);
+}
+
+static void conn_read_start(conn_t *c)
+{
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0)
+        conn_close_hard(c);
+}
+
+static void on_timer(uv_timer_t *t)
+{
+    conn_t *c = t->data;
+    baton_http_limits_t *lim = &c->srv->limits;
+    enum timer_mode mode = c->timer_mode;
+    c->timer_mode = TM_NONE;
+    switch (mode) {
+    case TM_IDLE:
+    case TM_LINGER:
+        conn_close_hard(c);
+        break;
+    case TM_HEAD:
+        conn_send_error(c, 408, "timed out reading the request headers", "request_timeout");
+        break;
+    case TM_BODY: {
+        uint64_t idle = uv_now(c->srv->loop) - c->last_read;
+        if (idle < lim->body_timeout_ms) {
+            timer_start(c, TM_BODY, lim->body_timeout_ms - idle);
+            break;
+        }
+        conn_send_error(c, 408, "timed out reading the request body", "request_timeout");
+        break;
+    }
+    case TM_ABORT:
+        if (c->req_active && !c->abort_sent) {
+            c->abort_sent = 1;
+            if (c->req.on_abort)
+                c->req.on_abort(&c->req);
+        }
+        break;
+    case TM_RESUME: {
+        baton_buf_t p = c->pending;
+        c->pending = (baton_buf_t)BATON_BUF_INIT;
+        if (p.len > 0)
+            conn_feed(c, p.data, p.len);
+        else if (!c->closing && !c->req_active && !c->in_msg)
+            arm_idle(c);
+        baton_buf_free(&p);
+        break;
+    }
+    case TM_NONE:
+        break;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Closing                                                                                   */
+
+static void on_timer_close(uv_handle_t *h)
+{
+    conn_t *c = h->data;
+    baton_http_server_t *srv = c->srv;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        srv->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    baton_buf_free(&c->arena);
+    baton_buf_free(&c->hdrs);
+    baton_buf_free(&c->body);
+    baton_buf_free(&c->pending);
+    free(c);
+    srv->n_live--;
+    server_maybe_done(srv);
+}
+
+static void conn_maybe_free(conn_t *c)
+{
+    if (!c->tcp_closed || c->req_active || c->timer_closing)
+        return;
+    c->timer_closing = 1;
+    uv_close((uv_handle_t *)&c->timer, on_timer_close);
+}
+
+static void on_tcp_close(uv_handle_t *h)
+{
+    conn_t *c = h->data;
+    c->tcp_closed = 1;
+    conn_maybe_free(c);
+}
+
+static void conn_close_hard(conn_t *c)
+{
+    if (c->tcp_closing)
+        return;
+    c->tcp_closing = 1;
+    c->closing = 1;
+    if (c->counted) {
+        c->counted = 0;
+        c->srv->n_conns--;
+    }
+    uv_close((uv_handle_t *)&c->tcp, on_tcp_close);
+    baton_buf_free(&c->pending);
+    /* on_abort must not run inside whatever call got us here. */
+    if (c->req_active && !c->abort_sent)
+        timer_start(c, TM_ABORT, 0);
+    else
+        uv_timer_stop(&c->timer);
+}
+
+static void on_shutdown(uv_shutdown_t *sr, int status)
+{
+    conn_t *c = sr->data;
+    if (status < 0 || c->tcp_closing) {
+        conn_close_hard(c);
+        return;
+    }
+    if (c->read_stopped) {
+        c->read_stopped = 0;
+        conn_read_start(c);
+        if (c->tcp_closing)
+            return;
+    }
+    timer_start(c, TM_LINGER, LINGER_MS);
+}
+
+/* Flushes queued writes, sends FIN, drains what the client still sends, then closes. */
+static void conn_close_graceful(conn_t *c)
+{
+    if (c->closing)
+        return;
+    c->closing = 1;
+    uv_timer_stop(&c->timer);
+    c->timer_mode = TM_NONE;
+    baton_buf_free(&c->pending);
+    c->shutdown_req.data = c;
+    if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->tcp, on_shutdown) != 0)
+        conn_close_hard(c);
+}
+
+/* Server-generated error (limits, timeouts, malformed input): JSON body, then close. */
+static void conn_send_error(conn_t *c, int status, const char *message, const char *code)
+{
+    if (c->closing)
+        return;
+    c->keep_alive = 0;
+    baton_buf_t body = BATON_BUF_INIT;
+    const char *type = status >= 500 ? "server_error" : "invalid_request_error";
+    if (error_json(&body, message, type, NULL, code) == 0) {
+        char framing[48];
+        snprintf(framing, sizeof(framing), "Content-Length: %zu", body.len);
+        char stack[512], *heap = NULL;
+        size_t hlen = 0;
+        char *head = build_head(c, stack, sizeof(stack), &heap, &hlen, status, "application/json",
+                                NULL, 0, framing);
+        if (head) {
+            uv_buf_t bufs[2] = {uv_buf_init(head, (unsigned)hlen),
+                                uv_buf_init(body.data, (unsigned)body.len)};
+            conn_write(c, bufs, 2);
+            free(heap);
+        }
+    }
+    baton_buf_free(&body);
+    log_debug("http", "request_rejected status=%d peer=%s reason=\"%s\"", status, c->req.peer,
+              message);
+    conn_close_graceful(c);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Responses                                                                                 */
+
+static conn_t *req_conn(baton_http_req_t *req)
+{
+    return container_of(req, conn_t, req);
+}
+
+static void decide_close(conn_t *c)
+{
+    if (c->srv->stopping)
+        c->keep_alive = 0;
+}
+
+int baton_http_respond(baton_http_req_t *req, int status, const char *content_type,
+                       const baton_http_header_t *extra, size_t n_extra, const char *body,
+                       size_t body_len)
+{
+    conn_t *c = req_conn(req);
+    if (!c->req_active || c->streaming)
+        return BATON_EINVAL;
+    int rc = 0;
+    if (c->tcp_closing) {
+        rc = BATON_ECLOSED;
+    } else {
+        decide_close(c);
+        int bodyless = status == 204 || status == 304 || (status >= 100 && status < 200);
+        char framing[48];
+        if (!bodyless)
+            snprintf(framing, sizeof(framing), "Content-Length: %zu", body_len);
+        char stack[1024], *heap = NULL;
+        size_t hlen = 0;
+        char *head = build_head(c, stack, sizeof(stack), &heap, &hlen, status,
+                                content_type ? content_type : "application/json", extra, n_extra,
+                                bodyless ? NULL : framing);
+        if (head == NULL) {
+            conn_close_hard(c);
+            rc = BATON_ENOMEM;
+        } else {
+            uv_buf_t bufs[2] = {uv_buf_init(head, (unsigned)hlen),
+                                uv_buf_init((char *)body, (unsigned)body_len)};
+            unsigned nb = (bodyless || c->no_body_out || body_len == 0) ? 1 : 2;
+            rc = conn_write(c, bufs, nb);
+            free(heap);
+        }
+    }
+    req_finish(c);
+    return rc;
+}
+
+int baton_http_respond_error(baton_http_req_t *req, int status, const char *message,
+                             const char *type, const char *param, const char *code)
+{
+    baton_buf_t body = BATON_BUF_INIT;
+    if (error_json(&body, message, type, param, code) != 0) {
+        baton_buf_free(&body);
+        return baton_http_respond(req, 500, "application/json", NULL, 0, "", 0);
+    }
+    int rc = baton_http_respond(req, status, "application/json", NULL, 0, body.data, body.len);
+    baton_buf_free(&body);
+    return rc;
+}
+
+int baton_http_stream_start(baton_http_req_t *req, int status, const char *content_type,
+                            const baton_http_header_t *extra, size_t n_extra)
+{
+    conn_t *c = req_conn(req);
+    if (!c->req_active || c->streaming)
+        return BATON_EINVAL;
+    c->streaming = 1;
+    if (c->tcp_closing)
+        return BATON_ECLOSED;
+    decide_close(c);
+    /* HTTP/1.0 has no chunked encoding: the body ends with the connection. */
+    c->chunked_out = req->http_minor >= 1;
+    if (!c->chunked_out)
+        c->keep_alive = 0;
+    char stack[1024], *heap = NULL;
+    size_t hlen = 0;
+    char *head = build_head(c, stack, sizeof(stack), &heap, &hlen, status,
+                            content_type ? content_type : "text/event-stream", extra, n_extra,
+                            c->chunked_out ? "Transfer-Encoding: chunked" : NULL);
+    if (head == NULL) {
+        conn_close_hard(c);
+        return BATON_ENOMEM;
+    }
+    uv_buf_t b = uv_buf_init(head, (unsigned)hlen);
+    int rc = conn_write(c, &b, 1);
+    free(heap);
+    return rc;
+}
+
+int baton_http_stream_write(baton_http_req_t *req, const char *data, size_t len)
+{
+    conn_t *c = req_conn(req);
+    if (!c->req_active || !c->streaming)
+        return BATON_EINVAL;
+    if (c->tcp_closing)
+        return BATON_ECLOSED;
+    if (len == 0 || c->no_body_out)
+        return 0;
+    if (!c->chunked_out) {
+        uv_buf_t b = uv_buf_init((char *)data, (unsigned)len);
+        return conn_write(c, &b, 1);
+    }
+    char size_line[24];
+    int sl = snprintf(size_line, sizeof(size_line), "%zx\r\n", len);
+    uv_buf_t bufs[3] = {uv_buf_init(size_line, (unsigned)sl),
+                        uv_buf_init((char *)data, (unsigned)len), uv_buf_init((char *)"\r\n", 2)};
+    return conn_write(c, bufs, 3);
+}
+
+size_t baton_http_write_queue_size(const baton_http_req_t *req)
+{
+    const conn_t *c = container_of(req, const conn_t, req);
+    return c->wq_bytes;
+}
+
+int baton_http_stream_end(baton_http_req_t *req)
+{
+    conn_t *c = req_conn(req);
+    if (!c->req_active || !c->streaming)
+        return BATON_EINVAL;
+    int rc = 0;
+    if (c->tcp_closing) {
+        rc = BATON_ECLOSED;
+    } else if (c->chunked_out && !c->no_body_out) {
+        uv_buf_t b = uv_buf_init((char *)"0\r\n\r\n", 5);
+        rc = conn_write(c, &b, 1);
+    }
+    req_finish(c);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Server                                                                                    */
+
+static void format_peer(conn_t *c)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof(ss);
+    char ip[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
+        if (ss.ss_family == AF_INET) {
+            struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+            uv_ip4_name(a, ip, sizeof(ip));
+            port = ntohs(a->sin_port);
+        } else if (ss.ss_family == AF_INET6) {
+            struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+            uv_ip6_name(a, ip, sizeof(ip));
+            port = ntohs(a->sin6_port);
+            snprintf(c->req.peer, sizeof(c->req.peer), "[%s]:%d", ip, port);
+            return;
+        }
+    }
+    snprintf(c->req.peer, sizeof(c->req.peer), "%s:%d", ip, port);
+}
+
+static void on_connection(uv_stream_t *ls, int status)
+{
+    baton_http_server_t *srv = ls->data;
+    if (status < 0) {
+        log_warn("http", "accept_failed err=%s", baton_strerror(status));
+        return;
+    }
+    conn_t *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        log_error("http", "accept_oom");
+        return;
+    }
+    c->srv = srv;
+    uv_tcp_init(srv->loop, &c->tcp);
+    uv_timer_init(srv->loop, &c->timer);
+    c->tcp.data = c;
+    c->timer.data = c;
+    c->next = srv->conns;
+    if (srv->conns)
+        srv->conns->prev = c;
+    srv->conns = c;
+    srv->n_live++;
+    req_reset(c);
+    c->req.server = srv;
+    if (uv_accept(ls, (uv_stream_t *)&c->tcp) != 0) {
+        conn_close_hard(c);
+        return;
+    }
+    format_peer(c);
+    if (srv->n_conns >= srv->limits.max_connections) {
+        log_warn("http", "connection_rejected reason=max_connections limit=%u peer=%s",
+                 srv->limits.max_connections, c->req.peer);
+        conn_read_start(c);
+        conn_send_error(c, 503, "too many connections", "too_many_connections");
+        return;
+    }
+    c->counted = 1;
+    srv->n_conns++;
+    uv_tcp_nodelay(&c->tcp, 1);
+    llhttp_init(&c->parser, HTTP_REQUEST, &srv->settings);
+    c->parser.data = c;
+    c->keep_alive = 1;
+    conn_read_start(c);
+    if (!c->tcp_closing)
+        arm_idle(c);
+}
+
+int baton_http_server_create(baton_http_server_t **srv_p, uv_loop_t *loop,
+                             const baton_http_limits_t *limits, baton_http_handler_cb handler,
+                             void *ctx)
+{
+    if (srv_p == NULL || loop == NULL || handler == NULL)
+        return BATON_EINVAL;
+    baton_http_server_t *srv = calloc(1, sizeof(*srv));
+    if (srv == NULL)
+        return BATON_ENOMEM;
+    srv->rbuf = malloc(READ_BUF_SIZE);
+    if (srv->rbuf == NULL) {
+        free(srv);
+        return BATON_ENOMEM;
+    }
+    srv->loop = loop;
+    if (limits)
+        srv->limits = *limits;
+    else
+        baton_http_limits_default(&srv->limits);
+    srv->handler = handler;
+    srv->ctx = ctx;
+    llhttp_settings_init(&srv->settings);
+    srv->settings.on_message_begin = on_message_begin;
+    srv->settings.on_url = on_url;
+    srv->settings.on_url_complete = on_url_complete;
+    srv->settings.on_header_field = on_header_field;
+    srv->settings.on_header_field_complete = on_header_field_complete;
+    srv->settings.on_header_value = on_header_value;
+    srv->settings.on_header_value_complete = on_header_value_complete;
+    srv->settings.on_headers_complete = on_headers_complete;
+    srv->settings.on_chunk_header = on_chunk_header;
+    srv->settings.on_body = on_body;
+    srv->settings.on_message_complete = on_message_complete;
+    int r = uv_tcp_init(loop, &srv->listener);
+    if (r != 0) {
+        free(srv->rbuf);
+        free(srv);
+        return r;
+    }
+    srv->listener.data = srv;
+    srv->n_live = 1;
+    *srv_p = srv;
+    return 0;
+}
+
+int baton_http_server_listen(baton_http_server_t *srv, const char *host, int port, int reuseport)
+{
+    if (srv == NULL || host == NULL || port < 0 || port > 65535)
+        return BATON_EINVAL;
+    if (srv->listening || srv->listener_closing)
+        return BATON_EBUSY;
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof(ss));
+    socklen_t slen;
+    if (strcmp(host, "localhost") == 0)
+        host = "127.0.0.1";
+    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) == 0) {
+        slen = sizeof(struct sockaddr_in);
+    } else if (uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss) == 0) {
+        slen = sizeof(struct sockaddr_in6);
+    } else {
+        return BATON_EINVAL;
+    }
+    /* libuv 1.44 cannot set SO_REUSEPORT before bind, so the socket is made here. */
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    int one = 1;
+    int err = 0;
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0)
+        err = -errno;
+    if (!err && reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0)
+        err = -errno;
+    if (!err && bind(fd, (struct sockaddr *)&ss, slen) != 0)
+        err = -errno;
+    if (err) {
+        close(fd);
+        return err;
+    }
+    err = uv_tcp_open(&srv->listener, fd);
+    if (err) {
+        close(fd);
+        return err;
+    }
+    err = uv_listen((uv_stream_t *)&srv->listener, 1024, on_connection);
+    if (err)
+        return err; /* the fd belongs to the handle now; server_close releases it */
+    struct sockaddr_storage bound;
+    int blen = sizeof(bound);
+    if (uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&bound, &blen) == 0)
+        srv->port = ntohs(bound.ss_family == AF_INET ? ((struct sockaddr_in *)&bound)->sin_port
+                                                     : ((struct sockaddr_in6 *)&bound)->sin6_port);
+    srv->listening = 1;
+    return 0;
+}
+
+int baton_http_server_port(const baton_http_server_t *srv)
+{
+    return srv->port;
+}
+
+unsigned baton_http_server_connections(const baton_http_server_t *srv)
+{
+    return srv->n_conns;
+}
+
+static void on_listener_close(uv_handle_t *h)
+{
+    baton_http_server_t *srv = h->data;
+    srv->n_live--;
+    server_maybe_done(srv);
+}
+
+static void close_listener(baton_http_server_t *srv)
+{
+    if (srv->listener_closing)
+        return;
+    srv->listener_closing = 1;
+    uv_close((uv_handle_t *)&srv->listener, on_listener_close);
+}
+
+void baton_http_server_stop_accepting(baton_http_server_t *srv)
+{
+    srv->stopping = 1;
+    close_listener(srv);
+    for (conn_t *c = srv->conns; c; c = c->next)
+        if (!c->req_active && !c->in_msg && !c->closing)
+            conn_close_hard(c);
+}
+
+void baton_http_server_close(baton_http_server_t *srv, baton_http_server_close_cb close_cb)
+{
+    if (srv->closing)
+        return;
+    srv->closing = 1;
+    srv->stopping = 1;
+    srv->close_cb = close_cb;
+    close_listener(srv);
+    for (conn_t *c = srv->conns; c; c = c->next)
+        conn_close_hard(c);
+}
+
+static void server_maybe_done(baton_http_server_t *srv)
+{
+    if (!srv->closing || srv->n_live > 0)
+        return;
+    if (srv->close_cb)
+        srv->close_cb(srv);
+    free(srv->rbuf);
+    free(srv);
+}
