@@ -71,17 +71,14 @@ static inline size_t baton_pdreq_n_rooms(const baton_pdreq_t *r)
 
 /*
  * Sets bootstrap_host, bootstrap_port (bootstrap_port < 0 → null) and bootstrap_room (rooms:
- * baton_pdreq_n_rooms() values) — arrays of the batch length for a batch — replacing any the
- * client sent, then serializes the whole body compactly into r->out (replacing what was there).
- * Safe to call again for a retry with a new pair. 0 or BATON_ENOMEM.
+ * baton_pdreq_n_rooms() values, drawn with baton_bootstrap_room()) — arrays of the batch length for
+ * a batch — replacing any the client sent, then serializes the whole body compactly into r->out
+ * (replacing what was there). Safe to call again for a retry with a new pair. 0 or BATON_ENOMEM.
  */
 int baton_pdreq_inject(baton_pdreq_t *r, const char *host, int bootstrap_port,
                        const uint64_t *rooms);
 
 void baton_pdreq_free(baton_pdreq_t *r);
-
-/* A bootstrap room, uniform in [0, 2^63-1], from a per-thread generator seeded from the OS. */
-uint64_t baton_pdreq_room(void);
 
 /* ---- logprob merging ---- */
 

@@ -22,7 +22,14 @@ int baton_sse_each(const char *body, size_t len, baton_sse_event_cb cb, void *ar
  */
 typedef struct baton_sse_splitter_s {
     baton_buf_t pending;
+    size_t scan;       /* bytes of `pending` already scanned */
+    size_t line_start; /* start of the current line in `pending` */
 } baton_sse_splitter_t;
+
+#define BATON_SSE_SPLITTER_INIT                                                                    \
+    {                                                                                              \
+        BATON_BUF_INIT, 0, 0                                                                       \
+    }
 
 /*
  * Feeds bytes; calls raw_cb(event_bytes, len, arg) for each complete event with its raw bytes,
@@ -42,7 +49,7 @@ void baton_sse_splitter_free(baton_sse_splitter_t *s);
 
 /*
  * The payload of a raw event when it has exactly one "data:" line (the common case); sets
- * *payload_p/*len_p into `raw` and returns 1, else 0.
+ * *payload_p and *len_p into `raw` and returns 1, else 0.
  */
 int baton_sse_single_data(const char *raw, size_t len, const char **payload_p, size_t *len_p);
 
