@@ -1,0 +1,721 @@
+/* config.c — router configuration: defaults, the JSON file, the command line and --help. */
+#include "router/config.h"
+
+#include "baton/error.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum {
+    SET_PREFILL_POLICY = 1u << 0,
+    SET_DECODE_POLICY = 1u << 1,
+};
+
+typedef enum {
+    OPT_STR,      /* char * */
+    OPT_INT,      /* int */
+    OPT_UINT,     /* unsigned */
+    OPT_SIZE,     /* size_t */
+    OPT_U64,      /* uint64_t */
+    OPT_POLICY,   /* baton_policy_kind_t */
+    OPT_LOGLEVEL, /* baton_log_level_t */
+} opt_type_t;
+
+typedef struct {
+    const char *flag;    /* "--max-body-bytes" */
+    const char *section; /* JSON object holding the key: NULL (top level), "limits", "timeouts" */
+    const char *key;     /* "max_body_bytes" */
+    opt_type_t type;
+    size_t offset;
+    uint64_t min, max;
+    unsigned set_flag;
+    const char *metavar;
+    const char *help;
+} opt_t;
+
+#define OFF(f) offsetof(baton_config_t, f)
+#define U64MAX ((uint64_t)1 << 53) /* JSON integers beyond this are not exact anyway */
+
+static const opt_t options[] = {
+    {"--host", NULL, "host", OPT_STR, OFF(host), 0, 0, 0, "HOST", "address to listen on"},
+    {"--port", NULL, "port", OPT_INT, OFF(port), 0, 65535, 0, "N", "port (0 = ephemeral)"},
+    {"--threads", NULL, "threads", OPT_UINT, OFF(threads), 1, 1024, 0, "N",
+     "event-loop threads sharing the port"},
+    {"--policy", NULL, "policy", OPT_POLICY, OFF(policy), 0, 0, 0, "P",
+     "worker selection: round_robin | random | power_of_two"},
+    {"--prefill-policy", NULL, "prefill_policy", OPT_POLICY, OFF(prefill_policy), 0, 0,
+     SET_PREFILL_POLICY, "P", "policy for prefill workers (default: --policy)"},
+    {"--decode-policy", NULL, "decode_policy", OPT_POLICY, OFF(decode_policy), 0, 0,
+     SET_DECODE_POLICY, "P", "policy for decode workers (default: --policy)"},
+    {"--log-level", NULL, "log_level", OPT_LOGLEVEL, OFF(log_level), 0, 0, 0, "L",
+     "debug | info | warn | error"},
+    {"--max-header-bytes", "limits", "max_header_bytes", OPT_SIZE, OFF(limits.max_header_bytes),
+     256, (uint64_t)1 << 30, 0, "N", "request line + headers limit (431)"},
+    {"--max-headers", "limits", "max_headers", OPT_SIZE, OFF(limits.max_headers), 1, 100000, 0, "N",
+     "header count limit (431)"},
+    {"--max-body-bytes", "limits", "max_body_bytes", OPT_SIZE, OFF(limits.max_body_bytes), 1,
+     (uint64_t)1 << 40, 0, "N", "request body limit (413)"},
+    {"--header-timeout-ms", "limits", "header_timeout_ms", OPT_U64, OFF(limits.header_timeout_ms),
+     1, U64MAX, 0, "MS", "time to receive the headers (408)"},
+    {"--body-timeout-ms", "limits", "body_timeout_ms", OPT_U64, OFF(limits.body_timeout_ms), 1,
+     U64MAX, 0, "MS", "longest gap between body reads (408)"},
+    {"--keepalive-timeout-ms", "limits", "keepalive_timeout_ms", OPT_U64,
+     OFF(limits.keepalive_timeout_ms), 1, U64MAX, 0, "MS", "idle keep-alive connection timeout"},
+    {"--max-connections", "limits", "max_connections", OPT_UINT, OFF(limits.max_connections), 1,
+     10000000, 0, "N", "client connections per thread (503 over it)"},
+    {"--connect-timeout-ms", "timeouts", "connect_timeout_ms", OPT_U64, OFF(timeouts.connect_ms), 0,
+     U64MAX, 0, "MS", "upstream connect timeout (0 = none)"},
+    {"--first-byte-timeout-ms", "timeouts", "first_byte_timeout_ms", OPT_U64,
+     OFF(timeouts.first_byte_ms), 0, U64MAX, 0, "MS",
+     "upstream request sent -> first response byte (0 = none; long prefills need minutes)"},
+    {"--idle-timeout-ms", "timeouts", "idle_timeout_ms", OPT_U64, OFF(timeouts.idle_ms), 0, U64MAX,
+     0, "MS", "longest gap between upstream response chunks (0 = none)"},
+    {"--request-timeout-ms", "timeouts", "request_timeout_ms", OPT_U64, OFF(timeouts.total_ms), 0,
+     U64MAX, 0, "MS", "whole upstream request (0 = none)"},
+};
+#define N_OPTIONS (sizeof(options) / sizeof(options[0]))
+
+static int set_err(char *err, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int set_err(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+static unsigned default_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1)
+        return 1;
+    return n > 1024 ? 1024 : (unsigned)n;
+}
+
+int baton_config_init(baton_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->host = strdup("127.0.0.1");
+    if (cfg->host == NULL)
+        return BATON_ENOMEM;
+    cfg->port = 8000;
+    cfg->threads = default_threads();
+    cfg->policy = BATON_POLICY_ROUND_ROBIN;
+    cfg->prefill_policy = BATON_POLICY_ROUND_ROBIN;
+    cfg->decode_policy = BATON_POLICY_ROUND_ROBIN;
+    cfg->log_level = BATON_LOG_INFO;
+    /* The same values as baton_http_limits_default() (http/server.h); kept here so --help can
+     * print them without the HTTP library. */
+    cfg->limits.max_header_bytes = 64 * 1024;
+    cfg->limits.max_headers = 100;
+    cfg->limits.max_body_bytes = 64 * 1024 * 1024;
+    cfg->limits.header_timeout_ms = 30000;
+    cfg->limits.body_timeout_ms = 60000;
+    cfg->limits.keepalive_timeout_ms = 75000;
+    cfg->limits.max_connections = 10000;
+    cfg->timeouts.connect_ms = 5000;
+    cfg->timeouts.first_byte_ms = 600000;
+    cfg->timeouts.idle_ms = 120000;
+    cfg->timeouts.total_ms = 3600000;
+    return 0;
+}
+
+static void worker_free(baton_config_worker_t *w)
+{
+    free(w->url);
+    free(w->api_key);
+    free(w->model_id);
+    free(w->labels_json);
+    memset(w, 0, sizeof(*w));
+}
+
+void baton_config_free(baton_config_t *cfg)
+{
+    if (cfg == NULL)
+        return;
+    free(cfg->host);
+    free(cfg->config_path);
+    for (size_t i = 0; i < cfg->n_workers; i++)
+        worker_free(&cfg->workers[i]);
+    free(cfg->workers);
+    memset(cfg, 0, sizeof(*cfg));
+}
+
+static void resolve_policies(baton_config_t *cfg)
+{
+    if (!(cfg->set_flags_ & SET_PREFILL_POLICY))
+        cfg->prefill_policy = cfg->policy;
+    if (!(cfg->set_flags_ & SET_DECODE_POLICY))
+        cfg->decode_policy = cfg->policy;
+}
+
+/* ---- typed setters ---- */
+
+static int parse_u64(const char *s, uint64_t *v_p)
+{
+    if (s == NULL || *s < '0' || *s > '9') /* no sign, no spaces, no empty */
+        return BATON_EINVAL;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0 || *end != '\0')
+        return BATON_EINVAL;
+    *v_p = v;
+    return 0;
+}
+
+static void store_number(baton_config_t *cfg, const opt_t *o, uint64_t v)
+{
+    char *field = (char *)cfg + o->offset;
+    switch (o->type) {
+    case OPT_INT:
+        *(int *)field = (int)v;
+        break;
+    case OPT_UINT:
+        *(unsigned *)field = (unsigned)v;
+        break;
+    case OPT_SIZE:
+        *(size_t *)field = (size_t)v;
+        break;
+    case OPT_U64:
+        *(uint64_t *)field = v;
+        break;
+    default:
+        break;
+    }
+}
+
+/* Applies a value given as text (the command line, or a JSON string for string options). */
+static int set_from_string(baton_config_t *cfg, const opt_t *o, const char *where,
+                           const char *value, char *err, size_t errlen)
+{
+    char *field = (char *)cfg + o->offset;
+    switch (o->type) {
+    case OPT_STR: {
+        if (value[0] == '\0')
+            return set_err(err, errlen, BATON_EINVAL, "%s: must not be empty", where);
+        char *s = strdup(value);
+        if (s == NULL)
+            return set_err(err, errlen, BATON_ENOMEM, "out of memory");
+        free(*(char **)field);
+        *(char **)field = s;
+        return 0;
+    }
+    case OPT_POLICY: {
+        baton_policy_kind_t k;
+        if (baton_policy_parse(value, &k) != 0)
+            return set_err(err, errlen, BATON_EINVAL,
+                           "%s: unknown policy '%s' (round_robin, random, power_of_two)", where,
+                           value);
+        *(baton_policy_kind_t *)field = k;
+        cfg->set_flags_ |= o->set_flag;
+        return 0;
+    }
+    case OPT_LOGLEVEL: {
+        baton_log_level_t l;
+        if (baton_log_parse_level(value, &l) != 0)
+            return set_err(err, errlen, BATON_EINVAL,
+                           "%s: unknown log level '%s' (debug, info, warn, error)", where, value);
+        *(baton_log_level_t *)field = l;
+        return 0;
+    }
+    default: {
+        uint64_t v;
+        if (parse_u64(value, &v) != 0)
+            return set_err(err, errlen, BATON_EINVAL, "%s: not a non-negative integer: '%s'", where,
+                           value);
+        if (v < o->min || v > o->max)
+            return set_err(err, errlen, BATON_EINVAL, "%s: %llu is out of range %llu..%llu", where,
+                           (unsigned long long)v, (unsigned long long)o->min,
+                           (unsigned long long)o->max);
+        store_number(cfg, o, v);
+        return 0;
+    }
+    }
+}
+
+static int set_from_json(baton_config_t *cfg, const opt_t *o, const char *where, json_t *value,
+                         char *err, size_t errlen)
+{
+    switch (o->type) {
+    case OPT_STR:
+    case OPT_POLICY:
+    case OPT_LOGLEVEL:
+        if (!json_is_string(value))
+            return set_err(err, errlen, BATON_EINVAL, "%s: must be a string", where);
+        return set_from_string(cfg, o, where, json_string_value(value), err, errlen);
+    default: {
+        if (!json_is_integer(value))
+            return set_err(err, errlen, BATON_EINVAL, "%s: must be an integer", where);
+        json_int_t v = json_integer_value(value);
+        if (v < 0 || (uint64_t)v < o->min || (uint64_t)v > o->max)
+            return set_err(err, errlen, BATON_EINVAL, "%s: %lld is out of range %llu..%llu", where,
+                           (long long)v, (unsigned long long)o->min, (unsigned long long)o->max);
+        store_number(cfg, o, (uint64_t)v);
+        return 0;
+    }
+    }
+}
+
+/* ---- workers ---- */
+
+static int push_worker(baton_config_t *cfg, baton_config_worker_t *w, size_t replace_below)
+{
+    char norm[600], other[600];
+    if (baton_worker_url_normalize(w->url, norm, sizeof(norm), NULL) == 0) {
+        for (size_t i = 0; i < replace_below && i < cfg->n_workers; i++) {
+            if (baton_worker_url_normalize(cfg->workers[i].url, other, sizeof(other), NULL) == 0 &&
+                strcmp(norm, other) == 0) {
+                worker_free(&cfg->workers[i]);
+                cfg->workers[i] = *w;
+                return 0;
+            }
+        }
+    }
+    baton_config_worker_t *ws = realloc(cfg->workers, (cfg->n_workers + 1) * sizeof(*ws));
+    if (ws == NULL)
+        return BATON_ENOMEM;
+    cfg->workers = ws;
+    cfg->workers[cfg->n_workers++] = *w;
+    return 0;
+}
+
+static int check_worker(const baton_config_worker_t *w, const char *where, char *err, size_t errlen)
+{
+    char norm[600];
+    if (baton_worker_url_normalize(w->url, norm, sizeof(norm), NULL) != 0)
+        return set_err(err, errlen, BATON_EINVAL,
+                       "%s: invalid worker url '%.200s' (expected http://host:port)", where,
+                       w->url);
+    if (w->bootstrap_port != -1 && w->role != BATON_ROLE_PREFILL)
+        return set_err(err, errlen, BATON_EINVAL,
+                       "%s: bootstrap_port is only valid for prefill workers", where);
+    if (w->bootstrap_port != -1 && (w->bootstrap_port < 1 || w->bootstrap_port > 65535))
+        return set_err(err, errlen, BATON_EINVAL, "%s: bootstrap_port must be in 1..65535", where);
+    return 0;
+}
+
+static int dup_json_string(json_t *v, char **out_p, const char *where, const char *key, char *err,
+                           size_t errlen)
+{
+    if (json_is_null(v))
+        return 0;
+    if (!json_is_string(v))
+        return set_err(err, errlen, BATON_EINVAL, "%s.%s: must be a string or null", where, key);
+    char *s = strdup(json_string_value(v));
+    if (s == NULL)
+        return set_err(err, errlen, BATON_ENOMEM, "out of memory");
+    free(*out_p);
+    *out_p = s;
+    return 0;
+}
+
+static int parse_json_worker(baton_config_t *cfg, json_t *jw, const char *where, char *err,
+                             size_t errlen)
+{
+    if (!json_is_object(jw))
+        return set_err(err, errlen, BATON_EINVAL, "%s: must be an object", where);
+    baton_config_worker_t w = {
+        .role = BATON_ROLE_REGULAR, .bootstrap_port = -1, .priority = 50, .cost = 1.0};
+    int rc = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach(jw, key, v)
+    {
+        if (strcmp(key, "url") == 0) {
+            if (!json_is_string(v)) {
+                rc = set_err(err, errlen, BATON_EINVAL, "%s.url: must be a string", where);
+                break;
+            }
+            rc = dup_json_string(v, &w.url, where, key, err, errlen);
+        } else if (strcmp(key, "worker_type") == 0) {
+            if (!json_is_string(v) || baton_worker_role_parse(json_string_value(v), &w.role) != 0)
+                rc = set_err(err, errlen, BATON_EINVAL,
+                             "%s.worker_type: must be \"prefill\", \"decode\" or \"regular\"",
+                             where);
+        } else if (strcmp(key, "bootstrap_port") == 0) {
+            if (json_is_null(v))
+                w.bootstrap_port = -1;
+            else if (json_is_integer(v) && json_integer_value(v) >= 1 &&
+                     json_integer_value(v) <= 65535)
+                w.bootstrap_port = (int)json_integer_value(v);
+            else
+                rc = set_err(err, errlen, BATON_EINVAL,
+                             "%s.bootstrap_port: must be an integer 1..65535 or null", where);
+        } else if (strcmp(key, "api_key") == 0) {
+            rc = dup_json_string(v, &w.api_key, where, key, err, errlen);
+        } else if (strcmp(key, "model_id") == 0) {
+            rc = dup_json_string(v, &w.model_id, where, key, err, errlen);
+        } else if (strcmp(key, "priority") == 0) {
+            if (json_is_integer(v) && json_integer_value(v) >= 0 &&
+                json_integer_value(v) <= INT32_MAX)
+                w.priority = (int)json_integer_value(v);
+            else
+                rc = set_err(err, errlen, BATON_EINVAL,
+                             "%s.priority: must be a non-negative integer", where);
+        } else if (strcmp(key, "cost") == 0) {
+            if (json_is_number(v) && json_number_value(v) >= 0)
+                w.cost = json_number_value(v);
+            else
+                rc = set_err(err, errlen, BATON_EINVAL, "%s.cost: must be a number >= 0", where);
+        } else if (strcmp(key, "labels") == 0) {
+            if (!json_is_object(v)) {
+                rc = set_err(err, errlen, BATON_EINVAL, "%s.labels: must be an object", where);
+            } else {
+                w.labels_json = json_dumps(v, JSON_COMPACT);
+                if (w.labels_json == NULL)
+                    rc = set_err(err, errlen, BATON_ENOMEM, "out of memory");
+            }
+        } else {
+            rc = set_err(err, errlen, BATON_EINVAL, "%s: unknown key '%s'", where, key);
+        }
+        if (rc != 0)
+            break;
+    }
+    if (rc == 0 && w.url == NULL)
+        rc = set_err(err, errlen, BATON_EINVAL, "%s: \"url\" is required", where);
+    if (rc == 0)
+        rc = check_worker(&w, where, err, errlen);
+    if (rc == 0) {
+        rc = push_worker(cfg, &w, 0);
+        if (rc != 0)
+            set_err(err, errlen, rc, "out of memory");
+    }
+    if (rc != 0)
+        worker_free(&w);
+    return rc;
+}
+
+/* ---- JSON file ---- */
+
+static const opt_t *find_json_opt(const char *section, const char *key)
+{
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        const opt_t *o = &options[i];
+        if (strcmp(o->key, key) != 0)
+            continue;
+        if ((section == NULL) != (o->section == NULL))
+            continue;
+        if (section != NULL && strcmp(section, o->section) != 0)
+            continue;
+        return o;
+    }
+    return NULL;
+}
+
+static int load_section(baton_config_t *cfg, json_t *obj, const char *section, const char *origin,
+                        char *err, size_t errlen)
+{
+    const char *key;
+    json_t *v;
+    char where[256];
+    json_object_foreach(obj, key, v)
+    {
+        if (section != NULL)
+            snprintf(where, sizeof(where), "%s: %s.%s", origin, section, key);
+        else
+            snprintf(where, sizeof(where), "%s: %s", origin, key);
+        int rc;
+        if (section == NULL && (strcmp(key, "limits") == 0 || strcmp(key, "timeouts") == 0)) {
+            if (!json_is_object(v))
+                return set_err(err, errlen, BATON_EINVAL, "%s: must be an object", where);
+            rc = load_section(cfg, v, key, origin, err, errlen);
+        } else if (section == NULL && strcmp(key, "workers") == 0) {
+            if (!json_is_array(v))
+                return set_err(err, errlen, BATON_EINVAL, "%s: must be an array", where);
+            size_t i;
+            json_t *jw;
+            rc = 0;
+            json_array_foreach(v, i, jw)
+            {
+                snprintf(where, sizeof(where), "%s: workers[%zu]", origin, i);
+                rc = parse_json_worker(cfg, jw, where, err, errlen);
+                if (rc != 0)
+                    break;
+            }
+        } else {
+            const opt_t *o = find_json_opt(section, key);
+            if (o == NULL)
+                return set_err(err, errlen, BATON_EINVAL, "%s: unknown key", where);
+            rc = set_from_json(cfg, o, where, v, err, errlen);
+        }
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+int baton_config_load_json(baton_config_t *cfg, const char *text, const char *origin, char *err,
+                           size_t errlen)
+{
+    json_error_t jerr;
+    json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    if (root == NULL)
+        return set_err(err, errlen, BATON_EINVAL, "%s:%d:%d: %s", origin, jerr.line, jerr.column,
+                       jerr.text);
+    int rc;
+    if (!json_is_object(root))
+        rc = set_err(err, errlen, BATON_EINVAL, "%s: the top level must be an object", origin);
+    else
+        rc = load_section(cfg, root, NULL, origin, err, errlen);
+    json_decref(root);
+    if (rc == 0)
+        resolve_policies(cfg);
+    return rc;
+}
+
+int baton_config_load_file(baton_config_t *cfg, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return set_err(err, errlen, BATON_EINVAL, "--config: cannot open '%s': %s", path,
+                       strerror(errno));
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    int rc = 0;
+    for (;;) {
+        if (len + 4096 + 1 > cap) {
+            if (cap > (16u << 20)) {
+                rc = set_err(err, errlen, BATON_EINVAL, "%s: file too large", path);
+                break;
+            }
+            cap = cap ? cap * 2 : 8192;
+            char *t = realloc(text, cap);
+            if (t == NULL) {
+                rc = set_err(err, errlen, BATON_ENOMEM, "out of memory");
+                break;
+            }
+            text = t;
+        }
+        size_t n = fread(text + len, 1, cap - len - 1, f);
+        len += n;
+        if (n == 0) {
+            if (ferror(f))
+                rc = set_err(err, errlen, BATON_EINVAL, "%s: read error", path);
+            break;
+        }
+    }
+    fclose(f);
+    if (rc == 0) {
+        text[len] = '\0';
+        rc = baton_config_load_json(cfg, text, path, err, errlen);
+    }
+    free(text);
+    return rc;
+}
+
+/* ---- command line ---- */
+
+/* "--name=value" or "--name value". */
+static const char *flag_value(int argc, char *const argv[], int *i, const char *arg,
+                              size_t name_len)
+{
+    if (arg[name_len] == '=')
+        return arg + name_len + 1;
+    if (*i + 1 < argc)
+        return argv[++*i];
+    return NULL;
+}
+
+static int flag_matches(const char *arg, const char *flag)
+{
+    size_t n = strlen(flag);
+    return strncmp(arg, flag, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
+}
+
+static int cli_worker(baton_config_t *cfg, baton_worker_role_t role, int argc, char *const argv[],
+                      int *i, const char *flag, size_t replace_below, char *err, size_t errlen)
+{
+    const char *arg = argv[*i];
+    const char *url = flag_value(argc, argv, i, arg, strlen(flag));
+    if (url == NULL)
+        return set_err(err, errlen, BATON_EINVAL, "%s: missing URL", flag);
+    baton_config_worker_t w = {.role = role, .bootstrap_port = -1, .priority = 50, .cost = 1.0};
+    /* SGLang's convention: --prefill URL [BOOTSTRAP_PORT]. The second word is a port when it
+     * looks like a number (or none/null); anything else is the next flag. */
+    if (role == BATON_ROLE_PREFILL && *i + 1 < argc) {
+        const char *next = argv[*i + 1];
+        uint64_t port;
+        if (strcmp(next, "none") == 0 || strcmp(next, "null") == 0) {
+            (*i)++;
+        } else if (next[0] >= '0' && next[0] <= '9') {
+            if (parse_u64(next, &port) != 0 || port < 1 || port > 65535)
+                return set_err(err, errlen, BATON_EINVAL,
+                               "%s %s: bad bootstrap port '%s' (1..65535 or none)", flag, url,
+                               next);
+            w.bootstrap_port = (int)port;
+            (*i)++;
+        }
+    }
+    w.url = strdup(url);
+    if (w.url == NULL)
+        return set_err(err, errlen, BATON_ENOMEM, "out of memory");
+    int rc = check_worker(&w, flag, err, errlen);
+    if (rc == 0) {
+        rc = push_worker(cfg, &w, replace_below);
+        if (rc != 0)
+            set_err(err, errlen, rc, "out of memory");
+    }
+    if (rc != 0)
+        worker_free(&w);
+    return rc;
+}
+
+int baton_config_from_args(baton_config_t *cfg, int argc, char *const argv[], char *err,
+                           size_t errlen)
+{
+    /* --help wins, and --config is applied before every other flag so the CLI overrides it. */
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            return BATON_CONFIG_HELP;
+    }
+    for (int i = 1; i < argc; i++) {
+        if (!flag_matches(argv[i], "--config"))
+            continue;
+        const char *path = flag_value(argc, argv, &i, argv[i], strlen("--config"));
+        if (path == NULL || path[0] == '\0')
+            return set_err(err, errlen, BATON_EINVAL, "--config: missing FILE");
+        char *p = strdup(path);
+        if (p == NULL)
+            return set_err(err, errlen, BATON_ENOMEM, "out of memory");
+        free(cfg->config_path);
+        cfg->config_path = p;
+        int rc = baton_config_load_file(cfg, path, err, errlen);
+        if (rc != 0)
+            return rc;
+    }
+    size_t n_file_workers = cfg->n_workers;
+
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        int rc;
+        if (flag_matches(arg, "--config")) {
+            flag_value(argc, argv, &i, arg, strlen("--config")); /* done above */
+            continue;
+        }
+        if (flag_matches(arg, "--prefill")) {
+            rc = cli_worker(cfg, BATON_ROLE_PREFILL, argc, argv, &i, "--prefill", n_file_workers,
+                            err, errlen);
+        } else if (flag_matches(arg, "--decode")) {
+            rc = cli_worker(cfg, BATON_ROLE_DECODE, argc, argv, &i, "--decode", n_file_workers, err,
+                            errlen);
+        } else if (flag_matches(arg, "--worker")) {
+            rc = cli_worker(cfg, BATON_ROLE_REGULAR, argc, argv, &i, "--worker", n_file_workers,
+                            err, errlen);
+        } else {
+            const opt_t *o = NULL;
+            for (size_t k = 0; k < N_OPTIONS && o == NULL; k++)
+                if (flag_matches(arg, options[k].flag))
+                    o = &options[k];
+            if (o == NULL)
+                return set_err(err, errlen, BATON_EINVAL, "unknown option '%s'", arg);
+            const char *value = flag_value(argc, argv, &i, arg, strlen(o->flag));
+            if (value == NULL)
+                return set_err(err, errlen, BATON_EINVAL, "%s: missing value %s", o->flag,
+                               o->metavar);
+            rc = set_from_string(cfg, o, o->flag, value, err, errlen);
+        }
+        if (rc != 0)
+            return rc;
+    }
+    resolve_policies(cfg);
+    return 0;
+}
+
+int baton_config_apply_workers(const baton_config_t *cfg, baton_registry_t *reg, char *err,
+                               size_t errlen)
+{
+    for (size_t i = 0; i < cfg->n_workers; i++) {
+        const baton_config_worker_t *cw = &cfg->workers[i];
+        baton_worker_spec_t spec;
+        baton_worker_spec_init(&spec);
+        spec.url = cw->url;
+        spec.role = cw->role;
+        spec.bootstrap_port = cw->bootstrap_port;
+        spec.api_key = cw->api_key;
+        spec.model_id = cw->model_id;
+        spec.priority = cw->priority;
+        spec.cost = cw->cost;
+        spec.labels_json = cw->labels_json;
+        char why[256] = "";
+        int rc = baton_registry_add(reg, &spec, NULL, why, sizeof(why));
+        if (rc != 0)
+            return set_err(err, errlen, rc, "worker %s: %s", cw->url, why);
+    }
+    return 0;
+}
+
+/* ---- --help ---- */
+
+static void default_text(const baton_config_t *d, const opt_t *o, char *buf, size_t len)
+{
+    const char *field = (const char *)d + o->offset;
+    switch (o->type) {
+    case OPT_STR:
+        snprintf(buf, len, "%s", *(char *const *)field ? *(char *const *)field : "");
+        break;
+    case OPT_INT:
+        snprintf(buf, len, "%d", *(const int *)field);
+        break;
+    case OPT_UINT:
+        snprintf(buf, len, "%u", *(const unsigned *)field);
+        break;
+    case OPT_SIZE:
+        snprintf(buf, len, "%zu", *(const size_t *)field);
+        break;
+    case OPT_U64:
+        snprintf(buf, len, "%llu", (unsigned long long)*(const uint64_t *)field);
+        break;
+    case OPT_POLICY:
+        snprintf(buf, len, "%s", baton_policy_name(*(const baton_policy_kind_t *)field));
+        break;
+    case OPT_LOGLEVEL: {
+        static const char *const names[] = {"debug", "info", "warn", "error"};
+        int l = *(const int *)field;
+        snprintf(buf, len, "%s", l >= 0 && l < 4 ? names[l] : "info");
+        break;
+    }
+    }
+}
+
+void baton_config_print_help(FILE *out, const char *argv0)
+{
+    baton_config_t d;
+    int have_defaults = baton_config_init(&d) == 0;
+    fprintf(out,
+            "Usage: %s [options]\n"
+            "Baton: an OpenAI-compatible prefill/decode disaggregation router.\n"
+            "Every option is also a key of the JSON config file (dashes become underscores;\n"
+            "HTTP limits go under \"limits\", upstream timeouts under \"timeouts\"); options\n"
+            "given here override the file. Timeouts are in milliseconds.\n\n",
+            argv0 ? argv0 : "baton");
+    fprintf(out, "  %-32s %s\n", "--config FILE", "JSON config file (see conf/baton.json)");
+    fprintf(out, "  %-32s %s\n", "--prefill URL [BOOTSTRAP_PORT]",
+            "add a prefill worker (repeatable; port: 1..65535 or none)");
+    fprintf(out, "  %-32s %s\n", "--decode URL", "add a decode worker (repeatable)");
+    fprintf(out, "  %-32s %s\n", "--worker URL", "add a regular (non-PD) worker (repeatable)");
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        const opt_t *o = &options[i];
+        char left[64], def[64] = "";
+        snprintf(left, sizeof(left), "%s %s", o->flag, o->metavar);
+        if (have_defaults)
+            default_text(&d, o, def, sizeof(def));
+        if (o->type == OPT_POLICY && o->set_flag != 0)
+            snprintf(def, sizeof(def), "same as --policy");
+        if (o->offset == OFF(threads))
+            snprintf(def, sizeof(def), "number of cores, here %u", d.threads);
+        fprintf(out, "  %-32s %s (default: %s)\n", left, o->help, def);
+    }
+    fprintf(out, "  %-32s %s\n", "-h, --help", "print this help and exit");
+    if (have_defaults)
+        baton_config_free(&d);
+}
