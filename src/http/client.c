@@ -1,0 +1,907 @@
+/* client.c — upstream HTTP/1.1 client: keep-alive pool per upstream, phase timeouts, streaming. */
+#include "http/client.h"
+
+#include "baton/error.h"
+#include "common/buf.h"
+#include "common/log.h"
+
+#include <llhttp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+
+/* Shared by the pool's connections: a read_cb never keeps pointers into it (see server.c). */
+#define READ_BUF_SIZE (64 * 1024)
+/* Sanity limits on what an upstream may send as a response head. */
+#define MAX_RESP_HEADER_BYTES (1024 * 1024)
+#define MAX_RESP_HEADERS      1000
+#define NO_VALUE              UINT32_MAX
+
+typedef struct cconn_s cconn_t;
+typedef struct creq_s creq_t;
+
+struct baton_http_pool_s {
+    uv_loop_t *loop;
+    char host[256];
+    int port;
+    unsigned max_idle;
+    int literal;
+    struct sockaddr_storage addr;
+    char host_hdr[300];
+    char *rbuf;
+    llhttp_settings_t settings;
+    cconn_t *idle; /* LIFO: the most recently used connection is the warmest */
+    unsigned n_idle;
+    unsigned n_conns;   /* idle + busy, not closing */
+    unsigned n_handles; /* connection structs not freed yet */
+    unsigned n_reqs;    /* request structs not freed yet */
+    int destroyed;
+};
+
+struct cconn_s {
+    uv_tcp_t tcp;
+    uv_connect_t connect_req;
+    uv_getaddrinfo_t gai;
+    uv_write_t wreq;
+    llhttp_t parser;
+    baton_http_pool_t *pool;
+    cconn_t *prev, *next; /* idle list */
+    creq_t *req;
+    unsigned refs; /* tcp handle + a pending getaddrinfo */
+    unsigned reused : 1;
+    unsigned closing : 1;
+    unsigned idle : 1;
+    unsigned counted : 1;
+    unsigned keep_alive : 1;
+    unsigned writing : 1;
+    unsigned gai_pending : 1;
+    unsigned connected : 1;
+};
+
+enum phase { PH_CONNECT, PH_FIRST_BYTE, PH_BODY };
+enum tmode { CT_NONE, CT_PHASE, CT_DEFER, CT_RESUME };
+
+typedef struct hdr_off_s {
+    uint32_t name;
+    uint32_t value;
+} hdr_off_t;
+
+struct creq_s {
+    baton_http_creq_t pub;
+    baton_http_pool_t *pool;
+    cconn_t *conn;
+    uv_timer_t timer; /* one per request, switched per phase */
+    baton_http_client_cb_t cb;
+    baton_http_timeouts_t to;
+    const char *body;
+    size_t body_len;
+    char *head;
+    size_t head_len;
+    uint64_t total_deadline; /* uv_now() ms; 0 = none */
+    uint64_t phase_start;
+    uint64_t last_read;
+    uint64_t paused_at;
+    int phase;
+    int tmode;
+    int deferred_err;
+    int status;
+    baton_buf_t arena;
+    baton_buf_t hdrs;
+    size_t n_hdrs;
+    size_t head_bytes;
+    baton_buf_t held; /* body bytes parsed while paused */
+    unsigned retried : 1;
+    unsigned got_bytes : 1;
+    unsigned paused : 1;
+    unsigned done : 1; /* on_done delivered or scheduled */
+    unsigned held_complete : 1;
+    unsigned is_head : 1;
+    unsigned msg_complete : 1;
+    unsigned in_field : 1;
+};
+
+static void conn_close(cconn_t *conn);
+static void conn_fail(cconn_t *conn, int err);
+static int conn_open(baton_http_pool_t *pool, creq_t *req);
+static void pool_maybe_free(baton_http_pool_t *pool);
+static void on_ctimer(uv_timer_t *t);
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+static int conn_read_start(cconn_t *conn)
+{
+    int err = uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
+    return err == UV_EALREADY ? 0 : err;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Request timers                                                                            */
+
+static void timer_set(creq_t *r, int mode, uint64_t ms)
+{
+    r->tmode = mode;
+    uv_timer_start(&r->timer, on_ctimer, ms, 0);
+}
+
+/* Arms the timer for the earlier of the phase deadline and the total deadline. */
+static void arm_phase(creq_t *r)
+{
+    uint64_t due = 0;
+    switch (r->phase) {
+    case PH_CONNECT:
+        due = r->to.connect_ms ? r->phase_start + r->to.connect_ms : 0;
+        break;
+    case PH_FIRST_BYTE:
+        due = r->to.first_byte_ms ? r->phase_start + r->to.first_byte_ms : 0;
+        break;
+    case PH_BODY:
+        due = r->to.idle_ms ? r->last_read + r->to.idle_ms : 0;
+        break;
+    }
+    if (r->total_deadline && (!due || r->total_deadline < due))
+        due = r->total_deadline;
+    if (!due || r->paused) {
+        uv_timer_stop(&r->timer);
+        r->tmode = CT_NONE;
+        return;
+    }
+    uint64_t now = uv_now(r->pool->loop);
+    timer_set(r, CT_PHASE, due > now ? due - now : 0);
+}
+
+static void set_phase(creq_t *r, int phase)
+{
+    r->phase = phase;
+    r->phase_start = uv_now(r->pool->loop);
+    r->last_read = r->phase_start;
+    arm_phase(r);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Finishing                                                                                 */
+
+static void on_creq_close(uv_handle_t *h)
+{
+    creq_t *r = h->data;
+    baton_http_pool_t *pool = r->pool;
+    free(r->head);
+    baton_buf_free(&r->arena);
+    baton_buf_free(&r->hdrs);
+    baton_buf_free(&r->held);
+    free(r);
+    pool->n_reqs--;
+    pool_maybe_free(pool);
+}
+
+static void conn_release(cconn_t *conn)
+{
+    baton_http_pool_t *pool = conn->pool;
+    conn->req = NULL;
+    conn->reused = 1;
+    if (!conn->keep_alive || conn->writing || pool->destroyed || pool->n_idle >= pool->max_idle) {
+        conn_close(conn);
+        return;
+    }
+    /* Keep reading while idle: EOF or stray bytes mean the upstream dropped it. */
+    if (conn_read_start(conn) != 0) {
+        conn_close(conn);
+        return;
+    }
+    conn->idle = 1;
+    conn->prev = NULL;
+    conn->next = pool->idle;
+    if (pool->idle)
+        pool->idle->prev = conn;
+    pool->idle = conn;
+    pool->n_idle++;
+}
+
+/* Delivers on_done (never from inside an API call) and frees the request afterwards. */
+static void finish(creq_t *r, int err)
+{
+    cconn_t *conn = r->conn;
+    if (conn) {
+        r->conn = NULL;
+        if (err == 0) {
+            conn_release(conn);
+        } else {
+            conn->req = NULL;
+            conn_close(conn);
+        }
+    }
+    r->done = 1;
+    uv_timer_stop(&r->timer);
+    r->tmode = CT_NONE;
+    r->cb.on_done(&r->pub, err);
+    uv_close((uv_handle_t *)&r->timer, on_creq_close);
+}
+
+static void defer_finish(creq_t *r, int err)
+{
+    r->done = 1;
+    r->deferred_err = err;
+    timer_set(r, CT_DEFER, 0);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Connections                                                                               */
+
+static void idle_unlink(cconn_t *conn)
+{
+    baton_http_pool_t *pool = conn->pool;
+    if (!conn->idle)
+        return;
+    if (conn->prev)
+        conn->prev->next = conn->next;
+    else
+        pool->idle = conn->next;
+    if (conn->next)
+        conn->next->prev = conn->prev;
+    conn->prev = conn->next = NULL;
+    conn->idle = 0;
+    pool->n_idle--;
+}
+
+static void conn_maybe_free(cconn_t *conn)
+{
+    if (conn->refs > 0)
+        return;
+    baton_http_pool_t *pool = conn->pool;
+    free(conn);
+    pool->n_handles--;
+    pool_maybe_free(pool);
+}
+
+static void on_conn_close(uv_handle_t *h)
+{
+    cconn_t *conn = h->data;
+    conn->refs--;
+    conn_maybe_free(conn);
+}
+
+static void conn_close(cconn_t *conn)
+{
+    if (conn->closing)
+        return;
+    conn->closing = 1;
+    idle_unlink(conn);
+    if (conn->counted) {
+        conn->counted = 0;
+        conn->pool->n_conns--;
+    }
+    if (conn->req) {
+        conn->req->conn = NULL;
+        conn->req = NULL;
+    }
+    if (conn->gai_pending)
+        uv_cancel((uv_req_t *)&conn->gai);
+    uv_close((uv_handle_t *)&conn->tcp, on_conn_close);
+}
+
+static void attach(cconn_t *conn, creq_t *r)
+{
+    conn->req = r;
+    r->conn = conn;
+    conn->keep_alive = 0;
+    llhttp_init(&conn->parser, HTTP_RESPONSE, &r->pool->settings);
+    conn->parser.data = conn;
+}
+
+static void on_write(uv_write_t *w, int status)
+{
+    cconn_t *conn = w->data;
+    conn->writing = 0;
+    if (status == UV_ECANCELED || conn->closing)
+        return;
+    if (status < 0 && conn->req)
+        conn_fail(conn, BATON_EEOF);
+    else if (status < 0)
+        conn_close(conn);
+}
+
+/* Head and body go out in one uv_write; the body is not copied. */
+static int send_request(creq_t *r)
+{
+    cconn_t *conn = r->conn;
+    uv_buf_t bufs[2] = {uv_buf_init(r->head, (unsigned)r->head_len),
+                        uv_buf_init((char *)r->body, (unsigned)r->body_len)};
+    conn->wreq.data = conn;
+    int err = uv_write(&conn->wreq, (uv_stream_t *)&conn->tcp, bufs, r->body_len ? 2 : 1, on_write);
+    if (err)
+        return err;
+    conn->writing = 1;
+    set_phase(r, PH_FIRST_BYTE);
+    return 0;
+}
+
+static int retryable(cconn_t *conn, creq_t *r, int err)
+{
+    return err == BATON_EEOF && conn->reused && !r->got_bytes && !r->retried && !r->done;
+}
+
+/* The connection failed with a request on it (called on the loop, never inside an API call). */
+static void conn_fail(cconn_t *conn, int err)
+{
+    creq_t *r = conn->req;
+    conn_close(conn);
+    if (r == NULL || r->done)
+        return;
+    if (retryable(conn, r, err)) {
+        /* The upstream closed a keep-alive connection we thought idle: once more, fresh. */
+        r->retried = 1;
+        log_debug("http", "upstream_retry host=%s port=%d", r->pool->host, r->pool->port);
+        if (conn_open(r->pool, r) == 0)
+            return;
+        err = BATON_ECONNECT;
+    }
+    finish(r, err);
+}
+
+static void on_connect(uv_connect_t *cr, int status)
+{
+    cconn_t *conn = cr->data;
+    if (status == UV_ECANCELED || conn->closing)
+        return;
+    creq_t *r = conn->req;
+    if (status < 0 || r == NULL) {
+        if (r)
+            log_debug("http", "upstream_connect_failed host=%s port=%d err=%s", r->pool->host,
+                      r->pool->port, baton_strerror(status));
+        conn_fail(conn, BATON_ECONNECT);
+        return;
+    }
+    conn->connected = 1;
+    if (!r->paused && conn_read_start(conn) != 0) {
+        conn_fail(conn, BATON_ECONNECT);
+        return;
+    }
+    if (send_request(r) != 0)
+        conn_fail(conn, BATON_ECONNECT);
+}
+
+static void on_resolved(uv_getaddrinfo_t *g, int status, struct addrinfo *res)
+{
+    cconn_t *conn = g->data;
+    conn->gai_pending = 0;
+    conn->refs--;
+    if (conn->closing) {
+        uv_freeaddrinfo(res);
+        conn_maybe_free(conn);
+        return;
+    }
+    int err = status;
+    if (!err && res == NULL)
+        err = UV_EAI_NONAME;
+    if (!err) {
+        conn->connect_req.data = conn;
+        err = uv_tcp_connect(&conn->connect_req, &conn->tcp, res->ai_addr, on_connect);
+    }
+    uv_freeaddrinfo(res);
+    if (err) {
+        log_debug("http", "upstream_resolve_failed host=%s err=%s", conn->pool->host,
+                  baton_strerror(err));
+        conn_fail(conn, BATON_ECONNECT);
+    }
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    cconn_t *conn = h->data;
+    buf->base = conn->pool->rbuf;
+    buf->len = READ_BUF_SIZE;
+}
+
+/* Opens a new connection for r. 0, or an error after which r is not attached. */
+static int conn_open(baton_http_pool_t *pool, creq_t *r)
+{
+    cconn_t *conn = calloc(1, sizeof(*conn));
+    if (conn == NULL)
+        return BATON_ENOMEM;
+    conn->pool = pool;
+    int err = uv_tcp_init(pool->loop, &conn->tcp);
+    if (err) {
+        free(conn);
+        return err;
+    }
+    conn->tcp.data = conn;
+    conn->refs = 1;
+    conn->counted = 1;
+    pool->n_handles++;
+    pool->n_conns++;
+    uv_tcp_nodelay(&conn->tcp, 1);
+    attach(conn, r);
+    r->got_bytes = 0;
+    set_phase(r, PH_CONNECT);
+    if (pool->literal) {
+        conn->connect_req.data = conn;
+        err = uv_tcp_connect(&conn->connect_req, &conn->tcp, (struct sockaddr *)&pool->addr,
+                             on_connect);
+    } else {
+        char port[16];
+        snprintf(port, sizeof(port), "%d", pool->port);
+        struct addrinfo hints;
+        memset(&hints, 0, sizeof(hints));
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        conn->gai.data = conn;
+        err = uv_getaddrinfo(pool->loop, &conn->gai, on_resolved, pool->host, port, &hints);
+        if (!err) {
+            conn->gai_pending = 1;
+            conn->refs++;
+        }
+    }
+    if (err) {
+        conn_close(conn); /* detaches r */
+        return err;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Response parsing                                                                          */
+
+static int arena_add(creq_t *r, const char *at, size_t len)
+{
+    r->head_bytes += len;
+    if (r->head_bytes > MAX_RESP_HEADER_BYTES)
+        return -1;
+    return baton_buf_append(&r->arena, at, len) == 0 ? 0 : -1;
+}
+
+static int on_message_begin(llhttp_t *p)
+{
+    cconn_t *conn = p->data;
+    creq_t *r = conn->req;
+    baton_buf_reset(&r->arena);
+    baton_buf_reset(&r->hdrs);
+    r->n_hdrs = 0;
+    r->head_bytes = 0;
+    r->in_field = 0;
+    r->msg_complete = 0;
+    return 0;
+}
+
+static int on_header_field(llhttp_t *p, const char *at, size_t len)
+{
+    creq_t *r = ((cconn_t *)p->data)->req;
+    if (!r->in_field) {
+        if (r->n_hdrs >= MAX_RESP_HEADERS)
+            return -1;
+        hdr_off_t h = {(uint32_t)r->arena.len, NO_VALUE};
+        if (baton_buf_append(&r->hdrs, &h, sizeof(h)) != 0)
+            return -1;
+        r->n_hdrs++;
+        r->in_field = 1;
+    }
+    return arena_add(r, at, len);
+}
+
+static int on_header_field_complete(llhttp_t *p)
+{
+    creq_t *r = ((cconn_t *)p->data)->req;
+    r->in_field = 0;
+    return arena_add(r, "", 1);
+}
+
+static int on_header_value(llhttp_t *p, const char *at, size_t len)
+{
+    creq_t *r = ((cconn_t *)p->data)->req;
+    hdr_off_t *h = (hdr_off_t *)r->hdrs.data + (r->n_hdrs - 1);
+    if (h->value == NO_VALUE)
+        h->value = (uint32_t)r->arena.len;
+    return arena_add(r, at, len);
+}
+
+static int on_header_value_complete(llhttp_t *p)
+{
+    creq_t *r = ((cconn_t *)p->data)->req;
+    if (r->n_hdrs == 0)
+        return 0;
+    hdr_off_t *h = (hdr_off_t *)r->hdrs.data + (r->n_hdrs - 1);
+    if (h->value == NO_VALUE)
+        h->value = (uint32_t)r->arena.len;
+    return arena_add(r, "", 1);
+}
+
+static int is_interim(int status)
+{
+    return status >= 100 && status < 200 && status != 101;
+}
+
+static int on_headers_complete(llhttp_t *p)
+{
+    cconn_t *conn = p->data;
+    creq_t *r = conn->req;
+    r->status = p->status_code;
+    if (is_interim(r->status))
+        return 0; /* 100 Continue and friends: the real answer follows */
+    size_t n = r->n_hdrs;
+    size_t off_bytes = n * sizeof(hdr_off_t);
+    size_t align = (off_bytes + 15) & ~(size_t)15;
+    if (baton_buf_reserve(&r->hdrs, align - off_bytes + n * sizeof(baton_http_header_t) + 16) != 0)
+        return -1;
+    const char *base = r->arena.data ? r->arena.data : "";
+    hdr_off_t *offs = (hdr_off_t *)r->hdrs.data;
+    baton_http_header_t *hs = (baton_http_header_t *)(r->hdrs.data + align);
+    for (size_t i = 0; i < n; i++) {
+        hs[i].name = base + offs[i].name;
+        hs[i].value = offs[i].value == NO_VALUE ? "" : base + offs[i].value;
+    }
+    if (r->cb.on_head)
+        r->cb.on_head(&r->pub, r->status, n ? hs : NULL, n);
+    if (r->done || conn->req != r)
+        return -1; /* cancelled from on_head */
+    return r->is_head ? 1 : 0;
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t len)
+{
+    cconn_t *conn = p->data;
+    creq_t *r = conn->req;
+    if (r->paused)
+        return baton_buf_append(&r->held, at, len) == 0 ? 0 : -1;
+    if (r->cb.on_data)
+        r->cb.on_data(&r->pub, at, len);
+    if (r->done || conn->req != r)
+        return -1; /* cancelled from on_data */
+    return 0;
+}
+
+static int on_message_complete(llhttp_t *p)
+{
+    cconn_t *conn = p->data;
+    creq_t *r = conn->req;
+    if (is_interim(r->status))
+        return 0;
+    r->msg_complete = 1;
+    conn->keep_alive = llhttp_should_keep_alive(p) && !p->upgrade;
+    /* Stop: completion (which may reuse this connection) happens outside the parser. */
+    return HPE_PAUSED;
+}
+
+static void complete(creq_t *r)
+{
+    finish(r, 0);
+}
+
+static void feed(cconn_t *conn, const char *data, size_t len)
+{
+    creq_t *r = conn->req;
+    llhttp_errno_t e = llhttp_execute(&conn->parser, data, len);
+    if (r->done || conn->req != r)
+        return; /* cancelled inside a callback */
+    if (e == HPE_OK)
+        return;
+    if (e == HPE_PAUSED && r->msg_complete) {
+        size_t used = (size_t)(llhttp_get_error_pos(&conn->parser) - data);
+        if (used < len)
+            conn->keep_alive = 0; /* bytes after the response: not a connection to reuse */
+        if (r->paused || r->held.len > 0) {
+            r->held_complete = 1;
+            return;
+        }
+        complete(r);
+        return;
+    }
+    log_debug("http", "upstream_malformed host=%s port=%d err=%s reason=\"%s\"", r->pool->host,
+              r->pool->port, llhttp_errno_name(e), llhttp_get_error_reason(&conn->parser));
+    conn_fail(conn, BATON_EUPSTREAM);
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    cconn_t *conn = s->data;
+    creq_t *r = conn->req;
+    if (nread == 0)
+        return;
+    if (r == NULL) {
+        conn_close(conn); /* idle connection: EOF, error or unexpected bytes */
+        return;
+    }
+    if (nread < 0) {
+        if (nread == UV_EOF && r->got_bytes && !r->msg_complete) {
+            llhttp_finish(&conn->parser); /* a read-until-close body ends here */
+            if (r->msg_complete) {
+                conn->keep_alive = 0;
+                if (r->paused || r->held.len > 0)
+                    r->held_complete = 1;
+                else
+                    complete(r);
+                return;
+            }
+        }
+        conn_fail(conn, BATON_EEOF);
+        return;
+    }
+    if (r->msg_complete) {
+        conn_fail(conn, BATON_EUPSTREAM); /* bytes past a held, complete response */
+        return;
+    }
+    r->got_bytes = 1;
+    r->last_read = uv_now(r->pool->loop);
+    if (r->phase != PH_BODY)
+        set_phase(r, PH_BODY);
+    feed(conn, buf->base, (size_t)nread);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Timer callback: timeouts, deferred completion, resume after pause                         */
+
+static void resume_delivery(creq_t *r)
+{
+    cconn_t *conn = r->conn;
+    if (r->held.len > 0) {
+        baton_buf_t held = r->held;
+        r->held = (baton_buf_t)BATON_BUF_INIT;
+        if (r->cb.on_data)
+            r->cb.on_data(&r->pub, held.data, held.len);
+        baton_buf_free(&held);
+        if (r->done || r->conn != conn)
+            return;
+        if (r->paused)
+            return;
+    }
+    if (r->held_complete) {
+        complete(r);
+        return;
+    }
+    if (conn && conn->connected && conn_read_start(conn) != 0) {
+        conn_fail(conn, BATON_EEOF);
+        return;
+    }
+    arm_phase(r);
+}
+
+static void on_ctimer(uv_timer_t *t)
+{
+    creq_t *r = t->data;
+    int mode = r->tmode;
+    r->tmode = CT_NONE;
+    switch (mode) {
+    case CT_DEFER:
+        r->done = 0;
+        finish(r, r->deferred_err);
+        return;
+    case CT_RESUME:
+        resume_delivery(r);
+        return;
+    case CT_PHASE:
+        break;
+    default:
+        return;
+    }
+    uint64_t now = uv_now(r->pool->loop);
+    int err = 0;
+    if (r->total_deadline && now >= r->total_deadline)
+        err = BATON_ETIMEOUT_TOTAL;
+    else if (r->phase == PH_CONNECT && r->to.connect_ms && now >= r->phase_start + r->to.connect_ms)
+        err = BATON_ETIMEOUT_CONNECT;
+    else if (r->phase == PH_FIRST_BYTE && r->to.first_byte_ms &&
+             now >= r->phase_start + r->to.first_byte_ms)
+        err = BATON_ETIMEOUT_FIRST_BYTE;
+    else if (r->phase == PH_BODY && r->to.idle_ms && now >= r->last_read + r->to.idle_ms)
+        err = BATON_ETIMEOUT_IDLE;
+    if (!err) {
+        arm_phase(r);
+        return;
+    }
+    log_debug("http", "upstream_timeout host=%s port=%d err=%s", r->pool->host, r->pool->port,
+              baton_err_name(err));
+    finish(r, err); /* closes the connection: the upstream sees it at once */
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Public API                                                                                */
+
+int baton_http_pool_create(baton_http_pool_t **pool_p, uv_loop_t *loop, const char *host, int port,
+                           unsigned max_idle)
+{
+    if (pool_p == NULL || loop == NULL || host == NULL || port <= 0 || port > 65535)
+        return BATON_EINVAL;
+    size_t hlen = strlen(host);
+    if (hlen == 0 || hlen >= sizeof(((baton_http_pool_t *)0)->host))
+        return BATON_EINVAL;
+    baton_http_pool_t *pool = calloc(1, sizeof(*pool));
+    if (pool == NULL)
+        return BATON_ENOMEM;
+    pool->rbuf = malloc(READ_BUF_SIZE);
+    if (pool->rbuf == NULL) {
+        free(pool);
+        return BATON_ENOMEM;
+    }
+    pool->loop = loop;
+    memcpy(pool->host, host, hlen + 1);
+    pool->port = port;
+    pool->max_idle = max_idle;
+    /* "localhost" is what the server side binds for it too (127.0.0.1), so no lookup. */
+    const char *lit = strcmp(host, "localhost") == 0 ? "127.0.0.1" : host;
+    int v6 = 0;
+    if (uv_ip4_addr(lit, port, (struct sockaddr_in *)&pool->addr) == 0) {
+        pool->literal = 1;
+    } else if (uv_ip6_addr(lit, port, (struct sockaddr_in6 *)&pool->addr) == 0) {
+        pool->literal = 1;
+        v6 = 1;
+    }
+    if (port == 80)
+        snprintf(pool->host_hdr, sizeof(pool->host_hdr), v6 ? "[%s]" : "%s", host);
+    else
+        snprintf(pool->host_hdr, sizeof(pool->host_hdr), v6 ? "[%s]:%d" : "%s:%d", host, port);
+    llhttp_settings_init(&pool->settings);
+    pool->settings.on_message_begin = on_message_begin;
+    pool->settings.on_header_field = on_header_field;
+    pool->settings.on_header_field_complete = on_header_field_complete;
+    pool->settings.on_header_value = on_header_value;
+    pool->settings.on_header_value_complete = on_header_value_complete;
+    pool->settings.on_headers_complete = on_headers_complete;
+    pool->settings.on_body = on_body;
+    pool->settings.on_message_complete = on_message_complete;
+    *pool_p = pool;
+    return 0;
+}
+
+static void pool_maybe_free(baton_http_pool_t *pool)
+{
+    if (!pool->destroyed || pool->n_handles > 0 || pool->n_reqs > 0)
+        return;
+    free(pool->rbuf);
+    free(pool);
+}
+
+void baton_http_pool_destroy(baton_http_pool_t *pool)
+{
+    if (pool == NULL || pool->destroyed)
+        return;
+    pool->destroyed = 1;
+    while (pool->idle)
+        conn_close(pool->idle);
+    pool_maybe_free(pool);
+}
+
+unsigned baton_http_pool_connections(const baton_http_pool_t *pool)
+{
+    return pool->n_conns;
+}
+
+static int skip_header(const char *name)
+{
+    return strcasecmp(name, "host") == 0 || strcasecmp(name, "content-length") == 0 ||
+           strcasecmp(name, "connection") == 0 || strcasecmp(name, "transfer-encoding") == 0;
+}
+
+static int build_request_head(creq_t *r, const char *method, const char *path,
+                              const baton_http_header_t *headers, size_t n_headers)
+{
+    baton_buf_t b = BATON_BUF_INIT;
+    size_t need = strlen(method) + strlen(path) + strlen(r->pool->host_hdr) + 96;
+    for (size_t i = 0; i < n_headers; i++)
+        need += strlen(headers[i].name) + strlen(headers[i].value) + 4;
+    if (baton_buf_reserve(&b, need) != 0)
+        return BATON_ENOMEM;
+    int err =
+        baton_buf_printf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\n", method, path, r->pool->host_hdr);
+    for (size_t i = 0; !err && i < n_headers; i++) {
+        if (skip_header(headers[i].name))
+            continue;
+        err = baton_buf_printf(&b, "%s: %s\r\n", headers[i].name, headers[i].value);
+    }
+    int wants_len = r->body_len > 0 || strcmp(method, "POST") == 0 || strcmp(method, "PUT") == 0 ||
+                    strcmp(method, "PATCH") == 0;
+    if (!err && wants_len)
+        err = baton_buf_printf(&b, "Content-Length: %zu\r\n", r->body_len);
+    if (!err)
+        err = baton_buf_append_str(&b, "Connection: keep-alive\r\n\r\n");
+    if (err) {
+        baton_buf_free(&b);
+        return BATON_ENOMEM;
+    }
+    r->head = baton_buf_steal(&b, &r->head_len);
+    return 0;
+}
+
+static int has_bad_chars(const char *s)
+{
+    for (; *s; s++)
+        if (*s == '\r' || *s == '\n')
+            return 1;
+    return 0;
+}
+
+int baton_http_request(baton_http_creq_t **req_p, baton_http_pool_t *pool, const char *method,
+                       const char *path, const baton_http_header_t *headers, size_t n_headers,
+                       const char *body, size_t body_len, const baton_http_timeouts_t *timeouts,
+                       const baton_http_client_cb_t *cb, void *data)
+{
+    if (req_p == NULL || pool == NULL || method == NULL || path == NULL || cb == NULL ||
+        cb->on_done == NULL || (body == NULL && body_len > 0) || (n_headers && !headers))
+        return BATON_EINVAL;
+    if (pool->destroyed)
+        return BATON_ESHUTDOWN;
+    /* Header injection through a path or header would desynchronise the connection. */
+    if (has_bad_chars(method) || has_bad_chars(path) || strchr(method, ' ') || strchr(path, ' '))
+        return BATON_EINVAL;
+    for (size_t i = 0; i < n_headers; i++)
+        if (has_bad_chars(headers[i].name) || has_bad_chars(headers[i].value))
+            return BATON_EINVAL;
+
+    creq_t *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return BATON_ENOMEM;
+    r->pool = pool;
+    r->pub.data = data;
+    r->cb = *cb;
+    if (timeouts)
+        r->to = *timeouts;
+    r->body = body;
+    r->body_len = body_len;
+    r->is_head = strcmp(method, "HEAD") == 0;
+    int err = build_request_head(r, method, path, headers, n_headers);
+    if (err) {
+        free(r);
+        return err;
+    }
+    uv_timer_init(pool->loop, &r->timer);
+    r->timer.data = r;
+    pool->n_reqs++;
+    uint64_t now = uv_now(pool->loop);
+    if (r->to.total_ms)
+        r->total_deadline = now + r->to.total_ms;
+    *req_p = &r->pub;
+
+    while (pool->idle) {
+        cconn_t *conn = pool->idle;
+        idle_unlink(conn);
+        attach(conn, r);
+        if (send_request(r) == 0)
+            return 0;
+        conn->req = NULL;
+        r->conn = NULL;
+        conn_close(conn);
+    }
+    err = conn_open(pool, r);
+    if (err)
+        defer_finish(r, BATON_ECONNECT);
+    return 0;
+}
+
+void baton_http_request_pause(baton_http_creq_t *req, int paused)
+{
+    creq_t *r = container_of(req, creq_t, pub);
+    if (r->done)
+        return;
+    uint64_t now = uv_now(r->pool->loop);
+    if (paused && !r->paused) {
+        r->paused = 1;
+        r->paused_at = now;
+        if (r->tmode == CT_PHASE || r->tmode == CT_RESUME) {
+            uv_timer_stop(&r->timer);
+            r->tmode = CT_NONE;
+        }
+        if (r->conn && r->conn->connected && !r->conn->closing)
+            uv_read_stop((uv_stream_t *)&r->conn->tcp);
+    } else if (!paused && r->paused) {
+        r->paused = 0;
+        uint64_t d = now - r->paused_at;
+        if (r->total_deadline)
+            r->total_deadline += d;
+        r->phase_start += d;
+        r->last_read = now;
+        timer_set(r, CT_RESUME, 0);
+    }
+}
+
+void baton_http_request_cancel(baton_http_creq_t *req)
+{
+    creq_t *r = container_of(req, creq_t, pub);
+    if (r->done)
+        return;
+    if (r->conn) {
+        cconn_t *conn = r->conn;
+        conn->req = NULL;
+        r->conn = NULL;
+        conn_close(conn);
+    }
+    defer_finish(r, BATON_ECANCELED);
+}
