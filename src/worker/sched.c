@@ -1,0 +1,212 @@
+/* sched.c — prefill/decode step scheduler on a virtual timeline (see sched.h). */
+#include "worker/sched.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "baton/error.h"
+
+static void list_push(wk_seq_list_t *l, wk_seq_t *seq)
+{
+    seq->next = NULL;
+    seq->prev = l->tail;
+    if (l->tail)
+        l->tail->next = seq;
+    else
+        l->head = seq;
+    l->tail = seq;
+    l->n++;
+}
+
+static void list_remove(wk_seq_list_t *l, wk_seq_t *seq)
+{
+    if (seq->prev)
+        seq->prev->next = seq->next;
+    else
+        l->head = seq->next;
+    if (seq->next)
+        seq->next->prev = seq->prev;
+    else
+        l->tail = seq->prev;
+    seq->prev = seq->next = NULL;
+    l->n--;
+}
+
+static wk_seq_t *list_pop(wk_seq_list_t *l)
+{
+    wk_seq_t *seq = l->head;
+    if (seq)
+        list_remove(l, seq);
+    return seq;
+}
+
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+    if (a != 0 && b > UINT64_MAX / a)
+        return UINT64_MAX;
+    return a * b;
+}
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX - 1 : a + b;
+}
+
+int wk_sched_init(wk_sched_t *s, const wk_sched_cfg_t *cfg, wk_sched_prefilled_cb on_prefilled,
+                  wk_sched_decoded_cb on_decoded, void *data)
+{
+    memset(s, 0, sizeof(*s));
+    if (cfg->max_batch == 0)
+        return BATON_EINVAL;
+    s->cfg = *cfg;
+    s->on_prefilled = on_prefilled;
+    s->on_decoded = on_decoded;
+    s->data = data;
+    s->step = calloc(cfg->max_batch, sizeof(*s->step));
+    if (s->step == NULL)
+        return BATON_ENOMEM;
+    return 0;
+}
+
+void wk_sched_free(wk_sched_t *s)
+{
+    free(s->step);
+    s->step = NULL;
+}
+
+void wk_sched_submit_prefill(wk_sched_t *s, wk_seq_t *seq)
+{
+    seq->where = WK_SEQ_PREFILL_Q;
+    list_push(&s->prefill_q, seq);
+}
+
+void wk_sched_submit_decode(wk_sched_t *s, wk_seq_t *seq)
+{
+    seq->where = WK_SEQ_READY_Q;
+    list_push(&s->ready_q, seq);
+}
+
+void wk_sched_cancel(wk_sched_t *s, wk_seq_t *seq)
+{
+    switch (seq->where) {
+    case WK_SEQ_PREFILL_Q:
+        list_remove(&s->prefill_q, seq);
+        break;
+    case WK_SEQ_READY_Q:
+        list_remove(&s->ready_q, seq);
+        break;
+    case WK_SEQ_RUNNING:
+        list_remove(&s->running, seq);
+        break;
+    case WK_SEQ_IN_STEP:
+        /* The step keeps running without it: the slot is skipped at completion. */
+        if (seq->slot < s->step_n && s->step[seq->slot] == seq)
+            s->step[seq->slot] = NULL;
+        break;
+    case WK_SEQ_IDLE:
+        break;
+    }
+    seq->where = WK_SEQ_IDLE;
+}
+
+static void put_in_step(wk_sched_t *s, wk_seq_t *seq)
+{
+    seq->where = WK_SEQ_IN_STEP;
+    seq->slot = s->step_n;
+    s->step[s->step_n++] = seq;
+}
+
+/* Starts the next step at virtual time t; 0 when there is nothing to do. */
+static int start_step(wk_sched_t *s, uint64_t t)
+{
+    s->step_n = 0;
+    unsigned max = s->cfg.max_batch;
+    if (s->prefill_q.n > 0 && s->running.n < max) {
+        uint64_t tokens = 0;
+        unsigned limit = max - s->running.n;
+        while (s->step_n < limit && s->prefill_q.n > 0) {
+            wk_seq_t *seq = list_pop(&s->prefill_q);
+            tokens += seq->prompt_tokens;
+            put_in_step(s, seq);
+        }
+        s->step_kind = WK_STEP_PREFILL;
+        s->step_start = t;
+        s->step_end = sat_add(t, sat_mul(tokens, s->cfg.prefill_ns_per_token));
+        s->prefill_steps++;
+        s->prefill_tokens += tokens;
+        return 1;
+    }
+    while (s->running.n < max && s->ready_q.n > 0) {
+        wk_seq_t *seq = list_pop(&s->ready_q);
+        seq->where = WK_SEQ_RUNNING;
+        list_push(&s->running, seq);
+    }
+    if (s->running.n == 0) {
+        s->step_kind = WK_STEP_NONE;
+        return 0;
+    }
+    while (s->running.n > 0)
+        put_in_step(s, list_pop(&s->running));
+    s->step_kind = WK_STEP_DECODE;
+    s->step_start = t;
+    s->step_end = sat_add(t, s->cfg.decode_ns_per_step);
+    s->decode_steps++;
+    return 1;
+}
+
+static void complete_step(wk_sched_t *s)
+{
+    wk_step_kind_t kind = s->step_kind;
+    unsigned n = s->step_n;
+    for (unsigned i = 0; i < n; i++) {
+        wk_seq_t *seq = s->step[i];
+        if (seq == NULL)
+            continue; /* cancelled during the step */
+        s->step[i] = NULL;
+        seq->where = WK_SEQ_IDLE;
+        int keep;
+        if (kind == WK_STEP_PREFILL) {
+            keep = s->on_prefilled(s, seq);
+        } else {
+            s->decode_tokens++;
+            keep = s->on_decoded(s, seq);
+        }
+        if (keep) {
+            seq->where = WK_SEQ_RUNNING;
+            list_push(&s->running, seq);
+        }
+    }
+    s->step_n = 0;
+    s->step_kind = WK_STEP_NONE;
+}
+
+uint64_t wk_sched_poll(wk_sched_t *s, uint64_t now, unsigned max_steps)
+{
+    unsigned done = 0;
+    if (s->step_kind == WK_STEP_NONE && !start_step(s, now))
+        return WK_SCHED_IDLE;
+    for (;;) {
+        if (s->step_end > now || done >= max_steps)
+            return s->step_end;
+        uint64_t t = s->step_end;
+        complete_step(s);
+        done++;
+        if (!start_step(s, t))
+            return WK_SCHED_IDLE;
+    }
+}
+
+unsigned wk_sched_waiting(const wk_sched_t *s)
+{
+    return s->prefill_q.n + s->ready_q.n;
+}
+
+unsigned wk_sched_running(const wk_sched_t *s)
+{
+    return s->running.n + (s->step_kind == WK_STEP_DECODE ? s->step_n : 0);
+}
+
+int wk_sched_busy(const wk_sched_t *s)
+{
+    return s->step_kind != WK_STEP_NONE;
+}
