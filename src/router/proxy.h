@@ -1,0 +1,88 @@
+/* proxy.h — request dispatch: PD pairs (prefill + decode at once), regular workers, and plain
+ * forwarding of info endpoints; per-loop upstream connection pools. */
+#ifndef BATON_ROUTER_PROXY_H
+#define BATON_ROUTER_PROXY_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/metrics.h"
+#include "http/client.h"
+#include "http/server.h"
+#include "router/config.h"
+#include "router/pdreq.h"
+#include "router/policy.h"
+#include "router/registry.h"
+#include "router/router_metrics.h"
+
+/*
+ * What every router thread shares. Built once on the main thread before the loops start and
+ * read-only afterwards (the registry, policies and metrics are thread-safe themselves).
+ */
+typedef struct baton_router_s {
+    const baton_config_t *cfg;
+    baton_registry_t *registry;
+    baton_policy_t *prefill_policy;
+    baton_policy_t *decode_policy;
+    baton_policy_t *regular_policy;
+    baton_metrics_t *metrics_reg;
+    baton_router_metrics_t *metrics;
+} baton_router_t;
+
+/*
+ * One per loop/thread: the upstream pools of that loop, one per worker, created on first use
+ * and dropped when the registry says the worker was removed.
+ *
+ * Threading: everything here runs on the owning loop's thread; nothing is shared with other
+ * loops, so the request path takes no lock of its own (the registry snapshot and the metric
+ * child lookups take theirs briefly).
+ */
+typedef struct baton_proxy_loop_s baton_proxy_loop_t;
+
+int baton_proxy_loop_create(baton_proxy_loop_t **pl_p, uv_loop_t *loop, baton_router_t *router);
+
+/* Destroys the pools (each pool frees itself once its in-flight requests finished). Call after
+ * the loop's HTTP server has closed, i.e. when no proxied request is alive any more. */
+void baton_proxy_loop_destroy(baton_proxy_loop_t *pl);
+
+baton_router_t *baton_proxy_loop_router(baton_proxy_loop_t *pl);
+uv_loop_t *baton_proxy_loop_uv(baton_proxy_loop_t *pl);
+
+/* Proxied requests alive on this loop now. */
+unsigned baton_proxy_loop_active(const baton_proxy_loop_t *pl);
+
+/*
+ * Proxies one inference request (POST chat/completions/generate). Validates the body (400),
+ * then dispatches it:
+ *   - to a prefill + decode pair when both roles have an eligible worker: the body with the
+ *     bootstrap fields injected is serialized once and sent to both at the same time;
+ *     decode's status and body (or SSE stream, passed through as it arrives) go to the client,
+ *     prefill's answer is read to the end (its input logprobs merged in front when asked);
+ *   - else to a regular worker (the client's body untouched);
+ *   - else 503.
+ * Upstream failures before the client response started → 502/504 JSON naming the side (or
+ * decode's own non-2xx status and body); after a stream started → an SSE error event and
+ * [DONE]. Either way the other upstream request is cancelled at once; a client disconnect
+ * cancels both. The request is always finished exactly once.
+ */
+void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_api_t api);
+
+/*
+ * Forwards a GET (info endpoints: /v1/models, /get_server_info, ...) to one eligible worker of
+ * the first role in roles[] that has one, passing its status and body through. Returns 0 when
+ * the request was taken over (it will be finished), BATON_ENOWORKER when no worker of those
+ * roles is eligible (the request is untouched; the caller answers).
+ */
+int baton_proxy_forward(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
+                        const baton_worker_role_t *roles, size_t n_roles);
+
+/* ---- helpers shared with routes.c ---- */
+
+/* Responds and records the request in the metrics (route label, status, duration, TTFB). */
+int baton__respond(baton_router_t *r, baton_http_req_t *req, const char *route, int status,
+                   const char *content_type, const char *body, size_t len);
+int baton__respond_error(baton_router_t *r, baton_http_req_t *req, const char *route, int status,
+                         const char *message, const char *type, const char *param,
+                         const char *code);
+
+#endif

@@ -1,0 +1,190 @@
+/* routes.c — path → handler table of the router and the endpoints it answers itself (health,
+ * readiness, metrics, model list); inference and info requests go to proxy.c. */
+#include "router/routes.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "baton/error.h"
+#include "common/log.h"
+#include "router/admin.h"
+#include "router/proxy.h"
+
+typedef void (*route_fn)(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route);
+
+typedef struct route_s {
+    const char *path;
+    const char *method; /* the one method served; others get 405 with Allow: method */
+    route_fn fn;
+} route_t;
+
+static void h_chat(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    baton_proxy_inference(pl, req, BATON_API_CHAT);
+}
+
+static void h_completions(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    baton_proxy_inference(pl, req, BATON_API_COMPLETIONS);
+}
+
+static void h_generate(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    baton_proxy_inference(pl, req, BATON_API_GENERATE);
+}
+
+static void respond_json(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
+                         int status, json_t *j)
+{
+    baton_router_t *r = baton_proxy_loop_router(pl);
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!s) {
+        baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
+                             "internal_error");
+        return;
+    }
+    baton__respond(r, req, route, status, "application/json", s, strlen(s));
+    free(s);
+}
+
+static void h_health(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    respond_json(pl, req, route, 200, json_pack("{s:s}", "status", "ok"));
+}
+
+static void h_readiness(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    baton_router_t *r = baton_proxy_loop_router(pl);
+    size_t all[BATON_ROLE_COUNT], ok[BATON_ROLE_COUNT];
+    baton_registry_counts(r->registry, all, ok);
+    size_t p = ok[BATON_ROLE_PREFILL], d = ok[BATON_ROLE_DECODE], g = ok[BATON_ROLE_REGULAR];
+    if ((p >= 1 && d >= 1) || g >= 1) {
+        respond_json(pl, req, route, 200,
+                     json_pack("{s:s,s:I,s:I,s:I}", "status", "ready", "prefill", (json_int_t)p,
+                               "decode", (json_int_t)d, "regular", (json_int_t)g));
+        return;
+    }
+    char msg[256];
+    snprintf(msg, sizeof(msg),
+             "not ready: needs at least one prefill and one decode worker, or one regular worker "
+             "(available: prefill=%zu decode=%zu regular=%zu)",
+             p, d, g);
+    baton__respond_error(r, req, route, 503, msg, "service_unavailable_error", NULL, "not_ready");
+}
+
+static void h_metrics(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    baton_router_t *r = baton_proxy_loop_router(pl);
+    baton_buf_t out = BATON_BUF_INIT;
+    if (baton_router_metrics_render(r->metrics, r->registry, &out) != 0) {
+        baton_buf_free(&out);
+        baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
+                             "internal_error");
+        return;
+    }
+    baton__respond(r, req, route, 200, "text/plain; version=0.0.4; charset=utf-8",
+                   out.data ? out.data : "", out.len);
+    baton_buf_free(&out);
+}
+
+/* The model list from the registry's model ids (no worker to ask). */
+static void models_synth(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    baton_router_t *r = baton_proxy_loop_router(pl);
+    baton_worker_t *ws[256];
+    size_t n = baton_registry_snapshot(r->registry, BATON_ROLE_ANY, BATON_SNAP_ALL, ws, 256);
+    if (n > 256)
+        n = 256;
+    json_t *data = json_array(), *seen = json_object();
+    for (size_t i = 0; data && seen && i < n; i++) {
+        const char *id = ws[i]->model_id;
+        if (!id || json_object_get(seen, id))
+            continue;
+        json_object_set_new(seen, id, json_true());
+        json_array_append_new(data, json_pack("{s:s,s:s,s:i,s:s}", "id", id, "object", "model",
+                                              "created", 0, "owned_by", "baton"));
+    }
+    baton_workers_unref(ws, n);
+    json_decref(seen);
+    respond_json(pl, req, route, 200,
+                 data ? json_pack("{s:s,s:o}", "object", "list", "data", data) : NULL);
+}
+
+static void h_models(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    static const baton_worker_role_t roles[] = {BATON_ROLE_DECODE, BATON_ROLE_REGULAR,
+                                                BATON_ROLE_PREFILL};
+    if (baton_proxy_forward(pl, req, route, roles, 3) == BATON_ENOWORKER)
+        models_synth(pl, req, route);
+}
+
+static void h_info(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    static const baton_worker_role_t roles[] = {BATON_ROLE_DECODE, BATON_ROLE_REGULAR,
+                                                BATON_ROLE_PREFILL};
+    if (baton_proxy_forward(pl, req, route, roles, 3) == BATON_ENOWORKER)
+        baton__respond_error(baton_proxy_loop_router(pl), req, route, 503, "no worker available",
+                             "service_unavailable_error", NULL, "no_worker");
+}
+
+static const route_t routes[] = {
+    {"/v1/chat/completions", "POST", h_chat},
+    {"/v1/completions", "POST", h_completions},
+    {"/generate", "POST", h_generate},
+    {"/v1/models", "GET", h_models},
+    {"/health", "GET", h_health},
+    {"/liveness", "GET", h_health},
+    {"/readiness", "GET", h_readiness},
+    {"/get_server_info", "GET", h_info},
+    {"/get_model_info", "GET", h_info},
+    {"/metrics", "GET", h_metrics},
+};
+
+static void method_not_allowed(baton_proxy_loop_t *pl, baton_http_req_t *req, const route_t *rt)
+{
+    baton_router_t *r = baton_proxy_loop_router(pl);
+    char msg[160];
+    snprintf(msg, sizeof(msg), "method %.16s not allowed on %s; use %s", req->method, rt->path,
+             rt->method);
+    json_t *j = json_pack("{s:{s:s,s:s,s:n,s:s}}", "error", "message", msg, "type",
+                          "invalid_request_error", "param", "code", "method_not_allowed");
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!s) {
+        baton__respond_error(r, req, rt->path, 500, "router out of memory", "server_error", NULL,
+                             "internal_error");
+        return;
+    }
+    const baton_http_header_t allow = {"Allow", rt->method};
+    uint64_t start = req->start_ns;
+    int rc = baton_http_respond(req, 405, "application/json", &allow, 1, s, strlen(s));
+    free(s);
+    uint64_t now = uv_hrtime();
+    double d = now > start ? (double)(now - start) / 1e9 : 0;
+    baton_router_metrics_request_done(r->metrics, rt->path, rc == BATON_ECLOSED ? 499 : 405, d, d);
+}
+
+void baton_routes_handle(baton_http_req_t *req, void *ctx)
+{
+    baton_proxy_loop_t *pl = ctx;
+    for (size_t i = 0; i < sizeof(routes) / sizeof(*routes); i++) {
+        if (strcmp(req->path, routes[i].path) != 0)
+            continue;
+        if (strcmp(req->method, routes[i].method) != 0) {
+            method_not_allowed(pl, req, &routes[i]);
+            return;
+        }
+        routes[i].fn(pl, req, routes[i].path);
+        return;
+    }
+    if (baton_admin_handle(req, baton_proxy_loop_router(pl)->registry))
+        return;
+    char msg[160];
+    snprintf(msg, sizeof(msg), "no route for %.16s %.100s", req->method, req->path);
+    baton__respond_error(baton_proxy_loop_router(pl), req, "other", 404, msg,
+                         "invalid_request_error", NULL, "not_found");
+}
