@@ -1,0 +1,482 @@
+/* test_ctrl_frame.c — round trips, truncation, every field out of range, and a bounded fuzz of
+ * the control/lane frame decoder. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "baton/error.h"
+#include "transfer/ctrl_frame.h"
+
+static uint64_t rng = 0x1234567887654321ull;
+static uint64_t rnd(void)
+{
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    return rng * 0x2545F4914F6CDD1Dull;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static int decode(const baton_buf_t *b, baton__frame_t *f, size_t *consumed)
+{
+    return baton__frame_decode((const uint8_t *)b->data, b->len, f, consumed, NULL);
+}
+
+static void make_hello(baton_buf_t *b)
+{
+    static const uint8_t blob1[] = {1, 2, 3};
+    baton__hello_t h;
+    memset(&h, 0, sizeof(h));
+    h.proto = 1;
+    h.role = BATON__ROLE_DECODE;
+    strcpy(h.engine_id, "decode-1");
+    h.incarnation = 0xAABBCCDDEEFF0011ull;
+    h.generation = 7;
+    h.heartbeat_ms = 250;
+    h.n_tp = 2;
+    h.tp[0].id = 3;
+    h.tp[0].len = sizeof(blob1);
+    h.tp[0].blob = blob1;
+    h.tp[1].id = 2;
+    h.tp[1].len = 0;
+    assert_int_equal(baton__enc_hello(b, &h), 0);
+}
+
+static void make_offer(baton_buf_t *b, uint32_t layers, uint32_t ppl)
+{
+    baton__offer_page_t *pages = calloc((size_t)layers * ppl, sizeof(*pages));
+    assert_non_null(pages);
+    for (uint32_t i = 0; i < layers * ppl; i++) {
+        pages[i].addr = 0x10000 + (uint64_t)i * 4096;
+        pages[i].len = 4096;
+        pages[i].mem_id = 1 + i % 3;
+    }
+    assert_int_equal(baton__enc_offer(b, 99, 5, layers, ppl, pages), 0);
+    free(pages);
+}
+
+static void test_round_trips(void **state)
+{
+    baton__frame_t f;
+    size_t c;
+
+    baton_buf_t b = BATON_BUF_INIT;
+    make_hello(&b);
+    assert_int_equal(decode(&b, &f, &c), 0);
+    assert_int_equal(c, b.len);
+    assert_int_equal(f.type, BATON__F_HELLO);
+    assert_string_equal(f.u.hello.engine_id, "decode-1");
+    assert_int_equal(f.u.hello.incarnation, 0xAABBCCDDEEFF0011ull);
+    assert_int_equal(f.u.hello.n_tp, 2);
+    assert_int_equal(f.u.hello.tp[0].id, 3);
+    assert_int_equal(f.u.hello.tp[0].len, 3);
+    assert_int_equal(f.u.hello.tp[0].blob[2], 3);
+    baton_buf_free(&b);
+
+    make_offer(&b, 4, 3);
+    assert_int_equal(decode(&b, &f, &c), 0);
+    assert_int_equal(f.u.offer.n_pages, 12);
+    baton__offer_page_t pg;
+    baton__offer_page(&f.u.offer, 11, &pg);
+    assert_int_equal(pg.addr, 0x10000 + 11 * 4096);
+    assert_int_equal(pg.len, 4096);
+    assert_int_equal(pg.mem_id, 1 + 11 % 3);
+    baton_buf_free(&b);
+
+    const uint8_t payload[] = "hello";
+    assert_int_equal(baton__enc_done(&b, 5, -3, 42, payload, 5), 0);
+    assert_int_equal(baton__enc_abort(&b, 6, BATON_EABORTED), 0);
+    assert_int_equal(baton__enc_abort_ack(&b, 7), 0);
+    assert_int_equal(baton__enc_heartbeat(&b, 8, 9), 0);
+    baton__mem_t m = {.mem_id = 3,
+                      .kind = 0,
+                      .base = 0x1000,
+                      .len = 0x2000,
+                      .transport = 3,
+                      .blob_len = 5,
+                      .blob = payload};
+    assert_int_equal(baton__enc_mem(&b, &m), 0);
+    assert_int_equal(baton__enc_mem_del(&b, 3), 0);
+    assert_int_equal(baton__enc_lane_hello(&b, 1, 2, 3), 0);
+    assert_int_equal(baton__enc_lane_ack(&b, 3, 0), 0);
+    assert_int_equal(baton__enc_wack(&b, 77, BATON_ERKEY), 0);
+    uint8_t wh[BATON__WRITE_HDR];
+    baton__enc_write_hdr(wh, 11, 0x5000, 2, 78, 100);
+    assert_int_equal(baton_buf_append(&b, wh, sizeof(wh)), 0);
+
+    const uint8_t *p = (const uint8_t *)b.data;
+    size_t left = b.len;
+    int types[] = {BATON__F_DONE, BATON__F_ABORT,   BATON__F_ABORT_ACK,  BATON__F_HEARTBEAT,
+                   BATON__F_MEM,  BATON__F_MEM_DEL, BATON__F_LANE_HELLO, BATON__F_LANE_ACK,
+                   BATON__F_WACK, BATON__F_WRITE};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        assert_int_equal(baton__frame_decode(p, left, &f, &c, NULL), 0);
+        assert_int_equal(f.type, types[i]);
+        p += c;
+        left -= c;
+        if (f.type == BATON__F_DONE) {
+            assert_int_equal(f.u.done.status, -3);
+            assert_int_equal(f.u.done.first_token, 42);
+            assert_memory_equal(f.u.done.payload, "hello", 5);
+        } else if (f.type == BATON__F_ABORT) {
+            assert_int_equal(f.u.abort.reason, BATON_EABORTED);
+        } else if (f.type == BATON__F_MEM) {
+            assert_int_equal(f.u.mem.len, 0x2000);
+            assert_int_equal(f.u.mem.blob_len, 5);
+        } else if (f.type == BATON__F_WACK) {
+            assert_int_equal(f.u.wack.seq, 77);
+            assert_int_equal(f.u.wack.status, BATON_ERKEY);
+        } else if (f.type == BATON__F_WRITE) {
+            assert_int_equal(f.u.write.data_len, 100);
+            assert_int_equal(f.u.write.seq, 78);
+            assert_int_equal(c, BATON__WRITE_HDR);
+        }
+    }
+    assert_int_equal(left, 0);
+    baton_buf_free(&b);
+}
+
+/* Every strict prefix of a valid frame is "incomplete", never an error or a frame. */
+static void test_truncated_frames_are_incomplete(void **state)
+{
+    baton_buf_t b = BATON_BUF_INIT;
+    make_hello(&b);
+    make_offer(&b, 2, 2);
+    assert_int_equal(baton__enc_done(&b, 5, 0, 1, (const uint8_t *)"xy", 2), 0);
+    baton__frame_t f;
+    size_t c, off = 0;
+    while (off < b.len) {
+        const uint8_t *p = (const uint8_t *)b.data + off;
+        assert_int_equal(baton__frame_decode(p, b.len - off, &f, &c, NULL), 0);
+        for (size_t n = 0; n < c; n++)
+            assert_int_equal(baton__frame_decode(p, n, &f, &c, NULL), 1);
+        assert_int_equal(baton__frame_decode(p, b.len - off, &f, &c, NULL), 0);
+        off += c;
+    }
+    baton_buf_free(&b);
+}
+
+/* Patches one header or body field of a fresh frame and expects a refusal. */
+typedef void (*make_fn)(baton_buf_t *b);
+static void mk_hello(baton_buf_t *b)
+{
+    make_hello(b);
+}
+static void mk_offer(baton_buf_t *b)
+{
+    make_offer(b, 2, 2);
+}
+static void mk_done(baton_buf_t *b)
+{
+    assert_int_equal(baton__enc_done(b, 1, 0, 1, (const uint8_t *)"ab", 2), 0);
+}
+static void mk_mem(baton_buf_t *b)
+{
+    baton__mem_t m = {.mem_id = 3, .kind = 0, .base = 0x1000, .len = 0x2000, .transport = 2};
+    assert_int_equal(baton__enc_mem(b, &m), 0);
+}
+static void mk_lane_hello(baton_buf_t *b)
+{
+    assert_int_equal(baton__enc_lane_hello(b, 1, 2, 3), 0);
+}
+static void mk_write(baton_buf_t *b)
+{
+    uint8_t wh[BATON__WRITE_HDR];
+    baton__enc_write_hdr(wh, 1, 0x1000, 0, 1, 10);
+    assert_int_equal(baton_buf_append(b, wh, sizeof(wh)), 0);
+}
+
+static void expect_refused(make_fn mk, size_t off, int width, uint64_t value)
+{
+    baton_buf_t b = BATON_BUF_INIT;
+    mk(&b);
+    uint8_t *p = (uint8_t *)b.data;
+    assert_true(off + (size_t)width <= b.len);
+    if (width == 1)
+        p[off] = (uint8_t)value;
+    else if (width == 2) {
+        p[off] = (uint8_t)value;
+        p[off + 1] = (uint8_t)(value >> 8);
+    } else if (width == 4)
+        put32(p + off, (uint32_t)value);
+    else
+        put64(p + off, value);
+    baton__frame_t f;
+    size_t c;
+    const char *why = NULL;
+    int rc = baton__frame_decode(p, b.len, &f, &c, &why);
+    if (rc >= 0)
+        fail_msg("field at %zu (width %d) = %llu accepted (rc %d)", off, width,
+                 (unsigned long long)value, rc);
+    assert_true(rc == BATON_EPROTO || rc == BATON_ETOOBIG);
+    assert_non_null(why);
+    assert_true(why[0] != '\0');
+    baton_buf_free(&b);
+}
+
+static void test_every_field_out_of_range(void **state)
+{
+    const size_t H = BATON__FRAME_HDR;
+    /* Header fields, on several frame types. */
+    make_fn all[] = {mk_hello, mk_offer, mk_done, mk_mem, mk_lane_hello, mk_write};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        expect_refused(all[i], 0, 4, 0xDEADBEEF); /* magic */
+        expect_refused(all[i], 4, 2, 2);          /* version */
+        expect_refused(all[i], 4, 2, 0);          /* version */
+        expect_refused(all[i], 6, 1, 0);          /* type */
+        expect_refused(all[i], 6, 1, 13);         /* type */
+        expect_refused(all[i], 6, 1, 255);        /* type */
+        expect_refused(all[i], 7, 1, 1);          /* flags */
+        expect_refused(all[i], 8, 4, 0xFFFFFFFF); /* length */
+        if (all[i] != mk_write)
+            expect_refused(all[i], 8, 4, BATON__FRAME_MAX + 1); /* length */
+        expect_refused(all[i], 12, 4, 1);                       /* reserved */
+    }
+    /* Lengths below a type's minimum (would otherwise wait forever or under-read). */
+    expect_refused(mk_done, 8, 4, 0);
+    expect_refused(mk_lane_hello, 8, 4, 19);
+    expect_refused(mk_lane_hello, 8, 4, 21);
+    expect_refused(mk_write, 8, 4, BATON__WRITE_FIXED); /* no data */
+    expect_refused(mk_write, 8, 4, BATON__WRITE_FIXED + BATON__WRITE_DATA_MAX + 1);
+
+    /* HELLO body: proto(2) role(1) id_len(1) id(8) inc(8) gen(8) echo(8) hb(4) status(4) n(1)
+     * then tp[0] id(1) len(2) blob(3), tp[1] id(1) len(2). */
+    size_t o = H;
+    expect_refused(mk_hello, o + 0, 2, 0);   /* proto 0 */
+    expect_refused(mk_hello, o + 2, 1, 0);   /* role */
+    expect_refused(mk_hello, o + 2, 1, 3);   /* role */
+    expect_refused(mk_hello, o + 3, 1, 0);   /* id_len 0 */
+    expect_refused(mk_hello, o + 3, 1, 65);  /* id_len over max */
+    expect_refused(mk_hello, o + 3, 1, 9);   /* id_len != actual: trailing mismatch */
+    expect_refused(mk_hello, o + 4, 1, ' '); /* id char */
+    expect_refused(mk_hello, o + 4, 1, 0x80);
+    o = H + 4 + 8;
+    expect_refused(mk_hello, o, 8, 0);            /* incarnation 0 */
+    expect_refused(mk_hello, o + 8, 8, 0);        /* generation 0 */
+    expect_refused(mk_hello, o + 24, 4, 0);       /* heartbeat 0 */
+    expect_refused(mk_hello, o + 24, 4, 3600001); /* heartbeat too long */
+    expect_refused(mk_hello, o + 28, 4, 1);       /* positive status */
+    expect_refused(mk_hello, o + 32, 1, 5);       /* n_tp over max */
+    expect_refused(mk_hello, o + 32, 1, 3);       /* n_tp over actual */
+    expect_refused(mk_hello, o + 32, 1, 1);       /* n_tp under actual: trailing bytes */
+    expect_refused(mk_hello, o + 33, 1, 0);       /* transport id 0 */
+    expect_refused(mk_hello, o + 33, 1, 4);       /* transport id 4 */
+    expect_refused(mk_hello, o + 34, 2, 4097);    /* blob too long */
+    expect_refused(mk_hello, o + 34, 2, 4);       /* blob len mismatch */
+    expect_refused(mk_hello, o + 39, 1, 3);       /* duplicate transport */
+
+    /* OFFER body: room(8) inc(8) layers(4) ppl(4) pages 4 x 16. */
+    o = H;
+    expect_refused(mk_offer, o + 8, 8, 0);                      /* incarnation 0 */
+    expect_refused(mk_offer, o + 16, 4, 0);                     /* layers 0 */
+    expect_refused(mk_offer, o + 20, 4, 0);                     /* ppl 0 */
+    expect_refused(mk_offer, o + 16, 4, 3);                     /* count mismatch */
+    expect_refused(mk_offer, o + 16, 4, 0x10000);               /* too many pages */
+    expect_refused(mk_offer, o + 16, 4, 0xFFFFFFFF);            /* product overflow */
+    expect_refused(mk_offer, o + 24, 8, 0);                     /* page addr 0 */
+    expect_refused(mk_offer, o + 24 + 16 * 3 + 8, 4, 0);        /* page len 0 */
+    expect_refused(mk_offer, o + 24 + 16, 8, UINT64_MAX - 100); /* wraps */
+
+    /* DONE body: room(8) status(4) token(8) plen(2) payload(2). */
+    expect_refused(mk_done, H + 20, 2, 3);    /* plen mismatch */
+    expect_refused(mk_done, H + 20, 2, 1025); /* plen over max */
+
+    /* MEM body: id(4) kind(1) base(8) len(8) tp(1) blob_len(2). */
+    expect_refused(mk_mem, H + 0, 4, 0);
+    expect_refused(mk_mem, H + 4, 1, 2);
+    expect_refused(mk_mem, H + 5, 8, 0);
+    expect_refused(mk_mem, H + 13, 8, 0);
+    expect_refused(mk_mem, H + 13, 8, UINT64_MAX);
+    expect_refused(mk_mem, H + 21, 1, 0);
+    expect_refused(mk_mem, H + 21, 1, 9);
+    expect_refused(mk_mem, H + 22, 2, 1);
+
+    /* LANE_HELLO: inc(8) gen(8) lane(4). */
+    expect_refused(mk_lane_hello, H + 0, 8, 0);
+    expect_refused(mk_lane_hello, H + 8, 8, 0);
+    expect_refused(mk_lane_hello, H + 16, 4, 64);
+
+    /* WRITE: room(8) addr(8). */
+    expect_refused(mk_write, H + 8, 8, 0);
+    expect_refused(mk_write, H + 8, 8, UINT64_MAX - 5);
+
+    /* Positive status / reason fields. */
+    baton_buf_t b = BATON_BUF_INIT;
+    assert_int_equal(baton__enc_wack(&b, 1, 0), 0);
+    put32((uint8_t *)b.data + H + 4, 5);
+    baton__frame_t f;
+    size_t c;
+    assert_int_equal(decode(&b, &f, &c), BATON_EPROTO);
+    baton_buf_free(&b);
+}
+
+/* Garbage is refused as soon as the magic is wrong, even before a full header. */
+static void test_early_garbage(void **state)
+{
+    baton__frame_t f;
+    size_t c;
+    const uint8_t junk[] = "GET / HTTP/1.1\r\n";
+    assert_int_equal(baton__frame_decode(junk, 1, &f, &c, NULL), BATON_EPROTO);
+    const uint8_t good[] = {0x42, 0x41};
+    assert_int_equal(baton__frame_decode(good, 2, &f, &c, NULL), 1);
+    assert_int_equal(baton__frame_decode(good, 0, &f, &c, NULL), 1);
+}
+
+/* The decoder's contract on any input: 0 with a sane frame, 1 without consuming, or an error.
+ * Fixed seed; bounded by count AND time so a loaded machine cannot stall the suite. */
+static void check_any(const uint8_t *p, size_t len)
+{
+    baton__frame_t f;
+    size_t c = (size_t)-1;
+    const char *why = NULL;
+    int rc = baton__frame_decode(p, len, &f, &c, &why);
+    if (rc == 0) {
+        assert_true(c >= BATON__FRAME_HDR && c <= len);
+        assert_true(f.type >= 1 && f.type <= BATON__F_MAX_TYPE);
+        if (f.type == BATON__F_OFFER) {
+            for (uint32_t i = 0; i < f.u.offer.n_pages; i++) {
+                baton__offer_page_t pg;
+                baton__offer_page(&f.u.offer, i, &pg);
+                assert_true(pg.len > 0 && pg.addr != 0);
+            }
+        }
+        if (f.type == BATON__F_HELLO)
+            for (int i = 0; i < f.u.hello.n_tp; i++)
+                assert_true(f.u.hello.tp[i].blob + f.u.hello.tp[i].len <= p + len);
+    } else if (rc == 1) {
+        assert_int_equal(c, (size_t)-1);
+    } else {
+        assert_true(rc == BATON_EPROTO || rc == BATON_ETOOBIG);
+        assert_non_null(why);
+    }
+}
+
+static void test_fuzz(void **state)
+{
+    baton_buf_t seeds[6];
+    make_fn mk[] = {mk_hello, mk_offer, mk_done, mk_mem, mk_lane_hello, mk_write};
+    for (int i = 0; i < 6; i++) {
+        seeds[i] = (baton_buf_t)BATON_BUF_INIT;
+        mk[i](&seeds[i]);
+    }
+    uint8_t *scratch = malloc(1 << 16);
+    assert_non_null(scratch);
+    double t0 = now_s();
+    int iters = 0, accepted = 0;
+    for (; iters < 100000 && now_s() - t0 < 20.0; iters++) {
+        size_t len;
+        int mode = (int)(rnd() % 4);
+        if (mode == 0) { /* pure random bytes, sometimes with a valid magic/version prefix */
+            len = rnd() % 256;
+            for (size_t i = 0; i < len; i++)
+                scratch[i] = (uint8_t)rnd();
+            if (len >= 8 && (rnd() & 1)) {
+                put32(scratch, BATON__WIRE_MAGIC);
+                scratch[4] = 1;
+                scratch[5] = 0;
+                scratch[6] = (uint8_t)(1 + rnd() % 12);
+                scratch[7] = 0;
+            }
+        } else { /* mutate a valid frame: flip bytes, truncate, or extend */
+            baton_buf_t *s = &seeds[rnd() % 6];
+            len = s->len;
+            memcpy(scratch, s->data, len);
+            int flips = 1 + (int)(rnd() % 4);
+            for (int k = 0; k < flips; k++)
+                scratch[rnd() % len] ^= (uint8_t)(1u << (rnd() % 8));
+            if (mode == 2)
+                len = rnd() % (len + 1);
+            else if (mode == 3) {
+                size_t extra = rnd() % 64;
+                for (size_t i = 0; i < extra; i++)
+                    scratch[len + i] = (uint8_t)rnd();
+                len += extra;
+            }
+        }
+        check_any(scratch, len);
+        baton__frame_t f;
+        size_t c;
+        accepted += baton__frame_decode(scratch, len, &f, &c, NULL) == 0;
+    }
+    print_message("fuzz: %d iterations, %d accepted, %.2fs\n", iters, accepted, now_s() - t0);
+    assert_true(iters >= 1000);
+    free(scratch);
+    for (int i = 0; i < 6; i++)
+        baton_buf_free(&seeds[i]);
+}
+
+/* A byte stream split at random points decodes into the same frames. */
+static void test_stream_reassembly(void **state)
+{
+    baton_buf_t stream = BATON_BUF_INIT;
+    for (int i = 0; i < 50; i++) {
+        assert_int_equal(baton__enc_heartbeat(&stream, (uint64_t)i, 0), 0);
+        if (i % 7 == 0)
+            make_offer(&stream, 3, 5);
+        if (i % 5 == 0)
+            make_hello(&stream);
+    }
+    baton_buf_t acc = BATON_BUF_INIT;
+    size_t pos = 0;
+    int frames = 0, heartbeats = 0;
+    while (pos < stream.len) {
+        size_t n = 1 + rnd() % 97;
+        if (n > stream.len - pos)
+            n = stream.len - pos;
+        assert_int_equal(baton_buf_append(&acc, stream.data + pos, n), 0);
+        pos += n;
+        for (;;) {
+            baton__frame_t f;
+            size_t c;
+            int rc = baton__frame_decode((const uint8_t *)acc.data, acc.len, &f, &c, NULL);
+            assert_true(rc >= 0);
+            if (rc == 1)
+                break;
+            if (f.type == BATON__F_HEARTBEAT)
+                assert_int_equal(f.u.heartbeat.seq, heartbeats++);
+            frames++;
+            baton_buf_consume(&acc, c);
+        }
+    }
+    assert_int_equal(heartbeats, 50);
+    assert_int_equal(frames, 50 + 8 + 10);
+    assert_int_equal(acc.len, 0);
+    baton_buf_free(&acc);
+    baton_buf_free(&stream);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trips),
+        cmocka_unit_test(test_truncated_frames_are_incomplete),
+        cmocka_unit_test(test_every_field_out_of_range),
+        cmocka_unit_test(test_early_garbage),
+        cmocka_unit_test(test_fuzz),
+        cmocka_unit_test(test_stream_reassembly),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
