@@ -4,7 +4,6 @@
 #include "baton/error.h"
 #include "common/log.h"
 
-#include <arpa/inet.h>
 #include <ctype.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -88,94 +87,15 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...)
 
 /* ---- URLs ---- */
 
-static int parse_port(const char *s, size_t len, int *port_p)
-{
-    if (len == 0 || len > 5)
-        return BATON_EINVAL;
-    int port = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            return BATON_EINVAL;
-        port = port * 10 + (s[i] - '0');
-    }
-    if (port < 1 || port > 65535)
-        return BATON_EINVAL;
-    *port_p = port;
-    return 0;
-}
-
-/*
- * Stricter than a general URL parser on purpose: a worker URL is only scheme, host, port and an
- * optional path prefix; userinfo, query and fragment are refused rather than silently dropped.
- */
-static int worker_url_parse(const char *url, baton_url_t *out, int *ipv6_p)
-{
-    if (url == NULL || strncasecmp(url, "http://", 7) != 0)
-        return BATON_EINVAL;
-    const char *p = url + 7;
-    if (strpbrk(p, "?#@ \t\r\n") != NULL)
-        return BATON_EINVAL;
-    for (const char *q = p; *q; q++)
-        if ((unsigned char)*q < 0x20 || (unsigned char)*q >= 0x7f)
-            return BATON_EINVAL;
-    memset(out, 0, sizeof(*out));
-    out->port = 80;
-    const char *host_end;
-    const char *after;
-    *ipv6_p = 0;
-    if (*p == '[') {
-        host_end = strchr(p, ']');
-        if (host_end == NULL)
-            return BATON_EINVAL;
-        size_t hlen = (size_t)(host_end - p - 1);
-        if (hlen == 0 || hlen >= sizeof(out->host))
-            return BATON_EINVAL;
-        memcpy(out->host, p + 1, hlen);
-        out->host[hlen] = '\0';
-        struct in6_addr a6;
-        if (inet_pton(AF_INET6, out->host, &a6) != 1)
-            return BATON_EINVAL;
-        *ipv6_p = 1;
-        after = host_end + 1;
-    } else {
-        host_end = p + strcspn(p, ":/");
-        size_t hlen = (size_t)(host_end - p);
-        if (hlen == 0 || hlen >= sizeof(out->host))
-            return BATON_EINVAL;
-        for (const char *q = p; q < host_end; q++) {
-            if (!isalnum((unsigned char)*q) && *q != '.' && *q != '-' && *q != '_')
-                return BATON_EINVAL;
-        }
-        for (size_t i = 0; i < hlen; i++)
-            out->host[i] = (char)tolower((unsigned char)p[i]);
-        out->host[hlen] = '\0';
-        after = host_end;
-    }
-    if (*after == ':') {
-        size_t plen = strcspn(after + 1, "/");
-        if (parse_port(after + 1, plen, &out->port) != 0)
-            return BATON_EINVAL;
-        after += 1 + plen;
-    } else if (*after != '/' && *after != '\0') {
-        return BATON_EINVAL;
-    }
-    /* Path prefix without trailing slashes; "/" alone is no prefix. */
-    size_t plen = strlen(after);
-    while (plen > 0 && after[plen - 1] == '/')
-        plen--;
-    if (plen >= sizeof(out->prefix))
-        return BATON_EINVAL;
-    memcpy(out->prefix, after, plen);
-    out->prefix[plen] = '\0';
-    return 0;
-}
-
 int baton_worker_url_normalize(const char *url, char *out, size_t outlen, baton_url_t *parsed_p)
 {
     baton_url_t u;
-    int ipv6;
-    if (worker_url_parse(url, &u, &ipv6) != 0)
+    if (url == NULL || baton_url_parse(url, &u) != 0)
         return BATON_EINVAL;
+    /* Host names are case-insensitive: one spelling, so duplicates are found. */
+    for (char *h = u.host; *h; h++)
+        *h = (char)tolower((unsigned char)*h);
+    int ipv6 = strchr(u.host, ':') != NULL;
     int n = snprintf(out, outlen, ipv6 ? "http://[%s]:%d%s" : "http://%s:%d%s", u.host, u.port,
                      u.prefix);
     if (n < 0 || (size_t)n >= outlen)
