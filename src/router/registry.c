@@ -241,6 +241,12 @@ static void make_id(const char *norm_url, unsigned salt, char id[BATON_WORKER_ID
         h ^= 0x5bd1e995u + i;
         h *= 16777619u;
     }
+    /* Final avalanche (murmur3's fmix32) so similar URLs get visibly different ids. */
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    h ^= h >> 16;
     snprintf(id, BATON_WORKER_ID_MAX, "w-%08x", h);
 }
 
