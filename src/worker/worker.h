@@ -1,0 +1,69 @@
+/* worker.h — baton-worker's configuration and top-level state (private to src/worker). */
+#ifndef BATON_WORKER_WORKER_H
+#define BATON_WORKER_WORKER_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/metrics.h"
+#include "http/server.h"
+#include "worker/bootstrap.h"
+#include "worker/sched.h"
+
+typedef enum { WK_MODE_REGULAR = 0, WK_MODE_PREFILL, WK_MODE_DECODE } wk_mode_t;
+
+typedef struct wk_config_s {
+    wk_mode_t mode;
+    const char *host;
+    int port;
+    int bootstrap_port; /* prefill only */
+    const char *model_name;
+    uint64_t prefill_us_per_token;
+    uint64_t decode_us_per_token; /* one decode step */
+    unsigned max_batch;
+    unsigned max_queue;
+    uint64_t bootstrap_timeout_ms;
+} wk_config_t;
+
+void wk_config_default(wk_config_t *cfg);
+const char *wk_mode_name(wk_mode_t m);
+
+typedef struct wk_job_s wk_job_t;
+
+typedef struct wk_worker_s {
+    uv_loop_t *loop;
+    wk_config_t cfg;
+    baton_http_server_t *http;
+    wk_boot_t *boot; /* prefill and decode modes */
+    wk_sched_t sched;
+    uv_timer_t sched_timer;
+    uv_idle_t sched_idle;
+    int http_port;
+
+    wk_job_t *jobs; /* in flight, for shutdown and load reporting */
+    unsigned n_jobs;
+    unsigned n_boot_waiting; /* decode sequences waiting for their prefill */
+    uint64_t id_salt, id_counter;
+    long long started_at;
+    int shutting_down;
+    void (*on_closed)(struct wk_worker_s *w);
+
+    baton_metrics_t *metrics;
+    baton_metric_family_t *m_requests; /* {route,status} */
+    baton_metric_family_t *m_duration; /* {route} */
+    baton_metric_child_t *m_ttft;
+    baton_metric_child_t *m_prompt_tokens, *m_gen_tokens;
+    baton_metric_child_t *m_queue, *m_running, *m_inflight, *m_boot_conns, *m_boot_waiting;
+    baton_metric_child_t *m_rooms_ok, *m_rooms_failed, *m_boot_proto;
+    uint64_t boot_proto_seen;
+} wk_worker_t;
+
+/* Creates the scheduler, metrics, bootstrap module and HTTP server and starts listening (logs
+ * the listening lines). Returns 0 or a negative error with a log line saying what failed. */
+int wk_worker_start(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg);
+
+/* Graceful stop: in-flight requests are aborted, every handle closed; on_closed runs when the
+ * loop has nothing of the worker's left. */
+void wk_worker_shutdown(wk_worker_t *w, void (*on_closed)(wk_worker_t *w));
+
+#endif
