@@ -405,6 +405,48 @@ def test_metrics():
         assert val("baton_worker_in_flight_requests") == 0
 
 
+def test_sigterm_exit():
+    """SIGTERM with requests in flight: the router closes them and exits 0 (under the
+    sanitizers, a leak or memory error makes this fail)."""
+    def d_script(req, io):
+        body = req.json()
+        if body.get("stream"):
+            io.start_sse()
+            for i in range(3):
+                io.event({"text": f"t{i}"})
+            io.event("[DONE]")
+            io.end_sse()
+        elif body.get("text") == "hold":
+            io.hold(20.0)
+        else:
+            io.respond(200, {"text": "ok", "meta_info": {"input_token_logprobs": [[-1, 1, None]]}})
+
+    with Upstream("prefill", d_script) as p, Upstream("decode", d_script) as d, \
+            Cluster("router-sigterm") as c:
+        r = c.router("--prefill", p.url, "--decode", d.url, "--threads", "2")
+        for body in (GEN, dict(GEN, stream=True), dict(GEN, return_logprob=True),
+                     dict(GEN, return_logprob=True, stream=True), {"text": ["a", "b"]}):
+            assert post(r.port, "/generate", body).status == 200
+        assert get(r.port, "/metrics").status == 200
+        res = post(r.port, "/workers", {"url": "http://127.0.0.1:1", "worker_type": "decode"})
+        assert res.status == 202
+        for _ in range(2):  # round robin: one of them fails against the dead decode
+            post(r.port, "/generate", GEN)
+        assert request(r.port, "DELETE", f"/workers/{res.json()['id']}").status in (200, 202)
+        # one request left hanging in flight
+        s = socket.create_connection(("127.0.0.1", r.port), timeout=5)
+        data = json.dumps({"text": "hold"}).encode()
+        s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                  % len(data) + data)
+        wait_until(lambda: any(q.json().get("text") == "hold" for q in d.requests),
+                   what="held request at decode")
+        rc = r.stop(timeout=20)
+        s.close()
+        assert rc == 0, f"router exited with {rc}\n{r.tail()}"
+        assert "ERROR: AddressSanitizer" not in r.tail(200)
+        assert "LeakSanitizer" not in r.tail(200)
+
+
 def main():
     t = TestRunner()
     t.run(test_http_limits)
@@ -417,6 +459,7 @@ def main():
     t.run(test_upstream_timeouts)
     t.run(test_readiness_transitions)
     t.run(test_metrics)
+    t.run(test_sigterm_exit)
     t.finish()
 
 
