@@ -137,7 +137,6 @@ static const field_t common_fields[] = {
     {"echo", K_BOOL},
     {"ignore_eos", K_BOOL},
     {"stream_options", K_OBJECT},
-    {"sampling_params", K_OBJECT},
 };
 
 /* Inside /generate's sampling_params. */
@@ -155,6 +154,8 @@ static const field_t sampling_fields[] = {
     {"repetition_penalty", K_NUMBER},
     {"ignore_eos", K_BOOL},
 };
+
+#define N_SAMPLING_FIELDS (sizeof(sampling_fields) / sizeof(*sampling_fields))
 
 static int check_fields(json_t *obj, const field_t *f, size_t n, const char *prefix,
                         baton_pdreq_error_t *err)
@@ -198,6 +199,24 @@ static int is_int_array_array(const json_t *v)
     return 1;
 }
 
+/* Sequences = prompts (0: one prompt, not a list) × n; each gets its own room. */
+static int set_batch(baton_pdreq_t *r, size_t prompts, json_t *n, baton_pdreq_error_t *err)
+{
+    json_int_t nv = n ? json_integer_value(n) : 1; /* validated: >= 1 */
+    if (prompts == 0 && nv <= 1) {
+        r->batch = 0;
+        return 0;
+    }
+    size_t p = prompts ? prompts : 1;
+    if (nv > BATON_PDREQ_MAX_BATCH || p * (size_t)nv > BATON_PDREQ_MAX_BATCH)
+        return fail(err, NULL, "invalid_value",
+                    "a batch of %zu prompt(s) x n=%lld exceeds %d "
+                    "sequences",
+                    p, (long long)nv, BATON_PDREQ_MAX_BATCH);
+    r->batch = p * (size_t)nv;
+    return 0;
+}
+
 static int validate_chat(baton_pdreq_t *r, baton_pdreq_error_t *err)
 {
     json_t *msgs = opt(r->root, "messages"), *m;
@@ -216,17 +235,15 @@ static int validate_chat(baton_pdreq_t *r, baton_pdreq_error_t *err)
             return fail(err, "messages", "invalid_type", "'messages[%zu].role' must be a string",
                         i);
     }
-    json_t *n = opt(r->root, "n");
-    if (n && json_integer_value(n) > 1)
-        r->batch = (size_t)json_integer_value(n);
     json_t *lp = opt(r->root, "logprobs");
     r->logprobs = lp && !json_is_false(lp);
-    return 0;
+    return set_batch(r, 0, opt(r->root, "n"), err);
 }
 
 static int validate_completions(baton_pdreq_t *r, baton_pdreq_error_t *err)
 {
     json_t *p = opt(r->root, "prompt");
+    size_t prompts = 0;
     if (!p)
         return fail(err, "prompt", "missing_parameter", "'prompt' is required");
     if (json_is_string(p)) {
@@ -235,7 +252,7 @@ static int validate_completions(baton_pdreq_t *r, baton_pdreq_error_t *err)
         if (json_array_size(p) == 0)
             return fail(err, "prompt", "invalid_value", "'prompt' must not be empty");
         if (is_string_array(p) || is_int_array_array(p))
-            r->batch = json_array_size(p);
+            prompts = json_array_size(p);
         else if (!is_int_array(p))
             return fail(err, "prompt", "invalid_type",
                         "'prompt' must be a string, an array of strings, an array of integers "
@@ -245,17 +262,15 @@ static int validate_completions(baton_pdreq_t *r, baton_pdreq_error_t *err)
                     "'prompt' must be a string, an array of strings, an array of integers or "
                     "an array of non-empty integer arrays");
     }
-    json_t *n = opt(r->root, "n");
-    if (!r->batch && n && json_integer_value(n) > 1)
-        r->batch = (size_t)json_integer_value(n);
     json_t *lp = opt(r->root, "logprobs");
     r->logprobs = lp && !json_is_false(lp);
-    return 0;
+    return set_batch(r, prompts, opt(r->root, "n"), err);
 }
 
 static int validate_generate(baton_pdreq_t *r, baton_pdreq_error_t *err)
 {
-    json_t *text = opt(r->root, "text"), *ids = opt(r->root, "input_ids");
+    json_t *text = opt(r->root, "text"), *ids = opt(r->root, "input_ids"), *n = NULL;
+    size_t prompts = 0;
     if (!text && !ids)
         return fail(err, "text", "missing_parameter", "'text' or 'input_ids' is required");
     if (text) {
@@ -263,7 +278,7 @@ static int validate_generate(baton_pdreq_t *r, baton_pdreq_error_t *err)
             if (json_array_size(text) == 0 || !is_string_array(text))
                 return fail(err, "text", "invalid_type",
                             "'text' must be a string or a non-empty array of strings");
-            r->batch = json_array_size(text);
+            prompts = json_array_size(text);
         } else if (!json_is_string(text)) {
             return fail(err, "text", "invalid_type",
                         "'text' must be a string or a non-empty array of strings");
@@ -271,26 +286,38 @@ static int validate_generate(baton_pdreq_t *r, baton_pdreq_error_t *err)
     }
     if (ids) {
         if (is_int_array_array(ids)) {
-            if (r->batch && r->batch != json_array_size(ids))
+            if (prompts && prompts != json_array_size(ids))
                 return fail(err, "input_ids", "invalid_value",
                             "'input_ids' and 'text' batch sizes differ");
-            r->batch = json_array_size(ids);
+            prompts = json_array_size(ids);
         } else if (!is_int_array(ids) || json_array_size(ids) == 0) {
             return fail(err, "input_ids", "invalid_type",
                         "'input_ids' must be a non-empty array of integers or of non-empty "
                         "integer arrays");
         }
     }
+    /* sampling_params: one object, or one per batch element */
     json_t *sp = opt(r->root, "sampling_params");
-    if (sp) {
-        int rc =
-            check_fields(sp, sampling_fields, sizeof(sampling_fields) / sizeof(*sampling_fields),
-                         "sampling_params.", err);
+    if (sp && json_is_object(sp)) {
+        int rc = check_fields(sp, sampling_fields, N_SAMPLING_FIELDS, "sampling_params.", err);
         if (rc)
             return rc;
-        json_t *n = opt(sp, "n");
-        if (!r->batch && n && json_integer_value(n) > 1)
-            r->batch = (size_t)json_integer_value(n);
+        n = opt(sp, "n");
+    } else if (sp && json_is_array(sp)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(sp, i, e)
+        {
+            if (!json_is_object(e))
+                return fail(err, "sampling_params", "invalid_type",
+                            "'sampling_params' must be an object or an array of objects");
+            int rc = check_fields(e, sampling_fields, N_SAMPLING_FIELDS, "sampling_params.", err);
+            if (rc)
+                return rc;
+        }
+    } else if (sp) {
+        return fail(err, "sampling_params", "invalid_type",
+                    "'sampling_params' must be an object or an array of objects");
     }
     json_t *rl = opt(r->root, "return_logprob");
     if (rl) {
@@ -311,7 +338,7 @@ static int validate_generate(baton_pdreq_t *r, baton_pdreq_error_t *err)
                         "'return_logprob' must be a boolean or an array of booleans");
         }
     }
-    return 0;
+    return set_batch(r, prompts, n, err);
 }
 
 int baton_pdreq_parse(baton_pdreq_t *r, baton_api_t api, const char *body, size_t len,

@@ -15,14 +15,17 @@
  * inject new bootstrap values and serialize again. Everything here is plain data: no loop, no
  * locks; a baton_pdreq_t belongs to the one request (and thread) that parsed it.
  *
- * Batch rule (what makes bootstrap_host/port/room arrays, one element per batch entry):
+ * Batch rule (what makes bootstrap_host/port/room arrays): one room per generated sequence,
+ * i.e. prompts × n, where "prompts" counts the elements of a prompt list:
  *   chat         n > 1                                       → n
- *   completions  prompt an array of strings or of int arrays → its length; else n > 1 → n
- *   generate     text an array, or input_ids an array of int arrays → its length;
- *                else sampling_params.n > 1                  → n
+ *   completions  prompt an array of strings or of int arrays → its length × n; else n > 1 → n
+ *   generate     text an array, or input_ids an array of int arrays → its length × n;
+ *                else sampling_params.n > 1 → n  (n from an object sampling_params)
  * A flat int array (`prompt: [1,2,3]`, `input_ids: [1,2,3]`) is ONE prompt, not a batch.
- * A batch of length 1 (`prompt: ["x"]`) is still a batch (arrays of length 1), because the
- * engine sees a list there too.
+ * A list of length 1 (`prompt: ["x"]`) is still a batch (arrays of length 1), because the
+ * engine sees a list there too. (SGLang's own router uses n alone when n > 1, else the list
+ * length; the two agree except for a prompt list with n > 1, where an engine expands the list
+ * × n and needs a room for each sequence.)
  */
 
 typedef enum {

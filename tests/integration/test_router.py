@@ -147,6 +147,8 @@ def test_pd_batches():
         ("/v1/chat/completions", dict(CHAT, n=3), 3),
         ("/v1/completions", dict(COMPL, prompt=["a b", "c d"]), 2),
         ("/v1/completions", dict(COMPL, prompt=[[1, 2], [3], [4, 5, 6], [7]]), 4),
+        ("/v1/completions", dict(COMPL, prompt=["a", "b"], n=2), 4),  # one room per sequence
+        ("/v1/completions", dict(COMPL, n=3), 3),
         ("/generate", dict(GEN, text=["one", "two", "three"]), 3),
         ("/generate", {"input_ids": [[1, 2], [3, 4]], "sampling_params": {}}, 2),
         # not batches: one token-id prompt

@@ -199,11 +199,21 @@ static void test_batch_sizes(void **state)
     expect_ok(BATON_API_CHAT, "{\"messages\":[{\"role\":\"user\"}],\"n\":1}", 0, 0, 0);
     expect_ok(BATON_API_CHAT, "{\"messages\":[{\"role\":\"user\"}],\"n\":3}", 3, 0, 0);
     expect_ok(BATON_API_COMPLETIONS, "{\"prompt\":\"a\",\"n\":2}", 2, 0, 0);
-    /* a prompt list decides; n applies to single prompts */
-    expect_ok(BATON_API_COMPLETIONS, "{\"prompt\":[\"a\",\"b\",\"c\"],\"n\":2}", 3, 0, 0);
+    /* one room per sequence: prompts x n */
+    expect_ok(BATON_API_COMPLETIONS, "{\"prompt\":[\"a\",\"b\",\"c\"],\"n\":2}", 6, 0, 0);
+    expect_ok(BATON_API_COMPLETIONS, "{\"prompt\":[[1],[2]],\"n\":1}", 2, 0, 0);
     expect_ok(BATON_API_GENERATE, "{\"text\":\"a\",\"sampling_params\":{\"n\":4}}", 4, 0, 0);
-    expect_ok(BATON_API_GENERATE, "{\"text\":[\"a\",\"b\"],\"sampling_params\":{\"n\":4}}", 2, 0,
+    expect_ok(BATON_API_GENERATE, "{\"text\":[\"a\",\"b\"],\"sampling_params\":{\"n\":4}}", 8, 0,
               0);
+    /* per-element sampling_params */
+    expect_ok(BATON_API_GENERATE,
+              "{\"text\":[\"a\",\"b\"],\"sampling_params\":[{\"max_new_tokens\":1},{}]}", 2, 0, 0);
+    expect_bad(BATON_API_GENERATE, "{\"text\":[\"a\"],\"sampling_params\":[{\"top_p\":\"x\"}]}",
+               "sampling_params.top_p", "invalid_type");
+    expect_bad(BATON_API_GENERATE, "{\"text\":[\"a\"],\"sampling_params\":[3]}", "sampling_params",
+               "invalid_type");
+    expect_bad(BATON_API_COMPLETIONS, "{\"prompt\":[\"a\",\"b\"],\"n\":3000}", NULL,
+               "invalid_value");
     /* too big a batch */
     char body[64];
     snprintf(body, sizeof(body), "{\"messages\":[{\"role\":\"u\"}],\"n\":%d",
