@@ -535,7 +535,8 @@ static int on_message_begin(llhttp_t *p)
     c->in_msg = 1;
     req_reset(c);
     c->req.start_ns = uv_hrtime();
-    if (baton_buf_reserve(&c->arena, ARENA_INIT) != 0)
+    /* Room for 16 headers' offsets and pointers: no realloc for a typical request. */
+    if (baton_buf_reserve(&c->arena, ARENA_INIT) != 0 || baton_buf_reserve(&c->hdrs, 512) != 0)
         return fail_cb(c, 500, "out of memory");
     c->url_off = 0;
     if (c->srv->limits.header_timeout_ms)
@@ -755,7 +756,15 @@ static void conn_feed(conn_t *c, const char *data, size_t len)
         break;
     }
     c->in_feed = 0;
-    if (!c->closing && !c->req_active && !c->in_msg)
+    if (c->closing || c->req_active)
+        return;
+    if (c->read_stopped) { /* stopped while the pipeline backlog was over the limit */
+        c->read_stopped = 0;
+        conn_read_start(c);
+        if (c->tcp_closing)
+            return;
+    }
+    if (!c->in_msg)
         arm_idle(c);
 }
 

@@ -14,7 +14,7 @@
 
 #include "http_test_util.h"
 
-enum mode { M_ECHO, M_HOLD, M_STREAM, M_ERROR, M_BIG };
+enum mode { M_ECHO, M_HOLD, M_STREAM, M_ERROR, M_BIG, M_DEFER };
 
 #define BIG_LEN (8u << 20)
 
@@ -109,6 +109,7 @@ static void handler(baton_http_req_t *req, void *ctx)
         json_decref(o);
         break;
     }
+    case M_DEFER: /* answered from on_tick, a few ms later */
     case M_HOLD:
         fx->held = req;
         req->on_abort = on_abort_respond;
@@ -175,6 +176,11 @@ static void on_tick(uv_timer_t *t)
                 fx->held = NULL;
             }
         }
+    }
+    if (fx->mode == M_DEFER && fx->held) {
+        baton_http_req_t *req = fx->held;
+        fx->held = NULL;
+        baton_http_respond(req, 200, "text/plain", NULL, 0, req->path, strlen(req->path));
     }
     if (atomic_load(&fx->close_now) == 1) {
         atomic_store(&fx->close_now, 2);
@@ -451,6 +457,44 @@ static void client_good_then_garbage(fx_t *fx)
     fx->eof_clean = tc_wait_eof(c);
     tc_close(c);
     free(c);
+}
+
+#define N_PIPELINED 100
+
+static void client_pipeline_backlog(fx_t *fx)
+{
+    tconn_t *c = malloc(sizeof(*c));
+    char *all = malloc(N_PIPELINED * 64);
+    size_t n = 0;
+    for (int i = 0; i < N_PIPELINED; i++)
+        n += (size_t)sprintf(all + n, "GET /r%d HTTP/1.1\r\nHost: t\r\n\r\n", i);
+    CHECK(fx, tc_connect(c, fx->port) == 0, "connect");
+    CHECK(fx, tc_send_n(c, all, n) == 0, "send");
+    free(all);
+    for (int i = 0; i < N_PIPELINED; i++) {
+        tresp_t r;
+        char want[16];
+        sprintf(want, "/r%d", i);
+        int ok = tc_read_response(c, &r) == 0 && r.status == 200 && strcmp(r.body, want) == 0;
+        tresp_free(&r);
+        CHECK(fx, ok, "response %d wrong or missing", i);
+        fx->nresp++;
+    }
+    tc_close(c);
+    free(c);
+}
+
+/* More pipelined bytes than the backlog limit while the handler answers asynchronously:
+ * reading pauses and resumes, and every request is answered in order. */
+static void test_pipeline_backlog(void **state)
+{
+    baton_http_limits_t l = limits();
+    l.max_header_bytes = 512;
+    fx_t *fx = fx_new(&l, M_DEFER);
+    fx_run(fx, client_pipeline_backlog);
+    assert_int_equal(fx->nresp, N_PIPELINED);
+    assert_int_equal(atomic_load(&fx->requests), N_PIPELINED);
+    fx_free(fx);
 }
 
 static void test_400_garbage(void **state)
@@ -859,6 +903,7 @@ int main(void)
         cmocka_unit_test(test_get_post_keepalive),
         cmocka_unit_test(test_chunked_request_body),
         cmocka_unit_test(test_pipelined),
+        cmocka_unit_test(test_pipeline_backlog),
         cmocka_unit_test(test_400_garbage),
         cmocka_unit_test(test_431),
         cmocka_unit_test(test_413),
