@@ -700,8 +700,12 @@ static int up_start(preq_t *pr, upstream_t *u, const char *method, const char *p
     u->n_hdrs = 0;
     if (body)
         u->hdrs[u->n_hdrs++] = (baton_http_header_t){"Content-Type", "application/json"};
-    if (w->api_key) {
-        if (asprintf(&u->auth, "Bearer %s", w->api_key) < 0) {
+    /* The worker's own key wins; else the client's credentials go through (copied: the
+     * upstream request may outlive the client request). */
+    const baton_http_header_t *cauth = baton_http_req_header(pr->req, "Authorization");
+    if (w->api_key || cauth) {
+        if (w->api_key ? asprintf(&u->auth, "Bearer %s", w->api_key) < 0
+                       : !(u->auth = strdup(cauth->value))) {
             u->auth = NULL;
             return BATON_ENOMEM;
         }

@@ -4,6 +4,7 @@ pass-through as it arrives, logprob merging, regular workers, info endpoints."""
 
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -32,6 +33,7 @@ class Pair:
         self.d = Upstream("decode", self.decode_script)
         self.decode_events = 3
         self.gate = None  # threading.Event the decode stream waits on after its first event
+        self.prefill_delay = 0.0  # prefill answers this long after meeting decode
 
     def meet(self, req):
         try:
@@ -43,6 +45,7 @@ class Pair:
 
     def prefill_script(self, req, io):
         self.meet(req)
+        time.sleep(self.prefill_delay)
         body = req.json()
         if body.get("stream"):
             io.start_sse()
@@ -221,6 +224,27 @@ def test_pd_logprob_merge():
             # not asked: untouched
             res = post(r.port, "/generate", GEN)
             assert res.json()["meta_info"]["input_token_logprobs"] == [[-2.0, 2, None]]
+            # prefill answers after decode's first event: that event waits for prefill's
+            # logprobs, and nothing is reordered or lost
+            pair.prefill_delay = 0.3
+            for stream in (True, False):
+                body = dict(GEN, return_logprob=True, stream=stream)
+                if stream:
+                    cl = SSEClient(r.port, "/generate", body)
+                    try:
+                        evs = [json.loads(e) for e in cl.events()[:-1]]
+                    finally:
+                        cl.close()
+                else:
+                    evs = [post(r.port, "/generate", body).json()]
+                assert evs[0]["meta_info"]["input_token_logprobs"] == [[-1.0, 1, None],
+                                                                       [-2.0, 2, None]], evs[0]
+                if stream:
+                    assert [e["text"] for e in evs] == ["t0", "t1", "t2"], evs
+                    pr, dr = pair.p.requests[-1], pair.d.requests[-1]
+                    pair.d.wait_done(dr)
+                    pair.p.wait_done(pr)
+                    assert dr.t_end < pr.t_end, "decode was not ahead of prefill"
     finally:
         pair.close()
 
@@ -316,6 +340,66 @@ def test_prefix_and_api_key():
         pair.close()
 
 
+def test_stream_backpressure():
+    """A client that does not read: the router stops reading decode (decode's writes block)
+    instead of buffering the stream, and the client later gets every byte in order."""
+    total = 48 << 20
+    chunk = "x" * 65000
+    progress = {"sent": 0, "done": False}
+
+    def d_script(req, io):
+        io.start_sse()
+        i = 0
+        while progress["sent"] < total:
+            io.chunk(f"data: {i} {chunk}\n\n")
+            progress["sent"] += len(chunk)
+            i += 1
+        io.event("[DONE]")
+        io.end_sse()
+        progress["done"] = True
+
+    def p_script(req, io):
+        io.respond(200, {"text": ""})
+
+    with Upstream("prefill", p_script) as p, Upstream("decode", d_script) as d, \
+            Cluster("router-bp") as c:
+        r = c.router("--prefill", p.url, "--decode", d.url, "--threads", "1")
+        cl = SSEClient(r.port, "/generate", dict(GEN, stream=True), timeout=30)
+        try:
+            cl.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+            time.sleep(1.5)  # the client reads nothing meanwhile
+            assert not progress["done"], "decode finished while the client read nothing"
+            assert progress["sent"] < total // 2, progress
+            rss_kb = int([ln for ln in open(f"/proc/{r.p.pid}/status")
+                          if ln.startswith("VmRSS")][0].split()[1])
+            assert rss_kb < 40 * 1024, f"router RSS {rss_kb} kB: the stream was buffered"
+            n = 0
+            while True:
+                e = cl.next_event()
+                if e is None or e == "[DONE]":
+                    break
+                assert e.split(" ", 1)[0] == str(n), (e[:20], n)
+                n += 1
+        finally:
+            cl.close()
+        assert progress["done"] and n * len(chunk) >= total, (n, progress)
+
+
+def test_client_auth_forwarded():
+    pair = Pair()
+    try:
+        with Cluster("router-auth") as c:
+            r = pd_router(c, pair)
+            res = request(r.port, "POST", "/generate", body=json.dumps(GEN),
+                          headers={"Authorization": "Bearer client-key",
+                                   "Content-Type": "application/json"})
+            assert res.status == 200, res.text
+            assert pair.p.requests[0].headers.get("authorization") == "Bearer client-key"
+            assert pair.d.requests[0].headers.get("authorization") == "Bearer client-key"
+    finally:
+        pair.close()
+
+
 def main():
     t = TestRunner()
     t.run(test_pd_same_body_concurrent)
@@ -326,6 +410,8 @@ def main():
     t.run(test_regular_worker)
     t.run(test_pd_prefers_pair_else_regular)
     t.run(test_prefix_and_api_key)
+    t.run(test_stream_backpressure)
+    t.run(test_client_auth_forwarded)
     t.finish()
 
 
