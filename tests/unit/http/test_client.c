@@ -13,7 +13,7 @@
 #include "http_test_util.h"
 
 /* How the baton server under test answers. */
-enum smode { S_ECHO, S_CHUNKED, S_HOLD, S_PARTIAL_HOLD, S_CANCEL };
+enum smode { S_ECHO, S_CHUNKED, S_HOLD, S_PARTIAL_HOLD, S_CANCEL, S_STOP };
 /* How the raw (scripted) server answers. */
 enum rmode { R_NONE, R_UNTIL_CLOSE, R_STALE, R_MALFORMED, R_SHORT, R_INTERIM, R_TRAILING };
 
@@ -131,6 +131,10 @@ static void srv_handler(baton_http_req_t *req, void *ctx)
         req->on_abort = srv_on_abort;
         baton_http_stream_start(req, 200, "text/plain", NULL, 0);
         baton_http_stream_write(req, "partial", 7);
+        break;
+    case S_STOP: /* stop accepting, then answer: the connection must close after it */
+        baton_http_server_stop_accepting(fx->srv);
+        baton_http_respond(req, 200, "text/plain", NULL, 0, "bye", 3);
         break;
     case S_CANCEL:
         fx->held = req;
@@ -589,6 +593,20 @@ static void test_idle_closed_by_server(void **state)
     cfx_free(fx);
 }
 
+static void test_server_stop_accepting(void **state)
+{
+    cfx_t *fx = cfx_new(S_STOP, R_NONE, NULL);
+    fx->n_wanted = 2;
+    start_request(fx);
+    cfx_run(fx);
+    assert_int_equal(fx->res[0].err, 0);
+    assert_string_equal(fx->res[0].body.data, "bye");
+    assert_int_equal(fx->pool_conns_after_first, 0);  /* Connection: close */
+    assert_int_equal(fx->res[1].err, BATON_ECONNECT); /* nobody listens any more */
+    assert_int_equal(fx->srv_requests, 1);
+    cfx_free(fx);
+}
+
 static void test_malformed_response(void **state)
 {
     cfx_t *fx = run_simple(S_ECHO, R_MALFORMED);
@@ -687,6 +705,7 @@ int main(void)
         cmocka_unit_test(test_pool_reuse),
         cmocka_unit_test(test_stale_keepalive_retry),
         cmocka_unit_test(test_idle_closed_by_server),
+        cmocka_unit_test(test_server_stop_accepting),
         cmocka_unit_test(test_malformed_response),
         cmocka_unit_test(test_short_body),
         cmocka_unit_test(test_interim_response),
