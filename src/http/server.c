@@ -742,7 +742,7 @@ static void conn_feed(conn_t *c, const char *data, size_t len)
             c->parser_paused = 0;
         }
         llhttp_errno_t e = llhttp_execute(&c->parser, data, len);
-        if (e == HPE_OK)
+        if (e == HPE_OK || c->closing) /* closing: a write inside a callback failed */
             break;
         if (e == HPE_PAUSED && !c->in_msg && c->err_status == 0) {
             size_t used = (size_t)(llhttp_get_error_pos(&c->parser) - data);
@@ -764,7 +764,8 @@ static void conn_feed(conn_t *c, const char *data, size_t len)
         if (c->tcp_closing)
             return;
     }
-    if (!c->in_msg)
+    /* Not re-armed by bytes that start no request (stray CRLFs cannot keep a connection). */
+    if (!c->in_msg && c->timer_mode != TM_IDLE)
         arm_idle(c);
 }
 
