@@ -87,6 +87,8 @@ def check_pair_bodies(pair, n_before, sent, batch=None, boot=BOOT_PORT):
     preqs = pair.p.wait_requests(n_before + 1)
     dreqs = pair.d.wait_requests(n_before + 1)
     pr, dr = preqs[n_before], dreqs[n_before]
+    pair.p.wait_done(pr)  # the client may have its answer before prefill's thread is through
+    pair.d.wait_done(dr)
     assert pr.path == dr.path, (pr.path, dr.path)
     assert pr.body == dr.body, "prefill and decode got different bodies"
     assert pr.notes.get("met") and dr.notes.get("met"), "the two requests were not in flight together"

@@ -62,7 +62,7 @@ def test_workers_api():
         assert get(port, "/readiness").status == 200
         res = post(port, "/generate", {"text": "x"})
         assert res.status == 200, res.text
-        assert a.requests[-1].json()["bootstrap_port"] == 8999
+        assert a.wait_requests(1)[-1].json()["bootstrap_port"] == 8999
         assert b.requests[-1].headers.get("authorization") == "Bearer k"
         # model list synthesized? no: forwarded to the decode worker
         res = get(port, "/v1/models")
