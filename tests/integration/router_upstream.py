@@ -270,13 +270,16 @@ class Upstream:
         return False
 
 
+_held_dead = []
+
+
 def closed_port():
-    """A loopback port with nothing listening on it (connect → refused)."""
+    """A loopback port where connecting is refused. The port stays bound (never listening) for
+    the life of the test process, so no other process can take it meanwhile."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    _held_dead.append(s)
+    return s.getsockname()[1]
 
 
 class SSEClient:
