@@ -745,7 +745,7 @@ static int pd_dispatch(preq_t *pr)
     p->buffer = pr->pd.logprobs;
     const char *path = baton_api_path(pr->pd.api);
     if ((rc = up_start(pr, p, "POST", path, pr->pd.out.data, pr->pd.out.len)) != 0) {
-        side_failed(pr, p, rc == BATON_ENOMEM ? BATON_ENOMEM : rc);
+        side_failed(pr, p, rc);
         return 0;
     }
     if ((rc = up_start(pr, d, "POST", path, pr->pd.out.data, pr->pd.out.len)) != 0) {
