@@ -23,7 +23,8 @@ typedef struct target_s {
     char *auth;              /* "Bearer <api_key>" or NULL */
     int dropping;            /* removed: freed once the timer closed and no check is out */
     int timer_open;
-    int seen; /* mark for the registry sweep */
+    int seen;            /* mark for the registry sweep */
+    uint64_t last_delay; /* what the timer was last armed with */
     struct target_s *next;
 } target_t;
 
@@ -99,6 +100,21 @@ uint64_t baton_wcheck_checks_started(const baton_wcheck_t *wc)
     return wc->started;
 }
 
+int baton_wcheck_target_info(const baton_wcheck_t *wc, const baton_worker_t *w,
+                             uint64_t *last_delay_ms, int *in_flight)
+{
+    for (const target_t *t = wc->targets; t != NULL; t = t->next) {
+        if (t->w != w)
+            continue;
+        if (last_delay_ms != NULL)
+            *last_delay_ms = t->last_delay;
+        if (in_flight != NULL)
+            *in_flight = t->req != NULL;
+        return 0;
+    }
+    return BATON_ENOTFOUND;
+}
+
 /* ---- freeing ---- */
 
 static void maybe_finish_close(baton_wcheck_t *wc)
@@ -168,6 +184,7 @@ static void schedule_after(target_t *t, int state)
         d = c->fast_interval_ms;
         break;
     }
+    t->last_delay = d;
     uv_timer_start(&t->timer, on_target_timer, d, 0);
 }
 
@@ -299,6 +316,7 @@ static int target_add(baton_wcheck_t *wc, baton_worker_t *w)
     wc->n_alive++;
     /* First check: uniform in [0, interval) so checks of many workers spread out. */
     uint64_t delay = rng_next(wc) % wc->cfg.interval_ms;
+    t->last_delay = delay;
     uv_timer_start(&t->timer, on_target_timer, delay, 0);
     log_debug(COMP, "worker_check_added id=%s url=%s first_check_ms=%llu", w->id, w->url,
               (unsigned long long)delay);

@@ -48,4 +48,10 @@ void baton_wcheck_close(baton_wcheck_t *wc, baton_wcheck_close_cb close_cb, void
 size_t baton_wcheck_targets(const baton_wcheck_t *wc);
 uint64_t baton_wcheck_checks_started(const baton_wcheck_t *wc);
 
+/* For one worker: the delay its timer was last armed with (the jittered first delay, then the
+ * interval chosen after each check) and whether a check is in flight now. 0 or
+ * BATON_ENOTFOUND (not a target). Tests and debugging. */
+int baton_wcheck_target_info(const baton_wcheck_t *wc, const baton_worker_t *w,
+                             uint64_t *last_delay_ms, int *in_flight);
+
 #endif
