@@ -41,6 +41,18 @@
  *     OPEN but may still be refused by admit (a half-open probe already out): callers that do
  *     their own selection must call admit and pick again on 0.
  *
+ * ---- How the router wires it up ----
+ *
+ *   start-up (main thread, before the loops run):
+ *     baton_whealth_config_init(&cfg);  (then the router's flags/config on top)
+ *     baton_whealth_create(&wh, registry, &cfg);
+ *     baton_whealth_metrics_init(wh, metrics_registry);
+ *   on ONE loop (the first router loop, or a dedicated thread's loop):
+ *     baton_wcheck_create(&wc, loop, wh); baton_wcheck_start(wc);   (worker_check.h; also when
+ *     cfg.check.enabled == 0: it then only runs the sync that lets breakers recover on time)
+ *   shutdown: baton_wcheck_close(wc, cb, ctx) on that loop; once cb ran and no loop can call
+ *     in any more, baton_whealth_destroy(wh).
+ *
  * Threading: every function is thread-safe (an rwlock on the per-worker table: readers on the
  * request path, the writer only when workers come and go; each breaker has its own mutex, taken
  * only while it is not CLOSED or has counted failures).
