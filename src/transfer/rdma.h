@@ -1,0 +1,327 @@
+/* transfer/rdma.h — the RDMA transport's private types and cross-file functions (rdma*.c only). */
+#ifndef BATON_TRANSFER_RDMA_H
+#define BATON_TRANSFER_RDMA_H
+
+/*
+ * Layout of the RDMA transport (one concern per file):
+ *   rdma.c        ops table: init / fini / query, peer ops glue
+ *   rdma_dev.c    one context per HCA: open, port/GID/limits, PD, CQ, completion channel
+ *   rdma_verbs.c  the ONE place where verbs' error conventions become Baton codes
+ *   rdma_mr.c     local registrations (every HCA, split at max_mr_size, CUDA dmabuf) and the
+ *                 peer's remote regions (rkeys per NIC per chunk)
+ *   rdma_qp.c     QP state machine RESET→INIT→RTR→RTS→ERR and the handshake blob
+ *   rdma_post.c   writes: slicing, striping over NICs and QPs, selective signalling, the
+ *                 outstanding-WR accounting, completion of writes, peer failure and fencing
+ *   rdma_poll.c   completion channel + async event fd on the progress loop (uv_poll)
+ *
+ * Testing seam: none in this code. The unit tests link with -Wl,--wrap=ibv_* for the exported
+ * verbs and hand out model contexts whose ops table serves the inline data-path verbs
+ * (ibv_post_send, ibv_poll_cq, ibv_req_notify_cq); see tests/unit/transfer/verbs_model.h.
+ *
+ * Threads: everything runs on the engine's progress thread except baton__rdma_mem_reg /
+ * _mem_key / _mem_dereg, which only read the immutable device table and touch their own
+ * registration (ibv_reg_mr is thread-safe).
+ *
+ * Connection shape. The TARGET (decode) creates Q QPs on each of its R usable NICs, ordered
+ * k-major (QP i sits on target NIC i % R, i = k*R + j), and sends them in its blob. The
+ * INITIATOR (prefill) creates one QP per target QP, QP i on its local NIC i % L, and answers
+ * with a blob of the same length; entry i of each blob is one RC pair. Slices go round-robin
+ * over that order, so consecutive slices alternate NICs and then QPs.
+ */
+
+#include <stdint.h>
+
+#include <infiniband/verbs.h>
+#include <uv.h>
+
+#include "transfer/transport.h"
+
+/* Knobs the config does not expose. Defaults as Mooncake; tests lower them to reach limits. */
+typedef struct {
+    uint32_t max_wr;       /* send queue depth per QP (256) */
+    uint32_t max_sge;      /* SGEs per WR (4) */
+    uint32_t max_inline;   /* inline data bytes (64) */
+    uint32_t signal_every; /* signal at least every k-th WR on a QP (16) */
+    uint32_t post_batch;   /* most WRs in one ibv_post_send chain (32) */
+    uint32_t cq_size;      /* CQEs per device CQ (4096, clamped to max_cqe) */
+    int gid_index;         /* GID table index (0; env BATON_RDMA_GID_INDEX overrides) */
+    uint64_t max_mr_size;  /* 0: the device's; else split registrations at min(this, device) */
+} baton__rdma_tunables_t;
+
+/* Read by init; tests may change them before init (not thread-safe). */
+extern baton__rdma_tunables_t baton__rdma_tunables;
+
+#define BATON__RDMA_MAX_DEVS 16
+#define BATON__RDMA_MAX_QPS  64 /* per peer connection (keeps the blob < BATON__TP_BLOB_MAX) */
+
+typedef struct rdma_tp_s rdma_tp_t;
+typedef struct rdma_dev_s rdma_dev_t;
+typedef struct rdma_peer_s rdma_peer_t;
+typedef struct rdma_qp_s rdma_qp_t;
+typedef struct rdma_mr_s rdma_mr_t;
+typedef struct rdma_rmem_s rdma_rmem_t;
+typedef struct rdma_op_s rdma_op_t;
+
+struct rdma_dev_s {
+    rdma_tp_t *tp;
+    int index; /* position in tp->devs: what blobs name */
+    char name[IBV_SYSFS_NAME_MAX];
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    struct ibv_comp_channel *chan;
+    struct ibv_cq *cq;
+    uint8_t port;
+    enum ibv_mtu active_mtu;
+    uint16_t lid;
+    uint8_t link_layer;
+    union ibv_gid gid;
+    int gid_index;
+    uint64_t max_mr_size;
+    uint32_t max_qp_wr;
+    uint8_t max_rd_atom;      /* responder resources (max_qp_rd_atom) */
+    uint8_t max_init_rd_atom; /* initiator depth (max_qp_init_rd_atom) */
+    uint32_t cq_size;
+    uint32_t cq_used; /* CQEs that posted WRs may still produce (flushes produce one each) */
+    int port_up;      /* cleared by PORT_ERR, set by PORT_ACTIVE */
+    int dead;         /* DEVICE_FATAL: never used again */
+    uv_poll_t comp_poll;
+    uv_poll_t async_poll;
+    int polls_started;
+    rdma_qp_t **qp_hash; /* qpn -> QP, BATON__RDMA_QP_HASH chains */
+};
+
+#define BATON__RDMA_QP_HASH 256
+
+struct rdma_tp_s {
+    baton__tp_t base;
+    baton__rdma_tunables_t tun;
+    uint32_t slice_size;
+    uint32_t qps_per_nic;
+    rdma_dev_t devs[BATON__RDMA_MAX_DEVS];
+    int ndevs;
+    uint64_t chunk;     /* registrations are split into chunks of this size */
+    rdma_peer_t *peers; /* every live peer (device-wide events reach them all) */
+    int handles_open;   /* uv handles whose close callback has not run yet */
+    int finishing;      /* fini called: free when handles_open reaches 0 */
+};
+
+/* One outstanding WR, for the completion that covers it. */
+typedef struct {
+    rdma_op_t *op; /* NULL: a drain marker */
+    uint32_t len;
+} rdma_wr_rec_t;
+
+typedef enum {
+    RDMA_QP_NONE = 0, /* not created / destroyed */
+    RDMA_QP_INIT,
+    RDMA_QP_RTR,
+    RDMA_QP_RTS,
+    RDMA_QP_ERR,
+} rdma_qp_state_t;
+
+struct rdma_qp_s {
+    rdma_peer_t *peer;
+    rdma_dev_t *dev;
+    struct ibv_qp *qp;
+    rdma_qp_t *hnext;
+    uint32_t qpn;
+    uint32_t psn;
+    rdma_qp_state_t state;
+    uint32_t max_wr;
+    uint32_t max_inline;
+    enum ibv_mtu path_mtu;
+    /* the pair */
+    uint32_t remote_qpn;
+    uint16_t remote_dev; /* the peer's device index (selects the rkey column) */
+    int rnic;            /* index into peer->rnic_dev */
+    /* send queue: WRs with seq in [tail_seq, next_seq) have no polled completion yet */
+    uint64_t next_seq;
+    uint64_t tail_seq;
+    rdma_wr_rec_t *ring; /* max_wr entries, seq % max_wr */
+    uint32_t since_signal;
+    int last_signalled; /* the newest posted WR asked for a completion */
+};
+
+/* A region of the peer's memory (its MEM frame): rkeys per peer NIC per chunk. */
+struct rdma_rmem_s {
+    uint32_t mem_id;
+    uint64_t base;
+    uint64_t len;
+    uint64_t chunk;
+    uint32_t nchunks;
+    uint16_t ndev;
+    uint16_t devidx[BATON__RDMA_MAX_DEVS];
+    int col[BATON__RDMA_MAX_DEVS]; /* peer->rnic_dev[i] -> column in rkeys */
+    uint32_t *rkeys;               /* [ndev][nchunks] */
+};
+
+/* A local registration: MRs per device per chunk. */
+struct rdma_mr_s {
+    baton__tp_mr_t base;
+    uint64_t chunk;
+    uint32_t nchunks;
+    int ndev;
+    struct ibv_mr **mrs; /* [dev][chunk] */
+};
+
+typedef enum {
+    RDMA_PEER_NEW = 0, /* created; TARGET: its QPs are in INIT */
+    RDMA_PEER_UP,      /* QPs in RTS: writes flow */
+    RDMA_PEER_FAILED,  /* an error: QPs in ERR, draining, no new writes */
+} rdma_peer_state_t;
+
+typedef struct rdma_flush_s {
+    struct rdma_flush_s *next;
+    uint64_t upto; /* ops with seq < upto must finish first */
+    baton__tp_done_cb cb;
+    void *arg;
+} rdma_flush_t;
+
+struct rdma_peer_s {
+    baton__tp_peer_t base;
+    rdma_tp_t *tp;
+    rdma_peer_t *prev, *next; /* tp->peers */
+    rdma_peer_state_t state;
+    rdma_qp_t *qps;
+    int nqps;
+    uint32_t rr; /* next QP for round-robin */
+    uint64_t remote_generation;
+    int nrnic;
+    uint16_t rnic_dev[BATON__RDMA_MAX_DEVS]; /* distinct peer devices this connection reaches */
+    rdma_rmem_t *rmems;
+    int nrmems;
+    int caprmems;
+    /* writes: every unfinished op in start order; post_cursor = first with unposted bytes */
+    rdma_op_t *ops_head, *ops_tail;
+    rdma_op_t *post_cursor;
+    uint64_t op_seq;
+    rdma_flush_t *flushes;
+    /* per-QP post chains, nqps * post_batch, reused by every pump */
+    struct ibv_send_wr *cwr;
+    struct ibv_sge *csge;
+    uint32_t *clen;
+    int fail_err;    /* first error: why the connection is down (0: fine) */
+    int fail_told;   /* env->peer_failed was called (or must not be: fenced first) */
+    int fencing;     /* peer_fence was called */
+    int fence_fired; /* its callback ran */
+    baton__tp_done_cb fence_cb;
+    void *fence_arg;
+    int connect_pending; /* connect callback not fired yet */
+    baton__tp_done_cb connect_cb;
+    void *connect_arg;
+    /* lifetime: peer_destroy frees at once unless something still holds the memory (a queued
+     * sweep, a completion batch being settled); then the last release frees it */
+    int holds;
+    int destroyed;
+    int sweep_queued;
+    int touched; /* on a completion batch's list */
+    rdma_peer_t *touch_next;
+};
+
+struct rdma_op_s {
+    rdma_op_t *next;
+    baton__tp_write_t *w;
+    rdma_peer_t *peer;
+    uint64_t seq;
+    size_t sge_idx; /* next byte to post: sges[sge_idx] + sge_off */
+    uint64_t sge_off;
+    int rm_idx;        /* peer->rmems index of sges[sge_idx]'s region, -1: not looked up yet */
+    uint32_t inflight; /* WRs posted and not yet covered by a completion */
+    int posted_all;    /* nothing more will be posted (done, or abandoned after a failure) */
+    int status;
+};
+
+/* ---- rdma_verbs.c: error conventions ---------------------------------------------------- */
+
+/* errno value -> negative code (ENOMEM -> BATON_ENOMEM, ENODEV/ENOSYS -> BATON_ENODEV, others
+ * pass through as -errno like libuv's codes). */
+int baton__rdma_err_errno(int e);
+/* Verbs returning an errno (modify_qp, destroy_*, dereg_mr, query_*): some providers return
+ * -errno or -1 with errno set; all three are handled. 0 stays 0. */
+int baton__rdma_err_ret(int rc);
+/* Verbs returning NULL with errno set (open_device, alloc_pd, reg_mr, create_*). */
+int baton__rdma_err_null(void);
+/* ibv_poll_cq's negative count (no errno promised). */
+int baton__rdma_err_count(int n);
+/* A failed work completion -> the write's error. */
+int baton__rdma_err_wc(enum ibv_wc_status st);
+
+/* ---- rdma_dev.c ------------------------------------------------------------------------- */
+
+/* Opens every usable device (filter: comma-separated names, NULL = all). 0, or BATON_ENODEV
+ * with a log line saying why when none is usable. */
+int baton__rdma_devs_open(rdma_tp_t *tp, const char *filter);
+/* Destroys the verbs objects of every device (after its uv handles closed). */
+void baton__rdma_devs_close(rdma_tp_t *tp);
+/* The smallest max_mr_size over the devices (and the tunable), a multiple of 4096. */
+uint64_t baton__rdma_chunk_size(const rdma_tp_t *tp);
+void baton__rdma_qp_hash_add(rdma_dev_t *dev, rdma_qp_t *qp);
+void baton__rdma_qp_hash_del(rdma_dev_t *dev, rdma_qp_t *qp);
+rdma_qp_t *baton__rdma_qp_hash_find(rdma_dev_t *dev, uint32_t qpn);
+/* Devices a new connection may use (alive, port up); returns the count written to out. */
+int baton__rdma_usable_devs(rdma_tp_t *tp, rdma_dev_t **out, int cap);
+
+/* ---- rdma_poll.c ------------------------------------------------------------------------ */
+
+/* Arms the CQs and starts polling the completion channel and async fds on env->loop. */
+int baton__rdma_poll_start(rdma_tp_t *tp);
+/* Closes the uv handles; baton__rdma_poll_closed(tp) runs when the last one closed. */
+void baton__rdma_poll_stop(rdma_tp_t *tp);
+void baton__rdma_poll_closed(rdma_tp_t *tp);
+/* Polls one device's CQ until empty and dispatches every completion. */
+void baton__rdma_cq_drain(rdma_dev_t *dev);
+
+/* ---- rdma_mr.c -------------------------------------------------------------------------- */
+
+int baton__rdma_mem_reg(baton__tp_t *tp, const baton__tp_mem_params_t *p, baton__tp_mr_t **mr_p);
+int baton__rdma_mem_key(baton__tp_mr_t *mr, uint8_t *buf, size_t cap, size_t *len_p);
+int baton__rdma_mem_dereg(baton__tp_mr_t *mr);
+int baton__rdma_mem_add(baton__tp_peer_t *peer, uint32_t mem_id, uint64_t base, uint64_t len,
+                        baton_xfer_mem_kind_t kind, const uint8_t *blob, size_t blob_len);
+int baton__rdma_mem_del(baton__tp_peer_t *peer, uint32_t mem_id);
+rdma_rmem_t *baton__rdma_rmem_find(rdma_peer_t *peer, uint32_t mem_id);
+void baton__rdma_rmems_free(rdma_peer_t *peer);
+/* The local key covering src on dev, and how many bytes from src stay in that MR. */
+uint32_t baton__rdma_lkey(const rdma_mr_t *mr, int dev, uintptr_t src, uint64_t *room_p);
+/* The rkey for dst reached through the peer's NIC rnic, and the bytes left in that MR. */
+uint32_t baton__rdma_rkey(const rdma_rmem_t *rm, int rnic, uint64_t dst, uint64_t *room_p);
+
+/* ---- rdma_qp.c -------------------------------------------------------------------------- */
+
+/* Creates the QP on dev and moves it RESET -> INIT. */
+int baton__rdma_qp_create(rdma_peer_t *peer, rdma_qp_t *qp, rdma_dev_t *dev);
+/* INIT -> RTR -> RTS toward the pair described by (qpn, psn, gid, lid, mtu). */
+int baton__rdma_qp_connect(rdma_qp_t *qp, uint32_t remote_qpn, uint32_t remote_psn,
+                           const uint8_t gid[16], uint16_t lid, enum ibv_mtu remote_mtu);
+/* -> ERR (in-flight WRs flush). Idempotent. */
+int baton__rdma_qp_error(rdma_qp_t *qp);
+/* Destroys the QP (only once drained: tail_seq == next_seq). */
+void baton__rdma_qp_destroy(rdma_qp_t *qp);
+int baton__rdma_peer_info(baton__tp_peer_t *peer, uint8_t *buf, size_t cap, size_t *len_p);
+int baton__rdma_peer_handshake(rdma_peer_t *peer, const uint8_t *blob, size_t len);
+
+/* ---- rdma.c ---------------------------------------------------------------------------- */
+
+/* Keeps the peer's memory alive across callbacks that may call peer_destroy. */
+void baton__rdma_peer_hold(rdma_peer_t *peer);
+/* Drops a hold; frees the peer when it was destroyed meanwhile and nothing else holds it. */
+void baton__rdma_peer_release(rdma_peer_t *peer);
+
+/* ---- rdma_post.c ------------------------------------------------------------------------ */
+
+int baton__rdma_write(baton__tp_peer_t *peer, baton__tp_write_t *w);
+int baton__rdma_flush(baton__tp_peer_t *peer, baton__tp_done_cb cb, void *arg);
+/* Posts what fits (QP depth, CQ room) of the queued writes. */
+void baton__rdma_pump(rdma_peer_t *peer);
+/* One work completion from dev's CQ; returns the peer it concerned (to settle), or NULL. */
+rdma_peer_t *baton__rdma_on_wc(rdma_dev_t *dev, const struct ibv_wc *wc);
+/* After a batch of completions: finish writes, destroy drained QPs, fire fence / flush. */
+void baton__rdma_settle(rdma_peer_t *peer);
+/* The connection is broken (err): QPs -> ERR, unposted slices dropped, the engine told once
+ * (deferred; never inside the caller). Safe inside an op. */
+void baton__rdma_peer_fail(rdma_peer_t *peer, int err);
+int baton__rdma_peer_fence(baton__tp_peer_t *peer, baton__tp_done_cb cb, void *arg);
+/* Queues a deferred settle for the peer (used where callbacks may not fire directly). */
+void baton__rdma_schedule_sweep(rdma_peer_t *peer);
+
+#endif

@@ -1,0 +1,424 @@
+/* transfer/rdma_qp.c — the RC QP state machine (RESET→INIT→RTR→RTS→ERR) and the handshake blob. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "transfer/rdma.h"
+
+/* Values from PROTOCOLS.md §4 (Mooncake's, which are rc_pingpong's plus retries). */
+#define QP_ACCESS        (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE)
+#define QP_MIN_RNR_TIMER 12
+#define QP_TIMEOUT       14
+#define QP_RETRY_CNT     7
+#define QP_RNR_RETRY     7
+#define QP_RD_ATOMIC     16
+#define QP_HOP_LIMIT     64
+
+static const char *state_name(rdma_qp_state_t s)
+{
+    static const char *n[] = {"none", "init", "rtr", "rts", "err"};
+    return n[s];
+}
+
+static uint32_t psn_next(void)
+{
+    /* A PSN only has to differ between incarnations of a pair; xorshift seeded by the clock. */
+    static uint64_t x;
+    if (!x)
+        x = uv_hrtime() ^ ((uint64_t)(uintptr_t)&x << 17) ^ 0x9e3779b97f4a7c15ull;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return (uint32_t)(x & 0xffffff);
+}
+
+int baton__rdma_qp_create(rdma_peer_t *peer, rdma_qp_t *qp, rdma_dev_t *dev)
+{
+    const baton__rdma_tunables_t *tun = &peer->tp->tun;
+    uint32_t max_wr = tun->max_wr < dev->max_qp_wr ? tun->max_wr : dev->max_qp_wr;
+    struct ibv_qp_init_attr ia;
+    int err;
+
+    memset(qp, 0, sizeof(*qp));
+    qp->peer = peer;
+    qp->dev = dev;
+    memset(&ia, 0, sizeof(ia));
+    ia.qp_context = qp;
+    ia.send_cq = dev->cq;
+    ia.recv_cq = dev->cq;
+    ia.cap.max_send_wr = max_wr;
+    ia.cap.max_recv_wr = 1; /* RDMA WRITE needs no receives */
+    ia.cap.max_send_sge = tun->max_sge;
+    ia.cap.max_recv_sge = 1;
+    ia.cap.max_inline_data = tun->max_inline;
+    ia.qp_type = IBV_QPT_RC;
+    ia.sq_sig_all = 0; /* selective signalling */
+    qp->qp = ibv_create_qp(dev->pd, &ia);
+    if (!qp->qp) {
+        err = baton__rdma_err_null();
+        log_error("rdma", "create_qp_failed dev=%s max_wr=%u err=%s", dev->name, max_wr,
+                  baton_strerror(err));
+        return err;
+    }
+    qp->qpn = qp->qp->qp_num;
+    qp->psn = psn_next();
+    /* the provider may round capacities up; we never use more than we asked for */
+    qp->max_wr = max_wr;
+    qp->max_inline =
+        ia.cap.max_inline_data < tun->max_inline ? ia.cap.max_inline_data : tun->max_inline;
+    qp->ring = calloc(max_wr, sizeof(*qp->ring));
+    if (!qp->ring) {
+        err = BATON_ENOMEM;
+        goto fail;
+    }
+
+    struct ibv_qp_attr a;
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = dev->port;
+    a.qp_access_flags = QP_ACCESS;
+    err = baton__rdma_err_ret(ibv_modify_qp(
+        qp->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
+    if (err) {
+        log_error("rdma", "modify_qp_failed dev=%s qpn=%u to=init err=%s", dev->name, qp->qpn,
+                  baton_strerror(err));
+        goto fail;
+    }
+    qp->state = RDMA_QP_INIT;
+    baton__rdma_qp_hash_add(dev, qp);
+    return 0;
+
+fail:
+    if (ibv_destroy_qp(qp->qp))
+        log_warn("rdma", "destroy_qp_failed dev=%s qpn=%u", dev->name, qp->qpn);
+    qp->qp = NULL;
+    free(qp->ring);
+    qp->ring = NULL;
+    return err;
+}
+
+int baton__rdma_qp_connect(rdma_qp_t *qp, uint32_t remote_qpn, uint32_t remote_psn,
+                           const uint8_t gid[16], uint16_t lid, enum ibv_mtu remote_mtu)
+{
+    rdma_dev_t *dev = qp->dev;
+    struct ibv_qp_attr a;
+    int err;
+
+    if (qp->state != RDMA_QP_INIT)
+        return BATON_EINVAL;
+    /* both sides compute the same minimum: an unnegotiated MTU drops every large packet */
+    enum ibv_mtu mtu = dev->active_mtu;
+    if (remote_mtu < mtu)
+        mtu = remote_mtu;
+    if (mtu > IBV_MTU_4096)
+        mtu = IBV_MTU_4096;
+    qp->path_mtu = mtu;
+    qp->remote_qpn = remote_qpn;
+
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = mtu;
+    a.dest_qp_num = remote_qpn;
+    a.rq_psn = remote_psn;
+    a.max_dest_rd_atomic = dev->max_rd_atom < QP_RD_ATOMIC ? dev->max_rd_atom : QP_RD_ATOMIC;
+    a.min_rnr_timer = QP_MIN_RNR_TIMER;
+    a.ah_attr.is_global = 1;
+    memcpy(a.ah_attr.grh.dgid.raw, gid, 16);
+    a.ah_attr.grh.sgid_index = (uint8_t)dev->gid_index;
+    a.ah_attr.grh.hop_limit = QP_HOP_LIMIT;
+    a.ah_attr.dlid = lid;
+    a.ah_attr.sl = 0;
+    a.ah_attr.src_path_bits = 0;
+    a.ah_attr.port_num = dev->port;
+    err = baton__rdma_err_ret(ibv_modify_qp(qp->qp, &a,
+                                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+                                                IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
+    if (err) {
+        log_error("rdma", "modify_qp_failed dev=%s qpn=%u to=rtr remote_qpn=%u mtu=%d err=%s",
+                  dev->name, qp->qpn, remote_qpn, 128 << mtu, baton_strerror(err));
+        return err;
+    }
+    qp->state = RDMA_QP_RTR;
+
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = QP_TIMEOUT;
+    a.retry_cnt = QP_RETRY_CNT;
+    a.rnr_retry = QP_RNR_RETRY;
+    a.sq_psn = qp->psn;
+    a.max_rd_atomic = dev->max_init_rd_atom < QP_RD_ATOMIC ? dev->max_init_rd_atom : QP_RD_ATOMIC;
+    err = baton__rdma_err_ret(ibv_modify_qp(qp->qp, &a,
+                                            IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                                IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                                IBV_QP_MAX_QP_RD_ATOMIC));
+    if (err) {
+        log_error("rdma", "modify_qp_failed dev=%s qpn=%u to=rts err=%s", dev->name, qp->qpn,
+                  baton_strerror(err));
+        return err;
+    }
+    qp->state = RDMA_QP_RTS;
+    return 0;
+}
+
+int baton__rdma_qp_error(rdma_qp_t *qp)
+{
+    if (qp->state == RDMA_QP_NONE || qp->state == RDMA_QP_ERR)
+        return 0;
+    struct ibv_qp_attr a;
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_ERR;
+    int err = baton__rdma_err_ret(ibv_modify_qp(qp->qp, &a, IBV_QP_STATE));
+    if (err) {
+        /* the QP keeps its state: it is destroyed after draining, which stops it as well */
+        log_error("rdma", "modify_qp_failed dev=%s qpn=%u from=%s to=err err=%s", qp->dev->name,
+                  qp->qpn, state_name(qp->state), baton_strerror(err));
+        return err;
+    }
+    qp->state = RDMA_QP_ERR;
+    return 0;
+}
+
+void baton__rdma_qp_destroy(rdma_qp_t *qp)
+{
+    if (qp->state == RDMA_QP_NONE)
+        return;
+    baton__rdma_qp_hash_del(qp->dev, qp);
+    int err = baton__rdma_err_ret(ibv_destroy_qp(qp->qp));
+    if (err)
+        log_error("rdma", "destroy_qp_failed dev=%s qpn=%u err=%s", qp->dev->name, qp->qpn,
+                  baton_strerror(err));
+    log_debug("rdma", "qp_destroyed dev=%s qpn=%u", qp->dev->name, qp->qpn);
+    qp->qp = NULL;
+    qp->state = RDMA_QP_NONE;
+    free(qp->ring);
+    qp->ring = NULL;
+}
+
+/* ---- handshake blob ----------------------------------------------------------------------
+ * header, 40 bytes, little endian:
+ *   0 u32 magic "BRDM"   4 u16 version   6 u8 role (1 target, 2 initiator)   7 u8 0
+ *   8 u16 n_qps         10 u16 0        12 u32 0
+ *  16 u64 generation (the sender's connection)
+ *  24 u64 echo: the generation of the blob this one answers (0 in the target's)
+ *  32 u64 incarnation of the sender's engine (for logs)
+ * then n_qps entries of 32 bytes, entry i of both blobs being one RC pair:
+ *   0 u16 device index  2 u8 port  3 u8 active MTU (enum ibv_mtu)  4 u16 LID  6 u16 0
+ *   8 u8 gid[16]       24 u32 QPN  28 u32 PSN
+ */
+#define BLOB_MAGIC   0x4d445242u
+#define BLOB_VERSION 1
+#define BLOB_HDR     40
+#define BLOB_ENT     32
+
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+int baton__rdma_peer_info(baton__tp_peer_t *bp, uint8_t *buf, size_t cap, size_t *len_p)
+{
+    rdma_peer_t *peer = container_of(bp, rdma_peer_t, base);
+    if (!buf || !len_p)
+        return BATON_EINVAL;
+    if (peer->nqps == 0) {
+        /* the initiator's QPs exist only once it has seen the target's blob */
+        log_error("rdma", "peer_info_too_early generation=%llu role=%s",
+                  (unsigned long long)bp->generation,
+                  bp->role == BATON__TP_ROLE_TARGET ? "target" : "initiator");
+        return BATON_EINVAL;
+    }
+    size_t need = BLOB_HDR + (size_t)peer->nqps * BLOB_ENT;
+    if (cap < need)
+        return BATON_ETOOBIG;
+    memset(buf, 0, need);
+    put32(buf, BLOB_MAGIC);
+    put16(buf + 4, BLOB_VERSION);
+    buf[6] = bp->role == BATON__TP_ROLE_TARGET ? 1 : 2;
+    put16(buf + 8, (uint16_t)peer->nqps);
+    put64(buf + 16, bp->generation);
+    put64(buf + 24, bp->role == BATON__TP_ROLE_TARGET ? 0 : peer->remote_generation);
+    put64(buf + 32, peer->tp->base.env->incarnation);
+    for (int i = 0; i < peer->nqps; i++) {
+        const rdma_qp_t *qp = &peer->qps[i];
+        uint8_t *e = buf + BLOB_HDR + (size_t)i * BLOB_ENT;
+        put16(e, (uint16_t)qp->dev->index);
+        e[2] = qp->dev->port;
+        e[3] = (uint8_t)qp->dev->active_mtu;
+        put16(e + 4, qp->dev->lid);
+        memcpy(e + 8, qp->dev->gid.raw, 16);
+        put32(e + 24, qp->qpn);
+        put32(e + 28, qp->psn);
+    }
+    *len_p = need;
+    return 0;
+}
+
+typedef struct {
+    uint16_t dev;
+    uint8_t port;
+    uint8_t mtu;
+    uint16_t lid;
+    uint8_t gid[16];
+    uint32_t qpn;
+    uint32_t psn;
+} blob_ent_t;
+
+/* Every field came from the network: check them all before touching a QP. */
+static int blob_parse(const uint8_t *b, size_t len, int *role_p, uint64_t *gen_p, uint64_t *echo_p,
+                      int *n_p, blob_ent_t *ents)
+{
+    if (!b || len < BLOB_HDR || get32(b) != BLOB_MAGIC)
+        return BATON_EPROTO;
+    if (get16(b + 4) != BLOB_VERSION)
+        return BATON_EPROTO;
+    int role = b[6];
+    int n = get16(b + 8);
+    if ((role != 1 && role != 2) || n < 1 || n > BATON__RDMA_MAX_QPS)
+        return BATON_EPROTO;
+    if (len != BLOB_HDR + (size_t)n * BLOB_ENT)
+        return BATON_EPROTO;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *e = b + BLOB_HDR + (size_t)i * BLOB_ENT;
+        blob_ent_t *x = &ents[i];
+        x->dev = get16(e);
+        x->port = e[2];
+        x->mtu = e[3];
+        x->lid = get16(e + 4);
+        memcpy(x->gid, e + 8, 16);
+        x->qpn = get32(e + 24);
+        x->psn = get32(e + 28);
+        if (x->dev >= BATON__RDMA_MAX_DEVS || x->port == 0 || x->mtu < IBV_MTU_256 ||
+            x->mtu > IBV_MTU_4096 || x->qpn > 0xffffff || x->psn > 0xffffff)
+            return BATON_EPROTO;
+    }
+    *role_p = role;
+    *gen_p = get64(b + 16);
+    *echo_p = get64(b + 24);
+    *n_p = n;
+    return 0;
+}
+
+static void note_rnic(rdma_peer_t *peer, rdma_qp_t *qp, uint16_t dev)
+{
+    qp->remote_dev = dev;
+    for (int i = 0; i < peer->nrnic; i++) {
+        if (peer->rnic_dev[i] == dev) {
+            qp->rnic = i;
+            return;
+        }
+    }
+    qp->rnic = peer->nrnic;
+    peer->rnic_dev[peer->nrnic++] = dev;
+}
+
+int baton__rdma_peer_handshake(rdma_peer_t *peer, const uint8_t *blob, size_t len)
+{
+    baton__tp_peer_t *bp = &peer->base;
+    blob_ent_t ents[BATON__RDMA_MAX_QPS];
+    int role, n, err;
+    uint64_t gen, echo;
+
+    err = blob_parse(blob, len, &role, &gen, &echo, &n, ents);
+    if (err) {
+        log_error("rdma", "handshake_rejected generation=%llu reason=malformed_blob len=%zu",
+                  (unsigned long long)bp->generation, len);
+        return err;
+    }
+    if (bp->role == BATON__TP_ROLE_TARGET) {
+        if (role != 2) {
+            log_error("rdma", "handshake_rejected generation=%llu reason=role",
+                      (unsigned long long)bp->generation);
+            return BATON_EPROTO;
+        }
+        if (echo != bp->generation) {
+            /* a reply to an older connection (its QPs are gone): must not touch ours */
+            log_warn("rdma", "stale_handshake_ignored generation=%llu reply_for=%llu",
+                     (unsigned long long)bp->generation, (unsigned long long)echo);
+            return BATON_ESTALE;
+        }
+        if (n != peer->nqps) {
+            log_error("rdma", "handshake_rejected generation=%llu reason=qp_count got=%d want=%d",
+                      (unsigned long long)bp->generation, n, peer->nqps);
+            return BATON_EPROTO;
+        }
+        for (int i = 0; i < n; i++) {
+            if (peer->qps[i].state != RDMA_QP_INIT) {
+                log_error("rdma", "handshake_rejected generation=%llu reason=qp_state",
+                          (unsigned long long)bp->generation);
+                return BATON_EPROTO;
+            }
+        }
+    } else {
+        if (role != 1 || echo != 0) {
+            log_error("rdma", "handshake_rejected generation=%llu reason=role",
+                      (unsigned long long)bp->generation);
+            return BATON_EPROTO;
+        }
+        if (peer->nqps) {
+            log_error("rdma", "handshake_rejected generation=%llu reason=already_connected",
+                      (unsigned long long)bp->generation);
+            return BATON_EPROTO;
+        }
+        rdma_dev_t *local[BATON__RDMA_MAX_DEVS];
+        int L = baton__rdma_usable_devs(peer->tp, local, BATON__RDMA_MAX_DEVS);
+        if (L == 0) {
+            log_error("rdma", "handshake_failed generation=%llu reason=no_usable_device",
+                      (unsigned long long)bp->generation);
+            return BATON_ENODEV;
+        }
+        peer->qps = calloc((size_t)n, sizeof(*peer->qps));
+        if (!peer->qps)
+            return BATON_ENOMEM;
+        for (int i = 0; i < n; i++) {
+            /* pair i lives on local NIC i % L: with L == R every pair stays on "its" NIC index,
+             * otherwise the pairs still spread over every local NIC */
+            err = baton__rdma_qp_create(peer, &peer->qps[i], local[i % L]);
+            if (err)
+                return err; /* created ones are torn down by fence/destroy */
+            peer->nqps = i + 1;
+        }
+        peer->remote_generation = gen;
+    }
+    for (int i = 0; i < n; i++) {
+        rdma_qp_t *qp = &peer->qps[i];
+        note_rnic(peer, qp, ents[i].dev);
+        err = baton__rdma_qp_connect(qp, ents[i].qpn, ents[i].psn, ents[i].gid, ents[i].lid,
+                                     (enum ibv_mtu)ents[i].mtu);
+        if (err)
+            return err;
+    }
+    if (bp->role == BATON__TP_ROLE_TARGET)
+        peer->remote_generation = gen;
+    return 0;
+}

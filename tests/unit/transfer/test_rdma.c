@@ -1,0 +1,1104 @@
+/* test_rdma.c — the RDMA transport against the verbs model: QPs, slicing, signalling, faults,
+ * fencing. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "transfer/rdma.h"
+#include "verbs_model.h"
+
+/* ---- what the engine provides, reduced to what the transport uses ------------------------ */
+
+typedef struct defer_s {
+    struct defer_s *next;
+    void (*fn)(void *);
+    void *arg;
+} defer_t;
+
+static defer_t *dq_head, **dq_tail = &dq_head;
+
+int baton__tp_defer(const baton__tp_env_t *env, void (*fn)(void *arg), void *arg)
+{
+    defer_t *d = calloc(1, sizeof(*d));
+    if (!d)
+        return BATON_ENOMEM;
+    d->fn = fn;
+    d->arg = arg;
+    *dq_tail = d;
+    dq_tail = &d->next;
+    return 0;
+}
+
+static int run_deferred(void)
+{
+    defer_t *list = dq_head;
+    dq_head = NULL;
+    dq_tail = &dq_head;
+    int n = 0;
+    while (list) {
+        defer_t *d = list;
+        list = d->next;
+        d->fn(d->arg);
+        free(d);
+        n++;
+    }
+    return n;
+}
+
+int baton__tp_notsup_adopt_lane(baton__tp_peer_t *peer, uv_tcp_t *stream, uint32_t lane_index,
+                                const uint8_t *rest, size_t rest_len)
+{
+    return BATON_ENOTSUP;
+}
+
+/* ---- fixture: a prefill transport (NICs 0..P-1) and a decode transport (the next D) ------- */
+
+typedef struct {
+    int failed; /* env->peer_failed calls */
+    int fail_err;
+    int connected; /* connect callbacks */
+    int connect_status;
+    int fenced;
+    int fence_status;
+} peer_rec_t;
+
+typedef struct {
+    baton__tp_write_t w;
+    baton__tp_sge_t sge[4];
+    int done;
+    int status;
+} wreq_t;
+
+#define MEM_ID 7
+
+static struct {
+    uv_loop_t loop;
+    baton_xfer_config_t cfg;
+    baton__tp_env_t env_pre, env_dec;
+    baton__tp_t *pre, *dec;
+    baton__tp_peer_t *pp, *pd;
+    peer_rec_t rp, rd;
+    uint64_t gen;
+    int npre, ndec;
+    uint8_t *src, *dst;
+    size_t size;
+    baton__tp_mr_t *src_mr, *dst_mr;
+    int expect_misuse;
+} F;
+
+static const baton__tp_ops_t *ops = &baton__tp_rdma_ops;
+static baton__rdma_tunables_t tun_defaults;
+
+static void on_peer_failed(baton__tp_peer_t *peer, int err)
+{
+    peer_rec_t *r = peer->ctx;
+    r->failed++;
+    r->fail_err = err;
+}
+
+static void on_connected(baton__tp_peer_t *peer, int status, void *arg)
+{
+    peer_rec_t *r = arg;
+    r->connected++;
+    r->connect_status = status;
+}
+
+static void on_fenced(baton__tp_peer_t *peer, int status, void *arg)
+{
+    peer_rec_t *r = arg;
+    r->fenced++;
+    r->fence_status = status;
+}
+
+static void on_write(baton__tp_write_t *w, int status)
+{
+    wreq_t *x = container_of(w, wreq_t, w);
+    x->done++;
+    x->status = status;
+}
+
+/* Bounded progress: deferred calls and the loop (completion and async fds). */
+static void spin(void)
+{
+    for (int i = 0; i < 8; i++) {
+        run_deferred();
+        uv_run(&F.loop, UV_RUN_NOWAIT);
+    }
+}
+
+/* The model runs every queued WR (of QPs not held); the transport sees every completion. */
+static void run_all(void)
+{
+    for (int i = 0; i < 400; i++) {
+        int ran = vm_run();
+        spin();
+        if (!ran && !vm_queued() && !dq_head)
+            break;
+    }
+}
+
+static void env_init(baton__tp_env_t *env, const char *id, uint64_t inc)
+{
+    memset(env, 0, sizeof(*env));
+    env->loop = &F.loop;
+    env->cfg = &F.cfg;
+    env->engine_id = id;
+    env->incarnation = inc;
+    env->peer_failed = on_peer_failed;
+}
+
+static void add_devs(int first, int n, enum ibv_mtu mtu, uint64_t max_mr)
+{
+    for (int i = first; i < first + n; i++) {
+        vm_dev_cfg_t c;
+        vm_dev_cfg_default(&c, i);
+        c.active_mtu = mtu;
+        if (max_mr)
+            c.max_mr_size = max_mr;
+        assert_int_equal(vm_add_device(&c), i);
+    }
+}
+
+static void base_setup(void)
+{
+    vm_reset();
+    memset(&F, 0, sizeof(F));
+    dq_head = NULL;
+    dq_tail = &dq_head;
+    baton__rdma_tunables = tun_defaults;
+    assert_int_equal(uv_loop_init(&F.loop), 0);
+    F.cfg.slice_size = 64 * 1024;
+    F.cfg.rdma_qps_per_nic = 2;
+    env_init(&F.env_pre, "prefill", 0x1111);
+    env_init(&F.env_dec, "decode", 0x2222);
+    F.gen = 100;
+}
+
+static void fx_start(int npre, int ndec, enum ibv_mtu mtu_pre, enum ibv_mtu mtu_dec,
+                     uint64_t mr_pre, uint64_t mr_dec)
+{
+    F.npre = npre;
+    F.ndec = ndec;
+    add_devs(0, npre, mtu_pre, mr_pre);
+    add_devs(npre, ndec, mtu_dec, mr_dec);
+    vm_set_visible(0, npre);
+    assert_int_equal(ops->init(&F.env_pre, &F.pre), 0);
+    vm_set_visible(npre, ndec);
+    assert_int_equal(ops->init(&F.env_dec, &F.dec), 0);
+    vm_set_visible(0, -1);
+}
+
+static int setup_default(void **state)
+{
+    base_setup();
+    fx_start(2, 2, IBV_MTU_4096, IBV_MTU_4096, 0, 0);
+    return 0;
+}
+
+static size_t blob_of(baton__tp_peer_t *p, uint8_t *buf)
+{
+    size_t len = 0;
+    assert_int_equal(ops->peer_info(p, buf, BATON__TP_BLOB_MAX, &len), 0);
+    assert_true(len > 0);
+    return len;
+}
+
+/* The handshake as the engine runs it: decode's blob first, prefill answers. */
+static void fx_connect(void)
+{
+    uint8_t bd[BATON__TP_BLOB_MAX], bp[BATON__TP_BLOB_MAX];
+    memset(&F.rp, 0, sizeof(F.rp));
+    memset(&F.rd, 0, sizeof(F.rd));
+    assert_int_equal(ops->peer_create(F.dec, BATON__TP_ROLE_TARGET, ++F.gen, &F.pd), 0);
+    F.pd->ctx = &F.rd;
+    size_t ld = blob_of(F.pd, bd);
+    assert_int_equal(ops->peer_create(F.pre, BATON__TP_ROLE_INITIATOR, ++F.gen, &F.pp), 0);
+    F.pp->ctx = &F.rp;
+    assert_int_equal(ops->peer_connect(F.pp, bd, ld, on_connected, &F.rp), 0);
+    assert_int_equal(F.rp.connected, 0); /* never inside the call */
+    spin();
+    assert_int_equal(F.rp.connected, 1);
+    assert_int_equal(F.rp.connect_status, 0);
+    size_t lp = blob_of(F.pp, bp);
+    assert_int_equal(ops->peer_connect(F.pd, bp, lp, on_connected, &F.rd), 0);
+    spin();
+    assert_int_equal(F.rd.connected, 1);
+    assert_int_equal(F.rd.connect_status, 0);
+}
+
+/* Registers size bytes on both sides and announces the decode region to the prefill peer. */
+static void fx_mem(size_t size)
+{
+    F.size = size;
+    F.src = aligned_alloc(4096, size);
+    F.dst = aligned_alloc(4096, size);
+    assert_non_null(F.src);
+    assert_non_null(F.dst);
+    for (size_t i = 0; i < size; i++)
+        F.src[i] = (uint8_t)(i * 131 + (i >> 12) + 7);
+    memset(F.dst, 0, size);
+    baton__tp_mem_params_t mp = {
+        .addr = F.src, .len = size, .kind = BATON_XFER_MEM_HOST, .memfd = -1};
+    assert_int_equal(ops->mem_reg(F.pre, &mp, &F.src_mr), 0);
+    mp.addr = F.dst;
+    assert_int_equal(ops->mem_reg(F.dec, &mp, &F.dst_mr), 0);
+}
+
+static void fx_announce(void)
+{
+    uint8_t key[BATON__TP_BLOB_MAX];
+    size_t klen = 0;
+    assert_int_equal(ops->mem_key(F.dst_mr, key, sizeof(key), &klen), 0);
+    assert_int_equal(
+        ops->mem_add(F.pp, MEM_ID, (uintptr_t)F.dst, F.size, BATON_XFER_MEM_HOST, key, klen), 0);
+}
+
+static int fx_write(wreq_t *x, size_t src_off, size_t dst_off, size_t len)
+{
+    memset(x, 0, sizeof(*x));
+    x->sge[0].src = F.src + src_off;
+    x->sge[0].src_mr = F.src_mr;
+    x->sge[0].dst = (uintptr_t)F.dst + dst_off;
+    x->sge[0].dst_mem = MEM_ID;
+    x->sge[0].len = len;
+    x->w.room_id = 42;
+    x->w.sges = x->sge;
+    x->w.n_sges = 1;
+    x->w.cb = on_write;
+    return ops->write(F.pp, &x->w);
+}
+
+static void fence_destroy(baton__tp_peer_t **p, peer_rec_t *r)
+{
+    if (!*p)
+        return;
+    if (!r->fenced) {
+        assert_int_equal(ops->peer_fence(*p, on_fenced, r), 0);
+        assert_int_equal(r->fenced, 0);
+        run_all();
+        assert_int_equal(r->fenced, 1);
+        assert_int_equal(r->fence_status, 0);
+    }
+    ops->peer_destroy(*p);
+    *p = NULL;
+}
+
+static int teardown(void **state)
+{
+    fence_destroy(&F.pp, &F.rp);
+    fence_destroy(&F.pd, &F.rd);
+    if (F.src_mr)
+        assert_int_equal(ops->mem_dereg(F.src_mr), 0);
+    if (F.dst_mr)
+        assert_int_equal(ops->mem_dereg(F.dst_mr), 0);
+    if (F.pre)
+        ops->fini(F.pre);
+    if (F.dec)
+        ops->fini(F.dec);
+    spin();
+    assert_int_equal(uv_loop_close(&F.loop), 0); /* every handle closed */
+    assert_int_equal(vm_live_objects(), 0);      /* every verbs object released */
+    vm_stats_t st;
+    vm_stats(&st);
+    if (!F.expect_misuse)
+        assert_int_equal(st.misuse, 0);
+    free(F.src);
+    free(F.dst);
+    baton__rdma_tunables = tun_defaults;
+    return 0;
+}
+
+/* QPNs of one side (prefill: devices < npre), in creation order; returns how many. */
+static int side_qps(int prefill, uint32_t *out, int cap, int live_only)
+{
+    uint32_t all[512];
+    int n = vm_qp_list(all, 512), k = 0;
+    for (int i = 0; i < n && k < cap; i++) {
+        vm_qp_info_t qi;
+        vm_qp_info(all[i], &qi);
+        if ((qi.dev < F.npre) != !!prefill)
+            continue;
+        if (live_only && qi.destroyed)
+            continue;
+        out[k++] = all[i];
+    }
+    return k;
+}
+
+static int had_state(const vm_qp_info_t *qi, enum ibv_qp_state s)
+{
+    for (int i = 0; i < qi->nhistory; i++)
+        if (qi->history[i] == s)
+            return 1;
+    return 0;
+}
+
+static int bytes_equal(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    return memcmp(a, b, n) == 0;
+}
+
+static int all_bytes(const uint8_t *a, uint8_t v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != v)
+            return 0;
+    return 1;
+}
+
+/* ---- tests ---------------------------------------------------------------------------------- */
+
+static void test_no_devices(void **state)
+{
+    baton__tp_t *tp = NULL;
+    base_setup();
+    /* no device at all */
+    assert_int_equal(ops->init(&F.env_pre, &tp), BATON_ENODEV);
+    assert_null(tp);
+    /* a kernel without RDMA: the device list itself fails */
+    vm_set_no_kernel_support(1);
+    assert_int_equal(ops->init(&F.env_pre, &tp), BATON_ENODEV);
+    vm_set_no_kernel_support(0);
+    /* a device without ports, and one whose port is down */
+    vm_dev_cfg_t c;
+    vm_dev_cfg_default(&c, 0);
+    c.nports = 0;
+    vm_add_device(&c);
+    vm_dev_cfg_default(&c, 1);
+    c.port_state = IBV_PORT_DOWN;
+    vm_add_device(&c);
+    assert_int_equal(ops->init(&F.env_pre, &tp), BATON_ENODEV);
+    /* a usable device that the filter does not name */
+    vm_dev_cfg_default(&c, 2);
+    vm_add_device(&c);
+    F.cfg.rdma_devices = "mlx5_9, nothing";
+    assert_int_equal(ops->init(&F.env_pre, &tp), BATON_ENODEV);
+    /* a device that cannot be opened */
+    F.cfg.rdma_devices = "vm_2";
+    vm_fail_op(VM_OP_OPEN_DEVICE, 1, EPERM);
+    assert_int_equal(ops->init(&F.env_pre, &tp), BATON_ENODEV);
+    /* ... and the same device when it opens: only that one is used */
+    assert_int_equal(ops->init(&F.env_pre, &tp), 0);
+    assert_int_equal(container_of(tp, rdma_tp_t, base)->ndevs, 1);
+    ops->fini(tp);
+    spin();
+    assert_int_equal(uv_loop_close(&F.loop), 0);
+    assert_int_equal(vm_live_objects(), 0);
+    vm_stats_t st;
+    vm_stats(&st);
+    assert_int_equal(st.misuse, 0);
+}
+
+static void check_connection(enum ibv_mtu want_mtu)
+{
+    uint32_t pq[64], dq[64];
+    int np = side_qps(1, pq, 64, 1), nd = side_qps(0, dq, 64, 1);
+    /* >= 2 RC QPs per NIC per peer, on every NIC */
+    assert_int_equal(np, F.ndec * 2); /* one initiator QP per target QP */
+    assert_int_equal(nd, F.ndec * 2);
+    int per_dev[8] = {0};
+    for (int s = 0; s < 2; s++) {
+        uint32_t *q = s ? dq : pq;
+        int n = s ? nd : np;
+        for (int i = 0; i < n; i++) {
+            vm_qp_info_t a, b;
+            vm_qp_info(q[i], &a);
+            per_dev[a.dev]++;
+            assert_int_equal(a.state, IBV_QPS_RTS);
+            assert_int_equal(a.nhistory, 4);
+            assert_int_equal(a.history[0], IBV_QPS_RESET);
+            assert_int_equal(a.history[1], IBV_QPS_INIT);
+            assert_int_equal(a.history[2], IBV_QPS_RTR);
+            assert_int_equal(a.history[3], IBV_QPS_RTS);
+            assert_int_equal(a.cap.max_send_wr, 256);
+            assert_int_equal(a.cap.max_send_sge, 4);
+            assert_int_equal(a.cap.max_inline_data, 64);
+            assert_int_equal(a.sq_sig_all, 0);
+            /* RESET -> INIT */
+            assert_int_equal(a.init_mask,
+                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+            assert_int_equal(a.access_flags, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
+                                                 IBV_ACCESS_REMOTE_WRITE);
+            assert_int_equal(a.port_num, 1);
+            assert_int_equal(a.pkey_index, 0);
+            /* INIT -> RTR */
+            assert_int_equal(a.rtr_mask, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+                                             IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+            assert_int_equal(a.path_mtu, want_mtu);
+            assert_int_equal(a.max_dest_rd_atomic, 16);
+            assert_int_equal(a.min_rnr_timer, 12);
+            assert_int_equal(a.is_global, 1);
+            /* RTR -> RTS */
+            assert_int_equal(a.rts_mask, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                             IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                             IBV_QP_MAX_QP_RD_ATOMIC);
+            assert_int_equal(a.timeout, 14);
+            assert_int_equal(a.retry_cnt, 7);
+            assert_int_equal(a.rnr_retry, 7);
+            assert_int_equal(a.max_rd_atomic, 16);
+            /* the pair: each names the other, PSNs agree, GRH carries the peer's GID */
+            vm_qp_info(a.dest_qpn, &b);
+            assert_true(b.exists);
+            assert_int_equal(b.dest_qpn, q[i]);
+            assert_int_equal(a.rq_psn, b.sq_psn);
+            assert_int_equal(a.sq_psn, b.rq_psn);
+            assert_true((a.dev < F.npre) != (b.dev < F.npre));
+            vm_dev_cfg_t pc;
+            vm_dev_cfg_default(&pc, b.dev);
+            assert_memory_equal(a.dgid, pc.gid, 16);
+            assert_int_equal(a.dlid, pc.lid);
+        }
+    }
+    for (int d = 0; d < F.npre + F.ndec; d++)
+        assert_true(per_dev[d] >= 2);
+}
+
+static void test_qp_states_mtu_min_decode_smaller(void **state)
+{
+    base_setup();
+    fx_start(2, 2, IBV_MTU_4096, IBV_MTU_1024, 0, 0);
+    fx_connect();
+    check_connection(IBV_MTU_1024);
+}
+
+static void test_qp_states_mtu_min_prefill_smaller(void **state)
+{
+    base_setup();
+    fx_start(2, 2, IBV_MTU_2048, IBV_MTU_4096, 0, 0);
+    fx_connect();
+    check_connection(IBV_MTU_2048);
+}
+
+static void test_slicing_and_striping(void **state)
+{
+    const size_t len = (1u << 20) + 3;
+    fx_connect();
+    fx_mem(2u << 20);
+    fx_announce();
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 5, len), 0);
+    assert_int_equal(x.done, 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst + 5, F.src, len));
+    assert_true(all_bytes(F.dst, 0, 5));
+    assert_true(all_bytes(F.dst + 5 + len, 0, F.size - 5 - len));
+
+    vm_stats_t st;
+    vm_stats(&st);
+    size_t slices = (len + 65535) / 65536;
+    assert_int_equal(st.wrs_posted, slices);
+    assert_int_equal(st.wrs_run, slices);
+    assert_int_equal(st.bytes_landed, len);
+    assert_true(st.max_wr_bytes <= 65536);
+    assert_int_equal(vm_bytes_landed_in(F.dst, 5), 0);
+    assert_int_equal(vm_bytes_landed_in(F.dst + 5, len), len);
+    /* round-robin over 4 QPs on 2 NICs: 5,4,4,4 WRs; both NICs carry half */
+    uint32_t pq[8];
+    int np = side_qps(1, pq, 8, 1);
+    assert_int_equal(np, 4);
+    uint64_t per_dev[2] = {0, 0}, signalled = 0;
+    for (int i = 0; i < np; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(pq[i], &a);
+        assert_true(a.wrs_run >= slices / 4 && a.wrs_run <= slices / 4 + 1);
+        per_dev[a.dev] += a.wrs_run;
+        signalled += a.wrs_signalled;
+    }
+    assert_true(per_dev[0] >= slices / 2 && per_dev[1] >= slices / 2);
+    /* selective signalling: one completion per QP for this batch */
+    assert_true(signalled < slices);
+    assert_int_equal(st.cqes, signalled);
+}
+
+static void test_completion_only_after_every_slice(void **state)
+{
+    const size_t len = 4u << 20; /* 64 slices, 16 per QP */
+    fx_connect();
+    fx_mem(len);
+    fx_announce();
+    uint32_t pq[8];
+    assert_int_equal(side_qps(1, pq, 8, 1), 4);
+
+    /* one QP held back: the other three finish, the write must not */
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    vm_hold_qp(pq[2], 1);
+    run_all();
+    assert_int_equal(x.done, 0);
+    vm_stats_t st;
+    vm_stats(&st);
+    assert_int_equal(st.wrs_run, 48);
+    assert_true(st.cqes < st.wrs_run); /* fewer completions than WRs */
+    vm_hold_qp(pq[2], 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+    vm_stats(&st);
+    assert_int_equal(st.wrs_posted, 64);
+    assert_true(st.cqes < 64);
+
+    /* WR by WR: the last one missing still means "not complete" */
+    memset(F.dst, 0, len);
+    wreq_t y;
+    assert_int_equal(fx_write(&y, 0, 0, len), 0);
+    int queued = vm_queued();
+    assert_int_equal(queued, 64);
+    assert_int_equal(vm_step(queued - 1), queued - 1);
+    spin();
+    assert_int_equal(y.done, 0);
+    assert_int_equal(vm_step(1), 1);
+    spin();
+    assert_int_equal(y.done, 1);
+    assert_int_equal(y.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+}
+
+static void test_mr_split_at_max_mr_size(void **state)
+{
+    base_setup();
+    /* prefill HCAs register at most 96 KiB per MR, decode HCAs 256 KiB */
+    fx_start(2, 2, IBV_MTU_4096, IBV_MTU_4096, 96 * 1024, 256 * 1024);
+    fx_connect();
+    fx_mem(1u << 20);
+    vm_stats_t st;
+    vm_stats(&st);
+    assert_int_equal(st.mrs_registered, 2 * 11 + 2 * 4);
+    uint8_t key[BATON__TP_BLOB_MAX];
+    size_t klen = 0;
+    assert_int_equal(ops->mem_key(F.dst_mr, key, sizeof(key), &klen), 0);
+    assert_int_equal(klen, 40 + 2 * (4 + 4 * 4));
+    fx_announce();
+    /* unaligned on both sides: spans every MR boundary of both */
+    const size_t len = (1u << 20) - 150;
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 100, 50, len), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst + 50, F.src + 100, len));
+    vm_stats(&st);
+    assert_int_equal(st.wrs_failed, 0);
+    assert_true(st.wrs_posted > (len + 65535) / 65536); /* cut at MR boundaries too */
+    assert_true(st.max_wr_bytes <= 65536);
+    assert_int_equal(st.bytes_landed, len);
+}
+
+static void test_retry_exceeded_then_reconnect(void **state)
+{
+    const size_t len = 2u << 20; /* 32 slices */
+    fx_connect();
+    fx_mem(len);
+    fx_announce();
+    uint32_t old[8];
+    assert_int_equal(side_qps(1, old, 8, 1), 4);
+    uint32_t oldd[8];
+    assert_int_equal(side_qps(0, oldd, 8, 1), 4);
+    uint64_t old_gen_p = F.pp->generation, old_gen_d = F.pd->generation;
+
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    vm_fail_wr(10, IBV_WC_RETRY_EXC_ERR);
+    run_all();
+    /* the write fails once, with a clear error; the engine is told once */
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, BATON_EPEERDOWN);
+    assert_int_equal(F.rp.failed, 1);
+    assert_int_equal(F.rp.fail_err, BATON_EPEERDOWN);
+    /* every QP of the connection went to ERR, was drained, and destroyed */
+    for (int i = 0; i < 4; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(old[i], &a);
+        assert_true(had_state(&a, IBV_QPS_ERR));
+        assert_true(a.destroyed);
+    }
+    vm_stats_t st;
+    vm_stats(&st);
+    assert_int_equal(st.wrs_failed, 1);
+    assert_true(st.wrs_flushed > 0);
+    assert_int_equal(st.misuse, 0); /* none destroyed before its WRs drained */
+    /* a write on the dead connection is refused at once */
+    wreq_t z;
+    assert_int_equal(fx_write(&z, 0, 0, 4096), BATON_EPEERDOWN);
+    spin();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(z.done, 0);
+
+    /* the engine fences both sides, destroys, and reconnects with a new generation */
+    fence_destroy(&F.pp, &F.rp);
+    fence_destroy(&F.pd, &F.rd);
+    fx_connect();
+    assert_true(F.pp->generation != old_gen_p && F.pd->generation != old_gen_d);
+    uint32_t nq[8], nqd[8];
+    assert_int_equal(side_qps(1, nq, 8, 1), 4);
+    assert_int_equal(side_qps(0, nqd, 8, 1), 4);
+    for (int i = 0; i < 4; i++) {
+        for (int j = 0; j < 4; j++) {
+            assert_true(nq[i] != old[j]);
+            assert_true(nqd[i] != oldd[j]);
+        }
+    }
+    fx_announce();
+    for (size_t i = 0; i < len; i++)
+        F.src[i] = (uint8_t)(i * 7 + 3);
+    memset(F.dst, 0, len);
+    wreq_t y;
+    assert_int_equal(fx_write(&y, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(y.done, 1);
+    assert_int_equal(y.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+    assert_int_equal(F.rp.failed, 0);
+}
+
+static void test_stale_handshake_ignored(void **state)
+{
+    uint8_t bd[BATON__TP_BLOB_MAX], bp[BATON__TP_BLOB_MAX], bd2[BATON__TP_BLOB_MAX];
+    peer_rec_t r_old = {0}, r_new = {0};
+    baton__tp_peer_t *pd_old, *pd_new, *pp_old;
+
+    /* connection 1: decode's blob, prefill's answer -- which gets delayed */
+    assert_int_equal(ops->peer_create(F.dec, BATON__TP_ROLE_TARGET, 1, &pd_old), 0);
+    pd_old->ctx = &r_old;
+    size_t ld = blob_of(pd_old, bd);
+    assert_int_equal(ops->peer_create(F.pre, BATON__TP_ROLE_INITIATOR, 11, &pp_old), 0);
+    pp_old->ctx = &F.rp;
+    assert_int_equal(ops->peer_connect(pp_old, bd, ld, on_connected, &F.rp), 0);
+    spin();
+    size_t lp = blob_of(pp_old, bp);
+
+    /* decode gave up on connection 1 and started connection 2 */
+    assert_int_equal(ops->peer_fence(pd_old, on_fenced, &r_old), 0);
+    run_all();
+    assert_int_equal(r_old.fenced, 1);
+    ops->peer_destroy(pd_old);
+    assert_int_equal(ops->peer_create(F.dec, BATON__TP_ROLE_TARGET, 2, &pd_new), 0);
+    pd_new->ctx = &r_new;
+    size_t ld2 = blob_of(pd_new, bd2);
+    (void)ld2;
+
+    /* the late answer to connection 1 must not configure connection 2's QPs */
+    assert_int_equal(ops->peer_connect(pd_new, bp, lp, on_connected, &r_new), BATON_ESTALE);
+    spin();
+    assert_int_equal(r_new.connected, 0);
+    uint32_t dq[16];
+    int nd = side_qps(0, dq, 16, 1);
+    assert_int_equal(nd, 4);
+    for (int i = 0; i < nd; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(dq[i], &a);
+        assert_int_equal(a.state, IBV_QPS_INIT);
+        assert_int_equal(a.rtr_mask, 0);
+    }
+    /* malformed blobs are refused too */
+    assert_int_equal(ops->peer_connect(pd_new, bp, lp - 1, on_connected, &r_new), BATON_EPROTO);
+    uint8_t bad[BATON__TP_BLOB_MAX];
+    memcpy(bad, bp, lp);
+    bad[0] ^= 0xff;
+    assert_int_equal(ops->peer_connect(pd_new, bad, lp, on_connected, &r_new), BATON_EPROTO);
+    memcpy(bad, bp, lp);
+    bad[40 + 3] = 9; /* MTU enum out of range */
+    assert_int_equal(ops->peer_connect(pd_new, bad, lp, on_connected, &r_new), BATON_EPROTO);
+    /* a target blob handed to a target */
+    assert_int_equal(ops->peer_connect(pd_new, bd, ld, on_connected, &r_new), BATON_EPROTO);
+    spin();
+    assert_int_equal(r_new.connected, 0);
+
+    /* a fresh answer for connection 2 works */
+    F.pd = pd_new;
+    F.rd = r_new;
+    F.pd->ctx = &F.rd;
+    baton__tp_peer_t *pp_new;
+    assert_int_equal(ops->peer_create(F.pre, BATON__TP_ROLE_INITIATOR, 12, &pp_new), 0);
+    peer_rec_t r_pnew = {0};
+    pp_new->ctx = &r_pnew;
+    assert_int_equal(ops->peer_connect(pp_new, bd2, ld2, on_connected, &r_pnew), 0);
+    spin();
+    size_t lp2 = blob_of(pp_new, bp);
+    assert_int_equal(ops->peer_connect(F.pd, bp, lp2, on_connected, &F.rd), 0);
+    spin();
+    assert_int_equal(F.rd.connected, 1);
+    assert_int_equal(F.rd.connect_status, 0);
+
+    fence_destroy(&pp_old, &F.rp);
+    fence_destroy(&pp_new, &r_pnew);
+}
+
+static void test_fenced_page_gets_no_late_write(void **state)
+{
+    const size_t len = 1u << 20; /* 16 slices, 4 per QP */
+    fx_connect();
+    fx_mem(len);
+    fx_announce();
+    uint32_t pq[8];
+    assert_int_equal(side_qps(1, pq, 8, 1), 4);
+
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    /* three QPs are slow; the fast one fails on its 2nd WR */
+    for (int i = 1; i < 4; i++)
+        vm_hold_qp(pq[i], 1);
+    vm_fail_wr(2, IBV_WC_RETRY_EXC_ERR);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, BATON_EPEERDOWN);
+    assert_int_equal(F.rp.failed, 1);
+    /* every sibling QP went to ERR (their WRs flushed) and all are gone */
+    for (int i = 0; i < 4; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(pq[i], &a);
+        assert_true(had_state(&a, IBV_QPS_ERR));
+        assert_true(a.destroyed);
+    }
+    assert_int_equal(vm_queued(), 0);
+    fence_destroy(&F.pp, &F.rp);
+    fence_destroy(&F.pd, &F.rd);
+
+    /* the page is released and reused: nothing may land in it any more */
+    uint64_t landed = vm_bytes_landed_in(F.dst, len);
+    assert_int_equal(landed, 65536); /* only the first slice made it */
+    memset(F.dst, 0xEE, len);
+    for (int i = 1; i < 4; i++)
+        vm_hold_qp(pq[i], 0);
+    run_all();
+    assert_true(all_bytes(F.dst, 0xEE, len));
+    assert_int_equal(vm_bytes_landed_in(F.dst, len), landed);
+}
+
+static void test_target_fence_stops_incoming_writes(void **state)
+{
+    const size_t len = 256 * 1024;
+    fx_connect();
+    fx_mem(len);
+    fx_announce();
+    /* decode fences its side (e.g. an abort with no ABORT_ACK): QPs to ERR and destroyed */
+    assert_int_equal(ops->peer_fence(F.pd, on_fenced, &F.rd), 0);
+    run_all();
+    assert_int_equal(F.rd.fenced, 1);
+    assert_int_equal(F.rd.failed, 0); /* fenced by the engine: no upcall */
+    uint32_t dq[8];
+    assert_int_equal(side_qps(0, dq, 8, 1), 0);
+    memset(F.dst, 0xEE, len);
+    /* prefill does not know yet and writes: nothing lands, the write fails */
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, BATON_EPEERDOWN);
+    assert_int_equal(F.rp.failed, 1);
+    assert_true(all_bytes(F.dst, 0xEE, len));
+    assert_int_equal(vm_bytes_landed_in(F.dst, len), 0);
+}
+
+static void test_remote_access_errors(void **state)
+{
+    const size_t len = 256 * 1024;
+    fx_connect();
+    fx_mem(len);
+    fx_announce();
+    wreq_t x;
+    /* out of the announced region, or an unknown region: refused before posting */
+    assert_int_equal(fx_write(&x, 0, 4096, len), BATON_ERKEY);
+    x.sge[0].dst_mem = 99;
+    x.sge[0].dst = (uintptr_t)F.dst;
+    x.sge[0].len = 4096;
+    assert_int_equal(ops->write(F.pp, &x.w), BATON_ERKEY);
+    /* a source outside its registration */
+    assert_int_equal(fx_write(&x, len - 100, 0, 4096), BATON_EINVAL);
+    vm_stats_t st;
+    vm_stats(&st);
+    assert_int_equal(st.wrs_posted, 0);
+
+    /* a corrupted rkey reaches the HCA: remote access error */
+    uint8_t key[BATON__TP_BLOB_MAX];
+    size_t klen = 0;
+    assert_int_equal(ops->mem_key(F.dst_mr, key, sizeof(key), &klen), 0);
+    for (size_t off = 40; off + 8 <= klen; off += 8)
+        key[off + 4] ^= 0x5a; /* first rkey of each device */
+    assert_int_equal(ops->mem_add(F.pp, 8, (uintptr_t)F.dst, len, BATON_XFER_MEM_HOST, key, klen),
+                     0);
+    /* a key blob that does not match the announced region is refused */
+    assert_int_equal(
+        ops->mem_add(F.pp, 9, (uintptr_t)F.dst + 1, len, BATON_XFER_MEM_HOST, key, klen),
+        BATON_EPROTO);
+    assert_int_equal(ops->mem_add(F.pp, 9, (uintptr_t)F.dst, len, BATON_XFER_MEM_HOST, key, 20),
+                     BATON_EPROTO);
+    wreq_t y;
+    memset(&y, 0, sizeof(y));
+    y.sge[0].src = F.src;
+    y.sge[0].src_mr = F.src_mr;
+    y.sge[0].dst = (uintptr_t)F.dst;
+    y.sge[0].len = len;
+    y.sge[0].dst_mem = 8;
+    y.w.room_id = 43;
+    y.w.sges = y.sge;
+    y.w.n_sges = 1;
+    y.w.cb = on_write;
+    memset(F.dst, 0xEE, len);
+    assert_int_equal(ops->write(F.pp, &y.w), 0);
+    run_all();
+    assert_int_equal(y.done, 1);
+    assert_int_equal(y.status, BATON_ERKEY);
+    assert_int_equal(F.rp.failed, 1);
+    assert_int_equal(F.rp.fail_err, BATON_ERKEY);
+    assert_true(all_bytes(F.dst, 0xEE, len));
+    assert_int_equal(vm_bytes_landed_in(F.dst, len), 0);
+    vm_stats(&st);
+    assert_true(st.wrs_failed >= 1);
+}
+
+static void test_deregistered_target_memory(void **state)
+{
+    const size_t len = 128 * 1024;
+    fx_connect();
+    fx_mem(len);
+    fx_announce();
+    /* decode dropped the registration (its rkeys are dead) */
+    assert_int_equal(ops->mem_dereg(F.dst_mr), 0);
+    F.dst_mr = NULL;
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, BATON_ERKEY);
+    assert_true(all_bytes(F.dst, 0, len));
+}
+
+static void test_qp_fatal_event(void **state)
+{
+    const size_t len = 1u << 20;
+    fx_connect();
+    fx_mem(len);
+    fx_announce();
+    uint32_t pq[8];
+    assert_int_equal(side_qps(1, pq, 8, 1), 4);
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    for (int i = 0; i < 4; i++)
+        vm_hold_qp(pq[i], 1);
+    assert_int_equal(vm_inject_qp_fatal(pq[1]), 0);
+    spin();
+    assert_int_equal(F.rp.failed, 1);
+    assert_int_equal(F.rp.fail_err, BATON_EPEERDOWN);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, BATON_EPEERDOWN);
+    for (int i = 0; i < 4; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(pq[i], &a);
+        assert_true(had_state(&a, IBV_QPS_ERR));
+        assert_true(a.destroyed);
+    }
+    assert_int_equal(vm_bytes_landed_in(F.dst, len), 0);
+}
+
+static void test_port_error_disconnects_all(void **state)
+{
+    fx_connect();
+    /* a second connection to another decode peer, over the same devices */
+    uint8_t bd[BATON__TP_BLOB_MAX], bp[BATON__TP_BLOB_MAX];
+    peer_rec_t r2d = {0}, r2p = {0};
+    baton__tp_peer_t *pd2, *pp2;
+    assert_int_equal(ops->peer_create(F.dec, BATON__TP_ROLE_TARGET, 500, &pd2), 0);
+    pd2->ctx = &r2d;
+    size_t ld = blob_of(pd2, bd);
+    assert_int_equal(ops->peer_create(F.pre, BATON__TP_ROLE_INITIATOR, 501, &pp2), 0);
+    pp2->ctx = &r2p;
+    assert_int_equal(ops->peer_connect(pp2, bd, ld, on_connected, &r2p), 0);
+    size_t lp = blob_of(pp2, bp);
+    assert_int_equal(ops->peer_connect(pd2, bp, lp, on_connected, &r2d), 0);
+    spin();
+
+    assert_true(vm_inject_port_err(0) > 0); /* prefill's first NIC */
+    spin();
+    assert_int_equal(F.rp.failed, 1);
+    assert_int_equal(r2p.failed, 1);
+    assert_int_equal(F.rd.failed, 0);
+    /* new connections avoid the NIC whose port is down */
+    fence_destroy(&pp2, &r2p);
+    fence_destroy(&pd2, &r2d);
+    fence_destroy(&F.pp, &F.rp);
+    fence_destroy(&F.pd, &F.rd);
+    fx_connect();
+    uint32_t pq[8];
+    int np = side_qps(1, pq, 8, 1);
+    assert_int_equal(np, 4);
+    for (int i = 0; i < np; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(pq[i], &a);
+        assert_int_equal(a.dev, 1);
+    }
+}
+
+static void test_outstanding_bounded_by_max_wr(void **state)
+{
+    base_setup();
+    baton__rdma_tunables.max_wr = 8;
+    baton__rdma_tunables.signal_every = 4;
+    baton__rdma_tunables.post_batch = 4;
+    F.cfg.slice_size = 4096;
+    fx_start(2, 2, IBV_MTU_4096, IBV_MTU_4096, 0, 0);
+    const size_t len = 1u << 20; /* 256 slices */
+    fx_connect();
+    fx_mem(len);
+    fx_announce();
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    vm_stats_t st;
+    vm_stats(&st);
+    assert_true(st.wrs_posted <= 4 * 8); /* the queues filled, the rest waits */
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+    vm_stats(&st);
+    assert_int_equal(st.wrs_posted, 256);
+    assert_true(st.max_outstanding <= 8);
+    assert_int_equal(st.post_rejected, 0);
+    assert_true(st.cqes >= 256 / 4 && st.cqes < 256);
+}
+
+static void test_reg_mr_failure_rolls_back(void **state)
+{
+    base_setup();
+    fx_start(2, 2, IBV_MTU_4096, IBV_MTU_4096, 96 * 1024, 0);
+    size_t len = 1u << 20;
+    F.src = aligned_alloc(4096, len);
+    assert_non_null(F.src);
+    int before = vm_live_objects();
+    baton__tp_mem_params_t mp = {
+        .addr = F.src, .len = len, .kind = BATON_XFER_MEM_HOST, .memfd = -1};
+    vm_fail_op(VM_OP_REG_MR, 14, ENOMEM); /* on the second device */
+    baton__tp_mr_t *mr = NULL;
+    assert_int_equal(ops->mem_reg(F.pre, &mp, &mr), BATON_ENOMEM);
+    assert_null(mr);
+    assert_int_equal(vm_live_objects(), before);
+    assert_int_equal(ops->mem_reg(F.pre, &mp, &F.src_mr), 0);
+    assert_int_equal(vm_live_objects(), before + 22);
+    /* bad arguments, and CUDA memory in a build without CUDA */
+    mp.len = 0;
+    assert_int_equal(ops->mem_reg(F.pre, &mp, &mr), BATON_EINVAL);
+#ifndef BATON_HAVE_CUDA
+    mp.len = len;
+    mp.kind = BATON_XFER_MEM_CUDA;
+    assert_int_equal(ops->mem_reg(F.pre, &mp, &mr), BATON_ENOTSUP);
+#endif
+}
+
+static void test_post_failure_mid_chain(void **state)
+{
+    const size_t len = 1u << 20;
+    fx_connect();
+    fx_mem(len);
+    fx_announce();
+    vm_fail_op(VM_OP_POST_SEND, 3, ENOMEM); /* the 3rd WR of the first chain is refused */
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    assert_int_equal(x.done, 0); /* never inside write() */
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, BATON_ENOMEM);
+    assert_int_equal(F.rp.failed, 1);
+    uint32_t pq[8];
+    assert_int_equal(side_qps(1, pq, 8, 1), 0); /* drained (a marker closed the chain) */
+}
+
+static wreq_t *flush_watch;
+static int flush_calls, flush_saw_done;
+
+static void flush_cb(baton__tp_peer_t *peer, int status, void *arg)
+{
+    flush_calls++;
+    flush_saw_done = flush_watch ? flush_watch->done : -1;
+}
+
+static void test_flush_waits_for_writes(void **state)
+{
+    const size_t len = 512 * 1024;
+    fx_connect();
+    fx_mem(len);
+    fx_announce();
+    flush_watch = NULL;
+    flush_calls = 0;
+    assert_int_equal(ops->flush(F.pp, flush_cb, NULL), 0);
+    assert_int_equal(flush_calls, 0); /* never inside the call */
+    spin();
+    assert_int_equal(flush_calls, 1); /* nothing was in flight */
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    flush_watch = &x;
+    assert_int_equal(ops->flush(F.pp, flush_cb, NULL), 0);
+    spin();
+    assert_int_equal(flush_calls, 1);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(flush_calls, 2);
+    assert_int_equal(flush_saw_done, 1); /* the write's callback came first */
+}
+
+static void test_device_fatal(void **state)
+{
+    const size_t len = 512 * 1024;
+    fx_connect();
+    fx_mem(len);
+    fx_announce();
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    assert_true(vm_inject_device_fatal(2) > 0); /* a decode NIC */
+    run_all();
+    assert_int_equal(F.rd.failed, 1);
+    assert_int_equal(x.done, 1); /* completes either way, exactly once */
+    /* the dead device is not used for new connections */
+    fence_destroy(&F.pp, &F.rp);
+    fence_destroy(&F.pd, &F.rd);
+    fx_connect();
+    uint32_t dq[8];
+    int nd = side_qps(0, dq, 8, 1);
+    assert_int_equal(nd, 2);
+    for (int i = 0; i < nd; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(dq[i], &a);
+        assert_int_equal(a.dev, 3);
+    }
+}
+
+int main(void)
+{
+    tun_defaults = baton__rdma_tunables;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_no_devices, NULL),
+        cmocka_unit_test_teardown(test_qp_states_mtu_min_decode_smaller, teardown),
+        cmocka_unit_test_teardown(test_qp_states_mtu_min_prefill_smaller, teardown),
+        cmocka_unit_test_setup_teardown(test_slicing_and_striping, setup_default, teardown),
+        cmocka_unit_test_setup_teardown(test_completion_only_after_every_slice, setup_default,
+                                        teardown),
+        cmocka_unit_test_teardown(test_mr_split_at_max_mr_size, teardown),
+        cmocka_unit_test_setup_teardown(test_retry_exceeded_then_reconnect, setup_default,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_stale_handshake_ignored, setup_default, teardown),
+        cmocka_unit_test_setup_teardown(test_fenced_page_gets_no_late_write, setup_default,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_target_fence_stops_incoming_writes, setup_default,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_remote_access_errors, setup_default, teardown),
+        cmocka_unit_test_setup_teardown(test_deregistered_target_memory, setup_default, teardown),
+        cmocka_unit_test_setup_teardown(test_qp_fatal_event, setup_default, teardown),
+        cmocka_unit_test_setup_teardown(test_port_error_disconnects_all, setup_default, teardown),
+        cmocka_unit_test_teardown(test_outstanding_bounded_by_max_wr, teardown),
+        cmocka_unit_test_teardown(test_reg_mr_failure_rolls_back, teardown),
+        cmocka_unit_test_setup_teardown(test_post_failure_mid_chain, setup_default, teardown),
+        cmocka_unit_test_setup_teardown(test_flush_waits_for_writes, setup_default, teardown),
+        cmocka_unit_test_setup_teardown(test_device_fatal, setup_default, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,207 @@
+/* verbs_model.h — a software model of the rdma-core verbs the RDMA transport calls (tests only). */
+#ifndef BATON_TESTS_VERBS_MODEL_H
+#define BATON_TESTS_VERBS_MODEL_H
+
+/*
+ * How the model stands in for the NIC
+ * -----------------------------------
+ * The test binary is linked with -Wl,--wrap=ibv_xxx for every *exported* verb the transport
+ * calls (device list, open/close, PD, MR, CQ, completion channel, QP create/modify/destroy,
+ * queries, CQ and async events); the model defines the matching __wrap_ibv_xxx functions.
+ * The data-path verbs (ibv_post_send, ibv_poll_cq, ibv_req_notify_cq) are static inline in
+ * <infiniband/verbs.h> and call through context->ops, so they cannot be wrapped: instead the
+ * model plays the provider — every ibv_context it hands out carries an ops table whose
+ * post_send / poll_cq / req_notify_cq point at the model. ibv_query_port is an inline too; a
+ * model context is not an "extended" verbs context, so the inline falls back to the exported
+ * ibv_query_port, which is wrapped. Production code therefore calls verbs exactly as it would
+ * against a real HCA, with no test seam in it.
+ *
+ * What the model enforces (each violation is a real-HCA failure, counted in `misuse` or
+ * reported the way hardware reports it):
+ *  - QP states RESET/INIT/RTR/RTS/ERR with the kernel's transition table and required /
+ *    optional attribute masks for RC; values checked (port, path_mtu <= port active MTU, GRH
+ *    required on RoCE ports).
+ *  - post_send: QP must be RTS (ERR: accepted and flushed), num_sge <= max_send_sge, no more
+ *    than max_send_wr WRs outstanding (a slot frees when a CQE covering it is *polled*),
+ *    inline data <= max_inline_data, opcode RDMA_WRITE only.
+ *  - executing a WR: lkey/bounds on the local device and PD (else IBV_WC_LOC_PROT_ERR), the
+ *    peer QP found by the dest QPN recorded at RTR, connected back to this QP, same PSN
+ *    (sq_psn == peer rq_psn), GID matching the peer's device, path MTU within the peer's port
+ *    (else IBV_WC_RETRY_EXC_ERR); rkey on the *peer's device and PD*, bounds, REMOTE_WRITE
+ *    access (else IBV_WC_REM_ACCESS_ERR). Success copies the bytes into the remote memory.
+ *  - errors move the QP to ERR; every WR still queued on a QP in ERR completes with
+ *    IBV_WC_WR_FLUSH_ERR (signalled or not), and never lands.
+ *  - CQ capacity (overflow counted, plus an IBV_EVENT_CQ_ERR async event), completion events
+ *    only when the CQ was armed, destroy of busy objects (EBUSY), un-acked events.
+ *
+ * Timing: WRs are queued at post time and run only when the test calls vm_step()/vm_run()
+ * (or at once with vm_set_auto_execute(1)), so a test decides exactly what has landed when.
+ *
+ * Threading: single-threaded, like the tests; nothing here is locked.
+ */
+
+#include <infiniband/verbs.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    char name[32];
+    uint8_t nports;          /* 0: a device that has no ports */
+    enum ibv_mtu active_mtu; /* port 1 */
+    enum ibv_mtu max_mtu;
+    enum ibv_port_state port_state;
+    uint8_t link_layer; /* IBV_LINK_LAYER_ETHERNET (RoCE: GRH required) or _INFINIBAND */
+    uint16_t lid;
+    uint8_t gid[16];
+    uint64_t max_mr_size;
+    int max_qp_wr;
+    int max_sge;
+    int max_cqe;
+} vm_dev_cfg_t;
+
+/* Defaults for device number `index`: RoCE, MTU 4096, unique LID and GID, 1 TiB max_mr_size. */
+void vm_dev_cfg_default(vm_dev_cfg_t *cfg, int index);
+
+/* Frees every model object and forgets devices, faults and counters. Call in each setup. */
+void vm_reset(void);
+/* Adds a device; returns its index. */
+int vm_add_device(const vm_dev_cfg_t *cfg);
+/*
+ * Which devices ibv_get_device_list() returns from now on: [first, first+count). Lets two
+ * transport instances in one process own different NICs (e.g. 0-1 "prefill", 2-3 "decode").
+ * Default: all devices.
+ */
+void vm_set_visible(int first, int count);
+/* ibv_get_device_list() returns NULL with errno ENOSYS, like a kernel without RDMA support. */
+void vm_set_no_kernel_support(int on);
+
+/* --- timing ------------------------------------------------------------------------------ */
+
+/* Runs up to n queued WRs in post order (skipping held QPs); returns how many ran. */
+int vm_step(int n);
+/* Runs every queued WR of QPs that are not held; returns how many ran. */
+int vm_run(void);
+/* WRs posted and not yet run or flushed (all QPs). */
+int vm_queued(void);
+/* 1: WRs run inside post_send. */
+void vm_set_auto_execute(int on);
+/* Holds back (1) or releases (0) the WRs of one QP. */
+void vm_hold_qp(uint32_t qpn, int hold);
+
+/* --- fault injection -------------------------------------------------------------------- */
+
+typedef enum {
+    VM_OP_GET_DEVICE_LIST,
+    VM_OP_OPEN_DEVICE,
+    VM_OP_QUERY_DEVICE,
+    VM_OP_QUERY_PORT,
+    VM_OP_QUERY_GID,
+    VM_OP_ALLOC_PD,
+    VM_OP_REG_MR,
+    VM_OP_REG_DMABUF_MR,
+    VM_OP_CREATE_COMP_CHANNEL,
+    VM_OP_CREATE_CQ,
+    VM_OP_REQ_NOTIFY_CQ,
+    VM_OP_CREATE_QP,
+    VM_OP_MODIFY_QP,
+    VM_OP_POST_SEND,
+    VM_OP_COUNT_
+} vm_op_t;
+
+/* The nth next call (1 = the next one) of op fails with errno err. */
+void vm_fail_op(vm_op_t op, int nth, int err);
+/* The nth next WR to run (1 = the next one) completes with status (no data lands); QP → ERR. */
+void vm_fail_wr(int nth, enum ibv_wc_status status);
+/* QP → ERR (its queued WRs flush) and IBV_EVENT_QP_FATAL on its context. */
+int vm_inject_qp_fatal(uint32_t qpn);
+/* IBV_EVENT_PORT_ERR / IBV_EVENT_DEVICE_FATAL on every open context of device dev. */
+int vm_inject_port_err(int dev);
+int vm_inject_device_fatal(int dev);
+
+/* --- inspection ------------------------------------------------------------------------- */
+
+typedef struct {
+    uint64_t wrs_posted;
+    uint64_t wrs_run;     /* landed successfully */
+    uint64_t wrs_failed;  /* completed with an error other than flush */
+    uint64_t wrs_flushed; /* completed with IBV_WC_WR_FLUSH_ERR */
+    uint64_t bytes_landed;
+    uint64_t max_wr_bytes;  /* the largest WR that landed */
+    uint64_t post_rejected; /* post_send calls that returned an error */
+    uint64_t cqes;
+    uint64_t cq_overflows;
+    uint64_t cq_events;
+    uint64_t async_events;
+    uint64_t qps_created;
+    uint64_t qps_destroyed;
+    uint64_t mrs_registered;
+    uint64_t max_outstanding; /* the most WRs ever outstanding on one QP */
+    uint64_t misuse;          /* API misuse detected; the reason went to stderr */
+} vm_stats_t;
+
+void vm_stats(vm_stats_t *s);
+
+#define VM_MAX_STATES 16
+
+typedef struct {
+    int exists;    /* 0: no QP with that number was ever created */
+    int destroyed; /* destroyed since */
+    int dev;
+    enum ibv_qp_state state;
+    /* every state it went through, starting with RESET */
+    enum ibv_qp_state history[VM_MAX_STATES];
+    int nhistory;
+    struct ibv_qp_cap cap;
+    int sq_sig_all;
+    /* attributes as given to the transitions (masks as given) */
+    int init_mask, rtr_mask, rts_mask;
+    uint8_t port_num;
+    uint16_t pkey_index;
+    unsigned int access_flags;
+    enum ibv_mtu path_mtu;
+    uint32_t dest_qpn;
+    uint32_t rq_psn;
+    uint8_t max_dest_rd_atomic;
+    uint8_t min_rnr_timer;
+    uint8_t is_global;
+    uint8_t dgid[16];
+    uint8_t sgid_index;
+    uint8_t hop_limit;
+    uint16_t dlid;
+    uint8_t timeout;
+    uint8_t retry_cnt;
+    uint8_t rnr_retry;
+    uint32_t sq_psn;
+    uint8_t max_rd_atomic;
+    uint64_t wrs_posted;
+    uint64_t wrs_signalled;
+    uint64_t wrs_run;
+    uint64_t bytes_run;
+} vm_qp_info_t;
+
+/* Fills info (info->exists = 0 when no such QP was ever created). */
+void vm_qp_info(uint32_t qpn, vm_qp_info_t *info);
+/* The QPNs of every QP ever created, in creation order; returns the total count. */
+int vm_qp_list(uint32_t *qpns, int max);
+
+typedef struct {
+    int exists;
+    int deregistered;
+    int dev;
+    void *addr;
+    size_t length;
+    unsigned int access;
+    uint32_t lkey, rkey;
+    uint64_t writes_landed; /* WRs that wrote into it */
+    uint64_t bytes_landed;
+} vm_mr_info_t;
+
+/* Looks an MR up by rkey (any device). */
+void vm_mr_info(uint32_t rkey, vm_mr_info_t *info);
+/* Bytes landed by WRs into [addr, addr+len) since vm_reset (counted over every MR). */
+uint64_t vm_bytes_landed_in(const void *addr, size_t len);
+/* Number of live (not destroyed / deregistered / closed) model objects: 0 after a clean teardown.
+ */
+int vm_live_objects(void);
+
+#endif
