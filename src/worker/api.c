@@ -183,7 +183,12 @@ static void job_cancel_all(wk_job_t *job)
         }
         if (ss->pub_active) {
             ss->pub_active = 0;
+            w->n_boot_pub--;
             wk_boot_publish_cancel(&ss->pub);
+        } else if (w->cfg.mode == WK_MODE_PREFILL && !ss->done && w->boot &&
+                   job->req.items[i].has_boot) {
+            /* never published: tell its decode now rather than let it time out */
+            wk_boot_abort(w->boot, job->req.items[i].room, BATON_ECANCELED);
         }
     }
 }
@@ -372,6 +377,7 @@ static int on_prefilled(wk_sched_t *s, wk_seq_t *seq)
             return 0;
         }
         ss->pub_active = 1;
+        w->n_boot_pub++;
         return 0;
     }
     /* regular: the first token comes out of prefill, the rest out of decode steps */
@@ -414,6 +420,7 @@ static void on_published(wk_boot_pub_t *pub, int status)
     wk_sstate_t *ss = pub->data;
     wk_job_t *job = ss->job;
     ss->pub_active = 0;
+    job->w->n_boot_pub--;
     if (status != 0) {
         inc(job->w->m_rooms_failed, 1);
         job_fail_err(job, status, "prefill handoff");
@@ -737,9 +744,10 @@ static void handle_get(wk_worker_t *w, baton_http_req_t *req, const char *path)
         unsigned waiting = wk_sched_waiting(&w->sched) + w->n_boot_waiting;
         unsigned running = wk_sched_running(&w->sched);
         respond_json(req, 200,
-                     json_pack("[{s:i,s:i,s:i,s:i}]", "dp_rank", 0, "num_reqs",
-                               (int)(waiting + running), "num_waiting_reqs", (int)waiting,
-                               "num_running_reqs", (int)running));
+                     json_pack("[{s:i,s:i,s:i,s:i,s:i}]", "dp_rank", 0, "num_reqs",
+                               (int)(waiting + running + w->n_boot_pub), "num_waiting_reqs",
+                               (int)waiting, "num_running_reqs", (int)running, "num_handoff_reqs",
+                               (int)w->n_boot_pub));
     } else if (strcmp(path, "/metrics") == 0) {
         handle_metrics(w, req);
     } else { /* /flush_cache */

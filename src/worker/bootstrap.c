@@ -272,7 +272,7 @@ static void on_wait_frame(conn_t *c, uint64_t room)
         r->room = room;
         r->state = ROOM_WAITING;
         r->waiter = c;
-        tl_insert(&b->ptimeouts, &r->tn, uv_now(b->loop) + b->timeout_ms);
+        tl_insert(&b->ptimeouts, &r->tn, uv_now(b->loop) + 2 * b->timeout_ms);
         arm_timer(b);
         log_debug(COMP, "bootstrap_wait room=%llu", (unsigned long long)room);
         return;
@@ -374,6 +374,29 @@ void wk_boot_publish_cancel(wk_boot_pub_t *pub)
         /* DONE is already on its way: the room was handed off, nothing to take back */
         ((write_req_t *)pub->wr)->pub = NULL;
         pub->wr = NULL;
+    }
+}
+
+void wk_boot_abort(wk_boot_t *b, uint64_t room, int reason)
+{
+    if (b->closing)
+        return;
+    proom_t *r = wk_roommap_get(&b->prooms, room);
+    if (r == NULL) {
+        r = calloc(1, sizeof(*r));
+        if (r == NULL || wk_roommap_put(&b->prooms, room, r) != 0) {
+            free(r);
+            return; /* the decode falls back on its own timeout */
+        }
+        r->room = room;
+        proom_abort(b, r);
+        return;
+    }
+    if (r->state == ROOM_WAITING) {
+        send_abort(r->waiter, room, reason);
+        proom_abort(b, r);
+        log_info(COMP, "bootstrap_room_aborted room=%llu by=prefill reason=\"%s\"",
+                 (unsigned long long)room, baton_strerror(reason));
     }
 }
 
@@ -496,7 +519,8 @@ static void on_frame_decode(peer_t *p, const wk_frame_t *f)
         w->cb(w, 0, &res);
         return;
     }
-    int status = BATON_EABORTED;
+    /* the prefill gave up waiting: report it as the timeout it is */
+    int status = f->status == BATON_ETIMEOUT ? BATON_ETIMEOUT : BATON_EABORTED;
     if (f->type == WK_FRAME_DONE)
         status = f->status < 0 ? f->status : BATON_EPROTO;
     log_info(COMP, "bootstrap_room_failed room=%llu by=prefill frame=%s reason=\"%s\"",
@@ -838,6 +862,8 @@ static void timer_cb(uv_timer_t *t)
             b->stats.rooms_failed++;
             pub->cb(pub, BATON_ETIMEOUT);
         } else {
+            /* WAITING entries live twice as long, so the decode's own timeout (and its ABORT)
+             * normally comes first; this only cleans up after a decode that went silent */
             if (r->state == ROOM_WAITING && r->waiter)
                 send_abort(r->waiter, r->room, BATON_ETIMEOUT);
             proom_free(b, r);

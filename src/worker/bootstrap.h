@@ -70,6 +70,12 @@ int wk_boot_publish(wk_boot_t *b, wk_boot_pub_t *pub, uint64_t room, const wk_bo
  * and a decode waiting for it, now or later in the timeout period, gets ABORT. */
 void wk_boot_publish_cancel(wk_boot_pub_t *pub);
 
+/* Marks a room this prefill will never publish (its request failed or was aborted before the
+ * prefill finished): a decode waiting for it now, or asking within the timeout period, gets
+ * ABORT(reason) at once instead of running into its own timeout. A room published by a live
+ * wk_boot_pub_t is left alone (use wk_boot_publish_cancel for that). */
+void wk_boot_abort(wk_boot_t *b, uint64_t room, int reason);
+
 /* ---- decode side ---- */
 
 typedef struct wk_boot_wait_s wk_boot_wait_t;

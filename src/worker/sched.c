@@ -203,7 +203,7 @@ unsigned wk_sched_waiting(const wk_sched_t *s)
 
 unsigned wk_sched_running(const wk_sched_t *s)
 {
-    return s->running.n + (s->step_kind == WK_STEP_DECODE ? s->step_n : 0);
+    return s->running.n + s->step_n; /* a prefill step's members count as running too */
 }
 
 int wk_sched_busy(const wk_sched_t *s)

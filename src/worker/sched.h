@@ -100,7 +100,8 @@ void wk_sched_cancel(wk_sched_t *s, wk_seq_t *seq);
  */
 uint64_t wk_sched_poll(wk_sched_t *s, uint64_t now, unsigned max_steps);
 
-/* Sequences waiting (prefill and ready queues), and whether a step is in progress. */
+/* Sequences waiting (prefill and ready queues); running (the running set and the members of the
+ * step in progress, prefill included); whether a step is in progress. */
 unsigned wk_sched_waiting(const wk_sched_t *s);
 unsigned wk_sched_running(const wk_sched_t *s);
 int wk_sched_busy(const wk_sched_t *s);

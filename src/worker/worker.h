@@ -43,6 +43,7 @@ typedef struct wk_worker_s {
     wk_job_t *jobs; /* in flight, for shutdown and load reporting */
     unsigned n_jobs;
     unsigned n_boot_waiting; /* decode sequences waiting for their prefill */
+    unsigned n_boot_pub;     /* prefill sequences waiting for their decode */
     uint64_t id_salt, id_counter;
     long long started_at;
     int shutting_down;
