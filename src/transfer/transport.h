@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <sys/socket.h>
+
 #include <uv.h>
 
 #include "baton/error.h"
@@ -98,13 +100,17 @@ struct baton__tp_s {
     baton_xfer_transport_t id;
 };
 
-/* Base of a peer connection's data path. The engine fills ctx before peer_create returns. */
+/* Base of a peer connection's data path. peer_create fills tp, role and generation; the engine
+ * then sets ctx and remote_addr before it calls any other op on the peer. */
 struct baton__tp_peer_s {
     baton__tp_t *tp;
     baton__tp_role_t role;
     uint64_t generation; /* unique per connection in this process; echoed in blobs so a stale
                             reply (old connection / old QPs) is recognised and ignored */
     void *ctx;           /* the engine's connection object; the transport never touches it */
+    /* The control connection's peer address: tcp connects its lanes there (the prefill side's
+     * bootstrap listener). */
+    struct sockaddr_storage remote_addr;
 };
 
 /* Base of a local registration. */
