@@ -1,0 +1,384 @@
+"""scenlib.py — shared plumbing of the benchmark scenarios: processes on loopback ephemeral
+ports, an nginx with a generated configuration, baton-bench runs, /proc readings, tables.
+
+Standard library only. Every process a scenario starts is owned by a Lab and stopped when the
+Lab closes (also on an exception or Ctrl-C); its log and the generated files live in a
+temporary directory that is removed unless --keep is given (or printed when something failed).
+"""
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HOST = "127.0.0.1"
+_LISTEN_RE = re.compile(r"\s(?:([a-z]+)_)?listening addr=(\S+):(\d+)")
+REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+
+def arg_parser(description):
+    """The options every scenario has."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--smoke", action="store_true",
+                   help="a few seconds with a small load (what ctest runs)")
+    p.add_argument("--build-dir", default=os.environ.get("BATON_BUILD_DIR")
+                   or os.path.join(REPO, "build"),
+                   help="where baton, baton-worker and baton-bench are (default: "
+                        "$BATON_BUILD_DIR or build/)")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the temporary directory (logs, nginx.conf, bench JSON files)")
+    p.add_argument("--json", metavar="FILE", help="also write the scenario's figures as JSON")
+    return p
+
+
+def binary(build_dir, name):
+    path = os.path.join(build_dir, name)
+    if not os.access(path, os.X_OK):
+        sys.exit(f"scenario: {path} is not built (cmake --build {build_dir} --target {name})")
+    return path
+
+
+def find_nginx():
+    """The nginx executable, or None."""
+    for cand in (shutil.which("nginx"), "/usr/sbin/nginx", "/usr/local/sbin/nginx"):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def raise_nofile(want):
+    """Raises this process's descriptor limit (children inherit it); returns the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def free_port():
+    """A port that was free a moment ago (for servers that cannot report an ephemeral one)."""
+    s = socket.socket()
+    s.bind((HOST, 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_connectable(port, timeout=10.0, proc=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            socket.create_connection((HOST, port), timeout=0.5).close()
+            return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+# ---- /proc ----
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid):
+    """VmRSS of a process in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def cpu_seconds(pid):
+    """utime + stime of a process (all its threads), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        data = f.read()
+    # The command name may hold spaces and parentheses: fields start after the last ')'.
+    fields = data[data.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def children(pid):
+    """Direct children of pid (nginx workers of a master)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rindex(")") + 2:].split()
+        if int(fields[1]) == pid:
+            out.append(int(name))
+    return out
+
+
+# ---- processes ----
+
+class Proc:
+    def __init__(self, name, argv, logdir, env=None):
+        self.name = name
+        self.log_path = os.path.join(logdir, f"{name}.log")
+        self._log = open(self.log_path, "w")
+        full_env = dict(os.environ)
+        if env:
+            full_env.update(env)
+        self.p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
+                                  stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+        self.pid = self.p.pid
+        self.ports = {}
+
+    def wait_ports(self, keys=("http",), timeout=20.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            with open(self.log_path, errors="replace") as f:
+                for line in f:
+                    m = _LISTEN_RE.search(line)
+                    if m:
+                        self.ports.setdefault(m.group(1) or "http", int(m.group(3)))
+            if all(k in self.ports for k in keys):
+                return self
+            if self.p.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.p.returncode}) before listening:\n"
+                                   + self.tail())
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not listen within {timeout}s:\n" + self.tail())
+            time.sleep(0.05)
+
+    @property
+    def port(self):
+        return self.ports["http"]
+
+    @property
+    def url(self):
+        return f"http://{HOST}:{self.port}"
+
+    def tail(self, n=20):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self):
+        if self.p.poll() is None:
+            try:
+                os.killpg(self.p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.p.wait(timeout=5)
+        self._log.close()
+
+
+class Lab:
+    """Owns the processes and files of one scenario run."""
+
+    def __init__(self, args, name):
+        self.args = args
+        self.build = os.path.abspath(args.build_dir)
+        self.dir = tempfile.mkdtemp(prefix=f"baton-{name}-")
+        self.procs = []
+        self.bench_runs = 0
+        self.nginx_path = find_nginx()
+
+    def __enter__(self):
+        # Ctrl-C and SIGTERM unwind through __exit__, which stops everything.
+        def on_term(signum, frame):
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGTERM, on_term)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        for p in reversed(self.procs):
+            p.stop()
+        if exc_type is None and not self.args.keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        else:
+            if exc_type is not None and exc_type is not KeyboardInterrupt:
+                for p in self.procs:
+                    sys.stderr.write(f"---- {p.name} ({p.log_path}) ----\n{p.tail()}")
+            sys.stderr.write(f"scenario: files kept in {self.dir}\n")
+        return False
+
+    def bin(self, name):
+        return binary(self.build, name)
+
+    def start(self, name, argv, keys=("http",), env=None):
+        p = Proc(name, argv, self.dir, env=env)
+        self.procs.append(p)
+        if keys:
+            p.wait_ports(keys)
+        return p
+
+    def worker(self, mode, *extra, name=None, log_level="info"):
+        argv = [self.bin("baton-worker"), "--mode", mode, "--host", HOST, "--port", "0",
+                "--log-level", log_level]
+        keys = ("http",)
+        if mode == "prefill":
+            argv += ["--bootstrap-port", "0"]
+            keys = ("http", "bootstrap")
+        argv += [str(x) for x in extra]
+        return self.start(name or f"worker-{mode}-{len(self.procs)}", argv, keys)
+
+    def router(self, *extra, name="baton"):
+        argv = [self.bin("baton"), "--host", HOST, "--port", "0", "--log-level", "info"]
+        argv += [str(x) for x in extra]
+        return self.start(name, argv)
+
+    def nginx(self, upstream_ports, name="nginx", workers=None, keepalive=256):
+        """An nginx reverse proxy in front of the given ports, with upstream keep-alive; None
+        when nginx is not installed."""
+        if not self.nginx_path:
+            return None
+        prefix = os.path.join(self.dir, name)
+        os.makedirs(os.path.join(prefix, "logs"), exist_ok=True)
+        port = free_port()
+        servers = "\n".join(f"        server {HOST}:{p};" for p in upstream_ports)
+        conf = f"""# generated by loadtest/scenarios/scenlib.py
+worker_processes {workers or os.cpu_count() or 1};
+worker_rlimit_nofile 65536;
+error_log {prefix}/logs/error.log warn;
+pid {prefix}/nginx.pid;
+events {{
+    worker_connections 32768;
+}}
+http {{
+    access_log off;
+    client_body_temp_path {prefix}/client_body;
+    proxy_temp_path {prefix}/proxy;
+    fastcgi_temp_path {prefix}/fastcgi;
+    uwsgi_temp_path {prefix}/uwsgi;
+    scgi_temp_path {prefix}/scgi;
+    client_max_body_size 64m;
+    client_body_buffer_size 2m;
+    keepalive_timeout 75s;
+    keepalive_requests 1000000;
+    upstream workers {{
+{servers}
+        keepalive {keepalive};
+        keepalive_requests 1000000;
+    }}
+    server {{
+        listen {HOST}:{port} backlog=4096;
+        location / {{
+            proxy_pass http://workers;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_request_buffering on;
+            proxy_read_timeout 3600s;
+        }}
+    }}
+}}
+"""
+        conf_path = os.path.join(prefix, "nginx.conf")
+        with open(conf_path, "w") as f:
+            f.write(conf)
+        p = self.start(name, [self.nginx_path, "-p", prefix, "-c", conf_path, "-g",
+                              "daemon off;"], keys=())
+        if not wait_connectable(port, proc=p.p):
+            raise RuntimeError(f"nginx did not come up:\n{p.tail()}")
+        p.ports["http"] = port
+        return p
+
+    def bench(self, base_url, *args, label=None):
+        """Runs baton-bench and returns its result JSON (a dict)."""
+        self.bench_runs += 1
+        out = os.path.join(self.dir, f"bench-{self.bench_runs:03d}{'-' + label if label else ''}.json")
+        argv = [self.bin("baton-bench"), "--base-url", base_url, "--result-json", out,
+                "--no-progress", "--quiet"] + [str(a) for a in args]
+        r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if r.returncode != 0 or not os.path.exists(out):
+            raise RuntimeError(f"baton-bench failed ({r.returncode}): {' '.join(argv)}\n"
+                               f"{r.stdout}{r.stderr}")
+        with open(out) as f:
+            return json.load(f)
+
+
+# ---- output ----
+
+def fmt(x, nd=2):
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    if isinstance(x, int):
+        return str(x)
+    return f"{x:.{nd}f}"
+
+
+def ratio(x, base):
+    if x is None or not base:
+        return "-"
+    return f"{x / base:.2f}x"
+
+
+def print_table(title, headers, rows, note=None):
+    """A plain-text table (also valid Markdown)."""
+    cells = [[str(h) for h in headers]] + [[fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    print(f"\n### {title}\n")
+    for i, r in enumerate(cells):
+        print("| " + " | ".join(c.rjust(widths[j]) if j else c.ljust(widths[j])
+                                for j, c in enumerate(r)) + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    if note:
+        print(f"\n{note}")
+    sys.stdout.flush()
+
+
+def machine_line():
+    """What the numbers were measured on."""
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        with open("/proc/meminfo") as f:
+            kb = int(f.readline().split()[1])
+            mem = f", {kb / 1048576:.0f} GiB RAM"
+    except (OSError, ValueError, IndexError):
+        pass
+    load = os.getloadavg()[0]
+    return (f"machine: {os.cpu_count()} CPUs ({model}){mem}, Linux {os.uname().release}; "
+            f"load average at start {load:.2f}; everything runs on this machine and shares its CPUs")
+
+
+def write_json(path, obj):
+    if path:
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=2)
+
+
+def skip_note(what):
+    print(f"SKIPPED: {what}")
+    sys.stdout.flush()

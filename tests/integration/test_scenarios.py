@@ -1,0 +1,136 @@
+"""test_scenarios.py — a smoke run of each benchmark scenario (loadtest/scenarios/*.py --smoke):
+the script starts its processes, runs a small load for a few seconds, tears down, exits 0 and
+prints its table with a row per path and no failed request. Parts that need a missing optional
+package (nginx) are reported as skipped.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+from harness import BUILD_DIR, SkipTest, TestRunner, binary
+
+SCEN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "loadtest",
+                        "scenarios")
+_outputs = {}
+
+
+def run_scenario(script, timeout=180):
+    for b in ("baton", "baton-worker", "baton-bench"):
+        binary(b)
+    argv = [sys.executable, os.path.join(SCEN_DIR, script), "--smoke", "--build-dir", BUILD_DIR]
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout)
+    out = r.stdout
+    _outputs[script] = out
+    if r.returncode != 0:
+        raise AssertionError(f"{script} exited {r.returncode}:\n{out}")
+    return out
+
+
+def table_rows(out, title_part):
+    """Rows (lists of cells) of the first table whose title contains title_part."""
+    lines = out.splitlines()
+    for i, ln in enumerate(lines):
+        if ln.startswith("### ") and title_part in ln:
+            rows = []
+            for row in lines[i + 2:]:
+                if not row.startswith("|"):
+                    if rows:
+                        break
+                    continue
+                cells = [c.strip() for c in row.strip().strip("|").split("|")]
+                if set(row.replace("|", "").strip()) <= {"-"}:
+                    continue  # the separator line
+                rows.append(cells)
+            return rows[0], rows[1:]
+    raise AssertionError(f"no table titled '...{title_part}...' in:\n{out}")
+
+
+def col(header, rows, name, path):
+    for r in rows:
+        if r[0] == path:
+            return r[header.index(name)]
+    raise AssertionError(f"no row {path!r} in {rows}")
+
+
+def nginx_installed():
+    return "SKIPPED: nginx is not installed" not in "".join(_outputs.values())
+
+
+def test_router_overhead():
+    out = run_scenario("router_overhead.py")
+    assert "== Scenario 1" in out
+    for title in ("non-streaming: E2E latency", "non-streaming: saturation", "streaming: TTFT",
+                  "streaming: saturation"):
+        header, rows = table_rows(out, title)
+        paths = [r[0] for r in rows]
+        assert paths[:2] == ["direct", "baton"], paths
+        for r in rows:
+            assert r[header.index("errors")] == "0", (title, r)
+        if "saturation" in title:
+            for p in paths:
+                assert float(col(header, rows, "max req/s", p)) > 0
+    assert re.search(r"scenario 1 done: 0 failed requests", out), out
+
+
+def test_pd_sweep():
+    out = run_scenario("pd_sweep.py")
+    assert "== Scenario 2" in out
+    for topo in ("1P1D", "2P2D"):
+        header, rows = table_rows(out, f"{topo}: streaming chat")
+        assert rows, out
+        for r in rows:
+            assert r[header.index("errors")] == "0", r
+            # Streaming through PD: a TTFT and a TPOT were measured (not "-").
+            assert float(r[header.index("TTFT p50")]) > 0, r
+            assert float(r[header.index("TPOT p50")]) > 0, r
+    assert "scenario 2 done: 0 failed requests" in out
+
+
+def test_idle_conns():
+    out = run_scenario("idle_conns.py")
+    assert "== Scenario 3" in out
+    if "SKIPPED: the descriptor limit" in out:
+        raise SkipTest("descriptor limit too low for the smoke run")
+    header, rows = table_rows(out, "idle keep-alive connections")
+    conns = int(col(header, rows, "conns", "baton"))
+    assert conns > 0
+    assert col(header, rows, "alive checked", "baton") != "0"
+    # RSS was read from /proc (a real number, not a placeholder).
+    float(col(header, rows, "RSS after MiB", "baton"))
+    assert "scenario 3 done" in out
+
+
+def test_long_prompts():
+    out = run_scenario("long_prompts.py")
+    assert "== Scenario 4" in out
+    header, rows = table_rows(out, "word prompts")
+    paths = [r[0] for r in rows]
+    assert paths[:3] == ["direct", "baton (regular)", "baton (PD 1P1D)"], paths
+    for r in rows:
+        assert r[header.index("errors")] == "0", r
+        assert int(r[header.index("requests")]) > 0, r
+    assert "scenario 4 done: 0 failed requests" in out
+
+
+def test_nginx_columns():
+    if not nginx_installed():
+        raise SkipTest("nginx is not installed: the nginx columns were skipped "
+                       "(scripts/install-bench-deps.sh)")
+    out = _outputs.get("router_overhead.py", "")
+    header, rows = table_rows(out, "non-streaming: saturation")
+    assert "nginx" in [r[0] for r in rows]
+    header, rows = table_rows(_outputs.get("long_prompts.py", ""), "word prompts")
+    assert "nginx" in [r[0] for r in rows]
+
+
+if __name__ == "__main__":
+    t = TestRunner()
+    t.run(test_router_overhead)
+    t.run(test_pd_sweep)
+    t.run(test_idle_conns)
+    t.run(test_long_prompts)
+    t.run(test_nginx_columns)
+    t.finish()
