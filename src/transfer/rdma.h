@@ -1,4 +1,4 @@
-/* transfer/rdma.h — the RDMA transport's private types and cross-file functions (rdma*.c only). */
+/* transfer/rdma.h — the RDMA transport's private types and cross-file functions. */
 #ifndef BATON_TRANSFER_RDMA_H
 #define BATON_TRANSFER_RDMA_H
 
@@ -82,6 +82,7 @@ struct rdma_dev_s {
     uint8_t max_init_rd_atom; /* initiator depth (max_qp_init_rd_atom) */
     uint32_t cq_size;
     uint32_t cq_used; /* CQEs that posted WRs may still produce (flushes produce one each) */
+    int starved;      /* a peer held back posts because this CQ was full: pump them all later */
     int port_up;      /* cleared by PORT_ERR, set by PORT_ACTIVE */
     int dead;         /* DEVICE_FATAL: never used again */
     uv_poll_t comp_poll;

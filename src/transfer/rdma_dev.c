@@ -1,4 +1,4 @@
-/* transfer/rdma_dev.c — one verbs context per HCA: discovery, port/GID/limits, PD, CQ, channel. */
+/* transfer/rdma_dev.c — one verbs context per HCA: discovery, port/GID/limits, PD, CQ. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>

@@ -1,5 +1,4 @@
-/* transfer/rdma_mr.c — registrations on every HCA (split at max_mr_size, CUDA dmabuf) and the
- * peer's rkeys. */
+/* transfer/rdma_mr.c — registration on every HCA (split at max_mr_size, dmabuf) and peer rkeys. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>

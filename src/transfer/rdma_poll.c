@@ -1,4 +1,4 @@
-/* transfer/rdma_poll.c — completion channel and async event fds on the progress loop (uv_poll). */
+/* transfer/rdma_poll.c — completion channel and async event fds on the progress loop. */
 #include <errno.h>
 #include <stdlib.h>
 
@@ -39,6 +39,14 @@ void baton__rdma_cq_drain(rdma_dev_t *dev)
         if (!p->destroyed)
             baton__rdma_settle(p);
         baton__rdma_peer_release(p);
+    }
+    if (dev->starved && dev->cq_used < dev->cq_size / 2) {
+        /* CQ room came back: peers that waited only for it have no completion of their own to
+         * wake them. Half-empty first, so they do not trickle one WR at a time. */
+        dev->starved = 0;
+        for (rdma_peer_t *p = dev->tp->peers; p; p = p->next)
+            if (p->post_cursor)
+                baton__rdma_pump(p);
     }
 }
 
@@ -99,7 +107,7 @@ static void on_async(rdma_dev_t *dev, const struct ibv_async_event *ev)
     case IBV_EVENT_CQ_ERR:
         /* completions were lost: no QP on this device can be drained reliably */
         log_error("rdma", "async_event dev=%s event=\"%s\": device disabled", dev->name, what);
-        dev->dead = 1;
+        __atomic_store_n(&dev->dead, 1, __ATOMIC_RELAXED);
         fail_dev_peers(dev, BATON_EPEERDOWN);
         break;
     case IBV_EVENT_PORT_ERR:

@@ -1,5 +1,4 @@
-/* transfer/rdma_post.c — RDMA WRITE: slicing, striping, selective signalling, completions, failure,
- * fencing. */
+/* transfer/rdma_post.c — RDMA WRITE: slices, stripes, signalling, completions, failure, fence. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,8 +85,10 @@ static int pick_qp(rdma_peer_t *peer, uint32_t batch)
             continue;
         if (peer->clen[qi] >= batch || outstanding(qp) + peer->clen[qi] >= qp->max_wr)
             continue;
-        if (qp->dev->cq_used >= cq_budget(qp->dev))
+        if (qp->dev->cq_used >= cq_budget(qp->dev)) {
+            qp->dev->starved = 1; /* another peer's completions must pump us */
             continue;
+        }
         peer->rr = (uint32_t)(qi + 1) % (uint32_t)peer->nqps;
         return qi;
     }
@@ -196,33 +197,39 @@ static int post_chain(rdma_peer_t *peer, int qi, uint32_t batch)
 
 void baton__rdma_pump(rdma_peer_t *peer)
 {
-    if (peer->state != RDMA_PEER_UP || peer->fail_err || !peer->post_cursor)
-        return;
     uint32_t batch = peer->tp->tun.post_batch;
-    rdma_op_t *op = peer->post_cursor;
-    while (op) {
-        int qi = pick_qp(peer, batch);
-        if (qi < 0)
-            break; /* every QP full: completions will pump again */
-        add_slice(peer, op, qi, batch);
-        if (op->posted_all)
-            op = op->next;
-    }
-    peer->post_cursor = op;
-    int err = 0;
-    for (int qi = 0; qi < peer->nqps; qi++) {
-        if (!peer->clen[qi])
-            continue;
-        if (err) {
-            /* the connection is failing: nothing more goes to the wire */
-            unwind_chain(peer, qi, 0, peer->clen[qi], err);
-            peer->clen[qi] = 0;
-            continue;
+    /* one round builds at most `batch` WRs per QP and posts them as one chain per QP; rounds
+     * repeat until the queues are full or nothing is left to post */
+    while (peer->state == RDMA_PEER_UP && !peer->fail_err && peer->post_cursor) {
+        rdma_op_t *op = peer->post_cursor;
+        int added = 0;
+        while (op) {
+            int qi = pick_qp(peer, batch);
+            if (qi < 0)
+                break; /* every QP full: completions will pump again */
+            add_slice(peer, op, qi, batch);
+            added++;
+            if (op->posted_all)
+                op = op->next;
         }
-        err = post_chain(peer, qi, batch);
+        peer->post_cursor = op;
+        int err = 0;
+        for (int qi = 0; qi < peer->nqps; qi++) {
+            if (!peer->clen[qi])
+                continue;
+            if (err) {
+                /* the connection is failing: nothing more goes to the wire */
+                unwind_chain(peer, qi, 0, peer->clen[qi], err);
+                peer->clen[qi] = 0;
+                continue;
+            }
+            err = post_chain(peer, qi, batch);
+        }
+        if (err)
+            baton__rdma_peer_fail(peer, err);
+        if (!added)
+            break;
     }
-    if (err)
-        baton__rdma_peer_fail(peer, err);
 }
 
 rdma_peer_t *baton__rdma_on_wc(rdma_dev_t *dev, const struct ibv_wc *wc)

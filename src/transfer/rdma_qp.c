@@ -1,4 +1,4 @@
-/* transfer/rdma_qp.c — the RC QP state machine (RESET→INIT→RTR→RTS→ERR) and the handshake blob. */
+/* transfer/rdma_qp.c — the RC QP state machine (RESET-INIT-RTR-RTS-ERR) and handshake blob. */
 #include <stdlib.h>
 #include <string.h>
 

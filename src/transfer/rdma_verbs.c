@@ -1,5 +1,4 @@
-/* transfer/rdma_verbs.c — the one place where the verbs' three error conventions become Baton
- * codes. */
+/* transfer/rdma_verbs.c — the one place where verbs error conventions become Baton codes. */
 #include <errno.h>
 
 #include "transfer/rdma.h"

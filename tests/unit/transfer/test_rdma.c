@@ -1,5 +1,4 @@
-/* test_rdma.c — the RDMA transport against the verbs model: QPs, slicing, signalling, faults,
- * fencing. */
+/* test_rdma.c — the RDMA transport against the verbs model: QPs, slices, faults, fencing. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -1072,6 +1071,76 @@ static void test_device_fatal(void **state)
     }
 }
 
+static void test_queue_depth_used_by_large_write(void **state)
+{
+    base_setup();
+    F.cfg.slice_size = 16 * 1024;
+    fx_start(2, 2, IBV_MTU_4096, IBV_MTU_4096, 0, 0);
+    const size_t len = 8u << 20; /* 512 slices, 128 per QP: deeper than one post batch */
+    fx_connect();
+    fx_mem(len);
+    fx_announce();
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    assert_int_equal(vm_queued(), 512);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+}
+
+static void test_cq_budget_shared_by_peers(void **state)
+{
+    base_setup();
+    baton__rdma_tunables.cq_size = 64; /* room for 48 WRs per device, two peers compete */
+    F.cfg.slice_size = 4096;
+    fx_start(2, 2, IBV_MTU_4096, IBV_MTU_4096, 0, 0);
+    const size_t len = 1u << 20; /* 256 slices per peer */
+    fx_connect();
+    fx_mem(len);
+    fx_announce();
+    /* a second connection writing into the same decode region */
+    uint8_t bd[BATON__TP_BLOB_MAX], bp[BATON__TP_BLOB_MAX], key[BATON__TP_BLOB_MAX];
+    peer_rec_t r2d = {0}, r2p = {0};
+    baton__tp_peer_t *pd2, *pp2;
+    assert_int_equal(ops->peer_create(F.dec, BATON__TP_ROLE_TARGET, 600, &pd2), 0);
+    pd2->ctx = &r2d;
+    size_t ld = blob_of(pd2, bd);
+    assert_int_equal(ops->peer_create(F.pre, BATON__TP_ROLE_INITIATOR, 601, &pp2), 0);
+    pp2->ctx = &r2p;
+    assert_int_equal(ops->peer_connect(pp2, bd, ld, on_connected, &r2p), 0);
+    size_t lp = blob_of(pp2, bp);
+    assert_int_equal(ops->peer_connect(pd2, bp, lp, on_connected, &r2d), 0);
+    spin();
+    size_t klen = 0;
+    assert_int_equal(ops->mem_key(F.dst_mr, key, sizeof(key), &klen), 0);
+    assert_int_equal(
+        ops->mem_add(pp2, MEM_ID, (uintptr_t)F.dst, F.size, BATON_XFER_MEM_HOST, key, klen), 0);
+
+    wreq_t a, b;
+    assert_int_equal(fx_write(&a, 0, 0, len), 0);
+    memset(&b, 0, sizeof(b));
+    b.sge[0] = a.sge[0];
+    b.w.room_id = 77;
+    b.w.sges = b.sge;
+    b.w.n_sges = 1;
+    b.w.cb = on_write;
+    assert_int_equal(ops->write(pp2, &b.w), 0);
+    assert_true(vm_queued() <= 2 * 48); /* the CQs' room, not the QPs', is the limit */
+    run_all();
+    assert_int_equal(a.done, 1);
+    assert_int_equal(a.status, 0);
+    assert_int_equal(b.done, 1); /* the starved peer was pumped when room came back */
+    assert_int_equal(b.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+    vm_stats_t st;
+    vm_stats(&st);
+    assert_int_equal(st.cq_overflows, 0);
+    assert_int_equal(st.wrs_posted, 512);
+    fence_destroy(&pp2, &r2p);
+    fence_destroy(&pd2, &r2d);
+}
+
 int main(void)
 {
     tun_defaults = baton__rdma_tunables;
@@ -1095,6 +1164,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_qp_fatal_event, setup_default, teardown),
         cmocka_unit_test_setup_teardown(test_port_error_disconnects_all, setup_default, teardown),
         cmocka_unit_test_teardown(test_outstanding_bounded_by_max_wr, teardown),
+        cmocka_unit_test_teardown(test_queue_depth_used_by_large_write, teardown),
+        cmocka_unit_test_teardown(test_cq_budget_shared_by_peers, teardown),
         cmocka_unit_test_teardown(test_reg_mr_failure_rolls_back, teardown),
         cmocka_unit_test_setup_teardown(test_post_failure_mid_chain, setup_default, teardown),
         cmocka_unit_test_setup_teardown(test_flush_waits_for_writes, setup_default, teardown),

@@ -1,5 +1,4 @@
-/* verbs_model.c — the software NIC behind the wrapped verbs: objects, QP states, RDMA WRITE,
- * faults. */
+/* verbs_model.c — the software NIC behind the wrapped verbs: QP states, RDMA WRITE, faults. */
 #include "verbs_model.h"
 
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* verbs_model.h — a software model of the rdma-core verbs the RDMA transport calls (tests only). */
+/* verbs_model.h — a software model of the verbs the RDMA transport calls (tests only). */
 #ifndef BATON_TESTS_VERBS_MODEL_H
 #define BATON_TESTS_VERBS_MODEL_H
 
