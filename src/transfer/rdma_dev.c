@@ -171,11 +171,11 @@ int baton__rdma_devs_open(rdma_tp_t *tp, const char *filter)
     errno = 0;
     struct ibv_device **list = ibv_get_device_list(&n);
     if (!list) {
-        int err = baton__rdma_err_null();
+        int e = errno;
         log_warn("rdma",
-                 "no_rdma_device reason=device_list_failed err=%s: this host has no RDMA "
+                 "no_rdma_device reason=device_list_failed errno=%d (%s): this host has no RDMA "
                  "support (kernel/driver); the next transport is used",
-                 baton_strerror(err));
+                 e, strerror(e));
         return BATON_ENODEV;
     }
     if (n == 0) {
