@@ -320,7 +320,7 @@ def test_queue_full():
             results[name] = post(w.port, "/generate", {"text": name,
                                                        "sampling_params": {"max_new_tokens": n}})
 
-        ta = threading.Thread(target=send, args=("a", 40))
+        ta = threading.Thread(target=send, args=("a", 100))
         ta.start()
         wait_until(lambda: get(w.port, "/get_load").json()[0]["num_running_reqs"] == 1,
                    what="a running")
@@ -333,7 +333,7 @@ def test_queue_full():
         assert r.json()["error"]["code"] == "queue_full"
         ta.join(30)
         tb.join(30)
-        assert results["a"].json()["text"] == simtext.complete_text("a", 40).text
+        assert results["a"].json()["text"] == simtext.complete_text("a", 100).text
         assert results["b"].json()["text"] == simtext.complete_text("b", 2).text
 
 
