@@ -268,8 +268,8 @@ static int write_cdf(const char *dir, const char *name, const bb_vec_t *v)
     /* At most ~2000 points per curve: enough for a picture, small for gnuplot. */
     size_t step = v->n > 2000 ? v->n / 2000 : 1;
     for (size_t i = 0; i < v->n; i += step)
-        fprintf(f, "%.6f %.6f\n", v->v[i] > 0 ? v->v[i] : 1e-6, (double)(i + 1) / (double)v->n);
-    fprintf(f, "%.6f 1\n", v->v[v->n - 1] > 0 ? v->v[v->n - 1] : 1e-6);
+        fprintf(f, "%.6f %.6f\n", v->v[i] > 1e-3 ? v->v[i] : 1e-3, (double)(i + 1) / (double)v->n);
+    fprintf(f, "%.6f 1\n", v->v[v->n - 1] > 1e-3 ? v->v[v->n - 1] : 1e-3);
     fclose(f);
     return 1;
 }
@@ -307,7 +307,9 @@ int bb_plot(const bb_results_t *res, const char *png_path)
                "}\n");
     fprintf(f,
             "set output '%s'\nset logscale x\nset grid\nset key bottom right\n"
-            "set xlabel 'latency (ms, log scale)'\nset ylabel 'fraction of samples'\n"
+            "set format x '%%g'\n"
+            "set xlabel 'latency (ms, log scale; values under 1 us drawn at 1 us)'\nset ylabel "
+            "'fraction of samples'\n"
             "set yrange [0:1]\nset title 'baton-bench latency CDFs'\n",
             png_path);
     for (size_t i = 0; i < sizeof(curves) / sizeof(*curves); i++) {

@@ -70,7 +70,6 @@ struct req_s {
 struct conn_s {
     uv_tcp_t tcp;
     uv_connect_t creq;
-    uv_write_t wreq;
     llhttp_t parser;
     run_t *run;
     req_t *req;
@@ -332,10 +331,21 @@ static void conn_fail(conn_t *c, bb_err_kind_t kind, const char *msg)
     req_complete(req, kind, msg, uv_hrtime());
 }
 
+/* One per write: a request's write can still be queued for its callback when its response is
+ * already in and the connection carries the next request. */
+typedef struct write_s {
+    uv_write_t w;
+    req_t *req;
+    conn_t *conn;
+} write_t;
+
 static void on_write(uv_write_t *w, int status)
 {
-    req_t *req = w->data;
-    conn_t *c = container_of(w, conn_t, wreq);
+    write_t *wr = container_of(w, write_t, w);
+    req_t *req = wr->req;
+    conn_t *c = wr->conn;
+    free(wr);
+    /* The connection outlives the callback: libuv runs write callbacks before close_cb. */
     if (status < 0 && status != UV_ECANCELED && c->req == req && !c->closing)
         conn_fail(c, BB_ERR_IO, uv_strerror(status));
     req_unref(req);
@@ -352,9 +362,16 @@ static void conn_send(conn_t *c, req_t *req)
     c->parser.data = c;
     uv_buf_t bufs[2] = {uv_buf_init(req->head.data, (unsigned)req->head.len),
                         uv_buf_init(req->body.data, (unsigned)req->body.len)};
-    c->wreq.data = req;
-    int rc = uv_write(&c->wreq, (uv_stream_t *)&c->tcp, bufs, 2, on_write);
+    write_t *wr = malloc(sizeof(*wr));
+    if (!wr) {
+        conn_fail(c, BB_ERR_IO, "out of memory");
+        return;
+    }
+    wr->req = req;
+    wr->conn = c;
+    int rc = uv_write(&wr->w, (uv_stream_t *)&c->tcp, bufs, 2, on_write);
     if (rc < 0) {
+        free(wr);
         conn_fail(c, BB_ERR_IO, uv_strerror(rc));
         return;
     }
