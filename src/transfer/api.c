@@ -1,0 +1,351 @@
+/* transfer/api.c — the caller-thread side of rooms: argument checks, then commands to the
+ * progress thread (offer, abort, connect, writes, complete). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "transfer/internal.h"
+
+static int endpoint_ok(const char *host, int port)
+{
+    return host != NULL && host[0] != '\0' && strlen(host) < 256 && port > 0 && port <= 65535;
+}
+
+int baton_xfer_connect(baton_xfer_engine_t *engine, const char *host, int port)
+{
+    if (engine == NULL || !endpoint_ok(host, port))
+        return BATON_EINVAL;
+    if (engine->destroying)
+        return BATON_ESHUTDOWN;
+    baton__cmd_t *cmd = calloc(1, sizeof(*cmd));
+    if (cmd == NULL)
+        return BATON_ENOMEM;
+    cmd->type = BATON__CMD_CONNECT;
+    strcpy(cmd->u.connect.host, host);
+    cmd->u.connect.port = port;
+    baton__cmd_post(engine, cmd);
+    return 0;
+}
+
+/* Adds m to the distinct-region list of a room or write (small: usually one or two). */
+static int add_mem(baton_xfer_mem_t ***mems_p, size_t *n_p, size_t *cap_p, baton_xfer_mem_t *m)
+{
+    for (size_t i = *n_p; i > 0; i--)
+        if ((*mems_p)[i - 1] == m)
+            return 0;
+    if (*n_p == *cap_p) {
+        size_t cap = *cap_p ? *cap_p * 2 : 4;
+        baton_xfer_mem_t **a = realloc(*mems_p, cap * sizeof(*a));
+        if (a == NULL)
+            return BATON_ENOMEM;
+        *mems_p = a;
+        *cap_p = cap;
+    }
+    (*mems_p)[(*n_p)++] = m;
+    return 0;
+}
+
+int baton_xfer_offer(baton_xfer_engine_t *engine, const char *host, int port,
+                     const baton_xfer_offer_t *offer, baton_xfer_offer_cb cb, void *data)
+{
+    if (engine == NULL || !endpoint_ok(host, port) || offer == NULL || cb == NULL ||
+        offer->pages == NULL || offer->n_layers == 0 || offer->pages_per_layer == 0)
+        return BATON_EINVAL;
+    if (engine->destroying)
+        return BATON_ESHUTDOWN;
+    uint64_t n = (uint64_t)offer->n_layers * offer->pages_per_layer;
+    if (n > BATON__OFFER_MAX_PAGES)
+        return BATON_EINVAL;
+    if (baton__u64map_get(&engine->caller_rooms, offer->room_id) != NULL)
+        return BATON_EEXIST;
+
+    baton__droom_t *dr = calloc(1, sizeof(*dr));
+    if (dr == NULL)
+        return BATON_ENOMEM;
+    dr->pages = malloc(n * sizeof(*dr->pages));
+    if (dr->pages == NULL) {
+        free(dr);
+        return BATON_ENOMEM;
+    }
+    size_t cap_mems = 0;
+    int rc = 0;
+    dr->shm_ok = 1;
+    baton_xfer_mem_t *last = NULL;
+    for (uint64_t i = 0; i < n; i++) {
+        const baton_xfer_iov_t *pg = &offer->pages[i];
+        if (pg->addr == NULL || pg->len == 0 || pg->len > UINT32_MAX) {
+            rc = BATON_EINVAL;
+            break;
+        }
+        baton_xfer_mem_t *m = last;
+        uintptr_t a = (uintptr_t)pg->addr;
+        if (m == NULL || a < (uintptr_t)m->addr || a - (uintptr_t)m->addr > m->len ||
+            pg->len > m->len - (a - (uintptr_t)m->addr))
+            m = baton__mem_find(engine, pg->addr, pg->len);
+        if (m == NULL) {
+            rc = BATON_EINVAL; /* a destination page outside registered memory */
+            break;
+        }
+        if (m != last && (rc = add_mem(&dr->mems, &dr->n_mems, &cap_mems, m)) != 0)
+            break;
+        last = m;
+        dr->pages[i].addr = (uint64_t)a;
+        dr->pages[i].len = pg->len;
+        dr->pages[i].mem_id = m->id;
+        dr->total_bytes += pg->len;
+        if (m->memfd < 0)
+            dr->shm_ok = 0;
+        if (m->kind == BATON_XFER_MEM_CUDA)
+            dr->cuda = 1;
+    }
+    if (rc == 0)
+        rc = baton__u64map_put(&engine->caller_rooms, offer->room_id, dr);
+    if (rc != 0) {
+        free(dr->mems);
+        free(dr->pages);
+        free(dr);
+        return rc;
+    }
+    for (size_t i = 0; i < dr->n_mems; i++)
+        atomic_fetch_add(&dr->mems[i]->refs, 1);
+    dr->eng = engine;
+    dr->room_id = offer->room_id;
+    dr->n_layers = offer->n_layers;
+    dr->ppl = offer->pages_per_layer;
+    dr->n_pages = (uint32_t)n;
+    dr->cb = cb;
+    dr->data = data;
+    strcpy(dr->host, host);
+    dr->port = port;
+    dr->abort_status = BATON_EABORTED;
+    baton__list_init(&dr->link);
+    dr->cmd.type = BATON__CMD_OFFER;
+    dr->cmd.embedded = 1;
+    dr->cmd.u.offer = dr;
+    dr->ev.type = BATON__EV_OFFER_DONE;
+    dr->ev.embedded = 1;
+    dr->ev.u.droom = dr;
+    baton__cmd_post(engine, &dr->cmd);
+    return 0;
+}
+
+int baton_xfer_abort(baton_xfer_engine_t *engine, uint64_t room_id)
+{
+    if (engine == NULL)
+        return BATON_EINVAL;
+    if (engine->destroying)
+        return BATON_ESHUTDOWN;
+    if (baton__u64map_get(&engine->caller_rooms, room_id) == NULL)
+        return BATON_ENOTFOUND;
+    baton__cmd_t *cmd = calloc(1, sizeof(*cmd));
+    if (cmd == NULL)
+        return BATON_ENOMEM;
+    cmd->type = BATON__CMD_ABORT;
+    cmd->u.abort_room = room_id;
+    baton__cmd_post(engine, cmd);
+    return 0;
+}
+
+/* ---- prefill side ---------------------------------------------------------------------- */
+
+uint64_t baton_xfer_room_id(const baton_xfer_room_t *room)
+{
+    return room->room_id;
+}
+
+uint32_t baton_xfer_room_layers(const baton_xfer_room_t *room)
+{
+    return room->n_layers;
+}
+
+uint32_t baton_xfer_room_pages_per_layer(const baton_xfer_room_t *room)
+{
+    return room->ppl;
+}
+
+uint64_t baton_xfer_room_page_len(const baton_xfer_room_t *room, uint32_t layer, uint32_t page)
+{
+    if (layer >= room->n_layers || page >= room->ppl)
+        return 0;
+    return room->pages[(size_t)layer * room->ppl + page].len;
+}
+
+const char *baton_xfer_room_peer_id(const baton_xfer_room_t *room)
+{
+    return room->peer_id;
+}
+
+baton_xfer_transport_t baton_xfer_room_transport(const baton_xfer_room_t *room)
+{
+    return room->transport;
+}
+
+void baton_xfer_room_set_data(baton_xfer_room_t *room, void *data)
+{
+    room->user = data;
+}
+
+void *baton_xfer_room_get_data(const baton_xfer_room_t *room)
+{
+    return room->user;
+}
+
+static int write_impl(baton_xfer_room_t *room, uint32_t first, uint32_t count, uint32_t cb_layer,
+                      const baton_xfer_iov_t *src, size_t n_src, void *cuda_event,
+                      baton_xfer_write_cb cb, void *data)
+{
+    if (room == NULL || src == NULL || cb == NULL)
+        return BATON_EINVAL;
+    baton_xfer_engine_t *eng = room->eng;
+    if (eng->destroying)
+        return BATON_ESHUTDOWN;
+    if (room->caller_ended)
+        return BATON_ECANCELED;
+    if (first >= room->n_layers || count > room->n_layers - first)
+        return BATON_EINVAL;
+    if (n_src != (size_t)count * room->ppl)
+        return BATON_EINVAL;
+    for (uint32_t l = first; l < first + count; l++)
+        if (room->written[l])
+            return BATON_EEXIST;
+
+    baton__wreq_t *wr = calloc(1, sizeof(*wr) + n_src * sizeof(baton__tp_sge_t));
+    if (wr == NULL)
+        return BATON_ENOMEM;
+    size_t cap_mems = 0;
+    baton_xfer_mem_t *last = NULL;
+    int rc = 0;
+    size_t base = (size_t)first * room->ppl;
+    for (size_t j = 0; j < n_src; j++) {
+        const baton__offer_page_t *pg = &room->pages[base + j];
+        if (src[j].addr == NULL || src[j].len != pg->len) {
+            rc = BATON_EINVAL;
+            break;
+        }
+        baton_xfer_mem_t *m = last;
+        uintptr_t a = (uintptr_t)src[j].addr;
+        if (m == NULL || a < (uintptr_t)m->addr || a - (uintptr_t)m->addr > m->len ||
+            src[j].len > m->len - (a - (uintptr_t)m->addr))
+            m = baton__mem_find(eng, src[j].addr, src[j].len);
+        if (m == NULL) {
+            rc = BATON_EINVAL; /* a source outside registered memory */
+            break;
+        }
+        if (m->mr[room->tp_index] == NULL) {
+            rc = BATON_ENOTSUP; /* the room's transport cannot read this region */
+            break;
+        }
+        if (m != last && (rc = add_mem(&wr->mems, &wr->n_mems, &cap_mems, m)) != 0)
+            break;
+        last = m;
+        baton__tp_sge_t *s = &wr->sges[j];
+        s->src = src[j].addr;
+        s->src_mr = m->mr[room->tp_index];
+        s->dst = pg->addr;
+        s->dst_mem = pg->mem_id;
+        s->dst_page = (uint32_t)(base + j);
+        s->len = pg->len;
+        wr->bytes += pg->len;
+    }
+    if (rc != 0) {
+        free(wr->mems);
+        free(wr);
+        return rc;
+    }
+    for (uint32_t l = first; l < first + count; l++)
+        room->written[l] = 1;
+    for (size_t i = 0; i < wr->n_mems; i++)
+        atomic_fetch_add(&wr->mems[i]->refs, 1);
+    atomic_fetch_add(&room->refs, 1);
+    room->caller_writes++;
+    wr->room = room;
+    wr->layer = cb_layer;
+    wr->cb = cb;
+    wr->data = data;
+    wr->cuda_event = cuda_event;
+    wr->w.room_id = room->room_id;
+    wr->w.sges = wr->sges;
+    wr->w.n_sges = n_src;
+    wr->cmd.type = BATON__CMD_WRITE;
+    wr->cmd.embedded = 1;
+    wr->cmd.u.write = wr;
+    wr->ev.type = BATON__EV_WRITE_DONE;
+    wr->ev.embedded = 1;
+    wr->ev.u.wreq = wr;
+    baton__cmd_post(eng, &wr->cmd);
+    return 0;
+}
+
+int baton_xfer_write_layer(baton_xfer_room_t *room, uint32_t layer, const baton_xfer_iov_t *src,
+                           size_t n_src, baton_xfer_write_cb cb, void *data)
+{
+    return write_impl(room, layer, 1, layer, src, n_src, NULL, cb, data);
+}
+
+int baton_xfer_write_room(baton_xfer_room_t *room, const baton_xfer_iov_t *src, size_t n_src,
+                          baton_xfer_write_cb cb, void *data)
+{
+    if (room == NULL)
+        return BATON_EINVAL;
+    return write_impl(room, 0, room->n_layers, UINT32_MAX, src, n_src, NULL, cb, data);
+}
+
+int baton_xfer_write_layer_after_event(baton_xfer_room_t *room, uint32_t layer,
+                                       const baton_xfer_iov_t *src, size_t n_src, void *cuda_event,
+                                       baton_xfer_write_cb cb, void *data)
+{
+#ifdef BATON_HAVE_CUDA
+    if (cuda_event == NULL)
+        return BATON_EINVAL;
+    return write_impl(room, layer, 1, layer, src, n_src, cuda_event, cb, data);
+#else
+    return BATON_ENOTSUP;
+#endif
+}
+
+int baton_xfer_room_complete(baton_xfer_room_t *room, const baton_xfer_done_t *done)
+{
+    if (room == NULL || done == NULL)
+        return BATON_EINVAL;
+    if (done->payload_len > BATON_XFER_DONE_PAYLOAD_MAX ||
+        (done->payload_len > 0 && done->payload == NULL))
+        return BATON_EINVAL;
+    if (room->eng->destroying)
+        return BATON_ESHUTDOWN;
+    if (room->caller_ended)
+        return BATON_ECANCELED;
+    baton__cmd_t *cmd = calloc(1, sizeof(*cmd));
+    if (cmd == NULL)
+        return BATON_ENOMEM;
+    room->caller_ended = 1;
+    cmd->type = BATON__CMD_COMPLETE;
+    cmd->u.complete.room = room;
+    cmd->u.complete.done.status = done->status;
+    cmd->u.complete.done.first_token = done->first_token;
+    cmd->u.complete.done.len = (uint16_t)done->payload_len;
+    if (done->payload_len > 0)
+        memcpy(cmd->u.complete.done.payload, done->payload, done->payload_len);
+    atomic_fetch_add(&room->refs, 1);
+    baton__cmd_post(room->eng, cmd);
+    return 0;
+}
+
+int baton_xfer_room_abort(baton_xfer_room_t *room, int reason)
+{
+    if (room == NULL)
+        return BATON_EINVAL;
+    if (room->eng->destroying)
+        return BATON_ESHUTDOWN;
+    if (room->caller_ended)
+        return BATON_ECANCELED;
+    baton__cmd_t *cmd = calloc(1, sizeof(*cmd));
+    if (cmd == NULL)
+        return BATON_ENOMEM;
+    room->caller_ended = 1;
+    cmd->type = BATON__CMD_PABORT;
+    cmd->u.pabort.room = room;
+    cmd->u.pabort.reason = reason < 0 ? reason : BATON_EABORTED;
+    atomic_fetch_add(&room->refs, 1);
+    baton__cmd_post(room->eng, cmd);
+    return 0;
+}

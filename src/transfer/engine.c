@@ -1,0 +1,771 @@
+/* transfer/engine.c — engine lifecycle, the progress thread, and the command/event queues that
+ * connect it to the caller's loop. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "transfer/internal.h"
+
+/* ---- small helpers ---------------------------------------------------------------------- */
+
+uint64_t baton__now_ms(void)
+{
+    return uv_hrtime() / 1000000u;
+}
+
+static uint64_t random_u64(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v)) {
+        /* No entropy source: still distinct per process start. */
+        v = uv_hrtime() ^ ((uint64_t)getpid() << 32);
+    }
+    return v ? v : 1;
+}
+
+const char *baton_xfer_transport_name(baton_xfer_transport_t t)
+{
+    switch (t) {
+    case BATON_XFER_TRANSPORT_RDMA:
+        return "rdma";
+    case BATON_XFER_TRANSPORT_TCP:
+        return "tcp";
+    case BATON_XFER_TRANSPORT_SHM:
+        return "shm";
+    default:
+        return "none";
+    }
+}
+
+int baton_xfer_transport_parse(const char *name, baton_xfer_transport_t *t_p)
+{
+    if (name == NULL)
+        return BATON_EINVAL;
+    for (int t = BATON_XFER_TRANSPORT_RDMA; t <= BATON_XFER_TRANSPORT_SHM; t++) {
+        if (strcmp(name, baton_xfer_transport_name((baton_xfer_transport_t)t)) == 0) {
+            *t_p = (baton_xfer_transport_t)t;
+            return 0;
+        }
+    }
+    return BATON_EINVAL;
+}
+
+void baton_xfer_config_init(baton_xfer_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->listen_port = 0;
+    cfg->transports[0] = BATON_XFER_TRANSPORT_TCP;
+    cfg->n_transports = 1;
+    cfg->heartbeat_interval_ms = 250;
+    cfg->heartbeat_misses = 4;
+    cfg->reconnect_min_ms = 50;
+    cfg->reconnect_max_ms = 2000;
+    cfg->connect_timeout_ms = 2000;
+    cfg->room_timeout_ms = 0;
+    cfg->slice_size = 64 * 1024;
+    cfg->lanes = 4;
+    cfg->rdma_qps_per_nic = 2;
+}
+
+static const baton__tp_ops_t *tp_ops_for(baton_xfer_transport_t id)
+{
+    switch (id) {
+    case BATON_XFER_TRANSPORT_TCP:
+        return &baton__tp_tcp_ops;
+    case BATON_XFER_TRANSPORT_SHM:
+        return &baton__tp_shm_ops;
+    case BATON_XFER_TRANSPORT_RDMA:
+#ifdef BATON_HAVE_RDMA_TP
+        return &baton__tp_rdma_ops;
+#else
+        return NULL;
+#endif
+    default:
+        return NULL;
+    }
+}
+
+int baton__tp_index(const baton_xfer_engine_t *eng, baton_xfer_transport_t id)
+{
+    for (int i = 0; i < eng->n_tp; i++)
+        if (eng->tp_ids[i] == id)
+            return i;
+    return -1;
+}
+
+/* ---- transport helpers (transport.h) ---------------------------------------------------- */
+
+int baton__tp_notsup_flush(baton__tp_peer_t *peer, baton__tp_done_cb cb, void *arg)
+{
+    return BATON_ENOTSUP;
+}
+
+int baton__tp_notsup_adopt_lane(baton__tp_peer_t *peer, uv_tcp_t *stream, uint32_t lane_index,
+                                const uint8_t *rest, size_t rest_len)
+{
+    return BATON_ENOTSUP;
+}
+
+int baton__tp_notsup_mem_add(baton__tp_peer_t *peer, uint32_t mem_id, uint64_t base, uint64_t len,
+                             baton_xfer_mem_kind_t kind, const uint8_t *blob, size_t blob_len)
+{
+    return BATON_ENOTSUP;
+}
+
+int baton__tp_notsup_mem_del(baton__tp_peer_t *peer, uint32_t mem_id)
+{
+    return BATON_ENOTSUP;
+}
+
+typedef struct {
+    baton__list_t link;
+    void (*fn)(void *);
+    void *arg;
+} deferred_t;
+
+static void defer_run(uv_idle_t *h)
+{
+    baton_xfer_engine_t *eng = h->data;
+    baton__list_t now;
+    baton__list_init(&now);
+    baton__list_splice(&now, &eng->deferred);
+    while (!baton__list_empty(&now)) {
+        deferred_t *d = container_of(now.next, deferred_t, link);
+        baton__list_remove(&d->link);
+        d->fn(d->arg);
+        free(d);
+    }
+    if (baton__list_empty(&eng->deferred)) {
+        uv_idle_stop(&eng->defer_idle);
+        baton__maybe_finish_shutdown(eng);
+    }
+}
+
+int baton__tp_defer(const baton__tp_env_t *env, void (*fn)(void *arg), void *arg)
+{
+    baton_xfer_engine_t *eng = env->priv;
+    deferred_t *d = malloc(sizeof(*d));
+    if (d == NULL)
+        return BATON_ENOMEM;
+    d->fn = fn;
+    d->arg = arg;
+    baton__list_push(&eng->deferred, &d->link);
+    uv_idle_start(&eng->defer_idle, defer_run);
+    return 0;
+}
+
+/* ---- queues ----------------------------------------------------------------------------- */
+
+void baton__cmd_post(baton_xfer_engine_t *eng, baton__cmd_t *cmd)
+{
+    uv_mutex_lock(&eng->qlock);
+    baton__list_push(&eng->cmdq, &cmd->link);
+    uv_mutex_unlock(&eng->qlock);
+    uv_async_send(&eng->cmd_async);
+}
+
+void baton__ev_post(baton_xfer_engine_t *eng, baton__ev_t *ev)
+{
+    uv_mutex_lock(&eng->qlock);
+    baton__list_push(&eng->evq, &ev->link);
+    uv_mutex_unlock(&eng->qlock);
+    uv_async_send(&eng->caller_async);
+}
+
+void baton__post_peer_event(baton_xfer_engine_t *eng, const char *endpoint, const char *engine_id,
+                            uint64_t inc, baton_xfer_peer_state_t st, baton_xfer_transport_t tp,
+                            int reason, uint32_t reconnects)
+{
+    if (eng->cbs.peer_cb == NULL)
+        return;
+    baton__ev_t *ev = calloc(1, sizeof(*ev));
+    if (ev == NULL) {
+        log_warn(BATON__LOG, "peer_event_dropped reason=no_memory");
+        return;
+    }
+    ev->type = BATON__EV_PEER;
+    snprintf(ev->u.peer.endpoint, sizeof(ev->u.peer.endpoint), "%s", endpoint ? endpoint : "");
+    snprintf(ev->u.peer.engine_id, sizeof(ev->u.peer.engine_id), "%s", engine_id ? engine_id : "");
+    ev->u.peer.incarnation = inc;
+    ev->u.peer.state = st;
+    ev->u.peer.transport = tp;
+    ev->u.peer.reason = reason;
+    ev->u.peer.reconnects = reconnects;
+    baton__ev_post(eng, ev);
+}
+
+/* ---- progress thread -------------------------------------------------------------------- */
+
+static void free_droom(baton__droom_t *dr);
+
+static void run_cmd(baton_xfer_engine_t *eng, baton__cmd_t *cmd)
+{
+    switch (cmd->type) {
+    case BATON__CMD_CONNECT: {
+        baton__peer_t *p = baton__peer_get(eng, cmd->u.connect.host, cmd->u.connect.port, 1);
+        if (p != NULL)
+            baton__peer_demand(p);
+        break;
+    }
+    case BATON__CMD_OFFER:
+        baton__droom_submit(eng, cmd->u.offer);
+        break;
+    case BATON__CMD_ABORT:
+        baton__droom_abort(eng, cmd->u.abort_room, BATON_EABORTED);
+        break;
+    case BATON__CMD_WRITE:
+        baton__proom_write(eng, cmd->u.write);
+        break;
+    case BATON__CMD_COMPLETE:
+        baton__proom_complete(eng, cmd->u.complete.room, &cmd->u.complete.done);
+        baton__room_unref(cmd->u.complete.room);
+        break;
+    case BATON__CMD_PABORT:
+        baton__proom_abort(eng, cmd->u.pabort.room, cmd->u.pabort.reason);
+        baton__room_unref(cmd->u.pabort.room);
+        break;
+    case BATON__CMD_MEM_ADD: {
+        baton__lmem_t *m = cmd->u.mem_add;
+        baton__list_push(&eng->lmems, &m->link);
+        for (baton__list_t *it = eng->conns.next; it != &eng->conns; it = it->next) {
+            baton__conn_t *c = container_of(it, baton__conn_t, link);
+            if (c->role == BATON__ROLE_DECODE && c->state == BATON__CONN_UP)
+                baton__hs_announce_mem(c, m);
+        }
+        break;
+    }
+    case BATON__CMD_MEM_DEL:
+        for (baton__list_t *it = eng->lmems.next; it != &eng->lmems; it = it->next) {
+            baton__lmem_t *m = container_of(it, baton__lmem_t, link);
+            if (m->id != cmd->u.mem_del)
+                continue;
+            baton__list_remove(&m->link);
+            baton__lmem_free(m);
+            break;
+        }
+        for (baton__list_t *it = eng->conns.next; it != &eng->conns; it = it->next) {
+            baton__conn_t *c = container_of(it, baton__conn_t, link);
+            if (c->role != BATON__ROLE_DECODE || c->state != BATON__CONN_UP)
+                continue;
+            baton_buf_t b = BATON_BUF_INIT;
+            if (baton__enc_mem_del(&b, cmd->u.mem_del) == 0)
+                baton__conn_send(c, &b);
+            baton_buf_free(&b);
+        }
+        break;
+    case BATON__CMD_SHUTDOWN:
+        eng->shutting_down = 1;
+        log_info(BATON__LOG, "engine_shutdown id=%s", eng->engine_id);
+        if (eng->listening) {
+            eng->listening = 0;
+            uv_close((uv_handle_t *)&eng->listener, NULL);
+        }
+        {
+            baton__list_t peers;
+            baton__list_init(&peers);
+            baton__list_splice(&peers, &eng->peers);
+            while (!baton__list_empty(&peers)) {
+                baton__peer_t *p = container_of(peers.next, baton__peer_t, link);
+                baton__list_remove(&p->link);
+                baton__list_push(&eng->peers, &p->link);
+                /* Fails queued rooms with ESHUTDOWN and the connection; a peer still resolving
+                 * its name stays listed until its callback frees it. */
+                baton__peer_free(p);
+            }
+        }
+        for (baton__list_t *it = eng->conns.next; it != &eng->conns;) {
+            baton__conn_t *c = container_of(it, baton__conn_t, link);
+            it = it->next;
+            baton__conn_fail(c, BATON_ESHUTDOWN, "engine shutdown");
+        }
+        baton__maybe_finish_shutdown(eng);
+        break;
+    }
+    if (!cmd->embedded)
+        free(cmd);
+}
+
+static void on_cmd_async(uv_async_t *h)
+{
+    baton_xfer_engine_t *eng = h->data;
+    baton__list_t q;
+    baton__list_init(&q);
+    uv_mutex_lock(&eng->qlock);
+    baton__list_splice(&q, &eng->cmdq);
+    uv_mutex_unlock(&eng->qlock);
+    while (!baton__list_empty(&q)) {
+        baton__cmd_t *cmd = container_of(q.next, baton__cmd_t, link);
+        baton__list_remove(&cmd->link);
+        run_cmd(eng, cmd);
+    }
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    baton_xfer_engine_t *eng = t->data;
+    uint64_t now = baton__now_ms();
+    for (baton__list_t *it = eng->peers.next; it != &eng->peers;) {
+        baton__peer_t *p = container_of(it, baton__peer_t, link);
+        it = it->next;
+        baton__peer_tick(p, now);
+    }
+    for (baton__list_t *it = eng->conns.next; it != &eng->conns;) {
+        baton__conn_t *c = container_of(it, baton__conn_t, link);
+        it = it->next;
+        baton__conn_tick(c, now);
+    }
+    baton__droom_tick(eng, now);
+    baton__proom_cuda_tick(eng);
+}
+
+void baton__maybe_finish_shutdown(baton_xfer_engine_t *eng)
+{
+    if (!eng->shutting_down || eng->closed_posted)
+        return;
+    if (!baton__list_empty(&eng->conns) || !baton__list_empty(&eng->peers) ||
+        !baton__list_empty(&eng->deferred) || eng->retiring > 0)
+        return;
+    eng->closed_posted = 1;
+    baton__mem_dereg_all(eng);
+    for (int i = 0; i < eng->n_tp; i++)
+        eng->tp[i]->ops->fini(eng->tp[i]);
+    eng->n_tp = 0;
+    while (!baton__list_empty(&eng->lmems)) {
+        baton__lmem_t *m = container_of(eng->lmems.next, baton__lmem_t, link);
+        baton__list_remove(&m->link);
+        baton__lmem_free(m);
+    }
+    baton__u64map_free(&eng->drooms);
+    uv_close((uv_handle_t *)&eng->tick, NULL);
+    uv_close((uv_handle_t *)&eng->defer_idle, NULL);
+    uv_close((uv_handle_t *)&eng->cmd_async, NULL);
+}
+
+static void progress_main(void *arg)
+{
+    baton_xfer_engine_t *eng = arg;
+    uv_run(&eng->ploop, UV_RUN_DEFAULT);
+    int rc = uv_loop_close(&eng->ploop);
+    if (rc != 0)
+        log_warn(BATON__LOG, "progress_loop_close err=%s", baton_err_name(rc));
+    static baton__ev_t closed_ev; /* only its type is read; every engine posts the same */
+    baton__ev_t *ev = calloc(1, sizeof(*ev));
+    if (ev == NULL) {
+        ev = &closed_ev;
+        ev->embedded = 1;
+    }
+    ev->type = BATON__EV_CLOSED;
+    baton__ev_post(eng, ev);
+}
+
+/* ---- caller side: event dispatch -------------------------------------------------------- */
+
+static void free_droom(baton__droom_t *dr)
+{
+    for (size_t i = 0; i < dr->n_mems; i++)
+        atomic_fetch_sub(&dr->mems[i]->refs, 1);
+    free(dr->mems);
+    free(dr->pages);
+    free(dr);
+}
+
+void baton__room_unref(baton_xfer_room_t *room)
+{
+    if (atomic_fetch_sub(&room->refs, 1) != 1)
+        return;
+    free(room->pages);
+    free(room->written);
+    free(room);
+}
+
+static void deliver_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, int status)
+{
+    room->closed_pending = 0;
+    if (eng->cbs.room_closed_cb != NULL)
+        eng->cbs.room_closed_cb(eng, room, status, eng->cbs.data);
+    baton__room_unref(room); /* the caller's reference */
+}
+
+static void on_caller_async(uv_async_t *h);
+
+static void caller_closed(uv_handle_t *h)
+{
+    baton_xfer_engine_t *eng = h->data;
+    baton__mem_free_all(eng);
+    baton__u64map_free(&eng->caller_rooms);
+    uv_mutex_destroy(&eng->qlock);
+    baton_xfer_close_cb cb = eng->close_cb;
+    void *data = eng->close_data;
+    if (cb != NULL)
+        cb(eng, data);
+    free(eng);
+}
+
+static void on_caller_async(uv_async_t *h)
+{
+    baton_xfer_engine_t *eng = h->data;
+    baton__list_t q;
+    baton__list_init(&q);
+    uv_mutex_lock(&eng->qlock);
+    baton__list_splice(&q, &eng->evq);
+    uv_mutex_unlock(&eng->qlock);
+    while (!baton__list_empty(&q)) {
+        baton__ev_t *ev = container_of(q.next, baton__ev_t, link);
+        baton__list_remove(&ev->link);
+        switch (ev->type) {
+        case BATON__EV_OFFER_DONE: {
+            baton__droom_t *dr = ev->u.droom;
+            baton__u64map_del(&eng->caller_rooms, dr->room_id);
+            baton_xfer_done_t done = {dr->done.status, dr->done.first_token, dr->done.payload,
+                                      dr->done.len};
+            dr->cb(dr->data, dr->room_id, dr->status, dr->status == 0 ? &done : NULL);
+            free_droom(dr);
+            break;
+        }
+        case BATON__EV_ROOM: {
+            baton_xfer_room_t *room = ev->u.room;
+            if (eng->cbs.room_cb != NULL)
+                eng->cbs.room_cb(eng, room, eng->cbs.data);
+            break;
+        }
+        case BATON__EV_WRITE_DONE: {
+            baton__wreq_t *wr = ev->u.wreq;
+            baton_xfer_room_t *room = wr->room;
+            room->caller_writes--;
+            for (size_t i = 0; i < wr->n_mems; i++)
+                atomic_fetch_sub(&wr->mems[i]->refs, 1);
+            wr->cb(room, wr->layer, ev->status, wr->data);
+            free(wr->mems);
+            free(wr);
+            if (room->closed_pending && room->caller_writes == 0)
+                deliver_closed(eng, room, room->closed_status);
+            baton__room_unref(room); /* the write's reference */
+            break;
+        }
+        case BATON__EV_ROOM_CLOSED: {
+            baton_xfer_room_t *room = ev->u.room;
+            /* Every write callback comes before the room's end, also for writes the caller
+             * issued after the progress thread had already closed the room. */
+            room->caller_ended = 1;
+            if (room->caller_writes > 0) {
+                room->closed_pending = 1;
+                room->closed_status = ev->status;
+            } else {
+                deliver_closed(eng, room, ev->status);
+            }
+            break;
+        }
+        case BATON__EV_PEER: {
+            baton_xfer_peer_info_t info = {ev->u.peer.endpoint,    ev->u.peer.engine_id,
+                                           ev->u.peer.incarnation, ev->u.peer.state,
+                                           ev->u.peer.transport,   ev->u.peer.reason,
+                                           ev->u.peer.reconnects};
+            if (eng->cbs.peer_cb != NULL)
+                eng->cbs.peer_cb(eng, &info, eng->cbs.data);
+            free(ev);
+            break;
+        }
+        case BATON__EV_CLOSED:
+            if (!ev->embedded)
+                free(ev);
+            /* Nothing can follow: the progress loop has ended. */
+            uv_thread_join(&eng->thread);
+            uv_close((uv_handle_t *)&eng->caller_async, caller_closed);
+            return;
+        }
+    }
+}
+
+/* ---- create / destroy ------------------------------------------------------------------- */
+
+static void env_peer_failed(baton__tp_peer_t *tpp, int err)
+{
+    baton__conn_t *c = tpp->ctx;
+    if (c != NULL && c->tp_peer == tpp)
+        baton__conn_fail(c, BATON_EPEERDOWN, baton_strerror(err));
+}
+
+static int start_listener(baton_xfer_engine_t *eng)
+{
+    struct sockaddr_storage ss;
+    int rc = uv_ip4_addr(eng->cfg.listen_host, eng->cfg.listen_port, (struct sockaddr_in *)&ss);
+    if (rc != 0)
+        rc = uv_ip6_addr(eng->cfg.listen_host, eng->cfg.listen_port, (struct sockaddr_in6 *)&ss);
+    if (rc != 0) {
+        log_error(BATON__LOG, "bootstrap_listen_failed host=%s err=bad_address",
+                  eng->cfg.listen_host);
+        return BATON_EINVAL;
+    }
+    uv_tcp_init(&eng->ploop, &eng->listener);
+    eng->listener.data = eng;
+    eng->listening = 1;
+    rc = uv_tcp_bind(&eng->listener, (const struct sockaddr *)&ss, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&eng->listener, 512, baton__listener_accept);
+    if (rc != 0) {
+        log_error(BATON__LOG, "bootstrap_listen_failed host=%s port=%d err=%s",
+                  eng->cfg.listen_host, eng->cfg.listen_port, baton_err_name(rc));
+        return rc;
+    }
+    struct sockaddr_storage bound;
+    int blen = sizeof(bound);
+    uv_tcp_getsockname(&eng->listener, (struct sockaddr *)&bound, &blen);
+    int port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                 : ((struct sockaddr_in *)&bound)->sin_port);
+    atomic_store(&eng->port, port);
+    return 0;
+}
+
+static void close_walk_cb(uv_handle_t *h, void *arg)
+{
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+static void teardown_unstarted(baton_xfer_engine_t *eng)
+{
+    for (int i = 0; i < eng->n_tp; i++)
+        eng->tp[i]->ops->fini(eng->tp[i]);
+    uv_walk(&eng->ploop, close_walk_cb, NULL);
+    uv_run(&eng->ploop, UV_RUN_DEFAULT);
+    uv_loop_close(&eng->ploop);
+    uv_mutex_destroy(&eng->qlock);
+    free(eng);
+}
+
+int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
+                             const baton_xfer_callbacks_t *cbs, baton_xfer_engine_t **engine_p)
+{
+    if (loop == NULL || cfg == NULL || engine_p == NULL)
+        return BATON_EINVAL;
+    if (cfg->listen_host != NULL &&
+        (cbs == NULL || cbs->room_cb == NULL || cbs->room_closed_cb == NULL))
+        return BATON_EINVAL; /* the prefill role must be able to hand rooms over */
+    if (cfg->listen_port < 0 || cfg->listen_port > 65535 || cfg->n_transports < 0 ||
+        cfg->n_transports > BATON_XFER_MAX_TRANSPORTS)
+        return BATON_EINVAL;
+    if (cfg->engine_id != NULL &&
+        (cfg->engine_id[0] == '\0' || strlen(cfg->engine_id) > BATON_XFER_ENGINE_ID_MAX))
+        return BATON_EINVAL;
+    if (cfg->engine_id != NULL)
+        for (const char *p = cfg->engine_id; *p; p++)
+            if (*p <= 0x20 || *p >= 0x7f)
+                return BATON_EINVAL;
+    if (cfg->lanes > 16)
+        return BATON_EINVAL;
+
+    baton_xfer_engine_t *eng = calloc(1, sizeof(*eng));
+    if (eng == NULL)
+        return BATON_ENOMEM;
+    eng->cfg = *cfg;
+    if (cbs != NULL)
+        eng->cbs = *cbs;
+    baton_xfer_config_t def;
+    baton_xfer_config_init(&def);
+#define DEF(f)                                                                                     \
+    if (eng->cfg.f == 0)                                                                           \
+    eng->cfg.f = def.f
+    DEF(heartbeat_interval_ms);
+    DEF(heartbeat_misses);
+    DEF(reconnect_min_ms);
+    DEF(reconnect_max_ms);
+    DEF(connect_timeout_ms);
+    DEF(slice_size);
+    DEF(lanes);
+    DEF(rdma_qps_per_nic);
+#undef DEF
+    if (eng->cfg.n_transports == 0) {
+        eng->cfg.transports[0] = BATON_XFER_TRANSPORT_TCP;
+        eng->cfg.n_transports = 1;
+    }
+    if (cfg->engine_id != NULL) {
+        snprintf(eng->engine_id, sizeof(eng->engine_id), "%s", cfg->engine_id);
+    } else {
+        char host[64] = "host";
+        gethostname(host, sizeof(host) - 1);
+        host[sizeof(host) - 1] = '\0';
+        for (char *p = host; *p; p++)
+            if (*p <= 0x20 || *p >= 0x7f)
+                *p = '_';
+        snprintf(eng->engine_id, sizeof(eng->engine_id), "%.40s-%d", host, (int)getpid());
+    }
+    eng->cfg.engine_id = eng->engine_id;
+    if (cfg->rdma_devices != NULL) {
+        snprintf(eng->rdma_devices, sizeof(eng->rdma_devices), "%s", cfg->rdma_devices);
+        eng->cfg.rdma_devices = eng->rdma_devices;
+    }
+    eng->cfg.listen_host = NULL; /* not kept: only used below */
+    eng->incarnation = random_u64();
+    eng->caller_loop = loop;
+    eng->next_mem_id = 1;
+    eng->next_gen = (random_u64() & 0xffffffff00000000ull) | 1;
+    eng->tick_ms = eng->cfg.heartbeat_interval_ms / 5;
+    if (eng->tick_ms < 5)
+        eng->tick_ms = 5;
+    if (eng->tick_ms > 50)
+        eng->tick_ms = 50;
+    baton__u64map_init(&eng->caller_rooms);
+    baton__u64map_init(&eng->drooms);
+    baton__list_init(&eng->cmdq);
+    baton__list_init(&eng->evq);
+    baton__list_init(&eng->deferred);
+    baton__list_init(&eng->peers);
+    baton__list_init(&eng->conns);
+    baton__list_init(&eng->lmems);
+    if (uv_mutex_init(&eng->qlock) != 0) {
+        free(eng);
+        return BATON_ENOMEM;
+    }
+    int rc = uv_loop_init(&eng->ploop);
+    if (rc != 0) {
+        uv_mutex_destroy(&eng->qlock);
+        free(eng);
+        return rc;
+    }
+    uv_async_init(&eng->ploop, &eng->cmd_async, on_cmd_async);
+    eng->cmd_async.data = eng;
+    uv_timer_init(&eng->ploop, &eng->tick);
+    eng->tick.data = eng;
+    uv_idle_init(&eng->ploop, &eng->defer_idle);
+    eng->defer_idle.data = eng;
+
+    eng->env.loop = &eng->ploop;
+    eng->env.cfg = &eng->cfg;
+    eng->env.engine_id = eng->engine_id;
+    eng->env.incarnation = eng->incarnation;
+    eng->env.priv = eng;
+    eng->env.peer_failed = env_peer_failed;
+    eng->env.resolve_dst = baton__resolve_dst;
+    eng->env.placed = baton__placed;
+
+    for (int i = 0; i < eng->cfg.n_transports && eng->n_tp < BATON__MAX_TP; i++) {
+        baton_xfer_transport_t id = eng->cfg.transports[i];
+        if (baton__tp_index(eng, id) >= 0)
+            continue;
+        const baton__tp_ops_t *ops = tp_ops_for(id);
+        if (ops == NULL) {
+            log_warn(BATON__LOG, "transport_unavailable transport=%s err=not_built_in",
+                     baton_xfer_transport_name(id));
+            continue;
+        }
+        baton__tp_t *tp = NULL;
+        rc = ops->init(&eng->env, &tp);
+        if (rc != 0) {
+            log_warn(BATON__LOG, "transport_unavailable transport=%s err=%s fallback=next",
+                     ops->name, baton_err_name(rc));
+            continue;
+        }
+        tp->ops = ops;
+        tp->env = &eng->env;
+        tp->id = id;
+        memset(&eng->caps[eng->n_tp], 0, sizeof(eng->caps[0]));
+        ops->query(tp, &eng->caps[eng->n_tp]);
+        eng->tp_ids[eng->n_tp] = id;
+        eng->tp[eng->n_tp++] = tp;
+    }
+    if (eng->n_tp == 0) {
+        log_error(BATON__LOG, "engine_create_failed err=no_usable_transport");
+        teardown_unstarted(eng);
+        return BATON_ENODEV;
+    }
+    if (cfg->listen_host != NULL) {
+        eng->cfg.listen_host = cfg->listen_host;
+        rc = start_listener(eng);
+        eng->cfg.listen_host = NULL;
+        if (rc != 0) {
+            teardown_unstarted(eng);
+            return rc;
+        }
+    }
+    rc = uv_async_init(loop, &eng->caller_async, on_caller_async);
+    if (rc != 0) {
+        teardown_unstarted(eng);
+        return rc;
+    }
+    eng->caller_async.data = eng;
+    uv_timer_start(&eng->tick, on_tick, eng->tick_ms, eng->tick_ms);
+    rc = uv_thread_create(&eng->thread, progress_main, eng);
+    if (rc != 0) {
+        uv_close((uv_handle_t *)&eng->caller_async, NULL);
+        teardown_unstarted(eng); /* caller_async's close completes on the caller loop */
+        return rc;
+    }
+    eng->thread_started = 1;
+    char tps[64] = "";
+    for (int i = 0; i < eng->n_tp; i++) {
+        strcat(tps, i ? "," : "");
+        strcat(tps, baton_xfer_transport_name(eng->tp_ids[i]));
+    }
+    log_info(BATON__LOG, "engine_started id=%s incarnation=%016llx transports=%s", eng->engine_id,
+             (unsigned long long)eng->incarnation, tps);
+    if (cfg->listen_host != NULL) {
+        int port = atomic_load(&eng->port);
+        if (strchr(cfg->listen_host, ':') != NULL)
+            log_info(BATON__LOG, "bootstrap_listening addr=[%s]:%d", cfg->listen_host, port);
+        else
+            log_info(BATON__LOG, "bootstrap_listening addr=%s:%d", cfg->listen_host, port);
+    }
+    *engine_p = eng;
+    return 0;
+}
+
+int baton_xfer_engine_listen_port(const baton_xfer_engine_t *engine)
+{
+    return atomic_load(&((baton_xfer_engine_t *)engine)->port);
+}
+
+const char *baton_xfer_engine_id(const baton_xfer_engine_t *engine)
+{
+    return engine->engine_id;
+}
+
+uint64_t baton_xfer_engine_incarnation(const baton_xfer_engine_t *engine)
+{
+    return engine->incarnation;
+}
+
+int baton_xfer_engine_transports(const baton_xfer_engine_t *engine, baton_xfer_transport_t *out,
+                                 int cap)
+{
+    int n = 0;
+    for (int i = 0; i < engine->n_tp && n < cap; i++)
+        out[n++] = engine->tp_ids[i];
+    return n;
+}
+
+void baton_xfer_engine_destroy(baton_xfer_engine_t *engine, baton_xfer_close_cb close_cb,
+                               void *data)
+{
+    if (engine == NULL || engine->destroying)
+        return;
+    engine->destroying = 1;
+    engine->close_cb = close_cb;
+    engine->close_data = data;
+    static baton__cmd_t fallback; /* shutdown must not fail for lack of 100 bytes */
+    baton__cmd_t *cmd = calloc(1, sizeof(*cmd));
+    if (cmd == NULL) {
+        cmd = &fallback;
+        cmd->embedded = 1;
+    }
+    cmd->type = BATON__CMD_SHUTDOWN;
+    baton__cmd_post(engine, cmd);
+}
+
+void baton_xfer_engine_stats(const baton_xfer_engine_t *engine, baton_xfer_stats_t *s)
+{
+    baton_xfer_engine_t *e = (baton_xfer_engine_t *)engine;
+    s->bytes_written = atomic_load_explicit(&e->st_bytes_written, memory_order_relaxed);
+    s->bytes_received = atomic_load_explicit(&e->st_bytes_received, memory_order_relaxed);
+    s->rooms_done = atomic_load_explicit(&e->st_rooms_done, memory_order_relaxed);
+    s->rooms_failed = atomic_load_explicit(&e->st_rooms_failed, memory_order_relaxed);
+    s->rooms_aborted = atomic_load_explicit(&e->st_rooms_aborted, memory_order_relaxed);
+    s->peers_up = atomic_load_explicit(&e->st_peers_up, memory_order_relaxed);
+    s->peers_down = atomic_load_explicit(&e->st_peers_down, memory_order_relaxed);
+    s->reconnects = atomic_load_explicit(&e->st_reconnects, memory_order_relaxed);
+    s->frames_rejected = atomic_load_explicit(&e->st_frames_rejected, memory_order_relaxed);
+    s->writes_rejected = atomic_load_explicit(&e->st_writes_rejected, memory_order_relaxed);
+}

@@ -1,0 +1,480 @@
+/* transfer/internal.h — libbaton's private types shared by engine, control channel and rooms. */
+#ifndef BATON_TRANSFER_INTERNAL_H
+#define BATON_TRANSFER_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "baton/transfer.h"
+#include "common/buf.h"
+#include "health/heartbeat.h"
+#include "health/peer_state.h"
+#include "transfer/ctrl_frame.h"
+#include "transfer/transport.h"
+#include "transfer/u64map.h"
+
+/*
+ * Threads and ownership
+ * ---------------------
+ * CALLER thread: the public API and every user callback. PROGRESS thread: the engine's own
+ * loop (ploop): sockets, transports, timers, all protocol state. They talk through two queues
+ * under one mutex: commands (caller -> progress, woken by cmd_async) and events (progress ->
+ * caller, woken by caller_async). Each struct below says which thread owns which field.
+ *
+ * Objects that cross threads:
+ *   baton__droom_t  decode room: built by the caller (offer), owned by the progress thread from
+ *                   its OFFER command until its completion event, then freed by the caller.
+ *   baton_xfer_room_s prefill room: refcounted (progress, caller, in-flight commands).
+ *   baton__wreq_t   a write call: built by the caller, owned by the progress thread until its
+ *                   WRITE_DONE event, then freed by the caller.
+ */
+
+#define BATON__MAX_TP 3
+
+/* ---- intrusive list --------------------------------------------------------------------- */
+
+typedef struct baton__list_s {
+    struct baton__list_s *prev, *next;
+} baton__list_t;
+
+static inline void baton__list_init(baton__list_t *l)
+{
+    l->prev = l->next = l;
+}
+static inline int baton__list_empty(const baton__list_t *l)
+{
+    return l->next == l;
+}
+static inline void baton__list_push(baton__list_t *head, baton__list_t *n)
+{
+    n->prev = head->prev;
+    n->next = head;
+    head->prev->next = n;
+    head->prev = n;
+}
+static inline void baton__list_remove(baton__list_t *n)
+{
+    n->prev->next = n->next;
+    n->next->prev = n->prev;
+    n->prev = n->next = n;
+}
+/* Moves every node of src to the end of dst. */
+static inline void baton__list_splice(baton__list_t *dst, baton__list_t *src)
+{
+    if (baton__list_empty(src))
+        return;
+    src->next->prev = dst->prev;
+    dst->prev->next = src->next;
+    src->prev->next = dst;
+    dst->prev = src->prev;
+    baton__list_init(src);
+}
+
+/* ---- commands and events ---------------------------------------------------------------- */
+
+typedef enum {
+    BATON__CMD_CONNECT = 1,
+    BATON__CMD_OFFER,
+    BATON__CMD_ABORT,
+    BATON__CMD_WRITE,
+    BATON__CMD_COMPLETE,
+    BATON__CMD_PABORT,
+    BATON__CMD_MEM_ADD,
+    BATON__CMD_MEM_DEL,
+    BATON__CMD_SHUTDOWN,
+} baton__cmd_type_t;
+
+typedef struct baton__droom_s baton__droom_t;
+typedef struct baton__wreq_s baton__wreq_t;
+typedef struct baton__lmem_s baton__lmem_t;
+typedef struct baton__conn_s baton__conn_t;
+typedef struct baton__peer_s baton__peer_t;
+
+typedef struct {
+    int32_t status;
+    int64_t first_token;
+    uint16_t len;
+    uint8_t payload[BATON_XFER_DONE_PAYLOAD_MAX];
+} baton__done_copy_t;
+
+typedef struct baton__cmd_s {
+    baton__list_t link;
+    baton__cmd_type_t type;
+    int embedded; /* part of a droom / wreq: not freed by itself */
+    union {
+        struct {
+            char host[256];
+            int port;
+        } connect;
+        baton__droom_t *offer;
+        uint64_t abort_room;
+        baton__wreq_t *write;
+        struct {
+            baton_xfer_room_t *room;
+            baton__done_copy_t done;
+        } complete;
+        struct {
+            baton_xfer_room_t *room;
+            int reason;
+        } pabort;
+        baton__lmem_t *mem_add;
+        uint32_t mem_del;
+    } u;
+} baton__cmd_t;
+
+typedef enum {
+    BATON__EV_OFFER_DONE = 1,
+    BATON__EV_ROOM,
+    BATON__EV_ROOM_CLOSED,
+    BATON__EV_WRITE_DONE,
+    BATON__EV_PEER,
+    BATON__EV_CLOSED,
+} baton__ev_type_t;
+
+typedef struct {
+    char endpoint[300];
+    char engine_id[BATON__ID_MAX + 1];
+    uint64_t incarnation;
+    baton_xfer_peer_state_t state;
+    baton_xfer_transport_t transport;
+    int reason;
+    uint32_t reconnects;
+} baton__peer_ev_t;
+
+typedef struct baton__ev_s {
+    baton__list_t link;
+    baton__ev_type_t type;
+    int status;
+    int embedded;
+    union {
+        baton__droom_t *droom;
+        baton_xfer_room_t *room;
+        baton__wreq_t *wreq;
+        baton__peer_ev_t peer;
+    } u;
+} baton__ev_t;
+
+/* ---- memory ----------------------------------------------------------------------------- */
+
+/* A registered region (caller thread). */
+struct baton_xfer_mem_s {
+    baton_xfer_engine_t *eng;
+    uint32_t id;
+    void *addr;
+    size_t len;
+    baton_xfer_mem_kind_t kind;
+    int device;
+    int memfd; /* -1 unless from baton_xfer_mem_alloc */
+    uint64_t token;
+    baton__tp_mr_t *mr[BATON__MAX_TP]; /* per engine transport index; NULL if it refused */
+    atomic_int refs;                   /* open rooms / writes using it */
+};
+
+/* The progress thread's copy of a local region, announced to decode-role peers (MEM). */
+struct baton__lmem_s {
+    baton__list_t link;
+    uint32_t id;
+    uint64_t base, len;
+    baton_xfer_mem_kind_t kind;
+    int shm_ok;                 /* memfd-backed */
+    uint8_t reg[BATON__MAX_TP]; /* registered with that engine transport */
+    uint16_t blob_len[BATON__MAX_TP];
+    uint8_t *blob[BATON__MAX_TP];
+};
+
+/* A peer's region as announced to us (prefill side, per connection). */
+typedef struct {
+    uint32_t id;
+    uint64_t base, len;
+    baton_xfer_mem_kind_t kind;
+    int usable; /* the transport accepted its key (else pages in it are refused) */
+} baton__rmem_t;
+
+/* ---- rooms ------------------------------------------------------------------------------ */
+
+typedef enum {
+    BATON__DR_QUEUED = 1, /* waiting for its peer to come UP */
+    BATON__DR_SENT,       /* OFFER sent */
+    BATON__DR_ABORTING,   /* ABORT sent, waiting for ABORT_ACK / DONE / fence */
+    BATON__DR_FAILING,    /* its connection failed; completes after the fence */
+} baton__droom_state_t;
+
+typedef struct {
+    uint64_t addr;
+    uint64_t len;
+    uint32_t mem_id;
+} baton__dpage_t;
+
+struct baton__droom_s {
+    baton__cmd_t cmd;
+    baton__ev_t ev;
+    baton_xfer_engine_t *eng;
+    uint64_t room_id;
+    uint32_t n_layers, ppl, n_pages;
+    baton__dpage_t *pages;
+    baton_xfer_mem_t **mems; /* distinct regions referenced (refs held) */
+    size_t n_mems;
+    uint64_t total_bytes;
+    int shm_ok; /* every page in memfd memory */
+    int cuda;   /* some page in device memory */
+    baton_xfer_offer_cb cb;
+    void *data;
+    char host[256];
+    int port;
+    /* progress thread */
+    baton__list_t link; /* peer->queued or conn->drooms */
+    baton__peer_t *peer;
+    baton__conn_t *conn;
+    baton__droom_state_t state;
+    int abort_status; /* what an abort reports (EABORTED, ETIMEOUT) */
+    uint64_t t_offer_ms;
+    /* result, read by the caller with the event */
+    int status;
+    baton__done_copy_t done;
+};
+
+typedef enum {
+    BATON__PR_OPEN = 1,
+    BATON__PR_COMPLETING,  /* DONE waits for in-flight writes */
+    BATON__PR_ABORT_LOCAL, /* our abort: ABORT waits for in-flight writes */
+    BATON__PR_ABORT_PEER,  /* peer's ABORT: ABORT_ACK waits for in-flight writes */
+    BATON__PR_CLOSED,
+} baton__proom_state_t;
+
+struct baton_xfer_room_s {
+    atomic_int refs;
+    baton_xfer_engine_t *eng;
+    /* immutable once announced */
+    uint64_t room_id;
+    uint32_t n_layers, ppl;
+    baton__offer_page_t *pages;
+    char peer_id[BATON__ID_MAX + 1];
+    baton_xfer_transport_t transport;
+    int tp_index;
+    /* caller thread */
+    void *user;
+    uint8_t *written;   /* per layer */
+    int caller_ended;   /* complete/abort called */
+    int caller_writes;  /* write calls whose callback has not run yet */
+    int closed_pending; /* ROOM_CLOSED arrived while writes were outstanding */
+    int closed_status;
+    /* progress thread */
+    baton__conn_t *conn;
+    baton__proom_state_t state;
+    uint32_t inflight; /* transport writes started, not finished */
+    int abort_reason;
+    baton__done_copy_t done;
+    baton__ev_t ev_room, ev_closed;
+};
+
+struct baton__wreq_s {
+    baton__cmd_t cmd;
+    baton__ev_t ev;
+    baton__tp_write_t w;
+    baton_xfer_room_t *room; /* ref held */
+    uint32_t layer;
+    baton_xfer_write_cb cb;
+    void *data;
+    baton_xfer_mem_t **mems; /* source regions (refs held) */
+    size_t n_mems;
+    void *cuda_event; /* start only once it completed (CUDA builds) */
+    uint64_t bytes;
+    baton__tp_sge_t sges[]; /* flexible */
+};
+
+/* ---- connections and peers (progress thread) --------------------------------------------- */
+
+typedef enum {
+    BATON__CONN_PENDING = 1, /* accepted, first frame not seen yet */
+    BATON__CONN_CONNECTING,  /* decode: TCP connect under way */
+    BATON__CONN_HELLO,       /* HELLO sent (decode) / awaited (prefill) */
+    BATON__CONN_TP_CONNECT,  /* the chosen transport's peer_connect is under way */
+    BATON__CONN_UP,
+    BATON__CONN_CLOSING,
+} baton__conn_state_t;
+
+struct baton__conn_s {
+    baton__list_t link; /* eng->conns */
+    baton_xfer_engine_t *eng;
+    uv_tcp_t *tcp; /* malloc'd; freed in its close callback */
+    uv_connect_t creq;
+    int role; /* BATON__ROLE_DECODE: we connected; PREFILL: we accepted */
+    baton__conn_state_t state;
+    uint64_t gen;
+    uint64_t remote_gen;
+    uint64_t remote_inc;
+    char remote_id[BATON__ID_MAX + 1];
+    char addr[80]; /* the peer's "ip:port" */
+    baton_buf_t rbuf;
+    baton__peer_t *peer; /* decode side */
+    int tp_index;        /* engine transport index of tp_peer, -1 none */
+    baton__tp_peer_t *tp_peer;
+    baton__tp_peer_t *cand[BATON__MAX_TP]; /* decode: per engine transport, during HELLO */
+    int prefill_try;                       /* prefill: index into the peer's HELLO list */
+    baton__hello_t *peer_hello;            /* prefill: copy kept while trying transports */
+    uint8_t *peer_hello_buf;
+    baton__u64map_t rooms; /* room id -> droom (decode) or room (prefill) */
+    baton__u64map_t rmems; /* prefill: mem id -> rmem */
+    baton_heartbeat_t hb;
+    uint64_t hb_seq;
+    int fail_status;
+    int pending; /* close/fence callbacks outstanding while CLOSING */
+    int reported_up;
+    int close_after_send; /* a refusal is on its way: close once it was written */
+    uint64_t t_start_ms;
+};
+
+struct baton__peer_s {
+    baton__list_t link; /* eng->peers */
+    baton_xfer_engine_t *eng;
+    char host[256];
+    int port;
+    char endpoint[300];
+    baton_peer_health_t health;
+    baton__conn_t *conn;  /* current attempt or UP connection */
+    baton__list_t queued; /* drooms waiting for UP */
+    char remote_id[BATON__ID_MAX + 1];
+    uint64_t remote_inc;
+    baton_xfer_transport_t transport;
+    uv_getaddrinfo_t gai;
+    int resolving;
+};
+
+/* ---- engine ----------------------------------------------------------------------------- */
+
+struct baton_xfer_engine_s {
+    baton_xfer_config_t cfg;
+    char engine_id[BATON__ID_MAX + 1];
+    char rdma_devices[256];
+    uint64_t incarnation;
+    baton_xfer_callbacks_t cbs;
+
+    /* caller side */
+    uv_loop_t *caller_loop;
+    uv_async_t caller_async;
+    baton_xfer_mem_t **mems; /* sorted by address */
+    size_t n_mems, cap_mems;
+    uint32_t next_mem_id;
+    baton__u64map_t caller_rooms; /* open decode room ids */
+    int destroying;
+    baton_xfer_close_cb close_cb;
+    void *close_data;
+    uv_thread_t thread;
+    int thread_started;
+
+    /* queues */
+    uv_mutex_t qlock;
+    baton__list_t cmdq;
+    baton__list_t evq;
+
+    /* progress side */
+    uv_loop_t ploop;
+    uv_async_t cmd_async;
+    uv_timer_t tick;
+    uv_idle_t defer_idle;
+    baton__list_t deferred;
+    uv_tcp_t listener;
+    int listening;
+    atomic_int port;
+    baton__tp_env_t env;
+    int n_tp;
+    baton__tp_t *tp[BATON__MAX_TP];
+    baton__tp_caps_t caps[BATON__MAX_TP];
+    baton_xfer_transport_t tp_ids[BATON__MAX_TP];
+    baton__list_t peers;
+    baton__list_t conns;
+    baton__list_t lmems;
+    baton__u64map_t drooms; /* every decode room the progress thread holds */
+    uint64_t next_gen;
+    int shutting_down;
+    int closed_posted;
+    int retiring; /* transport peers being fenced outside any connection */
+    uint32_t tick_ms;
+
+    /* statistics (any thread, relaxed) */
+    atomic_uint_fast64_t st_bytes_written, st_bytes_received, st_rooms_done, st_rooms_failed,
+        st_rooms_aborted, st_peers_up, st_peers_down, st_reconnects, st_frames_rejected,
+        st_writes_rejected;
+};
+
+/* ---- engine.c ---------------------------------------------------------------------------- */
+uint64_t baton__now_ms(void);
+/* Caller thread: queue a command for the progress thread. */
+void baton__cmd_post(baton_xfer_engine_t *eng, baton__cmd_t *cmd);
+/* Progress thread: queue an event for the caller loop. */
+void baton__ev_post(baton_xfer_engine_t *eng, baton__ev_t *ev);
+void baton__post_peer_event(baton_xfer_engine_t *eng, const char *endpoint, const char *engine_id,
+                            uint64_t inc, baton_xfer_peer_state_t st, baton_xfer_transport_t tp,
+                            int reason, uint32_t reconnects);
+int baton__tp_index(const baton_xfer_engine_t *eng, baton_xfer_transport_t id);
+void baton__maybe_finish_shutdown(baton_xfer_engine_t *eng);
+void baton__room_unref(baton_xfer_room_t *room);
+
+/* ---- ctrl_conn.c -------------------------------------------------------------------------- */
+baton__conn_t *baton__conn_new(baton_xfer_engine_t *eng, int role);
+/* Starts reading frames on conn->tcp. */
+int baton__conn_start_read(baton__conn_t *conn);
+/* Sends the frames encoded in buf (takes its storage). Errors fail the connection. */
+void baton__conn_send(baton__conn_t *conn, baton_buf_t *buf);
+/* Fails the connection once: logs why, closes it, fences its transport, then fails its rooms
+ * (decode rooms after the fence) with `status`. */
+void baton__conn_fail(baton__conn_t *conn, int status, const char *why);
+void baton__conn_tick(baton__conn_t *conn, uint64_t now);
+void baton__listener_accept(uv_stream_t *server, int status);
+
+/* ---- ctrl_handshake.c --------------------------------------------------------------------- */
+void baton__hs_decode_start(baton__conn_t *conn);
+int baton__hs_on_hello(baton__conn_t *conn, const baton__hello_t *h);
+/* Hands an accepted connection that said LANE_HELLO to its transport; returns 1 when conn is
+ * gone (freed, its socket now the transport's). */
+int baton__hs_on_lane_hello(baton__conn_t *conn, const baton__frame_t *f, const uint8_t *rest,
+                            size_t rest_len);
+void baton__hs_announce_mem(baton__conn_t *conn, const baton__lmem_t *m);
+int baton__hs_on_mem(baton__conn_t *conn, const baton__mem_t *m);
+int baton__hs_on_mem_del(baton__conn_t *conn, uint32_t mem_id);
+
+/* ---- peer.c (decode side) ---------------------------------------------------------------- */
+baton__peer_t *baton__peer_get(baton_xfer_engine_t *eng, const char *host, int port, int create);
+void baton__peer_demand(baton__peer_t *peer);
+void baton__peer_on_up(baton__peer_t *peer, baton__conn_t *conn);
+void baton__peer_on_conn_failed(baton__peer_t *peer, baton__conn_t *conn, int status);
+void baton__peer_tick(baton__peer_t *peer, uint64_t now);
+void baton__peer_free(baton__peer_t *peer);
+
+/* ---- room_decode.c ------------------------------------------------------------------------ */
+void baton__droom_submit(baton_xfer_engine_t *eng, baton__droom_t *dr);
+void baton__droom_send(baton__conn_t *conn, baton__droom_t *dr);
+/* Completes a decode room (posts its event); the caller must have fenced it. */
+void baton__droom_finish(baton__droom_t *dr, int status);
+void baton__droom_abort(baton_xfer_engine_t *eng, uint64_t room_id, int status);
+int baton__droom_on_done(baton__conn_t *conn, const baton__done_t *d);
+int baton__droom_on_abort(baton__conn_t *conn, uint64_t room_id, int reason);
+int baton__droom_on_abort_ack(baton__conn_t *conn, uint64_t room_id);
+void baton__droom_tick(baton_xfer_engine_t *eng, uint64_t now);
+int baton__resolve_dst(baton__tp_peer_t *tpp, uint64_t room_id, uint32_t page, uint64_t addr,
+                       uint64_t len, void **dst_p);
+void baton__placed(baton__tp_peer_t *tpp, uint64_t room_id, uint64_t len);
+
+/* ---- room_prefill.c ----------------------------------------------------------------------- */
+int baton__proom_on_offer(baton__conn_t *conn, const baton__offer_t *o);
+int baton__proom_on_abort(baton__conn_t *conn, uint64_t room_id, int reason);
+void baton__proom_write(baton_xfer_engine_t *eng, baton__wreq_t *wr);
+void baton__proom_complete(baton_xfer_engine_t *eng, baton_xfer_room_t *room,
+                           const baton__done_copy_t *done);
+void baton__proom_abort(baton_xfer_engine_t *eng, baton_xfer_room_t *room, int reason);
+/* The connection is gone (after its fence): close every room with status. */
+void baton__proom_close_all(baton__conn_t *conn, int status);
+void baton__proom_cuda_tick(baton_xfer_engine_t *eng);
+
+/* ---- mem.c ------------------------------------------------------------------------------- */
+/* Caller thread: the region holding [addr, addr+len), or NULL. */
+baton_xfer_mem_t *baton__mem_find(baton_xfer_engine_t *eng, const void *addr, uint64_t len);
+void baton__mem_dereg_all(baton_xfer_engine_t *eng);
+void baton__mem_free_all(baton_xfer_engine_t *eng);
+void baton__lmem_free(baton__lmem_t *m);
+
+#define BATON__LOG "xfer"
+
+#endif

@@ -1,0 +1,230 @@
+/* transfer/room_decode.c — decode-side rooms: OFFER, DONE, ABORT / ABORT_ACK, room timeouts, and
+ * the receiver's bounds check for transports that place bytes themselves (tcp). */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "transfer/internal.h"
+
+void baton__droom_finish(baton__droom_t *dr, int status)
+{
+    baton_xfer_engine_t *eng = dr->eng;
+    baton__u64map_del(&eng->drooms, dr->room_id);
+    if (dr->conn != NULL) {
+        baton__u64map_del(&dr->conn->rooms, dr->room_id);
+        dr->conn = NULL;
+    }
+    dr->status = status;
+    if (status == 0) {
+        atomic_fetch_add(&eng->st_rooms_done, 1);
+        atomic_fetch_add(&eng->st_bytes_received, dr->total_bytes);
+    } else {
+        atomic_fetch_add(&eng->st_rooms_failed, 1);
+        if (status == BATON_EABORTED || status == BATON_ETIMEOUT)
+            atomic_fetch_add(&eng->st_rooms_aborted, 1);
+        log_debug(BATON__LOG, "room_failed role=decode room=%" PRIu64 " err=%s", dr->room_id,
+                  baton_err_name(status));
+    }
+    baton__ev_post(eng, &dr->ev);
+}
+
+void baton__droom_submit(baton_xfer_engine_t *eng, baton__droom_t *dr)
+{
+    dr->t_offer_ms = baton__now_ms();
+    if (baton__u64map_put(&eng->drooms, dr->room_id, dr) != 0) {
+        baton__droom_finish(dr, BATON_ENOMEM);
+        return;
+    }
+    if (eng->shutting_down) {
+        baton__droom_finish(dr, BATON_ESHUTDOWN);
+        return;
+    }
+    baton__peer_t *p = baton__peer_get(eng, dr->host, dr->port, 1);
+    if (p == NULL) {
+        baton__droom_finish(dr, BATON_ENOMEM);
+        return;
+    }
+    dr->peer = p;
+    baton__peer_demand(p);
+    if (p->conn != NULL && p->conn->state == BATON__CONN_UP) {
+        baton__droom_send(p->conn, dr);
+    } else if (p->health.state == BATON_PEER_CONNECTING) {
+        dr->state = BATON__DR_QUEUED;
+        baton__list_push(&p->queued, &dr->link);
+    } else {
+        /* Down and waiting for its back-off: fail fast so the caller can pick another pair. */
+        baton__droom_finish(dr, BATON_EPEERDOWN);
+    }
+}
+
+void baton__droom_send(baton__conn_t *c, baton__droom_t *dr)
+{
+    baton_xfer_engine_t *eng = c->eng;
+    int idx = c->tp_index;
+    const baton__tp_caps_t *caps = &eng->caps[idx];
+    int rc = 0;
+    if (caps->needs_shm && !dr->shm_ok)
+        rc = BATON_ENOTSUP; /* pages not in memfd memory cannot be reached over shm */
+    if (dr->cuda && !caps->cuda_remote)
+        rc = BATON_ENOTSUP;
+    for (size_t i = 0; rc == 0 && i < dr->n_mems; i++)
+        if (dr->mems[i]->mr[idx] == NULL)
+            rc = BATON_ENOTSUP;
+    if (rc != 0) {
+        log_warn(BATON__LOG,
+                 "room_refused room=%" PRIu64 " peer=%s transport=%s "
+                 "reason=pages_not_reachable_by_transport",
+                 dr->room_id, c->addr, baton_xfer_transport_name(eng->tp_ids[idx]));
+        baton__droom_finish(dr, rc);
+        return;
+    }
+    baton__offer_page_t *pages = malloc((size_t)dr->n_pages * sizeof(*pages));
+    if (pages == NULL) {
+        baton__droom_finish(dr, BATON_ENOMEM);
+        return;
+    }
+    for (uint32_t i = 0; i < dr->n_pages; i++) {
+        pages[i].addr = dr->pages[i].addr;
+        pages[i].len = (uint32_t)dr->pages[i].len;
+        pages[i].mem_id = dr->pages[i].mem_id;
+    }
+    baton_buf_t b = BATON_BUF_INIT;
+    rc = baton__enc_offer(&b, dr->room_id, eng->incarnation, dr->n_layers, dr->ppl, pages);
+    free(pages);
+    if (rc == 0)
+        rc = baton__u64map_put(&c->rooms, dr->room_id, dr);
+    if (rc != 0) {
+        baton_buf_free(&b);
+        baton__droom_finish(dr, rc);
+        return;
+    }
+    dr->conn = c;
+    dr->state = BATON__DR_SENT;
+    baton__conn_send(c, &b);
+    baton_buf_free(&b);
+}
+
+void baton__droom_abort(baton_xfer_engine_t *eng, uint64_t room_id, int status)
+{
+    baton__droom_t *dr = baton__u64map_get(&eng->drooms, room_id);
+    if (dr == NULL)
+        return; /* already finished: its completion is on its way */
+    switch (dr->state) {
+    case BATON__DR_QUEUED:
+        baton__list_remove(&dr->link);
+        baton__droom_finish(dr, status); /* never offered: nothing can land */
+        break;
+    case BATON__DR_SENT: {
+        dr->state = BATON__DR_ABORTING;
+        dr->abort_status = status;
+        baton_buf_t b = BATON_BUF_INIT;
+        if (baton__enc_abort(&b, room_id, status) == 0)
+            baton__conn_send(dr->conn, &b);
+        else
+            baton__conn_fail(dr->conn, BATON_ENOMEM, "cannot encode ABORT");
+        baton_buf_free(&b);
+        break;
+    }
+    default:
+        break; /* aborting or failing already: it completes after its fence */
+    }
+}
+
+int baton__droom_on_done(baton__conn_t *c, const baton__done_t *d)
+{
+    baton__droom_t *dr = baton__u64map_get(&c->rooms, d->room);
+    if (dr == NULL) {
+        log_debug(BATON__LOG, "stale_done_ignored room=%" PRIu64, d->room);
+        return 0;
+    }
+    if (dr->state == BATON__DR_ABORTING) {
+        /* DONE was on its way before our ABORT; it proves the writes are over. */
+        baton__droom_finish(dr, dr->abort_status);
+        return 0;
+    }
+    dr->done.status = d->status;
+    dr->done.first_token = d->first_token;
+    dr->done.len = d->payload_len;
+    memcpy(dr->done.payload, d->payload, d->payload_len);
+    baton__droom_finish(dr, 0);
+    return 0;
+}
+
+int baton__droom_on_abort(baton__conn_t *c, uint64_t room_id, int reason)
+{
+    baton__droom_t *dr = baton__u64map_get(&c->rooms, room_id);
+    baton_buf_t b = BATON_BUF_INIT;
+    if (baton__enc_abort_ack(&b, room_id) == 0)
+        baton__conn_send(c, &b);
+    baton_buf_free(&b);
+    if (dr == NULL)
+        return 0;
+    /* The prefill side sends ABORT only once none of its writes for the room is in flight. */
+    log_debug(BATON__LOG, "room_aborted_by_peer room=%" PRIu64 " reason=%s", room_id,
+              baton_err_name(reason));
+    baton__droom_finish(dr, dr->state == BATON__DR_ABORTING ? dr->abort_status : BATON_EABORTED);
+    return 0;
+}
+
+int baton__droom_on_abort_ack(baton__conn_t *c, uint64_t room_id)
+{
+    baton__droom_t *dr = baton__u64map_get(&c->rooms, room_id);
+    if (dr == NULL || dr->state != BATON__DR_ABORTING) {
+        log_debug(BATON__LOG, "stale_abort_ack_ignored room=%" PRIu64, room_id);
+        return 0;
+    }
+    baton__droom_finish(dr, dr->abort_status);
+    return 0;
+}
+
+void baton__droom_tick(baton_xfer_engine_t *eng, uint64_t now)
+{
+    uint32_t limit = eng->cfg.room_timeout_ms;
+    if (limit == 0 || eng->drooms.count == 0)
+        return;
+    size_t it = 0;
+    baton__droom_t *dr;
+    while ((dr = baton__u64map_next(&eng->drooms, &it, NULL)) != NULL) {
+        if ((dr->state == BATON__DR_SENT || dr->state == BATON__DR_QUEUED) &&
+            now - dr->t_offer_ms > limit) {
+            log_warn(BATON__LOG, "room_timeout room=%" PRIu64 " after_ms=%" PRIu64, dr->room_id,
+                     now - dr->t_offer_ms);
+            baton__droom_abort(eng, dr->room_id, BATON_ETIMEOUT);
+        }
+    }
+}
+
+int baton__resolve_dst(baton__tp_peer_t *tpp, uint64_t room_id, uint32_t page, uint64_t addr,
+                       uint64_t len, void **dst_p)
+{
+    baton__conn_t *c = tpp->ctx;
+    if (c == NULL || c->state == BATON__CONN_CLOSING || c->tp_peer != tpp)
+        return BATON_ENOTFOUND;
+    baton__droom_t *dr = baton__u64map_get(&c->rooms, room_id);
+    if (dr == NULL)
+        return BATON_ENOTFOUND;
+    if (dr->state != BATON__DR_SENT)
+        return BATON_EABORTED; /* after ABORT nothing more is placed in its pages */
+    if (page >= dr->n_pages || len == 0)
+        goto reject;
+    const baton__dpage_t *pg = &dr->pages[page];
+    if (addr < pg->addr || len > pg->len || addr - pg->addr > pg->len - len)
+        goto reject;
+    *dst_p = (void *)(uintptr_t)addr;
+    return 0;
+reject:
+    atomic_fetch_add(&c->eng->st_writes_rejected, 1);
+    log_warn(BATON__LOG,
+             "write_rejected peer=%s room=%" PRIu64 " page=%" PRIu32 " addr=0x%" PRIx64
+             " len=%" PRIu64 " reason=outside_offered_page",
+             c->addr, room_id, page, addr, len);
+    return BATON_ERKEY;
+}
+
+void baton__placed(baton__tp_peer_t *tpp, uint64_t room_id, uint64_t len)
+{
+    (void)tpp;
+    (void)room_id;
+    (void)len;
+}

@@ -1,0 +1,290 @@
+/* transfer/room_prefill.c — prefill-side rooms: accept an OFFER, run the caller's writes through
+ * the transport, and send DONE / ABORT / ABORT_ACK only once no write is in flight. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "transfer/internal.h"
+
+#include "transfer/cuda_shim.h"
+
+static void send_frame_abort(baton__conn_t *c, uint64_t room, int reason)
+{
+    baton_buf_t b = BATON_BUF_INIT;
+    if (baton__enc_abort(&b, room, reason) == 0)
+        baton__conn_send(c, &b);
+    baton_buf_free(&b);
+}
+
+static void room_close(baton_xfer_room_t *room, int status)
+{
+    baton_xfer_engine_t *eng = room->eng;
+    room->state = BATON__PR_CLOSED;
+    if (room->conn != NULL) {
+        baton__u64map_del(&room->conn->rooms, room->room_id);
+        room->conn = NULL;
+    }
+    if (status == 0) {
+        atomic_fetch_add(&eng->st_rooms_done, 1);
+    } else {
+        atomic_fetch_add(&eng->st_rooms_failed, 1);
+        if (status == BATON_EABORTED)
+            atomic_fetch_add(&eng->st_rooms_aborted, 1);
+    }
+    room->ev_closed.status = status;
+    baton__ev_post(eng, &room->ev_closed);
+    baton__room_unref(room); /* the progress thread's reference */
+}
+
+/* Sends what the room waits for once its last write finished. */
+static void room_progress(baton_xfer_room_t *room)
+{
+    if (room->inflight > 0 || room->conn == NULL)
+        return;
+    baton__conn_t *c = room->conn;
+    baton_buf_t b = BATON_BUF_INIT;
+    switch (room->state) {
+    case BATON__PR_COMPLETING:
+        if (baton__enc_done(&b, room->room_id, room->done.status, room->done.first_token,
+                            room->done.payload, room->done.len) == 0)
+            baton__conn_send(c, &b);
+        baton_buf_free(&b);
+        room_close(room, c->state == BATON__CONN_CLOSING ? c->fail_status : 0);
+        break;
+    case BATON__PR_ABORT_LOCAL:
+        send_frame_abort(c, room->room_id, room->abort_reason);
+        room_close(room, BATON_EABORTED);
+        break;
+    case BATON__PR_ABORT_PEER:
+        if (baton__enc_abort_ack(&b, room->room_id) == 0)
+            baton__conn_send(c, &b);
+        baton_buf_free(&b);
+        room_close(room, BATON_EABORTED);
+        break;
+    default:
+        break;
+    }
+}
+
+int baton__proom_on_offer(baton__conn_t *c, const baton__offer_t *o)
+{
+    baton_xfer_engine_t *eng = c->eng;
+    if (o->incarnation != c->remote_inc) {
+        log_warn(BATON__LOG, "stale_offer_ignored peer=%s room=%" PRIu64, c->addr, o->room);
+        return 0;
+    }
+    if (baton__u64map_get(&c->rooms, o->room) != NULL)
+        return BATON_EPROTO; /* the decode side keeps room ids unique while open */
+    for (uint32_t i = 0; i < o->n_pages; i++) {
+        baton__offer_page_t pg;
+        baton__offer_page(o, i, &pg);
+        baton__rmem_t *rm = baton__u64map_get(&c->rmems, pg.mem_id);
+        if (rm == NULL || !rm->usable || pg.addr < rm->base || pg.len > rm->len ||
+            pg.addr - rm->base > rm->len - pg.len) {
+            log_warn(BATON__LOG,
+                     "offer_refused peer=%s room=%" PRIu64 " page=%" PRIu32 " mem=%" PRIu32
+                     " reason=%s",
+                     c->addr, o->room, i, pg.mem_id,
+                     rm == NULL    ? "unknown_region"
+                     : !rm->usable ? "region_unusable"
+                                   : "page_outside_region");
+            send_frame_abort(c, o->room, BATON_ERKEY);
+            return 0;
+        }
+    }
+    baton_xfer_room_t *room = calloc(1, sizeof(*room));
+    if (room == NULL)
+        goto nomem;
+    room->pages = malloc((size_t)o->n_pages * sizeof(*room->pages));
+    room->written = calloc(o->n_layers, 1);
+    if (room->pages == NULL || room->written == NULL) {
+        free(room->pages);
+        free(room->written);
+        free(room);
+        goto nomem;
+    }
+    for (uint32_t i = 0; i < o->n_pages; i++)
+        baton__offer_page(o, i, &room->pages[i]);
+    atomic_init(&room->refs, 2); /* progress thread + caller */
+    room->eng = eng;
+    room->room_id = o->room;
+    room->n_layers = o->n_layers;
+    room->ppl = o->pages_per_layer;
+    snprintf(room->peer_id, sizeof(room->peer_id), "%s", c->remote_id);
+    room->transport = eng->tp_ids[c->tp_index];
+    room->tp_index = c->tp_index;
+    room->conn = c;
+    room->state = BATON__PR_OPEN;
+    room->ev_room.type = BATON__EV_ROOM;
+    room->ev_room.embedded = 1;
+    room->ev_room.u.room = room;
+    room->ev_closed.type = BATON__EV_ROOM_CLOSED;
+    room->ev_closed.embedded = 1;
+    room->ev_closed.u.room = room;
+    if (baton__u64map_put(&c->rooms, o->room, room) != 0) {
+        free(room->pages);
+        free(room->written);
+        free(room);
+        goto nomem;
+    }
+    baton__ev_post(eng, &room->ev_room);
+    return 0;
+nomem:
+    send_frame_abort(c, o->room, BATON_ENOMEM);
+    return 0;
+}
+
+int baton__proom_on_abort(baton__conn_t *c, uint64_t room_id, int reason)
+{
+    baton_xfer_room_t *room = baton__u64map_get(&c->rooms, room_id);
+    if (room == NULL) {
+        /* Already done or never seen: acknowledge so the decode side can release its pages. */
+        baton_buf_t b = BATON_BUF_INIT;
+        if (baton__enc_abort_ack(&b, room_id) == 0)
+            baton__conn_send(c, &b);
+        baton_buf_free(&b);
+        return 0;
+    }
+    room->state = BATON__PR_ABORT_PEER;
+    room->abort_reason = reason;
+    room_progress(room);
+    return 0;
+}
+
+static void write_done(baton__wreq_t *wr, int status)
+{
+    wr->ev.status = status;
+    baton__ev_post(wr->room->eng, &wr->ev);
+}
+
+static void on_tp_write(baton__tp_write_t *w, int status)
+{
+    baton__wreq_t *wr = w->data;
+    baton_xfer_room_t *room = wr->room;
+    room->inflight--;
+    if (status == 0)
+        atomic_fetch_add(&room->eng->st_bytes_written, wr->bytes);
+    write_done(wr, status);
+    room_progress(room);
+}
+
+static int state_error(const baton_xfer_room_t *room)
+{
+    switch (room->state) {
+    case BATON__PR_ABORT_LOCAL:
+    case BATON__PR_ABORT_PEER:
+        return BATON_EABORTED;
+    case BATON__PR_CLOSED:
+        return room->ev_closed.status ? room->ev_closed.status : BATON_ECANCELED;
+    default:
+        return BATON_ECANCELED;
+    }
+}
+
+static void start_write(baton__wreq_t *wr)
+{
+    baton_xfer_room_t *room = wr->room;
+    if (room->state != BATON__PR_OPEN || room->conn == NULL ||
+        room->conn->state == BATON__CONN_CLOSING) {
+        write_done(wr, room->state == BATON__PR_OPEN ? BATON_EPEERDOWN : state_error(room));
+        return;
+    }
+    baton__tp_peer_t *tpp = room->conn->tp_peer;
+    wr->w.cb = on_tp_write;
+    wr->w.data = wr;
+    room->inflight++;
+    int rc = tpp->tp->ops->write(tpp, &wr->w);
+    if (rc != 0) {
+        room->inflight--;
+        log_warn(BATON__LOG, "write_refused room=%" PRIu64 " err=%s", room->room_id,
+                 baton_err_name(rc));
+        write_done(wr, rc);
+        room_progress(room);
+    }
+}
+
+#ifdef BATON_HAVE_CUDA
+/* Writes whose CUDA event has not completed yet, in arrival order (linked by cmd.link). */
+static baton__list_t *cuda_waits(baton_xfer_engine_t *eng)
+{
+    static __thread baton__list_t waits;
+    static __thread int init;
+    if (!init) {
+        baton__list_init(&waits);
+        init = 1;
+    }
+    (void)eng;
+    return &waits;
+}
+#endif
+
+void baton__proom_write(baton_xfer_engine_t *eng, baton__wreq_t *wr)
+{
+#ifdef BATON_HAVE_CUDA
+    if (wr->cuda_event != NULL) {
+        baton__list_push(cuda_waits(eng), &wr->cmd.link);
+        return;
+    }
+#endif
+    (void)eng;
+    start_write(wr);
+}
+
+void baton__proom_cuda_tick(baton_xfer_engine_t *eng)
+{
+#ifdef BATON_HAVE_CUDA
+    baton__list_t *w = cuda_waits(eng);
+    for (baton__list_t *it = w->next; it != w;) {
+        baton__wreq_t *wr = container_of(it, baton__wreq_t, cmd.link);
+        it = it->next;
+        CUresult r = baton__cuda_load() == 0 ? baton__cu.event_query((CUevent)wr->cuda_event)
+                                             : CUDA_ERROR_NO_DEVICE;
+        if (r == CUDA_ERROR_NOT_READY && wr->room->state == BATON__PR_OPEN)
+            continue;
+        baton__list_remove(&wr->cmd.link);
+        if (r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY)
+            start_write(wr); /* NOT_READY here: the room ended, start_write reports why */
+        else
+            write_done(wr, BATON_EINVAL);
+    }
+#else
+    (void)eng;
+#endif
+}
+
+void baton__proom_complete(baton_xfer_engine_t *eng, baton_xfer_room_t *room,
+                           const baton__done_copy_t *done)
+{
+    (void)eng;
+    if (room->state != BATON__PR_OPEN)
+        return; /* aborted or closed meanwhile: its closing event says so */
+    room->done = *done;
+    room->state = BATON__PR_COMPLETING;
+    room_progress(room);
+}
+
+void baton__proom_abort(baton_xfer_engine_t *eng, baton_xfer_room_t *room, int reason)
+{
+    (void)eng;
+    if (room->state != BATON__PR_OPEN && room->state != BATON__PR_COMPLETING)
+        return;
+    room->state = BATON__PR_ABORT_LOCAL;
+    room->abort_reason = reason;
+    room_progress(room);
+}
+
+void baton__proom_close_all(baton__conn_t *c, int status)
+{
+    size_t it = 0;
+    baton_xfer_room_t *room;
+    while ((room = baton__u64map_next(&c->rooms, &it, NULL)) != NULL) {
+        if (room->inflight > 0)
+            log_error(BATON__LOG, "room_writes_outlived_fence room=%" PRIu64 " inflight=%" PRIu32,
+                      room->room_id, room->inflight);
+        room->conn = NULL;
+        baton__u64map_del(&c->rooms, room->room_id);
+        room_close(room, status);
+    }
+}

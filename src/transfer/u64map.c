@@ -1,0 +1,126 @@
+/* transfer/u64map.c — linear-probing u64 -> pointer map with tombstones. */
+#include "transfer/u64map.h"
+
+#include <stdlib.h>
+
+#include "baton/error.h"
+
+static char tomb_;
+#define TOMB ((void *)&tomb_)
+
+static size_t slot(uint64_t k, size_t cap)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    return (size_t)k & (cap - 1);
+}
+
+void baton__u64map_init(baton__u64map_t *m)
+{
+    m->keys = NULL;
+    m->vals = NULL;
+    m->cap = m->count = m->used = 0;
+}
+
+void baton__u64map_free(baton__u64map_t *m)
+{
+    free(m->keys);
+    free(m->vals);
+    baton__u64map_init(m);
+}
+
+void *baton__u64map_get(const baton__u64map_t *m, uint64_t key)
+{
+    if (m->cap == 0)
+        return NULL;
+    for (size_t i = slot(key, m->cap), n = 0; n < m->cap; i = (i + 1) & (m->cap - 1), n++) {
+        void *v = m->vals[i];
+        if (v == NULL)
+            return NULL;
+        if (v != TOMB && m->keys[i] == key)
+            return v;
+    }
+    return NULL;
+}
+
+static int grow(baton__u64map_t *m, size_t cap)
+{
+    uint64_t *keys = malloc(cap * sizeof(*keys));
+    void **vals = calloc(cap, sizeof(*vals));
+    if (keys == NULL || vals == NULL) {
+        free(keys);
+        free(vals);
+        return BATON_ENOMEM;
+    }
+    for (size_t i = 0; i < m->cap; i++) {
+        void *v = m->vals[i];
+        if (v == NULL || v == TOMB)
+            continue;
+        size_t j = slot(m->keys[i], cap);
+        while (vals[j] != NULL)
+            j = (j + 1) & (cap - 1);
+        keys[j] = m->keys[i];
+        vals[j] = v;
+    }
+    free(m->keys);
+    free(m->vals);
+    m->keys = keys;
+    m->vals = vals;
+    m->cap = cap;
+    m->used = m->count;
+    return 0;
+}
+
+int baton__u64map_put(baton__u64map_t *m, uint64_t key, void *val)
+{
+    if (baton__u64map_get(m, key) != NULL)
+        return BATON_EEXIST;
+    if ((m->used + 1) * 4 >= m->cap * 3) {
+        size_t cap = m->cap ? m->cap : 16;
+        while ((m->count + 1) * 2 >= cap)
+            cap *= 2;
+        if (grow(m, cap) != 0)
+            return BATON_ENOMEM;
+    }
+    size_t i = slot(key, m->cap);
+    while (m->vals[i] != NULL && m->vals[i] != TOMB)
+        i = (i + 1) & (m->cap - 1);
+    if (m->vals[i] == NULL)
+        m->used++;
+    m->keys[i] = key;
+    m->vals[i] = val;
+    m->count++;
+    return 0;
+}
+
+void *baton__u64map_del(baton__u64map_t *m, uint64_t key)
+{
+    if (m->cap == 0)
+        return NULL;
+    for (size_t i = slot(key, m->cap), n = 0; n < m->cap; i = (i + 1) & (m->cap - 1), n++) {
+        void *v = m->vals[i];
+        if (v == NULL)
+            return NULL;
+        if (v != TOMB && m->keys[i] == key) {
+            m->vals[i] = TOMB;
+            m->count--;
+            return v;
+        }
+    }
+    return NULL;
+}
+
+void *baton__u64map_next(const baton__u64map_t *m, size_t *it, uint64_t *key_p)
+{
+    while (*it < m->cap) {
+        size_t i = (*it)++;
+        void *v = m->vals[i];
+        if (v != NULL && v != TOMB) {
+            if (key_p)
+                *key_p = m->keys[i];
+            return v;
+        }
+    }
+    return NULL;
+}

@@ -1,0 +1,28 @@
+/* transfer/u64map.h — an open-addressing hash map from u64 keys to pointers (rooms, regions). */
+#ifndef BATON_TRANSFER_U64MAP_H
+#define BATON_TRANSFER_U64MAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Not thread-safe. Values are never NULL. Iteration order is unspecified; removing the entry
+ * being visited during baton__u64map_next is allowed. */
+typedef struct {
+    uint64_t *keys;
+    void **vals; /* NULL: empty; TOMB: deleted */
+    size_t cap;  /* power of two, or 0 */
+    size_t count;
+    size_t used; /* count + tombstones */
+} baton__u64map_t;
+
+void baton__u64map_init(baton__u64map_t *m);
+void baton__u64map_free(baton__u64map_t *m);
+void *baton__u64map_get(const baton__u64map_t *m, uint64_t key);
+/* 0, BATON_EEXIST (key present, nothing changed) or BATON_ENOMEM. */
+int baton__u64map_put(baton__u64map_t *m, uint64_t key, void *val);
+/* Returns the removed value or NULL. */
+void *baton__u64map_del(baton__u64map_t *m, uint64_t key);
+/* Iteration: size_t it = 0; while ((v = baton__u64map_next(m, &it, &key))) ... */
+void *baton__u64map_next(const baton__u64map_t *m, size_t *it, uint64_t *key_p);
+
+#endif
