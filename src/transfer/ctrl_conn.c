@@ -180,7 +180,11 @@ void baton__conn_fail(baton__conn_t *c, int status, const char *why)
 
     static const char *const state_names[] = {
         "?", "pending", "connecting", "hello", "transport_connect", "up", "closing"};
-    if (prev == BATON__CONN_PENDING || status == BATON_ESHUTDOWN) {
+    if (c->role == BATON__ROLE_DECODE && prev != BATON__CONN_UP) {
+        /* A failed attempt: the peer state machine logs it once, with its retry delay. */
+        log_debug(BATON__LOG, "attempt_failed peer=%s state=%s reason=\"%s\"", c->addr,
+                  state_names[prev], why);
+    } else if (prev == BATON__CONN_PENDING || status == BATON_ESHUTDOWN) {
         log_info(BATON__LOG, "conn_closed peer=%s reason=\"%s\"", c->addr, why);
     } else {
         log_warn(BATON__LOG,
@@ -223,7 +227,7 @@ void baton__conn_fail(baton__conn_t *c, int status, const char *why)
         }
     }
     if (c->peer != NULL)
-        baton__peer_on_conn_failed(c->peer, c, status);
+        baton__peer_on_conn_failed(c->peer, c, status, why);
     if (baton__tp_defer(&eng->env, finish_deferred, c) != 0)
         pending_done(c); /* no memory to defer: finishing now is still correct, only early */
 }

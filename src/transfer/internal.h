@@ -439,7 +439,8 @@ int baton__hs_on_mem_del(baton__conn_t *conn, uint32_t mem_id);
 baton__peer_t *baton__peer_get(baton_xfer_engine_t *eng, const char *host, int port, int create);
 void baton__peer_demand(baton__peer_t *peer);
 void baton__peer_on_up(baton__peer_t *peer, baton__conn_t *conn);
-void baton__peer_on_conn_failed(baton__peer_t *peer, baton__conn_t *conn, int status);
+void baton__peer_on_conn_failed(baton__peer_t *peer, baton__conn_t *conn, int status,
+                                const char *why);
 void baton__peer_tick(baton__peer_t *peer, uint64_t now);
 void baton__peer_free(baton__peer_t *peer);
 

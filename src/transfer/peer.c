@@ -56,9 +56,11 @@ static void fail_queued(baton__peer_t *p, int status)
 static void attempt_failed(baton__peer_t *p, int status, const char *why)
 {
     uint64_t now = baton__now_ms();
+    int was_up = p->health.state == BATON_PEER_UP;
     uint32_t delay = baton_peer_health_down(&p->health, now, status);
-    log_warn(BATON__LOG, "peer_connect_failed peer=%s err=%s reason=\"%s\" retry_in_ms=%" PRIu32,
-             p->endpoint, baton_err_name(status), why, delay);
+    log_warn(BATON__LOG, "%s peer=%s err=%s reason=\"%s\" retry_in_ms=%" PRIu32,
+             was_up ? "peer_lost" : "peer_connect_failed", p->endpoint, baton_err_name(status), why,
+             delay);
     post_state(p, BATON_XFER_PEER_DOWN, status);
     fail_queued(p, BATON_EPEERDOWN);
 }
@@ -182,7 +184,7 @@ void baton__peer_on_up(baton__peer_t *p, baton__conn_t *c)
     }
 }
 
-void baton__peer_on_conn_failed(baton__peer_t *p, baton__conn_t *c, int status)
+void baton__peer_on_conn_failed(baton__peer_t *p, baton__conn_t *c, int status, const char *why)
 {
     if (p->conn != c)
         return;
@@ -192,7 +194,7 @@ void baton__peer_on_conn_failed(baton__peer_t *p, baton__conn_t *c, int status)
         fail_queued(p, BATON_ESHUTDOWN);
         return;
     }
-    attempt_failed(p, status, baton_strerror(status));
+    attempt_failed(p, status, why);
 }
 
 void baton__peer_tick(baton__peer_t *p, uint64_t now)

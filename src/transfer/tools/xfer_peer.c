@@ -48,7 +48,8 @@ static int stopping;
 static uint64_t t_start;
 
 /* counters */
-static uint64_t n_ok, n_failed, n_corrupt, n_late, n_bytes, n_started, n_open, n_writes_failed;
+static uint64_t n_ok, n_failed, n_corrupt, n_late, n_bytes, n_started, n_open, n_writes_failed,
+    n_peak;
 #define MAX_ERR 8
 static struct {
     int code;
@@ -81,13 +82,14 @@ static void print_stats(const char *what)
 {
     char e[512];
     fmt_errs(e, sizeof(e));
-    /* stdout, one line, flushed: the test reads it. */
-    printf("%s role=%s ok=%" PRIu64 " failed=%" PRIu64 " corrupt=%" PRIu64 " late=%" PRIu64
-           " open=%" PRIu64 " started=%" PRIu64 " bytes=%" PRIu64 " write_errors=%" PRIu64
-           " t_ms=%" PRIu64 " errors=%s\n",
-           what, o.prefill ? "prefill" : "decode", n_ok, n_failed, n_corrupt, n_late, n_open,
-           n_started, n_bytes, n_writes_failed, uv_hrtime() / 1000000 - t_start, e);
-    fflush(stdout);
+    /* One line on stderr (next to the log lines), flushed: the test reads it. */
+    fprintf(stderr,
+            "%s role=%s ok=%" PRIu64 " failed=%" PRIu64 " corrupt=%" PRIu64 " late=%" PRIu64
+            " open=%" PRIu64 " started=%" PRIu64 " bytes=%" PRIu64 " write_errors=%" PRIu64
+            " t_ms=%" PRIu64 " peak=%" PRIu64 " errors=%s\n",
+            what, o.prefill ? "prefill" : "decode", n_ok, n_failed, n_corrupt, n_late, n_open,
+            n_started, n_bytes, n_writes_failed, uv_hrtime() / 1000000 - t_start, n_peak, e);
+    fflush(stderr);
 }
 
 static void on_engine_closed(baton_xfer_engine_t *e, void *data)
@@ -183,8 +185,9 @@ static void on_room(baton_xfer_engine_t *e, baton_xfer_room_t *room, void *data)
     }
     c->room = room;
     baton_xfer_room_set_data(room, c);
-    n_open++;
     n_started++;
+    if (++n_open > n_peak)
+        n_peak = n_open;
     if (o.write_delay_ms == 0) {
         uint32_t layers = baton_xfer_room_layers(room);
         for (uint32_t l = 0; l < layers; l++) {
@@ -411,7 +414,8 @@ static void fill_rooms(void)
         }
         baton_xfer_offer_t off = {r->id, r->layers, r->ppl, iov};
         n_started++;
-        n_open++;
+        if (++n_open > n_peak)
+            n_peak = n_open;
         int rc = baton_xfer_offer(eng, o.connect_host, o.connect_port, &off, on_offer_done, r);
         free(iov);
         if (rc != 0) {
