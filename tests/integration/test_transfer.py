@@ -193,7 +193,8 @@ def test_shm_kill_prefill_recovers():
 
 def kill_decode(transport):
     with harness.Cluster(f"xfer-killd-{transport}") as cl:
-        p = start_prefill(cl, transport, extra=["--write-delay-ms", "2"])
+        # 20 ms per layer: the prefill side always holds rooms with writes still to do.
+        p = start_prefill(cl, transport, extra=["--write-delay-ms", "20"])
         port = p.ports["bootstrap"]
         d = start_decode(cl, port, transport,
                          extra=["--duration-s", "30", "--concurrency", "16"])
