@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <dlfcn.h>
 #include <uv.h>
 
 #include "baton/transfer.h"
@@ -883,6 +884,60 @@ static void test_prefill_refuses_bad_frames(void **state)
     assert_int_equal(T.corrupt, 0);
 }
 
+/* CUDA device memory: registration with the transports that can reach it (shm through CUDA IPC)
+ * and a clear refusal from those that cannot (tcp). Skips visibly without a GPU. */
+static void test_cuda_device_memory(void **state)
+{
+#ifndef BATON_HAVE_CUDA
+    print_message("SKIP: built without CUDA\n");
+    skip();
+#else
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        print_message("SKIP: no CUDA driver (libcuda.so.1) on this host\n");
+        skip();
+    }
+    int (*cu_init)(unsigned) = (int (*)(unsigned))dlsym(h, "cuInit");
+    int (*cu_count)(int *) = (int (*)(int *))dlsym(h, "cuDeviceGetCount");
+    int (*cu_get)(int *, int) = (int (*)(int *, int))dlsym(h, "cuDeviceGet");
+    int (*cu_retain)(void **, int) = (int (*)(void **, int))dlsym(h, "cuDevicePrimaryCtxRetain");
+    int (*cu_set)(void *) = (int (*)(void *))dlsym(h, "cuCtxSetCurrent");
+    int (*cu_alloc)(unsigned long long *, size_t) =
+        (int (*)(unsigned long long *, size_t))dlsym(h, "cuMemAlloc_v2");
+    int (*cu_free)(unsigned long long) = (int (*)(unsigned long long))dlsym(h, "cuMemFree_v2");
+    int n = 0, dev = 0;
+    void *ctx = NULL;
+    if (!cu_init || !cu_count || cu_init(0) != 0 || cu_count(&n) != 0 || n == 0) {
+        print_message("SKIP: no CUDA device\n");
+        skip();
+    }
+    assert_int_equal(cu_get(&dev, 0), 0);
+    assert_int_equal(cu_retain(&ctx, dev), 0);
+    assert_int_equal(cu_set(ctx), 0);
+    unsigned long long dptr = 0;
+    assert_int_equal(cu_alloc(&dptr, 1 << 20), 0);
+    start_engines(BATON_XFER_TRANSPORT_TCP, BATON_XFER_TRANSPORT_TCP, 0);
+    baton_xfer_mem_t *m = NULL;
+    assert_int_equal(API(baton_xfer_mem_register(T.d, (void *)(uintptr_t)dptr, 1 << 20,
+                                                 BATON_XFER_MEM_CUDA, 0, &m)),
+                     0);
+    /* tcp cannot place bytes in device memory: the room is refused, cleanly, once. */
+    T.pmode = P_AUTO;
+    droom_t r[2] = {{.id = 808, .layers = 1, .ppl = 1, .page_len = 4096, .slot = 4096}, {0}};
+    baton_xfer_iov_t iov = {(void *)(uintptr_t)dptr, 4096};
+    baton_xfer_offer_t o = {808, 1, 1, &iov};
+    assert_int_equal(API(baton_xfer_offer(T.d, "127.0.0.1", baton_xfer_engine_listen_port(T.p), &o,
+                                          on_offer_done, &r[0])),
+                     0);
+    run_until(all_done, r, 10000, "device-memory room");
+    assert_int_equal(r[0].status, BATON_ENOTSUP);
+    assert_int_equal(API(baton_xfer_mem_deregister(T.d, m)), 0);
+    stop_engines();
+    cu_free(dptr);
+    dlclose(h);
+#endif
+}
+
 int main(void)
 {
     uv_loop_init(&loop);
@@ -902,6 +957,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_shutdown_with_open_rooms, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fake_prefill_bounds_and_garbage, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prefill_refuses_bad_frames, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cuda_device_memory, setup, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     uv_close((uv_handle_t *)&keepalive, NULL);
