@@ -526,7 +526,7 @@ static void close_walk_cb(uv_handle_t *h, void *arg)
         uv_close(h, NULL);
 }
 
-static void teardown_unstarted(baton_xfer_engine_t *eng)
+static void teardown_unstarted(baton_xfer_engine_t *eng, int free_it)
 {
     for (int i = 0; i < eng->n_tp; i++)
         eng->tp[i]->ops->fini(eng->tp[i]);
@@ -534,7 +534,13 @@ static void teardown_unstarted(baton_xfer_engine_t *eng)
     uv_run(&eng->ploop, UV_RUN_DEFAULT);
     uv_loop_close(&eng->ploop);
     uv_mutex_destroy(&eng->qlock);
-    free(eng);
+    if (free_it)
+        free(eng);
+}
+
+static void free_after_close(uv_handle_t *h)
+{
+    free(h->data);
 }
 
 int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
@@ -669,7 +675,7 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
     }
     if (eng->n_tp == 0) {
         log_error(BATON__LOG, "engine_create_failed err=no_usable_transport");
-        teardown_unstarted(eng);
+        teardown_unstarted(eng, 1);
         return BATON_ENODEV;
     }
     if (cfg->listen_host != NULL) {
@@ -677,21 +683,22 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
         rc = start_listener(eng);
         eng->cfg.listen_host = NULL;
         if (rc != 0) {
-            teardown_unstarted(eng);
+            teardown_unstarted(eng, 1);
             return rc;
         }
     }
     rc = uv_async_init(loop, &eng->caller_async, on_caller_async);
     if (rc != 0) {
-        teardown_unstarted(eng);
+        teardown_unstarted(eng, 1);
         return rc;
     }
     eng->caller_async.data = eng;
     uv_timer_start(&eng->tick, on_tick, eng->tick_ms, eng->tick_ms);
     rc = uv_thread_create(&eng->thread, progress_main, eng);
     if (rc != 0) {
-        uv_close((uv_handle_t *)&eng->caller_async, NULL);
-        teardown_unstarted(eng); /* caller_async's close completes on the caller loop */
+        /* caller_async lives on the caller loop: the engine is freed by its close callback. */
+        teardown_unstarted(eng, 0);
+        uv_close((uv_handle_t *)&eng->caller_async, free_after_close);
         return rc;
     }
     eng->thread_started = 1;

@@ -579,6 +579,21 @@ static void test_api_sync_errors(void **state)
     assert_int_equal(T.writes_ok, 1);
     assert_memory_equal(T.pool, good, 100);
     assert_int_equal(T.corrupt, 0);
+    /* Engine creation errors are synchronous and leave nothing behind. */
+    baton_xfer_config_t cfg;
+    baton_xfer_config_init(&cfg);
+    cfg.listen_host = "127.0.0.1";
+    cfg.listen_port = port; /* taken */
+    baton_xfer_callbacks_t cbs = {on_room, on_room_closed, NULL, NULL};
+    baton_xfer_engine_t *e2 = NULL;
+    assert_int_equal(baton_xfer_engine_create(&loop, &cfg, &cbs, &e2), UV_EADDRINUSE);
+    cbs.room_cb = NULL; /* listening without a room callback */
+    cfg.listen_port = 0;
+    assert_int_equal(baton_xfer_engine_create(&loop, &cfg, &cbs, &e2), BATON_EINVAL);
+    cfg.listen_host = NULL;
+    cfg.engine_id = "has space";
+    assert_int_equal(baton_xfer_engine_create(&loop, &cfg, &cbs, &e2), BATON_EINVAL);
+    assert_null(e2);
     /* Free again: deregistration works now. */
     assert_int_equal(API(baton_xfer_mem_deregister(T.d, T.pool_mem)), 0);
 }
