@@ -45,6 +45,17 @@ extern "C" {
  * shared-memory writer fenced or its process gone). Only then may the caller reuse the pages.
  * Timeouts alone never release pages: a room timeout sends ABORT and still waits for a fence.
  *
+ * Failures
+ * --------
+ * A peer is DOWN after heartbeat_interval_ms * heartbeat_misses without traffic, a reset
+ * connection, a malformed / oversized / out-of-order frame (that connection only is closed,
+ * with a logged reason) or a transport error. Every open room of that connection then fails
+ * once, with BATON_EPEERDOWN (decode rooms after their fence). The decode side reconnects by
+ * itself with exponential back-off and jitter (capped, never given up on); a returning peer,
+ * restarted (new incarnation) or the same after a blip, gets a fresh handshake and fresh
+ * transport state, never the old one. Offers made while the peer is down between attempts fail
+ * fast with BATON_EPEERDOWN, so the caller can pick another pair.
+ *
  * Errors: 0 or a negative code from baton/error.h (libuv codes pass through).
  */
 
@@ -221,8 +232,11 @@ typedef enum {
  * and announces it to connected peers. The memory stays owned by the caller and must stay
  * mapped until baton_xfer_mem_deregister returns. Regions must not overlap.
  * Over shm a region is only reachable when it was made by baton_xfer_mem_alloc (a memfd);
- * a room whose pages are elsewhere fails with BATON_ENOTSUP on a shm peer.
- * `device` is the CUDA device ordinal (ignored for host memory).
+ * a room whose pages are elsewhere fails with BATON_ENOTSUP on a shm peer. Device memory is
+ * reachable over rdma (GPUDirect) and shm (CUDA IPC), not over tcp (BATON_ENOTSUP for the room).
+ * `device` is the CUDA device ordinal (ignored for host memory). The handle stays valid until
+ * baton_xfer_mem_deregister, or until the engine's close callback (the engine then releases
+ * what is left).
  */
 int baton_xfer_mem_register(baton_xfer_engine_t *engine, void *addr, size_t len,
                             baton_xfer_mem_kind_t kind, int device, baton_xfer_mem_t **mem_p);
@@ -270,9 +284,9 @@ typedef struct {
 } baton_xfer_offer_t;
 
 /*
- * Offers a room to the prefill engine at host:port (connecting first when needed; offers wait
- * while a connect attempt is under way, and fail with BATON_EPEERDOWN while the peer is down
- * between attempts). The pages are the caller's; the engine writes into them (through the
+ * Decode side: offers a room to the prefill engine at host:port (connecting first when needed;
+ * offers wait while a connect attempt is under way, and fail with BATON_EPEERDOWN while the peer is
+ * down between attempts). The pages are the caller's; the engine writes into them (through the
  * transport) until cb fires — do not read them as final, reuse or deregister them before.
  * Synchronous errors (no cb): BATON_EINVAL (bad arguments, a page outside registered memory,
  * too many pages), BATON_EEXIST (room id already open here), BATON_ESHUTDOWN.
@@ -356,8 +370,7 @@ int baton_xfer_room_abort(baton_xfer_room_t *room, int reason);
 
 typedef struct {
     uint64_t bytes_written;   /* prefill side: payload bytes acknowledged in place */
-    uint64_t bytes_received;  /* decode side: payload bytes placed into pages (tcp) or reported
-                                 by DONE (shm/rdma) */
+    uint64_t bytes_received;  /* decode side: page bytes of rooms completed with DONE */
     uint64_t rooms_done;      /* rooms finished with DONE (either side) */
     uint64_t rooms_failed;    /* rooms finished with an error (either side) */
     uint64_t rooms_aborted;   /* of which aborts */
