@@ -134,8 +134,11 @@ typedef struct {
  * Decode side: the end of an offered room. Fires exactly once per offer that returned 0.
  *   status 0: DONE arrived and every byte written before it is in place; `done` is valid
  *             (only during the call: copy what you keep).
- *   status < 0: the room failed (BATON_EPEERDOWN, BATON_EABORTED, BATON_ETIMEOUT,
- *             BATON_ERKEY, BATON_ESHUTDOWN, ...); `done` is NULL.
+ *   status < 0: the room failed; `done` is NULL. BATON_EPEERDOWN (connection lost),
+ *             BATON_EABORTED (either side aborted), BATON_ETIMEOUT (room_timeout_ms),
+ *             BATON_ERKEY / BATON_ESTALE (the prefill side refused the offer's pages or its
+ *             incarnation), BATON_ENOTSUP (the peer's transport cannot reach these pages),
+ *             BATON_ESHUTDOWN, BATON_ENOMEM.
  * Either way the room's pages are released to the caller: nothing can land in them anymore.
  */
 typedef void (*baton_xfer_offer_cb)(void *data, uint64_t room_id, int status,

@@ -163,7 +163,12 @@ int baton__droom_on_abort(baton__conn_t *c, uint64_t room_id, int reason)
     /* The prefill side sends ABORT only once none of its writes for the room is in flight. */
     log_debug(BATON__LOG, "room_aborted_by_peer room=%" PRIu64 " reason=%s", room_id,
               baton_err_name(reason));
-    baton__droom_finish(dr, dr->state == BATON__DR_ABORTING ? dr->abort_status : BATON_EABORTED);
+    int status = BATON_EABORTED;
+    if (dr->state == BATON__DR_ABORTING)
+        status = dr->abort_status;
+    else if (reason == BATON_ERKEY || reason == BATON_ESTALE || reason == BATON_ENOMEM)
+        status = reason; /* the prefill side refused the offer itself: say why */
+    baton__droom_finish(dr, status);
     return 0;
 }
 

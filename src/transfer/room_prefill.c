@@ -18,9 +18,12 @@ static void send_frame_abort(baton__conn_t *c, uint64_t room, int reason)
     baton_buf_free(&b);
 }
 
+static void fail_cuda_waits(baton_xfer_room_t *room, int status);
+
 static void room_close(baton_xfer_room_t *room, int status)
 {
     baton_xfer_engine_t *eng = room->eng;
+    fail_cuda_waits(room, status ? status : BATON_ECANCELED);
     room->state = BATON__PR_CLOSED;
     if (room->conn != NULL) {
         baton__u64map_del(&room->conn->rooms, room->room_id);
@@ -72,7 +75,9 @@ int baton__proom_on_offer(baton__conn_t *c, const baton__offer_t *o)
 {
     baton_xfer_engine_t *eng = c->eng;
     if (o->incarnation != c->remote_inc) {
-        log_warn(BATON__LOG, "stale_offer_ignored peer=%s room=%" PRIu64, c->addr, o->room);
+        /* Not from the engine that said HELLO here: refuse it rather than leave it waiting. */
+        log_warn(BATON__LOG, "stale_offer_refused peer=%s room=%" PRIu64, c->addr, o->room);
+        send_frame_abort(c, o->room, BATON_ESTALE);
         return 0;
     }
     if (baton__u64map_get(&c->rooms, o->room) != NULL)
@@ -219,6 +224,25 @@ static baton__list_t *cuda_waits(baton_xfer_engine_t *eng)
     return &waits;
 }
 #endif
+
+/* A room that ends never starts its waiting writes: they fail (before its closing event). */
+static void fail_cuda_waits(baton_xfer_room_t *room, int status)
+{
+#ifdef BATON_HAVE_CUDA
+    baton__list_t *w = cuda_waits(room->eng);
+    for (baton__list_t *it = w->next; it != w;) {
+        baton__wreq_t *wr = container_of(it, baton__wreq_t, cmd.link);
+        it = it->next;
+        if (wr->room != room)
+            continue;
+        baton__list_remove(&wr->cmd.link);
+        write_done(wr, status);
+    }
+#else
+    (void)room;
+    (void)status;
+#endif
+}
 
 void baton__proom_write(baton_xfer_engine_t *eng, baton__wreq_t *wr)
 {
