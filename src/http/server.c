@@ -47,6 +47,9 @@ typedef struct conn_s conn_t;
 struct baton_http_server_s {
     uv_loop_t *loop;
     uv_tcp_t listener;
+    /* Closed by server_close only: its close callback completes a close on a later loop turn
+     * even when stop_accepting already closed the listener and no connection is left. */
+    uv_timer_t close_token;
     baton_http_limits_t limits;
     baton_http_handler_cb handler;
     void *ctx;
@@ -1207,7 +1210,9 @@ int baton_http_server_create(baton_http_server_t **srv_p, uv_loop_t *loop,
         return r;
     }
     srv->listener.data = srv;
-    srv->n_live = 1;
+    uv_timer_init(loop, &srv->close_token);
+    srv->close_token.data = srv;
+    srv->n_live = 2; /* the listener and the close token */
     *srv_p = srv;
     return 0;
 }
@@ -1307,6 +1312,7 @@ void baton_http_server_close(baton_http_server_t *srv, baton_http_server_close_c
     close_listener(srv);
     for (conn_t *c = srv->conns; c; c = c->next)
         conn_close_hard(c);
+    uv_close((uv_handle_t *)&srv->close_token, on_listener_close);
 }
 
 static void server_maybe_done(baton_http_server_t *srv)

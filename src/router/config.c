@@ -77,6 +77,52 @@ static const opt_t options[] = {
      0, "MS", "longest gap between upstream response chunks (0 = none)"},
     {"--request-timeout-ms", "timeouts", "request_timeout_ms", OPT_U64, OFF(timeouts.total_ms), 0,
      U64MAX, 0, "MS", "whole upstream request (0 = none)"},
+    {"--prefill-timeout-ms", "timeouts", "prefill_timeout_ms", OPT_U64, OFF(prefill_timeout_ms), 0,
+     U64MAX, 0, "MS", "prefill's whole answer (0 = none)"},
+    {"--max-retries", "retries", "max_retries", OPT_UINT, OFF(max_retries), 0, 100, 0, "N",
+     "retries with a new pair before any byte reached the client"},
+    {"--retry-backoff-ms", "retries", "retry_backoff_ms", OPT_U64, OFF(retry_backoff_ms), 0, U64MAX,
+     0, "MS", "first retry back-off (doubles, with jitter)"},
+    {"--retry-backoff-max-ms", "retries", "retry_backoff_max_ms", OPT_U64,
+     OFF(retry_backoff_max_ms), 0, U64MAX, 0, "MS", "retry back-off cap"},
+    {"--retry-budget-ms", "retries", "retry_budget_ms", OPT_U64, OFF(retry_budget_ms), 0, U64MAX, 0,
+     "MS", "no retry starts later than this after the request arrived"},
+    {"--max-concurrent-requests", "admission", "max_concurrent_requests", OPT_UINT,
+     OFF(max_concurrent_requests), 0, 10000000, 0, "N",
+     "requests proxied at once, all threads (0 = unlimited)"},
+    {"--queue-size", "admission", "queue_size", OPT_UINT, OFF(queue_size), 0, 10000000, 0, "N",
+     "requests waiting for admission; beyond it 429 (0 = no queue)"},
+    {"--queue-timeout-ms", "admission", "queue_timeout_ms", OPT_U64, OFF(queue_timeout_ms), 1,
+     U64MAX, 0, "MS", "longest wait in the queue, then 503"},
+    {"--max-worker-requests", "admission", "max_worker_requests", OPT_UINT,
+     OFF(max_worker_requests), 0, 10000000, 0, "N",
+     "in-flight requests per worker (0 = unlimited)"},
+    {"--check-interval-ms", "health", "check_interval_ms", OPT_U64, OFF(check_interval_ms), 0,
+     U64MAX, 0, "MS", "active health check interval (0 = no active checks)"},
+    {"--check-fast-interval-ms", "health", "check_fast_interval_ms", OPT_U64,
+     OFF(check_fast_interval_ms), 1, U64MAX, 0, "MS",
+     "check interval while a worker changes state"},
+    {"--check-down-interval-ms", "health", "check_down_interval_ms", OPT_U64,
+     OFF(check_down_interval_ms), 1, U64MAX, 0, "MS", "check interval while a worker is down"},
+    {"--check-timeout-ms", "health", "check_timeout_ms", OPT_U64, OFF(check_timeout_ms), 1, U64MAX,
+     0, "MS", "one health check, connect included"},
+    {"--check-rise", "health", "check_rise", OPT_UINT, OFF(check_rise), 1, 1000, 0, "N",
+     "passing checks for a down worker to come up"},
+    {"--check-fall", "health", "check_fall", OPT_UINT, OFF(check_fall), 1, 1000, 0, "N",
+     "failing checks for an up worker to go down"},
+    {"--check-path", "health", "check_path", OPT_STR, OFF(check_path), 0, 0, 0, "PATH",
+     "health check path (after the worker's URL prefix)"},
+    {"--breaker-threshold", "health", "breaker_threshold", OPT_UINT, OFF(breaker_threshold), 0,
+     1000000, 0, "N", "consecutive failures that open a worker's breaker (0 = off)"},
+    {"--breaker-cooldown-ms", "health", "breaker_cooldown_ms", OPT_U64, OFF(breaker_cooldown_ms), 1,
+     U64MAX, 0, "MS", "first open period of a breaker (doubles per re-open)"},
+    {"--breaker-cooldown-max-ms", "health", "breaker_cooldown_max_ms", OPT_U64,
+     OFF(breaker_cooldown_max_ms), 1, U64MAX, 0, "MS", "longest open period"},
+    {"--drain-timeout-ms", NULL, "drain_timeout_ms", OPT_U64, OFF(drain_timeout_ms), 0, U64MAX, 0,
+     "MS", "SIGTERM: time in-flight requests get to finish"},
+    {"--worker-drain-timeout-ms", NULL, "worker_drain_timeout_ms", OPT_U64,
+     OFF(worker_drain_timeout_ms), 0, U64MAX, 0, "MS",
+     "a removed worker's in-flight requests get this long"},
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -126,6 +172,32 @@ int baton_config_init(baton_config_t *cfg)
     cfg->timeouts.first_byte_ms = 600000;
     cfg->timeouts.idle_ms = 120000;
     cfg->timeouts.total_ms = 3600000;
+    cfg->prefill_timeout_ms = 600000;
+    cfg->max_retries = 2;
+    cfg->retry_backoff_ms = 50;
+    cfg->retry_backoff_max_ms = 2000;
+    cfg->retry_budget_ms = 30000;
+    cfg->max_concurrent_requests = 1024;
+    cfg->queue_size = 1024;
+    cfg->queue_timeout_ms = 30000;
+    cfg->max_worker_requests = 0;
+    cfg->check_interval_ms = 2000;
+    cfg->check_fast_interval_ms = 500;
+    cfg->check_down_interval_ms = 2000;
+    cfg->check_timeout_ms = 1000;
+    cfg->check_rise = 2;
+    cfg->check_fall = 3;
+    cfg->check_path = strdup("/health");
+    if (cfg->check_path == NULL) {
+        free(cfg->host);
+        cfg->host = NULL;
+        return BATON_ENOMEM;
+    }
+    cfg->breaker_threshold = 5;
+    cfg->breaker_cooldown_ms = 1000;
+    cfg->breaker_cooldown_max_ms = 30000;
+    cfg->drain_timeout_ms = 10000;
+    cfg->worker_drain_timeout_ms = 30000;
     return 0;
 }
 
@@ -144,6 +216,7 @@ void baton_config_free(baton_config_t *cfg)
         return;
     free(cfg->host);
     free(cfg->config_path);
+    free(cfg->check_path);
     for (size_t i = 0; i < cfg->n_workers; i++)
         worker_free(&cfg->workers[i]);
     free(cfg->workers);
@@ -203,6 +276,11 @@ static int set_from_string(baton_config_t *cfg, const opt_t *o, const char *wher
     case OPT_STR: {
         if (value[0] == '\0')
             return set_err(err, errlen, BATON_EINVAL, "%s: must not be empty", where);
+        if (o->offset == OFF(check_path) &&
+            (value[0] != '/' || strlen(value) >= 128 || strpbrk(value, " \r\n\t") != NULL))
+            return set_err(err, errlen, BATON_EINVAL,
+                           "%s: must be a path starting with '/', without spaces, under 128 bytes",
+                           where);
         char *s = strdup(value);
         if (s == NULL)
             return set_err(err, errlen, BATON_ENOMEM, "out of memory");
@@ -412,6 +490,15 @@ static const opt_t *find_json_opt(const char *section, const char *key)
     return NULL;
 }
 
+/* A key of the top level that holds options ("limits", "timeouts", "retries", ...). */
+static int is_section(const char *key)
+{
+    for (size_t i = 0; i < N_OPTIONS; i++)
+        if (options[i].section != NULL && strcmp(options[i].section, key) == 0)
+            return 1;
+    return 0;
+}
+
 static int load_section(baton_config_t *cfg, json_t *obj, const char *section, const char *origin,
                         char *err, size_t errlen)
 {
@@ -425,7 +512,7 @@ static int load_section(baton_config_t *cfg, json_t *obj, const char *section, c
         else
             snprintf(where, sizeof(where), "%s: %s", origin, key);
         int rc;
-        if (section == NULL && (strcmp(key, "limits") == 0 || strcmp(key, "timeouts") == 0)) {
+        if (section == NULL && is_section(key)) {
             if (!json_is_object(v))
                 return set_err(err, errlen, BATON_EINVAL, "%s: must be an object", where);
             rc = load_section(cfg, v, key, origin, err, errlen);
@@ -695,8 +782,11 @@ void baton_config_print_help(FILE *out, const char *argv0)
             "Usage: %s [options]\n"
             "Baton: an OpenAI-compatible prefill/decode disaggregation router.\n"
             "Every option is also a key of the JSON config file (dashes become underscores;\n"
-            "HTTP limits go under \"limits\", upstream timeouts under \"timeouts\"); options\n"
-            "given here override the file. Timeouts are in milliseconds.\n\n",
+            "HTTP limits go under \"limits\", upstream timeouts under \"timeouts\", retry\n"
+            "settings under \"retries\", admission control under \"admission\", health checks\n"
+            "and breakers under \"health\"); options given here override the file. Times are\n"
+            "in milliseconds. SIGHUP reloads the workers and policies from --config; SIGTERM\n"
+            "drains in-flight requests (--drain-timeout-ms) and exits 0.\n\n",
             argv0 ? argv0 : "baton");
     fprintf(out, "  %-32s %s\n", "--config FILE", "JSON config file (see conf/baton.json)");
     fprintf(out, "  %-32s %s\n", "--prefill URL [BOOTSTRAP_PORT]",

@@ -3,6 +3,7 @@
 #define BATON_ROUTER_CONFIG_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "common/log.h"
@@ -49,7 +50,58 @@
  *                                                               can take minutes)
  *  timeouts.idle_timeout_ms         --idle-timeout-ms N         120000 (gap between chunks)
  *  timeouts.request_timeout_ms      --request-timeout-ms N      3600000 (whole request)
- *                               (timeouts: 0 = none)
+ *  timeouts.prefill_timeout_ms      --prefill-timeout-ms N      600000 (prefill's whole answer:
+ *                                                               a 100k-token prompt's prefill
+ *                                                               plus queueing; 0 = none)
+ *                               (timeouts: 0 = none. connect/first_byte/idle apply to every
+ *                               upstream request; first_byte is decode's (or a regular
+ *                               worker's) first response byte, which comes after prefill and the
+ *                               KV hand-off; request_timeout_ms bounds the whole client request
+ *                               across retries, from its first byte: no upstream request of it
+ *                               outlives that deadline)
+ *  retries.max_retries          --max-retries N             2    (extra attempts with a new
+ *                                                               pair and room, only while no
+ *                                                               byte reached the client, on
+ *                                                               connect errors, early closes,
+ *                                                               phase timeouts and 408/429/500/
+ *                                                               502/503/504 from either side)
+ *  retries.retry_backoff_ms     --retry-backoff-ms N        50   (first back-off; doubles per
+ *                                                               retry, drawn uniformly from
+ *                                                               [b/2, b] (jitter))
+ *  retries.retry_backoff_max_ms --retry-backoff-max-ms N    2000 (back-off cap)
+ *  retries.retry_budget_ms      --retry-budget-ms N         30000 (no retry starts later than
+ *                                                               this after the request arrived)
+ *  admission.max_concurrent_requests --max-concurrent-requests N  1024 (whole router, all
+ *                                                               threads; 0 = unlimited)
+ *  admission.queue_size         --queue-size N              1024 (requests waiting for a slot or
+ *                                                               for a worker under its cap; a
+ *                                                               request beyond it gets 429
+ *                                                               queue_full; 0 = no queue)
+ *  admission.queue_timeout_ms   --queue-timeout-ms N        30000 (a request queued longer gets
+ *                                                               503 queue_timeout)
+ *  admission.max_worker_requests --max-worker-requests N    0    (in-flight requests per worker;
+ *                                                               a worker at its cap is not
+ *                                                               picked; 0 = unlimited)
+ *  health.check_interval_ms     --check-interval-ms N       2000 (active GET /health per worker;
+ *                                                               0 = no active checks)
+ *  health.check_fast_interval_ms --check-fast-interval-ms N 500  (while a worker changes state)
+ *  health.check_down_interval_ms --check-down-interval-ms N 2000 (while a worker is down)
+ *  health.check_timeout_ms      --check-timeout-ms N        1000
+ *  health.check_rise            --check-rise N              2    (passing checks to come up)
+ *  health.check_fall            --check-fall N              3    (failing checks to go down)
+ *  health.check_path            --check-path PATH           /health
+ *  health.breaker_threshold     --breaker-threshold N       5    (consecutive failures that open
+ *                                                               a worker's circuit breaker;
+ *                                                               0 = no breaker)
+ *  health.breaker_cooldown_ms   --breaker-cooldown-ms N     1000 (first open period; doubles)
+ *  health.breaker_cooldown_max_ms --breaker-cooldown-max-ms N 30000
+ *  drain_timeout_ms             --drain-timeout-ms N        10000 (SIGTERM: in-flight requests
+ *                                                               may finish this long, then are
+ *                                                               cancelled; keep it below the
+ *                                                               orchestrator's kill deadline)
+ *  worker_drain_timeout_ms      --worker-drain-timeout-ms N 30000 (a removed worker's in-flight
+ *                                                               requests may finish this long,
+ *                                                               then are cancelled)
  *                               --config FILE               none (the JSON file above)
  *                               --help                      print this and exit 0
  *
@@ -84,6 +136,29 @@ typedef struct baton_config_s {
     baton_http_timeouts_t timeouts; /* for baton_http_request (upstream), ms, 0 = none */
     baton_config_worker_t *workers;
     size_t n_workers;
+
+    /* Resilience (see the table above). */
+    uint64_t prefill_timeout_ms;
+    unsigned max_retries;
+    uint64_t retry_backoff_ms;
+    uint64_t retry_backoff_max_ms;
+    uint64_t retry_budget_ms;
+    unsigned max_concurrent_requests;
+    unsigned queue_size;
+    uint64_t queue_timeout_ms;
+    unsigned max_worker_requests;
+    uint64_t check_interval_ms;
+    uint64_t check_fast_interval_ms;
+    uint64_t check_down_interval_ms;
+    uint64_t check_timeout_ms;
+    unsigned check_rise;
+    unsigned check_fall;
+    char *check_path;
+    unsigned breaker_threshold;
+    uint64_t breaker_cooldown_ms;
+    uint64_t breaker_cooldown_max_ms;
+    uint64_t drain_timeout_ms;
+    uint64_t worker_drain_timeout_ms;
 
     /* Private to config.c: which keys were given explicitly. */
     unsigned set_flags_;

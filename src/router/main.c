@@ -1,5 +1,6 @@
 /* main.c — the `baton` router executable: configuration, shared state, one libuv loop + HTTP
- * server per thread on one reuseport address, signal handling. */
+ * server per thread on one reuseport address, the worker health checker, signals (SIGTERM
+ * drain, SIGHUP reload). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,18 +11,28 @@
 #include "baton/error.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "health/worker_check.h"
+#include "health/worker_health.h"
 #include "http/server.h"
+#include "router/admission.h"
 #include "router/config.h"
 #include "router/policy.h"
 #include "router/proxy.h"
 #include "router/registry.h"
+#include "router/reload.h"
+#include "router/resil_metrics.h"
 #include "router/router_metrics.h"
 #include "router/routes.h"
 
-/* A stuck shutdown (an upstream that never closes) must not keep the process alive. */
-#define SHUTDOWN_DEADLINE_MS 10000
+/* After the drain deadline, requests are cancelled; if something still holds the process (an
+ * upstream that never reports its close), it exits anyway this much later. */
+#define SHUTDOWN_GRACE_MS 10000
+/* How often a draining loop looks whether its last request finished. */
+#define DRAIN_POLL_MS 20
 
 typedef struct app_s app_t;
+
+enum stop_mode { STOP_NONE = 0, STOP_DRAIN = 1, STOP_FORCE = 2 };
 
 typedef struct rthread_s {
     app_t *app;
@@ -30,31 +41,49 @@ typedef struct rthread_s {
     int started;
     uv_loop_t loop;
     uv_async_t stop;
+    uv_timer_t drain_poll;
+    atomic_int stop_mode; /* enum stop_mode, set by the main thread */
+    int stop_closed;      /* `stop` is closing: no more sends (guarded by app->lock) */
+    int mode_seen;        /* the mode this loop acted on */
     baton_http_server_t *srv;
     baton_proxy_loop_t *pl;
-    int port; /* in: port to bind; out: the real port */
-    int rc;   /* start-up result */
+    baton_wcheck_t *wc; /* thread 0 only */
+    int port;           /* in: port to bind; out: the real port */
+    int rc;             /* start-up result */
     uv_sem_t ready;
 } rthread_t;
 
+typedef struct retired_s {
+    baton_policy_t *p;
+    struct retired_s *next;
+} retired_t;
+
 struct app_s {
+    int argc;
+    char **argv;
     baton_config_t cfg;
     baton_router_t router;
     rthread_t *threads;
     unsigned n_threads;
     uv_loop_t *main_loop;
-    uv_signal_t sigint, sigterm;
+    uv_signal_t sigint, sigterm, sighup;
     uv_timer_t deadline;
     uv_async_t thread_done;
     uv_mutex_t lock;
-    unsigned n_done; /* guarded by lock */
-    int stopping;
+    unsigned n_done;    /* guarded by lock */
+    int stopping;       /* 1 draining, 2 forced */
+    retired_t *retired; /* policies replaced by reloads: freed at exit */
 };
 
 /* ---- router threads ---- */
 
 /* The thread a loop runs on; the server's close callback carries no context of its own. */
 static __thread rthread_t *cur_thread;
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    (void)h;
+}
 
 static void on_srv_closed(baton_http_server_t *srv)
 {
@@ -64,16 +93,53 @@ static void on_srv_closed(baton_http_server_t *srv)
     /* No proxied request is alive any more: the pools can go (idle connections close). */
     baton_proxy_loop_destroy(t->pl);
     t->pl = NULL;
-    uv_close((uv_handle_t *)&t->stop, NULL);
+    if (t->wc) {
+        baton_wcheck_close(t->wc, NULL, NULL);
+        t->wc = NULL;
+    }
+    uv_close((uv_handle_t *)&t->drain_poll, on_handle_closed);
+    uv_mutex_lock(&t->app->lock);
+    t->stop_closed = 1;
+    uv_mutex_unlock(&t->app->lock);
+    uv_close((uv_handle_t *)&t->stop, on_handle_closed);
+}
+
+static void close_server(rthread_t *t)
+{
+    if (!t->srv)
+        return;
+    uv_timer_stop(&t->drain_poll);
+    baton_http_server_t *srv = t->srv;
+    baton_http_server_stop_accepting(srv);
+    baton_http_server_close(srv, on_srv_closed);
+}
+
+static void on_drain_poll(uv_timer_t *timer)
+{
+    rthread_t *t = timer->data;
+    if (t->pl && baton_proxy_loop_active(t->pl) == 0) {
+        log_debug("router", "drained thread=%u", t->idx);
+        close_server(t);
+    }
 }
 
 static void on_stop(uv_async_t *a)
 {
     rthread_t *t = a->data;
-    if (!t->srv)
+    int mode = atomic_load(&t->stop_mode);
+    if (!t->srv || mode <= t->mode_seen)
         return;
-    baton_http_server_stop_accepting(t->srv);
-    baton_http_server_close(t->srv, on_srv_closed);
+    t->mode_seen = mode;
+    if (mode == STOP_DRAIN) {
+        /* No new connections; idle keep-alive ones close, busy ones after their response. */
+        baton_http_server_stop_accepting(t->srv);
+        uv_timer_start(&t->drain_poll, on_drain_poll, 0, DRAIN_POLL_MS);
+        return;
+    }
+    /* Deadline: every request still here gets its answer (503 or an SSE error) now. */
+    if (t->pl)
+        baton_proxy_loop_cancel_all(t->pl);
+    close_server(t);
 }
 
 static void thread_main(void *arg)
@@ -85,6 +151,7 @@ static void thread_main(void *arg)
     cur_thread = t;
     if ((rc = uv_loop_init(&t->loop)) != 0 ||
         (rc = baton_proxy_loop_create(&t->pl, &t->loop, &app->router)) != 0 ||
+        (rc = baton_proxy_loop_start(t->pl)) != 0 ||
         (rc = baton_http_server_create(&t->srv, &t->loop, &app->cfg.limits, baton_routes_handle,
                                        t->pl)) != 0 ||
         (rc = baton_http_server_listen(t->srv, app->cfg.host, t->port, 1)) != 0) {
@@ -95,10 +162,21 @@ static void thread_main(void *arg)
     }
     t->port = baton_http_server_port(t->srv);
     t->stop.data = t;
-    if ((rc = uv_async_init(&t->loop, &t->stop, on_stop)) != 0) {
+    t->drain_poll.data = t;
+    if ((rc = uv_async_init(&t->loop, &t->stop, on_stop)) != 0 ||
+        (rc = uv_timer_init(&t->loop, &t->drain_poll)) != 0) {
         t->rc = rc;
         uv_sem_post(&t->ready);
         return;
+    }
+    /* The first loop also runs the active health checks (and the breakers' cool-down sync). */
+    if (t->idx == 0 && app->router.health) {
+        if ((rc = baton_wcheck_create(&t->wc, &t->loop, app->router.health)) != 0 ||
+            (rc = baton_wcheck_start(t->wc)) != 0) {
+            t->rc = rc;
+            uv_sem_post(&t->ready);
+            return;
+        }
     }
     t->rc = 0;
     uv_sem_post(&t->ready);
@@ -119,6 +197,7 @@ static int start_thread(app_t *app, unsigned idx, int port)
     t->app = app;
     t->idx = idx;
     t->port = port;
+    atomic_init(&t->stop_mode, STOP_NONE);
     if (uv_sem_init(&t->ready, 0) != 0)
         return BATON_ENOMEM;
     int rc = uv_thread_create(&t->tid, thread_main, t);
@@ -131,12 +210,26 @@ static int start_thread(app_t *app, unsigned idx, int port)
     return rc;
 }
 
-/* ---- main thread: signals and shutdown ---- */
+static void send_stop(app_t *app, enum stop_mode mode)
+{
+    /* Under the lock: a thread that closed its server closes `stop` too, and a send to a
+     * closed handle is undefined. */
+    uv_mutex_lock(&app->lock);
+    for (unsigned i = 0; i < app->n_threads; i++) {
+        atomic_store(&app->threads[i].stop_mode, mode);
+        if (app->threads[i].started && !app->threads[i].stop_closed)
+            uv_async_send(&app->threads[i].stop);
+    }
+    uv_mutex_unlock(&app->lock);
+}
+
+/* ---- main thread: signals, reload and shutdown ---- */
 
 static void close_main_handles(app_t *app)
 {
     uv_close((uv_handle_t *)&app->sigint, NULL);
     uv_close((uv_handle_t *)&app->sigterm, NULL);
+    uv_close((uv_handle_t *)&app->sighup, NULL);
     uv_close((uv_handle_t *)&app->deadline, NULL);
     uv_close((uv_handle_t *)&app->thread_done, NULL);
 }
@@ -151,26 +244,167 @@ static void on_thread_done(uv_async_t *a)
         close_main_handles(app);
 }
 
-static void on_deadline(uv_timer_t *timer)
+static void on_grace_over(uv_timer_t *timer)
 {
-    log_warn("router", "shutdown_deadline_exceeded ms=%d", SHUTDOWN_DEADLINE_MS);
+    log_warn("router", "shutdown_grace_exceeded ms=%d", SHUTDOWN_GRACE_MS);
     fflush(stderr);
     _exit(0);
+}
+
+static void force_stop(app_t *app, const char *why)
+{
+    if (app->stopping >= 2)
+        return;
+    app->stopping = 2;
+    unsigned left = 0;
+    if (app->router.admission)
+        left = baton_admission_active(app->router.admission) +
+               baton_admission_queued(app->router.admission);
+    log_warn("router", "drain_deadline reason=%s requests_left=%u", why, left);
+    send_stop(app, STOP_FORCE);
+    uv_timer_start(&app->deadline, on_grace_over, SHUTDOWN_GRACE_MS, 0);
+}
+
+static void on_drain_deadline(uv_timer_t *timer)
+{
+    force_stop(timer->data, "drain_timeout");
+}
+
+static const char *sig_name(int signum)
+{
+    return signum == SIGINT ? "SIGINT" : signum == SIGTERM ? "SIGTERM" : "SIGHUP";
 }
 
 static void on_signal(uv_signal_t *s, int signum)
 {
     app_t *app = s->data;
     if (app->stopping) {
-        log_info("router", "signal_ignored signal=%s reason=already_stopping",
-                 signum == SIGINT ? "SIGINT" : "SIGTERM");
+        /* A second signal: do not wait for the rest of the drain. */
+        log_info("router", "signal signal=%s action=stop_now", sig_name(signum));
+        force_stop(app, "second_signal");
         return;
     }
     app->stopping = 1;
-    log_info("router", "shutdown signal=%s", signum == SIGINT ? "SIGINT" : "SIGTERM");
-    for (unsigned i = 0; i < app->n_threads; i++)
-        uv_async_send(&app->threads[i].stop);
-    uv_timer_start(&app->deadline, on_deadline, SHUTDOWN_DEADLINE_MS, 0);
+    atomic_store(&app->router.draining, 1);
+    log_info("router", "shutdown signal=%s drain_timeout_ms=%llu", sig_name(signum),
+             (unsigned long long)app->cfg.drain_timeout_ms);
+    send_stop(app, STOP_DRAIN);
+    app->deadline.data = app;
+    uv_timer_start(&app->deadline, on_drain_deadline, app->cfg.drain_timeout_ms, 0);
+}
+
+static void retire_policy(app_t *app, baton_policy_t *p)
+{
+    retired_t *r = malloc(sizeof(*r));
+    if (r == NULL) {
+        /* Leaking one small policy object beats freeing it under a loop that may use it. */
+        log_warn("router", "reload_policy_leaked reason=\"out of memory\"");
+        return;
+    }
+    r->p = p;
+    r->next = app->retired;
+    app->retired = r;
+}
+
+/* SIGHUP: workers and policies from the configuration file (and the same command line). */
+static void reload(app_t *app)
+{
+    char err[512] = "";
+    if (app->cfg.config_path == NULL) {
+        log_warn("router", "reload_skipped reason=\"no --config file\"");
+        return;
+    }
+    baton_config_t next;
+    if (baton_config_init(&next) != 0) {
+        log_error("router", "reload_failed reason=\"out of memory\"");
+        return;
+    }
+    int rc = baton_config_from_args(&next, app->argc, app->argv, err, sizeof(err));
+    if (rc != 0) {
+        log_error("router", "reload_failed reason=\"%s\" (configuration unchanged)",
+                  err[0] ? err : baton_strerror(rc));
+        baton_config_free(&next);
+        return;
+    }
+    baton_reload_result_t res;
+    rc = baton_reload_workers(app->router.registry, &app->cfg, &next, &res, err, sizeof(err));
+    if (rc != 0)
+        log_error("router", "reload_partial reason=\"%s\"", err);
+
+    baton_worker_role_t roles[3] = {BATON_ROLE_PREFILL, BATON_ROLE_DECODE, BATON_ROLE_REGULAR};
+    baton_policy_kind_t kinds[3] = {next.prefill_policy, next.decode_policy, next.policy};
+    for (int i = 0; i < 3; i++) {
+        baton_policy_t *cur = baton_router_policy(&app->router, roles[i]);
+        if (baton_policy_kind(cur) == kinds[i])
+            continue;
+        baton_policy_t *np;
+        if (baton_policy_create(&np, kinds[i]) != 0) {
+            log_error("router", "reload_policy_failed role=%s reason=\"out of memory\"",
+                      baton_worker_role_name(roles[i]));
+            continue;
+        }
+        retire_policy(app, baton_router_set_policy(&app->router, roles[i], np));
+    }
+    /* What the next reload compares with. The loops never read these fields. */
+    baton_config_worker_t *tw = app->cfg.workers;
+    size_t tn = app->cfg.n_workers;
+    app->cfg.workers = next.workers;
+    app->cfg.n_workers = next.n_workers;
+    next.workers = tw;
+    next.n_workers = tn;
+    app->cfg.policy = next.policy;
+    app->cfg.prefill_policy = next.prefill_policy;
+    app->cfg.decode_policy = next.decode_policy;
+    baton_config_free(&next);
+
+    size_t counts[BATON_ROLE_COUNT];
+    baton_registry_counts(app->router.registry, counts, NULL);
+    log_info("router",
+             "reloaded added=%zu removed=%zu changed=%zu unchanged=%zu prefill=%zu decode=%zu "
+             "regular=%zu prefill_policy=%s decode_policy=%s policy=%s",
+             res.added, res.removed, res.changed, res.unchanged, counts[BATON_ROLE_PREFILL],
+             counts[BATON_ROLE_DECODE], counts[BATON_ROLE_REGULAR],
+             baton_policy_name(app->cfg.prefill_policy), baton_policy_name(app->cfg.decode_policy),
+             baton_policy_name(app->cfg.policy));
+}
+
+static void on_sighup(uv_signal_t *s, int signum)
+{
+    app_t *app = s->data;
+    log_info("router", "signal signal=SIGHUP action=reload");
+    if (app->stopping) {
+        log_info("router", "reload_skipped reason=shutting_down");
+        return;
+    }
+    reload(app);
+}
+
+static int create_health(app_t *app, char *err, size_t errlen)
+{
+    const baton_config_t *c = &app->cfg;
+    baton_router_t *r = &app->router;
+    baton_whealth_config_t hc;
+    baton_whealth_config_init(&hc);
+    hc.check.enabled = c->check_interval_ms > 0;
+    if (c->check_interval_ms)
+        hc.check.interval_ms = c->check_interval_ms;
+    hc.check.fast_interval_ms = c->check_fast_interval_ms;
+    hc.check.down_interval_ms = c->check_down_interval_ms;
+    hc.check.timeout_ms = c->check_timeout_ms;
+    hc.check.rise = c->check_rise;
+    hc.check.fall = c->check_fall;
+    snprintf(hc.check.path, sizeof(hc.check.path), "%s", c->check_path ? c->check_path : "/health");
+    hc.breaker.failure_threshold = c->breaker_threshold;
+    hc.breaker.cooldown_base_ms = c->breaker_cooldown_ms;
+    hc.breaker.cooldown_max_ms = c->breaker_cooldown_max_ms > c->breaker_cooldown_ms
+                                     ? c->breaker_cooldown_max_ms
+                                     : c->breaker_cooldown_ms;
+    int rc = baton_whealth_create(&r->health, r->registry, &hc);
+    if (rc == 0)
+        rc = baton_whealth_metrics_init(r->health, r->metrics_reg);
+    if (rc != 0)
+        snprintf(err, errlen, "health: %s", baton_strerror(rc));
+    return rc;
 }
 
 static int create_shared(app_t *app, char *err, size_t errlen)
@@ -178,6 +412,7 @@ static int create_shared(app_t *app, char *err, size_t errlen)
     baton_router_t *r = &app->router;
     int rc;
     r->cfg = &app->cfg;
+    atomic_init(&r->draining, 0);
     if ((rc = baton_registry_create(&r->registry)) != 0) {
         snprintf(err, errlen, "registry: %s", baton_strerror(rc));
         return rc;
@@ -194,22 +429,37 @@ static int create_shared(app_t *app, char *err, size_t errlen)
         snprintf(err, errlen, "metrics: out of memory");
         return BATON_ENOMEM;
     }
-    if ((rc = baton_router_metrics_create(&r->metrics, r->metrics_reg)) != 0) {
+    if ((rc = baton_router_metrics_create(&r->metrics, r->metrics_reg)) != 0 ||
+        (rc = baton_resil_metrics_create(&r->resil, r->metrics_reg)) != 0) {
         snprintf(err, errlen, "metrics: %s", baton_strerror(rc));
         return rc;
     }
-    return 0;
+    if ((rc = baton_admission_create(&r->admission, app->cfg.max_concurrent_requests,
+                                     app->cfg.queue_size)) != 0) {
+        snprintf(err, errlen, "admission: %s", baton_strerror(rc));
+        return rc;
+    }
+    return create_health(app, err, errlen);
 }
 
 static void destroy_shared(app_t *app)
 {
     baton_router_t *r = &app->router;
+    baton_whealth_destroy(r->health);
+    baton_admission_destroy(r->admission);
+    baton_resil_metrics_destroy(r->resil);
     baton_router_metrics_destroy(r->metrics);
     if (r->metrics_reg)
         baton_metrics_destroy(r->metrics_reg);
     baton_policy_destroy(r->prefill_policy);
     baton_policy_destroy(r->decode_policy);
     baton_policy_destroy(r->regular_policy);
+    while (app->retired) {
+        retired_t *n = app->retired->next;
+        baton_policy_destroy(app->retired->p);
+        free(app->retired);
+        app->retired = n;
+    }
     if (r->registry)
         baton_registry_destroy(r->registry);
     baton_config_free(&app->cfg);
@@ -222,6 +472,8 @@ int main(int argc, char **argv)
     int rc;
 
     signal(SIGPIPE, SIG_IGN); /* a client gone mid-write is an error code, not a signal */
+    app.argc = argc;
+    app.argv = argv;
 
     if (baton_config_init(&app.cfg) != 0) {
         fprintf(stderr, "baton: out of memory\n");
@@ -252,10 +504,13 @@ int main(int argc, char **argv)
     baton_registry_counts(app.router.registry, counts, NULL);
     log_info("router",
              "starting threads=%u prefill=%zu decode=%zu regular=%zu prefill_policy=%s "
-             "decode_policy=%s policy=%s",
+             "decode_policy=%s policy=%s max_retries=%u max_concurrent=%u queue=%u "
+             "check_interval_ms=%llu",
              app.cfg.threads, counts[BATON_ROLE_PREFILL], counts[BATON_ROLE_DECODE],
              counts[BATON_ROLE_REGULAR], baton_policy_name(app.cfg.prefill_policy),
-             baton_policy_name(app.cfg.decode_policy), baton_policy_name(app.cfg.policy));
+             baton_policy_name(app.cfg.decode_policy), baton_policy_name(app.cfg.policy),
+             app.cfg.max_retries, app.cfg.max_concurrent_requests, app.cfg.queue_size,
+             (unsigned long long)app.cfg.check_interval_ms);
 
     app.main_loop = uv_default_loop();
     uv_mutex_init(&app.lock);
@@ -281,12 +536,15 @@ int main(int argc, char **argv)
     log_info("router", "listening addr=%s:%d threads=%u", app.cfg.host, app.threads[0].port,
              app.n_threads);
 
-    app.sigint.data = app.sigterm.data = &app;
+    app.sigint.data = app.sigterm.data = app.sighup.data = &app;
     uv_signal_init(app.main_loop, &app.sigint);
     uv_signal_init(app.main_loop, &app.sigterm);
+    uv_signal_init(app.main_loop, &app.sighup);
     uv_signal_start(&app.sigint, on_signal, SIGINT);
     uv_signal_start(&app.sigterm, on_signal, SIGTERM);
+    uv_signal_start(&app.sighup, on_sighup, SIGHUP);
     uv_timer_init(app.main_loop, &app.deadline);
+    app.deadline.data = &app;
     uv_run(app.main_loop, UV_RUN_DEFAULT);
 
     for (unsigned i = 0; i < app.n_threads; i++)

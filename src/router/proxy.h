@@ -6,18 +6,29 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include <stdatomic.h>
+
 #include "common/metrics.h"
+#include "health/worker_health.h"
 #include "http/client.h"
 #include "http/server.h"
+#include "router/admission.h"
 #include "router/config.h"
 #include "router/pdreq.h"
 #include "router/policy.h"
 #include "router/registry.h"
+#include "router/resil_metrics.h"
 #include "router/router_metrics.h"
 
 /*
  * What every router thread shares. Built once on the main thread before the loops start and
- * read-only afterwards (the registry, policies and metrics are thread-safe themselves).
+ * read-only afterwards (the registry, policies, health table, admission and metrics are
+ * thread-safe themselves), except:
+ *   - the three policy pointers, which a reload (SIGHUP) may swap: read them with
+ *     baton_router_policy(); the old objects stay valid until the router exits;
+ *   - `draining`, set once by SIGTERM (readiness answers 503 from then on).
+ * health, admission and resil may be NULL (no health layer / no admission control / no
+ * metrics), which tests use.
  */
 typedef struct baton_router_s {
     const baton_config_t *cfg;
@@ -27,7 +38,18 @@ typedef struct baton_router_s {
     baton_policy_t *regular_policy;
     baton_metrics_t *metrics_reg;
     baton_router_metrics_t *metrics;
+    baton_whealth_t *health;
+    baton_admission_t *admission;
+    baton_resil_metrics_t *resil;
+    atomic_int draining;
 } baton_router_t;
+
+/* The policy for a role (an atomic load: a reload may swap it). */
+baton_policy_t *baton_router_policy(baton_router_t *r, baton_worker_role_t role);
+/* Installs a new policy for a role and returns the old one, which the caller keeps alive until
+ * no loop can use it any more (in practice: until exit). */
+baton_policy_t *baton_router_set_policy(baton_router_t *r, baton_worker_role_t role,
+                                        baton_policy_t *p);
 
 /*
  * One per loop/thread: the upstream pools of that loop, one per worker, created on first use
@@ -41,14 +63,25 @@ typedef struct baton_proxy_loop_s baton_proxy_loop_t;
 
 int baton_proxy_loop_create(baton_proxy_loop_t **pl_p, uv_loop_t *loop, baton_router_t *router);
 
-/* Destroys the pools (each pool frees itself once its in-flight requests finished). Call after
- * the loop's HTTP server has closed, i.e. when no proxied request is alive any more. */
+/* Starts the loop's housekeeping, on the loop's thread before it runs: a 250 ms tick (drain
+ * deadlines of removed workers, queued requests waiting for a worker under its cap) and the
+ * wake-up that admission control sends when capacity frees up. 0 or a libuv error. */
+int baton_proxy_loop_start(baton_proxy_loop_t *pl);
+
+/* Destroys the pools (each pool frees itself once its in-flight requests finished) and closes
+ * the loop's handles; pl is freed once they closed. Call on the loop's thread after the loop's
+ * HTTP server has closed, i.e. when no proxied request is alive any more. */
 void baton_proxy_loop_destroy(baton_proxy_loop_t *pl);
+
+/* The drain deadline passed (SIGTERM): every request of this loop is ended now — queued ones
+ * get 503 shutting_down, proxied ones have their upstream requests closed and get 503 (or an
+ * SSE error event when streaming). They finish on their own once the closes are reported. */
+void baton_proxy_loop_cancel_all(baton_proxy_loop_t *pl);
 
 baton_router_t *baton_proxy_loop_router(baton_proxy_loop_t *pl);
 uv_loop_t *baton_proxy_loop_uv(baton_proxy_loop_t *pl);
 
-/* Proxied requests alive on this loop now. */
+/* Proxied requests alive on this loop now (queued ones included). */
 unsigned baton_proxy_loop_active(const baton_proxy_loop_t *pl);
 
 /*
@@ -60,10 +93,16 @@ unsigned baton_proxy_loop_active(const baton_proxy_loop_t *pl);
  *     prefill's answer is read to the end (its input logprobs merged in front when asked);
  *   - else to a regular worker (the client's body untouched);
  *   - else 503.
- * Upstream failures before the client response started → 502/504 JSON naming the side (or
- * decode's own non-2xx status and body); after a stream started → an SSE error event and
- * [DONE]. Either way the other upstream request is cancelled at once; a client disconnect
- * cancels both. The request is always finished exactly once.
+ * Admission first (admission.h): a slot router-wide and a pair of workers under their
+ * in-flight caps, else the request waits in the loop's queue (429 when the queue is full, 503
+ * after queue_timeout_ms). Workers are chosen among those the health layer admits (healthy,
+ * breaker not open, not draining), avoiding the workers of failed attempts when others exist.
+ * Upstream failures before any byte reached the client are retried (retry.h) with a new pair
+ * and a new room after a jittered back-off; the failed attempt's other side is closed at once.
+ * When no retry is left: 502/504 JSON naming the side (or decode's own non-2xx status and
+ * body); after a stream started → an SSE error event and [DONE]. Either way the other upstream
+ * request is cancelled at once; a client disconnect cancels both. Every upstream request's
+ * outcome feeds its worker's circuit breaker. The request is always finished exactly once.
  */
 void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_api_t api);
 

@@ -173,6 +173,11 @@ int baton_worker_is_removed(const baton_worker_t *w)
     return atomic_load(&((baton_worker_t *)w)->removed);
 }
 
+uint64_t baton_worker_removed_ns(const baton_worker_t *w)
+{
+    return atomic_load(&((baton_worker_t *)w)->removed_ns);
+}
+
 int baton_worker_is_eligible(const baton_worker_t *w)
 {
     return baton_worker_health(w) == BATON_HEALTH_HEALTHY &&
@@ -204,6 +209,7 @@ void baton_registry_destroy(baton_registry_t *reg)
     while (w != NULL) {
         baton_worker_t *next = w->next;
         w->next = NULL;
+        atomic_store(&w->removed_ns, uv_hrtime());
         atomic_store(&w->removed, 1);
         atomic_store(&w->draining, 1);
         baton_worker_unref(w);
@@ -351,6 +357,7 @@ int baton_registry_add(baton_registry_t *reg, const baton_worker_spec_t *spec,
     atomic_init(&w->breaker, BATON_BREAKER_CLOSED);
     atomic_init(&w->draining, 0);
     atomic_init(&w->removed, 0);
+    atomic_init(&w->removed_ns, 0);
     atomic_init(&w->refcount, 1); /* the registry's */
 
     pthread_mutex_lock(&reg->lock);
@@ -399,6 +406,7 @@ static void unlink_locked(baton_registry_t *reg, baton_worker_t *w)
         reg->n--;
         break;
     }
+    atomic_store(&w->removed_ns, uv_hrtime());
     atomic_store(&w->draining, 1);
     atomic_store(&w->removed, 1);
     bump(reg);

@@ -93,11 +93,12 @@ typedef struct baton_worker_s {
     uint64_t added_ns; /* uv_hrtime() at registration */
 
     /* Mutable, atomic. */
-    atomic_long in_flight; /* requests currently sent to this worker */
-    atomic_int health;     /* baton_worker_health_t */
-    atomic_int breaker;    /* baton_breaker_state_t */
-    atomic_int draining;   /* 1: takes no new requests (set on removal or by drain) */
-    atomic_int removed;    /* 1: no longer in the registry */
+    atomic_long in_flight;       /* requests currently sent to this worker */
+    atomic_int health;           /* baton_worker_health_t */
+    atomic_int breaker;          /* baton_breaker_state_t */
+    atomic_int draining;         /* 1: takes no new requests (set on removal or by drain) */
+    atomic_int removed;          /* 1: no longer in the registry */
+    _Atomic uint64_t removed_ns; /* uv_hrtime() when it was removed (its drain began); 0 before */
 
     /* Private to registry.c. */
     atomic_long refcount;
@@ -188,6 +189,8 @@ baton_worker_health_t baton_worker_health(const baton_worker_t *w);
 baton_breaker_state_t baton_worker_breaker(const baton_worker_t *w);
 int baton_worker_is_draining(const baton_worker_t *w);
 int baton_worker_is_removed(const baton_worker_t *w);
+/* uv_hrtime() at removal (the start of its drain), 0 while registered. */
+uint64_t baton_worker_removed_ns(const baton_worker_t *w);
 /* healthy && breaker != OPEN && !draining && !removed */
 int baton_worker_is_eligible(const baton_worker_t *w);
 

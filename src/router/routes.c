@@ -62,6 +62,12 @@ static void h_readiness(baton_proxy_loop_t *pl, baton_http_req_t *req, const cha
     size_t all[BATON_ROLE_COUNT], ok[BATON_ROLE_COUNT];
     baton_registry_counts(r->registry, all, ok);
     size_t p = ok[BATON_ROLE_PREFILL], d = ok[BATON_ROLE_DECODE], g = ok[BATON_ROLE_REGULAR];
+    if (atomic_load(&r->draining)) {
+        /* SIGTERM: in-flight requests are finishing; load balancers must send no more. */
+        baton__respond_error(r, req, route, 503, "not ready: the router is shutting down",
+                             "service_unavailable_error", NULL, "shutting_down");
+        return;
+    }
     if ((p >= 1 && d >= 1) || g >= 1) {
         respond_json(pl, req, route, 200,
                      json_pack("{s:s,s:I,s:I,s:I}", "status", "ready", "prefill", (json_int_t)p,

@@ -121,9 +121,14 @@ def default_script(req, io):
 
 
 class Upstream:
-    def __init__(self, name="upstream", script=None):
+    def __init__(self, name="upstream", script=None, scripted_health=False):
         self.name = name
         self.script = script or default_script
+        # The router checks every worker with GET <prefix>/health. Like a real worker, the
+        # upstream answers those itself (200, not recorded, not scripted) unless a test wants
+        # to script them (scripted_health=True).
+        self.scripted_health = scripted_health
+        self.health_checks = 0
         self.requests = []
         self.cond = threading.Condition()
         self.ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -184,6 +189,12 @@ class Upstream:
                 req, buf = self._read_request(s, buf)
                 if req is None:
                     return
+                if (not self.scripted_health and req.method == "GET"
+                        and req.path.split("?")[0].endswith("/health")):
+                    with self.cond:
+                        self.health_checks += 1
+                    IO(self, s, req).respond(200, b"")
+                    continue
                 with self.cond:
                     self.requests.append(req)
                     self.cond.notify_all()

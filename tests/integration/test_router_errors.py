@@ -20,6 +20,10 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_toke
 GEN = {"text": "hello", "sampling_params": {"max_new_tokens": 4}}
 # Generous bound for "at once" on a loaded 2-core machine; the mechanism is an immediate close.
 PROMPT_S = 5.0
+# One attempt per request, no active checks, no breaker: for tests of how a single upstream
+# failure maps to the client's answer (retries, health checks and breakers have their own
+# tests in test_resilience.py).
+ONE_SHOT = ("--max-retries", "0", "--check-interval-ms", "0", "--breaker-threshold", "0")
 
 
 def openai_error(res, status, code=None, param=None):
@@ -161,7 +165,7 @@ def test_prefill_down():
     with Upstream("decode", hold_script) as d, Cluster("router-pdown") as c:
         dead = closed_port()
         r = c.router("--prefill", f"http://127.0.0.1:{dead}", "9000", "--decode", d.url,
-                     "--threads", "1")
+                     "--threads", "1", *ONE_SHOT)
         for stream in (False, True):
             d.reset()
             res = post(r.port, "/v1/chat/completions", dict(CHAT, stream=stream), timeout=15)
@@ -356,7 +360,7 @@ def test_metrics():
     dead = closed_port()
     with Upstream("prefill", d_script) as p, Upstream("decode", d_script) as d, \
             Cluster("router-metrics") as c:
-        r = c.router("--prefill", p.url, "--decode", d.url, "--threads", "2")
+        r = c.router("--prefill", p.url, "--decode", d.url, "--threads", "2", *ONE_SHOT)
         port = r.port
         res = get(port, "/metrics")
         assert res.status == 200
@@ -369,8 +373,11 @@ def test_metrics():
         # an upstream error: a prefill that is down
         res = post(port, "/workers", {"url": f"http://127.0.0.1:{dead}", "worker_type": "prefill"})
         assert res.status == 202
-        for _ in range(4):  # round robin over two prefills: at least one hits the dead one
-            post(port, "/generate", GEN)
+        for _ in range(40):  # round robin over two prefills: every other one hits the dead one
+            # (the stub decode answers without waiting for prefill, so such a request may
+            # still end 200 when decode is faster than prefill's connect error)
+            if post(port, "/generate", GEN).status == 502:
+                break
         res = get(port, "/metrics")
         samples, types = parse_metrics(res.text)
         for fam, typ in (("baton_requests_total", "counter"),

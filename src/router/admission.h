@@ -1,0 +1,73 @@
+/* admission.h — router-wide admission control: a cap on concurrent requests over all threads,
+ * and the accounting and wake-ups of the bounded queue in front of it. */
+#ifndef BATON_ROUTER_ADMISSION_H
+#define BATON_ROUTER_ADMISSION_H
+
+#include <stdatomic.h>
+
+/*
+ * Every inference request holds one slot while it is proxied (from dispatch to its end). When
+ * no slot is free, or every eligible worker is at its in-flight cap (--max-worker-requests),
+ * the request waits in the queue of its own loop; the number of waiting requests over all loops
+ * is bounded by queue_size:
+ *   - queue full                    → 429 queue_full (with Retry-After: 1): the router is
+ *                                     overloaded now, the client may come back;
+ *   - waited queue_timeout_ms       → 503 queue_timeout: no capacity came in time;
+ *   - no eligible worker at all     → 503 at once (waiting would not bring one back faster
+ *                                     than the client's own retry).
+ * Order: FIFO within a loop; a newcomer never overtakes waiting requests (try_acquire with
+ * fair = 1 refuses while anyone waits); across loops the first woken loop to take a freed slot
+ * wins (no global order: fair enough for a router, and no cross-thread hand-off).
+ *
+ * Wake-ups: each loop registers a waker (a callback that posts to its loop, e.g. uv_async_send)
+ * and counts its waiting requests in it. release() and kick() call the waker of every loop that
+ * has waiting requests; the loop then retries its queue head(s) on its own thread.
+ *
+ * Threading: every function is thread-safe. Counters are atomics; the waker list has a mutex,
+ * taken by register/unregister and by release/kick only while requests wait.
+ * Ownership: the caller allocates wakers and keeps them alive until unregister() returns; a
+ * waker's callback is never called after unregister() returned.
+ */
+
+typedef struct baton_admission_s baton_admission_t;
+
+typedef struct baton_admission_waker_s {
+    void (*wake)(void *ctx); /* must be safe from any thread */
+    void *ctx;
+    atomic_uint waiting; /* this loop's queued requests (enqueue/dequeue keep it) */
+    struct baton_admission_waker_s *next_; /* private */
+} baton_admission_waker_t;
+
+/* max_active 0 = unlimited. 0 or BATON_ENOMEM. */
+int baton_admission_create(baton_admission_t **a_p, unsigned max_active, unsigned queue_size);
+void baton_admission_destroy(baton_admission_t *a); /* NULL is ignored */
+
+/* Takes a slot: 1 when taken, 0 when at the limit (or, with fair, when requests are waiting). */
+int baton_admission_try_acquire(baton_admission_t *a, int fair);
+
+/* Gives a slot back and wakes the loops with waiting requests. */
+void baton_admission_release(baton_admission_t *a);
+
+/* Gives a slot back without waking anyone: for a woken waiter that took a slot but found every
+ * worker at its cap (waking the others would only make them find the same). */
+void baton_admission_release_quiet(baton_admission_t *a);
+
+/* One more waiting request on the loop of `wk`: 0, or BATON_EBUSY when queue_size requests
+ * wait already (then nothing changed). */
+int baton_admission_enqueue(baton_admission_t *a, baton_admission_waker_t *wk);
+/* One waiting request left the queue (admitted, timed out or gone). */
+void baton_admission_dequeue(baton_admission_t *a, baton_admission_waker_t *wk);
+
+/* Wakes every loop with waiting requests (capacity may have come: a worker's in-flight count
+ * dropped, a worker came back). Cheap when nobody waits. */
+void baton_admission_kick(baton_admission_t *a);
+
+void baton_admission_register(baton_admission_t *a, baton_admission_waker_t *wk);
+void baton_admission_unregister(baton_admission_t *a, baton_admission_waker_t *wk);
+
+unsigned baton_admission_active(baton_admission_t *a);
+unsigned baton_admission_queued(baton_admission_t *a);
+unsigned baton_admission_max_active(const baton_admission_t *a);
+unsigned baton_admission_queue_size(const baton_admission_t *a);
+
+#endif
