@@ -11,12 +11,15 @@ CMAKE_ARGS += -DBATON_SANITIZE=ON
 BUILD_TYPE := Debug
 endif
 
-.PHONY: all deps build test demo clean
+.PHONY: all deps test-deps build test demo clean
 
 all: build
 
 deps:
 	@sh scripts/install-deps.sh
+
+test-deps:
+	@sh scripts/install-deps.sh --test
 
 $(BUILD_DIR)/CMakeCache.txt:
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS)
@@ -24,7 +27,7 @@ $(BUILD_DIR)/CMakeCache.txt:
 build: deps $(BUILD_DIR)/CMakeCache.txt
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-test: build
+test: test-deps build
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS) $(CTEST_ARGS)
 
 demo: build

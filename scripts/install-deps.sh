@@ -1,9 +1,13 @@
 #!/bin/sh
 # Installs the Debian packages Baton builds against, or says exactly how to.
+# --test adds what only the test suite uses (promtool, from the prometheus package).
 set -eu
 
 PKGS="build-essential cmake pkg-config libuv1-dev node-llhttp libjansson-dev libmbedtls-dev
-libcmocka-dev libibverbs-dev python3 curl"
+libcmocka-dev libibverbs-dev python3 curl procps"
+if [ "${1:-}" = "--test" ]; then
+    PKGS="$PKGS prometheus"
+fi
 
 missing=""
 for p in $PKGS; do
