@@ -125,7 +125,7 @@ def main():
             note="nginx: master + worker processes summed. Design target for Baton: "
                  "10,000 idle connections in <= 100 MiB.")
     scenlib.write_json(args.json, figures)
-    print("\nscenario 3 done")
+    print(f"\nscenario 3 done; {scenlib.load_now()}")
     return 0
 
 

@@ -74,7 +74,7 @@ def main():
             note=f"CPU from /proc/PID/stat in {scenlib.CLK_TCK} Hz ticks (10 ms resolution "
                  "over the whole run); nginx: master + workers.")
     scenlib.write_json(args.json, figures)
-    print(f"\nscenario 4 done: {failed} failed requests")
+    print(f"\nscenario 4 done: {failed} failed requests; {scenlib.load_now()}")
     return 0
 
 

@@ -75,7 +75,7 @@ def main():
                  "ITL p99", "E2E p50", "E2E p99", "errors"], rows,
                 note="latencies in ms")
     scenlib.write_json(args.json, figures)
-    print(f"\nscenario 2 done: {failed} failed requests")
+    print(f"\nscenario 2 done: {failed} failed requests; {scenlib.load_now()}")
     return 0
 
 

@@ -8,9 +8,22 @@ latency a proxy adds over the direct path (p50/p99, and as ratios) and the most 
 second each path sustained (as a ratio of the direct path).
 """
 
+import statistics
 import sys
 
 import scenlib
+
+
+def med(runs, *keys):
+    """Median over the repeats of runs[i][k0][k1]...; None when absent."""
+    vals = []
+    for r in runs:
+        v = r
+        for k in keys:
+            v = v.get(k) if isinstance(v, dict) else None
+        if v is not None:
+            vals.append(v)
+    return statistics.median(vals) if vals else None
 
 
 def main():
@@ -22,6 +35,8 @@ def main():
     ap.add_argument("--endpoint", default="chat", choices=["chat", "completions", "generate"])
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs per path, interleaved across paths; tables show medians (1)")
     args = ap.parse_args()
     if args.smoke:
         args.rate, args.concurrency, args.duration, args.warmup = 100.0, 8, 1.0, 0.2
@@ -46,50 +61,61 @@ def main():
         print(f"load: {args.endpoint}, {args.input_len} prompt words, {args.output_len} output "
               f"tokens; {args.duration}s per run after {args.warmup}s warm-up")
 
+        if args.repeat > 1:
+            print(f"each figure is the median of {args.repeat} runs; runs alternate between "
+                  "the paths so a load change on the machine hits all of them")
         for stream in (False, True):
             mode = "streaming" if stream else "non-streaming"
             metric = "ttft_ms" if stream else "e2e_ms"
             extra = ["--stream"] if stream else []
-            moderate, sat = {}, {}
-            for name, url in targets:
-                moderate[name] = lab.bench(url, *common, *extra, "--request-rate", args.rate,
-                                           label=f"{mode}-{name}-rate")
-                sat[name] = lab.bench(url, *common, *extra, "--concurrency", args.concurrency,
-                                      label=f"{mode}-{name}-sat")
+            moderate = {name: [] for name, _ in targets}
+            sat = {name: [] for name, _ in targets}
+            for rep in range(args.repeat):
+                for name, url in targets:
+                    moderate[name].append(lab.bench(url, *common, *extra, "--request-rate",
+                                                    args.rate, label=f"{mode}-{name}-rate"))
+            for rep in range(args.repeat):
+                for name, url in targets:
+                    sat[name].append(lab.bench(url, *common, *extra, "--concurrency",
+                                               args.concurrency, label=f"{mode}-{name}-sat"))
             figures["runs"][mode] = {"moderate": moderate, "saturation": sat}
 
-            d = moderate["direct"][metric]
+            d50, d99 = med(moderate["direct"], metric, "p50"), med(moderate["direct"], metric, "p99")
             rows = []
             for name, _ in targets:
-                m = moderate[name][metric]
-                p50, p99 = m.get("p50"), m.get("p99")
-                add50 = None if name == "direct" else (p50 - d["p50"]) * 1000
-                add99 = None if name == "direct" else (p99 - d["p99"]) * 1000
-                rows.append([name, p50, p99, add50, scenlib.ratio(p50, d["p50"]), add99,
-                             scenlib.ratio(p99, d["p99"]),
-                             moderate[name]["request_throughput"],
-                             moderate[name]["e2e_ms"].get("p50") if stream else None,
-                             moderate[name]["failed"]])
+                runs = moderate[name]
+                p50, p99 = med(runs, metric, "p50"), med(runs, metric, "p99")
+                add50 = None if name == "direct" else (p50 - d50) * 1000
+                add99 = None if name == "direct" else (p99 - d99) * 1000
+                rows.append([name, p50, p99, add50, scenlib.ratio(p50, d50), add99,
+                             scenlib.ratio(p99, d99), med(runs, "request_throughput"),
+                             med(runs, "e2e_ms", "p50") if stream else None,
+                             sum(r["failed"] for r in runs)])
             scenlib.print_table(
                 f"{mode}: {'TTFT' if stream else 'E2E latency'} at {args.rate:g} req/s (Poisson)",
                 ["path", "p50 ms", "p99 ms", "+p50 us", "p50 x", "+p99 us", "p99 x", "req/s",
                  "E2E p50 ms", "errors"], rows)
 
-            base = sat["direct"]["request_throughput"]
+            base = med(sat["direct"], "request_throughput")
             rows = []
             for name, _ in targets:
-                s = sat[name]
-                rows.append([name, s["request_throughput"], scenlib.ratio(s["request_throughput"], base),
-                             s[metric].get("p50"), s[metric].get("p99"), s["failed"],
-                             f"{100 * s['bench_cpu_util']:.0f}%"])
+                runs = sat[name]
+                tput = med(runs, "request_throughput")
+                lo = min(r["request_throughput"] for r in runs)
+                hi = max(r["request_throughput"] for r in runs)
+                rows.append([name, tput, scenlib.ratio(tput, base),
+                             f"{lo:.0f}-{hi:.0f}" if len(runs) > 1 else "-",
+                             med(runs, metric, "p50"), med(runs, metric, "p99"),
+                             sum(r["failed"] for r in runs),
+                             f"{100 * med(runs, 'bench_cpu_util'):.0f}%"])
             scenlib.print_table(
                 f"{mode}: saturation, closed loop, concurrency {args.concurrency}",
-                ["path", "max req/s", "x direct", f"{'TTFT' if stream else 'E2E'} p50 ms",
+                ["path", "max req/s", "x direct", "range", f"{'TTFT' if stream else 'E2E'} p50 ms",
                  "p99 ms", "errors", "bench CPU"], rows)
         scenlib.write_json(args.json, figures)
     bad = sum(run["failed"] for m in figures["runs"].values() for part in m.values()
-              for run in part.values())
-    print(f"\nscenario 1 done: {bad} failed requests")
+              for runs in part.values() for run in runs)
+    print(f"\nscenario 1 done: {bad} failed requests; {scenlib.load_now()}")
     return 0
 
 

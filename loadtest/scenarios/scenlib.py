@@ -373,6 +373,10 @@ def machine_line():
             f"load average at start {load:.2f}; everything runs on this machine and shares its CPUs")
 
 
+def load_now():
+    return f"load average now {os.getloadavg()[0]:.2f}"
+
+
 def write_json(path, obj):
     if path:
         with open(path, "w") as f:
