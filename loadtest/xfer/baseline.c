@@ -1,0 +1,125 @@
+/* xfer/baseline.c — the memcpy baseline of baton-xfer-bench: one thread copying the same pages
+ * (same sizes, same source offsets, same destination pool shape) that the shm transport copies. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "xbench.h"
+
+/*
+ * What is compared. The shm transport's writer copies each page from the prefill's source into
+ * the decode's memfd pages, mapped MAP_SHARED in its own process, on one thread (the engine's
+ * progress thread). The baseline does the same copies with the same page-aligned source offsets,
+ * into a memfd pool of the same shape (window slots of room_bytes), already touched; so the
+ * ratio shm / memcpy is the engine's overhead (control messages, slicing, fence flag, hand-offs
+ * between threads and processes), not a cache or page-fault effect.
+ *
+ * first_touch: the same copies into a memfd mapped just before, never touched: each new 4 KiB
+ * page costs a fault plus zeroing. A decode server touches its KV pool once at start, so the
+ * transfer runs measure the warm case; this figure shows what a cold pool would cost.
+ */
+
+static void *memfd_map(size_t len)
+{
+    int fd = memfd_create("xfer-bench-baseline", MFD_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    if (ftruncate(fd, (off_t)len) != 0) {
+        close(fd);
+        return NULL;
+    }
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void copy_room(const xb_opts_t *o, const xb_case_t *c, const uint8_t *src, uint8_t *dst,
+                      uint64_t room)
+{
+    for (uint32_t l = 0; l < c->n_layers; l++)
+        for (uint32_t j = 0; j < c->ppl; j++)
+            memcpy(dst + ((size_t)l * c->ppl + j) * c->page_len,
+                   src + xb_src_offset(room, l, j, o->src_bytes, c->page_len), c->page_len);
+}
+
+int xb_memcpy_baseline(const xb_opts_t *o, const xb_case_t *cases, int n_cases, const uint8_t *src,
+                       json_t *out)
+{
+    uint64_t room = 1;
+    for (int ci = 0; ci < n_cases; ci++) {
+        const xb_case_t *c = &cases[ci];
+        int is_kv = strcmp(c->kind, "kv") == 0;
+        size_t pool_len = (size_t)c->window * c->room_bytes;
+        uint8_t *pool = memfd_map(pool_len);
+        if (pool == NULL) {
+            json_array_append_new(
+                out, json_pack("{s:s, s:s}", "case", c->name, "error", strerror(errno)));
+            continue;
+        }
+        memset(pool, XFER_POISON, pool_len);
+        uint32_t runs = is_kv ? o->kv_runs : o->runs;
+        double *g = calloc(runs, sizeof(double));
+        if (g == NULL) {
+            munmap(pool, pool_len);
+            return 1;
+        }
+        /* warm-up: one pass over the pool */
+        for (uint32_t s = 0; s < c->window; s++)
+            copy_room(o, c, src, pool + (size_t)s * c->room_bytes, room++);
+        for (uint32_t r = 0; r < runs; r++) {
+            uint64_t t0 = xb_now_ns(), deadline = t0 + (uint64_t)o->run_ms * 1000000ull;
+            uint64_t bytes = 0, n = 0;
+            uint64_t min_rooms = is_kv ? 1 : c->window;
+            uint64_t max_rooms = is_kv ? 1 : UINT64_MAX;
+            while (n < max_rooms &&
+                   (n < min_rooms || (bytes < o->run_bytes && xb_now_ns() < deadline))) {
+                copy_room(o, c, src, pool + (size_t)(n % c->window) * c->room_bytes, room++);
+                bytes += c->room_bytes;
+                n++;
+            }
+            double s = (double)(xb_now_ns() - t0) / 1e9;
+            g[r] = s > 0 ? (double)bytes / s / 1e9 : 0;
+        }
+        munmap(pool, pool_len);
+
+        /* First touch: a fresh memfd of at least 64 MiB (at most 1 GiB), filled once. */
+        uint64_t ft_len = pool_len < (64u << 20) ? (64u << 20) : pool_len;
+        if (ft_len > (1ull << 30))
+            ft_len = 1ull << 30;
+        uint64_t ft_rooms = ft_len / c->room_bytes;
+        if (ft_rooms == 0)
+            ft_rooms = 1;
+        ft_len = ft_rooms * c->room_bytes;
+        double ft = -1;
+        uint8_t *fresh = memfd_map(ft_len);
+        if (fresh != NULL) {
+            uint64_t t0 = xb_now_ns();
+            for (uint64_t i = 0; i < ft_rooms; i++)
+                copy_room(o, c, src, fresh + i * c->room_bytes, room++);
+            double s = (double)(xb_now_ns() - t0) / 1e9;
+            ft = s > 0 ? (double)ft_len / s / 1e9 : 0;
+            munmap(fresh, ft_len);
+        }
+        double gmin = g[0], gmax = g[0];
+        for (uint32_t r = 1; r < runs; r++) {
+            gmin = g[r] < gmin ? g[r] : gmin;
+            gmax = g[r] > gmax ? g[r] : gmax;
+        }
+        json_array_append_new(out,
+                              json_pack("{s:s, s:s, s:I, s:I, s:f, s:f, s:f, s:o}", "case", c->name,
+                                        "kind", c->kind, "room_bytes", (json_int_t)c->room_bytes,
+                                        "page_bytes", (json_int_t)c->page_len, "gbps",
+                                        xb_median(g, runs), "gbps_min", gmin, "gbps_max", gmax,
+                                        "first_touch_gbps", ft >= 0 ? json_real(ft) : json_null()));
+        if (!o->quiet)
+            fprintf(stderr, "xfer-bench: memcpy %-8s median %.3f GB/s\n", c->name,
+                    xb_median(g, runs));
+        free(g);
+    }
+    return 0;
+}
