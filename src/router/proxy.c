@@ -921,13 +921,18 @@ static int try_retry(preq_t *pr, upstream_t *u, int err)
     if (!pr->req || pr->def != DEF_NONE || pr->streaming || pr->ttfb_ns || pr->no_retry ||
         pr->mode == MODE_FORWARD)
         return 0;
-    baton_retry_reason_t why = baton_retry_classify(err, err ? 0 : u->status);
+    uint64_t now = uv_hrtime();
+    /* An attempt's total limit that is not the request's own deadline is a phase limit (the
+     * prefill timeout): retryable like any phase timeout. */
+    int cls = err == BATON_ETIMEOUT_TOTAL && ms_left(pr, now) > MIN_ATTEMPT_MS
+                  ? BATON_ETIMEOUT_FIRST_BYTE
+                  : err;
+    baton_retry_reason_t why = baton_retry_classify(cls, err ? 0 : u->status);
     if (why == BATON_RETRY_NO)
         return 0;
     const baton_config_t *cfg = r->cfg;
     baton_retry_policy_t pol = {cfg->max_retries, cfg->retry_backoff_ms, cfg->retry_backoff_max_ms,
                                 cfg->retry_budget_ms};
-    uint64_t now = uv_hrtime();
     uint64_t elapsed = now > pr->req->start_ns ? (now - pr->req->start_ns) / 1000000u : 0;
     uint64_t delay = 0;
     baton_retry_plan_t plan = baton_retry_plan(&pol, pr->attempts - 1, elapsed, ms_left(pr, now),
@@ -1471,6 +1476,16 @@ static int is_2xx(int status)
     return status >= 200 && status <= 299;
 }
 
+/*
+ * Prefill failed after decode began streaming tokens: decode had its KV by then (it streams
+ * only after the hand-off), so its answer is right and stays; ending it would turn a good
+ * answer into an error. Only when prefill's logprobs are still needed is the stream failed.
+ */
+static int prefill_failure_is_late(const preq_t *pr)
+{
+    return pr->streaming && !pr->pd.logprobs;
+}
+
 static void on_head(baton_http_creq_t *creq, int status, const baton_http_header_t *headers,
                     size_t n_headers)
 {
@@ -1499,9 +1514,11 @@ static void on_head(baton_http_creq_t *creq, int status, const baton_http_header
                 cancel_up(pr->up[UP_PREFILL], "peer_failed"); /* decode's error decides */
         }
     } else if (!is_2xx(status)) {
-        /* Prefill refused: decode would wait for a KV hand-off that never comes. */
+        /* Prefill refused: decode would wait for a KV hand-off that never comes. (Once decode
+         * streams it has its KV: see prefill_failure_is_late.) */
         u->buffer = 1;
-        cancel_up(pr->up[UP_MAIN], "peer_failed");
+        if (!prefill_failure_is_late(pr))
+            cancel_up(pr->up[UP_MAIN], "peer_failed");
     }
 }
 
@@ -1620,12 +1637,17 @@ static void on_done(baton_http_creq_t *creq, int err)
         return;
     }
     if (u->side == UP_PREFILL) {
-        if (err)
-            side_failed(pr, u, err);
-        else if (!is_2xx(u->status))
-            side_failed(pr, u, 0);
-        else
+        if (is_2xx(u->status) && !err) {
             prefill_ok(pr);
+        } else if (prefill_failure_is_late(pr)) {
+            log_warn("router",
+                     "prefill_failed_after_stream route=%s worker=%s err=%s status=%d "
+                     "(decode's stream continues)",
+                     pr->route, u->w->url, err ? baton_err_name(err) : "-", u->status);
+            pr->lp_ready = 1;
+        } else {
+            side_failed(pr, u, err);
+        }
     } else if (err) {
         side_failed(pr, u, err);
     } else if (pr->streaming) {
