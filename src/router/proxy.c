@@ -13,6 +13,7 @@
 
 #include "baton/error.h"
 #include "common/log.h"
+#include "router/pick.h"
 #include "router/retry.h"
 #include "router/sse.h"
 
@@ -316,14 +317,10 @@ static baton_http_pool_t *pool_for(baton_proxy_loop_t *pl, baton_worker_t *w)
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Worker selection: health admission, per-worker caps, avoiding failed workers             */
+/* Worker selection (pick.h) with this router's policy, health layer and cap                */
 
-enum pick_rc { PK_OK, PK_CAPPED, PK_NONE };
-
-typedef struct pick_s {
-    baton_worker_t *w; /* referenced, with one in-flight slot reserved */
-    baton_whealth_ticket_t ticket;
-} pick_t;
+enum pick_rc { PK_OK = BATON_PICK_OK, PK_CAPPED = BATON_PICK_CAPPED, PK_NONE = BATON_PICK_NONE };
+typedef baton_pick_t pick_t;
 
 static int in_list(baton_worker_t *const *ws, size_t n, const baton_worker_t *w)
 {
@@ -333,116 +330,17 @@ static int in_list(baton_worker_t *const *ws, size_t n, const baton_worker_t *w)
     return 0;
 }
 
-/* Takes one in-flight slot on w if it is under cap (0 = no cap). */
-static int reserve(baton_worker_t *w, unsigned cap)
-{
-    long cur = atomic_load(&w->in_flight);
-    do {
-        if (cap && cur >= (long)cap)
-            return 0;
-    } while (!atomic_compare_exchange_weak(&w->in_flight, &cur, cur + 1));
-    return 1;
-}
-
 static void pick_release(baton_router_t *r, pick_t *p, baton_breaker_outcome_t outcome)
 {
-    if (!p->w)
-        return;
-    if (r->health && p->ticket)
-        baton_whealth_done(r->health, p->w, p->ticket, outcome);
-    baton_worker_in_flight_dec(p->w);
-    baton_worker_unref(p->w);
-    p->w = NULL;
-    p->ticket = 0;
+    baton_pick_release(r->health, p, outcome);
 }
 
-/*
- * Chooses a worker of `role`: eligible (healthy, breaker not open, not draining), admitted by
- * the health layer (a half-open breaker admits one probe at a time), under the per-worker cap
- * (`use_cap`), and not in avoid[] unless only avoided workers are left. On PK_OK, *out holds a
- * reference, the health ticket and a reserved in-flight slot. PK_CAPPED: eligible workers exist
- * but all are at their cap.
- */
 static enum pick_rc pick(baton_router_t *r, baton_worker_role_t role, baton_worker_t *const *avoid,
                          size_t n_avoid, int use_cap, pick_t *out)
 {
-    baton_worker_t *stack[PICK_STACK], **cands = stack;
-    size_t total =
-        baton_registry_snapshot(r->registry, role, BATON_SNAP_ELIGIBLE, stack, PICK_STACK);
-    size_t n = total < PICK_STACK ? total : PICK_STACK;
-    if (total > PICK_STACK) {
-        baton_worker_t **heap = malloc((total + 16) * sizeof(*heap));
-        if (heap) {
-            baton_workers_unref(stack, n);
-            size_t t2 =
-                baton_registry_snapshot(r->registry, role, BATON_SNAP_ELIGIBLE, heap, total + 16);
-            cands = heap;
-            n = t2 < total + 16 ? t2 : total + 16;
-        }
-    }
-    unsigned cap = use_cap ? r->cfg->max_worker_requests : 0;
-    baton_policy_t *policy = baton_router_policy(r, role);
-    int capped = 0;
-    out->w = NULL;
-    out->ticket = 0;
-
-    /* Candidates under the cap; those not avoided first. */
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (cap && baton_worker_in_flight(cands[i]) >= (long)cap) {
-            capped = 1;
-            baton_worker_unref(cands[i]);
-        } else {
-            cands[k++] = cands[i];
-        }
-    }
-    size_t fresh = 0; /* cands[0..fresh) are not avoided */
-    for (size_t i = 0; i < k; i++) {
-        if (!in_list(avoid, n_avoid, cands[i])) {
-            baton_worker_t *t = cands[fresh];
-            cands[fresh++] = cands[i];
-            cands[i] = t;
-        }
-    }
-    while (k > 0) {
-        size_t m = fresh ? fresh : k;
-        baton_worker_t *c = baton_policy_select(policy, cands, m);
-        if (!c)
-            break;
-        baton_whealth_ticket_t t = 0;
-        int ok = !r->health || baton_whealth_admit(r->health, c, &t);
-        if (ok && !reserve(c, cap)) {
-            if (r->health && t)
-                baton_whealth_done(r->health, c, t, BATON_OUTCOME_NEUTRAL);
-            capped = 1;
-            ok = 0;
-        }
-        if (ok) {
-            baton_worker_ref(c);
-            out->w = c;
-            out->ticket = t;
-            break;
-        }
-        /* Refused (probe slot taken, or raced to its cap): choose among the others. */
-        size_t idx = 0;
-        while (cands[idx] != c)
-            idx++;
-        baton_worker_unref(c);
-        if (idx < fresh) {
-            cands[idx] = cands[fresh - 1];
-            cands[fresh - 1] = cands[k - 1];
-            fresh--;
-        } else {
-            cands[idx] = cands[k - 1];
-        }
-        k--;
-    }
-    baton_workers_unref(cands, k);
-    if (cands != stack)
-        free(cands);
-    if (out->w)
-        return PK_OK;
-    return capped ? PK_CAPPED : PK_NONE;
+    return (enum pick_rc)baton_pick(r->registry, baton_router_policy(r, role), r->health,
+                                    use_cap ? r->cfg->max_worker_requests : 0, role, avoid, n_avoid,
+                                    out);
 }
 
 /* ---------------------------------------------------------------------------------------- */
