@@ -461,7 +461,7 @@ static json_t *run_case(const xb_opts_t *o, const xb_case_t *c, const uint8_t *s
     }
     int is_kv = strcmp(c->kind, "kv") == 0;
     int verify_all = o->verify == XB_VERIFY_ALL;
-    double cpu_self = 0, cpu_srv = 0, wall = 0;
+    double cpu_self = 0, cpu_srv = 0, wall = 0, bytes = 0;
     int srv_ok = 1;
 
     /* Warm-up: connections' windows open, the writer's mappings fault in, caches settle. */
@@ -488,6 +488,7 @@ static json_t *run_case(const xb_opts_t *o, const xb_case_t *c, const uint8_t *s
             srv_ok = 0;
         cpu_srv += ph.cpu_server;
         wall += ph.wall_s;
+        bytes += (double)ph.bytes;
         json_array_append_new(runs_j, json_pack("{s:f, s:I, s:I, s:f}", "gbps", ph.gbps, "rooms",
                                                 (json_int_t)ph.rooms, "bytes", (json_int_t)ph.bytes,
                                                 "wall_s", ph.wall_s));
@@ -527,6 +528,10 @@ static json_t *run_case(const xb_opts_t *o, const xb_case_t *c, const uint8_t *s
         j, "cpu_pct",
         json_pack("{s:f, s:o}", "driver", wall > 0 ? 100 * cpu_self / wall : 0, "server",
                   srv_ok && wall > 0 ? json_real(100 * cpu_srv / wall) : json_null()));
+    /* CPU seconds of both processes per GB moved: steadier than GB/s when other work shares
+     * the CPUs (it still rises a little with cache and scheduler contention). */
+    if (srv_ok && bytes > 0)
+        json_object_set_new(j, "cpu_s_per_gb", json_real((cpu_self + cpu_srv) / (bytes / 1e9)));
 out:
     json_object_set_new(j, "runs", runs_j);
     json_object_set_new(j, "verified_rooms", json_integer((json_int_t)r.verified_rooms));

@@ -76,9 +76,9 @@ void xb_print_report(const json_t *res)
         printf("\n### %s%s%s\n\n", name, strcmp(st, "ok") ? " — " : "",
                strcmp(st, "ok") ? json_string_value(json_object_get(t, "error")) : "");
         printf("| case | GB/s (median) | min..max | rooms/s | latency p50 / p99 (us) | "
-               "loaded p50 / p99 (us) | CPU %% driver / server |%s\n",
+               "loaded p50 / p99 (us) | CPU %% driver / server | CPU s/GB |%s\n",
                is_shm ? " vs memcpy |" : "");
-        printf("|------|------:|------:|------:|------:|------:|------:|%s\n",
+        printf("|------|------:|------:|------:|------:|------:|------:|------:|%s\n",
                is_shm ? "------:|" : "");
         size_t i;
         json_t *c;
@@ -87,11 +87,11 @@ void xb_print_report(const json_t *res)
             const char *cn = json_string_value(json_object_get(c, "case"));
             const char *err = json_string_value(json_object_get(c, "error"));
             if (err != NULL) {
-                printf("| %s | error: %s | | | | | |%s\n", cn, err, is_shm ? " |" : "");
+                printf("| %s | error: %s | | | | | | |%s\n", cn, err, is_shm ? " |" : "");
                 continue;
             }
             char g[32], lo[32], hi[32], rps[32], p50[32], p99[32], lp50[32], lp99[32], cd[32],
-                cs[32], ratio[32] = "-";
+                cs[32], cpg[32], ratio[32] = "-";
             fmt(g, sizeof(g), num(c, "gbps"), 2);
             fmt(lo, sizeof(lo), num(c, "gbps_min"), 2);
             fmt(hi, sizeof(hi), num(c, "gbps_max"), 2);
@@ -104,14 +104,15 @@ void xb_print_report(const json_t *res)
             json_t *cpu = json_object_get(c, "cpu_pct");
             fmt(cd, sizeof(cd), num(cpu, "driver"), 0);
             fmt(cs, sizeof(cs), num(cpu, "server"), 0);
+            fmt(cpg, sizeof(cpg), num(c, "cpu_s_per_gb"), 3);
             if (is_shm) {
                 const json_t *b = find_case(mc, cn);
                 if (b != NULL && num(b, "gbps") > 0 && num(c, "gbps") >= 0)
                     snprintf(ratio, sizeof(ratio), "%.0f%%", 100 * num(c, "gbps") / num(b, "gbps"));
             }
-            printf("| %s | %s | %s..%s | %s | %s / %s | %s / %s | %s / %s |%s%s%s\n", cn, g, lo, hi,
-                   rps, p50, p99, lp50, lp99, cd, cs, is_shm ? " " : "", is_shm ? ratio : "",
-                   is_shm ? " |" : "");
+            printf("| %s | %s | %s..%s | %s | %s / %s | %s / %s | %s / %s | %s |%s%s%s\n", cn, g,
+                   lo, hi, rps, p50, p99, lp50, lp99, cd, cs, cpg, is_shm ? " " : "",
+                   is_shm ? ratio : "", is_shm ? " |" : "");
         }
     }
     printf("\nverified: %lld rooms, %.1f MiB; corrupt rooms: %lld\n",
