@@ -1,4 +1,5 @@
-/* api.c — baton-worker's HTTP API and request life cycle: parse, schedule, rendezvous, answer. */
+/* api.c — baton-worker's HTTP API and request life cycle: parse, schedule, hand the KV off,
+ * answer. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,16 +17,18 @@
 #define COMP                 "worker"
 #define SCHED_STEPS_PER_TURN 64 /* steps done per loop turn before yielding to I/O */
 
-/* One sequence of a job: scheduler entry, generator, rendezvous handle, stream position. */
+/* One sequence of a job: scheduler entry, generator, KV room, stream position. */
 typedef struct wk_sstate_s {
     wk_seq_t seq;
     wk_job_t *job;
     size_t index;
     wk_gen_t gen;
     wk_stream_state_t st;
-    wk_boot_pub_t pub;
-    wk_boot_wait_t wait;
-    int pub_active, wait_active;
+    wk_kv_recv_t *recv; /* decode: its room, until the sequence ends */
+    wk_kv_send_t *send; /* prefill: its room, until DONE went out */
+    int kv_waiting;     /* counted in w->n_kv_waiting */
+    int handed_off;     /* prefill: computed, counted in w->n_boot_pub */
+    int matched;
     int32_t first_token;
     int done;
 } wk_sstate_t;
@@ -39,11 +42,22 @@ struct wk_job_s {
     char id[48];
     long long created;
     uint64_t start_ns;
-    size_t n_done, n_booted;
+    size_t n_done, n_booted, n_matched;
     int streaming; /* the SSE response has started */
     int ttft_seen;
     const char *route;
     wk_job_t *prev, *next;
+
+    /* KV page slots for every sequence of the job, reserved at once */
+    wk_kv_resv_t resv;
+    uint32_t *slots;
+    uint32_t n_slots;
+    int resv_queued;
+
+    /* the rendezvous deadline (bootstrap timeout), in the worker's FIFO of deadlines */
+    wk_job_t *dl_prev, *dl_next;
+    uint64_t deadline_ms;
+    int dl_linked;
 };
 
 void wk_config_default(wk_config_t *cfg)
@@ -59,6 +73,13 @@ void wk_config_default(wk_config_t *cfg)
     cfg->max_batch = 32;
     cfg->max_queue = 1024;
     cfg->bootstrap_timeout_ms = 30000;
+    wk_kvshape_preset(WK_KV_DEFAULT_PRESET, &cfg->shape);
+    cfg->preset = WK_KV_DEFAULT_PRESET;
+    cfg->kv_pool_tokens = 0; /* auto */
+    cfg->transports[0] = BATON_XFER_TRANSPORT_SHM;
+    cfg->transports[1] = BATON_XFER_TRANSPORT_TCP;
+    cfg->n_transports = 2;
+    cfg->layerwise = 1;
 }
 
 const char *wk_mode_name(wk_mode_t m)
@@ -149,6 +170,80 @@ static void sched_kick(wk_worker_t *w)
     uv_idle_start(&w->sched_idle, sched_idle_cb);
 }
 
+/* ---- rendezvous deadlines: one timer for a FIFO (every job waits the same time) ---- */
+
+static void job_fail_err(wk_job_t *job, int err, const char *what, const char *detail);
+static void job_fail_pool(wk_job_t *job);
+static void dl_timer_cb(uv_timer_t *t);
+
+static uint64_t now_ms(void)
+{
+    return uv_hrtime() / 1000000;
+}
+
+static void dl_arm(wk_worker_t *w)
+{
+    if (w->dl_head == NULL) {
+        uv_timer_stop(&w->dl_timer);
+        return;
+    }
+    uint64_t now = now_ms();
+    uint64_t due = w->dl_head->deadline_ms;
+    uv_timer_start(&w->dl_timer, dl_timer_cb, due > now ? due - now : 0, 0);
+}
+
+static void dl_unlink(wk_job_t *job)
+{
+    wk_worker_t *w = job->w;
+    if (!job->dl_linked)
+        return;
+    int was_head = w->dl_head == job;
+    if (job->dl_prev)
+        job->dl_prev->dl_next = job->dl_next;
+    else
+        w->dl_head = job->dl_next;
+    if (job->dl_next)
+        job->dl_next->dl_prev = job->dl_prev;
+    else
+        w->dl_tail = job->dl_prev;
+    job->dl_prev = job->dl_next = NULL;
+    job->dl_linked = 0;
+    if (was_head && !w->shutting_down)
+        dl_arm(w);
+}
+
+static void dl_link(wk_job_t *job)
+{
+    wk_worker_t *w = job->w;
+    job->deadline_ms = now_ms() + w->cfg.bootstrap_timeout_ms;
+    job->dl_next = NULL;
+    job->dl_prev = w->dl_tail;
+    if (w->dl_tail)
+        w->dl_tail->dl_next = job;
+    else
+        w->dl_head = job;
+    w->dl_tail = job;
+    job->dl_linked = 1;
+    if (w->dl_head == job)
+        dl_arm(w);
+}
+
+static void dl_timer_cb(uv_timer_t *t)
+{
+    wk_worker_t *w = t->data;
+    uint64_t now = now_ms();
+    wk_job_t *job;
+    while ((job = w->dl_head) != NULL && job->deadline_ms <= now) {
+        dl_unlink(job);
+        if (job->resv_queued)
+            job_fail_pool(job);
+        else
+            job_fail_err(job, BATON_ETIMEOUT, w->cfg.mode == WK_MODE_DECODE ? "decode" : "prefill",
+                         NULL);
+    }
+    dl_arm(w);
+}
+
 /* ---- job life cycle ---- */
 
 static void job_unlink_free(wk_job_t *job)
@@ -165,30 +260,45 @@ static void job_unlink_free(wk_job_t *job)
         wk_gen_free(&job->ss[i].gen);
     free(job->ss);
     free(job->gens);
+    free(job->slots);
     wk_request_free(&job->req);
     free(job);
 }
 
-/* Takes every sequence out of the scheduler and the rendezvous. No callback follows. */
-static void job_cancel_all(wk_job_t *job)
+static void seq_kv_wait_end(wk_sstate_t *ss)
+{
+    if (ss->kv_waiting) {
+        ss->kv_waiting = 0;
+        ss->job->w->n_kv_waiting--;
+    }
+}
+
+/* Takes every sequence out of the scheduler and lets go of its KV room (aborting it when it is
+ * still open; its pages come back under the fencing rule). No callback follows. `reason` labels
+ * the rooms' failure in the metrics. */
+static void job_cancel_all(wk_job_t *job, const char *reason)
 {
     wk_worker_t *w = job->w;
+    dl_unlink(job);
+    if (job->resv_queued) {
+        job->resv_queued = 0;
+        wk_kv_reserve_cancel(w->kv, &job->resv);
+    }
     for (size_t i = 0; i < job->req.n_items; i++) {
         wk_sstate_t *ss = &job->ss[i];
         wk_sched_cancel(&w->sched, &ss->seq);
-        if (ss->wait_active) {
-            ss->wait_active = 0;
-            w->n_boot_waiting--;
-            wk_boot_wait_cancel(&ss->wait);
-        }
-        if (ss->pub_active) {
-            ss->pub_active = 0;
+        seq_kv_wait_end(ss);
+        if (ss->handed_off) {
+            ss->handed_off = 0;
             w->n_boot_pub--;
-            wk_boot_publish_cancel(&ss->pub);
-        } else if (w->cfg.mode == WK_MODE_PREFILL && !ss->done && w->boot &&
-                   job->req.items[i].has_boot) {
-            /* never published: tell its decode now rather than let it time out */
-            wk_boot_abort(w->boot, job->req.items[i].room, BATON_ECANCELED);
+        }
+        if (ss->recv) {
+            wk_kv_recv_drop(ss->recv, reason);
+            ss->recv = NULL;
+        }
+        if (ss->send) {
+            wk_kv_send_drop(ss->send, reason);
+            ss->send = NULL;
         }
     }
 }
@@ -203,10 +313,11 @@ static void render_ctx(wk_job_t *job, wk_render_ctx_t *ctx)
     ctx->e2e_s = (double)(uv_hrtime() - job->start_ns) / 1e9;
 }
 
-static void job_fail(wk_job_t *job, int status, const char *message, const char *code)
+static void job_fail_reason(wk_job_t *job, int status, const char *message, const char *code,
+                            const char *reason)
 {
     wk_worker_t *w = job->w;
-    job_cancel_all(job);
+    job_cancel_all(job, reason);
     const char *type = status >= 500 ? "server_error" : "invalid_request_error";
     log_warn(COMP, "request_failed id=%s route=%s status=%d code=%s reason=\"%s\"", job->id,
              job->route, status, code, message);
@@ -224,21 +335,64 @@ static void job_fail(wk_job_t *job, int status, const char *message, const char 
     job_unlink_free(job);
 }
 
-static void job_fail_err(wk_job_t *job, int err, const char *what)
+static void job_fail_pool(wk_job_t *job)
 {
-    char msg[256];
+    char msg[200];
+    snprintf(msg, sizeof(msg),
+             "no KV pages free for this request within %llu ms (it needs %u of the pool's %u page "
+             "slots)",
+             (unsigned long long)job->w->cfg.bootstrap_timeout_ms, job->n_slots,
+             wk_kv_pool_slots(job->w->kv));
+    job_fail_reason(job, 503, msg, "kv_pool_exhausted", "pool_exhausted");
+}
+
+/* Maps a KV hand-off error to the answer (docs/WORKER.md, "Failures"). */
+static void job_fail_err(wk_job_t *job, int err, const char *what, const char *detail)
+{
+    char msg[512];
     int status = 502;
-    const char *code = "bootstrap_failed";
+    const char *code = "bootstrap_failed", *reason = "canceled";
+    const char *d = detail && detail[0] ? detail : NULL;
     switch (err) {
     case BATON_ETIMEOUT:
         status = 504;
         code = "bootstrap_timeout";
+        reason = "timeout";
         snprintf(msg, sizeof(msg), "%s: no rendezvous within %llu ms", what,
                  (unsigned long long)job->w->cfg.bootstrap_timeout_ms);
         break;
     case BATON_EABORTED:
         code = "bootstrap_aborted";
         snprintf(msg, sizeof(msg), "%s: the peer aborted the room", what);
+        break;
+    case BATON_EPEERDOWN:
+        code = "bootstrap_peer_down";
+        snprintf(msg, sizeof(msg), "%s: the KV transfer peer went down", what);
+        break;
+    case WK_EUNREACHABLE:
+        code = "bootstrap_unreachable";
+        snprintf(msg, sizeof(msg), "%s: the prefill's bootstrap port is unreachable", what);
+        break;
+    case WK_EMISMATCH:
+        status = 500;
+        code = "bootstrap_mismatch";
+        snprintf(msg, sizeof(msg), "%s: bootstrap mismatch: %s", what,
+                 d ? d : "prefill and decode disagree about the room");
+        d = NULL;
+        break;
+    case BATON_EKVCORRUPT:
+        status = 500;
+        code = "kv_corrupted";
+        snprintf(msg, sizeof(msg), "%s: KV cache verification failed: %s", what,
+                 d ? d : "received bytes differ");
+        d = NULL;
+        break;
+    case BATON_ENOTSUP:
+    case BATON_ERKEY:
+    case BATON_ESTALE:
+        code = "bootstrap_refused";
+        snprintf(msg, sizeof(msg), "%s: the KV transfer was refused: %s", what,
+                 baton_strerror(err));
         break;
     case BATON_ENOMEM:
         status = 500;
@@ -255,16 +409,15 @@ static void job_fail_err(wk_job_t *job, int err, const char *what)
         code = "bootstrap_room_in_use";
         snprintf(msg, sizeof(msg), "%s: the bootstrap room is already in use", what);
         break;
-    case BATON_EPEERDOWN:
-        code = "bootstrap_peer_down";
-        snprintf(msg, sizeof(msg), "%s: the bootstrap connection was lost", what);
-        break;
     default:
-        code = "bootstrap_unreachable";
         snprintf(msg, sizeof(msg), "%s: %s", what, baton_strerror(err));
         break;
     }
-    job_fail(job, status, msg, code);
+    if (d) {
+        size_t n = strlen(msg);
+        snprintf(msg + n, sizeof(msg) - n, " (%s)", d);
+    }
+    job_fail_reason(job, status, msg, code, reason);
 }
 
 /* Sends whatever item i's client has not seen yet (streaming only). */
@@ -292,13 +445,18 @@ static void job_emit(wk_job_t *job, wk_sstate_t *ss)
     baton_buf_free(&b);
 }
 
-/* Marks a sequence finished; returns 1 when it was the job's last (call job_complete then). */
+/* Marks a sequence finished; returns 1 when it was the job's last (call job_complete then). A
+ * decode sequence gives its KV pages back here. */
 static int seq_finish(wk_sstate_t *ss)
 {
     wk_job_t *job = ss->job;
     if (ss->done)
         return 0;
     ss->done = 1;
+    if (ss->recv) {
+        wk_kv_recv_drop(ss->recv, "done");
+        ss->recv = NULL;
+    }
     inc(job->w->m_gen_tokens, ss->gen.n_tokens);
     return ++job->n_done == job->req.n_items;
 }
@@ -334,6 +492,7 @@ static void job_complete(wk_job_t *job)
               job->id, job->route, job->req.n_items, (unsigned long long)p, (unsigned long long)c);
     count_request(w, job->route, rc == 0 ? 200 : 500);
     observe_duration(w, job->route, job->start_ns);
+    job_cancel_all(job, "done"); /* nothing is left open by now; this only tidies */
     job_unlink_free(job);
 }
 
@@ -342,7 +501,7 @@ static void on_abort(baton_http_req_t *http)
     wk_job_t *job = http->data;
     wk_worker_t *w = job->w;
     log_info(COMP, "request_aborted id=%s route=%s reason=client_gone", job->id, job->route);
-    job_cancel_all(job);
+    job_cancel_all(job, "canceled");
     if (job->streaming)
         baton_http_stream_end(http);
     else
@@ -352,9 +511,74 @@ static void on_abort(baton_http_req_t *http)
     job_unlink_free(job);
 }
 
+/* ---- a sequence's prompt for the KV hand-off ---- */
+
+/* Fills *pr for item i; *tmp_p is an allocation to free after use (NULL when none). */
+static int item_prompt(const wk_item_t *it, wk_kv_prompt_t *pr, int64_t **tmp_p)
+{
+    *tmp_p = NULL;
+    pr->n_tokens = it->prompt_tokens;
+    pr->seed = it->seed;
+    pr->want_first = it->max_tokens > 0;
+    if (it->ids != NULL) {
+        pr->ids = it->ids; /* a token-id prompt: its ids are the tokens */
+        return 0;
+    }
+    int64_t *ids = malloc((size_t)it->prompt_tokens * sizeof(*ids));
+    if (ids == NULL)
+        return BATON_ENOMEM;
+    wk_sim_word_ids(it->prompt ? it->prompt : "", it->prompt_len, ids, it->prompt_tokens);
+    pr->ids = ids;
+    *tmp_p = ids;
+    return 0;
+}
+
+/* Page slots every sequence of the job needs, in item order. */
+static uint32_t job_slots_needed(wk_job_t *job)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < job->req.n_items; i++)
+        n += wk_kv_slots_for(job->w->kv, job->req.items[i].prompt_tokens);
+    return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
+/* Reserves the job's slots; then() runs once they are there (now or later). 0 when reserved or
+ * queued; on an error the job has failed. */
+static int job_reserve(wk_job_t *job, void (*then)(wk_job_t *job), wk_kv_resv_cb cb)
+{
+    wk_worker_t *w = job->w;
+    job->n_slots = job_slots_needed(job);
+    job->slots = malloc((size_t)job->n_slots * sizeof(*job->slots));
+    if (job->slots == NULL) {
+        job_fail_err(job, BATON_ENOMEM, "kv pages", NULL);
+        return BATON_ENOMEM;
+    }
+    int rc = wk_kv_reserve(w->kv, &job->resv, job->n_slots, job->slots, cb, job);
+    if (rc == BATON_ETOOBIG || rc < 0) {
+        char msg[200];
+        snprintf(msg, sizeof(msg),
+                 "the prompt needs %u KV page slots, more than the whole pool (%u); raise "
+                 "--kv-pool-tokens",
+                 job->n_slots, wk_kv_pool_slots(w->kv));
+        job_fail_reason(job, 503, msg, "kv_pool_exhausted", "pool_exhausted");
+        return BATON_ETOOBIG;
+    }
+    if (rc == 1) {
+        job->resv_queued = 1;
+        return 0;
+    }
+    then(job);
+    return 0;
+}
+
 /* ---- scheduler callbacks ---- */
 
-static void on_published(wk_boot_pub_t *pub, int status);
+static void on_layer(wk_sched_t *s, wk_seq_t *seq, uint32_t layer)
+{
+    wk_sstate_t *ss = seq->data;
+    if (ss->send)
+        wk_kv_send_layer(ss->send, layer, 1);
+}
 
 static int on_prefilled(wk_sched_t *s, wk_seq_t *seq)
 {
@@ -363,27 +587,21 @@ static int on_prefilled(wk_sched_t *s, wk_seq_t *seq)
     wk_worker_t *w = job->w;
     const wk_item_t *it = &job->req.items[ss->index];
     if (w->cfg.mode == WK_MODE_PREFILL) {
-        wk_boot_result_t res = {
-            .prompt_tokens = it->prompt_tokens,
-            .first_token = it->max_tokens > 0 ? wk_sim_token(it->seed, 0) : -1,
-        };
-        if (ss->gen.finish == WK_FINISH_NONE && wk_gen_push(&ss->gen, res.first_token) != 0) {
-            job_fail_err(job, BATON_ENOMEM, "prefill");
+        int32_t first = it->max_tokens > 0 ? wk_sim_token(it->seed, 0) : -1;
+        if (ss->gen.finish == WK_FINISH_NONE && wk_gen_push(&ss->gen, first) != 0) {
+            job_fail_err(job, BATON_ENOMEM, "prefill", NULL);
             return 0;
         }
-        int rc = wk_boot_publish(w->boot, &ss->pub, it->room, &res, on_published);
-        if (rc != 0) {
-            job_fail_err(job, rc, "prefill handoff");
-            return 0;
-        }
-        ss->pub_active = 1;
+        /* the rest of the KV goes out now; the answer waits for DONE */
+        ss->handed_off = 1;
         w->n_boot_pub++;
+        wk_kv_send_finish(ss->send, first);
         return 0;
     }
     /* regular: the first token comes out of prefill, the rest out of decode steps */
     if (ss->gen.finish == WK_FINISH_NONE) {
         if (wk_gen_push(&ss->gen, wk_gen_next_id(&ss->gen)) != 0) {
-            job_fail_err(job, BATON_ENOMEM, "generate");
+            job_fail_err(job, BATON_ENOMEM, "generate", NULL);
             return 0;
         }
         job_emit(job, ss);
@@ -401,7 +619,7 @@ static int on_decoded(wk_sched_t *s, wk_seq_t *seq)
     wk_sstate_t *ss = seq->data;
     wk_job_t *job = ss->job;
     if (wk_gen_push(&ss->gen, wk_gen_next_id(&ss->gen)) != 0) {
-        job_fail_err(job, BATON_ENOMEM, "generate");
+        job_fail_err(job, BATON_ENOMEM, "generate", NULL);
         return 0;
     }
     job_emit(job, ss);
@@ -413,34 +631,81 @@ static int on_decoded(wk_sched_t *s, wk_seq_t *seq)
     return 1;
 }
 
-/* ---- rendezvous callbacks ---- */
+/* ---- prefill: match rooms, reserve source pages, compute, hand off ---- */
 
-static void on_published(wk_boot_pub_t *pub, int status)
+static void on_sent(void *data, int status, const char *detail)
 {
-    wk_sstate_t *ss = pub->data;
+    wk_sstate_t *ss = data;
     wk_job_t *job = ss->job;
-    ss->pub_active = 0;
-    job->w->n_boot_pub--;
+    wk_worker_t *w = job->w;
+    ss->send = NULL;
+    if (ss->handed_off) {
+        ss->handed_off = 0;
+        w->n_boot_pub--;
+    }
     if (status != 0) {
-        inc(job->w->m_rooms_failed, 1);
-        job_fail_err(job, status, "prefill handoff");
+        job_fail_err(job, status, "prefill handoff", detail);
         return;
     }
-    inc(job->w->m_rooms_ok, 1);
     if (seq_finish(ss))
         job_complete(job);
 }
 
-/* Decode: every room of the job has met its prefill; start answering. */
+/* Every room met its offer and the source pages are reserved: compute. */
+static void prefill_go(wk_job_t *job)
+{
+    wk_worker_t *w = job->w;
+    job->resv_queued = 0;
+    dl_unlink(job);
+    uint32_t off = 0;
+    for (size_t i = 0; i < job->req.n_items; i++) {
+        wk_sstate_t *ss = &job->ss[i];
+        uint32_t n = wk_kv_slots_for(w->kv, job->req.items[i].prompt_tokens);
+        if (wk_kv_send_slots(ss->send, job->slots + off) != 0) {
+            wk_kv_unreserve(w->kv, job->slots + off, job->n_slots - off);
+            job_fail_err(job, BATON_ENOMEM, "prefill", NULL);
+            return;
+        }
+        off += n;
+    }
+    for (size_t i = 0; i < job->req.n_items; i++) {
+        wk_sstate_t *ss = &job->ss[i];
+        seq_kv_wait_end(ss);
+        ss->seq.prompt_tokens = job->req.items[i].prompt_tokens;
+        wk_sched_submit_prefill(&w->sched, &ss->seq);
+    }
+    sched_kick(w);
+}
+
+static void on_prefill_slots(wk_kv_resv_t *r)
+{
+    prefill_go(r->w.data);
+}
+
+static void on_matched(void *data)
+{
+    wk_sstate_t *ss = data;
+    wk_job_t *job = ss->job;
+    if (ss->matched)
+        return;
+    ss->matched = 1;
+    if (++job->n_matched == job->req.n_items)
+        job_reserve(job, prefill_go, on_prefill_slots);
+}
+
+/* ---- decode: reserve pages, offer the rooms, verify, decode ---- */
+
+/* Every room of the job has its KV; start answering. */
 static void decode_begin(wk_job_t *job)
 {
     wk_worker_t *w = job->w;
     int all_done = 0, submitted = 0;
+    dl_unlink(job);
     for (size_t i = 0; i < job->req.n_items; i++) {
         wk_sstate_t *ss = &job->ss[i];
         if (ss->gen.finish == WK_FINISH_NONE) {
             if (wk_gen_push(&ss->gen, ss->first_token) != 0) {
-                job_fail_err(job, BATON_ENOMEM, "decode");
+                job_fail_err(job, BATON_ENOMEM, "decode", NULL);
                 return;
             }
             job_emit(job, ss);
@@ -459,67 +724,92 @@ static void decode_begin(wk_job_t *job)
         job_complete(job);
 }
 
-static void on_rendezvous(wk_boot_wait_t *wt, int status, const wk_boot_result_t *res)
+static void on_received(void *data, int status, const wk_kv_got_t *got, const char *detail)
 {
-    wk_sstate_t *ss = wt->data;
+    wk_sstate_t *ss = data;
     wk_job_t *job = ss->job;
-    wk_worker_t *w = job->w;
-    const wk_item_t *it = &job->req.items[ss->index];
-    ss->wait_active = 0;
-    w->n_boot_waiting--;
     if (status != 0) {
-        inc(w->m_rooms_failed, 1);
-        job_fail_err(job, status, "decode rendezvous");
+        ss->recv = NULL; /* gone with the failure */
+        job_fail_err(job, status, "decode", detail);
         return;
     }
-    inc(w->m_rooms_ok, 1);
-    int want_first = it->max_tokens > 0;
-    if (res->prompt_tokens != it->prompt_tokens || (res->first_token >= 0) != want_first ||
-        res->first_token >= WK_SIM_VOCAB_SIZE) {
-        char msg[200];
-        snprintf(msg, sizeof(msg),
-                 "bootstrap mismatch for room %llu: prefill computed %u prompt tokens and first "
-                 "token %d, decode expected %u prompt tokens",
-                 (unsigned long long)it->room, res->prompt_tokens, res->first_token,
-                 it->prompt_tokens);
-        job_fail(job, 500, msg, "bootstrap_mismatch");
-        return;
-    }
-    ss->first_token = res->first_token;
+    seq_kv_wait_end(ss);
+    /* the generator continues from what the KV says: its seed and the first token */
+    ss->gen.seed = got->seed;
+    ss->first_token = got->first_token;
     if (++job->n_booted == job->req.n_items)
         decode_begin(job);
 }
 
+static void decode_offer(wk_job_t *job)
+{
+    wk_worker_t *w = job->w;
+    job->resv_queued = 0;
+    uint32_t off = 0;
+    for (size_t i = 0; i < job->req.n_items; i++) {
+        wk_sstate_t *ss = &job->ss[i];
+        const wk_item_t *it = &job->req.items[i];
+        uint32_t n = wk_kv_slots_for(w->kv, it->prompt_tokens);
+        wk_kv_prompt_t pr;
+        int64_t *tmp = NULL;
+        int rc = item_prompt(it, &pr, &tmp);
+        if (rc == 0)
+            rc = wk_kv_recv_start(w->kv, it->boot_host, it->boot_port, it->room, &pr,
+                                  job->slots + off, on_received, ss, &ss->recv);
+        free(tmp);
+        if (rc != 0) {
+            /* the slots of the rooms that started are theirs now; the rest come back */
+            wk_kv_unreserve(w->kv, job->slots + off, job->n_slots - off);
+            job_fail_err(job, rc, "decode", NULL);
+            return;
+        }
+        off += n;
+    }
+}
+
+static void on_decode_slots(wk_kv_resv_t *r)
+{
+    decode_offer(r->w.data);
+}
+
 /* ---- request entry ---- */
 
-static int job_start(wk_job_t *job)
+static void job_start(wk_job_t *job)
 {
     wk_worker_t *w = job->w;
     wk_mode_t mode = w->cfg.mode;
-    if (mode == WK_MODE_DECODE) {
+    if (mode == WK_MODE_REGULAR) {
         for (size_t i = 0; i < job->req.n_items; i++) {
             wk_sstate_t *ss = &job->ss[i];
-            const wk_item_t *it = &job->req.items[i];
-            ss->wait.data = ss;
-            int rc = wk_boot_wait(w->boot, &ss->wait, it->boot_host, it->boot_port, it->room,
-                                  on_rendezvous);
-            if (rc != 0) {
-                job_fail_err(job, rc, "decode rendezvous");
-                return rc;
-            }
-            ss->wait_active = 1;
-            w->n_boot_waiting++;
+            ss->seq.prompt_tokens = job->req.items[i].prompt_tokens;
+            wk_sched_submit_prefill(&w->sched, &ss->seq);
         }
-        return 0;
+        sched_kick(w);
+        return;
+    }
+    for (size_t i = 0; i < job->req.n_items; i++) {
+        job->ss[i].kv_waiting = 1;
+        w->n_kv_waiting++;
+    }
+    dl_link(job);
+    if (mode == WK_MODE_DECODE) {
+        job_reserve(job, decode_offer, on_decode_slots);
+        return;
     }
     for (size_t i = 0; i < job->req.n_items; i++) {
         wk_sstate_t *ss = &job->ss[i];
-        ss->seq.prompt_tokens = job->req.items[i].prompt_tokens;
-        ss->pub.data = ss;
-        wk_sched_submit_prefill(&w->sched, &ss->seq);
+        const wk_item_t *it = &job->req.items[i];
+        wk_kv_prompt_t pr;
+        int64_t *tmp = NULL;
+        int rc = item_prompt(it, &pr, &tmp);
+        if (rc == 0)
+            rc = wk_kv_send_open(w->kv, it->room, &pr, on_matched, on_sent, ss, &ss->send);
+        free(tmp);
+        if (rc != 0) {
+            job_fail_err(job, rc, "prefill", NULL);
+            return;
+        }
     }
-    sched_kick(w);
-    return 0;
 }
 
 static void handle_generation(wk_worker_t *w, baton_http_req_t *http, wk_api_t api,
@@ -553,7 +843,7 @@ static void handle_generation(wk_worker_t *w, baton_http_req_t *http, wk_api_t a
         if (job->req.items[i].boot_host == NULL || job->req.items[i].boot_port <= 0)
             bad = "this worker runs in decode mode: bootstrap_host and bootstrap_port are "
                   "required";
-    unsigned waiting = wk_sched_waiting(&w->sched) + w->n_boot_waiting;
+    unsigned waiting = wk_sched_waiting(&w->sched) + w->n_kv_waiting;
     int status = 0;
     const char *code = NULL;
     if (bad) {
@@ -649,19 +939,33 @@ static void respond_json(baton_http_req_t *req, int status, json_t *j)
 
 static json_t *server_info(wk_worker_t *w)
 {
-    json_t *boot_port = w->cfg.mode == WK_MODE_PREFILL && w->boot
-                            ? json_integer(wk_boot_port(w->boot))
+    json_t *boot_port = w->cfg.mode == WK_MODE_PREFILL && w->kv
+                            ? json_integer(wk_kv_listen_port(w->kv))
                             : json_null();
-    return json_pack("{s:s,s:s,s:s,s:s,s:o,s:i,s:i,s:i,s:s,s:{s:I,s:I,s:I}}", "model_path",
-                     w->cfg.model_name, "served_model_name", w->cfg.model_name, "tokenizer_path",
-                     "whitespace", "disaggregation_mode",
-                     w->cfg.mode == WK_MODE_REGULAR ? "null" : wk_mode_name(w->cfg.mode),
-                     "disaggregation_bootstrap_port", boot_port, "max_running_requests",
-                     (int)w->cfg.max_batch, "max_queued_requests", (int)w->cfg.max_queue, "port",
-                     w->http_port, "version", "baton-worker 0.1.0", "baton_worker",
-                     "prefill_us_per_token", (json_int_t)w->cfg.prefill_us_per_token,
-                     "decode_us_per_token", (json_int_t)w->cfg.decode_us_per_token,
-                     "bootstrap_timeout_ms", (json_int_t)w->cfg.bootstrap_timeout_ms);
+    char tps[64] = "";
+    for (int i = 0; i < w->cfg.n_transports; i++) {
+        strcat(tps, i ? "," : "");
+        strcat(tps, baton_xfer_transport_name(w->cfg.transports[i]));
+    }
+    const wk_kvshape_t *sh = &w->cfg.shape;
+    json_t *kv =
+        json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:s,s:b}", "preset",
+                  w->cfg.preset ? w->cfg.preset : "custom", "layers", (int)sh->layers, "kv_heads",
+                  (int)sh->kv_heads, "head_dim", (int)sh->head_dim, "dtype_bytes",
+                  (int)sh->dtype_bytes, "page_tokens", (int)sh->page_tokens,
+                  "token_bytes_per_layer", (json_int_t)wk_kvshape_token_bytes(sh), "pool_tokens",
+                  (json_int_t)(w->kv ? (uint64_t)wk_kv_pool_slots(w->kv) * sh->page_tokens : 0),
+                  "transport", tps, "layerwise", w->cfg.layerwise);
+    return json_pack(
+        "{s:s,s:s,s:s,s:s,s:o,s:i,s:i,s:i,s:s,s:{s:I,s:I,s:I,s:o}}", "model_path",
+        w->cfg.model_name, "served_model_name", w->cfg.model_name, "tokenizer_path", "whitespace",
+        "disaggregation_mode", w->cfg.mode == WK_MODE_REGULAR ? "null" : wk_mode_name(w->cfg.mode),
+        "disaggregation_bootstrap_port", boot_port, "max_running_requests", (int)w->cfg.max_batch,
+        "max_queued_requests", (int)w->cfg.max_queue, "port", w->http_port, "version",
+        "baton-worker 0.1.0", "baton_worker", "prefill_us_per_token",
+        (json_int_t)w->cfg.prefill_us_per_token, "decode_us_per_token",
+        (json_int_t)w->cfg.decode_us_per_token, "bootstrap_timeout_ms",
+        (json_int_t)w->cfg.bootstrap_timeout_ms, "kv", kv ? kv : json_null());
 }
 
 static void handle_metrics(wk_worker_t *w, baton_http_req_t *req)
@@ -671,23 +975,15 @@ static void handle_metrics(wk_worker_t *w, baton_http_req_t *req)
         return;
     }
     if (w->m_queue)
-        baton_gauge_set(w->m_queue, wk_sched_waiting(&w->sched) + w->n_boot_waiting);
+        baton_gauge_set(w->m_queue, wk_sched_waiting(&w->sched) + w->n_kv_waiting);
     if (w->m_running)
         baton_gauge_set(w->m_running, wk_sched_running(&w->sched));
     if (w->m_inflight)
         baton_gauge_set(w->m_inflight, w->n_jobs);
     if (w->m_boot_waiting)
-        baton_gauge_set(w->m_boot_waiting, w->n_boot_waiting);
-    if (w->boot) {
-        wk_boot_stats_t st;
-        wk_boot_get_stats(w->boot, &st);
-        if (w->m_boot_conns)
-            baton_gauge_set(w->m_boot_conns, st.connections);
-        if (st.proto_errors > w->boot_proto_seen) {
-            inc(w->m_boot_proto, (double)(st.proto_errors - w->boot_proto_seen));
-            w->boot_proto_seen = st.proto_errors;
-        }
-    }
+        baton_gauge_set(w->m_boot_waiting, w->n_kv_waiting);
+    if (w->kv)
+        wk_kv_metrics_sync(w->kv);
     baton_buf_t b = BATON_BUF_INIT;
     if (baton_metrics_render(w->metrics, &b) != 0) {
         baton_buf_free(&b);
@@ -741,7 +1037,7 @@ static void handle_get(wk_worker_t *w, baton_http_req_t *req, const char *path)
                                (json_int_t)w->started_at, "owned_by", "baton", "root",
                                w->cfg.model_name));
     } else if (strcmp(path, "/get_load") == 0) {
-        unsigned waiting = wk_sched_waiting(&w->sched) + w->n_boot_waiting;
+        unsigned waiting = wk_sched_waiting(&w->sched) + w->n_kv_waiting;
         unsigned running = wk_sched_running(&w->sched);
         respond_json(req, 200,
                      json_pack("[{s:i,s:i,s:i,s:i,s:i}]", "dp_rank", 0, "num_reqs",
@@ -810,7 +1106,6 @@ static void metrics_init(wk_worker_t *w)
     }
     static const char *const rs[] = {"route", "status"};
     static const char *const r[] = {"route"};
-    static const char *const res[] = {"result"};
     w->m_requests = baton_metrics_counter(w->metrics, "baton_worker_requests_total",
                                           "Requests answered, by route and HTTP status.", 2, rs);
     w->m_duration = baton_metrics_histogram(w->metrics, "baton_worker_request_duration_seconds",
@@ -841,21 +1136,8 @@ static void metrics_init(wk_worker_t *w)
     if (w->cfg.mode == WK_MODE_REGULAR)
         return;
     f = baton_metrics_gauge(w->metrics, "baton_worker_bootstrap_waiting",
-                            "Decode sequences waiting for their prefill rendezvous.", 0, NULL);
+                            "PD sequences waiting for their peer's room or for KV pages.", 0, NULL);
     w->m_boot_waiting = f ? baton_metric_child(f, NULL) : NULL;
-    f = baton_metrics_gauge(w->metrics, "baton_worker_bootstrap_connections",
-                            "Open bootstrap connections.", 0, NULL);
-    w->m_boot_conns = f ? baton_metric_child(f, NULL) : NULL;
-    f = baton_metrics_counter(w->metrics, "baton_worker_bootstrap_rooms_total",
-                              "Rooms handed off (ok) or failed, by result.", 1, res);
-    if (f) {
-        static const char *const ok[] = {"ok"}, *const failed[] = {"failed"};
-        w->m_rooms_ok = baton_metric_child(f, ok);
-        w->m_rooms_failed = baton_metric_child(f, failed);
-    }
-    f = baton_metrics_counter(w->metrics, "baton_worker_bootstrap_protocol_errors_total",
-                              "Bootstrap connections closed for a malformed frame.", 0, NULL);
-    w->m_boot_proto = f ? baton_metric_child(f, NULL) : NULL;
 }
 
 int wk_worker_start(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
@@ -881,20 +1163,29 @@ int wk_worker_start(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
     w->sched_idle.data = w;
     metrics_init(w);
 
+    uv_timer_init(loop, &w->dl_timer);
+    w->dl_timer.data = w;
     if (cfg->mode != WK_MODE_REGULAR) {
-        rc = wk_boot_create(&w->boot, loop, cfg->bootstrap_timeout_ms);
+        wk_kv_cfg_t kc;
+        memset(&kc, 0, sizeof(kc));
+        kc.prefill = cfg->mode == WK_MODE_PREFILL;
+        kc.listen_host = cfg->host;
+        kc.listen_port = cfg->bootstrap_port;
+        kc.shape = cfg->shape;
+        kc.pool_tokens =
+            cfg->kv_pool_tokens ? cfg->kv_pool_tokens : wk_kvshape_auto_pool_tokens(&cfg->shape);
+        memcpy(kc.transports, cfg->transports, sizeof(kc.transports));
+        kc.n_transports = cfg->n_transports;
+        kc.timeout_ms = cfg->bootstrap_timeout_ms;
+        kc.fault_corrupt_every = cfg->fault_corrupt_kv_every;
+        /* logs "bootstrap_listening addr=H:P" (libbaton) once the prefill listens */
+        rc = wk_kv_create(&w->kv, loop, &kc, w->metrics);
         if (rc != 0) {
-            log_error(COMP, "start_failed what=bootstrap err=%s", baton_strerror(rc));
+            log_error(COMP, "start_failed what=kv_transfer err=%s", baton_strerror(rc));
             return rc;
         }
-    }
-    if (cfg->mode == WK_MODE_PREFILL) {
-        rc = wk_boot_listen(w->boot, cfg->host, cfg->bootstrap_port);
-        if (rc != 0) {
-            log_error(COMP, "start_failed what=bootstrap_listen addr=%s:%d err=%s", cfg->host,
-                      cfg->bootstrap_port, baton_strerror(rc));
-            return rc;
-        }
+        if (cfg->mode == WK_MODE_PREFILL && cfg->layerwise)
+            wk_sched_set_layers(&w->sched, cfg->shape.layers, on_layer);
     }
     rc = baton_http_server_create(&w->http, loop, NULL, http_handler, w);
     if (rc != 0) {
@@ -910,13 +1201,11 @@ int wk_worker_start(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
     w->http_port = baton_http_server_port(w->http);
     log_info(COMP,
              "started mode=%s model=%s max_batch=%u max_queue=%u prefill_us_per_token=%llu "
-             "decode_us_per_token=%llu bootstrap_timeout_ms=%llu",
+             "decode_us_per_token=%llu bootstrap_timeout_ms=%llu layerwise=%d",
              wk_mode_name(cfg->mode), cfg->model_name, cfg->max_batch, cfg->max_queue,
              (unsigned long long)cfg->prefill_us_per_token,
              (unsigned long long)cfg->decode_us_per_token,
-             (unsigned long long)cfg->bootstrap_timeout_ms);
-    if (cfg->mode == WK_MODE_PREFILL)
-        log_info(COMP, "bootstrap_listening addr=%s:%d", cfg->host, wk_boot_port(w->boot));
+             (unsigned long long)cfg->bootstrap_timeout_ms, cfg->layerwise);
     log_info(COMP, "listening addr=%s:%d", cfg->host, w->http_port);
     return 0;
 }
@@ -945,7 +1234,7 @@ static void handle_closed_cb(uv_handle_t *h)
     maybe_closed(h->data);
 }
 
-static void boot_closed_cb(void *arg)
+static void kv_closed_cb(void *arg)
 {
     maybe_closed(arg);
 }
@@ -957,17 +1246,18 @@ static void http_closed_cb(baton_http_server_t *srv)
     /* every request was aborted and finished by now; anything left is a bug worth a line */
     while (w->jobs) {
         log_error(COMP, "shutdown_leftover_request id=%s", w->jobs->id);
-        job_cancel_all(w->jobs);
+        job_cancel_all(w->jobs, "shutdown");
         job_unlink_free(w->jobs);
     }
-    if (w->boot) {
+    if (w->kv) {
         pending_closes++;
-        wk_boot_close(w->boot, boot_closed_cb, w);
-        w->boot = NULL;
+        wk_kv_close(w->kv, kv_closed_cb, w);
+        w->kv = NULL;
     }
-    pending_closes += 2;
+    pending_closes += 3;
     uv_close((uv_handle_t *)&w->sched_timer, handle_closed_cb);
     uv_close((uv_handle_t *)&w->sched_idle, handle_closed_cb);
+    uv_close((uv_handle_t *)&w->dl_timer, handle_closed_cb);
     maybe_closed(w); /* the server's own share */
 }
 

@@ -68,6 +68,50 @@ int wk_sched_init(wk_sched_t *s, const wk_sched_cfg_t *cfg, wk_sched_prefilled_c
     return 0;
 }
 
+void wk_sched_set_layers(wk_sched_t *s, uint32_t layers, wk_sched_layer_cb cb)
+{
+    s->on_layer = layers >= 1 ? cb : NULL;
+    s->layers = s->on_layer ? layers : 0;
+}
+
+uint64_t wk_sched_layer_end(const wk_sched_t *s, uint32_t layer)
+{
+    uint32_t n = s->layers ? s->layers : 1;
+    if (layer + 1 >= n)
+        return s->step_end;
+    uint64_t cost = s->step_end - s->step_start;
+    /* start + cost * (layer + 1) / n without overflowing */
+    return s->step_start + (cost / n) * (layer + 1) + ((cost % n) * (layer + 1)) / n;
+}
+
+/* Reports layers [layer_next, upto) of every member of the prefill step in progress. */
+static void emit_layers(wk_sched_t *s, uint32_t upto)
+{
+    while (s->layer_next < upto) {
+        uint32_t k = s->layer_next++;
+        for (unsigned i = 0; i < s->step_n; i++)
+            if (s->step[i] != NULL)
+                s->on_layer(s, s->step[i], k);
+    }
+}
+
+static int layered(const wk_sched_t *s)
+{
+    return s->step_kind == WK_STEP_PREFILL && s->on_layer != NULL;
+}
+
+/* The next time something happens: a layer end (never the last: the step end reports it) or
+ * the step end. */
+static uint64_t next_event(const wk_sched_t *s)
+{
+    if (layered(s) && s->layer_next + 1 < s->layers) {
+        uint64_t t = wk_sched_layer_end(s, s->layer_next);
+        if (t < s->step_end)
+            return t;
+    }
+    return s->step_end;
+}
+
 void wk_sched_free(wk_sched_t *s)
 {
     free(s->step);
@@ -130,6 +174,7 @@ static int start_step(wk_sched_t *s, uint64_t t)
             put_in_step(s, seq);
         }
         s->step_kind = WK_STEP_PREFILL;
+        s->layer_next = 0;
         s->step_start = t;
         s->step_end = sat_add(t, sat_mul(tokens, s->cfg.prefill_ns_per_token));
         s->prefill_steps++;
@@ -157,6 +202,8 @@ static int start_step(wk_sched_t *s, uint64_t t)
 static void complete_step(wk_sched_t *s)
 {
     wk_step_kind_t kind = s->step_kind;
+    if (layered(s))
+        emit_layers(s, s->layers); /* the last layer ends with the step */
     unsigned n = s->step_n;
     for (unsigned i = 0; i < n; i++) {
         wk_seq_t *seq = s->step[i];
@@ -186,8 +233,15 @@ uint64_t wk_sched_poll(wk_sched_t *s, uint64_t now, unsigned max_steps)
     if (s->step_kind == WK_STEP_NONE && !start_step(s, now))
         return WK_SCHED_IDLE;
     for (;;) {
+        if (layered(s)) {
+            uint32_t upto = s->layer_next;
+            while (upto + 1 < s->layers && wk_sched_layer_end(s, upto) <= now &&
+                   wk_sched_layer_end(s, upto) < s->step_end)
+                upto++;
+            emit_layers(s, upto);
+        }
         if (s->step_end > now || done >= max_steps)
-            return s->step_end;
+            return next_event(s);
         uint64_t t = s->step_end;
         complete_step(s);
         done++;

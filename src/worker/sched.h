@@ -13,7 +13,11 @@
  *   - decode step: otherwise, sequences waiting in the ready queue join the running set (up to
  *     max_batch), and one step of decode_ns_per_step produces one token for every running
  *     sequence.
- * A step's members are fixed when it starts; new arrivals wait for the next boundary. A step
+ * A step's members are fixed when it starts; new arrivals wait for the next boundary.
+ * Layer-wise prefill (wk_sched_set_layers): a prefill step computes its L layers one after the
+ * other, each taking 1/L of the step; as layer k ends, on_layer(seq, k) runs for every member
+ * (the last layer's at the step end, just before on_prefilled), so a caller can hand each layer
+ * off while the next ones are still being computed. A step
  * that ends at T is followed by the next one starting at T (so throughput does not depend on
  * how late the loop noticed); a step started from idle begins at the `now` given to poll.
  *
@@ -49,6 +53,9 @@ struct wk_seq_s {
  */
 typedef int (*wk_sched_prefilled_cb)(wk_sched_t *s, wk_seq_t *seq);
 typedef int (*wk_sched_decoded_cb)(wk_sched_t *s, wk_seq_t *seq);
+/* Layer `layer` of a prefill step member is computed. The sequence stays in the step; the
+ * callback may cancel it (or others). */
+typedef void (*wk_sched_layer_cb)(wk_sched_t *s, wk_seq_t *seq, uint32_t layer);
 
 typedef struct wk_sched_cfg_s {
     uint64_t prefill_ns_per_token;
@@ -67,13 +74,16 @@ struct wk_sched_s {
     wk_sched_cfg_t cfg;
     wk_sched_prefilled_cb on_prefilled;
     wk_sched_decoded_cb on_decoded;
-    void *data; /* owner's */
+    wk_sched_layer_cb on_layer; /* NULL: no layer events */
+    uint32_t layers;            /* >= 1 when on_layer is set */
+    void *data;                 /* owner's */
 
     wk_seq_list_t prefill_q, ready_q, running;
     wk_step_kind_t step_kind;
     uint64_t step_start, step_end; /* virtual ns */
     wk_seq_t **step;               /* max_batch slots */
     unsigned step_n;
+    uint32_t layer_next; /* prefill step: the next layer to report */
 
     /* counters (for metrics and tests) */
     uint64_t prefill_steps, decode_steps;
@@ -85,6 +95,10 @@ struct wk_sched_s {
 /* Returns 0, BATON_EINVAL (max_batch 0) or BATON_ENOMEM. */
 int wk_sched_init(wk_sched_t *s, const wk_sched_cfg_t *cfg, wk_sched_prefilled_cb on_prefilled,
                   wk_sched_decoded_cb on_decoded, void *data);
+/* Turns layer events on (layers >= 1, cb not NULL) or off (cb NULL). Call between steps. */
+void wk_sched_set_layers(wk_sched_t *s, uint32_t layers, wk_sched_layer_cb cb);
+/* When layer `layer` (< layers) of the prefill step in progress ends (virtual ns). */
+uint64_t wk_sched_layer_end(const wk_sched_t *s, uint32_t layer);
 /* Every sequence must have left before. */
 void wk_sched_free(wk_sched_t *s);
 
@@ -94,9 +108,10 @@ void wk_sched_submit_decode(wk_sched_t *s, wk_seq_t *seq);
 void wk_sched_cancel(wk_sched_t *s, wk_seq_t *seq);
 
 /*
- * Completes every step that ends at or before `now` (at most max_steps of them) and starts the
- * next one. Returns when the step in progress ends (<= now when max_steps cut the work short:
- * call again soon), or WK_SCHED_IDLE when there is nothing to do.
+ * Completes every step that ends at or before `now` (at most max_steps of them), reports the
+ * layers that ended, and starts the next step. Returns when the next event is due (a layer or
+ * the step end; <= now when max_steps cut the work short: call again soon), or WK_SCHED_IDLE
+ * when there is nothing to do.
  */
 uint64_t wk_sched_poll(wk_sched_t *s, uint64_t now, unsigned max_steps);
 

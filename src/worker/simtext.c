@@ -88,6 +88,31 @@ int64_t wk_sim_word_id(const char *w, size_t len)
     return (int64_t)(wk_sim_fnv1a(w, len) & 0x7fffffffULL);
 }
 
+uint32_t wk_sim_word_ids(const char *s, size_t len, int64_t *out, uint32_t cap)
+{
+    uint32_t n = 0;
+    size_t i = 0;
+    while (i < len) {
+        while (i < len && is_ws((unsigned char)s[i]))
+            i++;
+        if (i == len)
+            break;
+        size_t start = i;
+        while (i < len && !is_ws((unsigned char)s[i]))
+            i++;
+        if (n < cap)
+            out[n] = wk_sim_word_id(s + start, i - start);
+        if (n < UINT32_MAX)
+            n++;
+    }
+    if (n == 0) {
+        if (cap > 0)
+            out[0] = wk_sim_word_id("", 0);
+        n = 1;
+    }
+    return n;
+}
+
 int32_t wk_sim_token(uint64_t seed, uint32_t i)
 {
     return (int32_t)(wk_sim_mix(seed, (uint64_t)i + 1) % WK_SIM_VOCAB_SIZE);

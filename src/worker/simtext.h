@@ -38,6 +38,11 @@ uint32_t wk_sim_count_words(const char *s, size_t len);
 /* Token id of one prompt word: FNV-1a 64 of its bytes & 0x7fffffff. */
 int64_t wk_sim_word_id(const char *w, size_t len);
 
+/* The token ids of a text prompt's words, in order: writes at most `cap` of them and returns
+ * how many there are (wk_sim_count_words; an empty or all-blank prompt is one token, the id
+ * of ""). */
+uint32_t wk_sim_word_ids(const char *s, size_t len, int64_t *out, uint32_t cap);
+
 /* The i-th generated token (0-based) and its logprob. */
 int32_t wk_sim_token(uint64_t seed, uint32_t i);
 double wk_sim_output_logprob(uint64_t seed, uint32_t i);

@@ -5,9 +5,11 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "baton/transfer.h"
 #include "common/metrics.h"
 #include "http/server.h"
-#include "worker/bootstrap.h"
+#include "worker/kvshape.h"
+#include "worker/kvxfer.h"
 #include "worker/sched.h"
 
 typedef enum { WK_MODE_REGULAR = 0, WK_MODE_PREFILL, WK_MODE_DECODE } wk_mode_t;
@@ -23,6 +25,14 @@ typedef struct wk_config_s {
     unsigned max_batch;
     unsigned max_queue;
     uint64_t bootstrap_timeout_ms;
+    /* KV hand-off (prefill and decode modes) */
+    wk_kvshape_t shape;
+    const char *preset;      /* name of the preset the shape started from, NULL when custom */
+    uint64_t kv_pool_tokens; /* 0 = auto (wk_kvshape_auto_pool_tokens) */
+    baton_xfer_transport_t transports[BATON_XFER_MAX_TRANSPORTS];
+    int n_transports;                /* fallback order */
+    int layerwise;                   /* prefill: write each layer as it is computed */
+    uint32_t fault_corrupt_kv_every; /* tests only: prefill corrupts every Nth room */
 } wk_config_t;
 
 void wk_config_default(wk_config_t *cfg);
@@ -34,16 +44,18 @@ typedef struct wk_worker_s {
     uv_loop_t *loop;
     wk_config_t cfg;
     baton_http_server_t *http;
-    wk_boot_t *boot; /* prefill and decode modes */
+    wk_kv_t *kv; /* prefill and decode modes */
     wk_sched_t sched;
     uv_timer_t sched_timer;
     uv_idle_t sched_idle;
+    uv_timer_t dl_timer; /* rendezvous deadlines */
+    wk_job_t *dl_head, *dl_tail;
     int http_port;
 
     wk_job_t *jobs; /* in flight, for shutdown and load reporting */
     unsigned n_jobs;
-    unsigned n_boot_waiting; /* decode sequences waiting for their prefill */
-    unsigned n_boot_pub;     /* prefill sequences waiting for their decode */
+    unsigned n_kv_waiting; /* PD sequences waiting for their peer's room or for KV pages */
+    unsigned n_boot_pub;   /* prefill sequences computed, their KV going out */
     uint64_t id_salt, id_counter;
     long long started_at;
     int shutting_down;
@@ -54,9 +66,7 @@ typedef struct wk_worker_s {
     baton_metric_family_t *m_duration; /* {route} */
     baton_metric_child_t *m_ttft;
     baton_metric_child_t *m_prompt_tokens, *m_gen_tokens;
-    baton_metric_child_t *m_queue, *m_running, *m_inflight, *m_boot_conns, *m_boot_waiting;
-    baton_metric_child_t *m_rooms_ok, *m_rooms_failed, *m_boot_proto;
-    uint64_t boot_proto_seen;
+    baton_metric_child_t *m_queue, *m_running, *m_inflight, *m_boot_waiting;
 } wk_worker_t;
 
 /* Creates the scheduler, metrics, bootstrap module and HTTP server and starts listening (logs

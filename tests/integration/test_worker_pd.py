@@ -1,10 +1,12 @@
-"""test_worker_pd.py — baton-worker prefill/decode rendezvous driven directly (as the router
-would): the same body with bootstrap fields to both, exact text, batches, logprob split,
-ordering, timeouts, unreachable and garbage bootstrap peers."""
+"""test_worker_pd.py — baton-worker prefill/decode pairs driven directly (as the router would):
+the same body with bootstrap fields to both, the KV handed off through libbaton, exact text,
+batches, logprob split, ordering, timeouts, unreachable and garbage bootstrap peers.
+test_worker_kv.py covers the KV side itself (transports, layer-wise, corruption, peer loss)."""
 
 import json
 import os
 import random
+import re
 import socket
 import sys
 import threading
@@ -161,40 +163,60 @@ def test_many_concurrent(p, d):
         assert rd.status == 200 and rp.status == 200, (i, rd.text, rp.text)
         assert rd.json()["text"] == simtext.complete_text(f"concurrent request {i}", 6).text
     info = get(d.port, "/metrics").text
-    assert "baton_worker_bootstrap_connections 1" in info, info
+    # one control connection to the one prefill carried every room
+    assert 'baton_kv_peers{state="up"} 1' in info, info
+    ok = re.search(r'baton_kv_rooms_total\{result="ok"\} (\d+)', info)
+    assert ok and int(ok.group(1)) >= n, info
 
 
 def test_mismatch(p, d):
-    """Prefill and decode got different prompts for one room: decode refuses to guess."""
-    room = rooms()[0]
-    bp = with_boot({"text": "one two three", "sampling_params": {"max_new_tokens": 3}}, p, room)
-    bd = with_boot({"text": "one two", "sampling_params": {"max_new_tokens": 3}}, p, room)
-    out = {}
-    t = threading.Thread(target=lambda: out.setdefault("p", post(p.port, "/generate", bp)))
-    t.start()
-    rd = post(d.port, "/generate", bd)
-    t.join(30)
-    assert rd.status == 500 and rd.json()["error"]["code"] == "bootstrap_mismatch", rd.text
+    """Prefill and decode got different prompts for one room: both refuse to guess."""
+    for text_p, text_d in (("one two three", "one two"),  # a different number of tokens
+                           ("one two", "one  two")):      # same tokens, different prompt bytes
+        room = rooms()[0]
+        bp = with_boot({"text": text_p, "sampling_params": {"max_new_tokens": 3}}, p, room)
+        bd = with_boot({"text": text_d, "sampling_params": {"max_new_tokens": 3}}, p, room)
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("p", post(p.port, "/generate", bp)))
+        t.start()
+        rd = post(d.port, "/generate", bd)
+        t.join(30)
+        assert rd.status == 500 and rd.json()["error"]["code"] == "bootstrap_mismatch", rd.text
+        assert "prefill" in rd.json()["error"]["message"], rd.text
+        if text_p.split() != text_d.split():
+            # the prefill saw the offer did not fit its own KV
+            rp = out["p"]
+            assert rp.status == 500 and rp.json()["error"]["code"] == "bootstrap_mismatch", rp.text
+
+
+def metric(port, name):
+    """The value of one sample (name with its labels), or None."""
+    for line in get(port, "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
 
 
 def test_garbage_then_pd(p, d):
+    """Bytes that are not libbaton's control protocol close that connection only."""
     bport = p.wait_port("bootstrap")
-    for junk in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"BT\x01\x09\x00\x00\x00\x00",
-                 b"BT\x01\x01\xff\xff\xff\xff", bytes(range(256))):
+    before = metric(p.port, "baton_kv_frames_rejected_total") or 0
+    junks = (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"x" * 64, bytes(range(256)),
+             b"\xff" * 64)
+    for junk in junks:
         got = harness.raw_exchange(bport, junk, timeout=5)
         assert got == b"", got  # closed without an answer
-    # a half frame then silence: the prefill keeps the connection; closing it is harmless
+    # a half header then silence: closing it is harmless
     s = socket.create_connection((harness.HOST, bport), timeout=5)
-    s.sendall(b"BT\x01")
+    s.sendall(b"BA")
     s.close()
-    p.wait_log(r"bootstrap_conn_closed reason=\"bad magic\"")
-    p.wait_log(r"bootstrap_conn_closed reason=\"unknown frame type\"")
+    p.wait_log(r"conn_closed .*reason=\"malformed frame")
+    wait_until(lambda: (metric(p.port, "baton_kv_frames_rejected_total") or 0) >= before + 3,
+               what="frames rejected")
     body = with_boot({"text": "after garbage", "sampling_params": {"max_new_tokens": 5}}, p,
                      rooms()[0])
     rp, rd = dual(p, d, "/generate", body)
     assert rd.status == 200 and rd.json()["text"] == simtext.complete_text("after garbage", 5).text
-    m = get(p.port, "/metrics").text
-    assert "baton_worker_bootstrap_protocol_errors_total 4" in m, m
 
 
 def test_decode_timeout():

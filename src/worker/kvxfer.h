@@ -1,0 +1,159 @@
+/* kvxfer.h — baton-worker's KV hand-off through libbaton: the decode side reserves pages and
+ * offers rooms, receives and verifies the KV; the prefill side matches offers with its requests,
+ * fills the KV layer by layer and writes it into the decode's pages. */
+#ifndef BATON_WORKER_KVXFER_H
+#define BATON_WORKER_KVXFER_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "baton/transfer.h"
+#include "common/metrics.h"
+#include "worker/kvpool.h"
+#include "worker/kvshape.h"
+
+/*
+ * One wk_kv_t per PD worker, on the worker's loop; everything here runs on that loop's thread
+ * (libbaton's callbacks come there too). Page filling and checking run on libuv's thread pool so
+ * the loop keeps serving while hundreds of MiB are touched.
+ *
+ * Memory: one region from baton_xfer_mem_alloc (memfd, so shm peers can map it) laid out
+ * [layer][slot][page bytes]; a room of P pages per layer uses P slots (kvpool.h). The decode's
+ * pages receive the KV; the prefill's pages hold the KV it computed until the room is written.
+ *
+ * Callbacks follow libuv's rules: never inside the call that started the work; a call that
+ * returns an error reports nothing later; a handle dropped before its callback gets none.
+ *
+ * Fencing: a slot goes back to the pool only after libbaton's final callback for its room
+ * (decode: the offer callback; prefill: room closed) AND after the request let go of it AND after
+ * any thread-pool job on it ended. Timeouts and aborts never free pages by themselves.
+ */
+
+typedef struct wk_kv_s wk_kv_t;
+typedef struct wk_kv_recv_s wk_kv_recv_t; /* decode: one room */
+typedef struct wk_kv_send_s wk_kv_send_t; /* prefill: one room */
+
+/* Worker-private status codes, next to baton/error.h's (never on the wire). */
+#define WK_EMISMATCH    (-29001) /* prefill and decode disagree about the room's prompt or shape */
+#define WK_EUNREACHABLE (-29002) /* decode: the prefill's bootstrap port never answered */
+
+typedef struct wk_kv_cfg_s {
+    int prefill;             /* 1: prefill role (listens), 0: decode role */
+    const char *listen_host; /* prefill */
+    int listen_port;         /* prefill; 0 = ephemeral */
+    wk_kvshape_t shape;
+    uint64_t pool_tokens; /* page pool size in tokens (a whole number of pages) */
+    baton_xfer_transport_t transports[BATON_XFER_MAX_TRANSPORTS];
+    int n_transports;
+    uint64_t timeout_ms;          /* prefill: how long an offer waits for its request (+ grace) */
+    uint32_t fault_corrupt_every; /* prefill, tests only: corrupt one byte of every Nth room */
+} wk_kv_cfg_t;
+
+/* The prompt of one room: token ids (copied), their count, and the text seed. */
+typedef struct wk_kv_prompt_s {
+    const int64_t *ids;
+    uint32_t n_tokens; /* >= 1 */
+    uint64_t seed;
+    int want_first; /* max_tokens > 0: a first token travels with DONE */
+} wk_kv_prompt_t;
+
+/* Creates the engine (starts listening on the prefill side, which logs `bootstrap_listening
+ * addr=H:P`), the page region and the metrics. Returns 0 or an error (logged). */
+int wk_kv_create(wk_kv_t **kv_p, uv_loop_t *loop, const wk_kv_cfg_t *cfg, baton_metrics_t *metrics);
+int wk_kv_listen_port(const wk_kv_t *kv);
+uint32_t wk_kv_pool_slots(const wk_kv_t *kv);
+/* Updates gauges and engine-fed counters before /metrics is rendered. */
+void wk_kv_metrics_sync(wk_kv_t *kv);
+/* Every handle must have been dropped before. Waits for thread-pool jobs, shuts the engine down,
+ * then calls cb (may be NULL); kv is freed after cb returns. */
+void wk_kv_close(wk_kv_t *kv, void (*cb)(void *arg), void *arg);
+
+/* ---- page reservations (both roles) ---- */
+
+/* Slots (pages per layer) a prompt of n tokens needs. */
+uint32_t wk_kv_slots_for(const wk_kv_t *kv, uint32_t n_tokens);
+
+typedef struct wk_kv_resv_s wk_kv_resv_t;
+typedef void (*wk_kv_resv_cb)(wk_kv_resv_t *r);
+struct wk_kv_resv_s {
+    wk_kvwait_t w; /* w.data is the caller's */
+    wk_kv_resv_cb cb;
+    wk_kv_t *kv;
+};
+
+/*
+ * Reserves n slots at once into slots[0..n) (the caller's array, valid until the callback or the
+ * cancel). Returns 0 (taken now, no callback), 1 (queued: cb runs once they are taken) or
+ * BATON_ETOOBIG (more than the whole pool). Slots not handed to a room go back with
+ * wk_kv_unreserve.
+ */
+int wk_kv_reserve(wk_kv_t *kv, wk_kv_resv_t *r, uint32_t n, uint32_t *slots, wk_kv_resv_cb cb,
+                  void *data);
+void wk_kv_reserve_cancel(wk_kv_t *kv, wk_kv_resv_t *r);
+void wk_kv_unreserve(wk_kv_t *kv, const uint32_t *slots, uint32_t n);
+/* Requests waiting for slots. */
+unsigned wk_kv_reserve_waiting(const wk_kv_t *kv);
+
+/* ---- decode ---- */
+
+typedef struct wk_kv_got_s {
+    uint32_t prompt_tokens;
+    int32_t first_token; /* -1 when none */
+    uint64_t seed;       /* the generator seed, derived from the received bytes */
+} wk_kv_got_t;
+
+/*
+ * status 0 (got valid), or: BATON_EKVCORRUPT (a received byte differs from the definition),
+ * WK_EMISMATCH, BATON_EABORTED (the prefill aborted the room), BATON_EPEERDOWN (connection
+ * lost), WK_EUNREACHABLE, BATON_ENOTSUP / BATON_ERKEY / BATON_ESTALE (refused), BATON_ESHUTDOWN,
+ * BATON_ENOMEM. `detail` says more (valid during the call; may be "").
+ * After a failure the handle is gone. After success the pages stay the request's until
+ * wk_kv_recv_drop.
+ */
+typedef void (*wk_kv_recv_cb)(void *data, int status, const wk_kv_got_t *got, const char *detail);
+
+/*
+ * Offers `room` with the pages of `slots` (wk_kv_slots_for(n_tokens) of them; they belong to the
+ * room from now on, also when this fails asynchronously) to the prefill at host:port. Returns 0
+ * and *r_p, or BATON_EEXIST (room already open here), BATON_EINVAL, BATON_ENOMEM,
+ * BATON_ESHUTDOWN; on a synchronous error the slots stay the caller's.
+ */
+int wk_kv_recv_start(wk_kv_t *kv, const char *host, int port, uint64_t room,
+                     const wk_kv_prompt_t *pr, const uint32_t *slots, wk_kv_recv_cb cb, void *data,
+                     wk_kv_recv_t **r_p);
+/*
+ * The request lets go: before the callback it aborts the room (no callback follows; `reason`, a
+ * short word like "timeout" or "canceled", is counted as the room's failure); after a successful
+ * callback it releases the pages (reason ignored). The pages return under the fencing rule.
+ */
+void wk_kv_recv_drop(wk_kv_recv_t *r, const char *reason);
+
+/* ---- prefill ---- */
+
+/* The room met its offer and the shapes agree: the caller may compute (wk_kv_send_slots first). */
+typedef void (*wk_kv_matched_cb)(void *data);
+/* The room ended: 0 = DONE went out after every write was acknowledged; WK_EMISMATCH (DONE said
+ * so, nothing written), BATON_EABORTED (the decode aborted), BATON_EPEERDOWN, BATON_ESHUTDOWN...
+ * `detail` says more (valid during the call; may be ""). The handle is gone after this callback.
+ */
+typedef void (*wk_kv_sent_cb)(void *data, int status, const char *detail);
+
+/*
+ * Opens the prefill side of `room` for a request (ids copied). If the decode's offer is already
+ * here the match is reported soon, else when it comes. Returns 0 and *s_p, BATON_EEXIST (another
+ * request has this room), BATON_EABORTED (this room was aborted within the last timeout period:
+ * its decode gave up or failed), BATON_ENOMEM.
+ */
+int wk_kv_send_open(wk_kv_t *kv, uint64_t room, const wk_kv_prompt_t *pr, wk_kv_matched_cb matched,
+                    wk_kv_sent_cb sent, void *data, wk_kv_send_t **s_p);
+/* After the match: the source pages (wk_kv_slots_for slots, taken over). 0 or BATON_ENOMEM. */
+int wk_kv_send_slots(wk_kv_send_t *s, const uint32_t *slots);
+/* Layer `layer` was computed: fill it and, when `write_now`, write it at once. */
+void wk_kv_send_layer(wk_kv_send_t *s, uint32_t layer, int write_now);
+/* Every layer was computed: fill and write what is left, then DONE with the first token. */
+void wk_kv_send_finish(wk_kv_send_t *s, int32_t first_token);
+/* The request lets go before `sent` fired: aborts the room (the decode learns at once) or
+ * remembers it as aborted so a late offer is refused. No callback follows. */
+void wk_kv_send_drop(wk_kv_send_t *s, const char *reason);
+
+#endif
