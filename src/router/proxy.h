@@ -98,7 +98,9 @@ unsigned baton_proxy_loop_active(const baton_proxy_loop_t *pl);
  * after queue_timeout_ms). Workers are chosen among those the health layer admits (healthy,
  * breaker not open, not draining), avoiding the workers of failed attempts when others exist.
  * Upstream failures before any byte reached the client are retried (retry.h) with a new pair
- * and a new room after a jittered back-off; the failed attempt's other side is closed at once.
+ * and a new room after a jittered back-off; the failed attempt's other side is closed at once
+ * (a retry that finds no pair — every candidate down, open or at its cap — answers the last
+ * attempt's failure instead of waiting).
  * When no retry is left: 502/504 JSON naming the side (or decode's own non-2xx status and
  * body); after a stream started → an SSE error event and [DONE]. Either way the other upstream
  * request is cancelled at once; a client disconnect cancels both. Every upstream request's
