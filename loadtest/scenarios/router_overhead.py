@@ -90,11 +90,13 @@ def main():
                 rows.append([name, p50, p99, add50, scenlib.ratio(p50, d50), add99,
                              scenlib.ratio(p99, d99), med(runs, "request_throughput"),
                              med(runs, "e2e_ms", "p50") if stream else None,
-                             sum(r["failed"] for r in runs)])
+                             med(runs, "max_lag_ms"), sum(r["failed"] for r in runs)])
             scenlib.print_table(
                 f"{mode}: {'TTFT' if stream else 'E2E latency'} at {args.rate:g} req/s (Poisson)",
                 ["path", "p50 ms", "p99 ms", "+p50 us", "p50 x", "+p99 us", "p99 x", "req/s",
-                 "E2E p50 ms", "errors"], rows)
+                 "E2E p50 ms", "bench lag ms", "errors"], rows,
+                note="bench lag: the latest any request left after its scheduled arrival (max "
+                     "per run); large values mean the machine was busy and the figures are noisy.")
 
             base = med(sat["direct"], "request_throughput")
             rows = []
