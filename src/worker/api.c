@@ -957,7 +957,7 @@ static json_t *server_info(wk_worker_t *w)
                   (json_int_t)(w->kv ? (uint64_t)wk_kv_pool_slots(w->kv) * sh->page_tokens : 0),
                   "transport", tps, "layerwise", w->cfg.layerwise);
     return json_pack(
-        "{s:s,s:s,s:s,s:s,s:o,s:i,s:i,s:i,s:s,s:{s:I,s:I,s:I,s:o}}", "model_path",
+        "{s:s,s:s,s:s,s:s,s:o,s:i,s:i,s:i,s:s,s:{s:I,s:I,s:I},s:o}", "model_path",
         w->cfg.model_name, "served_model_name", w->cfg.model_name, "tokenizer_path", "whitespace",
         "disaggregation_mode", w->cfg.mode == WK_MODE_REGULAR ? "null" : wk_mode_name(w->cfg.mode),
         "disaggregation_bootstrap_port", boot_port, "max_running_requests", (int)w->cfg.max_batch,

@@ -507,6 +507,8 @@ static void send_pump(wk_kv_send_t *s)
         if (s->t_first_write_ns == 0)
             s->t_first_write_ns = uv_hrtime();
         rc = baton_xfer_write_room(s->xroom, iov, (size_t)L * s->ppl, on_write, s);
+        log_debug(COMP, "kv_write room=%" PRIu64 " layers=0-%" PRIu32 " err=%s", s->room_id, L - 1,
+                  rc ? baton_err_name(rc) : "-");
         if (rc == 0) {
             for (uint32_t l = 0; l < L; l++)
                 s->layer_st[l] = F_WRITTEN;
@@ -523,6 +525,8 @@ static void send_pump(wk_kv_send_t *s)
             if (s->t_first_write_ns == 0)
                 s->t_first_write_ns = uv_hrtime();
             rc = baton_xfer_write_layer(s->xroom, l, iov, s->ppl, on_write, s);
+            log_debug(COMP, "kv_write room=%" PRIu64 " layers=%" PRIu32 "-%" PRIu32 " err=%s",
+                      s->room_id, l, l, rc ? baton_err_name(rc) : "-");
             if (rc == 0) {
                 s->layer_st[l] = F_WRITTEN;
                 s->n_written++;

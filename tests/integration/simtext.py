@@ -204,6 +204,48 @@ def input_token_logprobs_ids(ids, start=0):
             for j, t in enumerate(ids) if j >= start]
 
 
+# ---- the simulated KV cache (docs/WORKER.md, "KV cache") ----
+
+KV_SALT = 0x6B762D6361636865  # "kv-cache"
+
+# name: (layers, kv_heads, head_dim, dtype_bytes, page_tokens)
+KV_PRESETS = {
+    "tiny": (4, 2, 16, 2, 16),
+    "llama3-8b": (32, 8, 128, 2, 64),
+    "large": (64, 8, 128, 2, 64),
+}
+
+
+def kv_token_bytes(kv_heads, head_dim, dtype_bytes):
+    """Bytes of one token in one layer: K and V."""
+    return 2 * kv_heads * head_dim * dtype_bytes
+
+
+def kv_key(token_id: int, pos: int, layer: int) -> int:
+    return mix(mix(mix(KV_SALT, token_id), pos + 1), layer + 1)
+
+
+def kv_bytes(token_id: int, pos: int, layer: int, token_bytes: int) -> bytes:
+    """The K and V bytes of one token in one layer: words key + i * golden, little-endian."""
+    out = bytearray()
+    w = kv_key(token_id, pos, layer)
+    while len(out) < token_bytes:
+        out += w.to_bytes(8, "little")
+        w = (w + _GOLDEN) & _M64
+    return bytes(out[:token_bytes])
+
+
+def prompt_token_ids(prompt: str):
+    """Token ids of a text prompt (its words; an empty prompt is one token, the id of "")."""
+    return [word_id(w) for w in (words(prompt) or [b""])]
+
+
+def kv_room_bytes(n_tokens, preset="tiny"):
+    """KV bytes one room of n prompt tokens moves (every layer)."""
+    layers, heads, dim, dt, _ = KV_PRESETS[preset]
+    return n_tokens * layers * kv_token_bytes(heads, dim, dt)
+
+
 if __name__ == "__main__":
     import json
     import sys

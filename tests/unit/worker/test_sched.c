@@ -275,6 +275,101 @@ static void test_zero_cost_and_step_budget(void **state)
     wk_sched_free(&s);
 }
 
+/* Layer events: layer k of every step member at start + (k+1)/L of the prefill cost, the last
+ * at the step end just before on_prefilled; late polls catch up in order. */
+static struct {
+    int id[64];
+    uint32_t layer[64];
+    uint64_t at[64];
+    int n;
+    wk_seq_t *cancel_on_layer1;
+} lev;
+static wk_sched_t *lev_sched;
+
+static void layer_cb(wk_sched_t *s, wk_seq_t *seq, uint32_t layer)
+{
+    tseq_t *t = seq->data;
+    assert_false(t->prefilled); /* every layer comes before the end of prefill */
+    assert_true(lev.n < 64);
+    lev.id[lev.n] = t->id;
+    lev.layer[lev.n] = layer;
+    lev.at[lev.n] = wk_sched_layer_end(s, layer);
+    lev.n++;
+    if (layer == 1 && lev.cancel_on_layer1 != NULL && lev.cancel_on_layer1 != seq) {
+        wk_sched_cancel(s, lev.cancel_on_layer1);
+        lev.cancel_on_layer1 = NULL;
+    }
+}
+
+static void test_layers(void **state)
+{
+    wk_sched_t s;
+    init(&s, 100, 1000, 4);
+    lev_sched = &s;
+    memset(&lev, 0, sizeof(lev));
+    wk_sched_set_layers(&s, 4, layer_cb);
+    tseq_t a, b;
+    tseq(&a, 1, 30, 0);
+    tseq(&b, 2, 10, 0);
+    wk_sched_submit_prefill(&s, &a.seq);
+    wk_sched_submit_prefill(&s, &b.seq);
+    /* one step of 40 tokens = 4000 ns from t=0: layers end at 1000, 2000, 3000, 4000 */
+    assert_int_equal(wk_sched_poll(&s, 0, 10), 1000);
+    assert_int_equal(lev.n, 0);
+    assert_int_equal(wk_sched_poll(&s, 999, 10), 1000);
+    assert_int_equal(wk_sched_poll(&s, 1000, 10), 2000);
+    assert_int_equal(lev.n, 2); /* layer 0 of a and b */
+    assert_int_equal(lev.layer[0], 0);
+    assert_int_equal(lev.layer[1], 0);
+    assert_int_equal(lev.at[0], 1000);
+    /* a late poll reports layers 1 and 2 in order, then waits for the step end */
+    assert_int_equal(wk_sched_poll(&s, 3500, 10), 4000);
+    assert_int_equal(lev.n, 6);
+    assert_int_equal(lev.layer[2], 1);
+    assert_int_equal(lev.layer[4], 2);
+    assert_false(a.prefilled);
+    assert_int_equal(wk_sched_poll(&s, 4000, 10), WK_SCHED_IDLE);
+    assert_int_equal(lev.n, 8);
+    assert_int_equal(lev.layer[7], 3);
+    assert_int_equal(lev.at[7], 4000);
+    assert_true(a.prefilled && b.prefilled);
+
+    /* cancelled inside a layer callback: no more layers, no prefilled */
+    memset(&lev, 0, sizeof(lev));
+    tseq(&a, 1, 30, 0);
+    tseq(&b, 2, 10, 0);
+    lev.cancel_on_layer1 = &b.seq;
+    wk_sched_submit_prefill(&s, &a.seq);
+    wk_sched_submit_prefill(&s, &b.seq);
+    run_until_idle(&s, 10000);
+    assert_true(a.prefilled);
+    assert_false(b.prefilled);
+    int b_layers = 0;
+    for (int i = 0; i < lev.n; i++)
+        b_layers += lev.id[i] == 2;
+    assert_true(b_layers <= 2); /* b's layer 0, and its layer 1 only if it came first */
+
+    /* zero cost: every layer at once, still in order, before on_prefilled */
+    wk_sched_free(&s);
+    init(&s, 0, 0, 4);
+    wk_sched_set_layers(&s, 3, layer_cb);
+    memset(&lev, 0, sizeof(lev));
+    tseq(&a, 1, 5, 0);
+    wk_sched_submit_prefill(&s, &a.seq);
+    assert_int_equal(wk_sched_poll(&s, 50, 10), WK_SCHED_IDLE);
+    assert_int_equal(lev.n, 3);
+    assert_true(lev.layer[0] == 0 && lev.layer[1] == 1 && lev.layer[2] == 2);
+    assert_true(a.prefilled);
+    /* off again: no events */
+    wk_sched_set_layers(&s, 3, NULL);
+    memset(&lev, 0, sizeof(lev));
+    tseq(&a, 1, 5, 0);
+    wk_sched_submit_prefill(&s, &a.seq);
+    assert_int_equal(wk_sched_poll(&s, 60, 10), WK_SCHED_IDLE);
+    assert_int_equal(lev.n, 0);
+    wk_sched_free(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -282,6 +377,7 @@ int main(void)
         cmocka_unit_test(test_decode_steps), cmocka_unit_test(test_max_batch_running),
         cmocka_unit_test(test_ready_queue),  cmocka_unit_test(test_prefill_before_decode),
         cmocka_unit_test(test_cancel),       cmocka_unit_test(test_zero_cost_and_step_budget),
+        cmocka_unit_test(test_layers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
