@@ -21,6 +21,13 @@
  * alloc callback hands libuv the destination page itself, so recv() lands the bytes in place.
  * Before that the engine checks [addr, addr+len) against the pages offered for the room
  * (resolve_dst); a refused or aborted slice is drained into a scratch buffer.
+ *
+ * Acks are batched (measured: docs/BENCHMARKS.md, "Transfer engine"). A WACK is still queued
+ * only once its slice's last byte is in the page, but the target sends the WACKs of one loop
+ * iteration together from a uv_check handle (it runs right after that iteration's reads)
+ * instead of one write() per slice: one syscall and one small segment per batch, which also
+ * wakes the initiator once per batch instead of once per slice. The delay is bounded by one
+ * loop iteration, far below LANE_WINDOW's worth of transfer time.
  */
 
 #define TCP_BLOB_VERSION 1
@@ -28,6 +35,7 @@
 #define LANE_WINDOW      (8u << 20) /* bytes in flight per lane */
 #define SCRATCH          (64u * 1024)
 #define LANE_ACK_SIZE    (BATON__FRAME_HDR + 8)
+#define ACK_BATCH        64 /* WACKs buffered per lane before a forced flush */
 
 typedef struct tcp_peer_s tcp_peer_t;
 typedef struct tcp_lane_s tcp_lane_t;
@@ -92,6 +100,9 @@ struct tcp_lane_s {
     uint32_t wlen;
     int wstatus;
     uint8_t hello[BATON__FRAME_HDR + 20];
+    /* target: WACKs of finished slices not sent yet (flushed by the peer's ack_flush) */
+    size_t acks_len;
+    uint8_t acks[ACK_BATCH * BATON__WACK_SIZE];
 };
 
 struct tcp_peer_s {
@@ -108,6 +119,8 @@ struct tcp_peer_s {
     baton__tp_done_cb fence_cb;
     void *fence_arg;
     uint8_t *scratch;
+    uv_check_t *ack_flush; /* target: sends the buffered WACKs once per loop iteration */
+    int ack_flush_on;
     baton__tp_done_cb deferred_cb; /* for the connect / fence callbacks run from a defer */
     void *deferred_arg;
     int deferred_status;
@@ -292,7 +305,7 @@ static int tcp_write(baton__tp_peer_t *tpp, baton__tp_write_t *w)
 
 typedef struct {
     uv_write_t req;
-    uint8_t data[64];
+    uint8_t data[]; /* the unsent rest of the frame(s) */
 } small_req_t;
 
 static void small_sent(uv_write_t *req, int status)
@@ -311,9 +324,8 @@ static void send_small(tcp_lane_t *l, const uint8_t *frame, size_t len)
         return;
     }
     size_t done = n > 0 ? (size_t)n : 0;
-    small_req_t *r = malloc(sizeof(*r));
-    if (r == NULL || len - done > sizeof(r->data)) {
-        free(r);
+    small_req_t *r = malloc(sizeof(*r) + (len - done));
+    if (r == NULL) {
         peer_fail(l->peer, BATON_ENOMEM, "out of memory queueing an ack");
         return;
     }
@@ -382,15 +394,38 @@ static void target_write_header(tcp_lane_t *l)
     }
 }
 
+static void flush_acks(tcp_lane_t *l)
+{
+    size_t n = l->acks_len;
+    l->acks_len = 0;
+    if (n > 0 && l->tcp != NULL && !uv_is_closing((uv_handle_t *)l->tcp))
+        send_small(l, l->acks, n);
+}
+
+static void on_ack_flush(uv_check_t *h)
+{
+    tcp_peer_t *p = h->data;
+    uv_check_stop(h);
+    p->ack_flush_on = 0;
+    for (uint32_t i = 0; i < p->n_lanes && !p->failed && !p->fencing; i++)
+        flush_acks(&p->lanes[i]);
+}
+
 static void target_payload_done(tcp_lane_t *l)
 {
     tcp_peer_t *p = l->peer;
-    uint8_t ack[BATON__WACK_SIZE];
-    baton__enc_wack_fixed(ack, l->wseq, l->wstatus);
+    /* The slice's last byte is in the page: its WACK may go (with the batch). */
+    baton__enc_wack_fixed(l->acks + l->acks_len, l->wseq, l->wstatus);
+    l->acks_len += BATON__WACK_SIZE;
     l->rstate = RD_HDR;
     if (l->wstatus == 0)
         env_of(p)->placed(&p->base, l->wroom, l->wlen);
-    send_small(l, ack, sizeof(ack));
+    if (l->acks_len == sizeof(l->acks)) {
+        flush_acks(l);
+    } else if (!p->ack_flush_on) {
+        p->ack_flush_on = 1;
+        uv_check_start(p->ack_flush, on_ack_flush);
+    }
 }
 
 static void lane_ready(tcp_lane_t *l)
@@ -534,6 +569,20 @@ static void lane_closed(uv_handle_t *h)
         fence_complete(p);
 }
 
+static void ack_flush_closed(uv_handle_t *h)
+{
+    tcp_peer_t *p = h->data;
+    free(h);
+    p->ack_flush = NULL;
+    if (--p->open_handles == 0 && p->fencing)
+        fence_complete(p);
+}
+
+static void free_handle(uv_handle_t *h)
+{
+    free(h);
+}
+
 static void hello_sent(uv_write_t *req, int status)
 {
     tcp_lane_t *l = req->data;
@@ -675,10 +724,16 @@ static int tcp_peer_create(baton__tp_t *tp, baton__tp_role_t role, uint64_t gene
     }
     if (role == BATON__TP_ROLE_TARGET) {
         p->scratch = malloc(SCRATCH);
-        if (p->scratch == NULL) {
+        p->ack_flush = malloc(sizeof(*p->ack_flush));
+        if (p->scratch == NULL || p->ack_flush == NULL) {
+            free(p->scratch);
+            free(p->ack_flush);
             free(p);
             return BATON_ENOMEM;
         }
+        uv_check_init(tp->env->loop, p->ack_flush);
+        p->ack_flush->data = p;
+        p->open_handles++;
     }
     *peer_p = &p->base;
     return 0;
@@ -766,6 +821,11 @@ static int tcp_peer_fence(baton__tp_peer_t *tpp, baton__tp_done_cb cb, void *arg
             any = 1;
         }
     }
+    if (p->ack_flush != NULL && !uv_is_closing((uv_handle_t *)p->ack_flush)) {
+        /* Buffered WACKs are dropped: the lanes are gone, the initiator fails those writes. */
+        uv_close((uv_handle_t *)p->ack_flush, ack_flush_closed);
+        any = 1;
+    }
     if (!any) /* no lane was ever opened: finish from a defer, never inline */
         return baton__tp_defer(p->base.tp->env, fence_complete, p);
     return 0;
@@ -774,6 +834,12 @@ static int tcp_peer_fence(baton__tp_peer_t *tpp, baton__tp_done_cb cb, void *arg
 static void tcp_peer_destroy(baton__tp_peer_t *tpp)
 {
     tcp_peer_t *p = (tcp_peer_t *)tpp;
+    if (p->ack_flush != NULL) {
+        /* Never fenced (never connected): the handle outlives p until its close callback. */
+        p->ack_flush->data = NULL;
+        if (!uv_is_closing((uv_handle_t *)p->ack_flush))
+            uv_close((uv_handle_t *)p->ack_flush, free_handle);
+    }
     free(p->scratch);
     free(p);
 }
