@@ -178,7 +178,9 @@ def test_no_retry_for_4xx_nor_after_first_byte():
         for _ in range(5):
             res = post(r.port, "/generate", GEN)
             assert res.status == 400 and res.json()["error"]["message"] == "bad prompt", res.text
-        assert len(d.requests) == 5 and len(p.requests) == 5
+        # one request each (prefill's may have been closed before it arrived: decode's error
+        # cancels it at once)
+        assert len(d.requests) == 5 and len(p.requests) <= 5
         assert workers(r.port)[d.url]["breaker"] == "closed"  # 4xx never counts
         d.reset()
         res = post(r.port, "/generate", dict(GEN, stream=True))
@@ -310,10 +312,13 @@ def test_admission_queue():
         assert out["a"][0].status == 200 and out["b"][0].status == 200, out
         assert out["b"][0].json()["text"] == "second"
         assert out["b"][1] > 1.0, "the second request did not wait for the slot"
+        # a request's slot is given back once its upstream requests reported too (a moment
+        # after its client got the answer)
+        wait_until(lambda: mval(metrics(r2.port), "baton_active_requests") == 0, timeout=5,
+                   what="slots given back")
         ms = metrics(r2.port)
         assert mval(ms, "baton_queue_depth") == 0
         assert mval(ms, "baton_queue_time_seconds_count") == 1
-        assert mval(ms, "baton_active_requests") == 0
         ms1 = metrics(c.procs[0].port)
         assert mval(ms1, "baton_admission_rejected_total", reason="queue_full") == 1
         assert mval(ms1, "baton_admission_rejected_total", reason="queue_timeout") == 1
@@ -557,9 +562,11 @@ def test_health_checks_and_readiness():
                    what="decode marked unhealthy")
         err_of(get(r.port, "/readiness"), 503, "not_ready")
         err_of(post(r.port, "/generate", GEN), 503, "no_decode_worker")
-        ms = metrics(r.port)
         wid = workers(r.port)[d.url]["id"]
-        assert mval(ms, "baton_worker_health", worker=wid) == 0
+        # the registry (routing) changes first, the gauges a moment later
+        wait_until(lambda: mval(metrics(r.port), "baton_worker_health", worker=wid) == 0,
+                   timeout=5, what="health gauge down")
+        ms = metrics(r.port)
         assert mval(ms, "baton_worker_health_transitions_total", worker=wid, to="down") == 1
         state["ok"] = True
         t0 = time.monotonic()
