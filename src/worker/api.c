@@ -859,6 +859,10 @@ static void handle_generation(wk_worker_t *w, baton_http_req_t *http, wk_api_t a
         code = "queue_full";
     }
     if (status) {
+        if (status != 400 && w->cfg.mode == WK_MODE_PREFILL && w->kv)
+            for (size_t i = 0; i < job->req.n_items; i++)
+                if (job->req.items[i].has_boot)
+                    wk_kv_send_refuse(w->kv, job->req.items[i].room);
         wk_request_free(&job->req);
         free(job);
         baton_http_respond_error(http, status, bad,

@@ -688,12 +688,16 @@ static void on_room_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, in
         return; /* refused at once */
     s->xroom = NULL;
     if (s->st == S_ORPHAN) {
+        /* its decode gave up (or went away) before the request came: remember the room for a
+         * timeout period so a late request fails at once instead of waiting for its deadline */
         list_remove(kv, s);
-        map_remove(kv, s);
-        if (status != 0 && !s->counted) {
+        if (!s->counted) {
             s->counted = 1;
-            count_fail(kv, reason_of(status));
+            count_fail(kv, reason_of(status ? status : BATON_EABORTED));
         }
+        s->st = S_TOMB;
+        s->expires_ms = now_ms() + kv->cfg.timeout_ms;
+        list_push(kv, &kv->tombs, L_TOMBS, s);
         send_maybe_free(s);
         return;
     }
@@ -834,6 +838,35 @@ void wk_kv_send_drop(wk_kv_send_t *s, const char *reason)
                       baton_err_name(rc));
     }
     send_maybe_free(s);
+}
+
+void wk_kv_send_refuse(wk_kv_t *kv, uint64_t room)
+{
+    if (kv->closing)
+        return;
+    wk_kv_send_t *s = wk_roommap_get(&kv->rooms, room);
+    if (s == NULL) {
+        s = calloc(1, sizeof(*s));
+        if (s == NULL || wk_roommap_put(&kv->rooms, room, s) != 0) {
+            free(s);
+            return; /* only the fast failure is lost: the decode still times out */
+        }
+        s->kv = kv;
+        s->room_id = room;
+        s->in_map = 1;
+        s->counted = 1; /* no room was opened here: the decode side counts it */
+    } else if (s->st == S_ORPHAN) {
+        list_remove(kv, s);
+        if (s->xroom != NULL)
+            baton_xfer_room_abort(s->xroom, BATON_ECANCELED);
+        s->counted = 1;
+        count_fail(kv, "canceled");
+    } else {
+        return;
+    }
+    s->st = S_TOMB;
+    s->expires_ms = now_ms() + kv->cfg.timeout_ms;
+    list_push(kv, &kv->tombs, L_TOMBS, s);
 }
 
 static void tick_cb(uv_timer_t *t)

@@ -130,6 +130,12 @@ void wk_kv_recv_drop(wk_kv_recv_t *r, const char *reason);
 
 /* ---- prefill ---- */
 
+/* A request for `room` was refused before it could open it (queue full, shutting down): an
+ * offer waiting for it is aborted now, a later one at once (remembered for a timeout period), so
+ * the decode fails fast instead of running into its timeout. A room another request holds is
+ * left alone. */
+void wk_kv_send_refuse(wk_kv_t *kv, uint64_t room);
+
 /* The room met its offer and the shapes agree: the caller may compute (wk_kv_send_slots first). */
 typedef void (*wk_kv_matched_cb)(void *data);
 /* The room ended: 0 = DONE went out after every write was acknowledged; WK_EMISMATCH (DONE said

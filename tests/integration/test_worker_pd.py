@@ -233,6 +233,14 @@ def test_decode_timeout():
             assert r.headers["content-type"].startswith("application/json")
             e = r.json()["error"]
             assert e["code"] == "bootstrap_timeout" and "400 ms" in e["message"], e
+            # the decode aborted its offer; its pages came back once libbaton fenced the room
+            wait_until(lambda: 'baton_kv_pool_slots{state="used"} 0' in get(d.port, "/metrics").text,
+                       what="decode pages back")
+            # the prefill remembers the abandoned room: a late request for it fails at once
+            t0 = time.monotonic()
+            r = post(p.port, "/generate", body, timeout=20)
+            assert r.status == 502 and r.json()["error"]["code"] == "bootstrap_aborted", r.text
+            assert time.monotonic() - t0 < 5
         # and a prefill whose decode never comes gives up too
         body = with_boot({"text": "lonely prefill"}, p, rooms()[0])
         r = post(p.port, "/generate", body, timeout=20)
@@ -278,6 +286,31 @@ def test_prefill_abort_reaches_decode():
         assert time.monotonic() - t0 < 10
 
 
+def test_prefill_refusal_reaches_decode():
+    """A prefill that refuses a request outright (queue full) remembers its room: the decode's
+    offer for it fails at once with bootstrap_aborted, not after its timeout."""
+    with Cluster("worker-pd-refuse") as c:
+        p = c.worker("prefill", *FAST, "--max-queue", "1", "--bootstrap-timeout-ms", "1500")
+        d = c.worker("decode", *FAST, "--bootstrap-timeout-ms", "20000")
+        # A waits for its decode (which never comes) and fills the prefill's queue
+        out = {}
+        a = with_boot({"text": "a waits alone"}, p, rooms()[0])
+        t = threading.Thread(target=lambda: out.setdefault("a", post(p.port, "/generate", a,
+                                                                        timeout=20)))
+        t.start()
+        wait_until(lambda: get(p.port, "/get_load").json()[0]["num_waiting_reqs"] == 1)
+        b = with_boot({"text": "b is refused", "sampling_params": {"max_new_tokens": 2}}, p,
+                      rooms()[0])
+        r = post(p.port, "/generate", b)
+        assert r.status == 503 and r.json()["error"]["code"] == "queue_full", r.text
+        t0 = time.monotonic()
+        r = post(d.port, "/generate", b, timeout=30)
+        assert r.status == 502 and r.json()["error"]["code"] == "bootstrap_aborted", r.text
+        assert time.monotonic() - t0 < 10
+        t.join(20)
+        assert out["a"].status == 504, out["a"].text
+
+
 def main():
     t = harness.TestRunner()
     random.seed(os.getpid())
@@ -288,7 +321,8 @@ def main():
                    test_chat_nonstream_stop, test_batches, test_many_concurrent, test_mismatch,
                    test_garbage_then_pd):
             t.run(fn, p, d)
-    for fn in (test_decode_timeout, test_unreachable, test_prefill_abort_reaches_decode):
+    for fn in (test_decode_timeout, test_unreachable, test_prefill_abort_reaches_decode,
+               test_prefill_refusal_reaches_decode):
         t.run(fn)
     t.finish()
 
