@@ -150,6 +150,15 @@ static int spawn_server(const xb_opts_t *o, baton_xfer_transport_t tp, pid_t *pi
     argv[n] = NULL;
     fflush(stdout);
     fflush(stderr);
+    /* Exec the same binary by its real path, so the server shows up under its own name. */
+    char exe[4096];
+    ssize_t el = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (el <= 0) {
+        close(pfd[0]);
+        close(pfd[1]);
+        return BATON_ENOTFOUND;
+    }
+    exe[el] = '\0';
     pid_t pid = fork();
     if (pid < 0) {
         int e = errno;
@@ -159,7 +168,7 @@ static int spawn_server(const xb_opts_t *o, baton_xfer_transport_t tp, pid_t *pi
     }
     if (pid == 0) {
         close(pfd[0]);
-        execv("/proc/self/exe", (char *const *)argv);
+        execv(exe, (char *const *)argv);
         _exit(127);
     }
     close(pfd[1]);

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""transfer_layerwise.py — scenario 6: layer-wise KV hand-off on/off, TTFT through Baton.
+
+1P1D baton-worker (prefill + decode, model preset `large`: 64 layers, 8 KV heads, head dim 128,
+bf16, 64-token pages = 256 KiB of KV per token) behind the Baton router, KV over tcp, with
+`--layerwise on` (each layer is written as soon as the prefill's timing model finishes it) and
+`--layerwise off` (the whole KV is written after the prefill). Streaming chat requests with
+3.5k and 16k prompt tokens and 1 output token, closed loop at concurrency 1 and 32. Fresh
+workers per row, warmed up first (their KV pools are touched by warm-up requests).
+
+Besides TTFT (baton-bench), the prefill worker's /metrics give, per room, the transfer time
+(first write to DONE) and the transfer tail (end of compute to DONE: what was not hidden). The
+target: TTFT(layer-wise) <= prefill time + the time to send one layer, i.e. a tail no longer
+than one layer's transfer (measured as layer bytes / the layer-off transfer rate).
+"""
+
+import statistics
+import sys
+import urllib.request
+
+import scenlib
+
+KV_PER_TOKEN = 64 * 2 * 8 * 128 * 2  # preset large: layers x (K,V) x heads x dim x bf16
+LAYERS = 64
+
+
+def metrics(proc):
+    """{name: value} of the un-labelled and labelled sample lines of a worker's /metrics."""
+    with urllib.request.urlopen(proc.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            pass
+    return out
+
+
+def delta(m0, m1, name):
+    return m1.get(name, 0.0) - m0.get(name, 0.0)
+
+
+def main():
+    ap = scenlib.arg_parser(__doc__.split("\n")[0])
+    ap.add_argument("--prompt-tokens", default="3500,16000", help="prompt lengths (3500,16000)")
+    ap.add_argument("--concurrency", default="1,32", help="closed-loop users (1,32)")
+    ap.add_argument("--prefill-us-per-token", type=int, default=100,
+                    help="prefill compute per prompt token (100: 10k tokens/s)")
+    ap.add_argument("--requests-c1", type=int, default=5, help="measured requests at c=1 (5)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="at concurrency C > 1, C x rounds measured requests (1)")
+    ap.add_argument("--pool-tokens", type=int, default=16640,
+                    help="KV pool per worker in tokens (16640 = 4.06 GiB with this preset)")
+    ap.add_argument("--transport", default="tcp")
+    args = ap.parse_args()
+    lens = [int(x) for x in args.prompt_tokens.split(",") if x]
+    concs = [int(x) for x in args.concurrency.split(",") if x]
+    if args.smoke:
+        lens, concs, args.requests_c1, args.pool_tokens = [512], [1, 4], 2, 4096
+    print("== Scenario 6: layer-wise KV hand-off, TTFT on/off ==")
+    print(scenlib.machine_line())
+    print(f"workers: preset large ({KV_PER_TOKEN // 1024} KiB KV/token, {LAYERS} layers), "
+          f"transport {args.transport}, prefill {args.prefill_us_per_token} us/token, "
+          f"pool {args.pool_tokens} tokens ({args.pool_tokens * KV_PER_TOKEN / 2**30:.2f} GiB) "
+          f"per worker; requests: streaming chat, 1 output token")
+    common = ["--model-preset", "large", "--transport", args.transport, "--kv-pool-tokens",
+              args.pool_tokens, "--prefill-us-per-token", args.prefill_us_per_token,
+              "--decode-us-per-token", 2000, "--max-batch", 64, "--max-queue", 10000]
+    figures = {"config": vars(args), "rows": []}
+    rows = []
+    failed = 0
+    for n_tok in lens:
+        per_pool = max(1, args.pool_tokens // n_tok)  # requests whose KV fits a pool at once
+        for conc in concs:
+            res_by_mode = {}
+            for mode in ("off", "on"):
+                with scenlib.Lab(args, f"lw-{mode}") as lab:
+                    p = lab.worker("prefill", *common, "--layerwise", mode, name="prefill")
+                    d = lab.worker("decode", *common, name="decode")
+                    r = lab.router("--prefill", p.url, p.ports["bootstrap"], "--decode", d.url)
+                    base = ["--endpoint", "chat", "--stream", "--input-len", n_tok,
+                            "--output-len", 1]
+                    # Warm-up: touches every pool page the measured run can use.
+                    wc = min(conc, per_pool)
+                    lab.bench(r.url, *base, "--concurrency", wc, "--num-requests", 2 * wc,
+                              label=f"warm-{mode}")
+                    n = args.requests_c1 if conc == 1 else conc * args.rounds
+                    m0 = metrics(p)
+                    res = lab.bench(r.url, *base, "--concurrency", conc, "--num-requests", n,
+                                    label=f"{n_tok}-{conc}-{mode}")
+                    m1 = metrics(p)
+                    rooms = delta(m0, m1, "baton_kv_transfer_seconds_count")
+                    res["xfer_s_mean"] = (delta(m0, m1, "baton_kv_transfer_seconds_sum") / rooms
+                                          if rooms else None)
+                    tails = delta(m0, m1, "baton_kv_transfer_tail_seconds_count")
+                    res["tail_s_mean"] = (delta(m0, m1, "baton_kv_transfer_tail_seconds_sum")
+                                          / tails if tails else None)
+                    res["rooms"] = rooms
+                    res_by_mode[mode] = res
+                    failed += res["failed"]
+            off, on = res_by_mode["off"], res_by_mode["on"]
+            room_bytes = n_tok * KV_PER_TOKEN
+            # The layer-off transfer moves the whole room after compute: its rate prices a layer.
+            rate = room_bytes / off["xfer_s_mean"] if off.get("xfer_s_mean") else None
+            layer_ms = (room_bytes / LAYERS) / rate * 1e3 if rate else None
+            prefill_ms = n_tok * args.prefill_us_per_token / 1e3
+            for mode, res in (("off", off), ("on", on)):
+                t = res["ttft_ms"]
+                tail_ms = res["tail_s_mean"] * 1e3 if res.get("tail_s_mean") is not None else None
+                verdict = "-"
+                if mode == "on" and conc == 1 and tail_ms is not None and layer_ms:
+                    verdict = "hidden" if tail_ms <= layer_ms else "NOT hidden"
+                row = [f"{n_tok}", conc, mode, t.get("p50"), t.get("p99"), t.get("mean"),
+                       prefill_ms, res["xfer_s_mean"] * 1e3 if res.get("xfer_s_mean") else None,
+                       tail_ms, layer_ms, verdict, res["completed"], res["failed"]]
+                rows.append(row)
+                figures["rows"].append({"prompt_tokens": n_tok, "concurrency": conc,
+                                        "layerwise": mode, "ttft_ms": t,
+                                        "prefill_model_ms": prefill_ms,
+                                        "xfer_ms_mean": row[7], "tail_ms_mean": tail_ms,
+                                        "one_layer_ms": layer_ms, "off_rate_gbps":
+                                        rate / 1e9 if rate else None,
+                                        "completed": res["completed"], "failed": res["failed"]})
+            if off["ttft_ms"].get("p50") and on["ttft_ms"].get("p50"):
+                ch = on["ttft_ms"]["p50"] / off["ttft_ms"]["p50"] - 1
+                print(f"{n_tok} tokens, c={conc}: TTFT p50 {off['ttft_ms']['p50']:.0f} -> "
+                      f"{on['ttft_ms']['p50']:.0f} ms ({ch * 100:+.0f}%); {scenlib.load_now()}",
+                      flush=True)
+    scenlib.print_table(
+        "TTFT with layer-wise hand-off off / on (1P1D through Baton, KV over "
+        f"{args.transport})",
+        ["prompt", "conc", "layerwise", "TTFT p50", "TTFT p99", "TTFT mean", "prefill (model)",
+         "transfer", "tail", "one layer", "tail vs layer", "ok", "errors"], rows,
+        note="ms. prefill (model): prompt tokens x prefill-us-per-token. transfer: prefill's "
+             "mean first write -> DONE per room; tail: end of compute -> DONE (not hidden); one "
+             "layer: layer bytes at the layer-off transfer rate of the same row. TTFT also holds "
+             "the router, HTTP, and the decode's check of every received KV byte.")
+    scenlib.write_json(args.json, figures)
+    print(f"\nscenario 6 done: {failed} failed requests; {scenlib.load_now()}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
