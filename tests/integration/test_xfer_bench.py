@@ -1,5 +1,5 @@
 """test_xfer_bench.py — smoke runs of baton-xfer-bench (loadtest/xfer/) and of its scenario
-(loadtest/scenarios/transfer.py): a second or two of small rooms over tcp and shm between two
+(loadtest/scenarios/transfer.py, transfer_layerwise.py): a second or two of small rooms over tcp and shm between two
 processes, every received byte checked; the JSON parses and says so; a server whose pattern
 differs is caught as corruption; bad options are refused cleanly.
 """
@@ -10,10 +10,11 @@ import subprocess
 import sys
 import tempfile
 
-from harness import BUILD_DIR, TestRunner, binary
+from harness import BUILD_DIR, SkipTest, TestRunner, binary
 
-SCEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "loadtest",
-                    "scenarios", "transfer.py")
+SCEN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "loadtest",
+                        "scenarios")
+SCEN = os.path.join(SCEN_DIR, "transfer.py")
 
 
 def run(argv, timeout=120):
@@ -110,10 +111,29 @@ def test_scenario_smoke():
         assert "### iperf3 on loopback" in out, out
 
 
+def test_layerwise_scenario_smoke():
+    for b in ("baton", "baton-worker", "baton-bench"):
+        if not os.path.exists(os.path.join(BUILD_DIR, b)):
+            raise SkipTest(f"{b} is not built in {BUILD_DIR}")
+    r = run([sys.executable, os.path.join(SCEN_DIR, "transfer_layerwise.py"), "--smoke",
+             "--build-dir", BUILD_DIR], timeout=180)
+    out = r.stdout
+    assert r.returncode == 0, f"exit {r.returncode}\n{out}\n{r.stderr[-3000:]}"
+    rows = [ln for ln in out.splitlines() if ln.startswith("| 512")]
+    assert len(rows) == 4, out  # c=1 and c=4, layer-wise off and on
+    for ln in rows:
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        assert cells[2] in ("off", "on"), cells
+        assert int(cells[-2]) > 0 and cells[-1] == "0", cells  # completed, errors
+        assert float(cells[3]) > 0, cells  # TTFT p50
+    assert "scenario 6 done: 0 failed requests" in out, out
+
+
 if __name__ == "__main__":
     t = TestRunner()
     t.run(test_smoke_json)
     t.run(test_wrong_bytes_detected)
     t.run(test_bad_options)
     t.run(test_scenario_smoke)
+    t.run(test_layerwise_scenario_smoke)
     t.finish()
