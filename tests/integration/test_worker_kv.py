@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -100,6 +101,10 @@ def test_transports():
             got = metric(d.port, 'baton_kv_bytes_total{direction="received"}')
             assert sent == got > 0, (sent, got)
             assert metric(d.port, "baton_kv_corrupted_total") == 0
+            # libbaton announced the bootstrap listener exactly once, in the harness's form
+            lines = [ln for ln in open(p.log_path) if "_listening addr=" in ln]
+            assert len(lines) == 1 and re.search(r" bootstrap_listening addr=127\.0\.0\.1:%d\b"
+                                                 % p.wait_port("bootstrap"), lines[0]), lines
 
 
 def test_rdma_falls_back():
@@ -193,40 +198,51 @@ def test_corrupted_kv():
         d.wait_log(r"kv_corrupted room=\d+ layer=3 page=0")
 
 
+def open_request(port, body):
+    """Sends a request on a socket left open (the caller closes it to cancel the request)."""
+    s = socket.create_connection((harness.HOST, port), timeout=10)
+    data = json.dumps(body).encode()
+    s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    return s
+
+
 def test_pool():
-    """A prompt bigger than the whole pool gets 503 at once; requests that fit wait for pages
-    (FIFO) and all succeed; the pages all come back."""
+    """A prompt bigger than the whole pool gets 503 at once; a request that fits waits for pages
+    (FIFO) until another request lets go of its pages, then succeeds; all pages come back."""
     with Cluster("kv-pool") as c:
-        p = c.worker("prefill", "--prefill-us-per-token", "10", "--decode-us-per-token", "20000")
-        d = c.worker("decode", "--prefill-us-per-token", "10", "--decode-us-per-token", "20000",
-                     "--kv-pool-tokens", "32")  # 2 pages of 16 tokens
+        p = c.worker("prefill", *FAST)
+        d = c.worker("decode", *FAST, "--kv-pool-tokens", "32")  # 2 pages of 16 tokens
         big = " ".join(["w"] * 40)  # 3 pages
         r = post(d.port, "/generate", with_boot({"text": big}, p), timeout=20)
         assert r.status == 503 and r.json()["error"]["code"] == "kv_pool_exhausted", r.text
         assert "raise --kv-pool-tokens" in r.json()["error"]["message"]
-        # three requests of one page each, decoding slowly: at most two hold pages at a time
-        n = 3
-        res = [None] * n
-
-        def one(i):
-            body = with_boot({"text": f"pool request {i}",
-                              "sampling_params": {"max_new_tokens": 6}}, p)
-            res[i] = dual(p, d, "/generate", body)
-
-        ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-        for t in ts:
+        # A and B (decode only: their prefill never comes) hold one page each
+        holders = [open_request(d.port, with_boot({"text": f"holder {i}"}, p)) for i in range(2)]
+        try:
+            wait_until(lambda: metric(d.port, 'baton_kv_pool_slots{state="used"}') == 2,
+                       what="two pages held")
+            out = {}
+            body = with_boot({"text": "waits for a page", "sampling_params": {"max_new_tokens": 4}},
+                             p)
+            t = threading.Thread(target=lambda: out.setdefault("pd", dual(p, d, "/generate", body)))
             t.start()
-        wait_until(lambda: metric(d.port, "baton_kv_pool_waiting") >= 1, timeout=10,
-                   what="a request waiting for pages")
-        assert metric(d.port, 'baton_kv_pool_slots{state="used"}') == 2
-        for t in ts:
-            t.join(60)
-        for i in range(n):
-            rp, rd = res[i]
+            wait_until(lambda: metric(d.port, "baton_kv_pool_waiting") == 1,
+                       what="a request waiting for pages")
+            assert "pd" not in out
+            holders[0].close()  # A's client leaves: its offer is aborted, then its page is free
+            t.join(30)
+            rp, rd = out["pd"]
             assert rd.status == 200 and rd.json()["text"] == \
-                simtext.complete_text(f"pool request {i}", 6).text, rd.text
-        assert metric(d.port, 'baton_kv_pool_slots{state="used"}') == 0
+                simtext.complete_text("waits for a page", 4).text, rd.text
+            assert metric(d.port, 'baton_kv_pool_slots{state="used"}') == 1  # B's
+        finally:
+            for h in holders:
+                h.close()
+        wait_until(lambda: metric(d.port, 'baton_kv_pool_slots{state="used"}') == 0,
+                   what="every page back")
         assert metric(d.port, 'baton_kv_pool_slots{state="free"}') == 2
+        assert metric(d.port, 'baton_kv_room_failures_total{reason="canceled"}') == 2
         assert metric(p.port, 'baton_kv_pool_slots{state="used"}') == 0
 
 
@@ -254,8 +270,8 @@ def wait_mid_transfer(p):
     assert get(p.port, "/get_load").json()[0]["num_reqs"] == 1
 
 
-# 60 words at 20 ms a token: 1.2 s of prefill, a layer every 300 ms
-SLOW_PROMPT = " ".join(f"slow{i}" for i in range(60))
+# 100 words at 20 ms a token: 2 s of prefill, a layer every 500 ms
+SLOW_PROMPT = " ".join(f"slow{i}" for i in range(100))
 SLOW = ("--prefill-us-per-token", "20000", "--decode-us-per-token", "200")
 
 
