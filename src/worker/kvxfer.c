@@ -90,7 +90,9 @@ struct wk_kv_recv_s {
     uint64_t t_offer_ns;
     /* from DONE */
     int32_t first_token;
-    /* from the check */
+    /* from the checks (one thread-pool job per layer) */
+    uint32_t checks_pending;
+    int check_failed;
     uint64_t diff;
     uint32_t bad_layer, bad_page;
     uint64_t bad_off;
@@ -102,6 +104,9 @@ typedef struct work_s {
     wk_kv_send_t *s; /* fill */
     wk_kv_recv_t *r; /* check */
     uint32_t l0, l1; /* layers [l0, l1) */
+    /* check results (the thread writes them, the loop reads them after) */
+    uint64_t diff, bad_off;
+    uint32_t bad_layer, bad_page;
 } work_t;
 
 struct wk_kv_s {
@@ -363,23 +368,22 @@ static void fill_work(uv_work_t *req)
 static void check_work(uv_work_t *req)
 {
     work_t *w = req->data;
-    wk_kv_recv_t *r = w->r;
+    const wk_kv_recv_t *r = w->r;
     wk_kv_t *kv = w->kv;
     uint32_t P = kv->cfg.shape.page_tokens;
-    r->diff = 0;
-    for (uint32_t l = 0; l < kv->cfg.shape.layers; l++) {
+    for (uint32_t l = w->l0; l < w->l1; l++) {
         for (uint32_t j = 0; j < r->ppl; j++) {
             uint32_t first = j * P;
             uint32_t n = wk_kvshape_page_tokens_at(&kv->cfg.shape, r->n_tokens, j);
             uint64_t off = 0;
             uint64_t d = wk_kv_check(page_addr(kv, l, r->lease.slots[j]), kv->token_bytes,
                                      r->ids + first, first, n, l, &off);
-            if (d != 0 && r->diff == 0) {
-                r->bad_layer = l;
-                r->bad_page = j;
-                r->bad_off = off;
+            if (d != 0 && w->diff == 0) {
+                w->bad_layer = l;
+                w->bad_page = j;
+                w->bad_off = off;
             }
-            r->diff |= d;
+            w->diff |= d;
         }
     }
 }
@@ -497,8 +501,12 @@ static void send_pump(wk_kv_send_t *s)
         return;
     }
     int rc = 0;
-    if (s->finishing && s->n_written == 0 && filled == L) {
-        /* nothing went out layer by layer: one write for the whole room */
+    if (s->n_write_now == 0) {
+        /* not layer-wise: one write for the whole room once all of it is computed and filled */
+        if (!s->finishing || filled < L) {
+            free(iov);
+            return;
+        }
         for (uint32_t l = 0; l < L; l++)
             for (uint32_t j = 0; j < s->ppl; j++) {
                 iov[l * s->ppl + j].addr = page_addr(kv, l, s->lease.slots[j]);
@@ -516,7 +524,7 @@ static void send_pump(wk_kv_send_t *s)
         }
     } else {
         for (uint32_t l = 0; l < L && rc == 0; l++) {
-            if (s->layer_st[l] != F_FILLED || (!s->finishing && s->n_write_now == 0))
+            if (s->layer_st[l] != F_FILLED || s->n_write_now == 0)
                 continue;
             for (uint32_t j = 0; j < s->ppl; j++) {
                 iov[j].addr = page_addr(kv, l, s->lease.slots[j]);
@@ -566,32 +574,28 @@ static void fill_done(uv_work_t *req, int status)
     maybe_destroy_engine(kv);
 }
 
-/* Starts filling layers [l0, l1) that are not filled yet (one thread-pool job). */
+/* Starts filling layers [l0, l1) that are not filled yet. */
 static void send_fill(wk_kv_send_t *s, uint32_t l0, uint32_t l1)
 {
     wk_kv_t *kv = s->kv;
     if (!wk_kvlease_live(&s->lease) || kv->closing)
         return;
-    while (l0 < l1 && s->layer_st[l0] != F_NONE)
-        l0++;
-    uint32_t end = l0;
-    while (end < l1 && s->layer_st[end] == F_NONE)
-        end++;
-    if (l0 >= end)
-        return;
-    int rc = queue_work(kv, s, NULL, l0, end, fill_done);
-    if (rc != 0) {
-        log_warn(COMP, "kv_fill_failed room=%" PRIu64 " err=%s", s->room_id, baton_err_name(rc));
-        if (s->xroom != NULL && !s->completed) {
-            baton_xfer_room_abort(s->xroom, rc);
-            s->completed = 1;
+    /* one job per layer: a whole room filled at once spreads over every thread of the pool */
+    for (uint32_t l = l0; l < l1; l++) {
+        if (s->layer_st[l] != F_NONE)
+            continue;
+        int rc = queue_work(kv, s, NULL, l, l + 1, fill_done);
+        if (rc != 0) {
+            log_warn(COMP, "kv_fill_failed room=%" PRIu64 " err=%s", s->room_id,
+                     baton_err_name(rc));
+            if (s->xroom != NULL && !s->completed) {
+                baton_xfer_room_abort(s->xroom, rc);
+                s->completed = 1;
+            }
+            return;
         }
-        return;
-    }
-    for (uint32_t l = l0; l < end; l++)
         s->layer_st[l] = F_FILLING;
-    if (end < l1)
-        send_fill(s, end, l1); /* a hole of already-filled layers in the range */
+    }
 }
 
 /* Compares the offer with the request's own shape; 0 when they agree. */
@@ -953,17 +957,37 @@ static void recv_fail(wk_kv_recv_t *r, int status, const char *detail)
     }
 }
 
+static void check_finish(wk_kv_recv_t *r);
+
 static void check_done(uv_work_t *req, int status)
 {
     work_t *w = req->data;
     wk_kv_t *kv = w->kv;
     wk_kv_recv_t *r = w->r;
     kv->work_inflight--;
+    if (status != 0)
+        r->check_failed = 1;
+    /* the first bad byte of the lowest bad layer, whatever order the jobs end in */
+    if (w->diff != 0 && (r->diff == 0 || w->bad_layer < r->bad_layer)) {
+        r->bad_layer = w->bad_layer;
+        r->bad_page = w->bad_page;
+        r->bad_off = w->bad_off;
+    }
+    r->diff |= w->diff;
     free(w);
     lease_work_done(kv, &r->lease);
+    if (--r->checks_pending > 0)
+        return;
+    check_finish(r);
+}
+
+/* Every layer was checked: the verdict. */
+static void check_finish(wk_kv_recv_t *r)
+{
+    wk_kv_t *kv = r->kv;
     if (r->has_req) {
         char detail[200];
-        if (status != 0) {
+        if (r->check_failed) {
             recv_fail(r, BATON_ENOMEM, "the check could not run");
         } else if (r->diff != 0) {
             inc(kv->m_corrupt, 1);
@@ -1086,11 +1110,16 @@ static void on_offer_done(void *data, uint64_t room_id, int status, const baton_
         return;
     }
     r->first_token = (int32_t)done->first_token;
-    int rc = queue_work(kv, NULL, r, 0, 0, check_done);
-    if (rc != 0) {
-        recv_fail(r, BATON_ENOMEM, "cannot start the KV check");
-        recv_maybe_free(r);
+    /* one job per layer: big rooms are checked by every thread of the pool */
+    for (uint32_t l = 0; l < kv->cfg.shape.layers; l++) {
+        if (queue_work(kv, NULL, r, l, l + 1, check_done) != 0) {
+            r->check_failed = 1;
+            break;
+        }
+        r->checks_pending++;
     }
+    if (r->checks_pending == 0)
+        check_finish(r);
 }
 
 int wk_kv_recv_start(wk_kv_t *kv, const char *host, int port, uint64_t room,
