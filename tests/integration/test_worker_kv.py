@@ -78,10 +78,20 @@ def check_pair(p, d, prompt, n=7, preset="tiny"):
     text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "")
                    for e in ev[:-1] if json.loads(e)["choices"])
     assert text == simtext.complete_chat(msgs, n).text and ev[-1] == "[DONE]"
-    # every byte of both prompts' KV went through, nothing more
+    # token-id prompts: the ids are the tokens (huge ids included)
+    ids = [[1, 2, 3], [2**62, 0, 77] * 7]
+    body = with_boot({"prompt": ids, "max_tokens": n}, p, [room(), room()])
+    body["bootstrap_host"] = [harness.HOST] * 2
+    body["bootstrap_port"] = [p.wait_port("bootstrap")] * 2
+    rp, rd = dual(p, d, "/v1/completions", body)
+    assert rd.status == 200, rd.text
+    assert [ch["text"] for ch in rd.json()["choices"]] == \
+        [simtext.complete_ids(x, n).text for x in ids], rd.text
+    # every byte of all four prompts' KV went through, nothing more
     moved = metric(d.port, 'baton_kv_bytes_total{direction="received"}') - before
     expect = simtext.kv_room_bytes(simtext.count_words(prompt), preset) + \
-        simtext.kv_room_bytes(simtext.count_words(simtext.chat_prompt(msgs)), preset)
+        simtext.kv_room_bytes(simtext.count_words(simtext.chat_prompt(msgs)), preset) + \
+        sum(simtext.kv_room_bytes(len(x), preset) for x in ids)
     assert moved == expect, (moved, expect)
 
 
@@ -246,6 +256,63 @@ def test_pool():
         assert metric(p.port, 'baton_kv_pool_slots{state="used"}') == 0
 
 
+def test_abort_storm_page_reuse():
+    """Decode clients leave mid-transfer while a small pool hands the same pages to the next
+    rooms: a write of an aborted room landing in reused pages would show as kv_corrupted. None
+    may, every finished request is exact, and every page comes back."""
+    with Cluster("kv-storm") as c:
+        timing = ("--prefill-us-per-token", "1000", "--decode-us-per-token", "500")
+        p = c.worker("prefill", *timing)
+        d = c.worker("decode", *timing, "--kv-pool-tokens", "64")  # 4 slots, reused constantly
+        rng = random.Random(os.getpid())
+        results = []
+        lock = threading.Lock()
+
+        def one(i):
+            prompt = " ".join(f"storm{i}w{k}" for k in range(12 + i % 9))  # 1 or 2 pages
+            body = with_boot({"text": prompt, "sampling_params": {"max_new_tokens": 3}}, p)
+            if i % 2:
+                # the client leaves after 0-25 ms (the router then cancels the prefill too)
+                sp = open_request(p.port, body)
+                sd = open_request(d.port, body)
+                time.sleep(rng.random() * 0.025)
+                sd.close()
+                time.sleep(0.2)
+                sp.close()
+                with lock:
+                    results.append((i, prompt, None, None))
+                return
+            pres = {}
+            pt = threading.Thread(target=lambda: pres.setdefault(
+                "r", post(p.port, "/generate", body, timeout=30)))
+            pt.start()
+            rd = post(d.port, "/generate", body, timeout=30)
+            pt.join(35)
+            with lock:
+                results.append((i, prompt, rd, pres.get("r")))
+
+        for batch in range(6):
+            ts = [threading.Thread(target=one, args=(batch * 4 + k,)) for k in range(4)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(60)
+        assert len(results) == 24
+        for i, prompt, rd, rp in results:
+            if rd is not None:
+                assert rp is not None and rp.status == 200, (i, rp and rp.text)
+                assert rd.status == 200 and rd.json()["text"] == \
+                    simtext.complete_text(prompt, 3).text, (i, rd.text)
+        # rooms really were abandoned while open (12 clients left, nearly all after the offer)
+        assert metric(d.port, 'baton_kv_room_failures_total{reason="canceled"}') >= 1
+        assert metric(d.port, "baton_kv_corrupted_total") == 0
+        assert metric(d.port, "baton_kv_writes_rejected_total") == 0
+        wait_until(lambda: metric(d.port, 'baton_kv_pool_slots{state="used"}') == 0,
+                   what="every decode page back")
+        wait_until(lambda: metric(p.port, 'baton_kv_pool_slots{state="used"}') == 0,
+                   what="every prefill page back")
+
+
 def slow_request(p, d, prompt, out):
     """Starts one PD request in the background; out gets ("p"|"d", response, seconds)."""
     body = with_boot({"text": prompt, "sampling_params": {"max_new_tokens": 3}}, p)
@@ -363,6 +430,7 @@ def main():
     random.seed(os.getpid())
     for fn in (test_transports, test_rdma_falls_back, test_layerwise_on_off,
                test_presets_and_shape_mismatch, test_corrupted_kv, test_pool,
+               test_abort_storm_page_reuse,
                test_prefill_killed, test_decode_killed, test_bad_flags):
         t.run(fn)
     t.finish()
