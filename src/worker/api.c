@@ -576,8 +576,10 @@ static int job_reserve(wk_job_t *job, void (*then)(wk_job_t *job), wk_kv_resv_cb
 static void on_layer(wk_sched_t *s, wk_seq_t *seq, uint32_t layer)
 {
     wk_sstate_t *ss = seq->data;
+    /* The KV of the layer exists now either way (filling it is the simulation's stand-in for
+     * computing it, so it overlaps the compute in both modes); only layer-wise sends it now. */
     if (ss->send)
-        wk_kv_send_layer(ss->send, layer, 1);
+        wk_kv_send_layer(ss->send, layer, ss->job->w->cfg.layerwise);
 }
 
 static int on_prefilled(wk_sched_t *s, wk_seq_t *seq)
@@ -1188,7 +1190,7 @@ int wk_worker_start(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
             log_error(COMP, "start_failed what=kv_transfer err=%s", baton_strerror(rc));
             return rc;
         }
-        if (cfg->mode == WK_MODE_PREFILL && cfg->layerwise)
+        if (cfg->mode == WK_MODE_PREFILL)
             wk_sched_set_layers(&w->sched, cfg->shape.layers, on_layer);
     }
     rc = baton_http_server_create(&w->http, loop, NULL, http_handler, w);

@@ -154,7 +154,8 @@ int wk_kv_send_open(wk_kv_t *kv, uint64_t room, const wk_kv_prompt_t *pr, wk_kv_
                     wk_kv_sent_cb sent, void *data, wk_kv_send_t **s_p);
 /* After the match: the source pages (wk_kv_slots_for slots, taken over). 0 or BATON_ENOMEM. */
 int wk_kv_send_slots(wk_kv_send_t *s, const uint32_t *slots);
-/* Layer `layer` was computed: fill it and, when `write_now`, write it at once. */
+/* Layer `layer` was computed: fill it and, when `write_now` (layer-wise), write it at once;
+ * otherwise it waits for wk_kv_send_finish, which writes the whole room in one go. */
 void wk_kv_send_layer(wk_kv_send_t *s, uint32_t layer, int write_now);
 /* Every layer was computed: fill and write what is left, then DONE with the first token. */
 void wk_kv_send_finish(wk_kv_send_t *s, int32_t first_token);
