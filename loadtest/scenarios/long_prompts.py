@@ -35,8 +35,13 @@ def main():
     failed = 0
     with scenlib.Lab(args, "long") as lab:
         w = lab.worker("regular", *zero, name="regular")
-        p = lab.worker("prefill", *zero, name="prefill")
-        d = lab.worker("decode", *zero, name="decode")
+        pd_extra = []
+        if lab.worker_has_option("--kv-pool-tokens"):
+            # The KV pool must hold every prompt in flight (plus their outputs), with room.
+            pool = 2 * args.concurrency * (args.input_len + args.output_len) + 65536
+            pd_extra = ["--kv-pool-tokens", pool]
+        p = lab.worker("prefill", *zero, *pd_extra, name="prefill")
+        d = lab.worker("decode", *zero, *pd_extra, name="decode")
         r_reg = lab.router("--worker", w.url, name="baton-regular")
         r_pd = lab.router("--prefill", p.url, p.ports["bootstrap"], "--decode", d.url,
                           name="baton-pd")

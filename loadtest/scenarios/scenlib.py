@@ -242,6 +242,14 @@ class Lab:
         argv += [str(x) for x in extra]
         return self.start(name or f"worker-{mode}-{len(self.procs)}", argv, keys)
 
+    def worker_has_option(self, option):
+        """Whether this baton-worker build knows a command-line option (it grows over time)."""
+        if not hasattr(self, "_worker_help"):
+            r = subprocess.run([self.bin("baton-worker"), "--help"], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+            self._worker_help = r.stdout
+        return option in self._worker_help
+
     def router(self, *extra, name="baton"):
         argv = [self.bin("baton"), "--host", HOST, "--port", "0", "--log-level", "info"]
         argv += [str(x) for x in extra]

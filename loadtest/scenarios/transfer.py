@@ -44,7 +44,7 @@ def iperf3_run(lab, exe, port, seconds, streams):
             d = json.loads(r.stdout)
         except ValueError:
             d = {}
-        if r.returncode == 0 and "end" in d:
+        if r.returncode == 0 and "sum_received" in d.get("end", {}):
             break
         if time.monotonic() > deadline:
             raise RuntimeError(f"iperf3 failed ({r.returncode}): {r.stdout[-400:]}{r.stderr}")
