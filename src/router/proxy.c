@@ -1495,6 +1495,30 @@ static void prefill_ok(preq_t *pr)
     }
 }
 
+/* Case-insensitive search in the first 4 KiB of a response body. */
+static int body_mentions(const baton_buf_t *b, const char *word)
+{
+    size_t n = b->len < 4096 ? b->len : 4096, wl = strlen(word);
+    for (size_t i = 0; b->data && i + wl <= n; i++)
+        if (strncasecmp(b->data + i, word, wl) == 0)
+            return 1;
+    return 0;
+}
+
+/*
+ * A decode's 5xx that is about the KV hand-off (SGLang's bootstrap, a KV transfer) reports its
+ * prefill peer's failure, not its own: baton-worker's bootstrap_unreachable /
+ * bootstrap_peer_down / bootstrap_timeout / bootstrap_aborted, SGLang's KVTransferError. Such
+ * an answer counts for neither worker's breaker (the request is still retried).
+ */
+static int blames_prefill(const preq_t *pr, const upstream_t *u, int err)
+{
+    if (pr->mode != MODE_PD || u->side != UP_MAIN || u->stale || err || u->status < 500)
+        return 0;
+    return body_mentions(&u->resp, "bootstrap") || body_mentions(&u->resp, "kvtransfer") ||
+           body_mentions(&u->resp, "kv transfer") || body_mentions(&u->resp, "kv_transfer");
+}
+
 static int is_timeout(int err)
 {
     return err == BATON_ETIMEOUT_CONNECT || err == BATON_ETIMEOUT_FIRST_BYTE ||
@@ -1512,7 +1536,18 @@ static void on_done(baton_http_creq_t *creq, int err)
     pr->pending--;
     /* The passive health signal: connect errors, timeouts, 5xx and early closes count against
      * the worker; 4xx and our own cancels do not. */
-    up_settle(u, baton_breaker_outcome(err, u->status));
+    baton_breaker_outcome_t outcome = baton_breaker_outcome(err, u->status);
+    if (outcome == BATON_OUTCOME_FAILURE && blames_prefill(pr, u, err)) {
+        /* Decode is alive and says its prefill peer failed it: one dead prefill must not open
+         * every decode's breaker. Nor is the prefill charged on decode's word: its KV link from
+         * that decode may simply be reconnecting (after a restart); a prefill that is really
+         * down fails the router's own requests and checks. */
+        outcome = BATON_OUTCOME_NEUTRAL;
+        upstream_t *p = pr->up[UP_PREFILL];
+        log_info("router", "failure_attributed_to_peer route=%s decode=%s prefill=%s status=%d",
+                 pr->route, u->w->url, p ? p->w->url : "-", u->status);
+    }
+    up_settle(u, outcome);
     if (r->admission)
         baton_admission_kick(r->admission); /* a worker has room again */
     if (err && err != BATON_ECANCELED)

@@ -618,6 +618,30 @@ def test_breaker_opens_and_recovers():
         assert mval(ms, "baton_worker_breaker_state", worker=wid) == 0
 
 
+def test_peer_failures_not_charged_to_decode():
+    """A decode answering 502 bootstrap_* (its prefill peer failed it) is not the broken one:
+    its breaker stays closed however often that happens, while the same status without that
+    reason opens it."""
+    def peer_down(req, io):
+        io.respond(502, {"error": {"message": "decode: the KV transfer peer went down",
+                                   "type": "server_error", "code": "bootstrap_peer_down"}})
+
+    with Upstream("p", json_answer("")) as p, Upstream("d", peer_down) as d, \
+            Cluster("res-blame") as c:
+        r = c.router("--prefill", p.url, "--decode", d.url, "--threads", "1",
+                     "--breaker-threshold", "2", "--retry-backoff-ms", "1", *NO_CHECKS)
+        for _ in range(4):
+            e = err_of(post(r.port, "/generate", GEN), 502)
+            assert "peer went down" in json.dumps(e) or e["code"] == "bootstrap_peer_down", e
+        assert len(d.requests) == 12  # 1 + 2 retries each, none refused by a breaker
+        ws = workers(r.port)
+        assert ws[d.url]["breaker"] == "closed" and ws[p.url]["breaker"] == "closed", ws
+        d.reset(status_answer(502))
+        err_of(post(r.port, "/generate", GEN), 502)  # two failed attempts open it
+        assert workers(r.port)[d.url]["breaker"] == "open"
+        assert len(d.requests) == 2, len(d.requests)  # the third attempt found no decode
+
+
 def main():
     t = TestRunner()
     t.run(test_retry_new_pair_new_room)
@@ -633,6 +657,7 @@ def main():
     t.run(test_sighup_reload)
     t.run(test_health_checks_and_readiness)
     t.run(test_breaker_opens_and_recovers)
+    t.run(test_peer_failures_not_charged_to_decode)
     t.finish()
 
 
