@@ -686,7 +686,9 @@ static void run_deferred(preq_t *pr)
 
 /* ---- the admission queue ---- */
 
-static void queue_remove(preq_t *pr)
+/* Takes pr out of its loop's queue; `final`: it leaves for good (its wait is observed), not
+ * just to try for a worker and maybe come back to the head. */
+static void queue_remove(preq_t *pr, int final)
 {
     baton_proxy_loop_t *pl = pr->pl;
     baton_router_t *r = pl->router;
@@ -705,7 +707,8 @@ static void queue_remove(preq_t *pr)
     if (r->admission)
         baton_admission_dequeue(r->admission, &pl->waker);
     baton_resil_metrics_queue_depth(r->resil, -1);
-    baton_resil_metrics_queue_time(r->resil, since_s(pr->queued_ns, uv_hrtime()));
+    if (final)
+        baton_resil_metrics_queue_time(r->resil, since_s(pr->queued_ns, uv_hrtime()));
     timer_stop(pr);
 }
 
@@ -734,7 +737,7 @@ static void on_client_abort(baton_http_req_t *req)
 {
     preq_t *pr = req->data;
     log_debug("router", "client_abort route=%s peer=%s", pr->route, req->peer);
-    queue_remove(pr);
+    queue_remove(pr, 1);
     if (pr->tmode == TM_BACKOFF)
         timer_stop(pr);
     pr->def = DEF_ABORT;
@@ -1135,8 +1138,10 @@ static void queue_run(baton_proxy_loop_t *pl)
             pr->slot = 1;
             baton_resil_metrics_active(r->resil, +1);
         }
-        queue_remove(pr);
+        queue_remove(pr, 0);
         enum start_rc rc = try_start(pr, 0);
+        if (rc != ST_WAIT)
+            baton_resil_metrics_queue_time(r->resil, since_s(pr->queued_ns, uv_hrtime()));
         if (rc == ST_WAIT) {
             /* All at their caps again: back to the head of the queue, nothing lost. */
             if (r->admission && baton_admission_enqueue(r->admission, &pl->waker) == 0) {
@@ -1154,6 +1159,7 @@ static void queue_run(baton_proxy_loop_t *pl)
                     r->cfg->queue_timeout_ms > waited ? r->cfg->queue_timeout_ms - waited : 1;
                 timer_start(pr, TM_QUEUE, left);
             } else {
+                baton_resil_metrics_queue_time(r->resil, since_s(pr->queued_ns, uv_hrtime()));
                 baton_resil_metrics_rejected(r->resil, "queue_full");
                 pr_respond_queue_full(pr);
                 pr_maybe_free(pr);
@@ -1171,7 +1177,7 @@ static void on_pr_timer(uv_timer_t *t)
     enum tmode mode = pr->tmode;
     pr->tmode = TM_NONE;
     if (mode == TM_QUEUE) {
-        queue_remove(pr);
+        queue_remove(pr, 1);
         baton_resil_metrics_rejected(r->resil, "queue_timeout");
         char msg[160];
         snprintf(msg, sizeof(msg),
@@ -1249,7 +1255,7 @@ void baton_proxy_loop_cancel_all(baton_proxy_loop_t *pl)
     preq_t *next;
     while (pl->q_head) {
         preq_t *pr = pl->q_head;
-        queue_remove(pr);
+        queue_remove(pr, 1);
         pr_respond_error(pr, 503, "router shutting down", "service_unavailable_error",
                          "shutting_down");
         pr_maybe_free(pr);

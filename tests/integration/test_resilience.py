@@ -372,6 +372,10 @@ def test_per_worker_cap():
         assert len(d1.requests) + len(d2.requests) == 3
         assert max(max(a, b) for a, b in seen) <= 1, seen
         assert live["max"] <= 2
+        # the third request waited once (however often it was woken and went back to the head)
+        ms = metrics(r.port)
+        assert mval(ms, "baton_queue_time_seconds_count") == 1, ms
+        assert mval(ms, "baton_queue_depth") == 0
 
 
 # ---- removal drain, SIGTERM drain, SIGHUP reload ----
