@@ -56,12 +56,14 @@ def iperf3_run(lab, exe, port, seconds, streams):
             "cpu_pct_sender": cpu.get("host_total"), "cpu_pct_receiver": cpu.get("remote_total")}
 
 
-def bench_argv(lab, args, json_path):
-    argv = [lab.bin("baton-xfer-bench"), "--json", json_path, "--quiet"]
+def bench_argv(lab, args, json_path, transports, memcpy):
+    argv = [lab.bin("baton-xfer-bench"), "--json", json_path, "--quiet",
+            "--transports", transports]
     if args.smoke:
         argv.append("--smoke")
-    for opt in ("transports", "sizes", "kv_tokens", "runs", "kv_runs", "slice", "lanes",
-                "run_ms"):
+    if not memcpy:
+        argv.append("--no-memcpy")
+    for opt in ("sizes", "kv_tokens", "runs", "kv_runs", "slice", "lanes", "run_ms"):
         v = getattr(args, opt)
         if v is not None:
             argv += ["--" + opt.replace("_", "-"), str(v)]
@@ -73,11 +75,34 @@ def med(values):
     return statistics.median(values) if values else None
 
 
+def run_bench(lab, args, rep, transports, memcpy):
+    out = os.path.join(lab.dir, f"xfer-{rep}-{transports.replace(',', '-')}.json")
+    argv = bench_argv(lab, args, out, transports, memcpy)
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if not os.path.exists(out):
+        raise RuntimeError(f"baton-xfer-bench failed ({r.returncode}): "
+                           f"{' '.join(argv)}\n{r.stdout}{r.stderr[-3000:]}")
+    with open(out) as f:
+        res = json.load(f)
+    if r.returncode != 0:
+        sys.stderr.write(r.stderr[-3000:])
+    return res, r.returncode
+
+
+def iperf_cpu_per_gb(x):
+    """CPU seconds of both iperf3 processes per GB (their utilisation is % of one CPU)."""
+    if x.get("cpu_pct_sender") is None or x.get("cpu_pct_receiver") is None or not x["gbps"]:
+        return None
+    return (x["cpu_pct_sender"] + x["cpu_pct_receiver"]) / 100 / x["gbps"]
+
+
 def main():
     ap = scenlib.arg_parser(__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=1,
-                    help="interleaved repeats of (iperf3, baton-xfer-bench); medians over them")
-    ap.add_argument("--transports", help="passed to baton-xfer-bench (default tcp,shm,rdma)")
+                    help="interleaved repeats of (iperf3, tcp, memcpy + shm); paired ratios "
+                         "and medians over them")
+    ap.add_argument("--transports", default="tcp,shm,rdma",
+                    help="measured by baton-xfer-bench (tcp,shm,rdma)")
     ap.add_argument("--sizes", help="passed to baton-xfer-bench (default 4K..64M, x4)")
     ap.add_argument("--kv-tokens", dest="kv_tokens", help="passed on (default 4k,16k)")
     ap.add_argument("--runs", type=int, help="passed on (default 5)")
@@ -91,96 +116,125 @@ def main():
         args.iperf_seconds = 1
         args.repeat = 1
     lanes = args.lanes or 4
+    tps = [t for t in args.transports.split(",") if t]
+    others = ",".join(t for t in tps if t != "tcp")
     print("== Scenario 5: transfer engine vs the machine's limits ==")
     print(scenlib.machine_line())
     iperf = find_iperf3()
     figures = {"config": vars(args), "repeats": []}
     with scenlib.Lab(args, "xfer") as lab:
         ip_port = None
-        if iperf:
+        if iperf and "tcp" in tps:
             ip_port = scenlib.free_port()
             lab.start("iperf3-server", [iperf, "-s", "-p", str(ip_port)], keys=())
-        else:
+        elif "tcp" in tps:
             scenlib.skip_note("iperf3 is not installed: no iperf3 baseline "
                               "(scripts/install-bench-deps.sh)")
         for rep in range(args.repeat):
-            one = {"iperf3": []}
-            if iperf:
+            # Each baseline runs right before what it is compared with, and ratios are taken
+            # within a repeat: load from other processes drifts less between the two.
+            one = {"iperf3": [], "load_start": os.getloadavg()[0], "transports": [],
+                   "memcpy": [], "exit": 0}
+            if ip_port:
                 for streams in sorted({1, lanes}):
                     one["iperf3"].append(iperf3_run(lab, iperf, ip_port, args.iperf_seconds,
                                                     streams))
-            out = os.path.join(lab.dir, f"xfer-{rep}.json")
-            argv = bench_argv(lab, args, out)
-            r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            if not os.path.exists(out):
-                raise RuntimeError(f"baton-xfer-bench failed ({r.returncode}): "
-                                   f"{' '.join(argv)}\n{r.stdout}{r.stderr[-3000:]}")
-            with open(out) as f:
-                one["bench"] = json.load(f)
-            one["bench_exit"] = r.returncode
+            for group, memcpy in (("tcp", False), (others, True)):
+                if not group or (group == "tcp" and "tcp" not in tps):
+                    continue
+                res, code = run_bench(lab, args, rep, group, memcpy)
+                one["transports"] += res["transports"]
+                one["memcpy"] += res["memcpy"]
+                one["machine"] = res["machine"]
+                one["command"] = res["command"]
+                one["corrupt_rooms"] = one.get("corrupt_rooms", 0) + res.get("corrupt_rooms", 0)
+                one["verified_bytes"] = one.get("verified_bytes", 0) + res.get("verified_bytes", 0)
+                one["exit"] = max(one["exit"], code)
+            one["load_end"] = os.getloadavg()[0]
             figures["repeats"].append(one)
-            print(f"repeat {rep + 1}/{args.repeat} done ({scenlib.load_now()})", flush=True)
-            if r.returncode != 0:
-                sys.stderr.write(r.stderr[-3000:])
+            print(f"repeat {rep + 1}/{args.repeat} done (load average {one['load_start']:.2f} "
+                  f"-> {one['load_end']:.2f})", flush=True)
+            if one["exit"] != 0:
                 break
 
     reps = figures["repeats"]
-    first = reps[0]["bench"]
-    print(f"command: {first['command']} (x{len(reps)}, interleaved with iperf3)")
+    print(f"commands: {reps[0].get('command')} (per group of transports; x{len(reps)}, "
+          f"interleaved with the baselines)")
+    print("load average per repeat: " + ", ".join(f"{r['load_start']:.2f}->{r['load_end']:.2f}"
+                                                  for r in reps))
 
     # ---- baselines ----
-    ip_rows, ip_best = [], None
-    if iperf:
+    ip_best = {}  # repeat index -> (GB/s, CPU s/GB) of the faster iperf3 run
+    if ip_port:
+        rows = []
         for streams in sorted({1, lanes}):
             runs = [x for rp in reps for x in rp["iperf3"] if x["streams"] == streams]
-            g = med([x["gbps"] for x in runs])
-            ip_rows.append([f"iperf3 -P {streams}", g, len(runs),
-                            med([x["cpu_pct_sender"] for x in runs]),
-                            med([x["cpu_pct_receiver"] for x in runs])])
-            ip_best = g if ip_best is None or g > ip_best else ip_best
+            rows.append([f"iperf3 -P {streams}", med([x["gbps"] for x in runs]),
+                         min(x["gbps"] for x in runs), max(x["gbps"] for x in runs),
+                         med([x["cpu_pct_sender"] for x in runs]),
+                         med([x["cpu_pct_receiver"] for x in runs]),
+                         med([iperf_cpu_per_gb(x) for x in runs])])
+        for i, rp in enumerate(reps):
+            best = max(rp["iperf3"], key=lambda x: x["gbps"])
+            ip_best[i] = (best["gbps"], iperf_cpu_per_gb(best))
         scenlib.print_table("iperf3 on loopback (the same two CPUs)",
-                            ["run", "GB/s (median)", "repeats", "CPU % sender",
-                             "CPU % receiver"], ip_rows,
-                            note=f"each run: {reps[0]['iperf3'][0]['command']} (and -P {lanes})")
+                            ["run", "GB/s (median)", "min", "max", "CPU % sender",
+                             "CPU % receiver", "CPU s/GB"], rows,
+                            note=f"each run: {reps[0]['iperf3'][0]['command']} (and -P {lanes}); "
+                                 "-O 1: the first second is not counted")
 
-    def bench_cases():
-        """case name -> list over repeats of the case dicts."""
-        out = {}
-        for rp in reps:
-            for t in rp["bench"]["transports"]:
-                for c in t.get("cases", []):
-                    out.setdefault((t["transport"], c["case"]), []).append(c)
-        return out
-
-    mc = {}
-    for rp in reps:
-        for c in rp["bench"]["memcpy"]:
-            mc.setdefault(c["case"], []).append(c)
-    mc_med = {k: med([c.get("gbps") for c in v]) for k, v in mc.items()}
+    mc = {}  # case -> list over repeats
+    for i, rp in enumerate(reps):
+        for c in rp["memcpy"]:
+            mc.setdefault(c["case"], {})[i] = c
     if mc:
         scenlib.print_table(
             "memcpy baseline (one thread, same pages, pool touched before)",
-            ["case", "GB/s (median)", "first touch GB/s"],
-            [[k, mc_med[k], med([c.get("first_touch_gbps") for c in v])] for k, v in mc.items()],
-            note="first touch: the same copies into a fresh memfd (page faults + zeroing)")
+            ["case", "GB/s (median)", "whole pages", "in steps", "CPU s/GB",
+             "first touch GB/s"],
+            [[k, med([c.get("gbps") for c in v.values()]),
+              med([c.get("gbps_whole") for c in v.values()]),
+              med([c.get("gbps_steps") for c in v.values()]),
+              med([c.get("cpu_s_per_gb") for c in v.values()]),
+              med([c.get("first_touch_gbps") for c in v.values()])] for k, v in mc.items()],
+            note="GB/s: the faster of one memcpy per page and the page in slice-sized steps; "
+                 "first touch: the same copies into a fresh memfd (page faults + zeroing)")
 
-    cases = bench_cases()
+    cases = {}  # (transport, case) -> {repeat: case dict}
+    status = {}
+    for i, rp in enumerate(reps):
+        for t in rp["transports"]:
+            status[t["transport"]] = t
+            for c in t.get("cases", []):
+                cases.setdefault((t["transport"], c["case"]), {})[i] = c
     verdicts = []
-    for t in first["transports"]:
-        name = t["transport"]
+    for name in tps:
+        t = status.get(name)
+        if t is None:
+            continue
         if t.get("status") == "unavailable":
             print(f"\n### {name}: not measurable here — {t.get('error')}")
-            figures[f"{name}_status"] = "unavailable"
             continue
-        base_name = "iperf3 (best)" if name == "tcp" else "memcpy" if name == "shm" else None
         target = TCP_TARGET if name == "tcp" else SHM_TARGET if name == "shm" else None
         rows = []
         for c in t.get("cases", []):
-            rs = cases.get((name, c["case"]), [])
-            g = med([x.get("gbps") for x in rs])
-            lat = [x.get("lat_us") or {} for x in rs]
-            base = ip_best if name == "tcp" else mc_med.get(c["case"]) if name == "shm" else None
-            ratio = g / base if g is not None and base else None
+            rs = cases.get((name, c["case"]), {})
+            ratios, cpu_ratios, bases, base_cpus = [], [], [], []
+            for i, x in rs.items():
+                if name == "tcp" and i in ip_best:
+                    base, base_cpu = ip_best[i]
+                elif name == "shm" and i in mc.get(c["case"], {}):
+                    b = mc[c["case"]][i]
+                    base, base_cpu = b.get("gbps"), b.get("cpu_s_per_gb")
+                else:
+                    continue
+                bases.append(base)
+                base_cpus.append(base_cpu)
+                if x.get("gbps") and base:
+                    ratios.append(x["gbps"] / base)
+                if x.get("cpu_s_per_gb") and base_cpu:
+                    cpu_ratios.append(base_cpu / x["cpu_s_per_gb"])
+            ratio, cpu_ratio = med(ratios), med(cpu_ratios)
             bandwidth_case = c["kind"] == "kv" or c["room_bytes"] >= (1 << 20)
             verdict = "-"
             if ratio is not None and target is not None:
@@ -188,22 +242,29 @@ def main():
                 verdict = ("met" if ok else "BELOW") if bandwidth_case else "per-room bound"
                 if bandwidth_case:
                     verdicts.append((name, c["case"], ok))
-            rows.append([c["case"], g, med([x.get("gbps_min") for x in rs]),
-                         med([x.get("gbps_max") for x in rs]),
+            xs = list(rs.values())
+            lat = [x.get("lat_us") or {} for x in xs]
+            rows.append([c["case"], med([x.get("gbps") for x in xs]),
+                         min(x.get("gbps") or 0 for x in xs), max(x.get("gbps") or 0 for x in xs),
                          med([l.get("p50") for l in lat]), med([l.get("p99") for l in lat]),
-                         med([(x.get("cpu_pct") or {}).get("driver") for x in rs]),
-                         med([(x.get("cpu_pct") or {}).get("server") for x in rs]),
-                         med([x.get("cpu_s_per_gb") for x in rs]),
-                         base, f"{ratio * 100:.0f}%" if ratio is not None else "-", verdict])
+                         med([(x.get("cpu_pct") or {}).get("driver") for x in xs]),
+                         med([(x.get("cpu_pct") or {}).get("server") for x in xs]),
+                         med([x.get("cpu_s_per_gb") for x in xs]),
+                         med(bases), f"{ratio * 100:.0f}%" if ratio is not None else "-",
+                         f"{cpu_ratio * 100:.0f}%" if cpu_ratio is not None else "-", verdict])
+        base_name = "iperf3" if name == "tcp" else "memcpy" if name == "shm" else "baseline"
         scenlib.print_table(
             f"{name}: throughput and latency per room",
             ["case", "GB/s", "min", "max", "lat p50 us", "lat p99 us", "CPU % decode",
-             "CPU % prefill", "CPU s/GB", base_name or "baseline", "ratio", "target"], rows,
-            note="GB/s: median of the runs (a window of rooms in flight; kv: one hand-off at a "
-                 "time); latency: one room at a time (kv: the hand-off itself), offer to "
-                 "completion on the decode side")
-    bad = sum(rp["bench"].get("corrupt_rooms", 0) for rp in reps)
-    vbytes = sum(rp["bench"].get("verified_bytes", 0) for rp in reps)
+             "CPU % prefill", "CPU s/GB", f"{base_name} GB/s", "GB/s ratio", "CPU ratio",
+             "target"], rows,
+            note="GB/s: median over repeats of each run set's median (a window of rooms in flight;"
+                 " kv: one hand-off at a time); min/max over repeats; latency: one room at a time "
+                 "(kv: the hand-off itself), offer to completion on the decode side. GB/s ratio: "
+                 "median over repeats of engine / baseline of the same repeat. CPU ratio: "
+                 "baseline CPU s/GB / engine CPU s/GB (both processes), 100% = same CPU per byte.")
+    bad = sum(rp.get("corrupt_rooms", 0) for rp in reps)
+    vbytes = sum(rp.get("verified_bytes", 0) for rp in reps)
     print(f"\nbytes verified: {vbytes / 2**20:.1f} MiB, corrupt rooms: {bad}")
     missed = [f"{t}/{c}" for t, c, ok in verdicts if not ok]
     if verdicts:
@@ -212,9 +273,9 @@ def main():
               f"met" + (f"; below: {', '.join(missed)}" if missed else ""))
     print(scenlib.load_now())
     scenlib.write_json(args.json, figures)
-    exit_codes = [rp["bench_exit"] for rp in reps]
-    print(f"scenario 5 done: bench exit {max(exit_codes)}, {bad} corrupt rooms")
-    return 1 if bad or any(exit_codes) else 0
+    worst = max(rp["exit"] for rp in reps)
+    print(f"scenario 5 done: bench exit {worst}, {bad} corrupt rooms")
+    return 1 if bad or worst else 0
 
 
 if __name__ == "__main__":
