@@ -8,6 +8,7 @@ latency a proxy adds over the direct path (p50/p99, and as ratios) and the most 
 second each path sustained (as a ratio of the direct path).
 """
 
+import json
 import statistics
 import sys
 
@@ -114,6 +115,41 @@ def main():
                 f"{mode}: saturation, closed loop, concurrency {args.concurrency}",
                 ["path", "max req/s", "x direct", "range", f"{'TTFT' if stream else 'E2E'} p50 ms",
                  "p99 ms", "errors", "bench CPU"], rows)
+        # baton-bench's own ceiling: the cheapest server at hand (nginx answering a fixed body,
+        # one worker process) — the bench has to parse the same bytes as from baton-worker.
+        words = " ".join(["w"] * args.output_len).split(" ")
+        chat_body = json.dumps({"choices": [{"index": 0, "message": {
+            "role": "assistant", "content": " ".join(words)}}],
+            "usage": {"prompt_tokens": args.input_len, "completion_tokens": args.output_len}})
+        events = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]
+        events += [{"choices": [{"index": 0, "delta": {"content": (" " if i else "") + w}}]}
+                   for i, w in enumerate(words)]
+        events.append({"choices": [], "usage": {"prompt_tokens": args.input_len,
+                                                "completion_tokens": args.output_len}})
+        sse = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        canned = lab.nginx_canned({"/plain/v1/chat/completions": ("application/json", chat_body),
+                                   "/sse/v1/chat/completions": ("text/event-stream", sse)})
+        if canned:
+            rows = []
+            for stream in (False, True):
+                prefix = "/sse" if stream else "/plain"
+                runs = [lab.bench(canned.url + prefix, *common, *(["--stream"] if stream else []),
+                                  "--concurrency", args.concurrency, label="ceiling")
+                        for _ in range(args.repeat)]
+                figures.setdefault("bench_ceiling", {})[
+                    "streaming" if stream else "non-streaming"] = runs
+                tput = med(runs, "request_throughput")
+                rows.append(["streaming" if stream else "non-streaming", tput,
+                             f"{100 * med(runs, 'bench_cpu_util'):.0f}%",
+                             sum(r["failed"] for r in runs)])
+            scenlib.print_table(
+                f"baton-bench's own ceiling: canned answers from nginx (1 worker process), "
+                f"closed loop, concurrency {args.concurrency}",
+                ["answers", "req/s", "bench CPU", "errors"], rows,
+                note="the same bytes as baton-worker sends (one body; streaming: "
+                     f"{len(events) + 1} SSE events), from a server that does no work")
+        else:
+            scenlib.skip_note("nginx is not installed: no baton-bench ceiling table")
         scenlib.write_json(args.json, figures)
     bad = sum(run["failed"] for m in figures["runs"].values() for part in m.values()
               for runs in part.values() for run in runs)

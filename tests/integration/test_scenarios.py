@@ -124,6 +124,11 @@ def test_nginx_columns():
     assert "nginx" in [r[0] for r in rows]
     header, rows = table_rows(_outputs.get("long_prompts.py", ""), "word prompts")
     assert "nginx" in [r[0] for r in rows]
+    # baton-bench's own ceiling, against canned answers, parsed without an error.
+    header, rows = table_rows(out, "baton-bench's own ceiling")
+    assert [r[0] for r in rows] == ["non-streaming", "streaming"], rows
+    for r in rows:
+        assert r[header.index("errors")] == "0" and float(r[header.index("req/s")]) > 0, r
 
 
 if __name__ == "__main__":
