@@ -1,6 +1,8 @@
 /* health/backoff.c — exponential reconnect back-off with equal jitter. */
 #include "health/backoff.h"
 
+#include "common/rand.h"
+
 void baton_backoff_init(baton_backoff_t *b, uint32_t min_ms, uint32_t max_ms, uint64_t seed)
 {
     if (min_ms == 0)
@@ -10,17 +12,12 @@ void baton_backoff_init(baton_backoff_t *b, uint32_t min_ms, uint32_t max_ms, ui
     b->min_ms = min_ms;
     b->max_ms = max_ms;
     b->attempt = 0;
-    b->rng = seed != 0 ? seed : 0x9E3779B97F4A7C15ull;
+    b->rng = seed != 0 ? seed : BATON_GOLDEN_GAMMA;
 }
 
 uint64_t baton_backoff_rand(baton_backoff_t *b)
 {
-    uint64_t x = b->rng;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    b->rng = x;
-    return x * 0x2545F4914F6CDD1Dull;
+    return baton_xorshift64s(&b->rng);
 }
 
 uint32_t baton_backoff_next(baton_backoff_t *b)

@@ -2,6 +2,7 @@
 #include "health/breaker.h"
 
 #include "baton/error.h"
+#include "common/rand.h"
 
 #include <math.h>
 #include <string.h>
@@ -74,16 +75,6 @@ uint64_t baton_breaker_cooldown_cap(const baton_breaker_config_t *cfg, unsigned 
     return c < cfg->cooldown_max_ms ? c : cfg->cooldown_max_ms;
 }
 
-static uint64_t rng_next(baton_breaker_t *b)
-{
-    uint64_t x = b->rng_;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    b->rng_ = x;
-    return x * 0x2545F4914F6CDD1Dull;
-}
-
 int baton_breaker_init(baton_breaker_t *b, const baton_breaker_config_t *cfg,
                        baton_breaker_change_cb on_change, void *ctx, uint64_t seed)
 {
@@ -104,7 +95,7 @@ int baton_breaker_init(baton_breaker_t *b, const baton_breaker_config_t *cfg,
         b->cfg_.jitter = 1;
     b->on_change_ = on_change;
     b->ctx_ = ctx;
-    b->rng_ = seed != 0 ? seed : 0x9E3779B97F4A7C15ull ^ (uint64_t)(uintptr_t)b;
+    b->rng_ = seed != 0 ? seed : BATON_GOLDEN_GAMMA ^ (uint64_t)(uintptr_t)b;
     if (b->rng_ == 0)
         b->rng_ = 1;
     atomic_init(&b->word_, pack(1, BATON_BREAKER_CLOSED));
@@ -142,7 +133,7 @@ static void go_open(baton_breaker_t *b, uint64_t now, const char *reason)
         b->opens_++;
     uint64_t c = baton_breaker_cooldown_cap(&b->cfg_, b->opens_);
     if (b->cfg_.jitter > 0) {
-        double u = (double)(rng_next(b) >> 11) * (1.0 / 9007199254740992.0); /* [0, 1) */
+        double u = baton_unit_double(baton_xorshift64s(&b->rng_));
         uint64_t off = (uint64_t)floor((double)c * b->cfg_.jitter * u);
         c = off < c ? c - off : 1;
     }

@@ -4,6 +4,7 @@
 
 #include "baton/error.h"
 #include "common/log.h"
+#include "common/rand.h"
 #include "http/client.h"
 
 #include <stdio.h>
@@ -44,16 +45,6 @@ struct baton_wcheck_s {
     baton_wcheck_close_cb close_cb;
     void *close_ctx;
 };
-
-static uint64_t rng_next(baton_wcheck_t *wc)
-{
-    uint64_t x = wc->rng;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    wc->rng = x;
-    return x * 0x2545F4914F6CDD1Dull;
-}
 
 int baton_wcheck_create(baton_wcheck_t **wc_p, uv_loop_t *loop, baton_whealth_t *wh)
 {
@@ -315,7 +306,7 @@ static int target_add(baton_wcheck_t *wc, baton_worker_t *w)
     wc->n_targets++;
     wc->n_alive++;
     /* First check: uniform in [0, interval) so checks of many workers spread out. */
-    uint64_t delay = rng_next(wc) % wc->cfg.interval_ms;
+    uint64_t delay = baton_xorshift64s(&wc->rng) % wc->cfg.interval_ms;
     t->last_delay = delay;
     uv_timer_start(&t->timer, on_target_timer, delay, 0);
     log_debug(COMP, "worker_check_added id=%s url=%s first_check_ms=%llu", w->id, w->url,

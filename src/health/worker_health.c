@@ -4,6 +4,7 @@
 
 #include "baton/error.h"
 #include "common/log.h"
+#include "common/rand.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -374,7 +375,7 @@ static entry_t *entry_create_locked(baton_whealth_t *wh, baton_worker_t *w)
         return NULL;
     }
     e->breaker.data = e;
-    uint64_t seed = wh->cfg.seed + 0x9E3779B97F4A7C15ull * (atomic_fetch_add(&wh->seed_ctr, 1) + 1);
+    uint64_t seed = wh->cfg.seed + BATON_GOLDEN_GAMMA * (atomic_fetch_add(&wh->seed_ctr, 1) + 1);
     if (baton_breaker_init(&e->breaker, &wh->cfg.breaker, on_breaker_change, wh, seed) != 0) {
         pthread_mutex_destroy(&e->lock);
         free(e);

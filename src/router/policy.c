@@ -2,6 +2,7 @@
 #include "router/policy.h"
 
 #include "baton/error.h"
+#include "common/rand.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -65,14 +66,6 @@ baton_policy_kind_t baton_policy_kind(const baton_policy_t *policy)
 static _Thread_local uint64_t rng_state[4];
 static _Thread_local int rng_seeded;
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 static void rng_seed(void)
 {
     uint64_t seed = 0;
@@ -87,30 +80,15 @@ static void rng_seed(void)
         seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)getpid() ^
                (uint64_t)(uintptr_t)&ts;
     }
-    for (int i = 0; i < 4; i++)
-        rng_state[i] = splitmix64(&seed);
+    baton_xoshiro_seed(rng_state, seed);
     rng_seeded = 1;
-}
-
-static inline uint64_t rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
 }
 
 uint64_t baton_rand_u64(void)
 {
     if (!rng_seeded)
         rng_seed();
-    uint64_t *s = rng_state;
-    uint64_t result = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
+    return baton_xoshiro_next(rng_state);
 }
 
 uint64_t baton_rand_below(uint64_t n)

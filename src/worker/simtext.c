@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "baton/error.h"
+#include "common/rand.h"
 
 /* 64 plain ASCII words; none contains whitespace. Order matters: token id = index. */
 const char *const wk_sim_vocab[WK_SIM_VOCAB_SIZE] = {
@@ -32,10 +33,7 @@ uint64_t wk_sim_fnv1a(const void *data, size_t len)
 
 uint64_t wk_sim_mix(uint64_t seed, uint64_t k)
 {
-    uint64_t z = seed + k * WK_SIM_GOLDEN;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
+    return baton_mix64(seed + k * WK_SIM_GOLDEN);
 }
 
 uint64_t wk_sim_seed_text(const char *s, size_t len)
