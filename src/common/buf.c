@@ -45,6 +45,50 @@ int baton_buf_append_str(baton_buf_t *b, const char *s)
     return baton_buf_append(b, s, strlen(s));
 }
 
+int baton_buf_append_json_string(baton_buf_t *b, const char *s, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    if (baton_buf_reserve(b, len + 2) != 0 || baton_buf_append(b, "\"", 1) != 0)
+        return BATON_ENOMEM;
+    size_t run = 0; /* start of the bytes that need no escape */
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\')
+            continue;
+        if (baton_buf_append(b, s + run, i - run) != 0)
+            return BATON_ENOMEM;
+        char esc[6] = {'\\', (char)c, 0, 0, 0, 0};
+        size_t n = 2;
+        switch (c) {
+        case '"':
+        case '\\':
+            break;
+        case '\n':
+            esc[1] = 'n';
+            break;
+        case '\r':
+            esc[1] = 'r';
+            break;
+        case '\t':
+            esc[1] = 't';
+            break;
+        default:
+            esc[1] = 'u';
+            esc[2] = '0';
+            esc[3] = '0';
+            esc[4] = hex[c >> 4];
+            esc[5] = hex[c & 15];
+            n = 6;
+        }
+        if (baton_buf_append(b, esc, n) != 0)
+            return BATON_ENOMEM;
+        run = i + 1;
+    }
+    if (baton_buf_append(b, s + run, len - run) != 0 || baton_buf_append(b, "\"", 1) != 0)
+        return BATON_ENOMEM;
+    return 0;
+}
+
 int baton_buf_vprintf(baton_buf_t *b, const char *fmt, va_list ap)
 {
     va_list ap2;

@@ -19,6 +19,10 @@ int baton_buf_append(baton_buf_t *b, const void *data, size_t len);
 int baton_buf_append_str(baton_buf_t *b, const char *s);
 int baton_buf_printf(baton_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int baton_buf_vprintf(baton_buf_t *b, const char *fmt, va_list ap);
+/* Appends s[0..len) as a JSON string literal, quotes included: '"', '\\' and control characters
+ * escaped (\n \r \t by name, the rest as \u00XX), every other byte (UTF-8 included) as it is.
+ * 0 or BATON_ENOMEM; unlike the calls above, a failure may leave part of it appended. */
+int baton_buf_append_json_string(baton_buf_t *b, const char *s, size_t len);
 /* Drops the first n bytes (n <= len). */
 void baton_buf_consume(baton_buf_t *b, size_t n);
 void baton_buf_reset(baton_buf_t *b);

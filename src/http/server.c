@@ -231,51 +231,9 @@ const baton_http_header_t *baton_http_req_header(const baton_http_req_t *req, co
     return NULL;
 }
 
-/* Appends `s` as a JSON string literal (quotes included). */
 static int json_append_string(baton_buf_t *b, const char *s)
 {
-    static const char hex[] = "0123456789abcdef";
-    if (baton_buf_reserve(b, strlen(s) + 2) != 0)
-        return BATON_ENOMEM;
-    if (baton_buf_append(b, "\"", 1) != 0)
-        return BATON_ENOMEM;
-    const char *run = s;
-    for (const char *p = s;; p++) {
-        unsigned char ch = (unsigned char)*p;
-        if (ch != 0 && ch >= 0x20 && ch != '"' && ch != '\\')
-            continue;
-        if (p > run && baton_buf_append(b, run, (size_t)(p - run)) != 0)
-            return BATON_ENOMEM;
-        if (ch == 0)
-            break;
-        char esc[6] = {'\\', (char)ch, 0, 0, 0, 0};
-        size_t n = 2;
-        switch (ch) {
-        case '"':
-        case '\\':
-            break;
-        case '\n':
-            esc[1] = 'n';
-            break;
-        case '\r':
-            esc[1] = 'r';
-            break;
-        case '\t':
-            esc[1] = 't';
-            break;
-        default:
-            esc[1] = 'u';
-            esc[2] = '0';
-            esc[3] = '0';
-            esc[4] = hex[ch >> 4];
-            esc[5] = hex[ch & 15];
-            n = 6;
-        }
-        if (baton_buf_append(b, esc, n) != 0)
-            return BATON_ENOMEM;
-        run = p + 1;
-    }
-    return baton_buf_append(b, "\"", 1);
+    return baton_buf_append_json_string(b, s, strlen(s));
 }
 
 static int error_json(baton_buf_t *b, const char *message, const char *type, const char *param,
