@@ -34,9 +34,8 @@ void baton_metrics_destroy(baton_metrics_t *reg);
 baton_metric_family_t *baton_metrics_counter(baton_metrics_t *reg, const char *name,
                                              const char *help, size_t n_labels,
                                              const char *const *label_names);
-baton_metric_family_t *baton_metrics_gauge(baton_metrics_t *reg, const char *name,
-                                           const char *help, size_t n_labels,
-                                           const char *const *label_names);
+baton_metric_family_t *baton_metrics_gauge(baton_metrics_t *reg, const char *name, const char *help,
+                                           size_t n_labels, const char *const *label_names);
 /* buckets: strictly increasing upper bounds (the +Inf bucket is implicit); copied. */
 baton_metric_family_t *baton_metrics_histogram(baton_metrics_t *reg, const char *name,
                                                const char *help, size_t n_labels,
@@ -52,7 +51,9 @@ baton_metric_child_t *baton_metric_child(baton_metric_family_t *fam,
  * memory is kept until the registry is destroyed, so stale pointers stay safe to update. */
 void baton_metric_child_remove(baton_metric_family_t *fam, const char *const *label_values);
 
-/* Updates; lock-free. counter_add ignores negative values. */
+/* Updates; lock-free. counter_add ignores negative values. Every update takes a NULL child and
+ * does nothing, and baton_metric_child returns NULL for a NULL family, so a metric whose
+ * registration failed needs no check at its call sites. */
 void baton_counter_add(baton_metric_child_t *c, double v);
 void baton_gauge_set(baton_metric_child_t *c, double v);
 void baton_gauge_add(baton_metric_child_t *c, double v); /* v may be negative */

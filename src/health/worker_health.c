@@ -254,10 +254,8 @@ static void metrics_attach(baton_whealth_t *wh, entry_t *e)
         const char *bl[2] = {e->w->id, breaker_to_names[i]};
         e->m_breaker_to[i] = baton_metric_child(wh->f_breaker_tr, bl);
     }
-    if (e->m_health != NULL)
-        baton_gauge_set(e->m_health, baton_worker_health(e->w) == BATON_HEALTH_HEALTHY ? 1 : 0);
-    if (e->m_breaker != NULL)
-        baton_gauge_set(e->m_breaker, (double)baton_breaker_state(&e->breaker));
+    baton_gauge_set(e->m_health, baton_worker_health(e->w) == BATON_HEALTH_HEALTHY ? 1 : 0);
+    baton_gauge_set(e->m_breaker, (double)baton_breaker_state(&e->breaker));
 }
 
 /* Write lock held, `gone` already unlinked: removes its series unless a live entry (the same
@@ -334,9 +332,8 @@ static void on_breaker_change(baton_breaker_t *b, baton_breaker_state_t from,
     entry_t *e = b->data;
     baton_whealth_t *wh = ctx;
     baton_registry_set_breaker(wh->reg, e->w, to);
-    if (e->m_breaker != NULL)
-        baton_gauge_set(e->m_breaker, (double)to);
-    if ((unsigned)to < 3 && e->m_breaker_to[to] != NULL)
+    baton_gauge_set(e->m_breaker, (double)to);
+    if ((unsigned)to < 3)
         baton_counter_add(e->m_breaker_to[to], 1);
     log_info(COMP, "worker_breaker_changed id=%s url=%s role=%s from=%s to=%s reason=%s", e->w->id,
              e->w->url, baton_worker_role_name(e->w->role), baton_breaker_state_name(from),
@@ -539,10 +536,8 @@ static void publish_health(baton_whealth_t *wh, entry_t *e, int up, const char *
 {
     e->transitions++;
     baton_registry_set_health(wh->reg, e->w, up ? BATON_HEALTH_HEALTHY : BATON_HEALTH_UNHEALTHY);
-    if (e->m_health != NULL)
-        baton_gauge_set(e->m_health, up ? 1 : 0);
-    if (e->m_health_to[up ? TO_UP : TO_DOWN] != NULL)
-        baton_counter_add(e->m_health_to[up ? TO_UP : TO_DOWN], 1);
+    baton_gauge_set(e->m_health, up ? 1 : 0);
+    baton_counter_add(e->m_health_to[up ? TO_UP : TO_DOWN], 1);
     log_info(COMP, "worker_health_changed id=%s url=%s role=%s from=%s to=%s reason=\"%s\"",
              e->w->id, e->w->url, baton_worker_role_name(e->w->role), up ? "down" : "up",
              up ? "up" : "down", reason != NULL ? reason : "");

@@ -98,8 +98,6 @@ const char *wk_mode_name(wk_mode_t m)
 
 static void count_request(wk_worker_t *w, const char *route, int status)
 {
-    if (w->m_requests == NULL)
-        return;
     char st[16];
     if (status > 0)
         snprintf(st, sizeof(st), "%d", status);
@@ -111,18 +109,9 @@ static void count_request(wk_worker_t *w, const char *route, int status)
 
 static void observe_duration(wk_worker_t *w, const char *route, uint64_t start_ns)
 {
-    if (w->m_duration == NULL)
-        return;
     const char *labels[1] = {route};
-    baton_metric_child_t *c = baton_metric_child(w->m_duration, labels);
-    if (c)
-        baton_histogram_observe(c, (double)(uv_hrtime() - start_ns) / 1e9);
-}
-
-static void inc(baton_metric_child_t *c, double v)
-{
-    if (c)
-        baton_counter_add(c, v);
+    baton_histogram_observe(baton_metric_child(w->m_duration, labels),
+                            (double)(uv_hrtime() - start_ns) / 1e9);
 }
 
 /* ---- scheduler driver ---- */
@@ -426,8 +415,7 @@ static void job_emit(wk_job_t *job, wk_sstate_t *ss)
     wk_worker_t *w = job->w;
     if (!job->ttft_seen && ss->gen.n_tokens > 0) {
         job->ttft_seen = 1;
-        if (w->m_ttft)
-            baton_histogram_observe(w->m_ttft, (double)(uv_hrtime() - job->start_ns) / 1e9);
+        baton_histogram_observe(w->m_ttft, (double)(uv_hrtime() - job->start_ns) / 1e9);
     }
     if (!job->req.stream)
         return;
@@ -457,7 +445,7 @@ static int seq_finish(wk_sstate_t *ss)
         wk_kv_recv_drop(ss->recv, "done");
         ss->recv = NULL;
     }
-    inc(job->w->m_gen_tokens, ss->gen.n_tokens);
+    baton_counter_add(job->w->m_gen_tokens, ss->gen.n_tokens);
     return ++job->n_done == job->req.n_items;
 }
 
@@ -916,7 +904,7 @@ static void handle_generation(wk_worker_t *w, baton_http_req_t *http, wk_api_t a
         job->gens[i] = &ss->gen;
         prompt_tokens += it->prompt_tokens;
     }
-    inc(w->m_prompt_tokens, (double)prompt_tokens);
+    baton_counter_add(w->m_prompt_tokens, (double)prompt_tokens);
     job->next = w->jobs;
     if (w->jobs)
         w->jobs->prev = job;
@@ -980,14 +968,10 @@ static void handle_metrics(wk_worker_t *w, baton_http_req_t *req)
         baton_http_respond_error(req, 503, "metrics unavailable", "server_error", NULL, NULL);
         return;
     }
-    if (w->m_queue)
-        baton_gauge_set(w->m_queue, wk_sched_waiting(&w->sched) + w->n_kv_waiting);
-    if (w->m_running)
-        baton_gauge_set(w->m_running, wk_sched_running(&w->sched));
-    if (w->m_inflight)
-        baton_gauge_set(w->m_inflight, w->n_jobs);
-    if (w->m_boot_waiting)
-        baton_gauge_set(w->m_boot_waiting, w->n_kv_waiting);
+    baton_gauge_set(w->m_queue, wk_sched_waiting(&w->sched) + w->n_kv_waiting);
+    baton_gauge_set(w->m_running, wk_sched_running(&w->sched));
+    baton_gauge_set(w->m_inflight, w->n_jobs);
+    baton_gauge_set(w->m_boot_waiting, w->n_kv_waiting);
     if (w->kv)
         wk_kv_metrics_sync(w->kv);
     baton_buf_t b = BATON_BUF_INIT;
@@ -1121,29 +1105,29 @@ static void metrics_init(wk_worker_t *w)
     f = baton_metrics_histogram(w->metrics, "baton_worker_time_to_first_token_seconds",
                                 "Time from request arrival to its first generated token.", 0, NULL,
                                 baton_latency_buckets, baton_latency_buckets_n);
-    w->m_ttft = f ? baton_metric_child(f, NULL) : NULL;
+    w->m_ttft = baton_metric_child(f, NULL);
     f = baton_metrics_counter(w->metrics, "baton_worker_prompt_tokens_total",
                               "Prompt tokens of accepted requests.", 0, NULL);
-    w->m_prompt_tokens = f ? baton_metric_child(f, NULL) : NULL;
+    w->m_prompt_tokens = baton_metric_child(f, NULL);
     f = baton_metrics_counter(w->metrics, "baton_worker_generation_tokens_total",
                               "Tokens generated (completion tokens).", 0, NULL);
-    w->m_gen_tokens = f ? baton_metric_child(f, NULL) : NULL;
+    w->m_gen_tokens = baton_metric_child(f, NULL);
     f = baton_metrics_gauge(w->metrics, "baton_worker_queue_depth",
                             "Sequences waiting: for prefill, for a decode slot, or for their "
                             "prefill peer.",
                             0, NULL);
-    w->m_queue = f ? baton_metric_child(f, NULL) : NULL;
+    w->m_queue = baton_metric_child(f, NULL);
     f = baton_metrics_gauge(w->metrics, "baton_worker_running_sequences",
                             "Sequences in the running (decode) batch.", 0, NULL);
-    w->m_running = f ? baton_metric_child(f, NULL) : NULL;
+    w->m_running = baton_metric_child(f, NULL);
     f = baton_metrics_gauge(w->metrics, "baton_worker_inflight_requests",
                             "HTTP generation requests in flight.", 0, NULL);
-    w->m_inflight = f ? baton_metric_child(f, NULL) : NULL;
+    w->m_inflight = baton_metric_child(f, NULL);
     if (w->cfg.mode == WK_MODE_REGULAR)
         return;
     f = baton_metrics_gauge(w->metrics, "baton_worker_bootstrap_waiting",
                             "PD sequences waiting for their peer's room or for KV pages.", 0, NULL);
-    w->m_boot_waiting = f ? baton_metric_child(f, NULL) : NULL;
+    w->m_boot_waiting = baton_metric_child(f, NULL);
 }
 
 int wk_worker_start(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)

@@ -146,12 +146,6 @@ static uint64_t now_ms(void)
     return uv_hrtime() / 1000000;
 }
 
-static void inc(baton_metric_child_t *c, double v)
-{
-    if (c)
-        baton_counter_add(c, v);
-}
-
 static const char *reason_of(int status)
 {
     switch (status) {
@@ -185,16 +179,14 @@ static const char *reason_of(int status)
 
 static void count_fail(wk_kv_t *kv, const char *reason)
 {
-    inc(kv->m_failed, 1);
-    if (kv->f_fail) {
-        const char *lv[1] = {reason};
-        baton_counter_inc_labels(kv->f_fail, lv);
-    }
+    const char *lv[1] = {reason};
+    baton_counter_add(kv->m_failed, 1);
+    baton_counter_inc_labels(kv->f_fail, lv);
 }
 
 static void observe_since(baton_metric_child_t *h, uint64_t t0_ns)
 {
-    if (h && t0_ns)
+    if (t0_ns)
         baton_histogram_observe(h, (double)(uv_hrtime() - t0_ns) / 1e9);
 }
 
@@ -718,7 +710,7 @@ static void on_room_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, in
     if (!s->counted) {
         s->counted = 1;
         if (rep == 0) {
-            inc(kv->m_ok, 1);
+            baton_counter_add(kv->m_ok, 1);
             observe_since(kv->m_xfer, s->t_first_write_ns);
             observe_since(kv->m_tail, s->t_compute_end_ns);
         } else {
@@ -990,7 +982,7 @@ static void check_finish(wk_kv_recv_t *r)
         if (r->check_failed) {
             recv_fail(r, BATON_ENOMEM, "the check could not run");
         } else if (r->diff != 0) {
-            inc(kv->m_corrupt, 1);
+            baton_counter_add(kv->m_corrupt, 1);
             log_error(COMP,
                       "kv_corrupted room=%" PRIu64 " layer=%" PRIu32 " page=%" PRIu32
                       " offset=%" PRIu64,
@@ -1004,7 +996,7 @@ static void check_finish(wk_kv_recv_t *r)
              * would change every token (the check above already refused it). */
             wk_kv_got_t got = {r->n_tokens, r->first_token, r->seed ^ r->diff};
             if (r->want_first && wk_sim_token(got.seed, 0) != r->first_token) {
-                inc(kv->m_corrupt, 1);
+                baton_counter_add(kv->m_corrupt, 1);
                 snprintf(detail, sizeof(detail),
                          "first token %d does not follow from the received KV (expected %d)",
                          r->first_token, wk_sim_token(got.seed, 0));
@@ -1012,7 +1004,7 @@ static void check_finish(wk_kv_recv_t *r)
                 recv_fail(r, BATON_EKVCORRUPT, detail);
             } else {
                 r->reported = 1;
-                inc(kv->m_ok, 1);
+                baton_counter_add(kv->m_ok, 1);
                 /* the request may drop (and so free) r inside the callback: hands off after */
                 r->cb(r->data, 0, &got, "");
                 maybe_destroy_engine(kv);
@@ -1233,13 +1225,13 @@ static void metrics_init(wk_kv_t *kv, baton_metrics_t *m)
                                     ? "Prefill: time from a room's first write to its DONE."
                                     : "Decode: time from the offer of a room to its DONE.",
                                 0, NULL, baton_latency_buckets, baton_latency_buckets_n);
-    kv->m_xfer = f ? baton_metric_child(f, NULL) : NULL;
+    kv->m_xfer = baton_metric_child(f, NULL);
     if (kv->cfg.prefill) {
         f = baton_metrics_histogram(m, "baton_kv_transfer_tail_seconds",
                                     "Prefill: time from the end of a room's compute to its DONE "
                                     "(the transfer not hidden behind compute).",
                                     0, NULL, baton_latency_buckets, baton_latency_buckets_n);
-        kv->m_tail = f ? baton_metric_child(f, NULL) : NULL;
+        kv->m_tail = baton_metric_child(f, NULL);
     }
     f = baton_metrics_gauge(m, "baton_kv_peers", "Transfer-engine peers by state.", 1, state);
     if (f) {
@@ -1249,19 +1241,19 @@ static void metrics_init(wk_kv_t *kv, baton_metrics_t *m)
     }
     f = baton_metrics_counter(m, "baton_kv_reconnects_total",
                               "Successful re-handshakes with a peer after a failure.", 0, NULL);
-    kv->m_reconn = f ? baton_metric_child(f, NULL) : NULL;
+    kv->m_reconn = baton_metric_child(f, NULL);
     f = baton_metrics_counter(m, "baton_kv_corrupted_total",
                               "Rooms whose received KV failed verification (kv_corrupted).", 0,
                               NULL);
-    kv->m_corrupt = f ? baton_metric_child(f, NULL) : NULL;
+    kv->m_corrupt = baton_metric_child(f, NULL);
     f = baton_metrics_counter(m, "baton_kv_frames_rejected_total",
                               "Control-channel frames refused (malformed, oversized, out of "
                               "order); each closed its connection.",
                               0, NULL);
-    kv->m_frames_rej = f ? baton_metric_child(f, NULL) : NULL;
+    kv->m_frames_rej = baton_metric_child(f, NULL);
     f = baton_metrics_counter(m, "baton_kv_writes_rejected_total",
                               "Writes refused by the receiver's bounds / key checks.", 0, NULL);
-    kv->m_writes_rej = f ? baton_metric_child(f, NULL) : NULL;
+    kv->m_writes_rej = baton_metric_child(f, NULL);
     f = baton_metrics_gauge(m, "baton_kv_pool_slots",
                             "KV page slots (one page in every layer), by state.", 1, state);
     if (f) {
@@ -1271,13 +1263,13 @@ static void metrics_init(wk_kv_t *kv, baton_metrics_t *m)
     }
     f = baton_metrics_gauge(m, "baton_kv_pool_waiting", "Requests waiting for KV page slots.", 0,
                             NULL);
-    kv->m_waiting = f ? baton_metric_child(f, NULL) : NULL;
+    kv->m_waiting = baton_metric_child(f, NULL);
 }
 
 static void add_delta(baton_metric_child_t *c, uint64_t now, uint64_t *seen)
 {
     if (now > *seen) {
-        inc(c, (double)(now - *seen));
+        baton_counter_add(c, (double)(now - *seen));
         *seen = now;
     }
 }
@@ -1293,16 +1285,11 @@ void wk_kv_metrics_sync(wk_kv_t *kv)
     add_delta(kv->m_reconn, st.reconnects, &kv->seen.reconnects);
     add_delta(kv->m_frames_rej, st.frames_rejected, &kv->seen.frames_rejected);
     add_delta(kv->m_writes_rej, st.writes_rejected, &kv->seen.writes_rejected);
-    if (kv->m_up)
-        baton_gauge_set(kv->m_up, (double)st.peers_up);
-    if (kv->m_down)
-        baton_gauge_set(kv->m_down, (double)st.peers_down);
-    if (kv->m_free)
-        baton_gauge_set(kv->m_free, kv->pool.n_free);
-    if (kv->m_used)
-        baton_gauge_set(kv->m_used, kv->pool.n_slots - kv->pool.n_free);
-    if (kv->m_waiting)
-        baton_gauge_set(kv->m_waiting, kv->pool.n_waiting);
+    baton_gauge_set(kv->m_up, (double)st.peers_up);
+    baton_gauge_set(kv->m_down, (double)st.peers_down);
+    baton_gauge_set(kv->m_free, kv->pool.n_free);
+    baton_gauge_set(kv->m_used, kv->pool.n_slots - kv->pool.n_free);
+    baton_gauge_set(kv->m_waiting, kv->pool.n_waiting);
 }
 
 int wk_kv_create(wk_kv_t **kv_p, uv_loop_t *loop, const wk_kv_cfg_t *cfg, baton_metrics_t *metrics)
