@@ -718,23 +718,29 @@ int baton_config_from_args(baton_config_t *cfg, int argc, char *const argv[], ch
     return 0;
 }
 
+int baton_config_add_worker(baton_registry_t *reg, const baton_config_worker_t *cw, char *why,
+                            size_t whylen)
+{
+    baton_worker_spec_t spec;
+    baton_worker_spec_init(&spec);
+    spec.url = cw->url;
+    spec.role = cw->role;
+    spec.bootstrap_port = cw->bootstrap_port;
+    spec.api_key = cw->api_key;
+    spec.model_id = cw->model_id;
+    spec.priority = cw->priority;
+    spec.cost = cw->cost;
+    spec.labels_json = cw->labels_json;
+    return baton_registry_add(reg, &spec, NULL, why, whylen);
+}
+
 int baton_config_apply_workers(const baton_config_t *cfg, baton_registry_t *reg, char *err,
                                size_t errlen)
 {
     for (size_t i = 0; i < cfg->n_workers; i++) {
         const baton_config_worker_t *cw = &cfg->workers[i];
-        baton_worker_spec_t spec;
-        baton_worker_spec_init(&spec);
-        spec.url = cw->url;
-        spec.role = cw->role;
-        spec.bootstrap_port = cw->bootstrap_port;
-        spec.api_key = cw->api_key;
-        spec.model_id = cw->model_id;
-        spec.priority = cw->priority;
-        spec.cost = cw->cost;
-        spec.labels_json = cw->labels_json;
         char why[256] = "";
-        int rc = baton_registry_add(reg, &spec, NULL, why, sizeof(why));
+        int rc = baton_config_add_worker(reg, cw, why, sizeof(why));
         if (rc != 0)
             return set_err(err, errlen, rc, "worker %s: %s", cw->url, why);
     }

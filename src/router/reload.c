@@ -46,18 +46,8 @@ static long find(const baton_config_t *cfg, const char *norm_url)
 
 static int add(baton_registry_t *reg, const baton_config_worker_t *cw, char *err, size_t errlen)
 {
-    baton_worker_spec_t spec;
-    baton_worker_spec_init(&spec);
-    spec.url = cw->url;
-    spec.role = cw->role;
-    spec.bootstrap_port = cw->bootstrap_port;
-    spec.api_key = cw->api_key;
-    spec.model_id = cw->model_id;
-    spec.priority = cw->priority;
-    spec.cost = cw->cost;
-    spec.labels_json = cw->labels_json;
     char why[256] = "";
-    int rc = baton_registry_add(reg, &spec, NULL, why, sizeof(why));
+    int rc = baton_config_add_worker(reg, cw, why, sizeof(why));
     if (rc == BATON_EEXIST) {
         log_info("router", "reload_adopted url=%s", cw->url);
         return 0;
