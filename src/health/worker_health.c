@@ -470,20 +470,9 @@ baton_worker_t *baton_whealth_pick(baton_whealth_t *wh, baton_policy_t *policy,
                                    baton_worker_role_t role, baton_whealth_ticket_t *ticket_p)
 {
     *ticket_p = 0;
-    baton_worker_t *stack[PICK_STACK];
-    baton_worker_t **cands = stack;
-    size_t total = baton_registry_snapshot(wh->reg, role, BATON_SNAP_ALL, cands, PICK_STACK);
-    size_t n = total < PICK_STACK ? total : PICK_STACK;
-    if (total > PICK_STACK) {
-        size_t cap = total + 16;
-        baton_worker_t **heap = malloc(cap * sizeof(*heap));
-        if (heap != NULL) {
-            baton_workers_unref(stack, n);
-            size_t total2 = baton_registry_snapshot(wh->reg, role, BATON_SNAP_ALL, heap, cap);
-            cands = heap;
-            n = total2 < cap ? total2 : cap;
-        }
-    }
+    baton_worker_t *stack[PICK_STACK], **cands;
+    size_t n =
+        baton_registry_snapshot_all(wh->reg, role, BATON_SNAP_ALL, stack, PICK_STACK, &cands);
     uint64_t now = baton_whealth_now(wh);
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
@@ -511,9 +500,7 @@ baton_worker_t *baton_whealth_pick(baton_whealth_t *wh, baton_policy_t *policy,
             }
         }
     }
-    baton_workers_unref(cands, k);
-    if (cands != stack)
-        free(cands);
+    baton_workers_release(cands, k, stack);
     return chosen;
 }
 

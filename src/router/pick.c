@@ -2,8 +2,6 @@
  * caps (reserved with a CAS), avoiding failed workers. */
 #include "router/pick.h"
 
-#include <stdlib.h>
-
 #define PICK_STACK 64
 
 static int in_list(baton_worker_t *const *ws, size_t n, const baton_worker_t *w)
@@ -41,18 +39,9 @@ baton_pick_rc_t baton_pick(baton_registry_t *reg, baton_policy_t *policy, baton_
                            unsigned cap, baton_worker_role_t role, baton_worker_t *const *avoid,
                            size_t n_avoid, baton_pick_t *out)
 {
-    baton_worker_t *stack[PICK_STACK], **cands = stack;
-    size_t total = baton_registry_snapshot(reg, role, BATON_SNAP_ELIGIBLE, stack, PICK_STACK);
-    size_t n = total < PICK_STACK ? total : PICK_STACK;
-    if (total > PICK_STACK) {
-        baton_worker_t **heap = malloc((total + 16) * sizeof(*heap));
-        if (heap) {
-            baton_workers_unref(stack, n);
-            size_t t2 = baton_registry_snapshot(reg, role, BATON_SNAP_ELIGIBLE, heap, total + 16);
-            cands = heap;
-            n = t2 < total + 16 ? t2 : total + 16;
-        }
-    }
+    baton_worker_t *stack[PICK_STACK], **cands;
+    size_t n =
+        baton_registry_snapshot_all(reg, role, BATON_SNAP_ELIGIBLE, stack, PICK_STACK, &cands);
     int capped = 0;
     out->w = NULL;
     out->ticket = 0;
@@ -109,9 +98,7 @@ baton_pick_rc_t baton_pick(baton_registry_t *reg, baton_policy_t *policy, baton_
         }
         k--;
     }
-    baton_workers_unref(cands, k);
-    if (cands != stack)
-        free(cands);
+    baton_workers_release(cands, k, stack);
     if (out->w)
         return BATON_PICK_OK;
     return capped ? BATON_PICK_CAPPED : BATON_PICK_NONE;

@@ -146,27 +146,12 @@ baton_worker_t *baton_policy_select(baton_policy_t *policy, baton_worker_t *cons
 baton_worker_t *baton_policy_pick(baton_policy_t *policy, baton_registry_t *reg,
                                   baton_worker_role_t role)
 {
-    baton_worker_t *stack[PICK_STACK];
-    baton_worker_t **cands = stack;
-    size_t total = baton_registry_snapshot(reg, role, BATON_SNAP_ELIGIBLE, cands, PICK_STACK);
-    size_t n = total < PICK_STACK ? total : PICK_STACK;
-    if (total > PICK_STACK) {
-        /* Rare: a large fleet. Take a full snapshot on the heap (the count may have changed;
-         * snapshot reports it again and we use what fit). */
-        baton_worker_t **heap = malloc((total + 16) * sizeof(*heap));
-        if (heap != NULL) {
-            baton_workers_unref(stack, n);
-            size_t total2 =
-                baton_registry_snapshot(reg, role, BATON_SNAP_ELIGIBLE, heap, total + 16);
-            cands = heap;
-            n = total2 < total + 16 ? total2 : total + 16;
-        }
-    }
+    baton_worker_t *stack[PICK_STACK], **cands;
+    size_t n =
+        baton_registry_snapshot_all(reg, role, BATON_SNAP_ELIGIBLE, stack, PICK_STACK, &cands);
     baton_worker_t *chosen = baton_policy_select(policy, cands, n);
     if (chosen != NULL)
         baton_worker_ref(chosen);
-    baton_workers_unref(cands, n);
-    if (cands != stack)
-        free(cands);
+    baton_workers_release(cands, n, stack);
     return chosen;
 }

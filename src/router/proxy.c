@@ -26,7 +26,6 @@
 #define TICK_MS 250
 /* A retry that would leave less than this before the request's deadline is not started. */
 #define MIN_ATTEMPT_MS 100
-#define PICK_STACK     64
 
 typedef struct pool_entry_s {
     baton_worker_t *w; /* referenced while cached */

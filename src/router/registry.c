@@ -138,6 +138,13 @@ void baton_workers_unref(baton_worker_t **ws, size_t n)
         baton_worker_unref(ws[i]);
 }
 
+void baton_workers_release(baton_worker_t **ws, size_t n, baton_worker_t **stack)
+{
+    baton_workers_unref(ws, n);
+    if (ws != stack)
+        free(ws);
+}
+
 void baton_worker_in_flight_inc(baton_worker_t *w)
 {
     atomic_fetch_add_explicit(&w->in_flight, 1, memory_order_relaxed);
@@ -494,6 +501,23 @@ size_t baton_registry_snapshot(baton_registry_t *reg, baton_worker_role_t role, 
     }
     pthread_mutex_unlock(&reg->lock);
     return total;
+}
+
+size_t baton_registry_snapshot_all(baton_registry_t *reg, baton_worker_role_t role, unsigned flags,
+                                   baton_worker_t **stack, size_t n_stack, baton_worker_t ***ws_p)
+{
+    *ws_p = stack;
+    size_t total = baton_registry_snapshot(reg, role, flags, stack, n_stack);
+    if (total <= n_stack)
+        return total;
+    size_t cap = total + 16; /* room for workers registered meanwhile */
+    baton_worker_t **heap = malloc(cap * sizeof(*heap));
+    if (heap == NULL)
+        return n_stack;
+    baton_workers_unref(stack, n_stack);
+    total = baton_registry_snapshot(reg, role, flags, heap, cap);
+    *ws_p = heap;
+    return total < cap ? total : cap;
 }
 
 void baton_registry_counts(baton_registry_t *reg, size_t counts[BATON_ROLE_COUNT],

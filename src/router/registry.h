@@ -154,6 +154,15 @@ baton_worker_t *baton_registry_find_url(baton_registry_t *reg, const char *url);
 size_t baton_registry_snapshot(baton_registry_t *reg, baton_worker_role_t role, unsigned flags,
                                baton_worker_t **out, size_t cap);
 
+/*
+ * The same without a size limit: into stack[0..n_stack) when that holds every match, else into
+ * a heap array with room for workers registered meanwhile. *ws_p is the array used; returns how
+ * many references it holds. When no heap array can be had, the first n_stack matches are kept
+ * (a partial view beats none). Release with baton_workers_release(*ws_p, n, stack).
+ */
+size_t baton_registry_snapshot_all(baton_registry_t *reg, baton_worker_role_t role, unsigned flags,
+                                   baton_worker_t **stack, size_t n_stack, baton_worker_t ***ws_p);
+
 /* Registered workers per role; counts[BATON_ROLE_COUNT]. `eligible` may be NULL; otherwise it
  * receives the per-role counts of BATON_SNAP_ELIGIBLE workers (for /readiness). */
 void baton_registry_counts(baton_registry_t *reg, size_t counts[BATON_ROLE_COUNT],
@@ -178,6 +187,8 @@ void baton_worker_ref(baton_worker_t *w);
 void baton_worker_unref(baton_worker_t *w);
 /* Unrefs ws[0..n). */
 void baton_workers_unref(baton_worker_t **ws, size_t n);
+/* Unrefs ws[0..n) and frees ws unless it is `stack` (baton_registry_snapshot_all). */
+void baton_workers_release(baton_worker_t **ws, size_t n, baton_worker_t **stack);
 
 /* Call inc when a request is dispatched to the worker and dec when it ends (whatever the
  * outcome). power_of_two reads this. */

@@ -149,20 +149,8 @@ void baton_router_metrics_sync(baton_router_metrics_t *m, baton_registry_t *work
 {
     if (m == NULL || workers == NULL)
         return;
-    baton_worker_t *stack[64];
-    baton_worker_t **ws = stack;
-    size_t total = baton_registry_snapshot(workers, BATON_ROLE_ANY, BATON_SNAP_ALL, ws, 64);
-    size_t n = total < 64 ? total : 64;
-    if (total > 64) {
-        size_t cap = total + 16; /* room for workers added meanwhile */
-        baton_worker_t **heap = malloc(cap * sizeof(*heap));
-        if (heap != NULL) {
-            baton_workers_unref(stack, n);
-            ws = heap;
-            total = baton_registry_snapshot(workers, BATON_ROLE_ANY, BATON_SNAP_ALL, ws, cap);
-            n = total < cap ? total : cap;
-        }
-    }
+    baton_worker_t *stack[64], **ws;
+    size_t n = baton_registry_snapshot_all(workers, BATON_ROLE_ANY, BATON_SNAP_ALL, stack, 64, &ws);
     seen_worker_t *now = malloc((n ? n : 1) * sizeof(*now));
 
     pthread_mutex_lock(&m->sync_lock);
@@ -199,9 +187,7 @@ void baton_router_metrics_sync(baton_router_metrics_t *m, baton_registry_t *work
     }
     pthread_mutex_unlock(&m->sync_lock);
 
-    baton_workers_unref(ws, n);
-    if (ws != stack)
-        free(ws);
+    baton_workers_release(ws, n, stack);
 }
 
 int baton_router_metrics_render(baton_router_metrics_t *m, baton_registry_t *workers,
