@@ -4,14 +4,6 @@
 
 #define PICK_STACK 64
 
-static int in_list(baton_worker_t *const *ws, size_t n, const baton_worker_t *w)
-{
-    for (size_t i = 0; i < n; i++)
-        if (ws[i] == w)
-            return 1;
-    return 0;
-}
-
 /* Takes one in-flight slot on w if it is under cap (0 = no cap). */
 static int reserve(baton_worker_t *w, unsigned cap)
 {
@@ -58,7 +50,7 @@ baton_pick_rc_t baton_pick(baton_registry_t *reg, baton_policy_t *policy, baton_
     }
     size_t fresh = 0; /* cands[0..fresh) are not avoided */
     for (size_t i = 0; i < k; i++) {
-        if (!in_list(avoid, n_avoid, cands[i])) {
+        if (!baton_workers_contain(avoid, n_avoid, cands[i])) {
             baton_worker_t *t = cands[fresh];
             cands[fresh++] = cands[i];
             cands[i] = t;

@@ -321,14 +321,6 @@ static baton_http_pool_t *pool_for(baton_proxy_loop_t *pl, baton_worker_t *w)
 enum pick_rc { PK_OK = BATON_PICK_OK, PK_CAPPED = BATON_PICK_CAPPED, PK_NONE = BATON_PICK_NONE };
 typedef baton_pick_t pick_t;
 
-static int in_list(baton_worker_t *const *ws, size_t n, const baton_worker_t *w)
-{
-    for (size_t i = 0; i < n; i++)
-        if (ws[i] == w)
-            return 1;
-    return 0;
-}
-
 static void pick_release(baton_router_t *r, pick_t *p, baton_breaker_outcome_t outcome)
 {
     baton_pick_release(r->health, p, outcome);
@@ -764,7 +756,7 @@ static const char *side_name(const upstream_t *u)
 
 static void avoid_add(preq_t *pr, baton_worker_t *w)
 {
-    if (in_list(pr->avoid, pr->n_avoid, w))
+    if (baton_workers_contain(pr->avoid, pr->n_avoid, w))
         return;
     if (pr->n_avoid == pr->cap_avoid) {
         size_t cap = pr->cap_avoid ? pr->cap_avoid * 2 : 4;

@@ -138,6 +138,14 @@ void baton_workers_unref(baton_worker_t **ws, size_t n)
         baton_worker_unref(ws[i]);
 }
 
+int baton_workers_contain(baton_worker_t *const *ws, size_t n, const baton_worker_t *w)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ws[i] == w)
+            return 1;
+    return 0;
+}
+
 void baton_workers_release(baton_worker_t **ws, size_t n, baton_worker_t **stack)
 {
     baton_workers_unref(ws, n);

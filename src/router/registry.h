@@ -187,6 +187,8 @@ void baton_worker_ref(baton_worker_t *w);
 void baton_worker_unref(baton_worker_t *w);
 /* Unrefs ws[0..n). */
 void baton_workers_unref(baton_worker_t **ws, size_t n);
+/* 1 when w is one of ws[0..n). */
+int baton_workers_contain(baton_worker_t *const *ws, size_t n, const baton_worker_t *w);
 /* Unrefs ws[0..n) and frees ws unless it is `stack` (baton_registry_snapshot_all). */
 void baton_workers_release(baton_worker_t **ws, size_t n, baton_worker_t **stack);
 
