@@ -107,6 +107,20 @@ static void count_request(wk_worker_t *w, const char *route, int status)
     baton_counter_inc_labels(w->m_requests, labels);
 }
 
+/* The OpenAI error type of an HTTP status. */
+static const char *error_type(int status)
+{
+    return status >= 500 ? "server_error" : "invalid_request_error";
+}
+
+/* Answers a request that never became a job. */
+static void reject(wk_worker_t *w, baton_http_req_t *http, const char *route, int status,
+                   const char *message, const char *param, const char *code)
+{
+    baton_http_respond_error(http, status, message, error_type(status), param, code);
+    count_request(w, route, status);
+}
+
 static void observe_duration(wk_worker_t *w, const char *route, uint64_t start_ns)
 {
     const char *labels[1] = {route};
@@ -262,6 +276,14 @@ static void seq_kv_wait_end(wk_sstate_t *ss)
     }
 }
 
+static void seq_handoff_end(wk_sstate_t *ss)
+{
+    if (ss->handed_off) {
+        ss->handed_off = 0;
+        ss->job->w->n_boot_pub--;
+    }
+}
+
 /* Takes every sequence out of the scheduler and lets go of its KV room (aborting it when it is
  * still open; its pages come back under the fencing rule). No callback follows. `reason` labels
  * the rooms' failure in the metrics. */
@@ -277,10 +299,7 @@ static void job_cancel_all(wk_job_t *job, const char *reason)
         wk_sstate_t *ss = &job->ss[i];
         wk_sched_cancel(&w->sched, &ss->seq);
         seq_kv_wait_end(ss);
-        if (ss->handed_off) {
-            ss->handed_off = 0;
-            w->n_boot_pub--;
-        }
+        seq_handoff_end(ss);
         if (ss->recv) {
             wk_kv_recv_drop(ss->recv, reason);
             ss->recv = NULL;
@@ -307,7 +326,7 @@ static void job_fail_reason(wk_job_t *job, int status, const char *message, cons
 {
     wk_worker_t *w = job->w;
     job_cancel_all(job, reason);
-    const char *type = status >= 500 ? "server_error" : "invalid_request_error";
+    const char *type = error_type(status);
     log_warn(COMP, "request_failed id=%s route=%s status=%d code=%s reason=\"%s\"", job->id,
              job->route, status, code, message);
     if (job->streaming) {
@@ -433,6 +452,17 @@ static void job_emit(wk_job_t *job, wk_sstate_t *ss)
     baton_buf_free(&b);
 }
 
+/* Adds a generated token and streams what it made visible. 0, or -1 after failing the job. */
+static int seq_push(wk_sstate_t *ss, int32_t token, const char *what)
+{
+    if (wk_gen_push(&ss->gen, token) != 0) {
+        job_fail_err(ss->job, BATON_ENOMEM, what, NULL);
+        return -1;
+    }
+    job_emit(ss->job, ss);
+    return 0;
+}
+
 /* Marks a sequence finished; returns 1 when it was the job's last (call job_complete then). A
  * decode sequence gives its KV pages back here. */
 static int seq_finish(wk_sstate_t *ss)
@@ -482,6 +512,17 @@ static void job_complete(wk_job_t *job)
     observe_duration(w, job->route, job->start_ns);
     job_cancel_all(job, "done"); /* nothing is left open by now; this only tidies */
     job_unlink_free(job);
+}
+
+/* After a step: 1 while the sequence goes on decoding, else 0 (the job completes with its last
+ * sequence). */
+static int seq_continue(wk_sstate_t *ss)
+{
+    if (ss->gen.finish == WK_FINISH_NONE)
+        return 1;
+    if (seq_finish(ss))
+        job_complete(ss->job);
+    return 0;
 }
 
 static void on_abort(baton_http_req_t *http)
@@ -589,36 +630,17 @@ static int on_prefilled(wk_sched_t *s, wk_seq_t *seq)
         return 0;
     }
     /* regular: the first token comes out of prefill, the rest out of decode steps */
-    if (ss->gen.finish == WK_FINISH_NONE) {
-        if (wk_gen_push(&ss->gen, wk_gen_next_id(&ss->gen)) != 0) {
-            job_fail_err(job, BATON_ENOMEM, "generate", NULL);
-            return 0;
-        }
-        job_emit(job, ss);
-    }
-    if (ss->gen.finish != WK_FINISH_NONE) {
-        if (seq_finish(ss))
-            job_complete(job);
+    if (ss->gen.finish == WK_FINISH_NONE && seq_push(ss, wk_gen_next_id(&ss->gen), "generate"))
         return 0;
-    }
-    return 1;
+    return seq_continue(ss);
 }
 
 static int on_decoded(wk_sched_t *s, wk_seq_t *seq)
 {
     wk_sstate_t *ss = seq->data;
-    wk_job_t *job = ss->job;
-    if (wk_gen_push(&ss->gen, wk_gen_next_id(&ss->gen)) != 0) {
-        job_fail_err(job, BATON_ENOMEM, "generate", NULL);
+    if (seq_push(ss, wk_gen_next_id(&ss->gen), "generate"))
         return 0;
-    }
-    job_emit(job, ss);
-    if (ss->gen.finish != WK_FINISH_NONE) {
-        if (seq_finish(ss))
-            job_complete(job);
-        return 0;
-    }
-    return 1;
+    return seq_continue(ss);
 }
 
 /* ---- prefill: match rooms, reserve source pages, compute, hand off ---- */
@@ -627,12 +649,8 @@ static void on_sent(void *data, int status, const char *detail)
 {
     wk_sstate_t *ss = data;
     wk_job_t *job = ss->job;
-    wk_worker_t *w = job->w;
     ss->send = NULL;
-    if (ss->handed_off) {
-        ss->handed_off = 0;
-        w->n_boot_pub--;
-    }
+    seq_handoff_end(ss);
     if (status != 0) {
         job_fail_err(job, status, "prefill handoff", detail);
         return;
@@ -693,13 +711,8 @@ static void decode_begin(wk_job_t *job)
     dl_unlink(job);
     for (size_t i = 0; i < job->req.n_items; i++) {
         wk_sstate_t *ss = &job->ss[i];
-        if (ss->gen.finish == WK_FINISH_NONE) {
-            if (wk_gen_push(&ss->gen, ss->first_token) != 0) {
-                job_fail_err(job, BATON_ENOMEM, "decode", NULL);
-                return;
-            }
-            job_emit(job, ss);
-        }
+        if (ss->gen.finish == WK_FINISH_NONE && seq_push(ss, ss->first_token, "decode"))
+            return;
         if (ss->gen.finish != WK_FINISH_NONE) {
             all_done = seq_finish(ss);
         } else {
@@ -809,18 +822,14 @@ static void handle_generation(wk_worker_t *w, baton_http_req_t *http, wk_api_t a
     wk_parse_err_t perr = {0};
     wk_job_t *job = calloc(1, sizeof(*job));
     if (job == NULL) {
-        baton_http_respond_error(http, 500, "out of memory", "server_error", NULL,
-                                 "internal_error");
-        count_request(w, route, 500);
+        reject(w, http, route, 500, "out of memory", NULL, "internal_error");
         return;
     }
     int rc = wk_request_parse(&job->req, api, http->body, http->body_len, &perr);
     if (rc != 0) {
         free(job);
-        baton_http_respond_error(http, perr.status, perr.message,
-                                 perr.status >= 500 ? "server_error" : "invalid_request_error",
-                                 perr.param[0] ? perr.param : NULL, perr.code);
-        count_request(w, route, perr.status);
+        reject(w, http, route, perr.status, perr.message, perr.param[0] ? perr.param : NULL,
+               perr.code);
         return;
     }
     const char *bad = NULL;
@@ -855,10 +864,7 @@ static void handle_generation(wk_worker_t *w, baton_http_req_t *http, wk_api_t a
                     wk_kv_send_refuse(w->kv, job->req.items[i].room);
         wk_request_free(&job->req);
         free(job);
-        baton_http_respond_error(http, status, bad,
-                                 status >= 500 ? "server_error" : "invalid_request_error",
-                                 status == 400 ? "bootstrap_room" : NULL, code);
-        count_request(w, route, status);
+        reject(w, http, route, status, bad, status == 400 ? "bootstrap_room" : NULL, code);
         return;
     }
 
@@ -875,9 +881,7 @@ static void handle_generation(wk_worker_t *w, baton_http_req_t *http, wk_api_t a
         free(job->gens);
         wk_request_free(&job->req);
         free(job);
-        baton_http_respond_error(http, 500, "out of memory", "server_error", NULL,
-                                 "internal_error");
-        count_request(w, route, 500);
+        reject(w, http, route, 500, "out of memory", NULL, "internal_error");
         return;
     }
     uint64_t idv = wk_sim_mix(w->id_salt, ++w->id_counter);
@@ -936,11 +940,8 @@ static json_t *server_info(wk_worker_t *w)
     json_t *boot_port = w->cfg.mode == WK_MODE_PREFILL && w->kv
                             ? json_integer(wk_kv_listen_port(w->kv))
                             : json_null();
-    char tps[64] = "";
-    for (int i = 0; i < w->cfg.n_transports; i++) {
-        strcat(tps, i ? "," : "");
-        strcat(tps, baton_xfer_transport_name(w->cfg.transports[i]));
-    }
+    char tps[64];
+    wk_kv_transport_list(w->cfg.transports, w->cfg.n_transports, tps, sizeof(tps));
     const wk_kvshape_t *sh = &w->cfg.shape;
     json_t *kv =
         json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:s,s:b}", "preset",

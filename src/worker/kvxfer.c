@@ -1292,6 +1292,15 @@ void wk_kv_metrics_sync(wk_kv_t *kv)
     baton_gauge_set(kv->m_waiting, kv->pool.n_waiting);
 }
 
+void wk_kv_transport_list(const baton_xfer_transport_t *t, int n, char *out, size_t cap)
+{
+    size_t len = 0;
+    out[0] = '\0';
+    for (int i = 0; i < n && len < cap; i++)
+        len += (size_t)snprintf(out + len, cap - len, "%s%s", i ? "," : "",
+                                baton_xfer_transport_name(t[i]));
+}
+
 int wk_kv_create(wk_kv_t **kv_p, uv_loop_t *loop, const wk_kv_cfg_t *cfg, baton_metrics_t *metrics)
 {
     const char *why = NULL;
@@ -1359,13 +1368,10 @@ int wk_kv_create(wk_kv_t **kv_p, uv_loop_t *loop, const wk_kv_cfg_t *cfg, baton_
         uv_timer_start(&kv->tick, tick_cb, every, every);
     }
     metrics_init(kv, metrics);
-    char tps[64] = "";
+    char tps[64];
     baton_xfer_transport_t got[BATON_XFER_MAX_TRANSPORTS];
     int n = baton_xfer_engine_transports(kv->eng, got, BATON_XFER_MAX_TRANSPORTS);
-    for (int i = 0; i < n; i++) {
-        strcat(tps, i ? "," : "");
-        strcat(tps, baton_xfer_transport_name(got[i]));
-    }
+    wk_kv_transport_list(got, n, tps, sizeof(tps));
     log_info(COMP,
              "kv_ready role=%s transports=%s layers=%u kv_heads=%u head_dim=%u dtype_bytes=%u "
              "page_tokens=%u token_bytes=%" PRIu64 " pool_tokens=%" PRIu64 " pool_bytes=%" PRIu64,

@@ -68,6 +68,9 @@ void wk_kv_metrics_sync(wk_kv_t *kv);
  * then calls cb (may be NULL); kv is freed after cb returns. */
 void wk_kv_close(wk_kv_t *kv, void (*cb)(void *arg), void *arg);
 
+/* Writes the transport names joined by commas ("shm,tcp") into out (always terminated). */
+void wk_kv_transport_list(const baton_xfer_transport_t *t, int n, char *out, size_t cap);
+
 /* ---- page reservations (both roles) ---- */
 
 /* Slots (pages per layer) a prompt of n tokens needs. */
