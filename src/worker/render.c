@@ -14,18 +14,16 @@ static json_t *str_n(const char *s, size_t n)
     return json_stringn(s ? s : "", n);
 }
 
-/* Appends "data: <json>\n\n" and releases j. */
-static int sse_json(baton_buf_t *out, json_t *j)
+/* Appends pre, j as compact JSON, then post; releases j. */
+static int put_framed(baton_buf_t *out, const char *pre, json_t *j, const char *post)
 {
-    if (j == NULL)
-        return BATON_ENOMEM;
-    char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(12));
+    char *s = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(12)) : NULL;
     json_decref(j);
     if (s == NULL)
         return BATON_ENOMEM;
     int rc = 0;
-    if (baton_buf_append(out, "data: ", 6) != 0 || baton_buf_append_str(out, s) != 0 ||
-        baton_buf_append(out, "\n\n", 2) != 0)
+    if (baton_buf_append_str(out, pre) != 0 || baton_buf_append_str(out, s) != 0 ||
+        baton_buf_append_str(out, post) != 0)
         rc = BATON_ENOMEM;
     free(s);
     return rc;
@@ -33,15 +31,13 @@ static int sse_json(baton_buf_t *out, json_t *j)
 
 static int put_json(baton_buf_t *out, json_t *j)
 {
-    if (j == NULL)
-        return BATON_ENOMEM;
-    char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(12));
-    json_decref(j);
-    if (s == NULL)
-        return BATON_ENOMEM;
-    int rc = baton_buf_append_str(out, s);
-    free(s);
-    return rc;
+    return put_framed(out, "", j, "");
+}
+
+/* One SSE event: "data: <json>\n\n". */
+static int sse_json(baton_buf_t *out, json_t *j)
+{
+    return put_framed(out, "data: ", j, "\n\n");
 }
 
 static json_t *token_text(const wk_gen_t *g, uint32_t i)
