@@ -234,6 +234,15 @@ static void list_remove(wk_kv_t *kv, wk_kv_send_t *s)
     s->list = L_NONE;
 }
 
+/* The room failed or was given up: remembered for a timeout period, so that its late request
+ * or offer is refused at once. */
+static void tomb_push(wk_kv_t *kv, wk_kv_send_t *s, uint64_t now)
+{
+    s->st = S_TOMB;
+    s->expires_ms = now + kv->cfg.timeout_ms;
+    list_push(kv, &kv->tombs, L_TOMBS, s);
+}
+
 static void defer_cb(uv_idle_t *h)
 {
     wk_kv_t *kv = h->data;
@@ -309,6 +318,17 @@ static uint8_t *page_addr(const wk_kv_t *kv, uint32_t layer, uint32_t slot)
 static uint64_t page_len(const wk_kv_t *kv, uint32_t n_tokens, uint32_t page)
 {
     return (uint64_t)wk_kvshape_page_tokens_at(&kv->cfg.shape, n_tokens, page) * kv->token_bytes;
+}
+
+/* The pages of layers [l0, l1) of a room (ppl slots, n_tokens), layer after layer. */
+static void room_iov(const wk_kv_t *kv, const uint32_t *slots, uint32_t ppl, uint32_t n_tokens,
+                     uint32_t l0, uint32_t l1, baton_xfer_iov_t *iov)
+{
+    for (uint32_t l = l0; l < l1; l++)
+        for (uint32_t j = 0; j < ppl; j++, iov++) {
+            iov->addr = page_addr(kv, l, slots[j]);
+            iov->len = page_len(kv, n_tokens, j);
+        }
 }
 
 /* Drops a hold; when that returned the slots, waiters may be served. */
@@ -499,11 +519,7 @@ static void send_pump(wk_kv_send_t *s)
             free(iov);
             return;
         }
-        for (uint32_t l = 0; l < L; l++)
-            for (uint32_t j = 0; j < s->ppl; j++) {
-                iov[l * s->ppl + j].addr = page_addr(kv, l, s->lease.slots[j]);
-                iov[l * s->ppl + j].len = page_len(kv, s->n_tokens, j);
-            }
+        room_iov(kv, s->lease.slots, s->ppl, s->n_tokens, 0, L, iov);
         if (s->t_first_write_ns == 0)
             s->t_first_write_ns = uv_hrtime();
         rc = baton_xfer_write_room(s->xroom, iov, (size_t)L * s->ppl, on_write, s);
@@ -518,10 +534,7 @@ static void send_pump(wk_kv_send_t *s)
         for (uint32_t l = 0; l < L && rc == 0; l++) {
             if (s->layer_st[l] != F_FILLED || s->n_write_now == 0)
                 continue;
-            for (uint32_t j = 0; j < s->ppl; j++) {
-                iov[j].addr = page_addr(kv, l, s->lease.slots[j]);
-                iov[j].len = page_len(kv, s->n_tokens, j);
-            }
+            room_iov(kv, s->lease.slots, s->ppl, s->n_tokens, l, l + 1, iov);
             if (s->t_first_write_ns == 0)
                 s->t_first_write_ns = uv_hrtime();
             rc = baton_xfer_write_layer(s->xroom, l, iov, s->ppl, on_write, s);
@@ -691,9 +704,7 @@ static void on_room_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, in
             s->counted = 1;
             count_fail(kv, reason_of(status ? status : BATON_EABORTED));
         }
-        s->st = S_TOMB;
-        s->expires_ms = now_ms() + kv->cfg.timeout_ms;
-        list_push(kv, &kv->tombs, L_TOMBS, s);
+        tomb_push(kv, s, now_ms());
         send_maybe_free(s);
         return;
     }
@@ -819,9 +830,7 @@ void wk_kv_send_drop(wk_kv_send_t *s, const char *reason)
         lease_drop(kv, &s->lease, WK_KV_HOLD_USER);
     if (s->st == S_WAITING) {
         /* its offer has not come: remember the room so a late one is refused at once */
-        s->st = S_TOMB;
-        s->expires_ms = now_ms() + kv->cfg.timeout_ms;
-        list_push(kv, &kv->tombs, L_TOMBS, s);
+        tomb_push(kv, s, now_ms());
         free(s->ids);
         s->ids = NULL;
         return;
@@ -860,9 +869,7 @@ void wk_kv_send_refuse(wk_kv_t *kv, uint64_t room)
     } else {
         return;
     }
-    s->st = S_TOMB;
-    s->expires_ms = now_ms() + kv->cfg.timeout_ms;
-    list_push(kv, &kv->tombs, L_TOMBS, s);
+    tomb_push(kv, s, now_ms());
 }
 
 static void tick_cb(uv_timer_t *t)
@@ -885,8 +892,7 @@ static void tick_cb(uv_timer_t *t)
         s->st = S_TOMB;
         if (s->xroom != NULL)
             baton_xfer_room_abort(s->xroom, BATON_ETIMEOUT);
-        s->expires_ms = now + kv->cfg.timeout_ms;
-        list_push(kv, &kv->tombs, L_TOMBS, s);
+        tomb_push(kv, s, now);
     }
 }
 
@@ -1135,11 +1141,7 @@ int wk_kv_recv_start(wk_kv_t *kv, const char *host, int port, uint64_t room,
         free(ids);
         return BATON_ENOMEM;
     }
-    for (uint32_t l = 0; l < L; l++)
-        for (uint32_t j = 0; j < ppl; j++) {
-            iov[l * ppl + j].addr = page_addr(kv, l, slots[j]);
-            iov[l * ppl + j].len = page_len(kv, pr->n_tokens, j);
-        }
+    room_iov(kv, slots, ppl, pr->n_tokens, 0, L, iov);
     char name[300];
     if (strchr(host, ':') != NULL)
         snprintf(name, sizeof(name), "[%s]:%d", host, port);
@@ -1411,18 +1413,15 @@ static void on_engine_closed(baton_xfer_engine_t *eng, void *data)
     wk_kv_t *kv = data;
     kv->eng = NULL;
     /* every room callback has run: whatever is left is a tombstone or an orphan */
-    wk_kv_send_t *s;
-    while ((s = kv->tombs.head) != NULL) {
-        list_remove(kv, s);
-        map_remove(kv, s);
-        s->xroom = NULL;
-        send_maybe_free(s);
-    }
-    while ((s = kv->orphans.head) != NULL) {
-        list_remove(kv, s);
-        map_remove(kv, s);
-        s->xroom = NULL;
-        send_maybe_free(s);
+    kvlist_t *left[] = {&kv->tombs, &kv->orphans};
+    for (int i = 0; i < 2; i++) {
+        wk_kv_send_t *s;
+        while ((s = left[i]->head) != NULL) {
+            list_remove(kv, s);
+            map_remove(kv, s);
+            s->xroom = NULL;
+            send_maybe_free(s);
+        }
     }
     kv->handles_ok = 0;
     kv->handles_open = 2;
