@@ -30,28 +30,45 @@ static size_t next_event_end(const char *buf, size_t len, size_t *scan_p, size_t
     return 0;
 }
 
-int baton_sse_single_data(const char *raw, size_t len, const char **payload_p, size_t *len_p)
+/* The value of the next "data:" line of raw[*i_p..len) (one leading space dropped), moving *i_p
+ * past it; 0 when there is none left. */
+static int next_data(const char *raw, size_t len, size_t *i_p, const char **d_p, size_t *n_p)
 {
-    const char *payload = NULL;
-    size_t plen = 0;
-    size_t i = 0;
+    size_t i = *i_p;
     while (i < len) {
         const char *nl = memchr(raw + i, '\n', len - i);
         size_t end = nl ? (size_t)(nl - raw) : len;
         size_t l = end - i;
-        if (l > 0 && raw[i + l - 1] == '\r')
-            l--;
-        if (l >= 5 && memcmp(raw + i, "data:", 5) == 0) {
-            if (payload)
-                return 0; /* several data lines: not the simple case */
-            payload = raw + i + 5;
-            plen = l - 5;
-            if (plen && *payload == ' ') {
-                payload++;
-                plen--;
-            }
-        }
+        const char *line = raw + i;
         i = end + 1;
+        if (l > 0 && line[l - 1] == '\r')
+            l--;
+        if (l >= 5 && memcmp(line, "data:", 5) == 0) {
+            const char *d = line + 5;
+            size_t n = l - 5;
+            if (n && *d == ' ') {
+                d++;
+                n--;
+            }
+            *i_p = i;
+            *d_p = d;
+            *n_p = n;
+            return 1;
+        }
+    }
+    *i_p = i;
+    return 0;
+}
+
+int baton_sse_single_data(const char *raw, size_t len, const char **payload_p, size_t *len_p)
+{
+    const char *payload = NULL, *d;
+    size_t plen = 0, n, i = 0;
+    while (next_data(raw, len, &i, &d, &n)) {
+        if (payload)
+            return 0; /* several data lines: not the simple case */
+        payload = d;
+        plen = n;
     }
     if (!payload)
         return 0;
@@ -67,25 +84,12 @@ static int event_payload(const char *raw, size_t len, baton_buf_t *tmp, const ch
         return 1;
     baton_buf_reset(tmp);
     int any = 0;
-    size_t i = 0;
-    while (i < len) {
-        const char *nl = memchr(raw + i, '\n', len - i);
-        size_t end = nl ? (size_t)(nl - raw) : len;
-        size_t l = end - i;
-        if (l > 0 && raw[i + l - 1] == '\r')
-            l--;
-        if (l >= 5 && memcmp(raw + i, "data:", 5) == 0) {
-            const char *d = raw + i + 5;
-            size_t dl = l - 5;
-            if (dl && *d == ' ') {
-                d++;
-                dl--;
-            }
-            if ((any && baton_buf_append(tmp, "\n", 1)) || baton_buf_append(tmp, d, dl))
-                return BATON_ENOMEM;
-            any = 1;
-        }
-        i = end + 1;
+    const char *d;
+    size_t dl, i = 0;
+    while (next_data(raw, len, &i, &d, &dl)) {
+        if ((any && baton_buf_append(tmp, "\n", 1)) || baton_buf_append(tmp, d, dl))
+            return BATON_ENOMEM;
+        any = 1;
     }
     if (!any)
         return 0;
