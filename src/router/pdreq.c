@@ -246,22 +246,14 @@ static int validate_completions(baton_pdreq_t *r, baton_pdreq_error_t *err)
     size_t prompts = 0;
     if (!p)
         return fail(err, "prompt", "missing_parameter", "'prompt' is required");
-    if (json_is_string(p)) {
-        /* single */
-    } else if (json_is_array(p)) {
-        if (json_array_size(p) == 0)
-            return fail(err, "prompt", "invalid_value", "'prompt' must not be empty");
-        if (is_string_array(p) || is_int_array_array(p))
-            prompts = json_array_size(p);
-        else if (!is_int_array(p))
-            return fail(err, "prompt", "invalid_type",
-                        "'prompt' must be a string, an array of strings, an array of integers "
-                        "or an array of non-empty integer arrays");
-    } else {
+    if (json_is_array(p) && json_array_size(p) == 0)
+        return fail(err, "prompt", "invalid_value", "'prompt' must not be empty");
+    if (is_string_array(p) || is_int_array_array(p))
+        prompts = json_array_size(p);
+    else if (!json_is_string(p) && !is_int_array(p)) /* a string or a flat int array: one */
         return fail(err, "prompt", "invalid_type",
                     "'prompt' must be a string, an array of strings, an array of integers or "
                     "an array of non-empty integer arrays");
-    }
     json_t *lp = opt(r->root, "logprobs");
     r->logprobs = lp && !json_is_false(lp);
     return set_batch(r, prompts, opt(r->root, "n"), err);
@@ -273,17 +265,11 @@ static int validate_generate(baton_pdreq_t *r, baton_pdreq_error_t *err)
     size_t prompts = 0;
     if (!text && !ids)
         return fail(err, "text", "missing_parameter", "'text' or 'input_ids' is required");
-    if (text) {
-        if (json_is_array(text)) {
-            if (json_array_size(text) == 0 || !is_string_array(text))
-                return fail(err, "text", "invalid_type",
-                            "'text' must be a string or a non-empty array of strings");
-            prompts = json_array_size(text);
-        } else if (!json_is_string(text)) {
-            return fail(err, "text", "invalid_type",
-                        "'text' must be a string or a non-empty array of strings");
-        }
-    }
+    if (text && !json_is_string(text) && (json_array_size(text) == 0 || !is_string_array(text)))
+        return fail(err, "text", "invalid_type",
+                    "'text' must be a string or a non-empty array of strings");
+    if (json_is_array(text))
+        prompts = json_array_size(text);
     if (ids) {
         if (is_int_array_array(ids)) {
             if (prompts && prompts != json_array_size(ids))
