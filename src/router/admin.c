@@ -442,25 +442,21 @@ int baton_admin_handle(baton_http_req_t *req, baton_registry_t *reg)
         worker_by_id(req, reg, path + 9);
         return 1;
     }
-    if (strcmp(path, "/add_worker") == 0) {
-        if (strcmp(m, "POST") == 0)
-            legacy_add(req, reg);
+    static const struct {
+        const char *path, *method;
+        void (*handle)(baton_http_req_t *req, baton_registry_t *reg);
+    } legacy[] = {
+        {"/add_worker", "POST", legacy_add},
+        {"/remove_worker", "POST", legacy_remove},
+        {"/list_workers", "GET", legacy_list},
+    };
+    for (size_t i = 0; i < sizeof(legacy) / sizeof(legacy[0]); i++) {
+        if (strcmp(path, legacy[i].path) != 0)
+            continue;
+        if (strcmp(m, legacy[i].method) == 0)
+            legacy[i].handle(req, reg);
         else
-            method_not_allowed(req, "POST");
-        return 1;
-    }
-    if (strcmp(path, "/remove_worker") == 0) {
-        if (strcmp(m, "POST") == 0)
-            legacy_remove(req, reg);
-        else
-            method_not_allowed(req, "POST");
-        return 1;
-    }
-    if (strcmp(path, "/list_workers") == 0) {
-        if (strcmp(m, "GET") == 0)
-            legacy_list(req, reg);
-        else
-            method_not_allowed(req, "GET");
+            method_not_allowed(req, legacy[i].method);
         return 1;
     }
     return 0;
