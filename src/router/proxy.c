@@ -318,20 +318,17 @@ static baton_http_pool_t *pool_for(baton_proxy_loop_t *pl, baton_worker_t *w)
 /* ---------------------------------------------------------------------------------------- */
 /* Worker selection (pick.h) with this router's policy, health layer and cap                */
 
-enum pick_rc { PK_OK = BATON_PICK_OK, PK_CAPPED = BATON_PICK_CAPPED, PK_NONE = BATON_PICK_NONE };
-typedef baton_pick_t pick_t;
-
-static void pick_release(baton_router_t *r, pick_t *p, baton_breaker_outcome_t outcome)
+static void pick_release(baton_router_t *r, baton_pick_t *p, baton_breaker_outcome_t outcome)
 {
     baton_pick_release(r->health, p, outcome);
 }
 
-static enum pick_rc pick(baton_router_t *r, baton_worker_role_t role, baton_worker_t *const *avoid,
-                         size_t n_avoid, int use_cap, pick_t *out)
+static baton_pick_rc_t pick(baton_router_t *r, baton_worker_role_t role,
+                            baton_worker_t *const *avoid, size_t n_avoid, int use_cap,
+                            baton_pick_t *out)
 {
-    return (enum pick_rc)baton_pick(r->registry, baton_router_policy(r, role), r->health,
-                                    use_cap ? r->cfg->max_worker_requests : 0, role, avoid, n_avoid,
-                                    out);
+    return baton_pick(r->registry, baton_router_policy(r, role), r->health,
+                      use_cap ? r->cfg->max_worker_requests : 0, role, avoid, n_avoid, out);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -476,7 +473,7 @@ static void up_free(upstream_t *u)
     free(u);
 }
 
-static upstream_t *up_new(preq_t *pr, int side, pick_t *p)
+static upstream_t *up_new(preq_t *pr, int side, baton_pick_t *p)
 {
     upstream_t *u = calloc(1, sizeof(*u));
     if (!u)
@@ -846,6 +843,12 @@ static int try_retry(preq_t *pr, upstream_t *u, int err)
     return 1;
 }
 
+static int is_timeout(int err)
+{
+    return err == BATON_ETIMEOUT_CONNECT || err == BATON_ETIMEOUT_FIRST_BYTE ||
+           err == BATON_ETIMEOUT_IDLE || err == BATON_ETIMEOUT_TOTAL || err == BATON_ETIMEOUT;
+}
+
 /* An upstream failed at the transport level (err < 0) or answered with a non-2xx status that
  * is reported as this side's failure. Decides the client's answer, then retries with a new
  * pair when allowed, else answers and cancels the rest. */
@@ -866,8 +869,7 @@ static void side_failed(preq_t *pr, upstream_t *u, int err)
         if (err == BATON_ECONNECT || err == BATON_ETIMEOUT_CONNECT) {
             status = err == BATON_ECONNECT ? 502 : 504;
             ci = C_UNAVAILABLE;
-        } else if (err == BATON_ETIMEOUT_FIRST_BYTE || err == BATON_ETIMEOUT_IDLE ||
-                   err == BATON_ETIMEOUT_TOTAL || err == BATON_ETIMEOUT) {
+        } else if (is_timeout(err)) { /* the connect timeout was taken above */
             status = 504;
             ci = C_TIMEOUT;
         } else if (err == BATON_ESHUTDOWN) {
@@ -1033,18 +1035,18 @@ enum start_rc { ST_STARTED, ST_WAIT, ST_NOWORKER, ST_NOMEM };
 static enum start_rc start_attempt(preq_t *pr, int *missing_prefill)
 {
     baton_router_t *r = pr->pl->router;
-    pick_t p = {0}, d = {0}, w = {0};
-    enum pick_rc prc, drc = PK_NONE, wrc;
+    baton_pick_t p = {0}, d = {0}, w = {0};
+    baton_pick_rc_t prc, drc = BATON_PICK_NONE, wrc;
     *missing_prefill = 1;
     prc = pick(r, BATON_ROLE_PREFILL, pr->avoid, pr->n_avoid, 1, &p);
-    if (prc == PK_OK) {
+    if (prc == BATON_PICK_OK) {
         drc = pick(r, BATON_ROLE_DECODE, pr->avoid, pr->n_avoid, 1, &d);
-        if (drc != PK_OK) {
+        if (drc != BATON_PICK_OK) {
             pick_release(r, &p, BATON_OUTCOME_NEUTRAL);
             *missing_prefill = 0;
         }
     }
-    if (prc == PK_OK && drc == PK_OK) {
+    if (prc == BATON_PICK_OK && drc == BATON_PICK_OK) {
         upstream_t *up = up_new(pr, UP_PREFILL, &p), *ud = up ? up_new(pr, UP_MAIN, &d) : NULL;
         if (!up || !ud) {
             pick_release(r, &p, BATON_OUTCOME_NEUTRAL);
@@ -1059,7 +1061,7 @@ static enum start_rc start_attempt(preq_t *pr, int *missing_prefill)
         return pd_dispatch(pr) ? ST_NOMEM : ST_STARTED;
     }
     wrc = pick(r, BATON_ROLE_REGULAR, pr->avoid, pr->n_avoid, 1, &w);
-    if (wrc == PK_OK) {
+    if (wrc == BATON_PICK_OK) {
         upstream_t *u = up_new(pr, UP_MAIN, &w);
         if (!u) {
             pick_release(r, &w, BATON_OUTCOME_NEUTRAL);
@@ -1076,7 +1078,7 @@ static enum start_rc start_attempt(preq_t *pr, int *missing_prefill)
             side_failed(pr, u, rc);
         return ST_STARTED;
     }
-    if (prc == PK_CAPPED || drc == PK_CAPPED || wrc == PK_CAPPED)
+    if (prc == BATON_PICK_CAPPED || drc == BATON_PICK_CAPPED || wrc == BATON_PICK_CAPPED)
         return ST_WAIT;
     return ST_NOWORKER;
 }
@@ -1516,12 +1518,6 @@ static int blames_prefill(const preq_t *pr, const upstream_t *u, int err)
            body_mentions(&u->resp, "kv transfer") || body_mentions(&u->resp, "kv_transfer");
 }
 
-static int is_timeout(int err)
-{
-    return err == BATON_ETIMEOUT_CONNECT || err == BATON_ETIMEOUT_FIRST_BYTE ||
-           err == BATON_ETIMEOUT_IDLE || err == BATON_ETIMEOUT_TOTAL || err == BATON_ETIMEOUT;
-}
-
 static void on_done(baton_http_creq_t *creq, int err)
 {
     upstream_t *u = creq->data;
@@ -1662,7 +1658,7 @@ int baton_proxy_forward(baton_proxy_loop_t *pl, baton_http_req_t *req, const cha
                         const baton_worker_role_t *roles, size_t n_roles)
 {
     baton_router_t *r = pl->router;
-    pick_t w = {0};
+    baton_pick_t w = {0};
     for (size_t i = 0; i < n_roles && !w.w; i++)
         pick(r, roles[i], NULL, 0, 0, &w);
     if (!w.w)
