@@ -69,7 +69,10 @@ def main():
           f"per worker; requests: streaming chat, 1 output token")
     common = ["--model-preset", "large", "--transport", args.transport, "--kv-pool-tokens",
               args.pool_tokens, "--prefill-us-per-token", args.prefill_us_per_token,
-              "--decode-us-per-token", 2000, "--max-batch", 64, "--max-queue", 10000]
+              "--decode-us-per-token", 2000, "--max-batch", 64, "--max-queue", 10000,
+              # At 16k tokens and c=32 a request waits minutes for pool pages: no deadline
+              # inside the measured run.
+              "--bootstrap-timeout-ms", 1800000]
     figures = {"config": vars(args), "rows": []}
     rows = []
     failed = 0
@@ -102,6 +105,9 @@ def main():
                     res["rooms"] = rooms
                     res_by_mode[mode] = res
                     failed += res["failed"]
+                    if res["failed"]:
+                        print(f"{n_tok} tokens, c={conc}, layerwise {mode}: {res['failed']} "
+                              f"failed, first error: {res.get('first_error')}", flush=True)
             off, on = res_by_mode["off"], res_by_mode["on"]
             room_bytes = n_tok * KV_PER_TOKEN
             # The layer-off transfer moves the whole room after compute: its rate prices a layer.
@@ -124,7 +130,8 @@ def main():
                                         "xfer_ms_mean": row[7], "tail_ms_mean": tail_ms,
                                         "one_layer_ms": layer_ms, "off_rate_gbps":
                                         rate / 1e9 if rate else None,
-                                        "completed": res["completed"], "failed": res["failed"]})
+                                        "completed": res["completed"], "failed": res["failed"],
+                                        "first_error": res.get("first_error")})
             if off["ttft_ms"].get("p50") and on["ttft_ms"].get("p50"):
                 ch = on["ttft_ms"]["p50"] / off["ttft_ms"]["p50"] - 1
                 print(f"{n_tok} tokens, c={conc}: TTFT p50 {off['ttft_ms']['p50']:.0f} -> "
