@@ -263,11 +263,6 @@ baton_router_t *baton_proxy_loop_router(baton_proxy_loop_t *pl)
     return pl->router;
 }
 
-uv_loop_t *baton_proxy_loop_uv(baton_proxy_loop_t *pl)
-{
-    return pl->loop;
-}
-
 unsigned baton_proxy_loop_active(const baton_proxy_loop_t *pl)
 {
     return pl->active;

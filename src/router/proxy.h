@@ -79,7 +79,6 @@ void baton_proxy_loop_destroy(baton_proxy_loop_t *pl);
 void baton_proxy_loop_cancel_all(baton_proxy_loop_t *pl);
 
 baton_router_t *baton_proxy_loop_router(baton_proxy_loop_t *pl);
-uv_loop_t *baton_proxy_loop_uv(baton_proxy_loop_t *pl);
 
 /* Proxied requests alive on this loop now (queued ones included). */
 unsigned baton_proxy_loop_active(const baton_proxy_loop_t *pl);

@@ -366,7 +366,6 @@ int baton_registry_add(baton_registry_t *reg, const baton_worker_spec_t *spec,
     w->bootstrap_port = spec->bootstrap_port;
     w->priority = spec->priority;
     w->cost = spec->cost;
-    w->added_ns = uv_hrtime();
     atomic_init(&w->in_flight, 0);
     atomic_init(&w->health, BATON_HEALTH_HEALTHY);
     atomic_init(&w->breaker, BATON_BREAKER_CLOSED);

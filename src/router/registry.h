@@ -90,7 +90,6 @@ typedef struct baton_worker_s {
     int priority;
     double cost;
     char *labels_json; /* compact JSON object text, "{}" when none; never NULL */
-    uint64_t added_ns; /* uv_hrtime() at registration */
 
     /* Mutable, atomic. */
     atomic_long in_flight;       /* requests currently sent to this worker */

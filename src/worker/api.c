@@ -815,9 +815,9 @@ static void job_start(wk_job_t *job)
     }
 }
 
-static void handle_generation(wk_worker_t *w, baton_http_req_t *http, wk_api_t api,
-                              const char *route)
+static void handle_generation(wk_worker_t *w, baton_http_req_t *http, wk_api_t api)
 {
+    const char *route = wk_api_name(api); /* the metrics' route label */
     uint64_t start_ns = uv_hrtime();
     wk_parse_err_t perr = {0};
     wk_job_t *job = calloc(1, sizeof(*job));
@@ -1072,13 +1072,13 @@ static void http_handler(baton_http_req_t *req, void *ctx)
     }
     switch (match->kind) {
     case R_GENERATE:
-        handle_generation(w, req, WK_API_GENERATE, "generate");
+        handle_generation(w, req, WK_API_GENERATE);
         break;
     case R_CHAT:
-        handle_generation(w, req, WK_API_CHAT, "chat");
+        handle_generation(w, req, WK_API_CHAT);
         break;
     case R_COMPLETIONS:
-        handle_generation(w, req, WK_API_COMPLETIONS, "completions");
+        handle_generation(w, req, WK_API_COMPLETIONS);
         break;
     default:
         handle_get(w, req, match->path);

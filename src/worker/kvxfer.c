@@ -305,11 +305,6 @@ void wk_kv_unreserve(wk_kv_t *kv, const uint32_t *slots, uint32_t n)
     kick(kv);
 }
 
-unsigned wk_kv_reserve_waiting(const wk_kv_t *kv)
-{
-    return kv->pool.n_waiting;
-}
-
 static uint8_t *page_addr(const wk_kv_t *kv, uint32_t layer, uint32_t slot)
 {
     return kv->base + ((uint64_t)layer * kv->n_slots + slot) * kv->page_bytes;

@@ -94,8 +94,6 @@ int wk_kv_reserve(wk_kv_t *kv, wk_kv_resv_t *r, uint32_t n, uint32_t *slots, wk_
                   void *data);
 void wk_kv_reserve_cancel(wk_kv_t *kv, wk_kv_resv_t *r);
 void wk_kv_unreserve(wk_kv_t *kv, const uint32_t *slots, uint32_t n);
-/* Requests waiting for slots. */
-unsigned wk_kv_reserve_waiting(const wk_kv_t *kv);
 
 /* ---- decode ---- */
 

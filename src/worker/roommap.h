@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Keys are unique; values are not owned. Not thread-safe. */
+/* Keys are unique; values are not owned. Not thread-safe. A zeroed map is empty. */
 typedef struct wk_roommap_slot_s {
     uint64_t key;
     void *val; /* NULL marks an empty slot */
@@ -16,11 +16,6 @@ typedef struct wk_roommap_s {
     size_t cap; /* power of two, or 0 */
     size_t n;
 } wk_roommap_t;
-
-#define WK_ROOMMAP_INIT                                                                            \
-    {                                                                                              \
-        NULL, 0, 0                                                                                 \
-    }
 
 void *wk_roommap_get(const wk_roommap_t *m, uint64_t key);
 /* val must not be NULL. Returns 0, BATON_EEXIST or BATON_ENOMEM. */

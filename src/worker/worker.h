@@ -69,8 +69,8 @@ typedef struct wk_worker_s {
     baton_metric_child_t *m_queue, *m_running, *m_inflight, *m_boot_waiting;
 } wk_worker_t;
 
-/* Creates the scheduler, metrics, bootstrap module and HTTP server and starts listening (logs
- * the listening lines). Returns 0 or a negative error with a log line saying what failed. */
+/* Creates the scheduler, metrics, KV hand-off (PD modes) and HTTP server and starts listening
+ * (logs the listening lines). Returns 0 or a negative error with a log line saying what failed. */
 int wk_worker_start(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg);
 
 /* Graceful stop: in-flight requests are aborted, every handle closed; on_closed runs when the
