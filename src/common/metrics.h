@@ -1,5 +1,6 @@
 /* metrics.h — a small thread-safe Prometheus registry (counters, gauges, histograms) and its
- * text exposition format 0.0.4. Used by the router, baton-worker and libbaton. */
+ * text exposition format 0.0.4. Used by the router and baton-worker (which publishes libbaton's
+ * engine counters through it). */
 #ifndef BATON_COMMON_METRICS_H
 #define BATON_COMMON_METRICS_H
 

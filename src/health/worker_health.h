@@ -16,7 +16,11 @@
  * registry's atomics (health HEALTHY/UNHEALTHY, breaker CLOSED/OPEN/HALF_OPEN), so registry
  * snapshots, /workers and /readiness see them without calling in here.
  *
- * ---- How the request path uses it (proxy / policy) ----
+ * ---- How the request path uses it ----
+ *
+ * The router picks through baton_pick() (router/pick.h), which admits each candidate its policy
+ * chooses with baton_whealth_admit() under the per-worker caps; baton_whealth_pick() is the same
+ * without caps or an avoid list. Either way the pattern is:
  *
  *   baton_whealth_ticket_t t;
  *   baton_worker_t *w = baton_whealth_pick(wh, policy, BATON_ROLE_DECODE, &t);

@@ -49,7 +49,8 @@ baton_worker_t *baton_policy_select(baton_policy_t *policy, baton_worker_t *cons
 /*
  * Snapshot of the eligible workers of `role` + select + reference: returns a NEW reference to
  * the chosen worker, or NULL when none is eligible (→ BATON_ENOWORKER for the caller) or on
- * allocation failure. The convenient call for the request path.
+ * allocation failure. No health admission and no caps: the router's request path picks with
+ * baton_pick() (pick.h) instead.
  */
 baton_worker_t *baton_policy_pick(baton_policy_t *policy, baton_registry_t *reg,
                                   baton_worker_role_t role);
