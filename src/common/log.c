@@ -26,6 +26,11 @@ int baton_log_parse_level(const char *name, baton_log_level_t *level_p)
     return -1;
 }
 
+const char *baton_log_level_name(baton_log_level_t level)
+{
+    return (unsigned)level < 4 ? level_names[level] : "info";
+}
+
 void baton_log_set_level(baton_log_level_t level)
 {
     atomic_store(&current_level, (int)level);

@@ -12,6 +12,8 @@ typedef enum {
 /* Thread-safe. Default level INFO; BATON_LOG_LEVEL=debug|info|warn|error overrides. */
 void baton_log_set_level(baton_log_level_t level);
 int baton_log_parse_level(const char *name, baton_log_level_t *level_p);
+/* "debug", "info", "warn", "error"; "info" for a value outside the enum. */
+const char *baton_log_level_name(baton_log_level_t level);
 int baton_log_enabled(baton_log_level_t level);
 
 /*
@@ -27,8 +29,8 @@ void baton_log(baton_log_level_t level, const char *comp, const char *fmt, ...)
             baton_log(BATON_LOG_DEBUG, comp, __VA_ARGS__);                                         \
     } while (0)
 #define log_debug(comp, ...) BATON_LOG_DEBUG_(comp, __VA_ARGS__)
-#define log_info(comp, ...) baton_log(BATON_LOG_INFO, comp, __VA_ARGS__)
-#define log_warn(comp, ...) baton_log(BATON_LOG_WARN, comp, __VA_ARGS__)
+#define log_info(comp, ...)  baton_log(BATON_LOG_INFO, comp, __VA_ARGS__)
+#define log_warn(comp, ...)  baton_log(BATON_LOG_WARN, comp, __VA_ARGS__)
 #define log_error(comp, ...) baton_log(BATON_LOG_ERROR, comp, __VA_ARGS__)
 
 #endif

@@ -771,12 +771,9 @@ static void default_text(const baton_config_t *d, const opt_t *o, char *buf, siz
     case OPT_POLICY:
         snprintf(buf, len, "%s", baton_policy_name(*(const baton_policy_kind_t *)field));
         break;
-    case OPT_LOGLEVEL: {
-        static const char *const names[] = {"debug", "info", "warn", "error"};
-        int l = *(const int *)field;
-        snprintf(buf, len, "%s", l >= 0 && l < 4 ? names[l] : "info");
+    case OPT_LOGLEVEL:
+        snprintf(buf, len, "%s", baton_log_level_name(*(const baton_log_level_t *)field));
         break;
-    }
     }
 }
 
