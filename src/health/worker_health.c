@@ -3,6 +3,7 @@
 #include "health/worker_health.h"
 
 #include "baton/error.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/rand.h"
 
@@ -128,7 +129,7 @@ struct baton_whealth_s {
 
 static uint64_t default_clock(void *ctx)
 {
-    return uv_hrtime() / 1000000u;
+    return baton_now_ms();
 }
 
 uint64_t baton_whealth_now(const baton_whealth_t *wh)

@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "baton/error.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "router/pick.h"
 #include "router/retry.h"
@@ -329,19 +330,14 @@ static baton_pick_rc_t pick(baton_router_t *r, baton_worker_role_t role,
 /* ---------------------------------------------------------------------------------------- */
 /* Client responses (each records the request in the metrics)                               */
 
-static double since_s(uint64_t start_ns, uint64_t now_ns)
-{
-    return now_ns > start_ns ? (double)(now_ns - start_ns) / 1e9 : 0.0;
-}
-
 /* 499 (nginx's "client closed request") when the client was gone. */
 static void record(baton_router_t *r, uint64_t start_ns, const char *route, int status, int rc,
                    uint64_t ttfb_ns)
 {
     uint64_t now = uv_hrtime();
     baton_router_metrics_request_done(r->metrics, route, rc == BATON_ECLOSED ? 499 : status,
-                                      since_s(start_ns, now),
-                                      ttfb_ns ? since_s(start_ns, ttfb_ns) : -1.0);
+                                      baton_seconds_between(start_ns, now),
+                                      ttfb_ns ? baton_seconds_between(start_ns, ttfb_ns) : -1.0);
 }
 
 int baton__respond(baton_router_t *r, baton_http_req_t *req, const char *route, int status,
@@ -691,7 +687,7 @@ static void queue_remove(preq_t *pr, int final)
         baton_admission_dequeue(r->admission, &pl->waker);
     baton_resil_metrics_queue_depth(r->resil, -1);
     if (final)
-        baton_resil_metrics_queue_time(r->resil, since_s(pr->queued_ns, uv_hrtime()));
+        baton_resil_metrics_queue_time(r->resil, baton_seconds_since(pr->queued_ns));
     timer_stop(pr);
 }
 
@@ -1129,7 +1125,7 @@ static void queue_run(baton_proxy_loop_t *pl)
         queue_remove(pr, 0);
         enum start_rc rc = try_start(pr, 0);
         if (rc != ST_WAIT)
-            baton_resil_metrics_queue_time(r->resil, since_s(pr->queued_ns, uv_hrtime()));
+            baton_resil_metrics_queue_time(r->resil, baton_seconds_since(pr->queued_ns));
         if (rc == ST_WAIT) {
             /* All at their caps again: back to the head of the queue, nothing lost. */
             if (r->admission && baton_admission_enqueue(r->admission, &pl->waker) == 0) {
@@ -1147,7 +1143,7 @@ static void queue_run(baton_proxy_loop_t *pl)
                     r->cfg->queue_timeout_ms > waited ? r->cfg->queue_timeout_ms - waited : 1;
                 timer_start(pr, TM_QUEUE, left);
             } else {
-                baton_resil_metrics_queue_time(r->resil, since_s(pr->queued_ns, uv_hrtime()));
+                baton_resil_metrics_queue_time(r->resil, baton_seconds_since(pr->queued_ns));
                 baton_resil_metrics_rejected(r->resil, "queue_full");
                 pr_respond_queue_full(pr);
                 pr_maybe_free(pr);

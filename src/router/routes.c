@@ -9,6 +9,7 @@
 #include <jansson.h>
 
 #include "baton/error.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "router/admin.h"
 #include "router/proxy.h"
@@ -169,8 +170,7 @@ static void method_not_allowed(baton_proxy_loop_t *pl, baton_http_req_t *req, co
     uint64_t start = req->start_ns;
     int rc = baton_http_respond(req, 405, "application/json", &allow, 1, s, strlen(s));
     free(s);
-    uint64_t now = uv_hrtime();
-    double d = now > start ? (double)(now - start) / 1e9 : 0;
+    double d = baton_seconds_since(start);
     baton_router_metrics_request_done(r->metrics, rt->path, rc == BATON_ECLOSED ? 499 : 405, d, d);
 }
 

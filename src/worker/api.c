@@ -8,6 +8,7 @@
 
 #include "baton/error.h"
 #include "common/buf.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/render.h"
 #include "worker/request.h"
@@ -125,7 +126,7 @@ static void observe_duration(wk_worker_t *w, const char *route, uint64_t start_n
 {
     const char *labels[1] = {route};
     baton_histogram_observe(baton_metric_child(w->m_duration, labels),
-                            (double)(uv_hrtime() - start_ns) / 1e9);
+                            baton_seconds_since(start_ns));
 }
 
 /* ---- scheduler driver ---- */
@@ -179,18 +180,13 @@ static void job_fail_err(wk_job_t *job, int err, const char *what, const char *d
 static void job_fail_pool(wk_job_t *job);
 static void dl_timer_cb(uv_timer_t *t);
 
-static uint64_t now_ms(void)
-{
-    return uv_hrtime() / 1000000;
-}
-
 static void dl_arm(wk_worker_t *w)
 {
     if (w->dl_head == NULL) {
         uv_timer_stop(&w->dl_timer);
         return;
     }
-    uint64_t now = now_ms();
+    uint64_t now = baton_now_ms();
     uint64_t due = w->dl_head->deadline_ms;
     uv_timer_start(&w->dl_timer, dl_timer_cb, due > now ? due - now : 0, 0);
 }
@@ -218,7 +214,7 @@ static void dl_unlink(wk_job_t *job)
 static void dl_link(wk_job_t *job)
 {
     wk_worker_t *w = job->w;
-    job->deadline_ms = now_ms() + w->cfg.bootstrap_timeout_ms;
+    job->deadline_ms = baton_now_ms() + w->cfg.bootstrap_timeout_ms;
     job->dl_next = NULL;
     job->dl_prev = w->dl_tail;
     if (w->dl_tail)
@@ -234,7 +230,7 @@ static void dl_link(wk_job_t *job)
 static void dl_timer_cb(uv_timer_t *t)
 {
     wk_worker_t *w = t->data;
-    uint64_t now = now_ms();
+    uint64_t now = baton_now_ms();
     wk_job_t *job;
     while ((job = w->dl_head) != NULL && job->deadline_ms <= now) {
         dl_unlink(job);
@@ -318,7 +314,7 @@ static void render_ctx(wk_job_t *job, wk_render_ctx_t *ctx)
     ctx->model = job->req.model ? job->req.model : w->cfg.model_name;
     ctx->created = job->created;
     ctx->input_logprobs = w->cfg.mode != WK_MODE_DECODE;
-    ctx->e2e_s = (double)(uv_hrtime() - job->start_ns) / 1e9;
+    ctx->e2e_s = baton_seconds_since(job->start_ns);
 }
 
 static void job_fail_reason(wk_job_t *job, int status, const char *message, const char *code,
@@ -434,7 +430,7 @@ static void job_emit(wk_job_t *job, wk_sstate_t *ss)
     wk_worker_t *w = job->w;
     if (!job->ttft_seen && ss->gen.n_tokens > 0) {
         job->ttft_seen = 1;
-        baton_histogram_observe(w->m_ttft, (double)(uv_hrtime() - job->start_ns) / 1e9);
+        baton_histogram_observe(w->m_ttft, baton_seconds_since(job->start_ns));
     }
     if (!job->req.stream)
         return;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "baton/error.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/kvpattern.h"
 #include "worker/roommap.h"
@@ -141,11 +142,6 @@ struct wk_kv_s {
     baton_xfer_stats_t seen;
 };
 
-static uint64_t now_ms(void)
-{
-    return uv_hrtime() / 1000000;
-}
-
 static const char *reason_of(int status)
 {
     switch (status) {
@@ -187,7 +183,7 @@ static void count_fail(wk_kv_t *kv, const char *reason)
 static void observe_since(baton_metric_child_t *h, uint64_t t0_ns)
 {
     if (t0_ns)
-        baton_histogram_observe(h, (double)(uv_hrtime() - t0_ns) / 1e9);
+        baton_histogram_observe(h, baton_seconds_since(t0_ns));
 }
 
 /* ---- deferred work: matched callbacks and pool waiters ------------------------------------ */
@@ -663,7 +659,7 @@ static void on_room(baton_xfer_engine_t *eng, baton_xfer_room_t *room, void *dat
         s->in_map = 1;
         s->st = S_ORPHAN;
         s->xroom = room;
-        s->expires_ms = now_ms() + kv->cfg.timeout_ms + ORPHAN_GRACE_MS;
+        s->expires_ms = baton_now_ms() + kv->cfg.timeout_ms + ORPHAN_GRACE_MS;
         list_push(kv, &kv->orphans, L_ORPHANS, s);
         baton_xfer_room_set_data(room, s);
         log_debug(COMP, "kv_offer_waiting room=%" PRIu64 " peer=%s", id,
@@ -699,7 +695,7 @@ static void on_room_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, in
             s->counted = 1;
             count_fail(kv, reason_of(status ? status : BATON_EABORTED));
         }
-        tomb_push(kv, s, now_ms());
+        tomb_push(kv, s, baton_now_ms());
         send_maybe_free(s);
         return;
     }
@@ -825,7 +821,7 @@ void wk_kv_send_drop(wk_kv_send_t *s, const char *reason)
         lease_drop(kv, &s->lease, WK_KV_HOLD_USER);
     if (s->st == S_WAITING) {
         /* its offer has not come: remember the room so a late one is refused at once */
-        tomb_push(kv, s, now_ms());
+        tomb_push(kv, s, baton_now_ms());
         free(s->ids);
         s->ids = NULL;
         return;
@@ -864,13 +860,13 @@ void wk_kv_send_refuse(wk_kv_t *kv, uint64_t room)
     } else {
         return;
     }
-    tomb_push(kv, s, now_ms());
+    tomb_push(kv, s, baton_now_ms());
 }
 
 static void tick_cb(uv_timer_t *t)
 {
     wk_kv_t *kv = t->data;
-    uint64_t now = now_ms();
+    uint64_t now = baton_now_ms();
     wk_kv_send_t *s;
     while ((s = kv->tombs.head) != NULL && s->expires_ms <= now) {
         list_remove(kv, s);
