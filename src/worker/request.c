@@ -125,6 +125,17 @@ static int check_stop_ids(json_t *v, const char *param, wk_parse_err_t *err)
     return 0;
 }
 
+/* "stop" and "stop_token_ids" of obj (the body, or /generate's sampling_params). */
+static int get_stops(json_t *obj, params_t *p, wk_parse_err_t *err)
+{
+    int rc;
+    p->stop = json_object_get(obj, "stop");
+    if ((rc = check_stop(p->stop, "stop", err)) != 0)
+        return rc;
+    p->stop_ids = json_object_get(obj, "stop_token_ids");
+    return check_stop_ids(p->stop_ids, "stop_token_ids", err);
+}
+
 static char *dup_mem(const char *s, size_t len)
 {
     char *p = malloc(len + 1);
@@ -365,11 +376,7 @@ static int parse_openai_common(json_t *root, wk_request_t *req, params_t *p, uin
         return rc;
     if (*n_p == 0)
         return fail(err, "n", "'n' must be at least 1");
-    p->stop = json_object_get(root, "stop");
-    if ((rc = check_stop(p->stop, "stop", err)) != 0)
-        return rc;
-    p->stop_ids = json_object_get(root, "stop_token_ids");
-    return check_stop_ids(p->stop_ids, "stop_token_ids", err);
+    return get_stops(root, p, err);
 }
 
 static int parse_chat(json_t *root, wk_request_t *req, wk_parse_err_t *err)
@@ -518,11 +525,7 @@ static int parse_sampling(json_t *sp, params_t *p, wk_parse_err_t *err)
         return rc;
     if (n != 1)
         return fail(err, "n", "sampling_params.n other than 1 is not supported; send a batch");
-    p->stop = json_object_get(sp, "stop");
-    if ((rc = check_stop(p->stop, "stop", err)) != 0)
-        return rc;
-    p->stop_ids = json_object_get(sp, "stop_token_ids");
-    return check_stop_ids(p->stop_ids, "stop_token_ids", err);
+    return get_stops(sp, p, err);
 }
 
 static int parse_generate(json_t *root, wk_request_t *req, wk_parse_err_t *err)
