@@ -346,18 +346,25 @@ static int set_from_json(baton_config_t *cfg, const opt_t *o, const char *where,
 
 /* ---- workers ---- */
 
+long baton_config_find_worker(const baton_config_t *cfg, size_t n, const char *norm_url)
+{
+    char other[BATON_WORKER_URL_MAX];
+    for (size_t i = 0; i < n && i < cfg->n_workers; i++)
+        if (baton_worker_url_normalize(cfg->workers[i].url, other, sizeof(other), NULL) == 0 &&
+            strcmp(norm_url, other) == 0)
+            return (long)i;
+    return -1;
+}
+
 static int push_worker(baton_config_t *cfg, baton_config_worker_t *w, size_t replace_below)
 {
-    char norm[600], other[600];
-    if (baton_worker_url_normalize(w->url, norm, sizeof(norm), NULL) == 0) {
-        for (size_t i = 0; i < replace_below && i < cfg->n_workers; i++) {
-            if (baton_worker_url_normalize(cfg->workers[i].url, other, sizeof(other), NULL) == 0 &&
-                strcmp(norm, other) == 0) {
-                worker_free(&cfg->workers[i]);
-                cfg->workers[i] = *w;
-                return 0;
-            }
-        }
+    char norm[BATON_WORKER_URL_MAX];
+    long i;
+    if (baton_worker_url_normalize(w->url, norm, sizeof(norm), NULL) == 0 &&
+        (i = baton_config_find_worker(cfg, replace_below, norm)) >= 0) {
+        worker_free(&cfg->workers[i]);
+        cfg->workers[i] = *w;
+        return 0;
     }
     baton_config_worker_t *ws = realloc(cfg->workers, (cfg->n_workers + 1) * sizeof(*ws));
     if (ws == NULL)
@@ -369,7 +376,7 @@ static int push_worker(baton_config_t *cfg, baton_config_worker_t *w, size_t rep
 
 static int check_worker(const baton_config_worker_t *w, const char *where, char *err, size_t errlen)
 {
-    char norm[600];
+    char norm[BATON_WORKER_URL_MAX];
     if (baton_worker_url_normalize(w->url, norm, sizeof(norm), NULL) != 0)
         return set_err(err, errlen, BATON_EINVAL,
                        "%s: invalid worker url '%.200s' (expected http://host:port)", where,

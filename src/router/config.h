@@ -193,6 +193,9 @@ int baton_config_load_json(baton_config_t *cfg, const char *text, const char *or
 int baton_config_apply_workers(const baton_config_t *cfg, baton_registry_t *reg, char *err,
                                size_t errlen);
 
+/* Index of the first of cfg's workers [0, n) whose URL normalizes to norm_url, or -1. */
+long baton_config_find_worker(const baton_config_t *cfg, size_t n, const char *norm_url);
+
 /* Registers one configured worker with its attributes (baton_registry_add: 0, BATON_EINVAL,
  * BATON_EEXIST or BATON_ENOMEM, the registry's reason in why). */
 int baton_config_add_worker(baton_registry_t *reg, const baton_config_worker_t *cw, char *why,

@@ -105,8 +105,6 @@ int baton_worker_url_normalize(const char *url, char *out, size_t outlen, baton_
     return 0;
 }
 
-#define URL_MAX 600 /* "http://" + [host] + ":65535" + prefix, with both fields at their max */
-
 /* ---- workers ---- */
 
 static void worker_free(baton_worker_t *w)
@@ -298,7 +296,7 @@ int baton_registry_add(baton_registry_t *reg, const baton_worker_spec_t *spec,
         set_err(err, errlen, "url is required");
         return BATON_EINVAL;
     }
-    char norm[URL_MAX];
+    char norm[BATON_WORKER_URL_MAX];
     baton_url_t parsed;
     if (baton_worker_url_normalize(spec->url, norm, sizeof(norm), &parsed) != 0) {
         set_err(err, errlen, "invalid worker url (expected http://host:port): '%.200s'", spec->url);
@@ -451,7 +449,7 @@ int baton_registry_remove(baton_registry_t *reg, const char *id)
 
 int baton_registry_remove_url(baton_registry_t *reg, const char *url)
 {
-    char norm[URL_MAX];
+    char norm[BATON_WORKER_URL_MAX];
     if (reg == NULL || baton_worker_url_normalize(url, norm, sizeof(norm), NULL) != 0)
         return BATON_ENOTFOUND;
     pthread_mutex_lock(&reg->lock);
@@ -477,7 +475,7 @@ baton_worker_t *baton_registry_get(baton_registry_t *reg, const char *id)
 
 baton_worker_t *baton_registry_find_url(baton_registry_t *reg, const char *url)
 {
-    char norm[URL_MAX];
+    char norm[BATON_WORKER_URL_MAX];
     if (reg == NULL || baton_worker_url_normalize(url, norm, sizeof(norm), NULL) != 0)
         return NULL;
     pthread_mutex_lock(&reg->lock);

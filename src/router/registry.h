@@ -212,5 +212,7 @@ int baton_worker_is_eligible(const baton_worker_t *w);
  * is too small). parsed_p may be NULL.
  */
 int baton_worker_url_normalize(const char *url, char *out, size_t outlen, baton_url_t *parsed_p);
+/* Room for any normalized URL: "http://" + [host] + ":65535" + prefix, both at their max. */
+#define BATON_WORKER_URL_MAX 600
 
 #endif

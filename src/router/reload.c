@@ -7,8 +7,6 @@
 #include "baton/error.h"
 #include "common/log.h"
 
-#define URL_MAX 600
-
 static int streq_null(const char *a, const char *b)
 {
     if (a == NULL || b == NULL)
@@ -16,14 +14,14 @@ static int streq_null(const char *a, const char *b)
     return strcmp(a, b) == 0;
 }
 
-static int norm(const char *url, char out[URL_MAX])
+static int norm(const char *url, char out[BATON_WORKER_URL_MAX])
 {
-    return baton_worker_url_normalize(url, out, URL_MAX, NULL);
+    return baton_worker_url_normalize(url, out, BATON_WORKER_URL_MAX, NULL);
 }
 
 int baton_reload_same_worker(const baton_config_worker_t *a, const baton_config_worker_t *b)
 {
-    char na[URL_MAX], nb[URL_MAX];
+    char na[BATON_WORKER_URL_MAX], nb[BATON_WORKER_URL_MAX];
     if (norm(a->url, na) != 0 || norm(b->url, nb) != 0 || strcmp(na, nb) != 0)
         return 0;
     /* labels: config.c stores them compact (json_dumps), so equal objects compare equal
@@ -32,16 +30,6 @@ int baton_reload_same_worker(const baton_config_worker_t *a, const baton_config_
            streq_null(a->api_key, b->api_key) && streq_null(a->model_id, b->model_id) &&
            a->priority == b->priority && a->cost == b->cost &&
            streq_null(a->labels_json, b->labels_json);
-}
-
-/* Index of the worker with this normalized URL in cfg, or -1. */
-static long find(const baton_config_t *cfg, const char *norm_url)
-{
-    char n[URL_MAX];
-    for (size_t i = 0; i < cfg->n_workers; i++)
-        if (norm(cfg->workers[i].url, n) == 0 && strcmp(n, norm_url) == 0)
-            return (long)i;
-    return -1;
 }
 
 static int add(baton_registry_t *reg, const baton_config_worker_t *cw, char *err, size_t errlen)
@@ -62,7 +50,7 @@ int baton_reload_workers(baton_registry_t *reg, const baton_config_t *prev,
                          size_t errlen)
 {
     baton_reload_result_t r = {0};
-    char n[URL_MAX];
+    char n[BATON_WORKER_URL_MAX];
     int rc = 0;
 
     /* Removals first, so a changed worker's URL is free for its new registration. */
@@ -70,7 +58,7 @@ int baton_reload_workers(baton_registry_t *reg, const baton_config_t *prev,
         const baton_config_worker_t *pw = &prev->workers[i];
         if (norm(pw->url, n) != 0)
             continue;
-        long j = find(next, n);
+        long j = baton_config_find_worker(next, next->n_workers, n);
         if (j >= 0 && baton_reload_same_worker(pw, &next->workers[j]))
             continue;
         if (baton_registry_remove_url(reg, n) == 0)
@@ -84,7 +72,7 @@ int baton_reload_workers(baton_registry_t *reg, const baton_config_t *prev,
         const baton_config_worker_t *nw = &next->workers[j];
         if (norm(nw->url, n) != 0)
             continue;
-        long i = find(prev, n);
+        long i = baton_config_find_worker(prev, prev->n_workers, n);
         if (i >= 0 && baton_reload_same_worker(&prev->workers[i], nw)) {
             r.unchanged++;
             baton_worker_t *w = baton_registry_find_url(reg, n);
