@@ -5,10 +5,11 @@ and not, exact token totals, open and closed loop, multi-turn, a ShareGPT file, 
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 
-from harness import Cluster, TestRunner, binary, url
+from harness import Cluster, SkipTest, TestRunner, binary, url
 
 ZERO = ("--prefill-us-per-token", "0", "--decode-us-per-token", "0")
 
@@ -159,6 +160,33 @@ def test_compare_and_cli_errors():
     assert r.returncode == 0 and "--request-rate" in r.stdout
 
 
+def test_plot():
+    d = tempfile.mkdtemp()
+    png = os.path.join(d, "cdf.png")
+    try:
+        with Cluster("bench") as c:
+            w = c.worker("regular", *ZERO)
+            # Without gnuplot on PATH: a message, no file, still exit 0.
+            r = subprocess.run([binary("baton-bench"), "--base-url", url(w.port), "--stream",
+                                "--num-requests", "20", "--quiet", "--plot", png],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={"PATH": d})
+            assert r.returncode == 0, r.stdout
+            assert "plot skipped: gnuplot is not installed" in r.stdout, r.stdout
+            assert not os.path.exists(png)
+            if not shutil.which("gnuplot"):
+                raise SkipTest("gnuplot is not installed: PNG output not checked "
+                               "(scripts/install-bench-deps.sh)")
+            r = subprocess.run([binary("baton-bench"), "--base-url", url(w.port), "--stream",
+                                "--num-requests", "20", "--quiet", "--plot", png],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            assert r.returncode == 0 and "plot written" in r.stdout, r.stdout
+            with open(png, "rb") as f:
+                assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 if __name__ == "__main__":
     t = TestRunner()
     t.run(test_endpoints_exact_totals)
@@ -167,4 +195,5 @@ if __name__ == "__main__":
     t.run(test_sharegpt_dataset)
     t.run(test_errors_by_kind)
     t.run(test_compare_and_cli_errors)
+    t.run(test_plot)
     t.finish()
