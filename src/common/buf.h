@@ -11,7 +11,10 @@ typedef struct {
     size_t cap;
 } baton_buf_t;
 
-#define BATON_BUF_INIT {NULL, 0, 0}
+#define BATON_BUF_INIT                                                                             \
+    {                                                                                              \
+        NULL, 0, 0                                                                                 \
+    }
 
 /* All return 0 or BATON_ENOMEM; on failure the buffer is unchanged. */
 int baton_buf_reserve(baton_buf_t *b, size_t extra);
