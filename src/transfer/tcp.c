@@ -22,12 +22,14 @@
  * Before that the engine checks [addr, addr+len) against the pages offered for the room
  * (resolve_dst); a refused or aborted slice is drained into a scratch buffer.
  *
- * Acks are batched (measured: docs/BENCHMARKS.md, "Transfer engine"). A WACK is still queued
- * only once its slice's last byte is in the page, but the target sends the WACKs of one loop
- * iteration together from a uv_check handle (it runs right after that iteration's reads)
- * instead of one write() per slice: one syscall and one small segment per batch, which also
- * wakes the initiator once per batch instead of once per slice. The delay is bounded by one
- * loop iteration, far below LANE_WINDOW's worth of transfer time.
+ * Acks are batched. A WACK is still queued only once its slice's last byte is in the page, but
+ * the target sends the WACKs of one loop iteration together from a uv_check handle (it runs
+ * right after that iteration's reads) instead of one write() per slice: one syscall and one
+ * small segment per batch, and the initiator wakes once per batch instead of once per slice.
+ * The delay is bounded by one loop iteration, far below LANE_WINDOW's worth of transfer time.
+ * Measured on loopback (docs/BENCHMARKS.md, "Transfer engine"): syscalls of both sides -39%,
+ * epoll wake-ups -80%; throughput unchanged there (the kernel's copies dominate), the saving
+ * is in packets and wake-ups, which a real NIC path pays more for.
  */
 
 #define TCP_BLOB_VERSION 1
