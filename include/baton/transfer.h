@@ -22,7 +22,8 @@ extern "C" {
  * memory it registered. The prefill engine reports the room to its caller (room_cb), the caller
  * writes the pages layer by layer (or all at once) from its own registered source buffers, then
  * completes the room with a small payload (status, first token, opaque bytes). The decode
- * caller gets the payload in its offer callback once every byte is in place.
+ * caller gets the payload in its offer callback once every byte is in place, and (optionally)
+ * a layer callback as each layer lands before that (baton_xfer_layer_cb).
  *
  * One engine may play both roles at once (listen and connect).
  *
@@ -143,6 +144,25 @@ typedef struct {
  */
 typedef void (*baton_xfer_offer_cb)(void *data, uint64_t room_id, int status,
                                     const baton_xfer_done_t *done);
+
+/*
+ * Decode side, optional (baton_xfer_offer_t.layer_cb): every byte of `layer` of the room is in
+ * place in the offered pages. It fires at most once per layer, on the caller loop, before the
+ * room's offer callback (never after it, never inside baton_xfer_offer), in the order the
+ * prefill side's writes of the layers completed (layer order when it writes them in order;
+ * baton_xfer_write_room reports every layer, in order, once the whole room is in place).
+ * It is a hint for early work, not a release: the pages stay the engine's until the offer
+ * callback, which still decides the room (a layer reported here may belong to a room that
+ * then fails). No layer callback fires after the room was aborted by either side, and layers
+ * never written get none. `data` is the offer's data.
+ * Wire: the prefill engine sends LAYER_DONE {room, layer} on the control connection once all
+ * writes of that layer were acknowledged (tcp WACKs, shm copies done, rdma completions), the
+ * same rule that orders DONE after a room's writes. It does so only for a decode engine whose
+ * HELLO announced protocol version 2 or later; with an older prefill engine no layer callback
+ * fires and the offer callback alone reports the room (a capability check by version, see
+ * src/transfer/ctrl_frame.h).
+ */
+typedef void (*baton_xfer_layer_cb)(void *data, uint64_t room_id, uint32_t layer);
 
 /*
  * Prefill side: an OFFER arrived. `room` stays valid until room_closed_cb for it returns. The
@@ -284,6 +304,8 @@ typedef struct {
     /* n_layers * pages_per_layer destination pages, layer-major (layer 0's pages first).
      * Copied during the call. Each page lies inside one registered region. */
     const baton_xfer_iov_t *pages;
+    /* Optional (NULL: none): per-layer arrival, see baton_xfer_layer_cb. */
+    baton_xfer_layer_cb layer_cb;
 } baton_xfer_offer_t;
 
 /*

@@ -301,7 +301,7 @@ static int start_room(xrun_t *r)
             r->iov[k].len = c->page_len;
             k++;
         }
-    baton_xfer_offer_t off = {s->room_id, c->n_layers, c->ppl, r->iov};
+    baton_xfer_offer_t off = {s->room_id, c->n_layers, c->ppl, r->iov, NULL};
     s->busy = 1;
     s->t_start = xb_now_ns();
     int rc = baton_xfer_offer(deng, d_host, d_port, &off, on_offer_done, s);

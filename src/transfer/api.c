@@ -63,7 +63,14 @@ int baton_xfer_offer(baton_xfer_engine_t *engine, const char *host, int port,
     if (dr == NULL)
         return BATON_ENOMEM;
     dr->pages = malloc(n * sizeof(*dr->pages));
-    if (dr->pages == NULL) {
+    dr->layer_seen = calloc(offer->n_layers, 1);
+    if (offer->layer_cb != NULL)
+        dr->layer_evs = calloc(offer->n_layers, sizeof(*dr->layer_evs));
+    if (dr->pages == NULL || dr->layer_seen == NULL ||
+        (offer->layer_cb != NULL && dr->layer_evs == NULL)) {
+        free(dr->pages);
+        free(dr->layer_seen);
+        free(dr->layer_evs);
         free(dr);
         return BATON_ENOMEM;
     }
@@ -103,6 +110,8 @@ int baton_xfer_offer(baton_xfer_engine_t *engine, const char *host, int port,
     if (rc != 0) {
         free(dr->mems);
         free(dr->pages);
+        free(dr->layer_seen);
+        free(dr->layer_evs);
         free(dr);
         return rc;
     }
@@ -115,6 +124,12 @@ int baton_xfer_offer(baton_xfer_engine_t *engine, const char *host, int port,
     dr->n_pages = (uint32_t)n;
     dr->cb = cb;
     dr->data = data;
+    dr->layer_cb = offer->layer_cb;
+    for (uint32_t l = 0; dr->layer_cb != NULL && l < dr->n_layers; l++) {
+        dr->layer_evs[l].type = BATON__EV_LAYER;
+        dr->layer_evs[l].embedded = 1;
+        dr->layer_evs[l].u.droom = dr;
+    }
     strcpy(dr->host, host);
     dr->port = port;
     dr->abort_status = BATON_EABORTED;

@@ -259,7 +259,7 @@ static int allowed(const baton__conn_t *c, int type)
             return type == BATON__F_HEARTBEAT;
         case BATON__CONN_UP:
             return type == BATON__F_DONE || type == BATON__F_ABORT || type == BATON__F_ABORT_ACK ||
-                   type == BATON__F_HEARTBEAT;
+                   type == BATON__F_HEARTBEAT || type == BATON__F_LAYER_DONE;
         default:
             return 0;
         }
@@ -305,6 +305,9 @@ static int dispatch(baton__conn_t *c, const baton__frame_t *f, const uint8_t *re
         if (c->role == BATON__ROLE_DECODE)
             return baton__droom_on_abort(c, f->u.abort.room, f->u.abort.reason);
         return baton__proom_on_abort(c, f->u.abort.room, f->u.abort.reason);
+    case BATON__F_LAYER_DONE:
+        *why = "bad LAYER_DONE";
+        return baton__droom_on_layer_done(c, f->u.layer_done.room, f->u.layer_done.layer);
     case BATON__F_ABORT_ACK:
         if (c->role == BATON__ROLE_DECODE)
             return baton__droom_on_abort_ack(c, f->u.abort_ack.room);

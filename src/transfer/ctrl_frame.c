@@ -117,6 +117,9 @@ static int body_bounds(int type, uint32_t *min_p, uint32_t *max_p)
     case BATON__F_WACK:
         lo = hi = 8;
         break;
+    case BATON__F_LAYER_DONE:
+        lo = hi = 12;
+        break;
     default:
         return -1;
     }
@@ -361,6 +364,11 @@ int baton__frame_decode(const uint8_t *buf, size_t len, baton__frame_t *f, size_
         if (f->u.wack.status > 0)
             FAIL(BATON_EPROTO, "wack: positive status");
         break;
+    case BATON__F_LAYER_DONE:
+        f->u.layer_done.room = get64(&r);
+        f->u.layer_done.layer = get32(&r);
+        /* n_layers of an OFFER is a u32 too; whether the layer exists is the room's check. */
+        break;
     }
     if (rc != 0)
         return rc;
@@ -600,6 +608,17 @@ int baton__enc_wack(baton_buf_t *out, uint32_t seq, int32_t status)
     return 0;
 }
 
+int baton__enc_layer_done(baton_buf_t *out, uint64_t room, uint32_t layer)
+{
+    uint8_t *p = frame_begin(out, BATON__F_LAYER_DONE, 12);
+    if (p == NULL)
+        return BATON_ENOMEM;
+    wr_t w = {p};
+    w64(&w, room);
+    w32(&w, layer);
+    return 0;
+}
+
 void baton__enc_write_hdr(uint8_t out[BATON__WRITE_HDR], uint64_t room, uint64_t addr,
                           uint32_t page, uint32_t seq, uint32_t data_len)
 {
@@ -621,9 +640,9 @@ void baton__enc_wack_fixed(uint8_t out[BATON__WACK_SIZE], uint32_t seq, int32_t 
 
 const char *baton__ftype_name(int type)
 {
-    static const char *const names[] = {"?",         "HELLO",     "OFFER", "DONE",    "ABORT",
-                                        "ABORT_ACK", "HEARTBEAT", "MEM",   "MEM_DEL", "LANE_HELLO",
-                                        "LANE_ACK",  "WRITE",     "WACK"};
+    static const char *const names[] = {
+        "?",   "HELLO",   "OFFER",      "DONE",     "ABORT", "ABORT_ACK", "HEARTBEAT",
+        "MEM", "MEM_DEL", "LANE_HELLO", "LANE_ACK", "WRITE", "WACK",      "LAYER_DONE"};
     if (type < 1 || type > BATON__F_MAX_TYPE)
         return "?";
     return names[type];

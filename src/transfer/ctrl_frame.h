@@ -34,6 +34,16 @@
  *   LANE_ACK   u32 lane, i32 status                              (lane, prefill -> decode)
  *   WRITE      u64 room, u64 addr, u32 page, u32 seq, then length-24 data bytes (lane)
  *   WACK       u32 seq, i32 status                               (lane, decode -> prefill)
+ *   LAYER_DONE u64 room, u32 layer                     (control, prefill -> decode, proto >= 2)
+ *
+ * Versions: BATON__WIRE_VERSION is the frame layout (must match exactly). BATON__PROTO_VERSION,
+ * carried in HELLO, says which optional frames an engine understands; each side sends an
+ * optional frame only when the peer's HELLO announced a proto that has it:
+ *   1  the frames above except LAYER_DONE;
+ *   2  + LAYER_DONE: the prefill side sends it once every write of that layer was acknowledged
+ *      (tcp WACKs, shm copies, rdma completions), so it reaches the decode side after the
+ *      layer's bytes and before the room's DONE. A proto-1 decode engine never gets one (it
+ *      would refuse the unknown type and close the connection).
  *
  * WRITE is the one frame whose body is not buffered: the decoder returns its 24 fixed bytes and
  * the data length, and the receiver reads the data straight into the destination page.
@@ -41,7 +51,8 @@
 
 #define BATON__WIRE_MAGIC       0x4E544142u
 #define BATON__WIRE_VERSION     1
-#define BATON__PROTO_VERSION    1
+#define BATON__PROTO_VERSION    2
+#define BATON__PROTO_LAYER_DONE 2 /* first proto with LAYER_DONE */
 #define BATON__FRAME_HDR        16
 #define BATON__FRAME_MAX        (4u << 20) /* largest body of a buffered frame */
 #define BATON__WRITE_FIXED      24
@@ -67,8 +78,9 @@ typedef enum {
     BATON__F_LANE_ACK = 10,
     BATON__F_WRITE = 11,
     BATON__F_WACK = 12,
+    BATON__F_LAYER_DONE = 13,
 } baton__ftype_t;
-#define BATON__F_MAX_TYPE 12
+#define BATON__F_MAX_TYPE 13
 
 enum { BATON__ROLE_DECODE = 1, BATON__ROLE_PREFILL = 2 };
 
@@ -168,6 +180,10 @@ typedef struct {
             uint32_t seq;
             int32_t status;
         } wack;
+        struct {
+            uint64_t room;
+            uint32_t layer;
+        } layer_done;
     } u;
 } baton__frame_t;
 
@@ -202,6 +218,7 @@ int baton__enc_lane_hello(baton_buf_t *out, uint64_t incarnation, uint64_t gener
                           uint32_t lane);
 int baton__enc_lane_ack(baton_buf_t *out, uint32_t lane, int32_t status);
 int baton__enc_wack(baton_buf_t *out, uint32_t seq, int32_t status);
+int baton__enc_layer_done(baton_buf_t *out, uint64_t room, uint32_t layer);
 
 /* Fixed-size encoders for the lane hot path (no allocation). */
 void baton__enc_write_hdr(uint8_t out[BATON__WRITE_HDR], uint64_t room, uint64_t addr,

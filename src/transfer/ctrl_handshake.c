@@ -153,6 +153,7 @@ static int decode_on_hello(baton__conn_t *c, const baton__hello_t *h)
     snprintf(c->remote_id, sizeof(c->remote_id), "%s", h->engine_id);
     c->remote_inc = h->incarnation;
     c->remote_gen = h->generation;
+    c->remote_proto = h->proto;
     c->tp_peer = c->cand[idx];
     c->cand[idx] = NULL;
     c->tp_index = idx;
@@ -290,6 +291,7 @@ static int prefill_on_hello(baton__conn_t *c, const baton__hello_t *h)
     snprintf(c->remote_id, sizeof(c->remote_id), "%s", h->engine_id);
     c->remote_inc = h->incarnation;
     c->remote_gen = h->generation;
+    c->remote_proto = h->proto;
     /* A restarted decode engine (same id, new incarnation): everything of the old one is
      * retired now rather than when its heartbeats run out. */
     for (baton__list_t *it = eng->conns.next; it != &eng->conns;) {

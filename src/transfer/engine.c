@@ -370,6 +370,8 @@ static void free_droom(baton__droom_t *dr)
         atomic_fetch_sub(&dr->mems[i]->refs, 1);
     free(dr->mems);
     free(dr->pages);
+    free(dr->layer_seen);
+    free(dr->layer_evs);
     free(dr);
 }
 
@@ -424,6 +426,12 @@ static void on_caller_async(uv_async_t *h)
                                       dr->done.len};
             dr->cb(dr->data, dr->room_id, dr->status, dr->status == 0 ? &done : NULL);
             free_droom(dr);
+            break;
+        }
+        case BATON__EV_LAYER: {
+            /* Queued before the room's OFFER_DONE (same FIFO), so dr is still alive. */
+            baton__droom_t *dr = ev->u.droom;
+            dr->layer_cb(dr->data, dr->room_id, (uint32_t)(ev - dr->layer_evs));
             break;
         }
         case BATON__EV_ROOM: {

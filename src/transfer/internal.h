@@ -131,6 +131,7 @@ typedef enum {
     BATON__EV_WRITE_DONE,
     BATON__EV_PEER,
     BATON__EV_CLOSED,
+    BATON__EV_LAYER, /* u.droom; the layer is the event's index in droom->layer_evs */
 } baton__ev_type_t;
 
 typedef struct {
@@ -220,6 +221,9 @@ struct baton__droom_s {
     int shm_ok; /* every page in memfd memory */
     int cuda;   /* some page in device memory */
     baton_xfer_offer_cb cb;
+    baton_xfer_layer_cb layer_cb; /* NULL: no layer events */
+    baton__ev_t *layer_evs;       /* n_layers events when layer_cb is set (no malloc later) */
+    uint8_t *layer_seen;          /* progress thread: LAYER_DONE received, per layer */
     void *data;
     char host[256];
     int port;
@@ -305,6 +309,7 @@ struct baton__conn_s {
     uint64_t gen;
     uint64_t remote_gen;
     uint64_t remote_inc;
+    uint16_t remote_proto; /* the peer's HELLO proto (LAYER_DONE only to >= 2) */
     char remote_id[BATON__ID_MAX + 1];
     char addr[80]; /* the peer's "ip:port" */
     baton_buf_t rbuf;
@@ -453,6 +458,7 @@ void baton__droom_abort(baton_xfer_engine_t *eng, uint64_t room_id, int status);
 int baton__droom_on_done(baton__conn_t *conn, const baton__done_t *d);
 int baton__droom_on_abort(baton__conn_t *conn, uint64_t room_id, int reason);
 int baton__droom_on_abort_ack(baton__conn_t *conn, uint64_t room_id);
+int baton__droom_on_layer_done(baton__conn_t *conn, uint64_t room_id, uint32_t layer);
 void baton__droom_tick(baton_xfer_engine_t *eng, uint64_t now);
 int baton__resolve_dst(baton__tp_peer_t *tpp, uint64_t room_id, uint32_t page, uint64_t addr,
                        uint64_t len, void **dst_p);

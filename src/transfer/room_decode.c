@@ -151,6 +151,27 @@ int baton__droom_on_done(baton__conn_t *c, const baton__done_t *d)
     return 0;
 }
 
+int baton__droom_on_layer_done(baton__conn_t *c, uint64_t room_id, uint32_t layer)
+{
+    baton__droom_t *dr = baton__u64map_get(&c->rooms, room_id);
+    if (dr == NULL) {
+        /* Like DONE: the room may have ended here (abort, timeout) while the frame was sent. */
+        log_debug(BATON__LOG, "stale_layer_done_ignored room=%" PRIu64 " layer=%" PRIu32, room_id,
+                  layer);
+        return 0;
+    }
+    /* The prefill side reports each layer of a room it knows at most once, and only a layer
+     * the OFFER had: anything else is a broken peer (the connection closes, as for a
+     * duplicate OFFER). */
+    if (layer >= dr->n_layers || dr->layer_seen[layer])
+        return BATON_EPROTO;
+    dr->layer_seen[layer] = 1;
+    if (dr->state != BATON__DR_SENT || dr->layer_cb == NULL)
+        return 0; /* aborting: the room is over for the caller */
+    baton__ev_post(c->eng, &dr->layer_evs[layer]);
+    return 0;
+}
+
 int baton__droom_on_abort(baton__conn_t *c, uint64_t room_id, int reason)
 {
     baton__droom_t *dr = baton__u64map_get(&c->rooms, room_id);

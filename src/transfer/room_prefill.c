@@ -164,13 +164,41 @@ static void write_done(baton__wreq_t *wr, int status)
     baton__ev_post(wr->room->eng, &wr->ev);
 }
 
+/* Every write of the layer(s) of wr is acknowledged: tell a decode peer that can hear it. The
+ * control connection is one ordered stream, so this precedes the room's DONE, which waits for
+ * the same acknowledgements and more. */
+static void send_layer_done(baton_xfer_room_t *room, const baton__wreq_t *wr)
+{
+    baton__conn_t *c = room->conn;
+    if (c == NULL || c->state != BATON__CONN_UP || c->remote_proto < BATON__PROTO_LAYER_DONE)
+        return;
+    if (room->state != BATON__PR_OPEN && room->state != BATON__PR_COMPLETING)
+        return; /* aborting: the decode side drops the room anyway */
+    uint32_t first = wr->layer, end = wr->layer + 1;
+    if (wr->layer == UINT32_MAX) { /* baton_xfer_write_room */
+        first = 0;
+        end = room->n_layers;
+    }
+    baton_buf_t b = BATON_BUF_INIT;
+    int rc = 0;
+    for (uint32_t l = first; rc == 0 && l < end; l++)
+        rc = baton__enc_layer_done(&b, room->room_id, l);
+    if (rc == 0)
+        baton__conn_send(c, &b);
+    else
+        baton__conn_fail(c, BATON_ENOMEM, "cannot encode LAYER_DONE");
+    baton_buf_free(&b);
+}
+
 static void on_tp_write(baton__tp_write_t *w, int status)
 {
     baton__wreq_t *wr = w->data;
     baton_xfer_room_t *room = wr->room;
     room->inflight--;
-    if (status == 0)
+    if (status == 0) {
         atomic_fetch_add(&room->eng->st_bytes_written, wr->bytes);
+        send_layer_done(room, wr);
+    }
     write_done(wr, status);
     room_progress(room);
 }

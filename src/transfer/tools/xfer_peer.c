@@ -412,7 +412,7 @@ static void fill_rooms(void)
             iov[i].addr = pg;
             iov[i].len = r->page_len;
         }
-        baton_xfer_offer_t off = {r->id, r->layers, r->ppl, iov};
+        baton_xfer_offer_t off = {r->id, r->layers, r->ppl, iov, NULL};
         n_started++;
         if (++n_open > n_peak)
             n_peak = n_open;

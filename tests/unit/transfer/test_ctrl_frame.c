@@ -209,6 +209,11 @@ static void mk_write(baton_buf_t *b)
     assert_int_equal(baton_buf_append(b, wh, sizeof(wh)), 0);
 }
 
+static void mk_layer_done(baton_buf_t *b)
+{
+    assert_int_equal(baton__enc_layer_done(b, 0x1122334455667788ull, 63), 0);
+}
+
 static void expect_refused(make_fn mk, size_t off, int width, uint64_t value)
 {
     baton_buf_t b = BATON_BUF_INIT;
@@ -376,9 +381,9 @@ static void check_any(const uint8_t *p, size_t len)
 
 static void test_fuzz(void **state)
 {
-    baton_buf_t seeds[6];
-    make_fn mk[] = {mk_hello, mk_offer, mk_done, mk_mem, mk_lane_hello, mk_write};
-    for (int i = 0; i < 6; i++) {
+    baton_buf_t seeds[7];
+    make_fn mk[] = {mk_hello, mk_offer, mk_done, mk_mem, mk_lane_hello, mk_write, mk_layer_done};
+    for (int i = 0; i < 7; i++) {
         seeds[i] = (baton_buf_t)BATON_BUF_INIT;
         mk[i](&seeds[i]);
     }
@@ -397,11 +402,11 @@ static void test_fuzz(void **state)
                 put32(scratch, BATON__WIRE_MAGIC);
                 scratch[4] = 1;
                 scratch[5] = 0;
-                scratch[6] = (uint8_t)(1 + rnd() % 12);
+                scratch[6] = (uint8_t)(1 + rnd() % BATON__F_MAX_TYPE);
                 scratch[7] = 0;
             }
         } else { /* mutate a valid frame: flip bytes, truncate, or extend */
-            baton_buf_t *s = &seeds[rnd() % 6];
+            baton_buf_t *s = &seeds[rnd() % 7];
             len = s->len;
             memcpy(scratch, s->data, len);
             int flips = 1 + (int)(rnd() % 4);
@@ -424,8 +429,80 @@ static void test_fuzz(void **state)
     print_message("fuzz: %d iterations, %d accepted, %.2fs\n", iters, accepted, now_s() - t0);
     assert_true(iters >= 1000);
     free(scratch);
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < 7; i++)
         baton_buf_free(&seeds[i]);
+}
+
+/* LAYER_DONE (proto 2): round trip, every prefix incomplete, header and length refusals, and
+ * random mutations of it never crash the decoder; an accepted LAYER_DONE has its one size. */
+static void test_layer_done(void **state)
+{
+    baton_buf_t b = BATON_BUF_INIT;
+    mk_layer_done(&b);
+    assert_int_equal(baton__enc_layer_done(&b, 1, 0), 0);
+    assert_int_equal(baton__enc_layer_done(&b, UINT64_MAX, UINT32_MAX), 0);
+    assert_int_equal(b.len, 3 * (BATON__FRAME_HDR + 12));
+    const uint8_t *p = (const uint8_t *)b.data;
+    const uint64_t rooms[] = {0x1122334455667788ull, 1, UINT64_MAX};
+    const uint32_t layers[] = {63, 0, UINT32_MAX};
+    for (int i = 0; i < 3; i++) {
+        baton__frame_t f;
+        size_t c;
+        const uint8_t *q = p + (size_t)i * (BATON__FRAME_HDR + 12);
+        size_t left = b.len - (size_t)i * (BATON__FRAME_HDR + 12);
+        assert_int_equal(baton__frame_decode(q, left, &f, &c, NULL), 0);
+        assert_int_equal(f.type, BATON__F_LAYER_DONE);
+        assert_int_equal(c, BATON__FRAME_HDR + 12);
+        assert_true(f.u.layer_done.room == rooms[i]);
+        assert_int_equal(f.u.layer_done.layer, layers[i]);
+        for (size_t n = 0; n < c; n++)
+            assert_int_equal(baton__frame_decode(q, n, &f, &c, NULL), 1);
+    }
+    assert_string_equal(baton__ftype_name(BATON__F_LAYER_DONE), "LAYER_DONE");
+    assert_string_equal(baton__ftype_name(BATON__F_MAX_TYPE + 1), "?");
+    baton_buf_free(&b);
+
+    expect_refused(mk_layer_done, 0, 4, 0xDEADBEEF);            /* magic */
+    expect_refused(mk_layer_done, 4, 2, 2);                     /* version */
+    expect_refused(mk_layer_done, 6, 1, 0);                     /* type */
+    expect_refused(mk_layer_done, 6, 1, BATON__F_MAX_TYPE + 1); /* type */
+    expect_refused(mk_layer_done, 7, 1, 1);                     /* flags */
+    expect_refused(mk_layer_done, 8, 4, 0);                     /* length */
+    expect_refused(mk_layer_done, 8, 4, 11);                    /* length under */
+    expect_refused(mk_layer_done, 8, 4, 13);                    /* length over */
+    expect_refused(mk_layer_done, 8, 4, 0xFFFFFFFF);            /* length */
+    expect_refused(mk_layer_done, 12, 4, 1);                    /* reserved */
+
+    /* A LAYER_DONE body under another type's header is refused by that type's bounds. */
+    baton_buf_t x = BATON_BUF_INIT;
+    mk_layer_done(&x);
+    ((uint8_t *)x.data)[6] = BATON__F_WACK; /* 8-byte body */
+    baton__frame_t f;
+    size_t c;
+    assert_true(decode(&x, &f, &c) < 0);
+    baton_buf_free(&x);
+
+    /* Bounded fuzz of mutations of a LAYER_DONE. */
+    uint8_t scratch[64];
+    baton_buf_t seed = BATON_BUF_INIT;
+    mk_layer_done(&seed);
+    int accepted = 0;
+    for (int it = 0; it < 20000; it++) {
+        size_t len = seed.len;
+        memcpy(scratch, seed.data, len);
+        int flips = 1 + (int)(rnd() % 3);
+        for (int k = 0; k < flips; k++)
+            scratch[rnd() % len] ^= (uint8_t)(1u << (rnd() % 8));
+        if (rnd() & 1)
+            len = rnd() % (len + 1);
+        check_any(scratch, len);
+        if (baton__frame_decode(scratch, len, &f, &c, NULL) == 0 && f.type == BATON__F_LAYER_DONE) {
+            accepted++;
+            assert_int_equal(c, BATON__FRAME_HDR + 12); /* its only valid size */
+        }
+    }
+    print_message("layer_done fuzz: %d accepted of 20000\n", accepted);
+    baton_buf_free(&seed);
 }
 
 /* A byte stream split at random points decodes into the same frames. */
@@ -477,6 +554,7 @@ int main(void)
         cmocka_unit_test(test_early_garbage),
         cmocka_unit_test(test_fuzz),
         cmocka_unit_test(test_stream_reassembly),
+        cmocka_unit_test(test_layer_done),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,7 +30,9 @@ static uv_loop_t loop;
 static uv_timer_t keepalive;
 static uint8_t *src;
 
-typedef enum { P_AUTO, P_HOLD, P_LAYERWISE, P_ABORT_RACE } pmode_t;
+/* P_CHAIN: layer i+1 is written only once layer i's write callback confirmed it (strictly
+ * in-order writes); P_WHOLE: one baton_xfer_write_room call. */
+typedef enum { P_AUTO, P_HOLD, P_LAYERWISE, P_ABORT_RACE, P_CHAIN, P_WHOLE } pmode_t;
 
 /* What the tests observe, reset per test. */
 static struct {
@@ -95,9 +97,18 @@ typedef struct {
     int timer_on;
 } lw_t;
 
+static int write_layer(baton_xfer_room_t *room, uint32_t l);
+static void complete_room(baton_xfer_room_t *room);
+
 static void on_write(baton_xfer_room_t *room, uint32_t layer, int status, void *data)
 {
     check_not_inside();
+    if (T.pmode == P_CHAIN && status == 0) {
+        if (layer + 1 < baton_xfer_room_layers(room))
+            assert_int_equal(write_layer(room, layer + 1), 0);
+        else
+            complete_room(room);
+    }
     if (status == 0) {
         T.writes_ok++;
         if (T.n_layer_order < 64)
@@ -167,6 +178,25 @@ static void on_room(baton_xfer_engine_t *e, baton_xfer_room_t *room, void *data)
         uv_timer_start(&c->timer, lw_tick, 5, 5);
         break;
     }
+    case P_CHAIN:
+        assert_int_equal(write_layer(room, 0), 0);
+        break;
+    case P_WHOLE: {
+        uint32_t ppl = baton_xfer_room_pages_per_layer(room);
+        baton_xfer_iov_t iov[256];
+        assert_true((size_t)layers * ppl <= 256);
+        uint64_t id = baton_xfer_room_id(room);
+        for (uint32_t l = 0; l < layers; l++)
+            for (uint32_t j = 0; j < ppl; j++) {
+                uint64_t len = baton_xfer_room_page_len(room, l, j);
+                iov[l * ppl + j].addr = src + xfer_src_offset(id, l, j, SRC_LEN, (size_t)len);
+                iov[l * ppl + j].len = len;
+            }
+        assert_int_equal(
+            API(baton_xfer_write_room(room, iov, (size_t)layers * ppl, on_write, NULL)), 0);
+        complete_room(room);
+        break;
+    }
     case P_ABORT_RACE:
         /* Writes go out while the decode side's abort is on its way. */
         for (uint32_t l = 0; l < layers; l++)
@@ -216,6 +246,12 @@ typedef struct {
     size_t slot;
     int status;
     int done;
+    /* layer callbacks (offer_room_layers) */
+    uint32_t layer_seq[64]; /* arrival order */
+    int n_layer_cbs;
+    int layer_after_done; /* a layer callback after the room's completion */
+    int layer_bad;        /* a layer's bytes were not in place when its callback ran */
+    int layer_dup;
 } droom_t;
 
 static uint8_t *page_at(const droom_t *r, uint32_t l, uint32_t j)
@@ -257,7 +293,42 @@ static void on_offer_done(void *data, uint64_t room_id, int status, const baton_
         }
 }
 
+/* The layer's pages must already hold the source pattern, and nothing past the page end. */
+static void on_layer(void *data, uint64_t room_id, uint32_t layer)
+{
+    check_not_inside();
+    droom_t *r = data;
+    assert_int_equal(room_id, r->id);
+    assert_true(layer < r->layers);
+    if (r->done)
+        r->layer_after_done++;
+    for (int i = 0; i < r->n_layer_cbs; i++)
+        if (r->layer_seq[i] == layer)
+            r->layer_dup++;
+    if (r->n_layer_cbs < 64)
+        r->layer_seq[r->n_layer_cbs] = layer;
+    r->n_layer_cbs++;
+    for (uint32_t j = 0; j < r->ppl; j++) {
+        const uint8_t *pg = page_at(r, layer, j);
+        size_t off = xfer_src_offset(r->id, layer, j, SRC_LEN, r->page_len);
+        if (memcmp(pg, src + off, r->page_len) != 0)
+            r->layer_bad++;
+        for (size_t k = r->page_len; k < r->slot; k++)
+            if (pg[k] != XFER_POISON) {
+                r->layer_bad++;
+                break;
+            }
+    }
+}
+
+static int offer_room_cb(droom_t *r, int port, uint8_t *base, baton_xfer_layer_cb layer_cb);
+
 static int offer_room(droom_t *r, int port, uint8_t *base)
+{
+    return offer_room_cb(r, port, base, NULL);
+}
+
+static int offer_room_cb(droom_t *r, int port, uint8_t *base, baton_xfer_layer_cb layer_cb)
 {
     baton_xfer_iov_t iov[256];
     uint32_t n = r->layers * r->ppl;
@@ -267,7 +338,7 @@ static int offer_room(droom_t *r, int port, uint8_t *base)
         iov[i].addr = base + (size_t)i * r->slot;
         iov[i].len = r->page_len;
     }
-    baton_xfer_offer_t o = {r->id, r->layers, r->ppl, iov};
+    baton_xfer_offer_t o = {r->id, r->layers, r->ppl, iov, layer_cb};
     return API(baton_xfer_offer(T.d, "127.0.0.1", port, &o, on_offer_done, r));
 }
 
@@ -434,6 +505,71 @@ static void test_layerwise(void **state)
     assert_int_equal(T.last_closed, 0);
 }
 
+/*
+ * Per-layer arrival callbacks (proto 2 LAYER_DONE): once per layer, before the room's
+ * completion, with the layer's bytes already in place; in layer order when the prefill writes
+ * strictly in order (P_CHAIN) and for a whole-room write (P_WHOLE); once per layer, any order,
+ * when all layers are in flight together (P_AUTO). Rooms offered without a layer callback
+ * alongside get none and still complete.
+ */
+static void layer_callbacks(baton_xfer_transport_t tp)
+{
+    start_engines(tp, tp, 0);
+    int port = baton_xfer_engine_listen_port(T.p);
+    const pmode_t modes[] = {P_CHAIN, P_WHOLE, P_AUTO};
+    size_t off = 0;
+    for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+        T.pmode = modes[m];
+        enum { N = 4 };
+        droom_t rs[N + 1];
+        memset(rs, 0, sizeof(rs));
+        for (int i = 0; i < N; i++) {
+            droom_t *r = &rs[i];
+            r->id = 7000 + m * 100 + (uint64_t)i;
+            r->layers = 8 + (uint32_t)i;
+            r->ppl = 3;
+            r->page_len = 28000 + 977 * (uint32_t)i; /* < slot: the slack stays poison */
+            r->slot = 32768;
+            size_t need = (size_t)r->layers * r->ppl * r->slot;
+            assert_true(off + need <= POOL_LEN);
+            /* Room 3 has no layer callback: it must still work, and get none. */
+            assert_int_equal(offer_room_cb(r, port, T.pool + off, i == 3 ? NULL : on_layer), 0);
+            off += need;
+        }
+        run_until(all_done, rs, 20000, "layer-callback rooms");
+        for (int i = 0; i < N; i++) {
+            droom_t *r = &rs[i];
+            assert_int_equal(r->status, 0);
+            assert_int_equal(r->layer_after_done, 0);
+            assert_int_equal(r->layer_bad, 0);
+            assert_int_equal(r->layer_dup, 0);
+            if (i == 3) {
+                assert_int_equal(r->n_layer_cbs, 0);
+                continue;
+            }
+            assert_int_equal(r->n_layer_cbs, (int)r->layers);
+            if (modes[m] != P_AUTO)
+                for (uint32_t l = 0; l < r->layers; l++)
+                    assert_int_equal(r->layer_seq[l], l);
+        }
+        assert_int_equal(T.corrupt, 0);
+    }
+    baton_xfer_stats_t st;
+    baton_xfer_engine_stats(T.d, &st);
+    assert_int_equal(st.frames_rejected, 0);
+    assert_int_equal(st.rooms_failed, 0);
+}
+
+static void test_tcp_layer_callbacks(void **state)
+{
+    layer_callbacks(BATON_XFER_TRANSPORT_TCP);
+}
+
+static void test_shm_layer_callbacks(void **state)
+{
+    layer_callbacks(BATON_XFER_TRANSPORT_SHM);
+}
+
 static void abort_race(baton_xfer_transport_t tp)
 {
     start_engines(tp, tp, 0);
@@ -528,7 +664,7 @@ static void test_api_sync_errors(void **state)
     /* A page outside registered memory. */
     static uint8_t stray[100];
     baton_xfer_iov_t iov = {stray, sizeof(stray)};
-    baton_xfer_offer_t o = {42, 1, 1, &iov};
+    baton_xfer_offer_t o = {42, 1, 1, &iov, NULL};
     droom_t rr[2] = {{.id = 42}, {0}};
     droom_t *r = &rr[0];
     assert_int_equal(API(baton_xfer_offer(T.d, "127.0.0.1", port, &o, on_offer_done, r)),
@@ -849,6 +985,158 @@ static void test_fake_prefill_bounds_and_garbage(void **state)
     close(F.lfd);
 }
 
+/* A fake proto-2 prefill: LAYER_DONE for an unknown room is ignored, a valid one fires the layer
+ * callback once, before the room's completion, with the bytes in place; a duplicate LAYER_DONE
+ * closes the connection (the open room fails once, after the fence, with BATON_EPROTO). */
+static struct {
+    int lfd, port, ok;
+    uint64_t room1, room2;
+} G;
+
+static int fake_handshake(int *c_p, int *lane_p, uint8_t *buf, size_t cap)
+{
+    baton__frame_t f;
+    int c = accept(G.lfd, NULL, NULL);
+    if (c < 0 || read_frame(c, buf, cap, &f) != 0 || f.type != BATON__F_HELLO ||
+        f.u.hello.proto < BATON__PROTO_LAYER_DONE)
+        return -1;
+    uint64_t gen = f.u.hello.generation;
+    baton__hello_t h;
+    memset(&h, 0, sizeof(h));
+    h.proto = BATON__PROTO_VERSION;
+    h.role = BATON__ROLE_PREFILL;
+    strcpy(h.engine_id, "fake-prefill-2");
+    h.incarnation = 78;
+    h.generation = 6;
+    h.echo_generation = gen;
+    h.heartbeat_ms = 1000;
+    h.n_tp = 1;
+    static const uint8_t tcp_blob[2] = {1, 1};
+    h.tp[0].id = BATON_XFER_TRANSPORT_TCP;
+    h.tp[0].len = 2;
+    h.tp[0].blob = tcp_blob;
+    baton_buf_t b = BATON_BUF_INIT;
+    baton__enc_hello(&b, &h);
+    send_buf(c, &b);
+    baton_buf_reset(&b);
+    int lane = accept(G.lfd, NULL, NULL);
+    if (lane < 0 || read_frame(lane, buf, cap, &f) != 0 || f.type != BATON__F_LANE_HELLO)
+        return -1;
+    baton__enc_lane_ack(&b, 0, 0);
+    send_buf(lane, &b);
+    baton_buf_free(&b);
+    *c_p = c;
+    *lane_p = lane;
+    return 0;
+}
+
+static int fake_next_offer(int c, uint8_t *buf, size_t cap, baton__offer_page_t *pg, uint64_t *room)
+{
+    baton__frame_t f;
+    for (;;) {
+        if (read_frame(c, buf, cap, &f) != 0)
+            return -1;
+        if (f.type == BATON__F_OFFER)
+            break;
+    }
+    *room = f.u.offer.room;
+    baton__offer_page(&f.u.offer, 0, pg);
+    return 0;
+}
+
+static void *fake_prefill_layers(void *arg)
+{
+    static uint8_t buf[1 << 20];
+    int c, lane;
+    baton__frame_t f;
+    baton__offer_page_t pg;
+    if (fake_handshake(&c, &lane, buf, sizeof(buf)) != 0 ||
+        fake_next_offer(c, buf, sizeof(buf), &pg, &G.room1) != 0)
+        return NULL;
+    uint8_t data[4096];
+    memset(data, 0x3C, sizeof(data));
+    uint8_t hdr[BATON__WRITE_HDR];
+    baton__enc_write_hdr(hdr, G.room1, pg.addr, 0, 1, pg.len);
+    if (send(lane, hdr, sizeof(hdr), MSG_NOSIGNAL) != sizeof(hdr) ||
+        send(lane, data, pg.len, MSG_NOSIGNAL) != (ssize_t)pg.len ||
+        read_frame(lane, buf, sizeof(buf), &f) != 0 || f.type != BATON__F_WACK ||
+        f.u.wack.status != 0)
+        return NULL;
+    baton_buf_t b = BATON_BUF_INIT;
+    baton__enc_layer_done(&b, G.room1 + 1000, 0); /* not a room of this connection: ignored */
+    baton__enc_layer_done(&b, G.room1, 0);
+    baton__enc_done(&b, G.room1, 0, (int64_t)(G.room1 % 1000), (const uint8_t *)&G.room1, 8);
+    send_buf(c, &b);
+    baton_buf_reset(&b);
+    if (fake_next_offer(c, buf, sizeof(buf), &pg, &G.room2) != 0)
+        return NULL;
+    baton__enc_layer_done(&b, G.room2, 0);
+    baton__enc_layer_done(&b, G.room2, 0); /* duplicate: a broken peer */
+    send_buf(c, &b);
+    baton_buf_free(&b);
+    char tmp[256];
+    while (recv(c, tmp, sizeof(tmp), 0) > 0) { /* until the decode side closes it */
+    }
+    G.ok = 1;
+    close(lane);
+    close(c);
+    return NULL;
+}
+
+static int g_layer_cbs[2], g_layer_after_done[2];
+static droom_t *g_rooms;
+
+static void on_layer_count(void *data, uint64_t room_id, uint32_t layer)
+{
+    check_not_inside();
+    droom_t *r = data;
+    int i = (int)(r - g_rooms);
+    assert_int_equal(layer, 0);
+    if (r->done)
+        g_layer_after_done[i]++;
+    g_layer_cbs[i]++;
+    if (i == 0) /* the fake writes room 555's page only */
+        for (uint32_t k = 0; k < r->page_len; k++)
+            assert_int_equal(r->base[k], 0x3C); /* the bytes are in place */
+}
+
+static void test_fake_prefill_layer_done(void **state)
+{
+    memset(&G, 0, sizeof(G));
+    memset(g_layer_cbs, 0, sizeof(g_layer_cbs));
+    memset(g_layer_after_done, 0, sizeof(g_layer_after_done));
+    G.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof(sa);
+    assert_int_equal(bind(G.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(G.lfd, 8), 0);
+    getsockname(G.lfd, (struct sockaddr *)&sa, &sl);
+    G.port = ntohs(sa.sin_port);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, fake_prefill_layers, NULL), 0);
+    start_engines(BATON_XFER_TRANSPORT_TCP, BATON_XFER_TRANSPORT_TCP, 0);
+    droom_t r[3] = {{.id = 555, .layers = 2, .ppl = 1, .page_len = 4096, .slot = 8192},
+                    {.id = 556, .layers = 2, .ppl = 1, .page_len = 4096, .slot = 8192},
+                    {0}};
+    g_rooms = r;
+    assert_int_equal(offer_room_cb(&r[0], G.port, T.pool, on_layer_count), 0);
+    WAIT_INT(T.offers_done, 1, 10000);
+    assert_int_equal(r[0].status, 0);
+    assert_int_equal(g_layer_cbs[0], 1);
+    assert_int_equal(g_layer_after_done[0], 0);
+    T.corrupt = 0; /* the fake's bytes are not the pattern on_offer_done compares */
+    assert_int_equal(offer_room_cb(&r[1], G.port, T.pool + 65536, on_layer_count), 0);
+    run_until(all_done, r, 10000, "room 556");
+    /* as for any malformed frame: the connection's rooms fail with the protocol error */
+    assert_int_equal(r[1].status, BATON_EPROTO);
+    pthread_join(th, NULL);
+    assert_int_equal(G.ok, 1);
+    baton_xfer_stats_t st;
+    baton_xfer_engine_stats(T.d, &st);
+    assert_true(st.frames_rejected >= 1);
+    close(G.lfd);
+}
+
 /* Raw clients sending bad frames to a prefill engine: each is dropped, nothing else changes. */
 static void test_prefill_refuses_bad_frames(void **state)
 {
@@ -940,7 +1228,7 @@ static void test_cuda_device_memory(void **state)
     T.pmode = P_AUTO;
     droom_t r[2] = {{.id = 808, .layers = 1, .ppl = 1, .page_len = 4096, .slot = 4096}, {0}};
     baton_xfer_iov_t iov = {(void *)(uintptr_t)dptr, 4096};
-    baton_xfer_offer_t o = {808, 1, 1, &iov};
+    baton_xfer_offer_t o = {808, 1, 1, &iov, NULL};
     assert_int_equal(API(baton_xfer_offer(T.d, "127.0.0.1", baton_xfer_engine_listen_port(T.p), &o,
                                           on_offer_done, &r[0])),
                      0);
@@ -964,6 +1252,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tcp_mixed_rooms, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shm_mixed_rooms, setup, teardown),
         cmocka_unit_test_setup_teardown(test_layerwise, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tcp_layer_callbacks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shm_layer_callbacks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_abort_race_reuse, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shm_abort_race_reuse, setup, teardown),
         cmocka_unit_test_setup_teardown(test_abort_held_room_and_prefill_abort, setup, teardown),
@@ -971,6 +1261,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_peer_loss_and_reconnect, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shutdown_with_open_rooms, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fake_prefill_bounds_and_garbage, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fake_prefill_layer_done, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prefill_refuses_bad_frames, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cuda_device_memory, setup, teardown),
     };
