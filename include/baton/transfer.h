@@ -51,7 +51,8 @@ extern "C" {
  * A peer is DOWN after heartbeat_interval_ms * heartbeat_misses without traffic, a reset
  * connection, a malformed / oversized / out-of-order frame (that connection only is closed,
  * with a logged reason) or a transport error. Every open room of that connection then fails
- * once, with BATON_EPEERDOWN (decode rooms after their fence). The decode side reconnects by
+ * once, with BATON_EPEERDOWN, or BATON_EPROTO when the connection was closed for a malformed
+ * frame (decode rooms after their fence). The decode side reconnects by
  * itself with exponential back-off and jitter (capped, never given up on); a returning peer,
  * restarted (new incarnation) or the same after a blip, gets a fresh handshake and fresh
  * transport state, never the old one. Offers made while the peer is down between attempts fail
@@ -136,7 +137,7 @@ typedef struct {
  *   status 0: DONE arrived and every byte written before it is in place; `done` is valid
  *             (only during the call: copy what you keep).
  *   status < 0: the room failed; `done` is NULL. BATON_EPEERDOWN (connection lost),
- *             BATON_EABORTED (either side aborted), BATON_ETIMEOUT (room_timeout_ms),
+ *             BATON_EPROTO (connection closed for a malformed frame), BATON_EABORTED (either side aborted), BATON_ETIMEOUT (room_timeout_ms),
  *             BATON_ERKEY / BATON_ESTALE (the prefill side refused the offer's pages or its
  *             incarnation), BATON_ENOTSUP (the peer's transport cannot reach these pages),
  *             BATON_ESHUTDOWN, BATON_ENOMEM.
