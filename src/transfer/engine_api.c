@@ -1,4 +1,4 @@
-/* transfer/api.c — the caller-thread side of rooms: argument checks, then commands to the
+/* transfer/engine_api.c — the caller-thread side of rooms: argument checks, then commands to the
  * progress thread (offer, abort, connect, writes, complete). */
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* api.c — baton-worker's HTTP API and request life cycle: parse, schedule, hand the KV off,
+/* http_api.c — baton-worker's HTTP API and request life cycle: parse, schedule, hand the KV off,
  * answer. */
 #include <jansson.h>
 #include <stdio.h>
