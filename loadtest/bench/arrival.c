@@ -1,45 +1,24 @@
-/* arrival.c — xoshiro256** PRNG and Poisson / fixed-rate arrival gaps. */
+/* arrival.c — the bench RNG (xoshiro256** from common/rand.h) and Poisson / fixed-rate arrival
+ * gaps. */
 #include "arrival.h"
 
 #include <math.h>
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-static inline uint64_t rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
+#include "common/rand.h"
 
 void bb_rng_seed(bb_rng_t *r, uint64_t seed)
 {
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++)
-        r->s[i] = splitmix64(&x);
+    baton_xoshiro_seed(r->s, seed);
 }
 
 uint64_t bb_rng_u64(bb_rng_t *r)
 {
-    uint64_t *s = r->s;
-    uint64_t result = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
+    return baton_xoshiro_next(r->s);
 }
 
 double bb_rng_double(bb_rng_t *r)
 {
-    return (double)(bb_rng_u64(r) >> 11) * 0x1.0p-53;
+    return baton_unit_double(bb_rng_u64(r));
 }
 
 uint64_t bb_rng_range(bb_rng_t *r, uint64_t lo, uint64_t hi)

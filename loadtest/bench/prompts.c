@@ -34,60 +34,11 @@ int bb_random_prompt(baton_buf_t *out, bb_rng_t *rng, uint32_t n_words)
     return 0;
 }
 
-int bb_json_string(baton_buf_t *out, const char *s, size_t len)
-{
-    static const char hex[] = "0123456789abcdef";
-    if (baton_buf_reserve(out, len + 2))
-        return BATON_ENOMEM;
-    if (baton_buf_append(out, "\"", 1))
-        return BATON_ENOMEM;
-    size_t run = 0; /* start of the bytes that need no escape */
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\')
-            continue;
-        if (baton_buf_append(out, s + run, i - run))
-            return BATON_ENOMEM;
-        char esc[7] = {'\\', 0};
-        size_t n = 2;
-        switch (c) {
-        case '"':
-            esc[1] = '"';
-            break;
-        case '\\':
-            esc[1] = '\\';
-            break;
-        case '\n':
-            esc[1] = 'n';
-            break;
-        case '\r':
-            esc[1] = 'r';
-            break;
-        case '\t':
-            esc[1] = 't';
-            break;
-        default:
-            esc[1] = 'u';
-            esc[2] = '0';
-            esc[3] = '0';
-            esc[4] = hex[c >> 4];
-            esc[5] = hex[c & 15];
-            n = 6;
-        }
-        if (baton_buf_append(out, esc, n))
-            return BATON_ENOMEM;
-        run = i + 1;
-    }
-    if (baton_buf_append(out, s + run, len - run) || baton_buf_append(out, "\"", 1))
-        return BATON_ENOMEM;
-    return 0;
-}
-
 /* The turns joined by newlines, as one prompt string (JSON-quoted). */
 static int joined_prompt(baton_buf_t *out, const bb_turn_t *turns, size_t n)
 {
     if (n == 1)
-        return bb_json_string(out, turns[0].user, turns[0].user_len);
+        return baton_buf_append_json_string(out, turns[0].user, turns[0].user_len);
     baton_buf_t tmp = BATON_BUF_INIT;
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++) {
@@ -100,7 +51,7 @@ static int joined_prompt(baton_buf_t *out, const bb_turn_t *turns, size_t n)
                  baton_buf_append(&tmp, turns[i].assistant, turns[i].assistant_len);
     }
     if (!rc)
-        rc = bb_json_string(out, tmp.data ? tmp.data : "", tmp.len);
+        rc = baton_buf_append_json_string(out, tmp.data ? tmp.data : "", tmp.len);
     baton_buf_free(&tmp);
     return rc ? BATON_ENOMEM : 0;
 }
@@ -111,7 +62,8 @@ int bb_render_body(baton_buf_t *out, const bb_body_opts_t *o, const bb_turn_t *t
     int rc = baton_buf_append_str(out, "{");
     if (!rc && o->model) {
         rc = baton_buf_append_str(out, "\"model\":") ||
-             bb_json_string(out, o->model, strlen(o->model)) || baton_buf_append_str(out, ",");
+             baton_buf_append_json_string(out, o->model, strlen(o->model)) ||
+             baton_buf_append_str(out, ",");
     }
     if (rc)
         return BATON_ENOMEM;
@@ -121,12 +73,13 @@ int bb_render_body(baton_buf_t *out, const bb_body_opts_t *o, const bb_turn_t *t
         for (size_t i = 0; i < n_turns && !rc; i++) {
             rc = baton_buf_append_str(out, i ? ",{\"role\":\"user\",\"content\":"
                                              : "{\"role\":\"user\",\"content\":") ||
-                 bb_json_string(out, turns[i].user, turns[i].user_len) ||
+                 baton_buf_append_json_string(out, turns[i].user, turns[i].user_len) ||
                  baton_buf_append_str(out, "}");
             if (!rc && turns[i].assistant)
-                rc = baton_buf_append_str(out, ",{\"role\":\"assistant\",\"content\":") ||
-                     bb_json_string(out, turns[i].assistant, turns[i].assistant_len) ||
-                     baton_buf_append_str(out, "}");
+                rc =
+                    baton_buf_append_str(out, ",{\"role\":\"assistant\",\"content\":") ||
+                    baton_buf_append_json_string(out, turns[i].assistant, turns[i].assistant_len) ||
+                    baton_buf_append_str(out, "}");
         }
         if (!rc)
             rc = baton_buf_printf(out, "],\"max_tokens\":%u,\"temperature\":0", max_tokens);

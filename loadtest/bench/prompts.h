@@ -41,9 +41,6 @@ void bb_dataset_free(bb_dataset_t *ds);
 /* Appends n_words random words (single spaces between them) drawn from a fixed vocabulary. */
 int bb_random_prompt(baton_buf_t *out, bb_rng_t *rng, uint32_t n_words);
 
-/* Appends s as a quoted JSON string. 0 or BATON_ENOMEM. */
-int bb_json_string(baton_buf_t *out, const char *s, size_t len);
-
 /* One turn of a conversation; `assistant` is NULL for the turn being asked. Not owned. */
 typedef struct bb_turn_s {
     const char *user;

@@ -37,7 +37,7 @@ static void test_json_string_round_trip(void **state)
 {
     const char raw[] = "quote \" backslash \\ nl \n tab \t cr \r bell \x07 utf8 \xc3\xa9 end";
     baton_buf_t b = BATON_BUF_INIT;
-    assert_int_equal(bb_json_string(&b, raw, sizeof(raw) - 1), 0);
+    assert_int_equal(baton_buf_append_json_string(&b, raw, sizeof(raw) - 1), 0);
     json_error_t e;
     json_t *v = json_loadb(b.data, b.len, JSON_DECODE_ANY, &e);
     assert_non_null(v);
