@@ -204,6 +204,12 @@ static void free_droom(baton__droom_t *dr);
 
 static void run_cmd(baton_xfer_engine_t *eng, baton__cmd_t *cmd)
 {
+    /* Read before dispatching: an embedded command lives inside its droom / wreq, and the
+     * handler may already have posted that object's completion event (start_write on an
+     * aborted room, an OFFER that fails at once). The caller thread may then free the object,
+     * and even calloc the same chunk for a new write (embedded still 0), before the handler
+     * returns: reading cmd->embedded afterwards could free the caller's live wreq. */
+    const int embedded = cmd->embedded;
     switch (cmd->type) {
     case BATON__CMD_CONNECT: {
         baton__peer_t *p = baton__peer_get(eng, cmd->u.connect.host, cmd->u.connect.port, 1);
@@ -285,7 +291,7 @@ static void run_cmd(baton_xfer_engine_t *eng, baton__cmd_t *cmd)
         baton__maybe_finish_shutdown(eng);
         break;
     }
-    if (!cmd->embedded)
+    if (!embedded)
         free(cmd);
 }
 
