@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "transfer/rdma.h"
+#include "transfer/le_bytes.h"
 
 /* The same memory is a write source on prefill and a write target on decode. Constant, so the
  * ibv_reg_mr macro resolves to the plain ibv_reg_mr symbol. */
@@ -208,39 +209,6 @@ int baton__rdma_mem_dereg(baton__tp_mr_t *bmr)
 #define KEY_VERSION 1
 #define KEY_HDR     40
 
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
 
 int baton__rdma_mem_key(baton__tp_mr_t *bmr, uint8_t *buf, size_t cap, size_t *len_p)
 {
@@ -257,23 +225,23 @@ int baton__rdma_mem_key(baton__tp_mr_t *bmr, uint8_t *buf, size_t cap, size_t *l
         return BATON_ETOOBIG;
     }
     memset(buf, 0, KEY_HDR);
-    put32(buf, KEY_MAGIC);
-    put16(buf + 4, KEY_VERSION);
-    put16(buf + 6, (uint16_t)ndev);
-    put64(buf + 8, (uintptr_t)bmr->addr);
-    put64(buf + 16, bmr->len);
-    put64(buf + 24, mr->chunk);
-    put32(buf + 32, mr->nchunks);
-    put32(buf + 36, (uint32_t)bmr->kind);
+    baton__le_put32(buf, KEY_MAGIC);
+    baton__le_put16(buf + 4, KEY_VERSION);
+    baton__le_put16(buf + 6, (uint16_t)ndev);
+    baton__le_put64(buf + 8, (uintptr_t)bmr->addr);
+    baton__le_put64(buf + 16, bmr->len);
+    baton__le_put64(buf + 24, mr->chunk);
+    baton__le_put32(buf + 32, mr->nchunks);
+    baton__le_put32(buf + 36, (uint32_t)bmr->kind);
     uint8_t *p = buf + KEY_HDR;
     for (int d = 0; d < mr->ndev; d++) {
         if (!mr->mrs[(size_t)d * mr->nchunks])
             continue;
-        put16(p, (uint16_t)d);
-        put16(p + 2, 0);
+        baton__le_put16(p, (uint16_t)d);
+        baton__le_put16(p + 2, 0);
         p += 4;
         for (uint32_t c = 0; c < mr->nchunks; c++, p += 4)
-            put32(p, mr->mrs[(size_t)d * mr->nchunks + c]->rkey);
+            baton__le_put32(p, mr->mrs[(size_t)d * mr->nchunks + c]->rkey);
     }
     *len_p = need;
     return 0;
@@ -320,11 +288,11 @@ int baton__rdma_mem_add(baton__tp_peer_t *bp, uint32_t mem_id, uint64_t base, ui
         return BATON_EINVAL; /* regions arrive after the handshake, on the writing side */
     if (baton__rdma_rmem_find(peer, mem_id))
         return BATON_EEXIST;
-    if (!b || blen < KEY_HDR || get32(b) != KEY_MAGIC || get16(b + 4) != KEY_VERSION)
+    if (!b || blen < KEY_HDR || baton__le_get32(b) != KEY_MAGIC || baton__le_get16(b + 4) != KEY_VERSION)
         goto proto;
-    uint16_t ndev = get16(b + 6);
-    uint64_t kbase = get64(b + 8), klen = get64(b + 16), chunk = get64(b + 24);
-    uint32_t nchunks = get32(b + 32), kkind = get32(b + 36);
+    uint16_t ndev = baton__le_get16(b + 6);
+    uint64_t kbase = baton__le_get64(b + 8), klen = baton__le_get64(b + 16), chunk = baton__le_get64(b + 24);
+    uint32_t nchunks = baton__le_get32(b + 32), kkind = baton__le_get32(b + 36);
     if (ndev < 1 || ndev > BATON__RDMA_MAX_DEVS || chunk == 0 || klen == 0 || nchunks == 0 ||
         kbase != base || klen != len || kkind != (uint32_t)kind || base + len < base)
         goto proto;
@@ -343,7 +311,7 @@ int baton__rdma_mem_add(baton__tp_peer_t *bp, uint32_t mem_id, uint64_t base, ui
     rm.ndev = ndev;
     const uint8_t *p = b + KEY_HDR;
     for (int d = 0; d < ndev; d++, p += 4 + 4 * (size_t)nchunks) {
-        rm.devidx[d] = get16(p);
+        rm.devidx[d] = baton__le_get16(p);
         if (rm.devidx[d] >= BATON__RDMA_MAX_DEVS)
             goto proto;
         for (int e = 0; e < d; e++)
@@ -369,7 +337,7 @@ int baton__rdma_mem_add(baton__tp_peer_t *bp, uint32_t mem_id, uint64_t base, ui
     for (int d = 0; d < ndev; d++) {
         p += 4;
         for (uint32_t c = 0; c < nchunks; c++, p += 4)
-            rm.rkeys[(size_t)d * nchunks + c] = get32(p);
+            rm.rkeys[(size_t)d * nchunks + c] = baton__le_get32(p);
     }
     if (peer->nrmems == peer->caprmems) {
         int ncap = peer->caprmems ? peer->caprmems * 2 : 8;

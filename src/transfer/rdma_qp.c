@@ -4,6 +4,7 @@
 
 #include "common/log.h"
 #include "transfer/rdma.h"
+#include "transfer/le_bytes.h"
 
 /* Values from PROTOCOLS.md §4 (Mooncake's, which are rc_pingpong's plus retries). */
 #define QP_ACCESS        (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE)
@@ -212,39 +213,6 @@ void baton__rdma_qp_destroy(rdma_qp_t *qp)
 #define BLOB_HDR     40
 #define BLOB_ENT     32
 
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
 
 int baton__rdma_peer_info(baton__tp_peer_t *bp, uint8_t *buf, size_t cap, size_t *len_p)
 {
@@ -262,23 +230,23 @@ int baton__rdma_peer_info(baton__tp_peer_t *bp, uint8_t *buf, size_t cap, size_t
     if (cap < need)
         return BATON_ETOOBIG;
     memset(buf, 0, need);
-    put32(buf, BLOB_MAGIC);
-    put16(buf + 4, BLOB_VERSION);
+    baton__le_put32(buf, BLOB_MAGIC);
+    baton__le_put16(buf + 4, BLOB_VERSION);
     buf[6] = bp->role == BATON__TP_ROLE_TARGET ? 1 : 2;
-    put16(buf + 8, (uint16_t)peer->nqps);
-    put64(buf + 16, bp->generation);
-    put64(buf + 24, bp->role == BATON__TP_ROLE_TARGET ? 0 : peer->remote_generation);
-    put64(buf + 32, peer->tp->base.env->incarnation);
+    baton__le_put16(buf + 8, (uint16_t)peer->nqps);
+    baton__le_put64(buf + 16, bp->generation);
+    baton__le_put64(buf + 24, bp->role == BATON__TP_ROLE_TARGET ? 0 : peer->remote_generation);
+    baton__le_put64(buf + 32, peer->tp->base.env->incarnation);
     for (int i = 0; i < peer->nqps; i++) {
         const rdma_qp_t *qp = &peer->qps[i];
         uint8_t *e = buf + BLOB_HDR + (size_t)i * BLOB_ENT;
-        put16(e, (uint16_t)qp->dev->index);
+        baton__le_put16(e, (uint16_t)qp->dev->index);
         e[2] = qp->dev->port;
         e[3] = (uint8_t)qp->dev->active_mtu;
-        put16(e + 4, qp->dev->lid);
+        baton__le_put16(e + 4, qp->dev->lid);
         memcpy(e + 8, qp->dev->gid.raw, 16);
-        put32(e + 24, qp->qpn);
-        put32(e + 28, qp->psn);
+        baton__le_put32(e + 24, qp->qpn);
+        baton__le_put32(e + 28, qp->psn);
     }
     *len_p = need;
     return 0;
@@ -298,12 +266,12 @@ typedef struct {
 static int blob_parse(const uint8_t *b, size_t len, int *role_p, uint64_t *gen_p, uint64_t *echo_p,
                       int *n_p, blob_ent_t *ents)
 {
-    if (!b || len < BLOB_HDR || get32(b) != BLOB_MAGIC)
+    if (!b || len < BLOB_HDR || baton__le_get32(b) != BLOB_MAGIC)
         return BATON_EPROTO;
-    if (get16(b + 4) != BLOB_VERSION)
+    if (baton__le_get16(b + 4) != BLOB_VERSION)
         return BATON_EPROTO;
     int role = b[6];
-    int n = get16(b + 8);
+    int n = baton__le_get16(b + 8);
     if ((role != 1 && role != 2) || n < 1 || n > BATON__RDMA_MAX_QPS)
         return BATON_EPROTO;
     if (len != BLOB_HDR + (size_t)n * BLOB_ENT)
@@ -311,20 +279,20 @@ static int blob_parse(const uint8_t *b, size_t len, int *role_p, uint64_t *gen_p
     for (int i = 0; i < n; i++) {
         const uint8_t *e = b + BLOB_HDR + (size_t)i * BLOB_ENT;
         blob_ent_t *x = &ents[i];
-        x->dev = get16(e);
+        x->dev = baton__le_get16(e);
         x->port = e[2];
         x->mtu = e[3];
-        x->lid = get16(e + 4);
+        x->lid = baton__le_get16(e + 4);
         memcpy(x->gid, e + 8, 16);
-        x->qpn = get32(e + 24);
-        x->psn = get32(e + 28);
+        x->qpn = baton__le_get32(e + 24);
+        x->psn = baton__le_get32(e + 28);
         if (x->dev >= BATON__RDMA_MAX_DEVS || x->port == 0 || x->mtu < IBV_MTU_256 ||
             x->mtu > IBV_MTU_4096 || x->qpn > 0xffffff || x->psn > 0xffffff)
             return BATON_EPROTO;
     }
     *role_p = role;
-    *gen_p = get64(b + 16);
-    *echo_p = get64(b + 24);
+    *gen_p = baton__le_get64(b + 16);
+    *echo_p = baton__le_get64(b + 24);
     *n_p = n;
     return 0;
 }

@@ -20,6 +20,7 @@
 #include "transfer/u64map.h"
 
 #include "transfer/cuda_shim.h"
+#include "transfer/le_bytes.h"
 
 /*
  * Handles. The decode side (TARGET) keeps its pages in memfd segments (baton_xfer_mem_alloc).
@@ -114,30 +115,6 @@ struct shm_peer_s {
     int cb_status;
 };
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
 
 static int read_host_id(host_id_t *h)
 {
@@ -196,12 +173,12 @@ static size_t enc_peer_blob(uint8_t *b, const host_id_t *h, int32_t fence_fd, ui
     b[0] = SHM_BLOB_VERSION;
     b[1] = 0;
     b[2] = b[3] = 0;
-    put32(b + 4, h->pid);
-    put64(b + 8, h->pidns);
+    baton__le_put32(b + 4, h->pid);
+    baton__le_put64(b + 8, h->pidns);
     memcpy(b + 16, h->boot_id, 36);
-    put32(b + 52, (uint32_t)fence_fd);
-    put64(b + 56, token);
-    put64(b + 64, gen);
+    baton__le_put32(b + 52, (uint32_t)fence_fd);
+    baton__le_put64(b + 56, token);
+    baton__le_put64(b + 64, gen);
     return PEER_BLOB_LEN;
 }
 
@@ -211,14 +188,14 @@ static int dec_peer_blob(const uint8_t *b, size_t len, host_id_t *h, int32_t *fe
     if (len != PEER_BLOB_LEN || b[0] != SHM_BLOB_VERSION)
         return BATON_EPROTO;
     memset(h, 0, sizeof(*h));
-    h->pid = get32(b + 4);
-    h->pidns = get64(b + 8);
+    h->pid = baton__le_get32(b + 4);
+    h->pidns = baton__le_get64(b + 8);
     memcpy(h->boot_id, b + 16, 36);
     for (int i = 0; i < 36; i++)
         if (h->boot_id[i] < 0x20 || h->boot_id[i] > 0x7e)
             return BATON_EPROTO;
-    *fence_fd = (int32_t)get32(b + 52);
-    *token = get64(b + 56);
+    *fence_fd = (int32_t)baton__le_get32(b + 52);
+    *token = baton__le_get64(b + 56);
     if (h->pid == 0)
         return BATON_EPROTO;
     return 0;
@@ -472,15 +449,15 @@ static int shm_mem_key(baton__tp_mr_t *mr, uint8_t *buf, size_t cap, size_t *len
     buf[0] = SHM_BLOB_VERSION;
     buf[1] = (uint8_t)mr->kind;
     buf[2] = buf[3] = 0;
-    put32(buf + 4, t->self.pid);
-    put32(buf + 8, (uint32_t)m->memfd);
-    put64(buf + 12, m->token);
-    put64(buf + 20, mr->len);
+    baton__le_put32(buf + 4, t->self.pid);
+    baton__le_put32(buf + 8, (uint32_t)m->memfd);
+    baton__le_put64(buf + 12, m->token);
+    baton__le_put64(buf + 20, mr->len);
     *len_p = KEY_HOST_LEN;
 #ifdef BATON_HAVE_CUDA
     if (mr->kind == BATON_XFER_MEM_CUDA) {
         memcpy(buf + KEY_HOST_LEN, &m->ipc, 64);
-        put64(buf + KEY_HOST_LEN + 64, m->ipc_offset);
+        baton__le_put64(buf + KEY_HOST_LEN + 64, m->ipc_offset);
         *len_p = KEY_CUDA_LEN;
     }
 #endif
@@ -609,10 +586,10 @@ static int shm_mem_add(baton__tp_peer_t *tpp, uint32_t mem_id, uint64_t base, ui
         return BATON_ENOTSUP; /* not shareable memory */
     if (blob_len < KEY_HOST_LEN || blob[0] != SHM_BLOB_VERSION || blob[1] != (uint8_t)kind)
         return BATON_EPROTO;
-    uint32_t pid = get32(blob + 4);
-    int32_t fd = (int32_t)get32(blob + 8);
-    uint64_t token = get64(blob + 12);
-    uint64_t klen = get64(blob + 20);
+    uint32_t pid = baton__le_get32(blob + 4);
+    int32_t fd = (int32_t)baton__le_get32(blob + 8);
+    uint64_t token = baton__le_get64(blob + 12);
+    uint64_t klen = baton__le_get64(blob + 20);
     if (pid != p->remote.pid || klen != len)
         return BATON_ERKEY;
     if (baton__u64map_get(&p->rmems, mem_id) != NULL)
@@ -653,7 +630,7 @@ static int shm_mem_add(baton__tp_peer_t *tpp, uint32_t mem_id, uint64_t base, ui
             return BATON_ENOTSUP;
         }
         memcpy(&h, blob + KEY_HOST_LEN, 64);
-        uint64_t off = get64(blob + KEY_HOST_LEN + 64);
+        uint64_t off = baton__le_get64(blob + KEY_HOST_LEN + 64);
         if (baton__cu.ipc_open_mem_handle(&rm->dbase, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) !=
             CUDA_SUCCESS) {
             free(rm);
