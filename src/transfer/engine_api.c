@@ -318,13 +318,10 @@ int baton_xfer_write_layer_after_event(baton_xfer_room_t *room, uint32_t layer,
 #endif
 }
 
-int baton_xfer_room_complete(baton_xfer_room_t *room, const baton_xfer_done_t *done)
+/* The caller's last word on a prefill room (complete or abort): at most one, never after the
+ * engine started closing. On success the command is allocated, typed and the room marked. */
+static int room_end_cmd(baton_xfer_room_t *room, baton__cmd_type_t type, baton__cmd_t **cmd_p)
 {
-    if (room == NULL || done == NULL)
-        return BATON_EINVAL;
-    if (done->payload_len > BATON_XFER_DONE_PAYLOAD_MAX ||
-        (done->payload_len > 0 && done->payload == NULL))
-        return BATON_EINVAL;
     if (room->eng->destroying)
         return BATON_ESHUTDOWN;
     if (room->caller_ended)
@@ -333,7 +330,22 @@ int baton_xfer_room_complete(baton_xfer_room_t *room, const baton_xfer_done_t *d
     if (cmd == NULL)
         return BATON_ENOMEM;
     room->caller_ended = 1;
-    cmd->type = BATON__CMD_COMPLETE;
+    cmd->type = type;
+    *cmd_p = cmd;
+    return 0;
+}
+
+int baton_xfer_room_complete(baton_xfer_room_t *room, const baton_xfer_done_t *done)
+{
+    if (room == NULL || done == NULL)
+        return BATON_EINVAL;
+    if (done->payload_len > BATON_XFER_DONE_PAYLOAD_MAX ||
+        (done->payload_len > 0 && done->payload == NULL))
+        return BATON_EINVAL;
+    baton__cmd_t *cmd;
+    int rc = room_end_cmd(room, BATON__CMD_COMPLETE, &cmd);
+    if (rc != 0)
+        return rc;
     cmd->u.complete.room = room;
     cmd->u.complete.done.status = done->status;
     cmd->u.complete.done.first_token = done->first_token;
@@ -349,15 +361,10 @@ int baton_xfer_room_abort(baton_xfer_room_t *room, int reason)
 {
     if (room == NULL)
         return BATON_EINVAL;
-    if (room->eng->destroying)
-        return BATON_ESHUTDOWN;
-    if (room->caller_ended)
-        return BATON_ECANCELED;
-    baton__cmd_t *cmd = calloc(1, sizeof(*cmd));
-    if (cmd == NULL)
-        return BATON_ENOMEM;
-    room->caller_ended = 1;
-    cmd->type = BATON__CMD_PABORT;
+    baton__cmd_t *cmd;
+    int rc = room_end_cmd(room, BATON__CMD_PABORT, &cmd);
+    if (rc != 0)
+        return rc;
     cmd->u.pabort.room = room;
     cmd->u.pabort.reason = reason < 0 ? reason : BATON_EABORTED;
     atomic_fetch_add(&room->refs, 1);
