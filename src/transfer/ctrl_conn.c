@@ -29,7 +29,7 @@ baton__conn_t *baton__conn_new(baton_xfer_engine_t *eng, int role)
     c->gen = eng->next_gen++;
     c->tp_index = -1;
     c->rbuf = (baton_buf_t)BATON_BUF_INIT;
-    c->t_start_ms = baton__now_ms();
+    c->t_start_ms = baton_now_ms();
     baton__u64map_init(&c->rooms);
     baton__u64map_init(&c->rmems);
     baton_heartbeat_init(&c->hb, eng->cfg.heartbeat_interval_ms, eng->cfg.heartbeat_misses,
@@ -332,7 +332,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     c->rbuf.len += (size_t)nread;
     c->rbuf.data[c->rbuf.len] = '\0';
     if (nread > 0)
-        baton_heartbeat_rx(&c->hb, baton__now_ms());
+        baton_heartbeat_rx(&c->hb, baton_now_ms());
     size_t off = 0;
     while (c->state != BATON__CONN_CLOSING) {
         baton__frame_t f;

@@ -51,7 +51,7 @@ static void mark_up(baton__conn_t *c)
 {
     baton_xfer_engine_t *eng = c->eng;
     c->state = BATON__CONN_UP;
-    uint64_t now = baton__now_ms();
+    uint64_t now = baton_now_ms();
     baton_heartbeat_init(&c->hb, eng->cfg.heartbeat_interval_ms, eng->cfg.heartbeat_misses, now);
     atomic_fetch_add(&eng->st_peers_up, 1);
 }

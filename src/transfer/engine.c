@@ -12,11 +12,6 @@
 
 /* ---- small helpers ---------------------------------------------------------------------- */
 
-uint64_t baton__now_ms(void)
-{
-    return uv_hrtime() / 1000000u;
-}
-
 static uint64_t random_u64(void)
 {
     uint64_t v = 0;
@@ -313,7 +308,7 @@ static void on_cmd_async(uv_async_t *h)
 static void on_tick(uv_timer_t *t)
 {
     baton_xfer_engine_t *eng = t->data;
-    uint64_t now = baton__now_ms();
+    uint64_t now = baton_now_ms();
     for (baton__list_t *it = eng->peers.next; it != &eng->peers;) {
         baton__peer_t *p = container_of(it, baton__peer_t, link);
         it = it->next;

@@ -9,6 +9,7 @@
 
 #include "baton/transfer.h"
 #include "common/buf.h"
+#include "common/clock.h"
 #include "health/heartbeat.h"
 #include "health/peer_state.h"
 #include "transfer/ctrl_frame.h"
@@ -405,7 +406,6 @@ struct baton_xfer_engine_s {
 };
 
 /* ---- engine.c ---------------------------------------------------------------------------- */
-uint64_t baton__now_ms(void);
 /* Caller thread: queue a command for the progress thread. */
 void baton__cmd_post(baton_xfer_engine_t *eng, baton__cmd_t *cmd);
 /* Progress thread: queue an event for the caller loop. */

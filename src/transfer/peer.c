@@ -37,7 +37,7 @@ baton__peer_t *baton__peer_get(baton_xfer_engine_t *eng, const char *host, int p
         snprintf(p->endpoint, sizeof(p->endpoint), "%s:%d", host, port);
     uint64_t seed = eng->incarnation ^ ((uint64_t)port << 17) ^ (uintptr_t)p;
     baton_peer_health_init(&p->health, eng->cfg.reconnect_min_ms, eng->cfg.reconnect_max_ms,
-                           eng->cfg.connect_timeout_ms, PEER_IDLE_AFTER_MS, seed, baton__now_ms());
+                           eng->cfg.connect_timeout_ms, PEER_IDLE_AFTER_MS, seed, baton_now_ms());
     baton__list_init(&p->queued);
     p->gai.data = p;
     baton__list_push(&eng->peers, &p->link);
@@ -55,7 +55,7 @@ static void fail_queued(baton__peer_t *p, int status)
 
 static void attempt_failed(baton__peer_t *p, int status, const char *why)
 {
-    uint64_t now = baton__now_ms();
+    uint64_t now = baton_now_ms();
     int was_up = p->health.state == BATON_PEER_UP;
     uint32_t delay = baton_peer_health_down(&p->health, now, status);
     log_warn(BATON__LOG, "%s peer=%s err=%s reason=\"%s\" retry_in_ms=%" PRIu32,
@@ -130,7 +130,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
 
 static void start_connect(baton__peer_t *p)
 {
-    uint64_t now = baton__now_ms();
+    uint64_t now = baton_now_ms();
     baton_peer_health_connecting(&p->health, now);
     post_state(p, BATON_XFER_PEER_CONNECTING, 0);
     log_debug(BATON__LOG, "peer_connecting peer=%s attempt=%" PRIu32, p->endpoint,
@@ -155,7 +155,7 @@ static void start_connect(baton__peer_t *p)
 
 void baton__peer_demand(baton__peer_t *p)
 {
-    if (baton_peer_health_demand(&p->health, baton__now_ms()) & BATON_PEER_ACT_CONNECT)
+    if (baton_peer_health_demand(&p->health, baton_now_ms()) & BATON_PEER_ACT_CONNECT)
         start_connect(p);
 }
 
@@ -163,7 +163,7 @@ void baton__peer_on_up(baton__peer_t *p, baton__conn_t *c)
 {
     baton_xfer_engine_t *eng = p->eng;
     uint32_t before = p->health.reconnects;
-    baton_peer_health_up(&p->health, baton__now_ms());
+    baton_peer_health_up(&p->health, baton_now_ms());
     if (p->health.reconnects != before)
         atomic_fetch_add(&eng->st_reconnects, 1);
     int changed = p->remote_inc != 0 && p->remote_inc != c->remote_inc;

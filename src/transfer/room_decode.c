@@ -31,7 +31,7 @@ void baton__droom_finish(baton__droom_t *dr, int status)
 
 void baton__droom_submit(baton_xfer_engine_t *eng, baton__droom_t *dr)
 {
-    dr->t_offer_ms = baton__now_ms();
+    dr->t_offer_ms = baton_now_ms();
     if (baton__u64map_put(&eng->drooms, dr->room_id, dr) != 0) {
         baton__droom_finish(dr, BATON_ENOMEM);
         return;

@@ -199,6 +199,8 @@ static void on_tp_write(baton__tp_write_t *w, int status)
         atomic_fetch_add(&room->eng->st_bytes_written, wr->bytes);
         send_layer_done(room, wr);
     }
+    /* After write_done the caller thread may free wr and drop the write's room reference at
+     * any moment; room itself stays valid: this thread's own reference lasts until room_close. */
     write_done(wr, status);
     room_progress(room);
 }
