@@ -6,6 +6,7 @@ differs is caught as corruption; bad options are refused cleanly.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -112,7 +113,7 @@ def test_scenario_smoke():
 
 
 def test_layerwise_scenario_smoke():
-    for b in ("baton", "baton-worker", "baton-bench"):
+    for b in ("baton", "baton-worker", "baton-bench", "baton-xfer-bench"):
         if not os.path.exists(os.path.join(BUILD_DIR, b)):
             raise SkipTest(f"{b} is not built in {BUILD_DIR}")
     r = run([sys.executable, os.path.join(SCEN_DIR, "transfer_layerwise.py"), "--smoke",
@@ -120,12 +121,16 @@ def test_layerwise_scenario_smoke():
     out = r.stdout
     assert r.returncode == 0, f"exit {r.returncode}\n{out}\n{r.stderr[-3000:]}"
     rows = [ln for ln in out.splitlines() if ln.startswith("| 512")]
-    assert len(rows) == 4, out  # c=1 and c=4, layer-wise off and on
-    for ln in rows:
-        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
-        assert cells[2] in ("off", "on"), cells
-        assert int(cells[-2]) > 0 and cells[-1] == "0", cells  # completed, errors
-        assert float(cells[3]) > 0, cells  # TTFT p50
+    # the regular baseline, then c=1 and c=4 with layer-wise off and on
+    assert len(rows) == 5, out
+    cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in rows]
+    assert [c[2] for c in cells] == ["regular", "off", "on", "off", "on"], cells
+    for c in cells:
+        assert int(c[-2]) > 0 and c[-1] == "0", c  # completed, errors
+        assert float(c[3]) > 0, c  # TTFT p50
+    assert float(cells[0][9]) > 0, cells[0]  # one layer sent alone (baton-xfer-bench), ms
+    # the c=1 layer-wise row compares itself with regular + one layer: a signed figure
+    assert re.match(r"[+-]\d+\.\d \((met|MISSED)\)$", cells[2][10]), cells[2]
     assert "scenario 6 done: 0 failed requests" in out, out
 
 
