@@ -179,13 +179,16 @@ def test_presets_and_shape_mismatch():
 
 def test_corrupted_kv():
     """The prefill flips one byte of every 2nd room (test-only flag): the decode refuses those
-    with kv_corrupted before streaming anything, and the others are exact."""
+    with kv_corrupted before streaming anything, and the others are exact. The prompts span
+    several pages, so fills and checks split into several jobs must still flip and find the
+    byte exactly once."""
     with Cluster("kv-corrupt") as c:
         p = c.worker("prefill", *FAST, "--fault-corrupt-kv-every", "2")
         d = c.worker("decode", *FAST)
         results = []
         for i in range(4):
-            prompt = f"corruption must not pass silently {i}"
+            # several pages per layer: fills and the last layer's check run split into jobs
+            prompt = f"corruption must not pass silently {i} " + "again " * 150
             stream = i % 2 == 1
             body = with_boot({"text": prompt, "stream": stream,
                               "sampling_params": {"max_new_tokens": 5}}, p)
