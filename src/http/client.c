@@ -3,6 +3,7 @@
 
 #include "baton/error.h"
 #include "common/buf.h"
+#include "common/list.h"
 #include "common/log.h"
 
 #include <llhttp.h>
@@ -10,8 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-
-#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
 /* Shared by the pool's connections: a read_cb never keeps pointers into it (see server.c). */
 #define READ_BUF_SIZE (64 * 1024)

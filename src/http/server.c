@@ -3,6 +3,7 @@
 
 #include "baton/error.h"
 #include "common/buf.h"
+#include "common/list.h"
 #include "common/log.h"
 
 #include <errno.h>
@@ -14,8 +15,6 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
 /* One read buffer per server (per loop): libuv hands it to exactly one read_cb at a time and
  * nothing keeps pointers into it after read_cb returns, so idle connections own no buffer. */

@@ -13,6 +13,7 @@
 
 #include "baton/error.h"
 #include "common/clock.h"
+#include "common/list.h"
 #include "common/log.h"
 #include "router/pick.h"
 #include "router/retry.h"
@@ -42,8 +43,8 @@ struct baton_proxy_loop_s {
     size_t n_pools, cap_pools;
     uint64_t gen; /* registry generation the pool cache was last checked against */
     unsigned active;
-    struct preq_s *list;            /* every live request of this loop */
-    struct preq_s *q_head, *q_tail; /* waiting for admission, FIFO */
+    baton_list_t live;  /* of preq_t.link: every live request of this loop, newest first */
+    baton_list_t queue; /* of preq_t.qlink: waiting for admission, FIFO */
     uv_timer_t tick;
     uv_async_t wake;
     baton_admission_waker_t waker;
@@ -140,8 +141,8 @@ typedef struct preq_s {
     baton_buf_t scratch;
 
     uint64_t ttfb_ns;             /* when the first response byte went to the client; 0 before */
-    struct preq_s *prev, *next;   /* pl->list */
-    struct preq_s *qprev, *qnext; /* pl's queue */
+    baton_list_t link;  /* in pl->live */
+    baton_list_t qlink; /* in pl->queue while queued */
 } preq_t;
 
 static void on_head(baton_http_creq_t *creq, int status, const baton_http_header_t *headers,
@@ -196,6 +197,8 @@ int baton_proxy_loop_create(baton_proxy_loop_t **pl_p, uv_loop_t *loop, baton_ro
         return BATON_ENOMEM;
     pl->loop = loop;
     pl->router = router;
+    baton_list_init(&pl->live);
+    baton_list_init(&pl->queue);
     pl->gen = baton_registry_generation(router->registry);
     pl->waker.wake = wake_loop;
     pl->waker.ctx = pl;
@@ -494,12 +497,7 @@ static void pr_free(preq_t *pr)
     baton_buf_free(&pr->scratch);
     baton_buf_free(&pr->fail.body);
     free(pr->fail.msg);
-    if (pr->prev)
-        pr->prev->next = pr->next;
-    else
-        pl->list = pr->next;
-    if (pr->next)
-        pr->next->prev = pr->prev;
+    baton_list_remove(&pr->link);
     pl->active--;
     int slot = pr->slot;
     free(pr);
@@ -665,6 +663,13 @@ static void run_deferred(preq_t *pr)
 
 /* ---- the admission queue ---- */
 
+/* The oldest queued request, or NULL. */
+static preq_t *queue_head(const baton_proxy_loop_t *pl)
+{
+    baton_list_t *first = baton_list_first(&pl->queue);
+    return first ? container_of(first, preq_t, qlink) : NULL;
+}
+
 /* Takes pr out of its loop's queue; `final`: it leaves for good (its wait is observed), not
  * just to try for a worker and maybe come back to the head. */
 static void queue_remove(preq_t *pr, int final)
@@ -674,15 +679,7 @@ static void queue_remove(preq_t *pr, int final)
     if (!pr->queued)
         return;
     pr->queued = 0;
-    if (pr->qprev)
-        pr->qprev->qnext = pr->qnext;
-    else
-        pl->q_head = pr->qnext;
-    if (pr->qnext)
-        pr->qnext->qprev = pr->qprev;
-    else
-        pl->q_tail = pr->qprev;
-    pr->qprev = pr->qnext = NULL;
+    baton_list_remove(&pr->qlink);
     if (r->admission)
         baton_admission_dequeue(r->admission, &pl->waker);
     baton_resil_metrics_queue_depth(r->resil, -1);
@@ -700,13 +697,7 @@ static int queue_add(preq_t *pr)
         return BATON_EBUSY;
     pr->queued = 1;
     pr->queued_ns = uv_hrtime();
-    pr->qnext = NULL;
-    pr->qprev = pl->q_tail;
-    if (pl->q_tail)
-        pl->q_tail->qnext = pr;
-    else
-        pl->q_head = pr;
-    pl->q_tail = pr;
+    baton_list_push(&pl->queue, &pr->qlink);
     baton_resil_metrics_queue_depth(r->resil, +1);
     timer_start(pr, TM_QUEUE, r->cfg->queue_timeout_ms);
     return 0;
@@ -1111,8 +1102,8 @@ static enum start_rc try_start(preq_t *pr, int fair)
 /* Starts queued requests of this loop while capacity allows, in order. */
 static void queue_run(baton_proxy_loop_t *pl)
 {
-    while (pl->q_head) {
-        preq_t *pr = pl->q_head;
+    preq_t *pr;
+    while ((pr = queue_head(pl)) != NULL) {
         baton_router_t *r = pl->router;
         /* Try before leaving the queue (so the queue counts it until it has a slot), but with
          * fair = 0: it is the one allowed to take a slot. */
@@ -1130,13 +1121,7 @@ static void queue_run(baton_proxy_loop_t *pl)
             /* All at their caps again: back to the head of the queue, nothing lost. */
             if (r->admission && baton_admission_enqueue(r->admission, &pl->waker) == 0) {
                 pr->queued = 1;
-                pr->qprev = NULL;
-                pr->qnext = pl->q_head;
-                if (pl->q_head)
-                    pl->q_head->qprev = pr;
-                else
-                    pl->q_tail = pr;
-                pl->q_head = pr;
+                baton_list_push_front(&pl->queue, &pr->qlink);
                 baton_resil_metrics_queue_depth(r->resil, +1);
                 uint64_t waited = (uv_hrtime() - pr->queued_ns) / 1000000u;
                 uint64_t left =
@@ -1201,9 +1186,9 @@ static void drain_sweep(baton_proxy_loop_t *pl)
     baton_router_t *r = pl->router;
     uint64_t now = uv_hrtime();
     uint64_t limit_ns = r->cfg->worker_drain_timeout_ms * 1000000u;
-    preq_t *next;
-    for (preq_t *pr = pl->list; pr; pr = next) {
-        next = pr->next;
+    for (baton_list_t *it = pl->live.next, *next; it != &pl->live; it = next) {
+        next = it->next;
+        preq_t *pr = container_of(it, preq_t, link);
         for (int i = 0; i < 2; i++) {
             upstream_t *u = pr->up[i];
             if (!u || !u->creq || u->cancelled || !baton_worker_is_removed(u->w))
@@ -1236,16 +1221,16 @@ static void on_wake(uv_async_t *a)
 
 void baton_proxy_loop_cancel_all(baton_proxy_loop_t *pl)
 {
-    preq_t *next;
-    while (pl->q_head) {
-        preq_t *pr = pl->q_head;
+    preq_t *pr;
+    while ((pr = queue_head(pl)) != NULL) {
         queue_remove(pr, 1);
         pr_respond_error(pr, 503, "router shutting down", "service_unavailable_error",
                          "shutting_down");
         pr_maybe_free(pr);
     }
-    for (preq_t *pr = pl->list; pr; pr = next) {
-        next = pr->next;
+    for (baton_list_t *it = pl->live.next, *next; it != &pl->live; it = next) {
+        next = it->next;
+        pr = container_of(it, preq_t, link);
         pr->no_retry = 1;
         if (pr->tmode == TM_BACKOFF) {
             timer_stop(pr);
@@ -1597,10 +1582,7 @@ static preq_t *pr_new(baton_proxy_loop_t *pl, baton_http_req_t *req, const char 
     uint64_t total = pl->router->cfg->timeouts.total_ms;
     if (total)
         pr->deadline_ns = req->start_ns + total * 1000000u;
-    pr->next = pl->list;
-    if (pl->list)
-        pl->list->prev = pr;
-    pl->list = pr;
+    baton_list_push_front(&pl->live, &pr->link);
     pl->active++;
     req->data = pr;
     req->on_abort = on_client_abort;

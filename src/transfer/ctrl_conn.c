@@ -35,7 +35,7 @@ baton__conn_t *baton__conn_new(baton_xfer_engine_t *eng, int role)
     baton_heartbeat_init(&c->hb, eng->cfg.heartbeat_interval_ms, eng->cfg.heartbeat_misses,
                          c->t_start_ms);
     snprintf(c->addr, sizeof(c->addr), "?");
-    baton__list_push(&eng->conns, &c->link);
+    baton_list_push(&eng->conns, &c->link);
     return c;
 }
 
@@ -134,7 +134,7 @@ static void conn_finish(baton__conn_t *c)
     baton_buf_free(&c->rbuf);
     free(c->peer_hello);
     free(c->peer_hello_buf);
-    baton__list_remove(&c->link);
+    baton_list_remove(&c->link);
     free(c);
     baton__maybe_finish_shutdown(eng);
 }

@@ -123,7 +123,7 @@ static void on_decode_tp_connected(baton__tp_peer_t *tpp, int status, void *arg)
     /* Regions go first: the control channel is ordered, so every OFFER after this point finds
      * its regions announced on the other side. */
     baton_xfer_engine_t *eng = c->eng;
-    for (baton__list_t *it = eng->lmems.next; it != &eng->lmems; it = it->next)
+    for (baton_list_t *it = eng->lmems.next; it != &eng->lmems; it = it->next)
         baton__hs_announce_mem(c, container_of(it, baton__lmem_t, link));
     mark_up(c);
     baton__peer_on_up(c->peer, c);
@@ -294,7 +294,7 @@ static int prefill_on_hello(baton__conn_t *c, const baton__hello_t *h)
     c->remote_proto = h->proto;
     /* A restarted decode engine (same id, new incarnation): everything of the old one is
      * retired now rather than when its heartbeats run out. */
-    for (baton__list_t *it = eng->conns.next; it != &eng->conns;) {
+    for (baton_list_t *it = eng->conns.next; it != &eng->conns;) {
         baton__conn_t *o = container_of(it, baton__conn_t, link);
         it = it->next;
         if (o != c && o->role == BATON__ROLE_PREFILL && o->state != BATON__CONN_CLOSING &&
@@ -336,7 +336,7 @@ int baton__hs_on_lane_hello(baton__conn_t *c, const baton__frame_t *f, const uin
 {
     baton_xfer_engine_t *eng = c->eng;
     baton__conn_t *owner = NULL;
-    for (baton__list_t *it = eng->conns.next; it != &eng->conns; it = it->next) {
+    for (baton_list_t *it = eng->conns.next; it != &eng->conns; it = it->next) {
         baton__conn_t *o = container_of(it, baton__conn_t, link);
         if (o->role == BATON__ROLE_PREFILL && o->state == BATON__CONN_UP &&
             o->remote_inc == f->u.lane_hello.incarnation &&
@@ -362,7 +362,7 @@ int baton__hs_on_lane_hello(baton__conn_t *c, const baton__frame_t *f, const uin
     }
     /* The socket is the transport's now; this pending connection object simply goes away. */
     c->tcp = NULL;
-    baton__list_remove(&c->link);
+    baton_list_remove(&c->link);
     baton_buf_free(&c->rbuf);
     baton__u64map_free(&c->rooms);
     baton__u64map_free(&c->rmems);

@@ -117,7 +117,7 @@ int baton__tp_notsup_mem_del(baton__tp_peer_t *peer, uint32_t mem_id)
 }
 
 typedef struct {
-    baton__list_t link;
+    baton_list_t link;
     void (*fn)(void *);
     void *arg;
 } deferred_t;
@@ -125,16 +125,16 @@ typedef struct {
 static void defer_run(uv_idle_t *h)
 {
     baton_xfer_engine_t *eng = h->data;
-    baton__list_t now;
-    baton__list_init(&now);
-    baton__list_splice(&now, &eng->deferred);
-    while (!baton__list_empty(&now)) {
+    baton_list_t now;
+    baton_list_init(&now);
+    baton_list_splice(&now, &eng->deferred);
+    while (!baton_list_empty(&now)) {
         deferred_t *d = container_of(now.next, deferred_t, link);
-        baton__list_remove(&d->link);
+        baton_list_remove(&d->link);
         d->fn(d->arg);
         free(d);
     }
-    if (baton__list_empty(&eng->deferred)) {
+    if (baton_list_empty(&eng->deferred)) {
         uv_idle_stop(&eng->defer_idle);
         baton__maybe_finish_shutdown(eng);
     }
@@ -148,7 +148,7 @@ int baton__tp_defer(const baton__tp_env_t *env, void (*fn)(void *arg), void *arg
         return BATON_ENOMEM;
     d->fn = fn;
     d->arg = arg;
-    baton__list_push(&eng->deferred, &d->link);
+    baton_list_push(&eng->deferred, &d->link);
     uv_idle_start(&eng->defer_idle, defer_run);
     return 0;
 }
@@ -158,7 +158,7 @@ int baton__tp_defer(const baton__tp_env_t *env, void (*fn)(void *arg), void *arg
 void baton__cmd_post(baton_xfer_engine_t *eng, baton__cmd_t *cmd)
 {
     uv_mutex_lock(&eng->qlock);
-    baton__list_push(&eng->cmdq, &cmd->link);
+    baton_list_push(&eng->cmdq, &cmd->link);
     uv_mutex_unlock(&eng->qlock);
     uv_async_send(&eng->cmd_async);
 }
@@ -166,7 +166,7 @@ void baton__cmd_post(baton_xfer_engine_t *eng, baton__cmd_t *cmd)
 void baton__ev_post(baton_xfer_engine_t *eng, baton__ev_t *ev)
 {
     uv_mutex_lock(&eng->qlock);
-    baton__list_push(&eng->evq, &ev->link);
+    baton_list_push(&eng->evq, &ev->link);
     uv_mutex_unlock(&eng->qlock);
     uv_async_send(&eng->caller_async);
 }
@@ -231,8 +231,8 @@ static void run_cmd(baton_xfer_engine_t *eng, baton__cmd_t *cmd)
         break;
     case BATON__CMD_MEM_ADD: {
         baton__lmem_t *m = cmd->u.mem_add;
-        baton__list_push(&eng->lmems, &m->link);
-        for (baton__list_t *it = eng->conns.next; it != &eng->conns; it = it->next) {
+        baton_list_push(&eng->lmems, &m->link);
+        for (baton_list_t *it = eng->conns.next; it != &eng->conns; it = it->next) {
             baton__conn_t *c = container_of(it, baton__conn_t, link);
             if (c->role == BATON__ROLE_DECODE && c->state == BATON__CONN_UP)
                 baton__hs_announce_mem(c, m);
@@ -240,15 +240,15 @@ static void run_cmd(baton_xfer_engine_t *eng, baton__cmd_t *cmd)
         break;
     }
     case BATON__CMD_MEM_DEL:
-        for (baton__list_t *it = eng->lmems.next; it != &eng->lmems; it = it->next) {
+        for (baton_list_t *it = eng->lmems.next; it != &eng->lmems; it = it->next) {
             baton__lmem_t *m = container_of(it, baton__lmem_t, link);
             if (m->id != cmd->u.mem_del)
                 continue;
-            baton__list_remove(&m->link);
+            baton_list_remove(&m->link);
             baton__lmem_free(m);
             break;
         }
-        for (baton__list_t *it = eng->conns.next; it != &eng->conns; it = it->next) {
+        for (baton_list_t *it = eng->conns.next; it != &eng->conns; it = it->next) {
             baton__conn_t *c = container_of(it, baton__conn_t, link);
             if (c->role != BATON__ROLE_DECODE || c->state != BATON__CONN_UP)
                 continue;
@@ -266,19 +266,19 @@ static void run_cmd(baton_xfer_engine_t *eng, baton__cmd_t *cmd)
             uv_close((uv_handle_t *)&eng->listener, NULL);
         }
         {
-            baton__list_t peers;
-            baton__list_init(&peers);
-            baton__list_splice(&peers, &eng->peers);
-            while (!baton__list_empty(&peers)) {
+            baton_list_t peers;
+            baton_list_init(&peers);
+            baton_list_splice(&peers, &eng->peers);
+            while (!baton_list_empty(&peers)) {
                 baton__peer_t *p = container_of(peers.next, baton__peer_t, link);
-                baton__list_remove(&p->link);
-                baton__list_push(&eng->peers, &p->link);
+                baton_list_remove(&p->link);
+                baton_list_push(&eng->peers, &p->link);
                 /* Fails queued rooms with ESHUTDOWN and the connection; a peer still resolving
                  * its name stays listed until its callback frees it. */
                 baton__peer_free(p);
             }
         }
-        for (baton__list_t *it = eng->conns.next; it != &eng->conns;) {
+        for (baton_list_t *it = eng->conns.next; it != &eng->conns;) {
             baton__conn_t *c = container_of(it, baton__conn_t, link);
             it = it->next;
             baton__conn_fail(c, BATON_ESHUTDOWN, "engine shutdown");
@@ -293,14 +293,14 @@ static void run_cmd(baton_xfer_engine_t *eng, baton__cmd_t *cmd)
 static void on_cmd_async(uv_async_t *h)
 {
     baton_xfer_engine_t *eng = h->data;
-    baton__list_t q;
-    baton__list_init(&q);
+    baton_list_t q;
+    baton_list_init(&q);
     uv_mutex_lock(&eng->qlock);
-    baton__list_splice(&q, &eng->cmdq);
+    baton_list_splice(&q, &eng->cmdq);
     uv_mutex_unlock(&eng->qlock);
-    while (!baton__list_empty(&q)) {
+    while (!baton_list_empty(&q)) {
         baton__cmd_t *cmd = container_of(q.next, baton__cmd_t, link);
-        baton__list_remove(&cmd->link);
+        baton_list_remove(&cmd->link);
         run_cmd(eng, cmd);
     }
 }
@@ -309,12 +309,12 @@ static void on_tick(uv_timer_t *t)
 {
     baton_xfer_engine_t *eng = t->data;
     uint64_t now = baton_now_ms();
-    for (baton__list_t *it = eng->peers.next; it != &eng->peers;) {
+    for (baton_list_t *it = eng->peers.next; it != &eng->peers;) {
         baton__peer_t *p = container_of(it, baton__peer_t, link);
         it = it->next;
         baton__peer_tick(p, now);
     }
-    for (baton__list_t *it = eng->conns.next; it != &eng->conns;) {
+    for (baton_list_t *it = eng->conns.next; it != &eng->conns;) {
         baton__conn_t *c = container_of(it, baton__conn_t, link);
         it = it->next;
         baton__conn_tick(c, now);
@@ -327,17 +327,17 @@ void baton__maybe_finish_shutdown(baton_xfer_engine_t *eng)
 {
     if (!eng->shutting_down || eng->closed_posted)
         return;
-    if (!baton__list_empty(&eng->conns) || !baton__list_empty(&eng->peers) ||
-        !baton__list_empty(&eng->deferred) || eng->retiring > 0)
+    if (!baton_list_empty(&eng->conns) || !baton_list_empty(&eng->peers) ||
+        !baton_list_empty(&eng->deferred) || eng->retiring > 0)
         return;
     eng->closed_posted = 1;
     baton__mem_dereg_all(eng);
     for (int i = 0; i < eng->n_tp; i++)
         eng->tp[i]->ops->fini(eng->tp[i]);
     eng->n_tp = 0;
-    while (!baton__list_empty(&eng->lmems)) {
+    while (!baton_list_empty(&eng->lmems)) {
         baton__lmem_t *m = container_of(eng->lmems.next, baton__lmem_t, link);
-        baton__list_remove(&m->link);
+        baton_list_remove(&m->link);
         baton__lmem_free(m);
     }
     baton__u64map_free(&eng->drooms);
@@ -411,14 +411,14 @@ static void caller_closed(uv_handle_t *h)
 static void on_caller_async(uv_async_t *h)
 {
     baton_xfer_engine_t *eng = h->data;
-    baton__list_t q;
-    baton__list_init(&q);
+    baton_list_t q;
+    baton_list_init(&q);
     uv_mutex_lock(&eng->qlock);
-    baton__list_splice(&q, &eng->evq);
+    baton_list_splice(&q, &eng->evq);
     uv_mutex_unlock(&eng->qlock);
-    while (!baton__list_empty(&q)) {
+    while (!baton_list_empty(&q)) {
         baton__ev_t *ev = container_of(q.next, baton__ev_t, link);
-        baton__list_remove(&ev->link);
+        baton_list_remove(&ev->link);
         switch (ev->type) {
         case BATON__EV_OFFER_DONE: {
             baton__droom_t *dr = ev->u.droom;
@@ -625,12 +625,12 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
         eng->tick_ms = 50;
     baton__u64map_init(&eng->caller_rooms);
     baton__u64map_init(&eng->drooms);
-    baton__list_init(&eng->cmdq);
-    baton__list_init(&eng->evq);
-    baton__list_init(&eng->deferred);
-    baton__list_init(&eng->peers);
-    baton__list_init(&eng->conns);
-    baton__list_init(&eng->lmems);
+    baton_list_init(&eng->cmdq);
+    baton_list_init(&eng->evq);
+    baton_list_init(&eng->deferred);
+    baton_list_init(&eng->peers);
+    baton_list_init(&eng->conns);
+    baton_list_init(&eng->lmems);
     if (uv_mutex_init(&eng->qlock) != 0) {
         free(eng);
         return BATON_ENOMEM;

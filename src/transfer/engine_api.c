@@ -133,7 +133,7 @@ int baton_xfer_offer(baton_xfer_engine_t *engine, const char *host, int port,
     strcpy(dr->host, host);
     dr->port = port;
     dr->abort_status = BATON_EABORTED;
-    baton__list_init(&dr->link);
+    baton_list_init(&dr->link);
     dr->cmd.type = BATON__CMD_OFFER;
     dr->cmd.embedded = 1;
     dr->cmd.u.offer = dr;

@@ -10,6 +10,7 @@
 #include "baton/transfer.h"
 #include "common/buf.h"
 #include "common/clock.h"
+#include "common/list.h"
 #include "health/heartbeat.h"
 #include "health/peer_state.h"
 #include "transfer/ctrl_frame.h"
@@ -33,45 +34,6 @@
  */
 
 #define BATON__MAX_TP 3
-
-/* ---- intrusive list --------------------------------------------------------------------- */
-
-typedef struct baton__list_s {
-    struct baton__list_s *prev, *next;
-} baton__list_t;
-
-static inline void baton__list_init(baton__list_t *l)
-{
-    l->prev = l->next = l;
-}
-static inline int baton__list_empty(const baton__list_t *l)
-{
-    return l->next == l;
-}
-static inline void baton__list_push(baton__list_t *head, baton__list_t *n)
-{
-    n->prev = head->prev;
-    n->next = head;
-    head->prev->next = n;
-    head->prev = n;
-}
-static inline void baton__list_remove(baton__list_t *n)
-{
-    n->prev->next = n->next;
-    n->next->prev = n->prev;
-    n->prev = n->next = n;
-}
-/* Moves every node of src to the end of dst. */
-static inline void baton__list_splice(baton__list_t *dst, baton__list_t *src)
-{
-    if (baton__list_empty(src))
-        return;
-    src->next->prev = dst->prev;
-    dst->prev->next = src->next;
-    src->prev->next = dst;
-    dst->prev = src->prev;
-    baton__list_init(src);
-}
 
 /* ---- commands and events ---------------------------------------------------------------- */
 
@@ -101,7 +63,7 @@ typedef struct {
 } baton__done_copy_t;
 
 typedef struct baton__cmd_s {
-    baton__list_t link;
+    baton_list_t link;
     baton__cmd_type_t type;
     int embedded; /* part of a droom / wreq: not freed by itself */
     union {
@@ -146,7 +108,7 @@ typedef struct {
 } baton__peer_ev_t;
 
 typedef struct baton__ev_s {
-    baton__list_t link;
+    baton_list_t link;
     baton__ev_type_t type;
     int status;
     int embedded;
@@ -176,7 +138,7 @@ struct baton_xfer_mem_s {
 
 /* The progress thread's copy of a local region, announced to decode-role peers (MEM). */
 struct baton__lmem_s {
-    baton__list_t link;
+    baton_list_t link;
     uint32_t id;
     uint64_t base, len;
     baton_xfer_mem_kind_t kind;
@@ -229,7 +191,7 @@ struct baton__droom_s {
     char host[256];
     int port;
     /* progress thread */
-    baton__list_t link; /* peer->queued or conn->drooms */
+    baton_list_t link; /* peer->queued or conn->drooms */
     baton__peer_t *peer;
     baton__conn_t *conn;
     baton__droom_state_t state;
@@ -301,7 +263,7 @@ typedef enum {
 } baton__conn_state_t;
 
 struct baton__conn_s {
-    baton__list_t link; /* eng->conns */
+    baton_list_t link; /* eng->conns */
     baton_xfer_engine_t *eng;
     uv_tcp_t *tcp; /* malloc'd; freed in its close callback */
     uv_connect_t creq;
@@ -333,14 +295,14 @@ struct baton__conn_s {
 };
 
 struct baton__peer_s {
-    baton__list_t link; /* eng->peers */
+    baton_list_t link; /* eng->peers */
     baton_xfer_engine_t *eng;
     char host[256];
     int port;
     char endpoint[300];
     baton_peer_health_t health;
     baton__conn_t *conn;  /* current attempt or UP connection */
-    baton__list_t queued; /* drooms waiting for UP */
+    baton_list_t queued; /* drooms waiting for UP */
     char remote_id[BATON__ID_MAX + 1];
     uint64_t remote_inc;
     baton_xfer_transport_t transport;
@@ -372,15 +334,15 @@ struct baton_xfer_engine_s {
 
     /* queues */
     uv_mutex_t qlock;
-    baton__list_t cmdq;
-    baton__list_t evq;
+    baton_list_t cmdq;
+    baton_list_t evq;
 
     /* progress side */
     uv_loop_t ploop;
     uv_async_t cmd_async;
     uv_timer_t tick;
     uv_idle_t defer_idle;
-    baton__list_t deferred;
+    baton_list_t deferred;
     uv_tcp_t listener;
     int listening;
     atomic_int port;
@@ -389,9 +351,9 @@ struct baton_xfer_engine_s {
     baton__tp_t *tp[BATON__MAX_TP];
     baton__tp_caps_t caps[BATON__MAX_TP];
     baton_xfer_transport_t tp_ids[BATON__MAX_TP];
-    baton__list_t peers;
-    baton__list_t conns;
-    baton__list_t lmems;
+    baton_list_t peers;
+    baton_list_t conns;
+    baton_list_t lmems;
     baton__u64map_t drooms; /* every decode room the progress thread holds */
     uint64_t next_gen;
     int shutting_down;

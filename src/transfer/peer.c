@@ -18,7 +18,7 @@ static void post_state(baton__peer_t *p, baton_xfer_peer_state_t st, int reason)
 
 baton__peer_t *baton__peer_get(baton_xfer_engine_t *eng, const char *host, int port, int create)
 {
-    for (baton__list_t *it = eng->peers.next; it != &eng->peers; it = it->next) {
+    for (baton_list_t *it = eng->peers.next; it != &eng->peers; it = it->next) {
         baton__peer_t *p = container_of(it, baton__peer_t, link);
         if (p->port == port && strcmp(p->host, host) == 0)
             return p;
@@ -38,17 +38,17 @@ baton__peer_t *baton__peer_get(baton_xfer_engine_t *eng, const char *host, int p
     uint64_t seed = eng->incarnation ^ ((uint64_t)port << 17) ^ (uintptr_t)p;
     baton_peer_health_init(&p->health, eng->cfg.reconnect_min_ms, eng->cfg.reconnect_max_ms,
                            eng->cfg.connect_timeout_ms, PEER_IDLE_AFTER_MS, seed, baton_now_ms());
-    baton__list_init(&p->queued);
+    baton_list_init(&p->queued);
     p->gai.data = p;
-    baton__list_push(&eng->peers, &p->link);
+    baton_list_push(&eng->peers, &p->link);
     return p;
 }
 
 static void fail_queued(baton__peer_t *p, int status)
 {
-    while (!baton__list_empty(&p->queued)) {
+    while (!baton_list_empty(&p->queued)) {
         baton__droom_t *dr = container_of(p->queued.next, baton__droom_t, link);
-        baton__list_remove(&dr->link);
+        baton_list_remove(&dr->link);
         baton__droom_finish(dr, status); /* never sent: nothing can land */
     }
 }
@@ -110,7 +110,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
         if (p->eng->shutting_down) {
             /* The peer was kept alive only for this callback. */
             baton_xfer_engine_t *eng = p->eng;
-            baton__list_remove(&p->link);
+            baton_list_remove(&p->link);
             free(p);
             baton__maybe_finish_shutdown(eng);
         }
@@ -177,9 +177,9 @@ void baton__peer_on_up(baton__peer_t *p, baton__conn_t *c)
              p->endpoint, p->remote_id, p->remote_inc, baton_xfer_transport_name(p->transport),
              p->health.reconnects, changed ? " restarted=1" : "");
     post_state(p, BATON_XFER_PEER_UP, 0);
-    while (!baton__list_empty(&p->queued)) {
+    while (!baton_list_empty(&p->queued)) {
         baton__droom_t *dr = container_of(p->queued.next, baton__droom_t, link);
-        baton__list_remove(&dr->link);
+        baton_list_remove(&dr->link);
         baton__droom_send(c, dr);
     }
 }
@@ -224,11 +224,11 @@ void baton__peer_free(baton__peer_t *p)
         c->peer = NULL;
         baton__conn_fail(c, BATON_ESHUTDOWN, "engine shutdown");
     }
-    baton__list_remove(&p->link);
+    baton_list_remove(&p->link);
     if (p->resolving) {
         /* on_resolved still has to run; it frees the peer. Keep it listed so shutdown waits. */
         uv_cancel((uv_req_t *)&p->gai);
-        baton__list_push(&eng->peers, &p->link);
+        baton_list_push(&eng->peers, &p->link);
         p->health.state = BATON_PEER_IDLE;
         return;
     }

@@ -51,7 +51,7 @@ void baton__droom_submit(baton_xfer_engine_t *eng, baton__droom_t *dr)
         baton__droom_send(p->conn, dr);
     } else if (p->health.state == BATON_PEER_CONNECTING) {
         dr->state = BATON__DR_QUEUED;
-        baton__list_push(&p->queued, &dr->link);
+        baton_list_push(&p->queued, &dr->link);
     } else {
         /* Down and waiting for its back-off: fail fast so the caller can pick another pair. */
         baton__droom_finish(dr, BATON_EPEERDOWN);
@@ -112,7 +112,7 @@ void baton__droom_abort(baton_xfer_engine_t *eng, uint64_t room_id, int status)
         return; /* already finished: its completion is on its way */
     switch (dr->state) {
     case BATON__DR_QUEUED:
-        baton__list_remove(&dr->link);
+        baton_list_remove(&dr->link);
         baton__droom_finish(dr, status); /* never offered: nothing can land */
         break;
     case BATON__DR_SENT: {

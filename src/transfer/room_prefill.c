@@ -242,12 +242,12 @@ static void start_write(baton__wreq_t *wr)
 
 #ifdef BATON_HAVE_CUDA
 /* Writes whose CUDA event has not completed yet, in arrival order (linked by cmd.link). */
-static baton__list_t *cuda_waits(baton_xfer_engine_t *eng)
+static baton_list_t *cuda_waits(baton_xfer_engine_t *eng)
 {
-    static __thread baton__list_t waits;
+    static __thread baton_list_t waits;
     static __thread int init;
     if (!init) {
-        baton__list_init(&waits);
+        baton_list_init(&waits);
         init = 1;
     }
     (void)eng;
@@ -259,13 +259,13 @@ static baton__list_t *cuda_waits(baton_xfer_engine_t *eng)
 static void fail_cuda_waits(baton_xfer_room_t *room, int status)
 {
 #ifdef BATON_HAVE_CUDA
-    baton__list_t *w = cuda_waits(room->eng);
-    for (baton__list_t *it = w->next; it != w;) {
+    baton_list_t *w = cuda_waits(room->eng);
+    for (baton_list_t *it = w->next; it != w;) {
         baton__wreq_t *wr = container_of(it, baton__wreq_t, cmd.link);
         it = it->next;
         if (wr->room != room)
             continue;
-        baton__list_remove(&wr->cmd.link);
+        baton_list_remove(&wr->cmd.link);
         write_done(wr, status);
     }
 #else
@@ -278,7 +278,7 @@ void baton__proom_write(baton_xfer_engine_t *eng, baton__wreq_t *wr)
 {
 #ifdef BATON_HAVE_CUDA
     if (wr->cuda_event != NULL) {
-        baton__list_push(cuda_waits(eng), &wr->cmd.link);
+        baton_list_push(cuda_waits(eng), &wr->cmd.link);
         return;
     }
 #endif
@@ -289,15 +289,15 @@ void baton__proom_write(baton_xfer_engine_t *eng, baton__wreq_t *wr)
 void baton__proom_cuda_tick(baton_xfer_engine_t *eng)
 {
 #ifdef BATON_HAVE_CUDA
-    baton__list_t *w = cuda_waits(eng);
-    for (baton__list_t *it = w->next; it != w;) {
+    baton_list_t *w = cuda_waits(eng);
+    for (baton_list_t *it = w->next; it != w;) {
         baton__wreq_t *wr = container_of(it, baton__wreq_t, cmd.link);
         it = it->next;
         CUresult r = baton__cuda_load() == 0 ? baton__cu.event_query((CUevent)wr->cuda_event)
                                              : CUDA_ERROR_NO_DEVICE;
         if (r == CUDA_ERROR_NOT_READY && wr->room->state == BATON__PR_OPEN)
             continue;
-        baton__list_remove(&wr->cmd.link);
+        baton_list_remove(&wr->cmd.link);
         if (r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY)
             start_write(wr); /* NOT_READY here: the room ended, start_write reports why */
         else

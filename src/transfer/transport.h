@@ -11,6 +11,7 @@
 
 #include "baton/error.h"
 #include "baton/transfer.h"
+#include "common/list.h"
 
 /*
  * A transport moves bytes from the PREFILL side's registered memory into the DECODE side's
@@ -252,9 +253,5 @@ int baton__tp_defer(const baton__tp_env_t *env, void (*fn)(void *arg), void *arg
 extern const baton__tp_ops_t baton__tp_rdma_ops;
 extern const baton__tp_ops_t baton__tp_tcp_ops;
 extern const baton__tp_ops_t baton__tp_shm_ops;
-
-#ifndef container_of
-#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
-#endif
 
 #endif

@@ -47,7 +47,7 @@ struct wk_job_s {
     int streaming; /* the SSE response has started */
     int ttft_seen;
     const char *route;
-    wk_job_t *prev, *next;
+    baton_list_t link; /* in w->jobs */
 
     /* KV page slots for every sequence of the job, reserved at once */
     wk_kv_resv_t resv;
@@ -56,9 +56,8 @@ struct wk_job_s {
     int resv_queued;
 
     /* the rendezvous deadline (bootstrap timeout), in the worker's FIFO of deadlines */
-    wk_job_t *dl_prev, *dl_next;
+    baton_list_t dl_link; /* in w->deadlines while linked (points at itself otherwise) */
     uint64_t deadline_ms;
-    int dl_linked;
 };
 
 void wk_config_default(wk_config_t *cfg)
@@ -180,33 +179,31 @@ static void job_fail_err(wk_job_t *job, int err, const char *what, const char *d
 static void job_fail_pool(wk_job_t *job);
 static void dl_timer_cb(uv_timer_t *t);
 
+static wk_job_t *dl_first(const wk_worker_t *w)
+{
+    baton_list_t *first = baton_list_first(&w->deadlines);
+    return first ? container_of(first, wk_job_t, dl_link) : NULL;
+}
+
 static void dl_arm(wk_worker_t *w)
 {
-    if (w->dl_head == NULL) {
+    wk_job_t *head = dl_first(w);
+    if (head == NULL) {
         uv_timer_stop(&w->dl_timer);
         return;
     }
     uint64_t now = baton_now_ms();
-    uint64_t due = w->dl_head->deadline_ms;
+    uint64_t due = head->deadline_ms;
     uv_timer_start(&w->dl_timer, dl_timer_cb, due > now ? due - now : 0, 0);
 }
 
 static void dl_unlink(wk_job_t *job)
 {
     wk_worker_t *w = job->w;
-    if (!job->dl_linked)
+    if (baton_list_empty(&job->dl_link))
         return;
-    int was_head = w->dl_head == job;
-    if (job->dl_prev)
-        job->dl_prev->dl_next = job->dl_next;
-    else
-        w->dl_head = job->dl_next;
-    if (job->dl_next)
-        job->dl_next->dl_prev = job->dl_prev;
-    else
-        w->dl_tail = job->dl_prev;
-    job->dl_prev = job->dl_next = NULL;
-    job->dl_linked = 0;
+    int was_head = dl_first(w) == job;
+    baton_list_remove(&job->dl_link);
     if (was_head && !w->shutting_down)
         dl_arm(w);
 }
@@ -215,15 +212,8 @@ static void dl_link(wk_job_t *job)
 {
     wk_worker_t *w = job->w;
     job->deadline_ms = baton_now_ms() + w->cfg.bootstrap_timeout_ms;
-    job->dl_next = NULL;
-    job->dl_prev = w->dl_tail;
-    if (w->dl_tail)
-        w->dl_tail->dl_next = job;
-    else
-        w->dl_head = job;
-    w->dl_tail = job;
-    job->dl_linked = 1;
-    if (w->dl_head == job)
+    baton_list_push(&w->deadlines, &job->dl_link);
+    if (dl_first(w) == job)
         dl_arm(w);
 }
 
@@ -232,7 +222,7 @@ static void dl_timer_cb(uv_timer_t *t)
     wk_worker_t *w = t->data;
     uint64_t now = baton_now_ms();
     wk_job_t *job;
-    while ((job = w->dl_head) != NULL && job->deadline_ms <= now) {
+    while ((job = dl_first(w)) != NULL && job->deadline_ms <= now) {
         dl_unlink(job);
         if (job->resv_queued)
             job_fail_pool(job);
@@ -248,12 +238,7 @@ static void dl_timer_cb(uv_timer_t *t)
 static void job_unlink_free(wk_job_t *job)
 {
     wk_worker_t *w = job->w;
-    if (job->prev)
-        job->prev->next = job->next;
-    else if (w->jobs == job)
-        w->jobs = job->next;
-    if (job->next)
-        job->next->prev = job->prev;
+    baton_list_remove(&job->link);
     w->n_jobs--;
     for (size_t i = 0; i < job->req.n_items; i++)
         wk_gen_free(&job->ss[i].gen);
@@ -817,6 +802,8 @@ static void handle_generation(wk_worker_t *w, baton_http_req_t *http, wk_api_t a
     uint64_t start_ns = uv_hrtime();
     wk_parse_err_t perr = {0};
     wk_job_t *job = calloc(1, sizeof(*job));
+    if (job != NULL)
+        baton_list_init(&job->dl_link);
     if (job == NULL) {
         reject(w, http, route, 500, "out of memory", NULL, "internal_error");
         return;
@@ -905,10 +892,7 @@ static void handle_generation(wk_worker_t *w, baton_http_req_t *http, wk_api_t a
         prompt_tokens += it->prompt_tokens;
     }
     baton_counter_add(w->m_prompt_tokens, (double)prompt_tokens);
-    job->next = w->jobs;
-    if (w->jobs)
-        w->jobs->prev = job;
-    w->jobs = job;
+    baton_list_push(&w->jobs, &job->link);
     w->n_jobs++;
     http->data = job;
     http->on_abort = on_abort;
@@ -1130,6 +1114,8 @@ static void metrics_init(wk_worker_t *w)
 int wk_worker_start(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
 {
     memset(w, 0, sizeof(*w));
+    baton_list_init(&w->jobs);
+    baton_list_init(&w->deadlines);
     w->loop = loop;
     w->cfg = *cfg;
     w->started_at = (long long)time(NULL);
@@ -1231,10 +1217,12 @@ static void http_closed_cb(baton_http_server_t *srv)
     wk_worker_t *w = closing_worker;
     w->http = NULL;
     /* every request was aborted and finished by now; anything left is a bug worth a line */
-    while (w->jobs) {
-        log_error(COMP, "shutdown_leftover_request id=%s", w->jobs->id);
-        job_cancel_all(w->jobs, "shutdown");
-        job_unlink_free(w->jobs);
+    while (!baton_list_empty(&w->jobs)) {
+        /* newest first */
+        wk_job_t *job = container_of(w->jobs.prev, wk_job_t, link);
+        log_error(COMP, "shutdown_leftover_request id=%s", job->id);
+        job_cancel_all(job, "shutdown");
+        job_unlink_free(job);
     }
     if (w->kv) {
         pending_closes++;

@@ -9,6 +9,7 @@
 int wk_kvpool_init(wk_kvpool_t *p, uint32_t n_slots)
 {
     memset(p, 0, sizeof(*p));
+    baton_list_init(&p->waiters);
     if (n_slots == 0)
         return BATON_EINVAL;
     p->free = malloc((size_t)n_slots * sizeof(*p->free));
@@ -40,7 +41,7 @@ int wk_kvpool_take(wk_kvpool_t *p, uint32_t n, uint32_t *out)
         return BATON_EINVAL;
     if (n > p->n_slots)
         return BATON_ETOOBIG;
-    if (p->head != NULL || n > p->n_free)
+    if (!baton_list_empty(&p->waiters) || n > p->n_free)
         return BATON_EBUSY;
     pop_n(p, n, out);
     return 0;
@@ -54,13 +55,7 @@ void wk_kvpool_put(wk_kvpool_t *p, const uint32_t *slots, uint32_t n)
 
 void wk_kvpool_wait(wk_kvpool_t *p, wk_kvwait_t *w)
 {
-    w->next = NULL;
-    w->prev = p->tail;
-    if (p->tail)
-        p->tail->next = w;
-    else
-        p->head = w;
-    p->tail = w;
+    baton_list_push(&p->waiters, &w->link);
     w->queued = 1;
     p->n_waiting++;
     p->slots_wanted += w->n;
@@ -70,23 +65,21 @@ void wk_kvpool_cancel(wk_kvpool_t *p, wk_kvwait_t *w)
 {
     if (!w->queued)
         return;
-    if (w->prev)
-        w->prev->next = w->next;
-    else
-        p->head = w->next;
-    if (w->next)
-        w->next->prev = w->prev;
-    else
-        p->tail = w->prev;
-    w->prev = w->next = NULL;
+    baton_list_remove(&w->link);
     w->queued = 0;
     p->n_waiting--;
     p->slots_wanted -= w->n;
 }
 
+wk_kvwait_t *wk_kvpool_head(const wk_kvpool_t *p)
+{
+    baton_list_t *first = baton_list_first(&p->waiters);
+    return first ? container_of(first, wk_kvwait_t, link) : NULL;
+}
+
 wk_kvwait_t *wk_kvpool_next_ready(wk_kvpool_t *p)
 {
-    wk_kvwait_t *w = p->head;
+    wk_kvwait_t *w = wk_kvpool_head(p);
     if (w == NULL || w->n > p->n_free)
         return NULL;
     wk_kvpool_cancel(p, w);

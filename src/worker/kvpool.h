@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "common/list.h"
+
 /*
  * A slot is one page in every layer (the KV cache is laid out [layer][slot][page bytes], as in
  * an inference engine), so a room of P pages per layer takes P slots. The pool knows nothing of
@@ -18,7 +20,7 @@
 
 typedef struct wk_kvwait_s wk_kvwait_t;
 struct wk_kvwait_s {
-    wk_kvwait_t *prev, *next; /* pool's */
+    baton_list_t link;        /* pool's */
     uint32_t n;               /* slots wanted */
     uint32_t *slots;          /* caller's array of n entries; filled when served */
     int queued;               /* pool's */
@@ -29,7 +31,7 @@ typedef struct wk_kvpool_s {
     uint32_t n_slots;
     uint32_t *free; /* stack of free slots */
     uint32_t n_free;
-    wk_kvwait_t *head, *tail;
+    baton_list_t waiters; /* of wk_kvwait_t.link, oldest first */
     uint32_t n_waiting;
     uint64_t slots_wanted; /* by all waiters */
 } wk_kvpool_t;
@@ -54,6 +56,8 @@ void wk_kvpool_cancel(wk_kvpool_t *p, wk_kvwait_t *w);
 /* When the head waiter fits now: takes its slots into w->slots, dequeues and returns it. Else
  * NULL. Call in a loop after slots came back. */
 wk_kvwait_t *wk_kvpool_next_ready(wk_kvpool_t *p);
+/* The oldest waiter, or NULL. */
+wk_kvwait_t *wk_kvpool_head(const wk_kvpool_t *p);
 
 /* ---- leases: the fencing rule -------------------------------------------------------------- */
 

@@ -40,17 +40,13 @@ typedef struct ep_s {
     uint32_t up_seq;
 } ep_t;
 
-typedef struct kvlist_s {
-    wk_kv_send_t *head, *tail;
-} kvlist_t;
-
 struct wk_kv_send_s {
     wk_kv_t *kv;
     uint64_t room_id;
     int st;
     int in_map;
-    int list;
-    wk_kv_send_t *lprev, *lnext;
+    int list;          /* L_*: which of kv's lists holds it */
+    baton_list_t link; /* in that list */
     uint64_t expires_ms;
     baton_xfer_room_t *xroom; /* from room_cb until room_closed_cb */
 
@@ -130,7 +126,7 @@ struct wk_kv_s {
     int handles_open; /* while closing them */
 
     wk_roommap_t rooms; /* prefill: room id -> wk_kv_send_t */
-    kvlist_t orphans, tombs, matched;
+    baton_list_t orphans, tombs, matched; /* of wk_kv_send_t.link, oldest first */
     ep_t *eps; /* decode: endpoints seen in peer events or offers */
     unsigned n_eps;
 
@@ -202,38 +198,24 @@ static void kick(wk_kv_t *kv)
         uv_idle_start(&kv->defer, defer_cb);
 }
 
-static void list_push(wk_kv_t *kv, kvlist_t *l, int which, wk_kv_send_t *s)
+static void list_push(baton_list_t *l, int which, wk_kv_send_t *s)
 {
     s->list = which;
-    s->lnext = NULL;
-    s->lprev = l->tail;
-    if (l->tail)
-        l->tail->lnext = s;
-    else
-        l->head = s;
-    l->tail = s;
+    baton_list_push(l, &s->link);
 }
 
-static kvlist_t *list_of(wk_kv_t *kv, int which)
-{
-    return which == L_ORPHANS ? &kv->orphans : which == L_TOMBS ? &kv->tombs : &kv->matched;
-}
-
-static void list_remove(wk_kv_t *kv, wk_kv_send_t *s)
+static void list_remove(wk_kv_send_t *s)
 {
     if (s->list == L_NONE)
         return;
-    kvlist_t *l = list_of(kv, s->list);
-    if (s->lprev)
-        s->lprev->lnext = s->lnext;
-    else
-        l->head = s->lnext;
-    if (s->lnext)
-        s->lnext->lprev = s->lprev;
-    else
-        l->tail = s->lprev;
-    s->lprev = s->lnext = NULL;
+    baton_list_remove(&s->link);
     s->list = L_NONE;
+}
+
+static wk_kv_send_t *list_head(const baton_list_t *l)
+{
+    baton_list_t *first = baton_list_first(l);
+    return first ? container_of(first, wk_kv_send_t, link) : NULL;
 }
 
 /* The room failed or was given up: remembered for a timeout period, so that its late request
@@ -242,15 +224,15 @@ static void tomb_push(wk_kv_t *kv, wk_kv_send_t *s, uint64_t now)
 {
     s->st = S_TOMB;
     s->expires_ms = now + kv->cfg.timeout_ms;
-    list_push(kv, &kv->tombs, L_TOMBS, s);
+    list_push(&kv->tombs, L_TOMBS, s);
 }
 
 static void defer_cb(uv_idle_t *h)
 {
     wk_kv_t *kv = h->data;
     wk_kv_send_t *s;
-    while ((s = kv->matched.head) != NULL) {
-        list_remove(kv, s);
+    while ((s = list_head(&kv->matched)) != NULL) {
+        list_remove(s);
         if (s->has_req && s->matched)
             s->matched(s->data);
     }
@@ -259,7 +241,7 @@ static void defer_cb(uv_idle_t *h)
         wk_kv_resv_t *r = (wk_kv_resv_t *)w;
         r->cb(r);
     }
-    if (kv->matched.head == NULL)
+    if (baton_list_empty(&kv->matched))
         uv_idle_stop(h);
 }
 
@@ -295,7 +277,7 @@ int wk_kv_reserve(wk_kv_t *kv, wk_kv_resv_t *r, uint32_t n, uint32_t *slots, wk_
 
 void wk_kv_reserve_cancel(wk_kv_t *kv, wk_kv_resv_t *r)
 {
-    int was_head = kv->pool.head == &r->w;
+    int was_head = wk_kvpool_head(&kv->pool) == &r->w;
     wk_kvpool_cancel(&kv->pool, &r->w);
     if (was_head)
         kick(kv); /* the next one may fit now */
@@ -707,7 +689,7 @@ static void send_match(wk_kv_send_t *s)
         s->corrupt = 1;
         log_warn(COMP, "fault_injected kind=corrupt_kv room=%" PRIu64, s->room_id);
     }
-    list_push(kv, &kv->matched, L_MATCHED, s);
+    list_push(&kv->matched, L_MATCHED, s);
     kick(kv);
 }
 
@@ -733,7 +715,7 @@ static void on_room(baton_xfer_engine_t *eng, baton_xfer_room_t *room, void *dat
         s->st = S_ORPHAN;
         s->xroom = room;
         s->expires_ms = baton_now_ms() + kv->cfg.timeout_ms + ORPHAN_GRACE_MS;
-        list_push(kv, &kv->orphans, L_ORPHANS, s);
+        list_push(&kv->orphans, L_ORPHANS, s);
         baton_xfer_room_set_data(room, s);
         log_debug(COMP, "kv_offer_waiting room=%" PRIu64 " peer=%s", id,
                   baton_xfer_room_peer_id(room));
@@ -763,7 +745,7 @@ static void on_room_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, in
     if (s->st == S_ORPHAN) {
         /* its decode gave up (or went away) before the request came: remember the room for a
          * timeout period so a late request fails at once instead of waiting for its deadline */
-        list_remove(kv, s);
+        list_remove(s);
         if (!s->counted) {
             s->counted = 1;
             count_fail(kv, reason_of(status ? status : BATON_EABORTED));
@@ -777,7 +759,7 @@ static void on_room_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, in
         return;
     }
     map_remove(kv, s);
-    list_remove(kv, s); /* a matched callback not delivered yet */
+    list_remove(s); /* a matched callback not delivered yet */
     lease_drop(kv, &s->lease, WK_KV_HOLD_XFER);
     int rep = status;
     if (status == 0 && s->mismatch)
@@ -843,7 +825,7 @@ int wk_kv_send_open(wk_kv_t *kv, uint64_t room, const wk_kv_prompt_t *pr, wk_kv_
     s->ppl = wk_kv_slots_for(kv, pr->n_tokens);
     s->first_token = -1;
     if (s->st == S_ORPHAN) {
-        list_remove(kv, s);
+        list_remove(s);
         send_match(s); /* reports through the deferred list, never inside this call */
     }
     *s_p = s;
@@ -885,7 +867,7 @@ void wk_kv_send_drop(wk_kv_send_t *s, const char *reason)
     if (!s->has_req)
         return;
     s->has_req = 0;
-    list_remove(kv, s); /* a pending matched callback */
+    list_remove(s); /* a pending matched callback */
     if (!s->counted) {
         s->counted = 1;
         count_fail(kv, reason);
@@ -925,7 +907,7 @@ void wk_kv_send_refuse(wk_kv_t *kv, uint64_t room)
         s->in_map = 1;
         s->counted = 1; /* no room was opened here: the decode side counts it */
     } else if (s->st == S_ORPHAN) {
-        list_remove(kv, s);
+        list_remove(s);
         if (s->xroom != NULL)
             baton_xfer_room_abort(s->xroom, BATON_ECANCELED);
         s->counted = 1;
@@ -941,13 +923,13 @@ static void tick_cb(uv_timer_t *t)
     wk_kv_t *kv = t->data;
     uint64_t now = baton_now_ms();
     wk_kv_send_t *s;
-    while ((s = kv->tombs.head) != NULL && s->expires_ms <= now) {
-        list_remove(kv, s);
+    while ((s = list_head(&kv->tombs)) != NULL && s->expires_ms <= now) {
+        list_remove(s);
         map_remove(kv, s);
         send_maybe_free(s);
     }
-    while ((s = kv->orphans.head) != NULL && s->expires_ms <= now) {
-        list_remove(kv, s);
+    while ((s = list_head(&kv->orphans)) != NULL && s->expires_ms <= now) {
+        list_remove(s);
         log_warn(COMP, "kv_offer_expired room=%" PRIu64 " waited_ms=%" PRIu64, s->room_id,
                  kv->cfg.timeout_ms + ORPHAN_GRACE_MS);
         s->counted = 1;
@@ -1413,6 +1395,9 @@ int wk_kv_create(wk_kv_t **kv_p, uv_loop_t *loop, const wk_kv_cfg_t *cfg, baton_
     if (kv == NULL)
         return BATON_ENOMEM;
     kv->loop = loop;
+    baton_list_init(&kv->orphans);
+    baton_list_init(&kv->tombs);
+    baton_list_init(&kv->matched);
     kv->cfg = *cfg;
     kv->token_bytes = wk_kvshape_token_bytes(&cfg->shape);
     kv->page_bytes = wk_kvshape_page_bytes(&cfg->shape);
@@ -1514,11 +1499,11 @@ static void on_engine_closed(baton_xfer_engine_t *eng, void *data)
     wk_kv_t *kv = data;
     kv->eng = NULL;
     /* every room callback has run: whatever is left is a tombstone or an orphan */
-    kvlist_t *left[] = {&kv->tombs, &kv->orphans};
+    baton_list_t *left[] = {&kv->tombs, &kv->orphans};
     for (int i = 0; i < 2; i++) {
         wk_kv_send_t *s;
-        while ((s = left[i]->head) != NULL) {
-            list_remove(kv, s);
+        while ((s = list_head(left[i])) != NULL) {
+            list_remove(s);
             map_remove(kv, s);
             s->xroom = NULL;
             send_maybe_free(s);
@@ -1548,8 +1533,10 @@ void wk_kv_close(wk_kv_t *kv, void (*cb)(void *arg), void *arg)
     kv->close_arg = arg;
     uv_idle_stop(&kv->defer);
     uv_timer_stop(&kv->tick);
-    for (wk_kv_send_t *s = kv->orphans.head; s; s = s->lnext)
+    for (baton_list_t *it = kv->orphans.next; it != &kv->orphans; it = it->next) {
+        wk_kv_send_t *s = container_of(it, wk_kv_send_t, link);
         if (s->xroom != NULL)
             baton_xfer_room_abort(s->xroom, BATON_ESHUTDOWN);
+    }
     maybe_destroy_engine(kv);
 }

@@ -8,35 +8,23 @@
 
 static void list_push(wk_seq_list_t *l, wk_seq_t *seq)
 {
-    seq->next = NULL;
-    seq->prev = l->tail;
-    if (l->tail)
-        l->tail->next = seq;
-    else
-        l->head = seq;
-    l->tail = seq;
+    baton_list_push(&l->q, &seq->link);
     l->n++;
 }
 
 static void list_remove(wk_seq_list_t *l, wk_seq_t *seq)
 {
-    if (seq->prev)
-        seq->prev->next = seq->next;
-    else
-        l->head = seq->next;
-    if (seq->next)
-        seq->next->prev = seq->prev;
-    else
-        l->tail = seq->prev;
-    seq->prev = seq->next = NULL;
+    baton_list_remove(&seq->link);
     l->n--;
 }
 
 static wk_seq_t *list_pop(wk_seq_list_t *l)
 {
-    wk_seq_t *seq = l->head;
-    if (seq)
-        list_remove(l, seq);
+    baton_list_t *first = baton_list_first(&l->q);
+    if (first == NULL)
+        return NULL;
+    wk_seq_t *seq = container_of(first, wk_seq_t, link);
+    list_remove(l, seq);
     return seq;
 }
 
@@ -56,6 +44,9 @@ int wk_sched_init(wk_sched_t *s, const wk_sched_cfg_t *cfg, wk_sched_prefilled_c
                   wk_sched_decoded_cb on_decoded, void *data)
 {
     memset(s, 0, sizeof(*s));
+    baton_list_init(&s->prefill_q.q);
+    baton_list_init(&s->ready_q.q);
+    baton_list_init(&s->running.q);
     if (cfg->max_batch == 0)
         return BATON_EINVAL;
     s->cfg = *cfg;

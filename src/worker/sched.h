@@ -5,6 +5,8 @@
 
 #include <stdint.h>
 
+#include "common/list.h"
+
 /*
  * The engine runs one step at a time on a virtual timeline (nanoseconds):
  *   - prefill step: when sequences wait for prefill and fewer than max_batch are running, up to
@@ -38,7 +40,7 @@ typedef enum {
 } wk_seq_where_t;
 
 struct wk_seq_s {
-    wk_seq_t *prev, *next;  /* scheduler's */
+    baton_list_t link;      /* scheduler's */
     wk_seq_where_t where;   /* scheduler's; read-only for the owner */
     unsigned slot;          /* scheduler's */
     uint32_t prompt_tokens; /* set by the owner before submitting */
@@ -64,7 +66,7 @@ typedef struct wk_sched_cfg_s {
 } wk_sched_cfg_t;
 
 typedef struct wk_seq_list_s {
-    wk_seq_t *head, *tail;
+    baton_list_t q; /* of wk_seq_t.link, oldest first */
     unsigned n;
 } wk_seq_list_t;
 

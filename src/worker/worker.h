@@ -6,6 +6,7 @@
 #include <uv.h>
 
 #include "baton/transfer.h"
+#include "common/list.h"
 #include "common/metrics.h"
 #include "http/server.h"
 #include "worker/kvshape.h"
@@ -49,10 +50,10 @@ typedef struct wk_worker_s {
     uv_timer_t sched_timer;
     uv_idle_t sched_idle;
     uv_timer_t dl_timer; /* rendezvous deadlines */
-    wk_job_t *dl_head, *dl_tail;
+    baton_list_t deadlines; /* of wk_job_t.dl_link, FIFO (every job waits the same time) */
     int http_port;
 
-    wk_job_t *jobs; /* in flight, for shutdown and load reporting */
+    baton_list_t jobs; /* of wk_job_t.link: in flight, for shutdown and load reporting */
     unsigned n_jobs;
     unsigned n_kv_waiting; /* PD sequences waiting for their peer's room or for KV pages */
     unsigned n_boot_pub;   /* prefill sequences computed, their KV going out */
