@@ -14,9 +14,8 @@
 #include <uv.h>
 
 #include "baton/error.h"
+#include "common/list.h"
 #include "bench.h"
-
-#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
 /*
  * Everything runs on one loop thread. The bench is its own HTTP client rather than the
@@ -53,8 +52,8 @@ struct req_s {
     run_t *run;
     session_t *sess;
     conn_t *conn;
-    req_t *prev, *next; /* in-flight list */
-    int refs;           /* in flight + writes pending: freed at 0 */
+    baton_list_t link; /* in run->inflight while in flight */
+    int refs;          /* in flight + writes pending: freed at 0 */
     baton_buf_t head, body;
     uint64_t t_sched, t_start, deadline;
     uint32_t input_tokens;
@@ -73,7 +72,7 @@ struct conn_s {
     llhttp_t parser;
     run_t *run;
     req_t *req;
-    conn_t *idle_prev, *idle_next;
+    baton_list_t idle_link; /* in run->idle while idle */
     int idle;
     int reused;
     int closing;
@@ -93,9 +92,9 @@ struct run_s {
     char host_hdr[300];
     bb_body_opts_t body_opts;
 
-    conn_t *idle_head;
+    baton_list_t idle; /* of conn_t.idle_link, most recently used first */
     unsigned n_conns;
-    req_t *inflight;
+    baton_list_t inflight; /* of req_t.link, newest first */
     unsigned n_inflight;
     session_t *pending_head, *pending_tail;
     uint64_t n_pending;
@@ -223,12 +222,7 @@ static void req_complete(req_t *req, bb_err_kind_t err, const char *msg, uint64_
     session_t *s = req->sess;
     if (req->in_flight) {
         req->in_flight = 0;
-        if (req->prev)
-            req->prev->next = req->next;
-        else
-            run->inflight = req->next;
-        if (req->next)
-            req->next->prev = req->prev;
+        baton_list_remove(&req->link);
         run->n_inflight--;
     }
     record(run, req, err, msg, t_done);
@@ -276,17 +270,18 @@ static void on_close(uv_handle_t *h)
     check_done(run);
 }
 
+/* The most recently used idle connection, or NULL. */
+static conn_t *idle_first(const run_t *run)
+{
+    baton_list_t *first = baton_list_first(&run->idle);
+    return first ? container_of(first, conn_t, idle_link) : NULL;
+}
+
 static void idle_remove(conn_t *c)
 {
     if (!c->idle)
         return;
-    if (c->idle_prev)
-        c->idle_prev->idle_next = c->idle_next;
-    else
-        c->run->idle_head = c->idle_next;
-    if (c->idle_next)
-        c->idle_next->idle_prev = c->idle_prev;
-    c->idle_prev = c->idle_next = NULL;
+    baton_list_remove(&c->idle_link);
     c->idle = 0;
 }
 
@@ -294,11 +289,7 @@ static void idle_push(conn_t *c)
 {
     run_t *run = c->run;
     c->idle = 1;
-    c->idle_prev = NULL;
-    c->idle_next = run->idle_head;
-    if (run->idle_head)
-        run->idle_head->idle_prev = c;
-    run->idle_head = c;
+    baton_list_push_front(&run->idle, &c->idle_link);
 }
 
 static void conn_close(conn_t *c)
@@ -507,7 +498,7 @@ static void on_connect(uv_connect_t *cr, int status)
 static void dispatch(req_t *req, int fresh_conn)
 {
     run_t *run = req->run;
-    conn_t *c = fresh_conn ? NULL : run->idle_head;
+    conn_t *c = fresh_conn ? NULL : idle_first(run);
     if (c) {
         idle_remove(c);
         c->reused = 1;
@@ -647,10 +638,7 @@ static void send_turn(session_t *s, uint64_t t_sched)
     if (cfg->timeout_s > 0)
         req->deadline = req->t_start + (uint64_t)(cfg->timeout_s * 1e9);
     req->in_flight = 1;
-    req->next = run->inflight;
-    if (run->inflight)
-        run->inflight->prev = req;
-    run->inflight = req;
+    baton_list_push_front(&run->inflight, &req->link);
     run->n_inflight++;
     run->issued_total++;
     dispatch(req, 0);
@@ -698,8 +686,9 @@ static void finish(run_t *run)
     close_if_active((uv_handle_t *)&run->arrival_timer);
     close_if_active((uv_handle_t *)&run->tick_timer);
     close_if_active((uv_handle_t *)&run->sigint);
-    while (run->idle_head)
-        conn_close(run->idle_head);
+    conn_t *c;
+    while ((c = idle_first(run)) != NULL)
+        conn_close(c);
     while (run->pending_head) {
         session_t *p = run->pending_head;
         run->pending_head = p->next_pending;
@@ -761,9 +750,9 @@ static void on_tick(uv_timer_t *t)
     run_t *run = t->data;
     uint64_t now = uv_hrtime();
     if (run->cfg->timeout_s > 0) {
-        req_t *next;
-        for (req_t *r = run->inflight; r; r = next) {
-            next = r->next;
+        for (baton_list_t *it = run->inflight.next, *next; it != &run->inflight; it = next) {
+            next = it->next;
+            req_t *r = container_of(it, req_t, link);
             if (r->deadline && now >= r->deadline && r->conn)
                 conn_fail(r->conn, BB_ERR_TIMEOUT, "no complete response within --timeout");
         }
@@ -791,9 +780,9 @@ static void on_sigint(uv_signal_t *h, int signum)
     uv_timer_stop(&run->arrival_timer);
     fprintf(stderr, "\nbaton-bench: interrupted; cancelling %u requests in flight\n",
             run->n_inflight);
-    req_t *next;
-    for (req_t *r = run->inflight; r; r = next) {
-        next = r->next;
+    for (baton_list_t *it = run->inflight.next, *next; it != &run->inflight; it = next) {
+        next = it->next;
+        req_t *r = container_of(it, req_t, link);
         if (r->conn) {
             conn_t *c = r->conn;
             c->req = NULL;
@@ -839,6 +828,8 @@ int bb_run(const bb_config_t *cfg, bb_results_t *res)
     memset(res, 0, sizeof(*res));
     run->cfg = cfg;
     run->res = res;
+    baton_list_init(&run->idle);
+    baton_list_init(&run->inflight);
     int rc = uv_loop_init(&run->loop);
     if (rc < 0) {
         free(run);

@@ -32,7 +32,7 @@ struct baton_http_pool_s {
     char host_hdr[300];
     char *rbuf;
     llhttp_settings_t settings;
-    cconn_t *idle; /* LIFO: the most recently used connection is the warmest */
+    baton_list_t idle; /* of cconn_t.link, LIFO: the most recently used is the warmest */
     unsigned n_idle;
     unsigned n_conns;   /* idle + busy, not closing */
     unsigned n_handles; /* connection structs not freed yet */
@@ -47,7 +47,7 @@ struct cconn_s {
     uv_write_t wreq;
     llhttp_t parser;
     baton_http_pool_t *pool;
-    cconn_t *prev, *next; /* idle list */
+    baton_list_t link; /* in pool->idle while idle */
     creq_t *req;
     unsigned refs; /* tcp handle + a pending getaddrinfo */
     unsigned reused : 1;
@@ -190,11 +190,7 @@ static void conn_release(cconn_t *conn)
         return;
     }
     conn->idle = 1;
-    conn->prev = NULL;
-    conn->next = pool->idle;
-    if (pool->idle)
-        pool->idle->prev = conn;
-    pool->idle = conn;
+    baton_list_push_front(&pool->idle, &conn->link);
     pool->n_idle++;
 }
 
@@ -228,18 +224,19 @@ static void defer_finish(creq_t *r, int err)
 /* ---------------------------------------------------------------------------------------- */
 /* Connections                                                                               */
 
+/* The warmest idle connection, or NULL. */
+static cconn_t *idle_first(const baton_http_pool_t *pool)
+{
+    baton_list_t *first = baton_list_first(&pool->idle);
+    return first ? container_of(first, cconn_t, link) : NULL;
+}
+
 static void idle_unlink(cconn_t *conn)
 {
     baton_http_pool_t *pool = conn->pool;
     if (!conn->idle)
         return;
-    if (conn->prev)
-        conn->prev->next = conn->next;
-    else
-        pool->idle = conn->next;
-    if (conn->next)
-        conn->next->prev = conn->prev;
-    conn->prev = conn->next = NULL;
+    baton_list_remove(&conn->link);
     conn->idle = 0;
     pool->n_idle--;
 }
@@ -712,6 +709,7 @@ int baton_http_pool_create(baton_http_pool_t **pool_p, uv_loop_t *loop, const ch
         return BATON_ENOMEM;
     }
     pool->loop = loop;
+    baton_list_init(&pool->idle);
     memcpy(pool->host, host, hlen + 1);
     pool->port = port;
     pool->max_idle = max_idle;
@@ -754,8 +752,9 @@ void baton_http_pool_destroy(baton_http_pool_t *pool)
     if (pool == NULL || pool->destroyed)
         return;
     pool->destroyed = 1;
-    while (pool->idle)
-        conn_close(pool->idle);
+    cconn_t *conn;
+    while ((conn = idle_first(pool)) != NULL)
+        conn_close(conn);
     pool_maybe_free(pool);
 }
 
@@ -849,8 +848,8 @@ int baton_http_request(baton_http_creq_t **req_p, baton_http_pool_t *pool, const
         r->total_deadline = now + r->to.total_ms;
     *req_p = &r->pub;
 
-    while (pool->idle) {
-        cconn_t *conn = pool->idle;
+    cconn_t *conn;
+    while ((conn = idle_first(pool)) != NULL) {
         idle_unlink(conn);
         attach(conn, r);
         if (send_request(r) == 0)

@@ -54,7 +54,7 @@ struct baton_http_server_s {
     void *ctx;
     llhttp_settings_t settings;
     char *rbuf;
-    conn_t *conns;    /* every connection until its memory is freed */
+    baton_list_t conns; /* of conn_t.link: every connection until its memory is freed */
     unsigned n_conns; /* open, counted against max_connections */
     unsigned n_live;  /* listener + connection structs not yet freed */
     int port;
@@ -78,7 +78,7 @@ struct conn_s {
     uv_shutdown_t shutdown_req;
     llhttp_t parser;
     baton_http_server_t *srv;
-    conn_t *prev, *next;
+    baton_list_t link; /* in srv->conns */
     baton_http_req_t req; /* the one request being read or handled */
     baton_buf_t arena;    /* url, header names and values, each NUL-terminated */
     baton_buf_t hdrs;     /* hdr_off_t[] while parsing, then baton_http_header_t[] after them */
@@ -814,12 +814,7 @@ static void on_timer_close(uv_handle_t *h)
 {
     conn_t *c = h->data;
     baton_http_server_t *srv = c->srv;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        srv->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
+    baton_list_remove(&c->link);
     baton_buf_free(&c->arena);
     baton_buf_free(&c->hdrs);
     baton_buf_free(&c->body);
@@ -1097,10 +1092,7 @@ static void on_connection(uv_stream_t *ls, int status)
     uv_timer_init(srv->loop, &c->timer);
     c->tcp.data = c;
     c->timer.data = c;
-    c->next = srv->conns;
-    if (srv->conns)
-        srv->conns->prev = c;
-    srv->conns = c;
+    baton_list_push_front(&srv->conns, &c->link);
     srv->n_live++;
     req_reset(c);
     c->req.server = srv;
@@ -1142,6 +1134,7 @@ int baton_http_server_create(baton_http_server_t **srv_p, uv_loop_t *loop,
         return BATON_ENOMEM;
     }
     srv->loop = loop;
+    baton_list_init(&srv->conns);
     if (limits)
         srv->limits = *limits;
     else
@@ -1254,9 +1247,12 @@ void baton_http_server_stop_accepting(baton_http_server_t *srv)
 {
     srv->stopping = 1;
     close_listener(srv);
-    for (conn_t *c = srv->conns; c; c = c->next)
+    /* conn_close_hard only starts closing: c stays listed until its close callback */
+    for (baton_list_t *it = srv->conns.next; it != &srv->conns; it = it->next) {
+        conn_t *c = container_of(it, conn_t, link);
         if (!c->req_active && !c->in_msg && !c->closing)
             conn_close_hard(c);
+    }
 }
 
 void baton_http_server_close(baton_http_server_t *srv, baton_http_server_close_cb close_cb)
@@ -1267,8 +1263,8 @@ void baton_http_server_close(baton_http_server_t *srv, baton_http_server_close_c
     srv->stopping = 1;
     srv->close_cb = close_cb;
     close_listener(srv);
-    for (conn_t *c = srv->conns; c; c = c->next)
-        conn_close_hard(c);
+    for (baton_list_t *it = srv->conns.next; it != &srv->conns; it = it->next)
+        conn_close_hard(container_of(it, conn_t, link));
     uv_close((uv_handle_t *)&srv->close_token, on_listener_close);
 }
 

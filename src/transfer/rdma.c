@@ -15,6 +15,7 @@ static int rdma_init(const baton__tp_env_t *env, baton__tp_t **tp_p)
     if (!tp)
         return BATON_ENOMEM;
     tp->base.ops = &baton__tp_rdma_ops;
+    baton_list_init(&tp->peers);
     tp->base.env = env;
     tp->base.id = BATON_XFER_TRANSPORT_RDMA;
     tp->tun = baton__rdma_tunables;
@@ -70,10 +71,11 @@ static void peer_teardown(rdma_peer_t *peer);
 static void rdma_fini(baton__tp_t *btp)
 {
     rdma_tp_t *tp = container_of(btp, rdma_tp_t, base);
-    while (tp->peers) {
+    while (!baton_list_empty(&tp->peers)) {
+        rdma_peer_t *peer = container_of(tp->peers.next, rdma_peer_t, link);
         log_error("rdma", "fini_with_live_peer generation=%llu (engine bug): destroying it",
-                  (unsigned long long)tp->peers->base.generation);
-        peer_teardown(tp->peers);
+                  (unsigned long long)peer->base.generation);
+        peer_teardown(peer);
     }
     tp->finishing = 1;
     baton__rdma_poll_stop(tp);
@@ -163,10 +165,7 @@ static int rdma_peer_create(baton__tp_t *btp, baton__tp_role_t role, uint64_t ge
             peer->nqps = i + 1;
         }
     }
-    peer->next = tp->peers;
-    if (tp->peers)
-        tp->peers->prev = peer;
-    tp->peers = peer;
+    baton_list_push_front(&tp->peers, &peer->link);
     *peer_p = &peer->base;
     return 0;
 }
@@ -211,14 +210,7 @@ static int rdma_peer_connect(baton__tp_peer_t *bp, const uint8_t *blob, size_t l
 /* Tears down what is left and unlinks; the memory goes when the last hold is released. */
 static void peer_teardown(rdma_peer_t *peer)
 {
-    rdma_tp_t *tp = peer->tp;
-    if (peer->prev)
-        peer->prev->next = peer->next;
-    else
-        tp->peers = peer->next;
-    if (peer->next)
-        peer->next->prev = peer->prev;
-    peer->prev = peer->next = NULL;
+    baton_list_remove(&peer->link);
     for (int i = 0; i < peer->nqps; i++) {
         rdma_qp_t *qp = &peer->qps[i];
         if (qp->state == RDMA_QP_NONE)

@@ -101,7 +101,7 @@ struct rdma_tp_s {
     rdma_dev_t devs[BATON__RDMA_MAX_DEVS];
     int ndevs;
     uint64_t chunk;     /* registrations are split into chunks of this size */
-    rdma_peer_t *peers; /* every live peer (device-wide events reach them all) */
+    baton_list_t peers; /* of rdma_peer_t.link: every live peer (device-wide events reach all) */
     int handles_open;   /* uv handles whose close callback has not run yet */
     int finishing;      /* fini called: free when handles_open reaches 0 */
 };
@@ -181,7 +181,7 @@ typedef struct rdma_flush_s {
 struct rdma_peer_s {
     baton__tp_peer_t base;
     rdma_tp_t *tp;
-    rdma_peer_t *prev, *next; /* tp->peers */
+    baton_list_t link; /* in tp->peers */
     rdma_peer_state_t state;
     rdma_qp_t *qps;
     int nqps;

@@ -44,9 +44,12 @@ void baton__rdma_cq_drain(rdma_dev_t *dev)
         /* CQ room came back: peers that waited only for it have no completion of their own to
          * wake them. Half-empty first, so they do not trickle one WR at a time. */
         dev->starved = 0;
-        for (rdma_peer_t *p = dev->tp->peers; p; p = p->next)
+        baton_list_t *peers = &dev->tp->peers;
+        for (baton_list_t *it = peers->next; it != peers; it = it->next) {
+            rdma_peer_t *p = container_of(it, rdma_peer_t, link);
             if (p->post_cursor)
                 baton__rdma_pump(p);
+        }
     }
 }
 
@@ -77,7 +80,8 @@ static void comp_cb(uv_poll_t *h, int status, int events)
 static void fail_dev_peers(rdma_dev_t *dev, int err)
 {
     rdma_tp_t *tp = dev->tp;
-    for (rdma_peer_t *p = tp->peers; p; p = p->next) {
+    for (baton_list_t *it = tp->peers.next; it != &tp->peers; it = it->next) {
+        rdma_peer_t *p = container_of(it, rdma_peer_t, link);
         for (int i = 0; i < p->nqps; i++) {
             if (p->qps[i].dev == dev && p->qps[i].state != RDMA_QP_NONE) {
                 baton__rdma_peer_fail(p, err);

@@ -9,12 +9,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/list.h"
+
 #define VM_MAX_DEVS    8
 #define VM_MAX_INLINE  256
 #define VM_MAX_SGE     32
 #define VM_GID_TBL_LEN 1
-
-#define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
 
 /* Every model object is on one list so vm_reset frees it and vm_live_objects counts it. */
 typedef enum { K_DEVLIST, K_CTX, K_PD, K_MR, K_CHAN, K_CQ, K_QP } vm_kind_t;
