@@ -72,7 +72,8 @@ static const char *kind_desc(enum kind k)
     return "?";
 }
 
-static int is_string_array(const json_t *v)
+/* v is an array and every element passes ok (an empty array does). */
+static int array_all(const json_t *v, int (*ok)(const json_t *e))
 {
     size_t i;
     json_t *e;
@@ -80,10 +81,25 @@ static int is_string_array(const json_t *v)
         return 0;
     json_array_foreach(v, i, e)
     {
-        if (!json_is_string(e))
+        if (!ok(e))
             return 0;
     }
     return 1;
+}
+
+static int is_string(const json_t *v)
+{
+    return json_is_string(v);
+}
+
+static int is_integer(const json_t *v)
+{
+    return json_is_integer(v);
+}
+
+static int is_string_array(const json_t *v)
+{
+    return array_all(v, is_string);
 }
 
 static int kind_ok(const json_t *v, enum kind k)
@@ -173,30 +189,18 @@ static int check_fields(json_t *obj, const field_t *f, size_t n, const char *pre
 
 static int is_int_array(const json_t *v)
 {
-    size_t i;
-    json_t *e;
-    if (!json_is_array(v))
-        return 0;
-    json_array_foreach(v, i, e)
-    {
-        if (!json_is_integer(e))
-            return 0;
-    }
-    return 1;
+    return array_all(v, is_integer);
 }
 
+static int is_nonempty_int_array(const json_t *v)
+{
+    return json_array_size(v) > 0 && is_int_array(v);
+}
+
+/* A non-empty array of non-empty integer arrays (a batch of token-id prompts). */
 static int is_int_array_array(const json_t *v)
 {
-    size_t i;
-    json_t *e;
-    if (!json_is_array(v) || json_array_size(v) == 0)
-        return 0;
-    json_array_foreach(v, i, e)
-    {
-        if (!is_int_array(e) || json_array_size(e) == 0)
-            return 0;
-    }
-    return 1;
+    return json_array_size(v) > 0 && array_all(v, is_nonempty_int_array);
 }
 
 /* Sequences = prompts (0: one prompt, not a list) × n; each gets its own room. */
