@@ -9,26 +9,9 @@ if [ "${1:-}" = "--test" ]; then
     PKGS="$PKGS prometheus"
 fi
 
-missing=""
-for p in $PKGS; do
-    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-        missing="$missing $p"
-    fi
-done
-
-if [ -z "$missing" ]; then
-    exit 0
-fi
-
-if [ "$(id -u)" -ne 0 ]; then
-    echo "baton: missing Debian packages:$missing" >&2
-    echo "baton: run as root, then retry:" >&2
-    echo "    apt-get update && apt-get install -y$missing" >&2
-    exit 1
-fi
-
-echo "baton: installing:$missing"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -q
+. "$(dirname "$0")/apt-lib.sh"
 # shellcheck disable=SC2086
-apt-get install -y -q --no-install-recommends $missing
+missing=$(missing_pkgs $PKGS)
+if [ -n "$missing" ]; then
+    apt_install "Debian packages" "$missing"
+fi
