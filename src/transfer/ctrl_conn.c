@@ -30,8 +30,8 @@ baton__conn_t *baton__conn_new(baton_xfer_engine_t *eng, int role)
     c->tp_index = -1;
     c->rbuf = (baton_buf_t)BATON_BUF_INIT;
     c->t_start_ms = baton_now_ms();
-    baton__u64map_init(&c->rooms);
-    baton__u64map_init(&c->rmems);
+    baton_u64map_init(&c->rooms);
+    baton_u64map_init(&c->rmems);
     baton_heartbeat_init(&c->hb, eng->cfg.heartbeat_interval_ms, eng->cfg.heartbeat_misses,
                          c->t_start_ms);
     snprintf(c->addr, sizeof(c->addr), "?");
@@ -113,7 +113,7 @@ static void conn_finish(baton__conn_t *c)
     if (c->role == BATON__ROLE_DECODE) {
         size_t it = 0;
         baton__droom_t *dr;
-        while ((dr = baton__u64map_next(&c->rooms, &it, NULL)) != NULL) {
+        while ((dr = baton_u64map_next(&c->rooms, &it, NULL)) != NULL) {
             /* The transport is fenced: nothing can land in these pages anymore. */
             dr->conn = NULL;
             baton__droom_finish(dr, dr->state == BATON__DR_ABORTING ? dr->abort_status : status);
@@ -127,10 +127,10 @@ static void conn_finish(baton__conn_t *c)
     }
     size_t it = 0;
     baton__rmem_t *rm;
-    while ((rm = baton__u64map_next(&c->rmems, &it, NULL)) != NULL)
+    while ((rm = baton_u64map_next(&c->rmems, &it, NULL)) != NULL)
         free(rm);
-    baton__u64map_free(&c->rmems);
-    baton__u64map_free(&c->rooms);
+    baton_u64map_free(&c->rmems);
+    baton_u64map_free(&c->rooms);
     baton_buf_free(&c->rbuf);
     free(c->peer_hello);
     free(c->peer_hello_buf);
@@ -208,7 +208,7 @@ void baton__conn_fail(baton__conn_t *c, int status, const char *why)
     if (c->role == BATON__ROLE_DECODE) {
         size_t it = 0;
         baton__droom_t *dr;
-        while ((dr = baton__u64map_next(&c->rooms, &it, NULL)) != NULL)
+        while ((dr = baton_u64map_next(&c->rooms, &it, NULL)) != NULL)
             if (dr->state != BATON__DR_ABORTING)
                 dr->state = BATON__DR_FAILING;
     }

@@ -364,8 +364,8 @@ int baton__hs_on_lane_hello(baton__conn_t *c, const baton__frame_t *f, const uin
     c->tcp = NULL;
     baton_list_remove(&c->link);
     baton_buf_free(&c->rbuf);
-    baton__u64map_free(&c->rooms);
-    baton__u64map_free(&c->rmems);
+    baton_u64map_free(&c->rooms);
+    baton_u64map_free(&c->rmems);
     free(c);
     return 1;
 }
@@ -399,7 +399,7 @@ int baton__hs_on_mem(baton__conn_t *c, const baton__mem_t *m)
 {
     if (c->tp_peer == NULL || m->transport != (uint8_t)c->tp_peer->tp->id)
         return BATON_EPROTO;
-    if (baton__u64map_get(&c->rmems, m->mem_id) != NULL)
+    if (baton_u64map_get(&c->rmems, m->mem_id) != NULL)
         return BATON_EPROTO;
     baton__rmem_t *rm = calloc(1, sizeof(*rm));
     if (rm == NULL)
@@ -414,7 +414,7 @@ int baton__hs_on_mem(baton__conn_t *c, const baton__mem_t *m)
     if (rc != 0)
         log_info(BATON__LOG, "peer_region_unusable peer=%s mem=%" PRIu32 " err=%s", c->addr,
                  m->mem_id, baton_err_name(rc));
-    if (baton__u64map_put(&c->rmems, m->mem_id, rm) != 0) {
+    if (baton_u64map_put(&c->rmems, m->mem_id, rm) != 0) {
         if (rm->usable)
             c->tp_peer->tp->ops->mem_del(c->tp_peer, m->mem_id);
         free(rm);
@@ -425,7 +425,7 @@ int baton__hs_on_mem(baton__conn_t *c, const baton__mem_t *m)
 
 int baton__hs_on_mem_del(baton__conn_t *c, uint32_t mem_id)
 {
-    baton__rmem_t *rm = baton__u64map_del(&c->rmems, mem_id);
+    baton__rmem_t *rm = baton_u64map_del(&c->rmems, mem_id);
     if (rm == NULL)
         return 0;
     if (rm->usable)

@@ -340,7 +340,7 @@ void baton__maybe_finish_shutdown(baton_xfer_engine_t *eng)
         baton_list_remove(&m->link);
         baton__lmem_free(m);
     }
-    baton__u64map_free(&eng->drooms);
+    baton_u64map_free(&eng->drooms);
     uv_close((uv_handle_t *)&eng->tick, NULL);
     uv_close((uv_handle_t *)&eng->defer_idle, NULL);
     uv_close((uv_handle_t *)&eng->cmd_async, NULL);
@@ -399,7 +399,7 @@ static void caller_closed(uv_handle_t *h)
 {
     baton_xfer_engine_t *eng = h->data;
     baton__mem_free_all(eng);
-    baton__u64map_free(&eng->caller_rooms);
+    baton_u64map_free(&eng->caller_rooms);
     uv_mutex_destroy(&eng->qlock);
     baton_xfer_close_cb cb = eng->close_cb;
     void *data = eng->close_data;
@@ -422,7 +422,7 @@ static void on_caller_async(uv_async_t *h)
         switch (ev->type) {
         case BATON__EV_OFFER_DONE: {
             baton__droom_t *dr = ev->u.droom;
-            baton__u64map_del(&eng->caller_rooms, dr->room_id);
+            baton_u64map_del(&eng->caller_rooms, dr->room_id);
             baton_xfer_done_t done = {dr->done.status, dr->done.first_token, dr->done.payload,
                                       dr->done.len};
             dr->cb(dr->data, dr->room_id, dr->status, dr->status == 0 ? &done : NULL);
@@ -623,8 +623,8 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
         eng->tick_ms = 5;
     if (eng->tick_ms > 50)
         eng->tick_ms = 50;
-    baton__u64map_init(&eng->caller_rooms);
-    baton__u64map_init(&eng->drooms);
+    baton_u64map_init(&eng->caller_rooms);
+    baton_u64map_init(&eng->drooms);
     baton_list_init(&eng->cmdq);
     baton_list_init(&eng->evq);
     baton_list_init(&eng->deferred);

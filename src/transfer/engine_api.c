@@ -56,7 +56,7 @@ int baton_xfer_offer(baton_xfer_engine_t *engine, const char *host, int port,
     uint64_t n = (uint64_t)offer->n_layers * offer->pages_per_layer;
     if (n > BATON__OFFER_MAX_PAGES)
         return BATON_EINVAL;
-    if (baton__u64map_get(&engine->caller_rooms, offer->room_id) != NULL)
+    if (baton_u64map_get(&engine->caller_rooms, offer->room_id) != NULL)
         return BATON_EEXIST;
 
     baton__droom_t *dr = calloc(1, sizeof(*dr));
@@ -106,7 +106,7 @@ int baton_xfer_offer(baton_xfer_engine_t *engine, const char *host, int port,
             dr->cuda = 1;
     }
     if (rc == 0)
-        rc = baton__u64map_put(&engine->caller_rooms, offer->room_id, dr);
+        rc = baton_u64map_put(&engine->caller_rooms, offer->room_id, dr);
     if (rc != 0) {
         free(dr->mems);
         free(dr->pages);
@@ -150,7 +150,7 @@ int baton_xfer_abort(baton_xfer_engine_t *engine, uint64_t room_id)
         return BATON_EINVAL;
     if (engine->destroying)
         return BATON_ESHUTDOWN;
-    if (baton__u64map_get(&engine->caller_rooms, room_id) == NULL)
+    if (baton_u64map_get(&engine->caller_rooms, room_id) == NULL)
         return BATON_ENOTFOUND;
     baton__cmd_t *cmd = calloc(1, sizeof(*cmd));
     if (cmd == NULL)

@@ -15,7 +15,7 @@
 #include "health/peer_state.h"
 #include "transfer/ctrl_frame.h"
 #include "transfer/transport.h"
-#include "transfer/u64map.h"
+#include "common/u64map.h"
 
 /*
  * Threads and ownership
@@ -283,8 +283,8 @@ struct baton__conn_s {
     int prefill_try;                       /* prefill: index into the peer's HELLO list */
     baton__hello_t *peer_hello;            /* prefill: copy kept while trying transports */
     uint8_t *peer_hello_buf;
-    baton__u64map_t rooms; /* room id -> droom (decode) or room (prefill) */
-    baton__u64map_t rmems; /* prefill: mem id -> rmem */
+    baton_u64map_t rooms; /* room id -> droom (decode) or room (prefill) */
+    baton_u64map_t rmems; /* prefill: mem id -> rmem */
     baton_heartbeat_t hb;
     uint64_t hb_seq;
     int fail_status;
@@ -325,7 +325,7 @@ struct baton_xfer_engine_s {
     baton_xfer_mem_t **mems; /* sorted by address */
     size_t n_mems, cap_mems;
     uint32_t next_mem_id;
-    baton__u64map_t caller_rooms; /* open decode room ids */
+    baton_u64map_t caller_rooms; /* open decode room ids */
     int destroying;
     baton_xfer_close_cb close_cb;
     void *close_data;
@@ -354,7 +354,7 @@ struct baton_xfer_engine_s {
     baton_list_t peers;
     baton_list_t conns;
     baton_list_t lmems;
-    baton__u64map_t drooms; /* every decode room the progress thread holds */
+    baton_u64map_t drooms; /* every decode room the progress thread holds */
     uint64_t next_gen;
     int shutting_down;
     int closed_posted;

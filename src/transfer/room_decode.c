@@ -10,9 +10,9 @@
 void baton__droom_finish(baton__droom_t *dr, int status)
 {
     baton_xfer_engine_t *eng = dr->eng;
-    baton__u64map_del(&eng->drooms, dr->room_id);
+    baton_u64map_del(&eng->drooms, dr->room_id);
     if (dr->conn != NULL) {
-        baton__u64map_del(&dr->conn->rooms, dr->room_id);
+        baton_u64map_del(&dr->conn->rooms, dr->room_id);
         dr->conn = NULL;
     }
     dr->status = status;
@@ -32,7 +32,7 @@ void baton__droom_finish(baton__droom_t *dr, int status)
 void baton__droom_submit(baton_xfer_engine_t *eng, baton__droom_t *dr)
 {
     dr->t_offer_ms = baton_now_ms();
-    if (baton__u64map_put(&eng->drooms, dr->room_id, dr) != 0) {
+    if (baton_u64map_put(&eng->drooms, dr->room_id, dr) != 0) {
         baton__droom_finish(dr, BATON_ENOMEM);
         return;
     }
@@ -93,7 +93,7 @@ void baton__droom_send(baton__conn_t *c, baton__droom_t *dr)
     rc = baton__enc_offer(&b, dr->room_id, eng->incarnation, dr->n_layers, dr->ppl, pages);
     free(pages);
     if (rc == 0)
-        rc = baton__u64map_put(&c->rooms, dr->room_id, dr);
+        rc = baton_u64map_put(&c->rooms, dr->room_id, dr);
     if (rc != 0) {
         baton_buf_free(&b);
         baton__droom_finish(dr, rc);
@@ -107,7 +107,7 @@ void baton__droom_send(baton__conn_t *c, baton__droom_t *dr)
 
 void baton__droom_abort(baton_xfer_engine_t *eng, uint64_t room_id, int status)
 {
-    baton__droom_t *dr = baton__u64map_get(&eng->drooms, room_id);
+    baton__droom_t *dr = baton_u64map_get(&eng->drooms, room_id);
     if (dr == NULL)
         return; /* already finished: its completion is on its way */
     switch (dr->state) {
@@ -133,7 +133,7 @@ void baton__droom_abort(baton_xfer_engine_t *eng, uint64_t room_id, int status)
 
 int baton__droom_on_done(baton__conn_t *c, const baton__done_t *d)
 {
-    baton__droom_t *dr = baton__u64map_get(&c->rooms, d->room);
+    baton__droom_t *dr = baton_u64map_get(&c->rooms, d->room);
     if (dr == NULL) {
         log_debug(BATON__LOG, "stale_done_ignored room=%" PRIu64, d->room);
         return 0;
@@ -153,7 +153,7 @@ int baton__droom_on_done(baton__conn_t *c, const baton__done_t *d)
 
 int baton__droom_on_layer_done(baton__conn_t *c, uint64_t room_id, uint32_t layer)
 {
-    baton__droom_t *dr = baton__u64map_get(&c->rooms, room_id);
+    baton__droom_t *dr = baton_u64map_get(&c->rooms, room_id);
     if (dr == NULL) {
         /* Like DONE: the room may have ended here (abort, timeout) while the frame was sent. */
         log_debug(BATON__LOG, "stale_layer_done_ignored room=%" PRIu64 " layer=%" PRIu32, room_id,
@@ -174,7 +174,7 @@ int baton__droom_on_layer_done(baton__conn_t *c, uint64_t room_id, uint32_t laye
 
 int baton__droom_on_abort(baton__conn_t *c, uint64_t room_id, int reason)
 {
-    baton__droom_t *dr = baton__u64map_get(&c->rooms, room_id);
+    baton__droom_t *dr = baton_u64map_get(&c->rooms, room_id);
     baton_buf_t b = BATON_BUF_INIT;
     if (baton__enc_abort_ack(&b, room_id) == 0)
         baton__conn_send(c, &b);
@@ -195,7 +195,7 @@ int baton__droom_on_abort(baton__conn_t *c, uint64_t room_id, int reason)
 
 int baton__droom_on_abort_ack(baton__conn_t *c, uint64_t room_id)
 {
-    baton__droom_t *dr = baton__u64map_get(&c->rooms, room_id);
+    baton__droom_t *dr = baton_u64map_get(&c->rooms, room_id);
     if (dr == NULL || dr->state != BATON__DR_ABORTING) {
         log_debug(BATON__LOG, "stale_abort_ack_ignored room=%" PRIu64, room_id);
         return 0;
@@ -211,7 +211,7 @@ void baton__droom_tick(baton_xfer_engine_t *eng, uint64_t now)
         return;
     size_t it = 0;
     baton__droom_t *dr;
-    while ((dr = baton__u64map_next(&eng->drooms, &it, NULL)) != NULL) {
+    while ((dr = baton_u64map_next(&eng->drooms, &it, NULL)) != NULL) {
         if ((dr->state == BATON__DR_SENT || dr->state == BATON__DR_QUEUED) &&
             now - dr->t_offer_ms > limit) {
             log_warn(BATON__LOG, "room_timeout room=%" PRIu64 " after_ms=%" PRIu64, dr->room_id,
@@ -227,7 +227,7 @@ int baton__resolve_dst(baton__tp_peer_t *tpp, uint64_t room_id, uint32_t page, u
     baton__conn_t *c = tpp->ctx;
     if (c == NULL || c->state == BATON__CONN_CLOSING || c->tp_peer != tpp)
         return BATON_ENOTFOUND;
-    baton__droom_t *dr = baton__u64map_get(&c->rooms, room_id);
+    baton__droom_t *dr = baton_u64map_get(&c->rooms, room_id);
     if (dr == NULL)
         return BATON_ENOTFOUND;
     if (dr->state != BATON__DR_SENT)

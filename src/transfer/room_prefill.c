@@ -26,7 +26,7 @@ static void room_close(baton_xfer_room_t *room, int status)
     fail_cuda_waits(room, status ? status : BATON_ECANCELED);
     room->state = BATON__PR_CLOSED;
     if (room->conn != NULL) {
-        baton__u64map_del(&room->conn->rooms, room->room_id);
+        baton_u64map_del(&room->conn->rooms, room->room_id);
         room->conn = NULL;
     }
     if (status == 0) {
@@ -80,12 +80,12 @@ int baton__proom_on_offer(baton__conn_t *c, const baton__offer_t *o)
         send_frame_abort(c, o->room, BATON_ESTALE);
         return 0;
     }
-    if (baton__u64map_get(&c->rooms, o->room) != NULL)
+    if (baton_u64map_get(&c->rooms, o->room) != NULL)
         return BATON_EPROTO; /* the decode side keeps room ids unique while open */
     for (uint32_t i = 0; i < o->n_pages; i++) {
         baton__offer_page_t pg;
         baton__offer_page(o, i, &pg);
-        baton__rmem_t *rm = baton__u64map_get(&c->rmems, pg.mem_id);
+        baton__rmem_t *rm = baton_u64map_get(&c->rmems, pg.mem_id);
         if (rm == NULL || !rm->usable || pg.addr < rm->base || pg.len > rm->len ||
             pg.addr - rm->base > rm->len - pg.len) {
             log_warn(BATON__LOG,
@@ -128,7 +128,7 @@ int baton__proom_on_offer(baton__conn_t *c, const baton__offer_t *o)
     room->ev_closed.type = BATON__EV_ROOM_CLOSED;
     room->ev_closed.embedded = 1;
     room->ev_closed.u.room = room;
-    if (baton__u64map_put(&c->rooms, o->room, room) != 0) {
+    if (baton_u64map_put(&c->rooms, o->room, room) != 0) {
         free(room->pages);
         free(room->written);
         free(room);
@@ -143,7 +143,7 @@ nomem:
 
 int baton__proom_on_abort(baton__conn_t *c, uint64_t room_id, int reason)
 {
-    baton_xfer_room_t *room = baton__u64map_get(&c->rooms, room_id);
+    baton_xfer_room_t *room = baton_u64map_get(&c->rooms, room_id);
     if (room == NULL) {
         /* Already done or never seen: acknowledge so the decode side can release its pages. */
         baton_buf_t b = BATON_BUF_INIT;
@@ -333,12 +333,12 @@ void baton__proom_close_all(baton__conn_t *c, int status)
 {
     size_t it = 0;
     baton_xfer_room_t *room;
-    while ((room = baton__u64map_next(&c->rooms, &it, NULL)) != NULL) {
+    while ((room = baton_u64map_next(&c->rooms, &it, NULL)) != NULL) {
         if (room->inflight > 0)
             log_error(BATON__LOG, "room_writes_outlived_fence room=%" PRIu64 " inflight=%" PRIu32,
                       room->room_id, room->inflight);
         room->conn = NULL;
-        baton__u64map_del(&c->rooms, room->room_id);
+        baton_u64map_del(&c->rooms, room->room_id);
         room_close(room, status);
     }
 }

@@ -17,7 +17,7 @@
 
 #include "common/log.h"
 #include "transfer/transport.h"
-#include "transfer/u64map.h"
+#include "common/u64map.h"
 
 #include "transfer/cuda_shim.h"
 #include "transfer/le_bytes.h"
@@ -106,7 +106,7 @@ struct shm_peer_s {
     int pidfd;          /* target: the writer process */
     uv_timer_t *fence_timer;
     /* initiator */
-    baton__u64map_t rmems;
+    baton_u64map_t rmems;
     shm_job_t *jobs_head, *jobs_tail;
     int failed;
     int fencing;
@@ -269,7 +269,7 @@ static int copy_some(shm_tp_t *t, shm_peer_t *p, uint64_t *budget)
             return 0;
         shm_job_t *j = p->jobs_head;
         const baton__tp_sge_t *g = &j->w->sges[j->sge];
-        shm_rmem_t *rm = baton__u64map_get(&p->rmems, g->dst_mem);
+        shm_rmem_t *rm = baton_u64map_get(&p->rmems, g->dst_mem);
         if (rm == NULL) {
             finish_job(p, BATON_ERKEY); /* withdrawn meanwhile */
             continue;
@@ -483,7 +483,7 @@ static int shm_peer_create(baton__tp_t *tp, baton__tp_role_t role, uint64_t gene
     p->base.generation = generation;
     p->fence_fd = -1;
     p->pidfd = -1;
-    baton__u64map_init(&p->rmems);
+    baton_u64map_init(&p->rmems);
     if (role == BATON__TP_ROLE_TARGET) {
         if (getrandom(&p->fence_token, sizeof(p->fence_token), 0) != sizeof(p->fence_token))
             p->fence_token = uv_hrtime() ^ generation;
@@ -592,7 +592,7 @@ static int shm_mem_add(baton__tp_peer_t *tpp, uint32_t mem_id, uint64_t base, ui
     uint64_t klen = baton__le_get64(blob + 20);
     if (pid != p->remote.pid || klen != len)
         return BATON_ERKEY;
-    if (baton__u64map_get(&p->rmems, mem_id) != NULL)
+    if (baton_u64map_get(&p->rmems, mem_id) != NULL)
         return BATON_EEXIST;
     shm_rmem_t *rm = calloc(1, sizeof(*rm));
     if (rm == NULL)
@@ -642,7 +642,7 @@ static int shm_mem_add(baton__tp_peer_t *tpp, uint32_t mem_id, uint64_t base, ui
         return BATON_ENOTSUP;
 #endif
     }
-    if (baton__u64map_put(&p->rmems, mem_id, rm) != 0) {
+    if (baton_u64map_put(&p->rmems, mem_id, rm) != 0) {
         if (rm->kind == BATON_XFER_MEM_HOST)
             munmap(rm->map, rm->map_len);
         free(rm);
@@ -665,7 +665,7 @@ static void unmap_rmem(shm_rmem_t *rm)
 static int shm_mem_del(baton__tp_peer_t *tpp, uint32_t mem_id)
 {
     shm_peer_t *p = (shm_peer_t *)tpp;
-    shm_rmem_t *rm = baton__u64map_del(&p->rmems, mem_id);
+    shm_rmem_t *rm = baton_u64map_del(&p->rmems, mem_id);
     if (rm == NULL)
         return BATON_ENOTFOUND;
     unmap_rmem(rm);
@@ -681,7 +681,7 @@ static int shm_write(baton__tp_peer_t *tpp, baton__tp_write_t *w)
      * reader announced (and we mapped). */
     for (size_t i = 0; i < w->n_sges; i++) {
         const baton__tp_sge_t *g = &w->sges[i];
-        shm_rmem_t *rm = baton__u64map_get(&p->rmems, g->dst_mem);
+        shm_rmem_t *rm = baton_u64map_get(&p->rmems, g->dst_mem);
         if (rm == NULL || g->len == 0 || g->dst < rm->base || g->len > rm->len ||
             g->dst - rm->base > rm->len - g->len)
             return BATON_ERKEY;
@@ -771,9 +771,9 @@ static void shm_peer_destroy(baton__tp_peer_t *tpp)
         finish_job(p, BATON_EPEERDOWN); /* only for a peer destroyed without a fence */
     size_t it = 0;
     shm_rmem_t *rm;
-    while ((rm = baton__u64map_next(&p->rmems, &it, NULL)) != NULL)
+    while ((rm = baton_u64map_next(&p->rmems, &it, NULL)) != NULL)
         unmap_rmem(rm);
-    baton__u64map_free(&p->rmems);
+    baton_u64map_free(&p->rmems);
     if (p->fence != NULL)
         munmap(p->fence, 4096);
     if (p->fence_fd >= 0)

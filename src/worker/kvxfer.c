@@ -12,8 +12,8 @@
 #include "baton/error.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/u64map.h"
 #include "worker/kvpattern.h"
-#include "worker/roommap.h"
 #include "worker/simtext.h"
 
 #define COMP "worker"
@@ -125,7 +125,7 @@ struct wk_kv_s {
     int handles_ok;   /* defer and tick may be started */
     int handles_open; /* while closing them */
 
-    wk_roommap_t rooms; /* prefill: room id -> wk_kv_send_t */
+    baton_u64map_t rooms; /* prefill: room id -> wk_kv_send_t */
     baton_list_t orphans, tombs, matched; /* of wk_kv_send_t.link, oldest first */
     ep_t *eps; /* decode: endpoints seen in peer events or offers */
     unsigned n_eps;
@@ -490,7 +490,7 @@ static void send_maybe_free(wk_kv_send_t *s)
 static void map_remove(wk_kv_t *kv, wk_kv_send_t *s)
 {
     if (s->in_map) {
-        wk_roommap_del(&kv->rooms, s->room_id);
+        baton_u64map_del(&kv->rooms, s->room_id);
         s->in_map = 0;
     }
 }
@@ -701,10 +701,10 @@ static void on_room(baton_xfer_engine_t *eng, baton_xfer_room_t *room, void *dat
         baton_xfer_room_abort(room, BATON_ESHUTDOWN);
         return;
     }
-    wk_kv_send_t *s = wk_roommap_get(&kv->rooms, id);
+    wk_kv_send_t *s = baton_u64map_get(&kv->rooms, id);
     if (s == NULL) {
         s = calloc(1, sizeof(*s));
-        if (s == NULL || wk_roommap_put(&kv->rooms, id, s) != 0) {
+        if (s == NULL || baton_u64map_put(&kv->rooms, id, s) != 0) {
             free(s);
             baton_xfer_room_abort(room, BATON_ENOMEM);
             return;
@@ -791,7 +791,7 @@ int wk_kv_send_open(wk_kv_t *kv, uint64_t room, const wk_kv_prompt_t *pr, wk_kv_
         return BATON_ESHUTDOWN;
     if (pr->n_tokens == 0)
         return BATON_EINVAL;
-    wk_kv_send_t *s = wk_roommap_get(&kv->rooms, room);
+    wk_kv_send_t *s = baton_u64map_get(&kv->rooms, room);
     if (s != NULL && s->st == S_TOMB)
         return BATON_EABORTED;
     if (s != NULL && s->st != S_ORPHAN)
@@ -800,7 +800,7 @@ int wk_kv_send_open(wk_kv_t *kv, uint64_t room, const wk_kv_prompt_t *pr, wk_kv_
     uint8_t *layer_st = calloc(kv->cfg.shape.layers, 1);
     wk_kv_send_t *fresh = s == NULL ? calloc(1, sizeof(*fresh)) : NULL;
     if (ids == NULL || layer_st == NULL || (s == NULL && fresh == NULL) ||
-        (fresh != NULL && wk_roommap_put(&kv->rooms, room, fresh) != 0)) {
+        (fresh != NULL && baton_u64map_put(&kv->rooms, room, fresh) != 0)) {
         free(ids);
         free(layer_st);
         free(fresh);
@@ -895,10 +895,10 @@ void wk_kv_send_refuse(wk_kv_t *kv, uint64_t room)
 {
     if (kv->closing)
         return;
-    wk_kv_send_t *s = wk_roommap_get(&kv->rooms, room);
+    wk_kv_send_t *s = baton_u64map_get(&kv->rooms, room);
     if (s == NULL) {
         s = calloc(1, sizeof(*s));
-        if (s == NULL || wk_roommap_put(&kv->rooms, room, s) != 0) {
+        if (s == NULL || baton_u64map_put(&kv->rooms, room, s) != 0) {
             free(s);
             return; /* only the fast failure is lost: the decode still times out */
         }
@@ -1480,7 +1480,7 @@ static void handle_closed(uv_handle_t *h)
     wk_kv_t *kv = h->data;
     if (--kv->handles_open > 0)
         return;
-    wk_roommap_free(&kv->rooms);
+    baton_u64map_free(&kv->rooms);
     wk_kvpool_free(&kv->pool);
     while (kv->eps) {
         ep_t *e = kv->eps;

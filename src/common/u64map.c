@@ -1,5 +1,5 @@
-/* transfer/u64map.c — linear-probing u64 -> pointer map with tombstones. */
-#include "transfer/u64map.h"
+/* u64map.c — linear-probing u64 -> pointer map with tombstones (see u64map.h). */
+#include "common/u64map.h"
 
 #include <stdlib.h>
 
@@ -16,35 +16,42 @@ static size_t slot(uint64_t k, size_t cap)
     return (size_t)k & (cap - 1);
 }
 
-void baton__u64map_init(baton__u64map_t *m)
+void baton_u64map_init(baton_u64map_t *m)
 {
     m->keys = NULL;
     m->vals = NULL;
     m->cap = m->count = m->used = 0;
 }
 
-void baton__u64map_free(baton__u64map_t *m)
+void baton_u64map_free(baton_u64map_t *m)
 {
     free(m->keys);
     free(m->vals);
-    baton__u64map_init(m);
+    baton_u64map_init(m);
 }
 
-void *baton__u64map_get(const baton__u64map_t *m, uint64_t key)
+/* The slot holding key, or -1. */
+static long find(const baton_u64map_t *m, uint64_t key)
 {
     if (m->cap == 0)
-        return NULL;
+        return -1;
     for (size_t i = slot(key, m->cap), n = 0; n < m->cap; i = (i + 1) & (m->cap - 1), n++) {
         void *v = m->vals[i];
         if (v == NULL)
-            return NULL;
+            return -1;
         if (v != TOMB && m->keys[i] == key)
-            return v;
+            return (long)i;
     }
-    return NULL;
+    return -1;
 }
 
-static int grow(baton__u64map_t *m, size_t cap)
+void *baton_u64map_get(const baton_u64map_t *m, uint64_t key)
+{
+    long i = find(m, key);
+    return i < 0 ? NULL : m->vals[i];
+}
+
+static int grow(baton_u64map_t *m, size_t cap)
 {
     uint64_t *keys = malloc(cap * sizeof(*keys));
     void **vals = calloc(cap, sizeof(*vals));
@@ -72,9 +79,9 @@ static int grow(baton__u64map_t *m, size_t cap)
     return 0;
 }
 
-int baton__u64map_put(baton__u64map_t *m, uint64_t key, void *val)
+int baton_u64map_put(baton_u64map_t *m, uint64_t key, void *val)
 {
-    if (baton__u64map_get(m, key) != NULL)
+    if (baton_u64map_get(m, key) != NULL)
         return BATON_EEXIST;
     if ((m->used + 1) * 4 >= m->cap * 3) {
         size_t cap = m->cap ? m->cap : 16;
@@ -94,24 +101,18 @@ int baton__u64map_put(baton__u64map_t *m, uint64_t key, void *val)
     return 0;
 }
 
-void *baton__u64map_del(baton__u64map_t *m, uint64_t key)
+void *baton_u64map_del(baton_u64map_t *m, uint64_t key)
 {
-    if (m->cap == 0)
+    long i = find(m, key);
+    if (i < 0)
         return NULL;
-    for (size_t i = slot(key, m->cap), n = 0; n < m->cap; i = (i + 1) & (m->cap - 1), n++) {
-        void *v = m->vals[i];
-        if (v == NULL)
-            return NULL;
-        if (v != TOMB && m->keys[i] == key) {
-            m->vals[i] = TOMB;
-            m->count--;
-            return v;
-        }
-    }
-    return NULL;
+    void *v = m->vals[i];
+    m->vals[i] = TOMB;
+    m->count--;
+    return v;
 }
 
-void *baton__u64map_next(const baton__u64map_t *m, size_t *it, uint64_t *key_p)
+void *baton_u64map_next(const baton_u64map_t *m, size_t *it, uint64_t *key_p)
 {
     while (*it < m->cap) {
         size_t i = (*it)++;
