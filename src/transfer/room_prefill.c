@@ -41,34 +41,52 @@ static void room_close(baton_xfer_room_t *room, int status)
     baton__room_unref(room); /* the progress thread's reference */
 }
 
-/* Sends what the room waits for once its last write finished. */
-static void room_progress(baton_xfer_room_t *room)
+/* Once the room's last write finished: appends the frame it waits to send (DONE, ABORT or
+ * ABORT_ACK) to `b` and returns 1 with the status to close it with; 0 while it must wait. The
+ * caller sends `b`, then closes the room. */
+static int room_end_frame(baton_xfer_room_t *room, baton_buf_t *b, int *status_p)
 {
     if (room->inflight > 0 || room->conn == NULL)
-        return;
+        return 0;
     baton__conn_t *c = room->conn;
-    baton_buf_t b = BATON_BUF_INIT;
+    int rc;
     switch (room->state) {
     case BATON__PR_COMPLETING:
-        if (baton__enc_done(&b, room->room_id, room->done.status, room->done.first_token,
-                            room->done.payload, room->done.len) == 0)
-            baton__conn_send(c, &b);
-        baton_buf_free(&b);
-        room_close(room, c->state == BATON__CONN_CLOSING ? c->fail_status : 0);
+        rc = baton__enc_done(b, room->room_id, room->done.status, room->done.first_token,
+                             room->done.payload, room->done.len);
+        *status_p = c->state == BATON__CONN_CLOSING ? c->fail_status : 0;
         break;
     case BATON__PR_ABORT_LOCAL:
-        send_frame_abort(c, room->room_id, room->abort_reason);
-        room_close(room, BATON_EABORTED);
+        rc = baton__enc_abort(b, room->room_id, room->abort_reason);
+        *status_p = BATON_EABORTED;
         break;
     case BATON__PR_ABORT_PEER:
-        if (baton__enc_abort_ack(&b, room->room_id) == 0)
-            baton__conn_send(c, &b);
-        baton_buf_free(&b);
-        room_close(room, BATON_EABORTED);
+        rc = baton__enc_abort_ack(b, room->room_id);
+        *status_p = BATON_EABORTED;
         break;
     default:
-        break;
+        return 0;
     }
+    if (rc != 0) {
+        /* Without its frame the decode side could only time out: lose the connection instead,
+         * which fails the room there at once (and fences its pages). */
+        baton__conn_fail(c, BATON_ENOMEM, "cannot encode a room's last frame");
+        if (*status_p == 0)
+            *status_p = BATON_ENOMEM;
+    }
+    return 1;
+}
+
+/* Sends what the room waits for once its last write finished, and closes it. */
+static void room_progress(baton_xfer_room_t *room)
+{
+    baton_buf_t b = BATON_BUF_INIT;
+    int status;
+    if (room_end_frame(room, &b, &status)) {
+        baton__conn_send(room->conn, &b);
+        room_close(room, status);
+    }
+    baton_buf_free(&b);
 }
 
 int baton__proom_on_offer(baton__conn_t *c, const baton__offer_t *o)
@@ -164,45 +182,53 @@ static void write_done(baton__wreq_t *wr, int status)
     baton__ev_post(wr->room->eng, &wr->ev);
 }
 
-/* Every write of the layer(s) of wr is acknowledged: tell a decode peer that can hear it. The
- * control connection is one ordered stream, so this precedes the room's DONE, which waits for
- * the same acknowledgements and more. */
-static void send_layer_done(baton_xfer_room_t *room, const baton__wreq_t *wr)
+/* Every write of the layer(s) of wr is acknowledged: appends LAYER_DONE for them to `b` when
+ * the decode peer can hear it. The control connection is one ordered stream, so this precedes
+ * the room's DONE, which waits for the same acknowledgements and more. 0, or BATON_ENOMEM. */
+static int enc_layer_done(const baton_xfer_room_t *room, const baton__wreq_t *wr, baton_buf_t *b)
 {
-    baton__conn_t *c = room->conn;
+    const baton__conn_t *c = room->conn;
     if (c == NULL || c->state != BATON__CONN_UP || c->remote_proto < BATON__PROTO_LAYER_DONE)
-        return;
+        return 0;
     if (room->state != BATON__PR_OPEN && room->state != BATON__PR_COMPLETING)
-        return; /* aborting: the decode side drops the room anyway */
+        return 0; /* aborting: the decode side drops the room anyway */
     uint32_t first = wr->layer, end = wr->layer + 1;
     if (wr->layer == UINT32_MAX) { /* baton_xfer_write_room */
         first = 0;
         end = room->n_layers;
     }
-    baton_buf_t b = BATON_BUF_INIT;
     int rc = 0;
     for (uint32_t l = first; rc == 0 && l < end; l++)
-        rc = baton__enc_layer_done(&b, room->room_id, l);
-    if (rc == 0)
-        baton__conn_send(c, &b);
-    else
-        baton__conn_fail(c, BATON_ENOMEM, "cannot encode LAYER_DONE");
-    baton_buf_free(&b);
+        rc = baton__enc_layer_done(b, room->room_id, l);
+    return rc;
 }
 
 static void on_tp_write(baton__tp_write_t *w, int status)
 {
     baton__wreq_t *wr = w->data;
     baton_xfer_room_t *room = wr->room;
+    baton_buf_t b = BATON_BUF_INIT;
+    int end_status = 0;
     room->inflight--;
     if (status == 0) {
         atomic_fetch_add(&room->eng->st_bytes_written, wr->bytes);
-        send_layer_done(room, wr);
+        if (enc_layer_done(room, wr, &b) != 0) {
+            baton_buf_reset(&b);
+            baton__conn_fail(room->conn, BATON_ENOMEM, "cannot encode LAYER_DONE");
+        }
     }
+    /* The last write of a completed room: its LAYER_DONE and the DONE leave in one send (one
+     * segment, one read on the decode side), and before the caller thread is woken. */
+    int ended = room_end_frame(room, &b, &end_status);
+    if (room->conn != NULL)
+        baton__conn_send(room->conn, &b);
+    baton_buf_free(&b);
     /* After write_done the caller thread may free wr and drop the write's room reference at
-     * any moment; room itself stays valid: this thread's own reference lasts until room_close. */
+     * any moment; room itself stays valid: this thread's own reference lasts until room_close.
+     * The write's event goes before the room's closing event, as the header promises. */
     write_done(wr, status);
-    room_progress(room);
+    if (ended)
+        room_close(room, end_status);
 }
 
 static int state_error(const baton_xfer_room_t *room)
