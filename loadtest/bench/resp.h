@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 #include "common/buf.h"
-#include "router/sse.h"
+#include "http/sse.h"
 #include "stats.h"
 
 typedef enum {

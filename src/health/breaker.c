@@ -25,6 +25,19 @@ static uint64_t word_epoch(uint64_t w)
     return w >> STATE_BITS;
 }
 
+const char *baton_breaker_state_name(baton_breaker_state_t s)
+{
+    switch (s) {
+    case BATON_BREAKER_CLOSED:
+        return "closed";
+    case BATON_BREAKER_OPEN:
+        return "open";
+    case BATON_BREAKER_HALF_OPEN:
+        return "half_open";
+    }
+    return "unknown";
+}
+
 const char *baton_breaker_outcome_name(baton_breaker_outcome_t o)
 {
     switch (o) {

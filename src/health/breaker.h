@@ -7,7 +7,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "router/registry.h" /* baton_breaker_state_t: CLOSED / OPEN / HALF_OPEN */
+#include "health/breaker_state.h"
 
 /*
  * States and transitions (every transition increments the breaker's epoch, see tickets):

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "baton/error.h"
-#include "router/sse.h"
+#include "http/sse.h"
 
 static const char *const api_paths[BATON_API__COUNT] = {
     [BATON_API_CHAT] = "/v1/chat/completions",

@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include "health/worker_health.h"
+#include "router/worker_health.h"
 #include "router/policy.h"
 #include "router/registry.h"
 

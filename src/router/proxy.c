@@ -17,7 +17,7 @@
 #include "common/log.h"
 #include "router/pick.h"
 #include "router/retry.h"
-#include "router/sse.h"
+#include "http/sse.h"
 
 #define POOL_MAX_IDLE 64 /* idle keep-alive connections kept per (loop, worker) */
 /* Client write queue above which decode is paused until the client drains it. */

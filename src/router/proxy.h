@@ -9,7 +9,7 @@
 #include <stdatomic.h>
 
 #include "common/metrics.h"
-#include "health/worker_health.h"
+#include "router/worker_health.h"
 #include "http/client.h"
 #include "http/server.h"
 #include "router/admission.h"

@@ -51,19 +51,6 @@ const char *baton_worker_health_name(baton_worker_health_t h)
     return h == BATON_HEALTH_HEALTHY ? "healthy" : "unhealthy";
 }
 
-const char *baton_breaker_state_name(baton_breaker_state_t s)
-{
-    switch (s) {
-    case BATON_BREAKER_CLOSED:
-        return "closed";
-    case BATON_BREAKER_OPEN:
-        return "open";
-    case BATON_BREAKER_HALF_OPEN:
-        return "half_open";
-    }
-    return "unknown";
-}
-
 void baton_worker_spec_init(baton_worker_spec_t *spec)
 {
     memset(spec, 0, sizeof(*spec));

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "health/breaker_state.h" /* baton_breaker_state_t: CLOSED / OPEN / HALF_OPEN */
 #include "http/common.h"
 
 /*
@@ -47,15 +48,6 @@ typedef enum {
     BATON_HEALTH_UNHEALTHY = 1,
 } baton_worker_health_t;
 const char *baton_worker_health_name(baton_worker_health_t h); /* "healthy", "unhealthy" */
-
-/* Circuit-breaker state (issue 4). A new worker starts CLOSED. OPEN workers are never picked;
- * HALF_OPEN workers are eligible (the breaker module limits the probes). */
-typedef enum {
-    BATON_BREAKER_CLOSED = 0,
-    BATON_BREAKER_OPEN = 1,
-    BATON_BREAKER_HALF_OPEN = 2,
-} baton_breaker_state_t;
-const char *baton_breaker_state_name(baton_breaker_state_t s); /* "closed", "open", "half_open" */
 
 #define BATON_WORKER_ID_MAX 16 /* "w-" + 8 hex digits + NUL fits with room to spare */
 

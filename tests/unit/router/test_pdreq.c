@@ -14,7 +14,7 @@
 #include "baton/error.h"
 #include "router/pdreq.h"
 #include "router/policy.h"
-#include "router/sse.h"
+#include "http/sse.h"
 
 /* ---- helpers ---- */
 

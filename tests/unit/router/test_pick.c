@@ -10,7 +10,7 @@
 #include <stdio.h>
 
 #include "baton/error.h"
-#include "health/worker_health.h"
+#include "router/worker_health.h"
 #include "router/pick.h"
 
 static baton_registry_t *reg;

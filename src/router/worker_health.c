@@ -1,6 +1,6 @@
 /* worker_health.c — per-worker health table: breakers, check counters, admission, the status
  * change function, metrics, and sync with the registry. */
-#include "health/worker_health.h"
+#include "router/worker_health.h"
 
 #include "baton/error.h"
 #include "common/clock.h"

@@ -1,5 +1,5 @@
 /* sse.c — SSE event splitting (whole bodies and incremental) and the router's error event. */
-#include "router/sse.h"
+#include "http/sse.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "baton/error.h"
-#include "router/sse.h"
+#include "http/sse.h"
 
 /* Events seen, each as "<payload>|". */
 static int collect_cb(const char *payload, size_t len, void *arg)

@@ -1,7 +1,7 @@
-/* sse.h — Server-Sent Events framing for the router: splitting an upstream stream into events,
- * and the error event the router sends when a stream fails after it began. */
-#ifndef BATON_ROUTER_SSE_H
-#define BATON_ROUTER_SSE_H
+/* http/sse.h — Server-Sent Events framing shared by the router, baton-bench and the tests:
+ * splitting a stream into events, and the error event sent when a stream fails after it began. */
+#ifndef BATON_HTTP_SSE_H
+#define BATON_HTTP_SSE_H
 
 #include <stddef.h>
 

@@ -19,8 +19,8 @@
 #include <uv.h>
 
 #include "baton/error.h"
-#include "health/worker_check.h"
-#include "health/worker_health.h"
+#include "router/worker_check.h"
+#include "router/worker_health.h"
 #include "http/server.h"
 #include "router/registry.h"
 

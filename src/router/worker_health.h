@@ -1,11 +1,11 @@
-/* health/worker_health.h — worker (HTTP) health for the router: per-worker breaker and check
+/* router/worker_health.h — worker (HTTP) health for the router: per-worker breaker and check
  * state, the admission call the request path makes, the one status-changing function, metrics. */
-#ifndef BATON_HEALTH_WORKER_HEALTH_H
-#define BATON_HEALTH_WORKER_HEALTH_H
+#ifndef BATON_ROUTER_WORKER_HEALTH_H
+#define BATON_ROUTER_WORKER_HEALTH_H
 
 #include "common/metrics.h"
 #include "health/breaker.h"
-#include "health/worker_health_types.h"
+#include "router/worker_health_types.h"
 #include "router/policy.h"
 #include "router/registry.h"
 

@@ -12,7 +12,7 @@
 #include "baton/error.h"
 #include "common/buf.h"
 #include "common/metrics.h"
-#include "health/worker_health.h"
+#include "router/worker_health.h"
 #include "router/policy.h"
 #include "router/registry.h"
 

@@ -1,7 +1,7 @@
-/* health/worker_health_types.h — types of worker (HTTP) health: the active-check state machine,
+/* router/worker_health_types.h — types of worker (HTTP) health: the active-check state machine,
  * its configuration and defaults, and what /workers can show. Types only (HAProxy check-t.h). */
-#ifndef BATON_HEALTH_WORKER_HEALTH_TYPES_H
-#define BATON_HEALTH_WORKER_HEALTH_TYPES_H
+#ifndef BATON_ROUTER_WORKER_HEALTH_TYPES_H
+#define BATON_ROUTER_WORKER_HEALTH_TYPES_H
 
 #include <stdint.h>
 

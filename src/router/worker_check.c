@@ -1,6 +1,6 @@
 /* worker_check.c — active health checks: one timer and one check connection per worker, on one
  * loop; targets follow the registry. */
-#include "health/worker_check.h"
+#include "router/worker_check.h"
 
 #include "baton/error.h"
 #include "common/log.h"

@@ -1,12 +1,12 @@
-/* health/worker_check.h — active HTTP health checks of every registered worker, on one libuv loop.
+/* router/worker_check.h — active HTTP health checks of every registered worker, on one libuv loop.
  */
-#ifndef BATON_HEALTH_WORKER_CHECK_H
-#define BATON_HEALTH_WORKER_CHECK_H
+#ifndef BATON_ROUTER_WORKER_CHECK_H
+#define BATON_ROUTER_WORKER_CHECK_H
 
 #include <stdint.h>
 #include <uv.h>
 
-#include "health/worker_health.h"
+#include "router/worker_health.h"
 
 /*
  * A checker runs on one loop (the router's first loop or a dedicated thread's loop: it does not
