@@ -2,6 +2,7 @@
 #include "common/metrics.h"
 
 #include "baton/error.h"
+#include "common/hash.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -129,14 +130,10 @@ static char **dup_strv(const char *const *v, size_t n)
 
 static uint64_t hash_values(const char *const *values, size_t n)
 {
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    uint64_t h = BATON_FNV1A64_INIT;
     for (size_t i = 0; i < n; i++) {
-        for (const unsigned char *p = (const unsigned char *)values[i]; *p; p++) {
-            h ^= *p;
-            h *= 1099511628211ULL;
-        }
-        h ^= 0xff; /* separator: ("a","bc") and ("ab","c") differ */
-        h *= 1099511628211ULL;
+        h = baton_fnv1a64_add_str(h, values[i]);
+        h = baton_fnv1a64_step(h, 0xff); /* separator: ("a","bc") and ("ab","c") differ */
     }
     return h;
 }

@@ -4,16 +4,14 @@
 #include <stdlib.h>
 
 #include "baton/error.h"
+#include "common/hash.h"
 
 static char tomb_;
 #define TOMB ((void *)&tomb_)
 
 static size_t slot(uint64_t k, size_t cap)
 {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    return (size_t)k & (cap - 1);
+    return (size_t)baton_hash_u64(k) & (cap - 1);
 }
 
 void baton_u64map_init(baton_u64map_t *m)

@@ -2,6 +2,7 @@
 #include "router/registry.h"
 
 #include "baton/error.h"
+#include "common/hash.h"
 #include "common/log.h"
 
 #include <ctype.h>
@@ -238,15 +239,9 @@ static char *dup_or_null(const char *s, int *oom)
  * replicas. `salt` resolves the (unlikely) collision between two different URLs. */
 static void make_id(const char *norm_url, unsigned salt, char id[BATON_WORKER_ID_MAX])
 {
-    uint32_t h = 2166136261u;
-    for (const unsigned char *p = (const unsigned char *)norm_url; *p; p++) {
-        h ^= *p;
-        h *= 16777619u;
-    }
-    for (unsigned i = 0; i < salt; i++) {
-        h ^= 0x5bd1e995u + i;
-        h *= 16777619u;
-    }
+    uint32_t h = baton_fnv1a32_add_str(BATON_FNV1A32_INIT, norm_url);
+    for (unsigned i = 0; i < salt; i++)
+        h = baton_fnv1a32_step(h, 0x5bd1e995u + i);
     /* Final avalanche (murmur3's fmix32) so similar URLs get visibly different ids. */
     h ^= h >> 16;
     h *= 0x85ebca6bu;

@@ -4,6 +4,7 @@
 
 #include "baton/error.h"
 #include "common/clock.h"
+#include "common/hash.h"
 #include "common/log.h"
 #include "common/rand.h"
 
@@ -149,11 +150,7 @@ baton_registry_t *baton_whealth_registry(const baton_whealth_t *wh)
 
 static size_t hash_ptr(const void *p, size_t nbuckets)
 {
-    uint64_t x = (uint64_t)(uintptr_t)p;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    return (size_t)(x & (nbuckets - 1));
+    return (size_t)(baton_hash_u64((uint64_t)(uintptr_t)p) & (nbuckets - 1));
 }
 
 /* Read or write lock held. */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "baton/error.h"
+#include "common/hash.h"
 #include "common/rand.h"
 
 /* 64 plain ASCII words; none contains whitespace. Order matters: token id = index. */
@@ -22,13 +23,7 @@ const char *const wk_sim_vocab[WK_SIM_VOCAB_SIZE] = {
 
 uint64_t wk_sim_fnv1a(const void *data, size_t len)
 {
-    const unsigned char *p = data;
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ULL;
-    }
-    return h;
+    return baton_fnv1a64(data, len);
 }
 
 uint64_t wk_sim_mix(uint64_t seed, uint64_t k)
@@ -44,18 +39,13 @@ uint64_t wk_sim_seed_text(const char *s, size_t len)
 uint64_t wk_sim_seed_ids(const int64_t *ids, size_t n)
 {
     /* FNV-1a over "id id id" without materialising the string. */
-    uint64_t h = 0xcbf29ce484222325ULL;
+    uint64_t h = BATON_FNV1A64_INIT;
     char num[32];
     for (size_t i = 0; i < n; i++) {
-        if (i > 0) {
-            h ^= (unsigned char)' ';
-            h *= 0x100000001b3ULL;
-        }
+        if (i > 0)
+            h = baton_fnv1a64_step(h, ' ');
         int m = snprintf(num, sizeof(num), "%lld", (long long)ids[i]);
-        for (int j = 0; j < m; j++) {
-            h ^= (unsigned char)num[j];
-            h *= 0x100000001b3ULL;
-        }
+        h = baton_fnv1a64_add(h, num, (size_t)m);
     }
     return h;
 }

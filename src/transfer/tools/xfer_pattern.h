@@ -8,16 +8,14 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "common/rand.h"
+
 #define XFER_POISON 0xEE
 
+/* The pattern's mixer is common/rand.h's (splitmix64's output function): one generator. */
 static inline uint64_t xfer_mix(uint64_t x)
 {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
+    return baton_mix64(x);
 }
 
 /* Fills buf with the pattern of `seed`. */
@@ -26,7 +24,7 @@ static inline void xfer_fill_source(uint8_t *buf, size_t len, uint64_t seed)
     uint64_t s = xfer_mix(seed | 1);
     size_t i = 0;
     for (; i + 8 <= len; i += 8) {
-        s = xfer_mix(s + 0x9E3779B97F4A7C15ull);
+        s = xfer_mix(s + BATON_GOLDEN_GAMMA);
         memcpy(buf + i, &s, 8);
     }
     for (; i < len; i++)

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "baton/error.h"
+#include "common/rand.h"
 #include "health/breaker.h"
 
 /* ---- a recorder for on_change ---- */
@@ -411,9 +412,7 @@ static void *hammer(void *arg)
     thr_t *a = arg;
     uint64_t x = (uint64_t)a->seed * 2654435761u + 1;
     for (int i = 0; i < 20000; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        uint64_t r = baton_xorshift64s(&x);
         uint64_t now = atomic_fetch_add(a->clock, 1);
         baton_breaker_ticket_t t = baton_breaker_allow(a->b, now);
         if (t == 0)
@@ -425,8 +424,8 @@ static void *hammer(void *arg)
                 atomic_fetch_add(a->violations, 1);
             atomic_fetch_sub(a->probes_out, 1); /* before record: the slot is ours until then */
         }
-        baton_breaker_outcome_t o = (x % 3 == 0)   ? BATON_OUTCOME_FAILURE
-                                    : (x % 3 == 1) ? BATON_OUTCOME_SUCCESS
+        baton_breaker_outcome_t o = (r % 3 == 0)   ? BATON_OUTCOME_FAILURE
+                                    : (r % 3 == 1) ? BATON_OUTCOME_SUCCESS
                                                    : BATON_OUTCOME_NEUTRAL;
         baton_breaker_record(a->b, now, t, o);
     }
@@ -441,8 +440,8 @@ static void test_threads_single_probe(void **state)
     cfg.cooldown_max_ms = 50;
     /* The clock is a shared counter, one tick per allow() of any thread: a thread descheduled
      * while it holds the probe sees the others tick past any probe timeout, and the breaker then
-     * rightly gives that probe up and admits a new one (test_silent_probe_given_up covers that). Here
-     * probes are never given up, so two out at once is always a violation. */
+     * rightly gives that probe up and admits a new one (test_silent_probe_given_up covers that).
+     * Here probes are never given up, so two out at once is always a violation. */
     cfg.probe_timeout_ms = 0;
     baton_breaker_t b = {0};
     assert_int_equal(baton_breaker_init(&b, &cfg, NULL, NULL, 7), 0);
