@@ -3,8 +3,8 @@
 
 #include "baton/error.h"
 #include "common/rand.h"
+#include "health/backoff.h"
 
-#include <math.h>
 #include <string.h>
 
 #define STATE_BITS 2u
@@ -82,10 +82,7 @@ void baton_breaker_config_init(baton_breaker_config_t *cfg)
 
 uint64_t baton_breaker_cooldown_cap(const baton_breaker_config_t *cfg, unsigned k)
 {
-    uint64_t c = cfg->cooldown_base_ms;
-    for (unsigned i = 1; i < k && c < cfg->cooldown_max_ms; i++)
-        c = c > UINT64_MAX / 2 ? UINT64_MAX : c * 2;
-    return c < cfg->cooldown_max_ms ? c : cfg->cooldown_max_ms;
+    return baton_backoff_cap(cfg->cooldown_base_ms, cfg->cooldown_max_ms, k > 0 ? k - 1 : 0);
 }
 
 int baton_breaker_init(baton_breaker_t *b, const baton_breaker_config_t *cfg,
@@ -146,9 +143,9 @@ static void go_open(baton_breaker_t *b, uint64_t now, const char *reason)
         b->opens_++;
     uint64_t c = baton_breaker_cooldown_cap(&b->cfg_, b->opens_);
     if (b->cfg_.jitter > 0) {
-        double u = baton_unit_double(baton_xorshift64s(&b->rng_));
-        uint64_t off = (uint64_t)floor((double)c * b->cfg_.jitter * u);
-        c = off < c ? c - off : 1;
+        c = baton_backoff_jitter(c, b->cfg_.jitter, baton_xorshift64s(&b->rng_));
+        if (c == 0) /* jitter 1 may draw 0: an OPEN breaker stays open for at least 1 ms */
+            c = 1;
     }
     b->cooldown_ = c;
     b->open_until_ = now + c;

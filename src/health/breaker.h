@@ -33,11 +33,12 @@
  * (dead process: every request fails). A worker that fails only some requests is left to the
  * active health check and to the request-level retries.
  *
- * Cool-down for the k-th consecutive opening (k = 1 after a CLOSED period):
+ * Cool-down for the k-th consecutive opening (k = 1 after a CLOSED period), with the one
+ * back-off of health/backoff.h:
  *   c_k = min(cooldown_base_ms * 2^(k-1), cooldown_max_ms), then drawn uniformly from
- *   [c_k * (1 - jitter), c_k], so the cap is never exceeded and breakers opened together (one
- *   crash seen by every worker's clients) do not probe together. k resets when the breaker
- *   closes.
+ *   [c_k - ceil(c_k * jitter), c_k] (at least 1 ms), so the cap is never exceeded and breakers
+ * opened together (one crash seen by every worker's clients) do not probe together. k resets when
+ * the breaker closes.
  *
  * Defaults (baton_breaker_config_init): failure_threshold 5, cooldown_base_ms 1000,
  * cooldown_max_ms 30000, jitter 0.2, probe_timeout_ms 60000.

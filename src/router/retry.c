@@ -2,6 +2,7 @@
 #include "router/retry.h"
 
 #include "baton/error.h"
+#include "health/backoff.h"
 
 const char *baton_retry_reason_name(baton_retry_reason_t r)
 {
@@ -57,16 +58,10 @@ baton_retry_reason_t baton_retry_classify(int err, int status)
 
 uint64_t baton_retry_backoff_ms(const baton_retry_policy_t *p, unsigned retry, uint64_t rnd)
 {
-    uint64_t b = p->backoff_ms;
     if (retry < 1)
         retry = 1;
-    for (unsigned i = 1; i < retry && b < p->backoff_max_ms; i++)
-        b = b > UINT64_MAX / 2 ? UINT64_MAX : b * 2;
-    if (b > p->backoff_max_ms)
-        b = p->backoff_max_ms;
-    uint64_t lo = b / 2;
-    uint64_t span = b - lo; /* the draw is in [lo, b] */
-    return lo + (span == UINT64_MAX ? rnd : rnd % (span + 1));
+    uint64_t b = baton_backoff_cap(p->backoff_ms, p->backoff_max_ms, retry - 1);
+    return baton_backoff_jitter(b, BATON_BACKOFF_EQUAL_JITTER, rnd);
 }
 
 baton_retry_plan_t baton_retry_plan(const baton_retry_policy_t *p, unsigned retries_done,

@@ -50,7 +50,8 @@ typedef struct baton_retry_policy_s {
  * The back-off before retry number `retry` (1 = the first retry): b = min(backoff_ms *
  * 2^(retry-1), backoff_max_ms), then drawn uniformly from [b/2, b] with the random bits `rnd`
  * ("equal jitter": never more than the cap, never so little that a crash storm hammers the
- * survivors, and two requests that failed together do not come back together).
+ * survivors, and two requests that failed together do not come back together). The arithmetic is
+ * health/backoff.h's, shared with reconnects and breaker cool-downs.
  */
 uint64_t baton_retry_backoff_ms(const baton_retry_policy_t *p, unsigned retry, uint64_t rnd);
 

@@ -61,6 +61,45 @@ static void test_backoff_clamps_bad_config(void **state)
     }
 }
 
+/* The shared arithmetic behind reconnects, retries and breaker cool-downs. */
+static void test_backoff_cap_and_jitter(void **state)
+{
+    /* cap: base * 2^n, capped, saturating; base 0 stays 0 even for huge n */
+    assert_int_equal(baton_backoff_cap(100, 1000, 0), 100);
+    assert_int_equal(baton_backoff_cap(100, 1000, 3), 800);
+    assert_int_equal(baton_backoff_cap(100, 1000, 4), 1000);
+    assert_int_equal(baton_backoff_cap(100, 1000, 4000000000u), 1000);
+    assert_int_equal(baton_backoff_cap(0, 1000, 4000000000u), 0);
+    assert_int_equal(baton_backoff_cap(2000, 1000, 0), 1000);
+    assert_true(baton_backoff_cap(UINT64_MAX / 4, UINT64_MAX, 9) == UINT64_MAX);
+
+    /* jitter 0: the cap itself, whatever the random bits */
+    assert_int_equal(baton_backoff_jitter(700, 0, 12345), 700);
+    /* equal jitter on an odd cap: [floor(75/2), 75], both ends reached */
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (uint64_t r = 0; r < 1000; r++) {
+        uint64_t d = baton_backoff_jitter(75, BATON_BACKOFF_EQUAL_JITTER, r);
+        assert_true(d >= 37 && d <= 75);
+        lo = d < lo ? d : lo;
+        hi = d > hi ? d : hi;
+    }
+    assert_int_equal(lo, 37);
+    assert_int_equal(hi, 75);
+    /* a fraction: 0.2 of 1000 -> [800, 1000]; 1 -> [0, cap] */
+    lo = UINT64_MAX;
+    for (uint64_t r = 0; r < 1000; r++) {
+        uint64_t d = baton_backoff_jitter(1000, 0.2, r);
+        assert_true(d >= 800 && d <= 1000);
+        lo = d < lo ? d : lo;
+    }
+    assert_int_equal(lo, 800);
+    assert_int_equal(baton_backoff_jitter(10, 1.0, 0), 0);
+    assert_int_equal(baton_backoff_jitter(10, 7.0, 10), 10); /* clamped to 1 */
+    /* huge caps neither overflow nor leave the range */
+    assert_true(baton_backoff_jitter(UINT64_MAX, BATON_BACKOFF_EQUAL_JITTER, 99) >= UINT64_MAX / 2);
+    assert_true(baton_backoff_jitter(UINT64_MAX, 1.0, UINT64_MAX) == UINT64_MAX);
+}
+
 static void test_heartbeat(void **state)
 {
     baton_heartbeat_t hb;
@@ -159,6 +198,7 @@ int main(void)
         cmocka_unit_test(test_backoff_grows_caps_and_jitters),
         cmocka_unit_test(test_backoff_jitter_spreads),
         cmocka_unit_test(test_backoff_clamps_bad_config),
+        cmocka_unit_test(test_backoff_cap_and_jitter),
         cmocka_unit_test(test_heartbeat),
         cmocka_unit_test(test_peer_connect_up_down_reconnect),
         cmocka_unit_test(test_peer_idles_without_demand_and_wakes_on_demand),
