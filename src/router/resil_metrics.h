@@ -8,7 +8,7 @@
 
 /*
  * Families (registered in the router's metrics registry next to router_metrics.h's; worker
- * health and breaker families come from health/worker_health.h):
+ * health and breaker families come from router/worker_health.h):
  *   baton_retries_total{role,reason}            counter  attempts retried with a new pair, by
  *       the role of the side that failed and why (connect|closed|timeout|status|drained)
  *   baton_retries_exhausted_total{reason}       counter  retryable failures answered to the
