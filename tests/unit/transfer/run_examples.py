@@ -39,6 +39,8 @@ def handoff(prefill_cmd, decode_cmd, env):
         port = line.strip().split("=", 1)[1]
         dec = subprocess.run(decode_cmd + [port], capture_output=True, text=True, env=env,
                              timeout=TIMEOUT_S)
+        if dec.returncode != 0:
+            pre.kill()  # it would wait for a room that never comes
         out, err = pre.communicate(timeout=TIMEOUT_S)
     finally:
         if pre.poll() is None:
