@@ -736,6 +736,7 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
     baton_list_init(&eng->peers);
     baton_list_init(&eng->conns);
     baton_list_init(&eng->lmems);
+    baton_list_init(&eng->cuda_waits);
     if (eng->cfg.log_cb != NULL || eng->cfg.log_level >= 0) {
         eng->log.fn = eng->cfg.log_cb != NULL ? log_to_host : NULL;
         eng->log.data = eng;

@@ -368,6 +368,10 @@ struct baton_xfer_engine_s {
     int closed_posted;
     int retiring; /* transport peers being fenced outside any connection */
     uint32_t tick_ms;
+    /* Scratch for the HELLO being built (one per transport): per engine, so that two engines
+     * never share it, and off the stack (12 KiB). */
+    uint8_t hs_blobs[BATON__MAX_TP][BATON__TP_BLOB_MAX];
+    baton_list_t cuda_waits; /* CUDA builds: writes waiting for their event, in arrival order */
 
     /* statistics (any thread, relaxed) */
     atomic_uint_fast64_t st_bytes_written, st_bytes_received, st_rooms_done, st_rooms_failed,
