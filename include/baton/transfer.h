@@ -295,8 +295,9 @@ BATON_API int baton_xfer_engine_fd(const baton_xfer_engine_t *engine);
 /*
  * Own-progress mode: runs the callbacks of every pending completion on the calling thread and
  * returns how many ran (0 after a spurious wake-up), or BATON_XFER_EINVAL in loop mode. Any
- * thread; concurrent calls are serialized. The engine's close callback, after
- * baton_xfer_engine_destroy, also runs inside this call: the engine and its fd are gone when
+ * thread; concurrent calls are serialized. Never call it from a callback (the events it would
+ * run could then overtake older ones still queued in the outer call). The engine's close callback,
+ * after baton_xfer_engine_destroy, also runs inside this call: the engine and its fd are gone when
  * it returns, so stop polling from the close callback on.
  */
 BATON_API int baton_xfer_engine_dispatch(baton_xfer_engine_t *engine);
