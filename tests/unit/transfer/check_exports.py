@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""check_exports.py LIB HEADER... — libbaton.so exports exactly the functions its public headers
-declare with BATON_API: anything else exported (an internal that lost its hidden visibility, a
-bundled common/ helper) or anything declared but missing fails the test."""
+"""check_exports.py LIB.so LIB.a HEADER... — libbaton.so exports exactly the functions its public
+headers declare with BATON_API, and libbaton.a defines exactly those as global symbols: anything
+else (an internal that lost its hidden visibility, a bundled common/ helper) or anything declared
+but missing fails the test."""
 import re
 import subprocess
 import sys
@@ -20,9 +21,8 @@ def declared(headers):
     return names
 
 
-def exported(lib):
-    out = subprocess.run(["nm", "-D", "--defined-only", lib], check=True, capture_output=True,
-                         text=True).stdout
+def exported(nm_args):
+    out = subprocess.run(["nm"] + nm_args, check=True, capture_output=True, text=True).stdout
     names = set()
     for line in out.splitlines():
         parts = line.split()
@@ -31,23 +31,28 @@ def exported(lib):
     return names
 
 
-def main():
-    if len(sys.argv) < 3:
-        print(__doc__)
-        return 2
-    want = declared(sys.argv[2:])
-    have = exported(sys.argv[1])
-    if not want:
-        print("FAIL: no BATON_API declaration found in", sys.argv[2:])
-        return 1
+def compare(what, have, want):
     extra = sorted(have - want)
     missing = sorted(want - have)
     for n in extra:
-        print("FAIL: exported but not public:", n)
+        print(f"FAIL: {what}: global but not public:", n)
     for n in missing:
-        print("FAIL: declared public but not exported:", n)
-    print(f"{len(have)} exported, {len(want)} declared public")
-    return 1 if extra or missing else 0
+        print(f"FAIL: {what}: declared public but not defined:", n)
+    print(f"{what}: {len(have)} global, {len(want)} declared public")
+    return not extra and not missing
+
+
+def main():
+    if len(sys.argv) < 4:
+        print(__doc__)
+        return 2
+    want = declared(sys.argv[3:])
+    if not want:
+        print("FAIL: no BATON_API declaration found in", sys.argv[3:])
+        return 1
+    ok = compare("libbaton.so", exported(["-D", "--defined-only", sys.argv[1]]), want)
+    ok = compare("libbaton.a", exported(["-g", "--defined-only", sys.argv[2]]), want) and ok
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 c: installs the build into a temporary prefix under BUILD_DIR (cmake --install), compiles
    examples/c/kv_handoff.c with `pkg-config --cflags --libs baton` from that prefix only, and runs a
    hand-off between two example processes on 127.0.0.1 over tcp and over shm; the decode process
-   checks every byte (exit 0 only when all match) and the prefill one that DONE went out.
+   checks every byte (exit 0 only when all match) and the prefill one that DONE went out. Then
+   the same example linked with the installed libbaton.a, over tcp.
 python: runs examples/python/kv_handoff.py the same way (two Python processes, ctypes binding on
    the freshly built libbaton.so), over tcp and shm.
 """
@@ -82,6 +83,16 @@ def example_c(build, src):
             raise SystemExit("FAIL: the example does not link libbaton.so.0")
         for tp in ("tcp", "shm"):
             handoff([exe, "prefill", tp], [exe, "decode", tp], env)
+        # The static library: everything of Baton inside the executable, its dependencies shared.
+        cflags = run(["pkg-config", "--cflags", "baton"], env=env).stdout.split()
+        deps = run(["pkg-config", "--libs", "libuv", "libibverbs"]).stdout.split()
+        exe_static = exe + "-static"
+        run(["cc", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror", "-o", exe_static,
+             os.path.join(src, "examples", "c", "kv_handoff.c")] + cflags +
+            [os.path.join(libdir, "libbaton.a")] + deps + ["-lpthread", "-ldl"])
+        if "libbaton" in run(["readelf", "-d", exe_static]).stdout:
+            raise SystemExit("FAIL: the static example still needs libbaton.so")
+        handoff([exe_static, "prefill", "tcp"], [exe_static, "decode", "tcp"], env)
     finally:
         shutil.rmtree(prefix, ignore_errors=True)
 
