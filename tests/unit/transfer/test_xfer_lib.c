@@ -35,7 +35,7 @@ typedef struct side_s {
     int closed;
     /* its log callback */
     pthread_mutex_t log_lock;
-    int log_lines, log_below_level, log_own_start, log_foreign_start;
+    int log_lines, log_below_level, log_own_start, log_foreign_start, log_peer_up;
     int log_level;
     pthread_t host; /* own-progress mode: the thread every callback must run on */
     int wrong_thread;
@@ -60,6 +60,8 @@ static void on_log(void *data, baton_xfer_log_level_t level, const char *msg)
         s->log_own_start++;
     if (strstr(msg, other) != NULL)
         s->log_foreign_start++; /* the twin's line reached this engine's callback */
+    if (strncmp(msg, "comp=xfer peer_up ", 18) == 0)
+        s->log_peer_up++; /* logged on the engine's progress thread */
     pthread_mutex_unlock(&s->log_lock);
 }
 
@@ -206,6 +208,7 @@ static void check_logs(side_t *s)
     assert_int_equal(s->log_own_start, 1);     /* its own engine_started came to it ... */
     assert_int_equal(s->log_foreign_start, 0); /* ... and the twin's did not */
     assert_int_equal(s->log_below_level, 0);
+    assert_true(s->log_peer_up >= 1); /* the progress thread's lines come here too */
     pthread_mutex_unlock(&s->log_lock);
 }
 
@@ -231,7 +234,7 @@ static void two_engines_loop_mode(baton_xfer_transport_t tp)
     uv_loop_t loop;
     assert_int_equal(uv_loop_init(&loop), 0);
     side_t a, b;
-    side_init(&a, "lib-a", 1, &b, -1);
+    side_init(&a, "lib-a", 1, &b, BATON_XFER_LOG_INFO);
     side_init(&b, "lib-b", 2, &a, BATON_XFER_LOG_DEBUG);
     side_create(&a, &loop, tp);
     side_create(&b, &loop, tp);
