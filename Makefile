@@ -4,6 +4,7 @@ BUILD_TYPE ?= RelWithDebInfo
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CTEST_ARGS ?=
 CMAKE_ARGS ?=
+PREFIX ?= /usr/local
 
 ifeq ($(SANITIZE),1)
 BUILD_DIR := build-asan
@@ -11,7 +12,7 @@ CMAKE_ARGS += -DBATON_SANITIZE=ON
 BUILD_TYPE := Debug
 endif
 
-.PHONY: all deps test-deps build test demo clean
+.PHONY: all deps test-deps build test demo install clean
 
 all: build
 
@@ -29,6 +30,10 @@ build: deps $(BUILD_DIR)/CMakeCache.txt
 
 test: test-deps build
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS) $(CTEST_ARGS)
+
+# libbaton for other engines: libbaton.so.MAJOR, libbaton.a, include/baton/*.h, baton.pc.
+install: build
+	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
 
 demo: build
 	@sh scripts/demo.sh $(BUILD_DIR)

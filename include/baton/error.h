@@ -2,6 +2,8 @@
 #ifndef BATON_ERROR_H
 #define BATON_ERROR_H
 
+#include "baton/transfer_error.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -11,35 +13,26 @@ extern "C" {
  * codes passed through unchanged (UV_ECONNREFUSED, UV_ETIMEDOUT, ...); baton_strerror() and
  * baton_err_name() understand both.
  *
+ * The codes libbaton can return are its public table, BATON_XFER_ERRNO_MAP in
+ * baton/transfer_error.h (installed with the library); the codes below are the rest of the
+ * project's (router, worker, health), never returned by libbaton. This header is internal
+ * (not installed): it joins both tables into one enum with the same values, so the tree names
+ * every code BATON_E<name> whichever table it comes from.
+ *
  * XX(name, value, message)
  */
-#define BATON_ERRNO_MAP(XX)                                                                        \
-    XX(EINVAL, -20001, "invalid argument")                                                         \
-    XX(ENOMEM, -20002, "out of memory")                                                            \
-    XX(ECANCELED, -20003, "operation canceled")                                                    \
+#define BATON_APP_ERRNO_MAP(XX)                                                                    \
     XX(ECLOSED, -20004, "connection closed")                                                       \
-    XX(EPROTO, -20005, "protocol error")                                                           \
-    XX(ETOOBIG, -20006, "message too large")                                                       \
-    XX(ENOTFOUND, -20007, "not found")                                                             \
-    XX(EEXIST, -20008, "already exists")                                                           \
-    XX(ENOTSUP, -20009, "operation not supported")                                                 \
-    XX(EBUSY, -20010, "resource busy")                                                             \
-    XX(ECONNECT, -20011, "connect to upstream failed")                                             \
-    XX(ETIMEOUT_CONNECT, -20012, "timed out connecting")                                           \
     XX(ETIMEOUT_FIRST_BYTE, -20013, "timed out waiting for the first byte")                        \
     XX(ETIMEOUT_IDLE, -20014, "timed out: connection idle")                                        \
     XX(ETIMEOUT_TOTAL, -20015, "timed out: total deadline exceeded")                               \
     XX(EUPSTREAM, -20016, "upstream sent a malformed response")                                    \
     XX(EEOF, -20017, "peer closed the connection early")                                           \
-    XX(ENODEV, -20018, "no usable device")                                                         \
-    XX(EPEERDOWN, -20019, "peer is down")                                                          \
-    XX(EABORTED, -20020, "room aborted")                                                           \
-    XX(ESTALE, -20021, "stale peer incarnation or generation")                                     \
-    XX(ERKEY, -20022, "remote key or bounds check failed")                                         \
     XX(EKVCORRUPT, -20023, "KV cache page verification failed")                                    \
-    XX(ETIMEOUT, -20024, "timed out")                                                              \
-    XX(ENOWORKER, -20025, "no worker available")                                                   \
-    XX(ESHUTDOWN, -20026, "shutting down")
+    XX(ENOWORKER, -20025, "no worker available")
+
+/* Every code of the project: libbaton's table, then the rest. */
+#define BATON_ERRNO_MAP(XX) BATON_XFER_ERRNO_MAP(XX) BATON_APP_ERRNO_MAP(XX)
 
 typedef enum {
     BATON_OK = 0,

@@ -7,7 +7,9 @@
 
 #include <uv.h>
 
-#include "baton/error.h"
+#include "baton/export.h"
+#include "baton/transfer_error.h"
+#include "baton/version.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,13 +31,26 @@ extern "C" {
  *
  * Threads
  * -------
- * An engine belongs to the libuv loop passed to baton_xfer_engine_create (the "caller loop").
- * Every baton_xfer_* function must be called on the caller loop's thread, except where noted.
- * The engine runs its own progress thread (its own loop) for all network and device I/O and
- * hands completions back to the caller loop with a uv_async_t. Every callback below runs on
- * the caller loop's thread, never on the progress thread, and never inside the call that
- * started the work (a call that returns an error fires no callback; a call that returns 0
- * fires its callback exactly once, later).
+ * The engine always runs its own progress thread (its own loop) for all network and device I/O.
+ * Completions reach the host in one of two modes, chosen at baton_xfer_engine_create:
+ *
+ *   Loop mode (loop != NULL, "bring your own uv_loop"): the engine belongs to that libuv loop
+ *   (the "caller loop"). Every baton_xfer_* function must be called on the caller loop's
+ *   thread, except those marked "Any thread". The progress thread hands completions back with
+ *   a uv_async_t; every callback runs on the caller loop's thread.
+ *
+ *   Own-progress mode (loop == NULL): the host runs no libuv loop. Every baton_xfer_* function
+ *   may be called from any thread: the engine serializes them on one lock (recursive, so a
+ *   callback may call them). Completions are queued; baton_xfer_engine_fd() returns a file
+ *   descriptor that becomes readable when some are pending, and baton_xfer_engine_dispatch()
+ *   (any thread, typically the one that polls the fd) runs their callbacks, on the calling
+ *   thread, inside that call. Spurious wake-ups are possible: dispatch then runs nothing.
+ *   A host that wants callbacks on another thread only has to poll the fd there.
+ *
+ * In both modes callbacks never fire inside the call that started the work (a call that
+ * returns an error fires no callback; a call that returns 0 fires its callback exactly once,
+ * later), and "the caller thread" below means: the caller loop's thread (loop mode) or
+ * whichever thread holds the engine's lock (own-progress mode).
  *
  * Fencing (the rule that protects KV pages)
  * -----------------------------------------
@@ -51,14 +66,31 @@ extern "C" {
  * A peer is DOWN after heartbeat_interval_ms * heartbeat_misses without traffic, a reset
  * connection, a malformed / oversized / out-of-order frame (that connection only is closed,
  * with a logged reason) or a transport error. Every open room of that connection then fails
- * once, with BATON_EPEERDOWN, or BATON_EPROTO when the connection was closed for a malformed
- * frame (decode rooms after their fence). The decode side reconnects by
- * itself with exponential back-off and jitter (capped, never given up on); a returning peer,
- * restarted (new incarnation) or the same after a blip, gets a fresh handshake and fresh
- * transport state, never the old one. Offers made while the peer is down between attempts fail
- * fast with BATON_EPEERDOWN, so the caller can pick another pair.
+ * once, with BATON_XFER_EPEERDOWN, or BATON_XFER_EPROTO when the connection was closed for a
+ * malformed frame (decode rooms after their fence). The decode side reconnects by itself with
+ * exponential back-off and jitter (capped, never given up on); a returning peer, restarted (new
+ * incarnation) or the same after a blip, gets a fresh handshake and fresh transport state, never
+ * the old one. Offers made while the peer is down between attempts fail fast with
+ * BATON_XFER_EPEERDOWN, so the caller can pick another pair.
  *
- * Errors: 0 or a negative code from baton/error.h (libuv codes pass through).
+ * ABI policy
+ * ----------
+ * libbaton is shipped as libbaton.so.MAJOR (SONAME) and libbaton.a; BATON_VERSION_* below are
+ * the headers' version and baton_version() the loaded library's.
+ *   - Config structs grow only at their end, and carry their size: baton_xfer_config_init()
+ *     sets cfg->size = sizeof(baton_xfer_config_t) as the program was compiled; the engine
+ *     reads only that many bytes and gives every later field its default, so a program built
+ *     against older headers keeps working with a newer library of the same MAJOR.
+ *   - Enum values are never renumbered or reordered, error codes never reused; new values are
+ *     only added.
+ *   - Functions are only added, never removed or changed in signature within a MAJOR.
+ *   - Opaque handles (engine, mem, room) have no public layout.
+ *   - Anything else (a removed or changed function, a reordered struct, a changed enum value
+ *     or callback signature) bumps MAJOR and so the SONAME; MINOR counts additions, PATCH
+ *     fixes. While MAJOR is 0, MINOR releases may still break: the SONAME is then
+ *     libbaton.so.0 and users should pin MINOR (pkg-config --atleast-version / --max-version).
+ *
+ * Errors: 0 or a negative code from baton/transfer_error.h (libuv codes pass through).
  */
 
 typedef struct baton_xfer_engine_s baton_xfer_engine_t;
@@ -77,13 +109,32 @@ typedef enum {
 #define BATON_XFER_DONE_PAYLOAD_MAX 1024 /* opaque bytes carried by DONE */
 
 /* "rdma", "tcp", "shm" or "none". */
-const char *baton_xfer_transport_name(baton_xfer_transport_t t);
-/* Parses a name; returns 0 or BATON_EINVAL. */
-int baton_xfer_transport_parse(const char *name, baton_xfer_transport_t *t_p);
+BATON_API const char *baton_xfer_transport_name(baton_xfer_transport_t t);
+/* Parses a name; returns 0 or BATON_XFER_EINVAL. */
+BATON_API int baton_xfer_transport_parse(const char *name, baton_xfer_transport_t *t_p);
 
 /* ---- configuration ---------------------------------------------------------------------- */
 
+/* Log levels of the log callback (the same order as Baton's own logs). */
+typedef enum {
+    BATON_XFER_LOG_DEBUG = 0,
+    BATON_XFER_LOG_INFO = 1,
+    BATON_XFER_LOG_WARN = 2,
+    BATON_XFER_LOG_ERROR = 3,
+} baton_xfer_log_level_t;
+
+/*
+ * Receives one of the engine's log lines: `msg` is logfmt without time stamp and level
+ * ("comp=xfer engine_started id=... transports=tcp"), valid only during the call. It runs on
+ * the engine's progress thread or on the thread of the API call that logs: it must be
+ * thread-safe, quick, and must not call back into libbaton.
+ */
+typedef void (*baton_xfer_log_cb)(void *data, baton_xfer_log_level_t level, const char *msg);
+
 typedef struct {
+    /* sizeof(baton_xfer_config_t) as the program was compiled (see the ABI policy); set by
+     * baton_xfer_config_init, never by hand. */
+    size_t size;
     /* Identifies this engine to its peers (copied; at most BATON_XFER_ENGINE_ID_MAX bytes).
      * NULL: "<hostname>-<pid>". A random incarnation is drawn per engine on top of it. */
     const char *engine_id;
@@ -107,7 +158,7 @@ typedef struct {
     uint32_t reconnect_max_ms;
     uint32_t connect_timeout_ms;
     /* Decode side: a room with no DONE after this long is aborted (ABORT, then fenced) and
-     * reported as BATON_ETIMEOUT. 0 (default): no limit. */
+     * reported as BATON_XFER_ETIMEOUT. 0 (default): no limit. */
     uint32_t room_timeout_ms;
     /* Bytes per write (an RDMA WRITE, a TCP lane message, a shm copy step). Default 64 KiB. */
     uint32_t slice_size;
@@ -117,10 +168,19 @@ typedef struct {
      * (default 2). Ignored by other transports. */
     const char *rdma_devices;
     uint32_t rdma_qps_per_nic;
+    /* Logging. Every line this engine logs (on its progress thread and in API calls on it)
+     * goes to log_cb(log_data, level, msg) when set, else to stderr as one logfmt line with a
+     * time stamp (the default). log_level: the least level delivered, a BATON_XFER_LOG_* value,
+     * or -1 (default): the process default (the BATON_LOG_LEVEL environment variable read once,
+     * else info). libbaton logs nothing outside an engine's create, calls and threads. */
+    baton_xfer_log_cb log_cb;
+    void *log_data;
+    int log_level;
 } baton_xfer_config_t;
 
-/* Fills the defaults above. Always call it first, then override fields. */
-void baton_xfer_config_init(baton_xfer_config_t *cfg);
+/* Fills the defaults above and cfg->size. Always call it first, then override fields.
+ * Any thread. */
+BATON_API void baton_xfer_config_init(baton_xfer_config_t *cfg);
 
 /* ---- callbacks ---------------------------------------------------------------------------- */
 
@@ -136,12 +196,13 @@ typedef struct {
  * Decode side: the end of an offered room. Fires exactly once per offer that returned 0.
  *   status 0: DONE arrived and every byte written before it is in place; `done` is valid
  *             (only during the call: copy what you keep).
- *   status < 0: the room failed; `done` is NULL. BATON_EPEERDOWN (connection lost),
- *             BATON_EPROTO (connection closed for a malformed frame), BATON_EABORTED (either side aborted), BATON_ETIMEOUT (room_timeout_ms),
- *             BATON_ERKEY / BATON_ESTALE (the prefill side refused the offer's pages or its
- *             incarnation), BATON_ENOTSUP (the peer's transport cannot reach these pages),
- *             BATON_ESHUTDOWN, BATON_ENOMEM.
- * Either way the room's pages are released to the caller: nothing can land in them anymore.
+ *   status < 0: the room failed; `done` is NULL. BATON_XFER_EPEERDOWN (connection lost),
+ *             BATON_XFER_EPROTO (connection closed for a malformed frame), BATON_XFER_EABORTED
+ * (either side aborted), BATON_XFER_ETIMEOUT (room_timeout_ms), BATON_XFER_ERKEY /
+ * BATON_XFER_ESTALE (the prefill side refused the offer's pages or its incarnation),
+ * BATON_XFER_ENOTSUP (the peer's transport cannot reach these pages), BATON_XFER_ESHUTDOWN,
+ * BATON_XFER_ENOMEM. Either way the room's pages are released to the caller: nothing can land in
+ * them anymore.
  */
 typedef void (*baton_xfer_offer_cb)(void *data, uint64_t room_id, int status,
                                     const baton_xfer_done_t *done);
@@ -176,8 +237,8 @@ typedef void (*baton_xfer_room_cb)(baton_xfer_engine_t *engine, baton_xfer_room_
 
 /*
  * Prefill side: the room ended. status 0: DONE was sent after all the room's writes were
- * acknowledged. Else BATON_EABORTED (the decode side aborted, or baton_xfer_room_abort),
- * BATON_EPEERDOWN, BATON_ESHUTDOWN, ... Every write callback of the room has fired before
+ * acknowledged. Else BATON_XFER_EABORTED (the decode side aborted, or baton_xfer_room_abort),
+ * BATON_XFER_EPEERDOWN, BATON_XFER_ESHUTDOWN, ... Every write callback of the room has fired before
  * this one. The room handle is freed when this callback returns.
  */
 typedef void (*baton_xfer_room_closed_cb)(baton_xfer_engine_t *engine, baton_xfer_room_t *room,
@@ -214,41 +275,63 @@ typedef struct {
 /* ---- engine ------------------------------------------------------------------------------- */
 
 /*
- * Creates an engine on `loop` (the caller loop), starts its progress thread, its transports and
- * (when cfg->listen_host is set) its bootstrap listener. cfg and cbs are copied.
- * Returns 0 and *engine_p, or an error (bind failure, no transport usable, ...).
+ * Creates an engine, starts its progress thread, its transports and (when cfg->listen_host is
+ * set) its bootstrap listener. cfg and cbs are copied. `loop`: the caller loop (loop mode), or
+ * NULL for own-progress mode (see Threads). Any thread in own-progress mode.
+ * Returns 0 and *engine_p, or an error (BATON_XFER_EINVAL for a bad config or a cfg->size older
+ * than this library accepts, bind failure, no transport usable, ...).
  */
-int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
-                             const baton_xfer_callbacks_t *cbs, baton_xfer_engine_t **engine_p);
+BATON_API int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
+                                       const baton_xfer_callbacks_t *cbs,
+                                       baton_xfer_engine_t **engine_p);
+
+/*
+ * Own-progress mode: the descriptor that becomes readable (POLLIN) while completions are
+ * pending. Owned by the engine: poll it, never read or close it. Valid until the close
+ * callback. -1 in loop mode. Any thread.
+ */
+BATON_API int baton_xfer_engine_fd(const baton_xfer_engine_t *engine);
+
+/*
+ * Own-progress mode: runs the callbacks of every pending completion on the calling thread and
+ * returns how many ran (0 after a spurious wake-up), or BATON_XFER_EINVAL in loop mode. Any
+ * thread; concurrent calls are serialized. Never call it from a callback (the events it would
+ * run could then overtake older ones still queued in the outer call). The engine's close callback,
+ * after baton_xfer_engine_destroy, also runs inside this call: the engine and its fd are gone when
+ * it returns, so stop polling from the close callback on.
+ */
+BATON_API int baton_xfer_engine_dispatch(baton_xfer_engine_t *engine);
 
 /* The bound bootstrap port (after an ephemeral bind), or 0 when not listening. Any thread. */
-int baton_xfer_engine_listen_port(const baton_xfer_engine_t *engine);
+BATON_API int baton_xfer_engine_listen_port(const baton_xfer_engine_t *engine);
 
 /* This engine's id and incarnation. Any thread. */
-const char *baton_xfer_engine_id(const baton_xfer_engine_t *engine);
-uint64_t baton_xfer_engine_incarnation(const baton_xfer_engine_t *engine);
+BATON_API const char *baton_xfer_engine_id(const baton_xfer_engine_t *engine);
+BATON_API uint64_t baton_xfer_engine_incarnation(const baton_xfer_engine_t *engine);
 
 /* Transports that started here, in fallback order; returns how many were written. */
-int baton_xfer_engine_transports(const baton_xfer_engine_t *engine, baton_xfer_transport_t *out,
-                                 int cap);
+BATON_API int baton_xfer_engine_transports(const baton_xfer_engine_t *engine,
+                                           baton_xfer_transport_t *out, int cap);
 
 typedef void (*baton_xfer_close_cb)(baton_xfer_engine_t *engine, void *data);
 
 /*
- * Shuts the engine down: every open room fails with BATON_ESHUTDOWN (decode rooms only after
+ * Shuts the engine down: every open room fails with BATON_XFER_ESHUTDOWN (decode rooms only after
  * their fence, as always), connections close, the progress thread exits, then close_cb runs on
  * the caller loop and the engine memory is freed after it returns. Registered memory must be
  * deregistered before (or the engine releases it: regions from baton_xfer_mem_alloc are
- * unmapped, other regions are only forgotten). Call once.
+ * unmapped, other regions are only forgotten). Call once; in own-progress mode, make no other
+ * call on the engine afterwards than baton_xfer_engine_dispatch (until the close callback).
  */
-void baton_xfer_engine_destroy(baton_xfer_engine_t *engine, baton_xfer_close_cb close_cb,
-                               void *data);
+BATON_API void baton_xfer_engine_destroy(baton_xfer_engine_t *engine, baton_xfer_close_cb close_cb,
+                                         void *data);
 
 /* ---- memory ------------------------------------------------------------------------------- */
 
 typedef enum {
     BATON_XFER_MEM_HOST = 0,
-    BATON_XFER_MEM_CUDA = 1, /* device memory; only when built with CUDA (else BATON_ENOTSUP) */
+    BATON_XFER_MEM_CUDA =
+        1, /* device memory; only when built with CUDA (else BATON_XFER_ENOTSUP) */
 } baton_xfer_mem_kind_t;
 
 /*
@@ -256,40 +339,42 @@ typedef enum {
  * and announces it to connected peers. The memory stays owned by the caller and must stay
  * mapped until baton_xfer_mem_deregister returns. Regions must not overlap.
  * Over shm a region is only reachable when it was made by baton_xfer_mem_alloc (a memfd);
- * a room whose pages are elsewhere fails with BATON_ENOTSUP on a shm peer. Device memory is
- * reachable over rdma (GPUDirect) and shm (CUDA IPC), not over tcp (BATON_ENOTSUP for the room).
- * `device` is the CUDA device ordinal (ignored for host memory). The handle stays valid until
- * baton_xfer_mem_deregister, or until the engine's close callback (the engine then releases
+ * a room whose pages are elsewhere fails with BATON_XFER_ENOTSUP on a shm peer. Device memory is
+ * reachable over rdma (GPUDirect) and shm (CUDA IPC), not over tcp (BATON_XFER_ENOTSUP for the
+ * room). `device` is the CUDA device ordinal (ignored for host memory). The handle stays valid
+ * until baton_xfer_mem_deregister, or until the engine's close callback (the engine then releases
  * what is left).
  */
-int baton_xfer_mem_register(baton_xfer_engine_t *engine, void *addr, size_t len,
-                            baton_xfer_mem_kind_t kind, int device, baton_xfer_mem_t **mem_p);
+BATON_API int baton_xfer_mem_register(baton_xfer_engine_t *engine, void *addr, size_t len,
+                                      baton_xfer_mem_kind_t kind, int device,
+                                      baton_xfer_mem_t **mem_p);
 
 /*
  * Allocates len bytes of host memory backed by a memfd (shareable with a same-host peer),
  * zero-filled, page-aligned, and registers it like baton_xfer_mem_register. The engine owns
  * the mapping: baton_xfer_mem_deregister unmaps it.
  */
-int baton_xfer_mem_alloc(baton_xfer_engine_t *engine, size_t len, baton_xfer_mem_t **mem_p);
+BATON_API int baton_xfer_mem_alloc(baton_xfer_engine_t *engine, size_t len,
+                                   baton_xfer_mem_t **mem_p);
 
 /* Base address and length of a region. Any thread. */
-void *baton_xfer_mem_addr(const baton_xfer_mem_t *mem);
-size_t baton_xfer_mem_len(const baton_xfer_mem_t *mem);
+BATON_API void *baton_xfer_mem_addr(const baton_xfer_mem_t *mem);
+BATON_API size_t baton_xfer_mem_len(const baton_xfer_mem_t *mem);
 
 /*
- * Deregisters (and for baton_xfer_mem_alloc regions unmaps). BATON_EBUSY while an open room
+ * Deregisters (and for baton_xfer_mem_alloc regions unmaps). BATON_XFER_EBUSY while an open room
  * (offered pages or write sources) still uses the region: wait for its callback first.
  */
-int baton_xfer_mem_deregister(baton_xfer_engine_t *engine, baton_xfer_mem_t *mem);
+BATON_API int baton_xfer_mem_deregister(baton_xfer_engine_t *engine, baton_xfer_mem_t *mem);
 
 /* ---- peers -------------------------------------------------------------------------------- */
 
 /*
  * Decode side: starts (or keeps) the control connection to the prefill engine listening at
  * host:port. Optional: baton_xfer_offer connects on demand. The engine keeps the peer for the
- * engine's life and reconnects it with back-off after failures. Returns 0 or BATON_EINVAL.
+ * engine's life and reconnects it with back-off after failures. Returns 0 or BATON_XFER_EINVAL.
  */
-int baton_xfer_connect(baton_xfer_engine_t *engine, const char *host, int port);
+BATON_API int baton_xfer_connect(baton_xfer_engine_t *engine, const char *host, int port);
 
 /* ---- decode side: rooms ------------------------------------------------------------------- */
 
@@ -311,38 +396,39 @@ typedef struct {
 
 /*
  * Decode side: offers a room to the prefill engine at host:port (connecting first when needed;
- * offers wait while a connect attempt is under way, and fail with BATON_EPEERDOWN while the peer is
- * down between attempts). The pages are the caller's; the engine writes into them (through the
- * transport) until cb fires — do not read them as final, reuse or deregister them before.
- * Synchronous errors (no cb): BATON_EINVAL (bad arguments, a page outside registered memory,
- * too many pages), BATON_EEXIST (room id already open here), BATON_ESHUTDOWN.
+ * offers wait while a connect attempt is under way, and fail with BATON_XFER_EPEERDOWN while the
+ * peer is down between attempts). The pages are the caller's; the engine writes into them (through
+ * the transport) until cb fires — do not read them as final, reuse or deregister them before.
+ * Synchronous errors (no cb): BATON_XFER_EINVAL (bad arguments, a page outside registered memory,
+ * too many pages), BATON_XFER_EEXIST (room id already open here), BATON_XFER_ESHUTDOWN.
  * cb(data, room_id, status, done) fires exactly once otherwise, under the fencing rule.
  */
-int baton_xfer_offer(baton_xfer_engine_t *engine, const char *host, int port,
-                     const baton_xfer_offer_t *offer, baton_xfer_offer_cb cb, void *data);
+BATON_API int baton_xfer_offer(baton_xfer_engine_t *engine, const char *host, int port,
+                               const baton_xfer_offer_t *offer, baton_xfer_offer_cb cb, void *data);
 
 /*
  * Decode side: asks to abort a room this engine offered. Sends ABORT; the room's offer callback
- * then fires with BATON_EABORTED once the peer's ABORT_ACK (or a fence) proves no write can still
- * land. Returns 0, or BATON_ENOTFOUND when no such room is open (it already completed: its callback
- * has fired or is queued).
+ * then fires with BATON_XFER_EABORTED once the peer's ABORT_ACK (or a fence) proves no write can
+ * still land. Returns 0, or BATON_XFER_ENOTFOUND when no such room is open (it already completed:
+ * its callback has fired or is queued).
  */
-int baton_xfer_abort(baton_xfer_engine_t *engine, uint64_t room_id);
+BATON_API int baton_xfer_abort(baton_xfer_engine_t *engine, uint64_t room_id);
 
 /* ---- prefill side: rooms ------------------------------------------------------------------ */
 
 /* The offer, read-only and immutable; valid until room_closed_cb returns. */
-uint64_t baton_xfer_room_id(const baton_xfer_room_t *room);
-uint32_t baton_xfer_room_layers(const baton_xfer_room_t *room);
-uint32_t baton_xfer_room_pages_per_layer(const baton_xfer_room_t *room);
+BATON_API uint64_t baton_xfer_room_id(const baton_xfer_room_t *room);
+BATON_API uint32_t baton_xfer_room_layers(const baton_xfer_room_t *room);
+BATON_API uint32_t baton_xfer_room_pages_per_layer(const baton_xfer_room_t *room);
 /* Length of the destination page `page` of `layer` (0 when out of range). */
-uint64_t baton_xfer_room_page_len(const baton_xfer_room_t *room, uint32_t layer, uint32_t page);
+BATON_API uint64_t baton_xfer_room_page_len(const baton_xfer_room_t *room, uint32_t layer,
+                                            uint32_t page);
 /* The decode peer's engine id and the transport the room travels on. */
-const char *baton_xfer_room_peer_id(const baton_xfer_room_t *room);
-baton_xfer_transport_t baton_xfer_room_transport(const baton_xfer_room_t *room);
+BATON_API const char *baton_xfer_room_peer_id(const baton_xfer_room_t *room);
+BATON_API baton_xfer_transport_t baton_xfer_room_transport(const baton_xfer_room_t *room);
 /* A user pointer the caller may set and read (caller thread only). */
-void baton_xfer_room_set_data(baton_xfer_room_t *room, void *data);
-void *baton_xfer_room_get_data(const baton_xfer_room_t *room);
+BATON_API void baton_xfer_room_set_data(baton_xfer_room_t *room, void *data);
+BATON_API void *baton_xfer_room_get_data(const baton_xfer_room_t *room);
 
 /*
  * Fires once per accepted write call, when the bytes are in place in the peer's pages (status
@@ -356,41 +442,43 @@ typedef void (*baton_xfer_write_cb)(baton_xfer_room_t *room, uint32_t layer, int
  * Marks layer `layer` ready and starts writing it at once: src[j] (len == the decode page
  * length of page j of that layer) goes to page j, for j < pages_per_layer. Sources lie in
  * memory registered with this engine. Each layer is written at most once per room.
- * Synchronous errors (no cb): BATON_EINVAL (bad layer, count, lengths, unregistered source),
- * BATON_EEXIST (layer already written), BATON_ECANCELED (room already completed/closing).
+ * Synchronous errors (no cb): BATON_XFER_EINVAL (bad layer, count, lengths, unregistered source),
+ * BATON_XFER_EEXIST (layer already written), BATON_XFER_ECANCELED (room already completed/closing).
  */
-int baton_xfer_write_layer(baton_xfer_room_t *room, uint32_t layer, const baton_xfer_iov_t *src,
-                           size_t n_src, baton_xfer_write_cb cb, void *data);
+BATON_API int baton_xfer_write_layer(baton_xfer_room_t *room, uint32_t layer,
+                                     const baton_xfer_iov_t *src, size_t n_src,
+                                     baton_xfer_write_cb cb, void *data);
 
 /* All layers at once: src holds n_layers * pages_per_layer sources, layer-major; cb fires once
  * (layer = UINT32_MAX) when every layer is in place. */
-int baton_xfer_write_room(baton_xfer_room_t *room, const baton_xfer_iov_t *src, size_t n_src,
-                          baton_xfer_write_cb cb, void *data);
+BATON_API int baton_xfer_write_room(baton_xfer_room_t *room, const baton_xfer_iov_t *src,
+                                    size_t n_src, baton_xfer_write_cb cb, void *data);
 
 /*
  * Like baton_xfer_write_layer, but the engine starts the write once `cuda_event` (a CUevent
  * recorded after the layer's kernels) has completed, so the caller never blocks on the GPU.
- * BATON_ENOTSUP when libbaton was built without CUDA.
+ * BATON_XFER_ENOTSUP when libbaton was built without CUDA.
  */
-int baton_xfer_write_layer_after_event(baton_xfer_room_t *room, uint32_t layer,
-                                       const baton_xfer_iov_t *src, size_t n_src, void *cuda_event,
-                                       baton_xfer_write_cb cb, void *data);
+BATON_API int baton_xfer_write_layer_after_event(baton_xfer_room_t *room, uint32_t layer,
+                                                 const baton_xfer_iov_t *src, size_t n_src,
+                                                 void *cuda_event, baton_xfer_write_cb cb,
+                                                 void *data);
 
 /*
  * Sends DONE with `done` (copied) once every write issued for the room so far is acknowledged.
  * Layers never written are simply not sent (say so in done->status). room_closed_cb then fires
- * with 0, or an error if the peer failed first. Synchronous errors: BATON_EINVAL (payload too
- * long), BATON_ECANCELED (already completed/closing).
+ * with 0, or an error if the peer failed first. Synchronous errors: BATON_XFER_EINVAL (payload too
+ * long), BATON_XFER_ECANCELED (already completed/closing).
  */
-int baton_xfer_room_complete(baton_xfer_room_t *room, const baton_xfer_done_t *done);
+BATON_API int baton_xfer_room_complete(baton_xfer_room_t *room, const baton_xfer_done_t *done);
 
 /*
  * Prefill side abort: stops issuing writes, waits for the ones in flight, sends ABORT(reason)
  * to the decode side (which then releases its pages) and closes the room: pending write
- * callbacks fire with BATON_EABORTED, then room_closed_cb with BATON_EABORTED.
- * Returns 0 or BATON_ECANCELED (already completed/closing).
+ * callbacks fire with BATON_XFER_EABORTED, then room_closed_cb with BATON_XFER_EABORTED.
+ * Returns 0 or BATON_XFER_ECANCELED (already completed/closing).
  */
-int baton_xfer_room_abort(baton_xfer_room_t *room, int reason);
+BATON_API int baton_xfer_room_abort(baton_xfer_room_t *room, int reason);
 
 /* ---- observability ------------------------------------------------------------------------ */
 
@@ -408,7 +496,8 @@ typedef struct {
 } baton_xfer_stats_t;
 
 /* A snapshot of counters (relaxed atomics). Any thread. */
-void baton_xfer_engine_stats(const baton_xfer_engine_t *engine, baton_xfer_stats_t *stats);
+BATON_API void baton_xfer_engine_stats(const baton_xfer_engine_t *engine,
+                                       baton_xfer_stats_t *stats);
 
 #ifdef __cplusplus
 }

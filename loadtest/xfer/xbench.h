@@ -8,6 +8,7 @@
 
 #include <jansson.h>
 
+#include "baton/error.h"
 #include "baton/transfer.h"
 #include "transfer/tools/xfer_pattern.h"
 

@@ -13,6 +13,9 @@
 
 static atomic_int current_level = -1;
 
+/* Per thread, not process-wide: each libbaton engine sets it on its own threads. */
+static __thread const baton_log_sink_t *thread_sink;
+
 static const char *const level_names[] = {"debug", "info", "warn", "error"};
 
 int baton_log_parse_level(const char *name, baton_log_level_t *level_p)
@@ -36,8 +39,18 @@ void baton_log_set_level(baton_log_level_t level)
     atomic_store(&current_level, (int)level);
 }
 
+const baton_log_sink_t *baton_log_sink_swap(const baton_log_sink_t *sink)
+{
+    const baton_log_sink_t *prev = thread_sink;
+    thread_sink = sink;
+    return prev;
+}
+
 int baton_log_enabled(baton_log_level_t level)
 {
+    const baton_log_sink_t *sink = thread_sink;
+    if (sink != NULL && sink->level >= 0)
+        return (int)level >= sink->level;
     int cur = atomic_load(&current_level);
     if (cur < 0) {
         baton_log_level_t env = BATON_LOG_INFO;
@@ -54,6 +67,17 @@ void baton_log(baton_log_level_t level, const char *comp, const char *fmt, ...)
 {
     if (!baton_log_enabled(level))
         return;
+    const baton_log_sink_t *sink = thread_sink;
+    if (sink != NULL && sink->fn != NULL) {
+        char msg[2048];
+        int n = snprintf(msg, sizeof(msg), "comp=%s ", comp);
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg + n, sizeof(msg) - (size_t)n, fmt, ap);
+        va_end(ap);
+        sink->fn(sink->data, level, msg);
+        return;
+    }
     char line[2048];
     struct timeval tv;
     struct tm tm;

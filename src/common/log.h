@@ -9,12 +9,29 @@ typedef enum {
     BATON_LOG_ERROR = 3,
 } baton_log_level_t;
 
-/* Thread-safe. Default level INFO; BATON_LOG_LEVEL=debug|info|warn|error overrides. */
+/* Thread-safe. Default level INFO; BATON_LOG_LEVEL=debug|info|warn|error overrides. A thread
+ * with a sink of its own level (baton_log_sink_swap) uses that level instead. */
 void baton_log_set_level(baton_log_level_t level);
 int baton_log_parse_level(const char *name, baton_log_level_t *level_p);
 /* "debug", "info", "warn", "error"; "info" for a value outside the enum. */
 const char *baton_log_level_name(baton_log_level_t level);
 int baton_log_enabled(baton_log_level_t level);
+
+/*
+ * A thread's log destination, for a library that routes its lines elsewhere (libbaton: an
+ * engine's log callback and level). fn NULL: stderr as usual; level < 0: the process level.
+ * fn gets the line without time stamp and level: "comp=xfer event key=value...".
+ */
+typedef void (*baton_log_fn)(void *data, baton_log_level_t level, const char *msg);
+typedef struct {
+    baton_log_fn fn;
+    void *data;
+    int level;
+} baton_log_sink_t;
+
+/* Sets the calling thread's sink (NULL: none, the default) and returns the previous one. The
+ * sink must outlive its use on the thread. */
+const baton_log_sink_t *baton_log_sink_swap(const baton_log_sink_t *sink);
 
 /*
  * One logfmt-style line: `2026-11-22T07:00:00.123Z level=info comp=router listening port=8000`.

@@ -63,7 +63,7 @@ void baton__hs_decode_start(baton__conn_t *c)
     baton_xfer_engine_t *eng = c->eng;
     baton__hello_t h;
     fill_hello(c, &h, BATON__ROLE_DECODE);
-    static __thread uint8_t blobs[BATON__MAX_TP][BATON__TP_BLOB_MAX];
+    uint8_t(*blobs)[BATON__TP_BLOB_MAX] = eng->hs_blobs;
     for (int i = 0; i < eng->n_tp; i++) {
         baton__tp_t *tp = eng->tp[i];
         baton__tp_peer_t *tpp = NULL;
@@ -210,9 +210,9 @@ static void on_prefill_tp_connected(baton__tp_peer_t *tpp, int status, void *arg
         prefill_try_next(c);
         return;
     }
-    static __thread uint8_t blob[BATON__TP_BLOB_MAX];
+    uint8_t *blob = eng->hs_blobs[0];
     size_t len = 0;
-    int rc = tpp->tp->ops->peer_info(tpp, blob, sizeof(blob), &len);
+    int rc = tpp->tp->ops->peer_info(tpp, blob, BATON__TP_BLOB_MAX, &len);
     if (rc != 0 || len > BATON__TP_BLOB_MAX) {
         baton__conn_fail(c, rc ? rc : BATON_EPROTO, "transport info failed");
         return;

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -64,6 +65,37 @@ void baton_xfer_config_init(baton_xfer_config_t *cfg)
     cfg->slice_size = 64 * 1024;
     cfg->lanes = 4;
     cfg->rdma_qps_per_nic = 2;
+    cfg->log_level = -1;
+    cfg->size = sizeof(*cfg);
+}
+
+/* The oldest config this library reads: 0.1's, which ends with log_level. Fields appended
+ * later must be listed after it and defaulted when cfg->size stops short of them. */
+#define CONFIG_SIZE_MIN (offsetof(baton_xfer_config_t, log_level) + sizeof(int))
+
+_Static_assert((int)BATON_XFER_LOG_DEBUG == (int)BATON_LOG_DEBUG &&
+                   (int)BATON_XFER_LOG_ERROR == (int)BATON_LOG_ERROR,
+               "public log levels mirror common/log.h");
+
+static void log_to_host(void *data, baton_log_level_t level, const char *msg)
+{
+    const baton_xfer_engine_t *eng = data;
+    eng->cfg.log_cb(eng->cfg.log_data, (baton_xfer_log_level_t)level, msg);
+}
+
+void baton__api_enter(baton_xfer_engine_t *eng, baton__api_scope_t *scope)
+{
+    if (eng->caller_loop == NULL)
+        uv_mutex_lock(&eng->api_lock);
+    scope->prev_log = eng->has_log ? baton_log_sink_swap(&eng->log) : NULL;
+}
+
+void baton__api_leave(baton_xfer_engine_t *eng, baton__api_scope_t *scope)
+{
+    if (eng->has_log)
+        baton_log_sink_swap(scope->prev_log);
+    if (eng->caller_loop == NULL)
+        uv_mutex_unlock(&eng->api_lock);
 }
 
 static const baton__tp_ops_t *tp_ops_for(baton_xfer_transport_t id)
@@ -168,7 +200,14 @@ void baton__ev_post(baton_xfer_engine_t *eng, baton__ev_t *ev)
     uv_mutex_lock(&eng->qlock);
     baton_list_push(&eng->evq, &ev->link);
     uv_mutex_unlock(&eng->qlock);
-    uv_async_send(&eng->caller_async);
+    if (eng->caller_loop != NULL) {
+        uv_async_send(&eng->caller_async);
+    } else {
+        uint64_t one = 1;
+        /* EAGAIN means the counter is already non-zero: the host is woken anyway. */
+        ssize_t w = write(eng->evfd, &one, sizeof(one));
+        (void)w;
+    }
 }
 
 void baton__post_peer_event(baton_xfer_engine_t *eng, const char *endpoint, const char *engine_id,
@@ -349,14 +388,15 @@ void baton__maybe_finish_shutdown(baton_xfer_engine_t *eng)
 static void progress_main(void *arg)
 {
     baton_xfer_engine_t *eng = arg;
+    if (eng->has_log)
+        baton_log_sink_swap(&eng->log); /* this thread logs for this engine only */
     uv_run(&eng->ploop, UV_RUN_DEFAULT);
     int rc = uv_loop_close(&eng->ploop);
     if (rc != 0)
         log_warn(BATON__LOG, "progress_loop_close err=%s", baton_err_name(rc));
-    static baton__ev_t closed_ev; /* only its type is read; every engine posts the same */
     baton__ev_t *ev = calloc(1, sizeof(*ev));
     if (ev == NULL) {
-        ev = &closed_ev;
+        ev = &eng->closed_fallback;
         ev->embedded = 1;
     }
     ev->type = BATON__EV_CLOSED;
@@ -393,14 +433,18 @@ static void deliver_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, in
     baton__room_unref(room); /* the caller's reference */
 }
 
-static void on_caller_async(uv_async_t *h);
-
-static void caller_closed(uv_handle_t *h)
+/* The last step of destroy, once the progress thread has been joined: frees the engine after
+ * the host's close callback returns. */
+static void finish_close(baton_xfer_engine_t *eng)
 {
-    baton_xfer_engine_t *eng = h->data;
+    baton__api_scope_t scope = {NULL};
+    if (eng->has_log)
+        scope.prev_log = baton_log_sink_swap(&eng->log);
     baton__mem_free_all(eng);
     baton_u64map_free(&eng->caller_rooms);
     uv_mutex_destroy(&eng->qlock);
+    if (eng->has_log)
+        baton_log_sink_swap(scope.prev_log);
     baton_xfer_close_cb cb = eng->close_cb;
     void *data = eng->close_data;
     if (cb != NULL)
@@ -408,9 +452,16 @@ static void caller_closed(uv_handle_t *h)
     free(eng);
 }
 
-static void on_caller_async(uv_async_t *h)
+static void caller_closed(uv_handle_t *h)
 {
-    baton_xfer_engine_t *eng = h->data;
+    finish_close(h->data);
+}
+
+/* Runs the callbacks of every queued event; returns how many ran. *closed_p: the progress
+ * thread has ended (joined): nothing can follow, the caller finishes the close. */
+static int dispatch_events(baton_xfer_engine_t *eng, int *closed_p)
+{
+    int n = 0;
     baton_list_t q;
     baton_list_init(&q);
     uv_mutex_lock(&eng->qlock);
@@ -419,6 +470,7 @@ static void on_caller_async(uv_async_t *h)
     while (!baton_list_empty(&q)) {
         baton__ev_t *ev = container_of(q.next, baton__ev_t, link);
         baton_list_remove(&ev->link);
+        n++;
         switch (ev->type) {
         case BATON__EV_OFFER_DONE: {
             baton__droom_t *dr = ev->u.droom;
@@ -483,10 +535,50 @@ static void on_caller_async(uv_async_t *h)
                 free(ev);
             /* Nothing can follow: the progress loop has ended. */
             uv_thread_join(&eng->thread);
-            uv_close((uv_handle_t *)&eng->caller_async, caller_closed);
-            return;
+            *closed_p = 1;
+            return n;
         }
     }
+    return n;
+}
+
+static void on_caller_async(uv_async_t *h)
+{
+    baton_xfer_engine_t *eng = h->data;
+    baton__api_scope_t scope;
+    int closed = 0;
+    baton__api_enter(eng, &scope);
+    dispatch_events(eng, &closed);
+    baton__api_leave(eng, &scope);
+    if (closed)
+        uv_close((uv_handle_t *)&eng->caller_async, caller_closed);
+}
+
+int baton_xfer_engine_fd(const baton_xfer_engine_t *engine)
+{
+    return engine->caller_loop == NULL ? engine->evfd : -1;
+}
+
+int baton_xfer_engine_dispatch(baton_xfer_engine_t *eng)
+{
+    if (eng == NULL || eng->caller_loop != NULL)
+        return BATON_EINVAL;
+    baton__api_scope_t scope;
+    int closed = 0;
+    baton__api_enter(eng, &scope);
+    uint64_t count;
+    /* Reset before draining: an event queued after the splice writes the fd again. */
+    ssize_t r = read(eng->evfd, &count, sizeof(count));
+    (void)r;
+    int n = dispatch_events(eng, &closed);
+    baton__api_leave(eng, &scope);
+    if (closed) {
+        /* The host makes no other call after destroy (transfer.h), so the lock is free. */
+        uv_mutex_destroy(&eng->api_lock);
+        close(eng->evfd);
+        finish_close(eng);
+    }
+    return n;
 }
 
 /* ---- create / destroy ------------------------------------------------------------------- */
@@ -543,6 +635,12 @@ static void teardown_unstarted(baton_xfer_engine_t *eng, int free_it)
     uv_run(&eng->ploop, UV_RUN_DEFAULT);
     uv_loop_close(&eng->ploop);
     uv_mutex_destroy(&eng->qlock);
+    if (eng->caller_loop == NULL) {
+        uv_mutex_destroy(&eng->api_lock);
+        close(eng->evfd);
+    }
+    if (eng->has_log)
+        baton_log_sink_swap(eng->create_prev_log); /* create's own scope ends on failure */
     if (free_it)
         free(eng);
 }
@@ -555,7 +653,16 @@ static void free_after_close(uv_handle_t *h)
 int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
                              const baton_xfer_callbacks_t *cbs, baton_xfer_engine_t **engine_p)
 {
-    if (loop == NULL || cfg == NULL || engine_p == NULL)
+    if (cfg == NULL || engine_p == NULL || cfg->size < CONFIG_SIZE_MIN)
+        return BATON_EINVAL;
+    /* Read only the bytes the program knows of; later fields keep their defaults. */
+    baton_xfer_config_t def;
+    baton_xfer_config_init(&def);
+    baton_xfer_config_t known = def;
+    memcpy(&known, cfg, cfg->size < sizeof(known) ? cfg->size : sizeof(known));
+    known.size = sizeof(known);
+    cfg = &known;
+    if (cfg->log_level < -1 || cfg->log_level > BATON_XFER_LOG_ERROR)
         return BATON_EINVAL;
     if (cfg->listen_host != NULL &&
         (cbs == NULL || cbs->room_cb == NULL || cbs->room_closed_cb == NULL))
@@ -579,8 +686,6 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
     eng->cfg = *cfg;
     if (cbs != NULL)
         eng->cbs = *cbs;
-    baton_xfer_config_t def;
-    baton_xfer_config_init(&def);
 #define DEF(f)                                                                                     \
     if (eng->cfg.f == 0)                                                                           \
     eng->cfg.f = def.f
@@ -631,16 +736,45 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
     baton_list_init(&eng->peers);
     baton_list_init(&eng->conns);
     baton_list_init(&eng->lmems);
+    baton_list_init(&eng->cuda_waits);
+    if (eng->cfg.log_cb != NULL || eng->cfg.log_level >= 0) {
+        eng->log.fn = eng->cfg.log_cb != NULL ? log_to_host : NULL;
+        eng->log.data = eng;
+        eng->log.level = eng->cfg.log_level;
+        eng->has_log = 1;
+    }
     if (uv_mutex_init(&eng->qlock) != 0) {
         free(eng);
         return BATON_ENOMEM;
     }
+    if (loop == NULL) {
+        eng->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (eng->evfd < 0) {
+            int err = uv_translate_sys_error(errno);
+            uv_mutex_destroy(&eng->qlock);
+            free(eng);
+            return err;
+        }
+        if (uv_mutex_init_recursive(&eng->api_lock) != 0) {
+            close(eng->evfd);
+            uv_mutex_destroy(&eng->qlock);
+            free(eng);
+            return BATON_ENOMEM;
+        }
+    }
     int rc = uv_loop_init(&eng->ploop);
     if (rc != 0) {
+        if (loop == NULL) {
+            uv_mutex_destroy(&eng->api_lock);
+            close(eng->evfd);
+        }
         uv_mutex_destroy(&eng->qlock);
         free(eng);
         return rc;
     }
+    /* Lines logged while creating go to this engine's sink too (undone on every exit). */
+    if (eng->has_log)
+        eng->create_prev_log = baton_log_sink_swap(&eng->log);
     uv_async_init(&eng->ploop, &eng->cmd_async, on_cmd_async);
     eng->cmd_async.data = eng;
     uv_timer_init(&eng->ploop, &eng->tick);
@@ -696,15 +830,21 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
             return rc;
         }
     }
-    rc = uv_async_init(loop, &eng->caller_async, on_caller_async);
-    if (rc != 0) {
-        teardown_unstarted(eng, 1);
-        return rc;
+    if (loop != NULL) {
+        rc = uv_async_init(loop, &eng->caller_async, on_caller_async);
+        if (rc != 0) {
+            teardown_unstarted(eng, 1);
+            return rc;
+        }
+        eng->caller_async.data = eng;
     }
-    eng->caller_async.data = eng;
     uv_timer_start(&eng->tick, on_tick, eng->tick_ms, eng->tick_ms);
     rc = uv_thread_create(&eng->thread, progress_main, eng);
     if (rc != 0) {
+        if (loop == NULL) {
+            teardown_unstarted(eng, 1);
+            return rc;
+        }
         /* caller_async lives on the caller loop: the engine is freed by its close callback. */
         teardown_unstarted(eng, 0);
         uv_close((uv_handle_t *)&eng->caller_async, free_after_close);
@@ -725,6 +865,8 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
         else
             log_info(BATON__LOG, "bootstrap_listening addr=%s:%d", cfg->listen_host, port);
     }
+    if (eng->has_log)
+        baton_log_sink_swap(eng->create_prev_log);
     *engine_p = eng;
     return 0;
 }
@@ -756,19 +898,23 @@ int baton_xfer_engine_transports(const baton_xfer_engine_t *engine, baton_xfer_t
 void baton_xfer_engine_destroy(baton_xfer_engine_t *engine, baton_xfer_close_cb close_cb,
                                void *data)
 {
-    if (engine == NULL || engine->destroying)
+    if (engine == NULL)
         return;
-    engine->destroying = 1;
-    engine->close_cb = close_cb;
-    engine->close_data = data;
-    static baton__cmd_t fallback; /* shutdown must not fail for lack of 100 bytes */
-    baton__cmd_t *cmd = calloc(1, sizeof(*cmd));
-    if (cmd == NULL) {
-        cmd = &fallback;
-        cmd->embedded = 1;
+    baton__api_scope_t scope;
+    baton__api_enter(engine, &scope);
+    if (!engine->destroying) {
+        engine->destroying = 1;
+        engine->close_cb = close_cb;
+        engine->close_data = data;
+        baton__cmd_t *cmd = calloc(1, sizeof(*cmd));
+        if (cmd == NULL) {
+            cmd = &engine->shutdown_fallback; /* shutdown must not fail for lack of 100 bytes */
+            cmd->embedded = 1;
+        }
+        cmd->type = BATON__CMD_SHUTDOWN;
+        baton__cmd_post(engine, cmd);
     }
-    cmd->type = BATON__CMD_SHUTDOWN;
-    baton__cmd_post(engine, cmd);
+    baton__api_leave(engine, &scope);
 }
 
 void baton_xfer_engine_stats(const baton_xfer_engine_t *engine, baton_xfer_stats_t *s)

@@ -11,7 +11,7 @@ static int endpoint_ok(const char *host, int port)
     return host != NULL && host[0] != '\0' && strlen(host) < 256 && port > 0 && port <= 65535;
 }
 
-int baton_xfer_connect(baton_xfer_engine_t *engine, const char *host, int port)
+static int connect_locked(baton_xfer_engine_t *engine, const char *host, int port)
 {
     if (engine == NULL || !endpoint_ok(host, port))
         return BATON_EINVAL;
@@ -45,8 +45,8 @@ static int add_mem(baton_xfer_mem_t ***mems_p, size_t *n_p, size_t *cap_p, baton
     return 0;
 }
 
-int baton_xfer_offer(baton_xfer_engine_t *engine, const char *host, int port,
-                     const baton_xfer_offer_t *offer, baton_xfer_offer_cb cb, void *data)
+static int offer_locked(baton_xfer_engine_t *engine, const char *host, int port,
+                        const baton_xfer_offer_t *offer, baton_xfer_offer_cb cb, void *data)
 {
     if (engine == NULL || !endpoint_ok(host, port) || offer == NULL || cb == NULL ||
         offer->pages == NULL || offer->n_layers == 0 || offer->pages_per_layer == 0)
@@ -144,7 +144,7 @@ int baton_xfer_offer(baton_xfer_engine_t *engine, const char *host, int port,
     return 0;
 }
 
-int baton_xfer_abort(baton_xfer_engine_t *engine, uint64_t room_id)
+static int abort_locked(baton_xfer_engine_t *engine, uint64_t room_id)
 {
     if (engine == NULL)
         return BATON_EINVAL;
@@ -197,17 +197,20 @@ baton_xfer_transport_t baton_xfer_room_transport(const baton_xfer_room_t *room)
 
 void baton_xfer_room_set_data(baton_xfer_room_t *room, void *data)
 {
+    baton__api_scope_t scope;
+    baton__api_enter(room->eng, &scope);
     room->user = data;
+    baton__api_leave(room->eng, &scope);
 }
 
 void *baton_xfer_room_get_data(const baton_xfer_room_t *room)
 {
-    return room->user;
+    return BATON__LOCKED(room->eng, room->user);
 }
 
-static int write_impl(baton_xfer_room_t *room, uint32_t first, uint32_t count, uint32_t cb_layer,
-                      const baton_xfer_iov_t *src, size_t n_src, void *cuda_event,
-                      baton_xfer_write_cb cb, void *data)
+static int write_locked(baton_xfer_room_t *room, uint32_t first, uint32_t count, uint32_t cb_layer,
+                        const baton_xfer_iov_t *src, size_t n_src, void *cuda_event,
+                        baton_xfer_write_cb cb, void *data)
 {
     if (room == NULL || src == NULL || cb == NULL)
         return BATON_EINVAL;
@@ -291,6 +294,16 @@ static int write_impl(baton_xfer_room_t *room, uint32_t first, uint32_t count, u
     return 0;
 }
 
+static int write_impl(baton_xfer_room_t *room, uint32_t first, uint32_t count, uint32_t cb_layer,
+                      const baton_xfer_iov_t *src, size_t n_src, void *cuda_event,
+                      baton_xfer_write_cb cb, void *data)
+{
+    if (room == NULL)
+        return BATON_EINVAL;
+    return BATON__LOCKED(
+        room->eng, write_locked(room, first, count, cb_layer, src, n_src, cuda_event, cb, data));
+}
+
 int baton_xfer_write_layer(baton_xfer_room_t *room, uint32_t layer, const baton_xfer_iov_t *src,
                            size_t n_src, baton_xfer_write_cb cb, void *data)
 {
@@ -302,6 +315,7 @@ int baton_xfer_write_room(baton_xfer_room_t *room, const baton_xfer_iov_t *src, 
 {
     if (room == NULL)
         return BATON_EINVAL;
+    /* n_layers is immutable: reading it before the lock is fine. */
     return write_impl(room, 0, room->n_layers, UINT32_MAX, src, n_src, NULL, cb, data);
 }
 
@@ -335,10 +349,8 @@ static int room_end_cmd(baton_xfer_room_t *room, baton__cmd_type_t type, baton__
     return 0;
 }
 
-int baton_xfer_room_complete(baton_xfer_room_t *room, const baton_xfer_done_t *done)
+static int complete_locked(baton_xfer_room_t *room, const baton_xfer_done_t *done)
 {
-    if (room == NULL || done == NULL)
-        return BATON_EINVAL;
     if (done->payload_len > BATON_XFER_DONE_PAYLOAD_MAX ||
         (done->payload_len > 0 && done->payload == NULL))
         return BATON_EINVAL;
@@ -357,10 +369,8 @@ int baton_xfer_room_complete(baton_xfer_room_t *room, const baton_xfer_done_t *d
     return 0;
 }
 
-int baton_xfer_room_abort(baton_xfer_room_t *room, int reason)
+static int room_abort_locked(baton_xfer_room_t *room, int reason)
 {
-    if (room == NULL)
-        return BATON_EINVAL;
     baton__cmd_t *cmd;
     int rc = room_end_cmd(room, BATON__CMD_PABORT, &cmd);
     if (rc != 0)
@@ -370,4 +380,42 @@ int baton_xfer_room_abort(baton_xfer_room_t *room, int reason)
     atomic_fetch_add(&room->refs, 1);
     baton__cmd_post(room->eng, cmd);
     return 0;
+}
+
+/* ---- public entry points: the engine lock and log scope around the calls above ----------- */
+
+int baton_xfer_connect(baton_xfer_engine_t *engine, const char *host, int port)
+{
+    if (engine == NULL)
+        return BATON_EINVAL;
+    return BATON__LOCKED(engine, connect_locked(engine, host, port));
+}
+
+int baton_xfer_offer(baton_xfer_engine_t *engine, const char *host, int port,
+                     const baton_xfer_offer_t *offer, baton_xfer_offer_cb cb, void *data)
+{
+    if (engine == NULL)
+        return BATON_EINVAL;
+    return BATON__LOCKED(engine, offer_locked(engine, host, port, offer, cb, data));
+}
+
+int baton_xfer_abort(baton_xfer_engine_t *engine, uint64_t room_id)
+{
+    if (engine == NULL)
+        return BATON_EINVAL;
+    return BATON__LOCKED(engine, abort_locked(engine, room_id));
+}
+
+int baton_xfer_room_complete(baton_xfer_room_t *room, const baton_xfer_done_t *done)
+{
+    if (room == NULL || done == NULL)
+        return BATON_EINVAL;
+    return BATON__LOCKED(room->eng, complete_locked(room, done));
+}
+
+int baton_xfer_room_abort(baton_xfer_room_t *room, int reason)
+{
+    if (room == NULL)
+        return BATON_EINVAL;
+    return BATON__LOCKED(room->eng, room_abort_locked(room, reason));
 }

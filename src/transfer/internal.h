@@ -11,6 +11,7 @@
 #include "common/buf.h"
 #include "common/clock.h"
 #include "common/list.h"
+#include "common/log.h"
 #include "health/heartbeat.h"
 #include "health/peer_state.h"
 #include "transfer/ctrl_frame.h"
@@ -301,7 +302,7 @@ struct baton__peer_s {
     int port;
     char endpoint[300];
     baton_peer_health_t health;
-    baton__conn_t *conn;  /* current attempt or UP connection */
+    baton__conn_t *conn; /* current attempt or UP connection */
     baton_list_t queued; /* drooms waiting for UP */
     char remote_id[BATON__ID_MAX + 1];
     uint64_t remote_inc;
@@ -320,8 +321,15 @@ struct baton_xfer_engine_s {
     baton_xfer_callbacks_t cbs;
 
     /* caller side */
-    uv_loop_t *caller_loop;
+    uv_loop_t *caller_loop; /* NULL: own-progress mode (evfd + api_lock instead) */
     uv_async_t caller_async;
+    int evfd;             /* own-progress mode: readable while events are queued */
+    uv_mutex_t api_lock;  /* own-progress mode: serializes every caller-side call (recursive) */
+    baton_log_sink_t log; /* this engine's log destination (cfg.log_cb / log_level) */
+    int has_log;          /* log differs from the process default */
+    const baton_log_sink_t *create_prev_log; /* the creating thread's sink, during create */
+    baton__cmd_t shutdown_fallback;          /* destroy must not fail for lack of memory */
+    baton__ev_t closed_fallback;
     baton_xfer_mem_t **mems; /* sorted by address */
     size_t n_mems, cap_mems;
     uint32_t next_mem_id;
@@ -360,6 +368,10 @@ struct baton_xfer_engine_s {
     int closed_posted;
     int retiring; /* transport peers being fenced outside any connection */
     uint32_t tick_ms;
+    /* Scratch for the HELLO being built (one per transport): per engine, so that two engines
+     * never share it, and off the stack (12 KiB). */
+    uint8_t hs_blobs[BATON__MAX_TP][BATON__TP_BLOB_MAX];
+    baton_list_t cuda_waits; /* CUDA builds: writes waiting for their event, in arrival order */
 
     /* statistics (any thread, relaxed) */
     atomic_uint_fast64_t st_bytes_written, st_bytes_received, st_rooms_done, st_rooms_failed,
@@ -368,6 +380,22 @@ struct baton_xfer_engine_s {
 };
 
 /* ---- engine.c ---------------------------------------------------------------------------- */
+/* Brackets every caller-side public call: takes the engine lock in own-progress mode and routes
+ * the thread's log lines to the engine's sink; leave restores both. */
+typedef struct {
+    const baton_log_sink_t *prev_log;
+} baton__api_scope_t;
+void baton__api_enter(baton_xfer_engine_t *eng, baton__api_scope_t *scope);
+void baton__api_leave(baton_xfer_engine_t *eng, baton__api_scope_t *scope);
+/* Evaluates `call` (an expression with a value) between api_enter and api_leave. */
+#define BATON__LOCKED(eng, call)                                                                   \
+    __extension__({                                                                                \
+        baton__api_scope_t scope_;                                                                 \
+        baton__api_enter((eng), &scope_);                                                          \
+        __typeof__(call) ret_ = (call);                                                            \
+        baton__api_leave((eng), &scope_);                                                          \
+        ret_;                                                                                      \
+    })
 /* Caller thread: queue a command for the progress thread. */
 void baton__cmd_post(baton_xfer_engine_t *eng, baton__cmd_t *cmd);
 /* Progress thread: queue an event for the caller loop. */

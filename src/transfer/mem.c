@@ -176,7 +176,7 @@ int baton_xfer_mem_register(baton_xfer_engine_t *engine, void *addr, size_t len,
 {
     if (engine == NULL)
         return BATON_EINVAL;
-    return do_register(engine, addr, len, kind, device, -1, 0, mem_p);
+    return BATON__LOCKED(engine, do_register(engine, addr, len, kind, device, -1, 0, mem_p));
 }
 
 int baton_xfer_mem_alloc(baton_xfer_engine_t *engine, size_t len, baton_xfer_mem_t **mem_p)
@@ -210,7 +210,8 @@ int baton_xfer_mem_alloc(baton_xfer_engine_t *engine, size_t len, baton_xfer_mem
         close(fd);
         return uv_translate_sys_error(e);
     }
-    int rc = do_register(engine, p, maplen, BATON_XFER_MEM_HOST, 0, fd, token, mem_p);
+    int rc = BATON__LOCKED(
+        engine, do_register(engine, p, maplen, BATON_XFER_MEM_HOST, 0, fd, token, mem_p));
     if (rc != 0) {
         munmap(p, maplen);
         close(fd);
@@ -237,10 +238,8 @@ static void free_mem(baton_xfer_mem_t *m)
     free(m);
 }
 
-int baton_xfer_mem_deregister(baton_xfer_engine_t *engine, baton_xfer_mem_t *mem)
+static int deregister_locked(baton_xfer_engine_t *engine, baton_xfer_mem_t *mem)
 {
-    if (engine == NULL || mem == NULL || mem->eng != engine)
-        return BATON_EINVAL;
     if (engine->destroying)
         return BATON_ESHUTDOWN;
     if (atomic_load(&mem->refs) > 0)
@@ -262,6 +261,13 @@ int baton_xfer_mem_deregister(baton_xfer_engine_t *engine, baton_xfer_mem_t *mem
     baton__cmd_post(engine, cmd);
     free_mem(mem);
     return 0;
+}
+
+int baton_xfer_mem_deregister(baton_xfer_engine_t *engine, baton_xfer_mem_t *mem)
+{
+    if (engine == NULL || mem == NULL || mem->eng != engine)
+        return BATON_EINVAL;
+    return BATON__LOCKED(engine, deregister_locked(engine, mem));
 }
 
 /* Progress thread, at the end of shutdown, before the transports stop: the caller no longer

@@ -270,14 +270,7 @@ static void start_write(baton__wreq_t *wr)
 /* Writes whose CUDA event has not completed yet, in arrival order (linked by cmd.link). */
 static baton_list_t *cuda_waits(baton_xfer_engine_t *eng)
 {
-    static __thread baton_list_t waits;
-    static __thread int init;
-    if (!init) {
-        baton_list_init(&waits);
-        init = 1;
-    }
-    (void)eng;
-    return &waits;
+    return &eng->cuda_waits;
 }
 #endif
 

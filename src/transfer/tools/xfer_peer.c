@@ -13,6 +13,7 @@
 
 #include <uv.h>
 
+#include "baton/error.h"
 #include "baton/transfer.h"
 #include "common/log.h"
 #include "transfer/tools/xfer_pattern.h"

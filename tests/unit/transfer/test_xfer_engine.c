@@ -19,6 +19,7 @@
 #include <dlfcn.h>
 #include <uv.h>
 
+#include "baton/error.h"
 #include "baton/transfer.h"
 #include "transfer/ctrl_frame.h"
 #include "transfer/tools/xfer_pattern.h"
