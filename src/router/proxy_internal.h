@@ -42,10 +42,12 @@
  *   NEW ──► QUEUED ──► NEW (left the queue: tries for a worker, or is answered)
  *    │
  *    ├──► SENT ──► STREAMING ◄──► HOLDING ──► HELD_END
- *    │     │  └──► WAIT_PREFILL
+ *    │     │  └──► WAIT_PREFILL ──► RETRY_WAIT (prefill failed: nothing was sent yet)
  *    │     └─────► RETRY_WAIT ──► SENT (the next attempt)
  *    │
- *   any live phase ──► FAIL_DEFERRED / ABORTED ──► DONE; any phase but DONE ──► DONE
+ *   SENT and after ──► FAIL_DEFERRED (the failure waits for requests borrowing the body)
+ *   NEW, SENT and after ──► ABORTED (the client went away) ──► DONE
+ *   every phase but QUEUED and DONE ──► DONE (the answer went out)
  *
  * The request is freed once DONE and no upstream request of any attempt is in flight.
  */

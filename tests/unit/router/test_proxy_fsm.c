@@ -649,6 +649,19 @@ static void test_abort_holding(void **state)
     assert_int_equal(c.body.len, 0); /* the held event never went out */
 }
 
+static void test_abort_held_end(void **state)
+{
+    (void)state;
+    fake_client_t c;
+    generate(&c, GEN_LP_STREAM);
+    up_head(1, 200, SSE);
+    up_data(1, "data: {\"text\":\"a\",\"meta_info\":{\"input_token_logprobs\":[]}}\n\n");
+    up_done(1, 0);
+    abort_and_check(&c, PH_HELD_END, 0);
+    assert_int_equal(ups[0].cancelled, 1); /* prefill's logprobs are not needed any more */
+    assert_int_equal(c.body.len, 0);
+}
+
 static void test_abort_retry_wait(void **state)
 {
     (void)state;
@@ -734,6 +747,31 @@ static void test_retry_new_pair_new_room(void **state)
     assert_int_equal(other.status, 200);
     client_done(&c);
     client_done(&other);
+}
+
+/* Decode's retriable status: a retry is planned; when it finds no pair (every prefill gone),
+ * the client gets the last attempt's answer — decode's own status and body. */
+static void test_retry_finds_no_pair(void **state)
+{
+    (void)state;
+    cfg.max_retries = 1;
+    fake_client_t c;
+    chat(&c, CHAT);
+    up_head(1, 503, JSON);
+    assert_int_equal(ups[0].cancelled, 1);
+    up_data(1, "{\"error\":\"busy\"}");
+    up_done(1, 0);
+    assert_int_equal(preq(&c)->phase, PH_RETRY_WAIT);
+    assert_int_equal(c.finished, 0);
+    assert_int_equal(baton_registry_remove_url(reg, "http://127.0.0.1:8001"), 0);
+    assert_int_equal(baton_registry_remove_url(reg, "http://127.0.0.1:8002"), 0);
+    flush_cancels();
+    run_until(&c.finished, 1);
+    assert_int_equal(c.finished, 1);
+    assert_int_equal(n_ups, 2); /* no new attempt */
+    assert_int_equal(c.status, 503);
+    assert_client_body(&c, "{\"error\":\"busy\"}");
+    client_done(&c);
 }
 
 static void test_no_retry_after_stream_started(void **state)
@@ -848,9 +886,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_abort_wait_prefill, setup, teardown),
         cmocka_unit_test_setup_teardown(test_abort_streaming, setup, teardown),
         cmocka_unit_test_setup_teardown(test_abort_holding, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_abort_held_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_abort_retry_wait, setup, teardown),
         cmocka_unit_test_setup_teardown(test_abort_queued, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retry_new_pair_new_room, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_retry_finds_no_pair, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_retry_after_stream_started, setup, teardown),
         cmocka_unit_test_setup_teardown(test_queue_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_transition_table, setup, teardown),
