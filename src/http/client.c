@@ -903,3 +903,11 @@ void baton_http_request_cancel(baton_http_creq_t *req)
     }
     defer_finish(r, BATON_ECANCELED);
 }
+
+const baton_http_client_ops_t baton_http_client_ops = {
+    .pool_create = baton_http_pool_create,
+    .pool_destroy = baton_http_pool_destroy,
+    .request = baton_http_request,
+    .pause = baton_http_request_pause,
+    .cancel = baton_http_request_cancel,
+};

@@ -86,4 +86,23 @@ void baton_http_request_pause(baton_http_creq_t *req, int paused);
  * Safe to call from on_head/on_data; never after on_done (the handle is gone). */
 void baton_http_request_cancel(baton_http_creq_t *req);
 
+/*
+ * The client as a table of operations, so that a caller can run against a fake upstream in
+ * unit tests (the router's proxy reaches the client only through one). The functions keep the
+ * contracts above; baton_http_client_ops holds the real ones above and is never modified.
+ */
+typedef struct baton_http_client_ops_s {
+    int (*pool_create)(baton_http_pool_t **pool_p, uv_loop_t *loop, const char *host, int port,
+                       unsigned max_idle);
+    void (*pool_destroy)(baton_http_pool_t *pool);
+    int (*request)(baton_http_creq_t **req_p, baton_http_pool_t *pool, const char *method,
+                   const char *path, const baton_http_header_t *headers, size_t n_headers,
+                   const char *body, size_t body_len, const baton_http_timeouts_t *timeouts,
+                   const baton_http_client_cb_t *cb, void *data);
+    void (*pause)(baton_http_creq_t *req, int paused);
+    void (*cancel)(baton_http_creq_t *req);
+} baton_http_client_ops_t;
+
+extern const baton_http_client_ops_t baton_http_client_ops;
+
 #endif

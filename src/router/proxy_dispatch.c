@@ -1,0 +1,285 @@
+/* proxy_dispatch.c — starting an attempt: health-aware picks under per-worker caps, a PD pair
+ * (one body with a fresh room, sent to both at once) or a regular worker, the upstream requests
+ * through the loop's client, and giving back what they hold on their workers. */
+#include "router/proxy_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "baton/error.h"
+#include "common/log.h"
+
+/* ---------------------------------------------------------------------------------------- */
+/* Worker selection (pick.h) with this router's policy, health layer and cap                */
+
+static void pick_release(baton_router_t *r, baton_pick_t *p, baton_breaker_outcome_t outcome)
+{
+    baton_pick_release(r->health, p, outcome);
+}
+
+baton_pick_rc_t baton__pick(baton_router_t *r, baton_worker_role_t role,
+                            baton_worker_t *const *avoid, size_t n_avoid, int use_cap,
+                            baton_pick_t *out)
+{
+    return baton_pick(r->registry, baton_router_policy(r, role), r->health,
+                      use_cap ? r->cfg->max_worker_requests : 0, role, avoid, n_avoid, out);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Upstream requests                                                                        */
+
+static void body_unref(baton__body_t *b)
+{
+    if (b && --b->refs == 0) {
+        baton_buf_free(&b->buf);
+        free(b);
+    }
+}
+
+const char *baton__side_name(const baton__upstream_t *u)
+{
+    return baton_worker_role_name(u->w->role);
+}
+
+/* Gives back the health ticket when its outcome was not reported yet. */
+void baton__up_report(baton__upstream_t *u, baton_breaker_outcome_t outcome)
+{
+    baton_router_t *r = u->pr->pl->router;
+    if (u->ticket) {
+        if (r->health)
+            baton_whealth_done(r->health, u->w, u->ticket, outcome);
+        u->ticket = 0;
+    }
+}
+
+void baton__up_settle(baton__upstream_t *u, baton_breaker_outcome_t outcome)
+{
+    baton__up_report(u, outcome);
+    if (u->reserved) {
+        u->reserved = 0;
+        baton_worker_in_flight_dec(u->w);
+    }
+}
+
+void baton__up_free(baton__upstream_t *u)
+{
+    if (!u)
+        return;
+    baton__up_settle(u, BATON_OUTCOME_NEUTRAL);
+    baton_worker_unref(u->w);
+    free(u->path);
+    free(u->auth);
+    baton_buf_free(&u->resp);
+    body_unref(u->body);
+    free(u);
+}
+
+baton__upstream_t *baton__up_new(baton__preq_t *pr, int side, baton_pick_t *p)
+{
+    baton__upstream_t *u = calloc(1, sizeof(*u));
+    if (!u)
+        return NULL;
+    u->pr = pr;
+    u->side = side;
+    u->w = p->w;
+    u->ticket = p->ticket;
+    u->reserved = 1;
+    p->w = NULL;
+    p->ticket = 0;
+    return u;
+}
+
+void baton__up_cancel(baton__upstream_t *u, const char *reason)
+{
+    if (u && u->creq && !u->cancelled) {
+        u->cancelled = 1;
+        baton_resil_metrics_abort(u->pr->pl->router->resil, u->w->role, reason);
+        log_debug("router", "upstream_abort route=%s side=%s worker=%s reason=%s", u->pr->route,
+                  baton_worker_role_name(u->w->role), u->w->url, reason);
+        u->pr->pl->http->cancel(u->creq);
+    }
+}
+
+void baton__pr_cancel_all(baton__preq_t *pr, const char *reason)
+{
+    baton__up_cancel(pr->up[UP_PREFILL], reason);
+    baton__up_cancel(pr->up[UP_MAIN], reason);
+}
+
+static baton_http_timeouts_t attempt_timeouts(baton__preq_t *pr, int side)
+{
+    const baton_config_t *cfg = pr->pl->router->cfg;
+    baton_http_timeouts_t to = cfg->timeouts;
+    if (side == UP_PREFILL && cfg->prefill_timeout_ms) {
+        to.first_byte_ms = cfg->prefill_timeout_ms;
+        if (!to.total_ms || cfg->prefill_timeout_ms < to.total_ms)
+            to.total_ms = cfg->prefill_timeout_ms;
+    }
+    if (pr->deadline_ns) {
+        uint64_t left = baton__pr_ms_left(pr, uv_hrtime());
+        if (left == 0)
+            left = 1; /* fails at once with ETIMEOUT_TOTAL */
+        if (!to.total_ms || left < to.total_ms)
+            to.total_ms = left;
+    }
+    return to;
+}
+
+int baton__up_start(baton__preq_t *pr, baton__upstream_t *u, const char *method, const char *path,
+                    const char *body, size_t len)
+{
+    static const baton_http_client_cb_t client_cb = {baton__proxy_on_head, baton__proxy_on_data,
+                                                     baton__proxy_on_done};
+    baton_worker_t *w = u->w;
+    const char *query = pr->req->query ? pr->req->query : "";
+
+    if (!w->parsed.prefix[0] && !query[0]) {
+        u->path_use = path;
+    } else {
+        if (asprintf(&u->path, "%s%s%s%s", w->parsed.prefix, path, query[0] ? "?" : "", query) <
+            0) {
+            u->path = NULL;
+            return BATON_ENOMEM;
+        }
+        u->path_use = u->path;
+    }
+    u->n_hdrs = 0;
+    if (body)
+        u->hdrs[u->n_hdrs++] = (baton_http_header_t){"Content-Type", "application/json"};
+    /* The worker's own key wins; else the client's credentials go through (copied: the
+     * upstream request may outlive the client request). */
+    const baton_http_header_t *cauth = baton_http_req_header(pr->req, "Authorization");
+    if (w->api_key || cauth) {
+        if (w->api_key ? asprintf(&u->auth, "Bearer %s", w->api_key) < 0
+                       : !(u->auth = strdup(cauth->value))) {
+            u->auth = NULL;
+            return BATON_ENOMEM;
+        }
+        u->hdrs[u->n_hdrs++] = (baton_http_header_t){"Authorization", u->auth};
+    }
+    baton_http_pool_t *pool = baton__pool_for(pr->pl, w);
+    if (!pool)
+        return BATON_ENOMEM;
+    baton_http_timeouts_t to = attempt_timeouts(pr, u->side);
+    int rc = pr->pl->http->request(&u->creq, pool, method, u->path_use, u->hdrs, u->n_hdrs, body,
+                                   len, &to, &client_cb, u);
+    if (rc) {
+        u->creq = NULL;
+        return rc;
+    }
+    pr->pending++;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Attempts                                                                                 */
+
+/* Injects a fresh room for the pair in up[] and sends the one serialized body to both. */
+static int pd_dispatch(baton__preq_t *pr)
+{
+    baton__upstream_t *p = pr->up[UP_PREFILL], *d = pr->up[UP_MAIN];
+    uint64_t rooms_stack[16], *rooms = rooms_stack;
+    size_t n = baton_pdreq_n_rooms(&pr->pd);
+    int rc;
+
+    if (n > 16 && !(rooms = malloc(n * sizeof(*rooms))))
+        return BATON_ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        rooms[i] = baton_bootstrap_room();
+    rc = baton_pdreq_inject(&pr->pd, p->w->parsed.host, p->w->bootstrap_port, rooms);
+    if (rooms != rooms_stack)
+        free(rooms);
+    if (rc)
+        return rc;
+    baton__body_t *b = calloc(1, sizeof(*b));
+    if (!b)
+        return BATON_ENOMEM;
+    b->buf = pr->pd.out; /* this attempt's bytes: a retry serializes its own */
+    pr->pd.out = (baton_buf_t)BATON_BUF_INIT;
+    b->refs = 2;
+    p->body = d->body = b;
+    p->buffer = pr->pd.logprobs;
+    const char *path = baton_api_path(pr->pd.api);
+    baton__pr_set_phase(pr, PH_SENT, "pd_dispatch");
+    if ((rc = baton__up_start(pr, p, "POST", path, b->buf.data, b->buf.len)) != 0) {
+        baton__side_failed(pr, p, rc);
+        return 0;
+    }
+    if ((rc = baton__up_start(pr, d, "POST", path, b->buf.data, b->buf.len)) != 0) {
+        baton__side_failed(pr, d, rc);
+        return 0;
+    }
+    log_debug("router", "dispatch route=%s prefill=%s decode=%s batch=%zu stream=%d attempt=%u",
+              pr->route, p->w->url, d->w->url, pr->pd.batch, pr->pd.stream, pr->attempts);
+    return 0;
+}
+
+/* The "no worker" answer, naming what is missing. */
+void baton__respond_no_worker(baton__preq_t *pr, int pd_missing_prefill)
+{
+    baton_router_t *r = pr->pl->router;
+    const char *msg =
+        pd_missing_prefill ? "no prefill worker available" : "no decode worker available";
+    const char *code = pd_missing_prefill ? "no_prefill_worker" : "no_decode_worker";
+    size_t counts[BATON_ROLE_COUNT];
+    baton_registry_counts(r->registry, counts, NULL);
+    if (!counts[BATON_ROLE_PREFILL] && !counts[BATON_ROLE_DECODE]) {
+        msg = "no worker available";
+        code = "no_worker";
+    }
+    baton__pr_respond_error(pr, 503, msg, "service_unavailable_error", code);
+}
+
+enum baton__start_rc baton__start_attempt(baton__preq_t *pr, int *missing_prefill)
+{
+    baton_router_t *r = pr->pl->router;
+    baton_pick_t p = {0}, d = {0}, w = {0};
+    baton_pick_rc_t prc, drc = BATON_PICK_NONE, wrc;
+    *missing_prefill = 1;
+    prc = baton__pick(r, BATON_ROLE_PREFILL, pr->avoid, pr->n_avoid, 1, &p);
+    if (prc == BATON_PICK_OK) {
+        drc = baton__pick(r, BATON_ROLE_DECODE, pr->avoid, pr->n_avoid, 1, &d);
+        if (drc != BATON_PICK_OK) {
+            pick_release(r, &p, BATON_OUTCOME_NEUTRAL);
+            *missing_prefill = 0;
+        }
+    }
+    if (prc == BATON_PICK_OK && drc == BATON_PICK_OK) {
+        baton__upstream_t *up = baton__up_new(pr, UP_PREFILL, &p);
+        baton__upstream_t *ud = up ? baton__up_new(pr, UP_MAIN, &d) : NULL;
+        if (!up || !ud) {
+            pick_release(r, &p, BATON_OUTCOME_NEUTRAL);
+            pick_release(r, &d, BATON_OUTCOME_NEUTRAL);
+            baton__up_free(up);
+            return ST_NOMEM;
+        }
+        pr->mode = MODE_PD;
+        pr->up[UP_PREFILL] = up;
+        pr->up[UP_MAIN] = ud;
+        pr->attempts++;
+        return pd_dispatch(pr) ? ST_NOMEM : ST_STARTED;
+    }
+    wrc = baton__pick(r, BATON_ROLE_REGULAR, pr->avoid, pr->n_avoid, 1, &w);
+    if (wrc == BATON_PICK_OK) {
+        baton__upstream_t *u = baton__up_new(pr, UP_MAIN, &w);
+        if (!u) {
+            pick_release(r, &w, BATON_OUTCOME_NEUTRAL);
+            return ST_NOMEM;
+        }
+        pr->mode = MODE_REGULAR;
+        pr->up[UP_MAIN] = u;
+        pr->attempts++;
+        pr->borrowed = 1;
+        /* The client's bytes go as they came: no re-serialization for a plain proxy. */
+        const char *route = baton_api_path(pr->pd.api);
+        baton__pr_set_phase(pr, PH_SENT, "regular_dispatch");
+        int rc = baton__up_start(pr, u, "POST", route, pr->req->body, pr->req->body_len);
+        if (rc)
+            baton__side_failed(pr, u, rc);
+        return ST_STARTED;
+    }
+    if (prc == BATON_PICK_CAPPED || drc == BATON_PICK_CAPPED || wrc == BATON_PICK_CAPPED)
+        return ST_WAIT;
+    return ST_NOWORKER;
+}
