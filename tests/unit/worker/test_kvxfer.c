@@ -15,6 +15,7 @@
 
 #include "baton/error.h"
 #include "common/buf.h"
+#include "loop_test.h"
 #include "worker/kvdone.h"
 #include "worker/kvpattern.h"
 #include "worker/kvxfer_int.h"
@@ -24,7 +25,6 @@
 #define PAGE_TOKENS 16
 #define POOL_TOKENS (64 * PAGE_TOKENS)
 #define MAX_TOKENS  256
-#define WAIT_MS     30000 /* a bound for a hung test, never a timing check */
 
 /* ---- the phase tables -------------------------------------------------------------------- */
 
@@ -151,25 +151,7 @@ static struct {
     int closed;
 } E;
 
-static void on_keepalive(uv_timer_t *t)
-{
-    (void)t;
-}
-
-static uint64_t now_ms(void)
-{
-    return uv_hrtime() / 1000000;
-}
-
-#define RUN_UNTIL(cond)                                                                            \
-    do {                                                                                           \
-        uint64_t deadline_ = now_ms() + WAIT_MS;                                                   \
-        while (!(cond)) {                                                                          \
-            if (now_ms() > deadline_)                                                              \
-                fail_msg("gave up waiting for %s", #cond);                                         \
-            uv_run(&E.loop, UV_RUN_ONCE);                                                          \
-        }                                                                                          \
-    } while (0)
+#define RUN_UNTIL(cond) LOOP_RUN_UNTIL(&E.loop, cond)
 
 static wk_kv_cfg_t kv_cfg(int prefill, baton_xfer_transport_t tp)
 {
@@ -190,8 +172,7 @@ static void engines_up(baton_xfer_transport_t tp, uint32_t corrupt_every)
 {
     memset(&E, 0, sizeof(E));
     assert_int_equal(uv_loop_init(&E.loop), 0);
-    uv_timer_init(&E.loop, &E.keepalive);
-    uv_timer_start(&E.keepalive, on_keepalive, 5, 5); /* UV_RUN_ONCE always comes back */
+    loop_test_keepalive(&E.loop, &E.keepalive);
     E.pm = baton_metrics_create();
     E.dm = baton_metrics_create();
     assert_non_null(E.pm);
@@ -222,24 +203,6 @@ static void engines_down(void)
     assert_int_equal(uv_loop_close(&E.loop), 0);
     baton_metrics_destroy(E.pm);
     baton_metrics_destroy(E.dm);
-}
-
-/* The value of a metric line (`name{labels} value`) in a registry's text, or -1. */
-static double metric(baton_metrics_t *m, const char *series)
-{
-    baton_buf_t b = BATON_BUF_INIT;
-    double v = -1;
-    assert_int_equal(baton_metrics_render(m, &b), 0);
-    assert_int_equal(baton_buf_append(&b, "", 1), 0); /* terminate */
-    size_t n = strlen(series);
-    for (const char *line = b.data; line && *line;
-         line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
-        if (strncmp(line, series, n) == 0 && line[n] == ' ') {
-            v = strtod(line + n + 1, NULL);
-            break;
-        }
-    baton_buf_free(&b);
-    return v;
 }
 
 static void room_init(room_t *rm, uint64_t id, uint32_t n_tokens)
@@ -369,9 +332,9 @@ static void handoff(baton_xfer_transport_t tp, int request_first, int layerwise)
     assert_int_equal(E.d->pool.n_free, E.d->n_slots - ppl);
     wk_kv_recv_drop(rm.r, "done");
     RUN_UNTIL(E.d->pool.n_free == E.d->n_slots);
-    assert_int_equal(metric(E.pm, "baton_kv_rooms_total{result=\"ok\"}"), 1);
-    assert_int_equal(metric(E.dm, "baton_kv_rooms_total{result=\"ok\"}"), 1);
-    assert_int_equal(metric(E.dm, "baton_kv_rooms_total{result=\"failed\"}"), 0);
+    assert_int_equal(loop_test_metric(E.pm, "baton_kv_rooms_total{result=\"ok\"}"), 1);
+    assert_int_equal(loop_test_metric(E.dm, "baton_kv_rooms_total{result=\"ok\"}"), 1);
+    assert_int_equal(loop_test_metric(E.dm, "baton_kv_rooms_total{result=\"failed\"}"), 0);
     assert_int_equal(baton_u64map_get(&E.p->rooms, rm.id), NULL); /* closed rooms leave */
     engines_down();
 }
@@ -411,8 +374,10 @@ static void test_shape_mismatch(void **state)
     assert_non_null(strstr(pre.sent_detail, "offer has 4 layers x 1 pages, prefill needs 4 x 3"));
     assert_int_equal(dec.got_status, WK_EMISMATCH);
     assert_non_null(strstr(dec.got_detail, "prefill computed 37 prompt tokens"));
-    assert_int_equal(metric(E.pm, "baton_kv_room_failures_total{reason=\"mismatch\"}"), 1);
-    assert_int_equal(metric(E.dm, "baton_kv_room_failures_total{reason=\"mismatch\"}"), 1);
+    assert_int_equal(loop_test_metric(E.pm, "baton_kv_room_failures_total{reason=\"mismatch\"}"),
+                     1);
+    assert_int_equal(loop_test_metric(E.dm, "baton_kv_room_failures_total{reason=\"mismatch\"}"),
+                     1);
     engines_down();
 }
 
@@ -431,7 +396,7 @@ static void test_corrupt(void **state)
     assert_int_equal(rm.sent_status, 0); /* every write landed: the prefill cannot tell */
     assert_int_equal(rm.got_status, BATON_EKVCORRUPT);
     assert_non_null(strstr(rm.got_detail, "at layer 3, page 0"));
-    assert_int_equal(metric(E.dm, "baton_kv_corrupted_total"), 1);
+    assert_int_equal(loop_test_metric(E.dm, "baton_kv_corrupted_total"), 1);
     engines_down();
 }
 
@@ -455,8 +420,8 @@ static void test_decode_drops_first(void **state)
     wk_kv_send_t *s = NULL;
     assert_int_equal(wk_kv_send_open(E.p, rm.id, &pr, on_matched, on_sent, &rm, &s),
                      BATON_EABORTED);
-    assert_int_equal(metric(E.dm, "baton_kv_room_failures_total{reason=\"timeout\"}"), 1);
-    assert_int_equal(metric(E.pm, "baton_kv_room_failures_total{reason=\"aborted\"}"), 1);
+    assert_int_equal(loop_test_metric(E.dm, "baton_kv_room_failures_total{reason=\"timeout\"}"), 1);
+    assert_int_equal(loop_test_metric(E.pm, "baton_kv_room_failures_total{reason=\"aborted\"}"), 1);
     engines_down();
 }
 
@@ -498,7 +463,8 @@ static void test_prefill_drops_after_match(void **state)
     RUN_UNTIL(rm.got);
     assert_int_equal(rm.got_status, BATON_EABORTED);
     assert_int_equal(rm.sent, 0);
-    assert_int_equal(metric(E.pm, "baton_kv_room_failures_total{reason=\"canceled\"}"), 1);
+    assert_int_equal(loop_test_metric(E.pm, "baton_kv_room_failures_total{reason=\"canceled\"}"),
+                     1);
     engines_down();
 }
 
