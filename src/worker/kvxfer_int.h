@@ -16,6 +16,10 @@
 
 #define WK_KV_COMP "worker"
 
+/* Threads: everything here runs on the worker loop's thread, but for the bodies of thread-pool
+ * jobs (fill_work, check_work, the pre-fault), which only read a room's prompt and touch its
+ * leased pages; a room is not freed while lease.work counts a job on it. */
+
 /*
  * A prefill room's life cycle. A room is known here from whichever comes first: the decode's
  * offer (libbaton's room callback) or the request (wk_kv_send_open). Only wk__kv_send_to moves
