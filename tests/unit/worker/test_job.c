@@ -501,6 +501,66 @@ static void test_pd_deadline(void **state)
     loop_down(ws, 2);
 }
 
+/* The decode's page pool: a prompt bigger than the pool is refused at once; a job that does not
+ * fit now waits in PAGES (the deadline not yet due) and moves on when the pages come back. */
+static void test_pd_pages(void **state)
+{
+    (void)state;
+    loop_up();
+    wk_worker_t p, d;
+    wk_config_t pc = fast_cfg(WK_MODE_PREFILL), dc = fast_cfg(WK_MODE_DECODE);
+    dc.kv_pool_tokens = 4 * 16; /* 4 slots of the tiny preset's 16-token pages */
+    worker_up(&p, &pc);
+    worker_up(&d, &dc);
+    char body[1024], words[400];
+    size_t n = 0;
+    for (int i = 0; i < 60; i++) /* 60 words: 4 pages a layer, the whole pool */
+        n += (size_t)snprintf(words + n, sizeof(words) - n, "w%d ", i);
+    snprintf(body, sizeof(body),
+             "{\"text\":\"%s\",\"sampling_params\":{\"max_new_tokens\":2},"
+             "\"bootstrap_host\":\"127.0.0.1\",\"bootstrap_port\":%d,\"bootstrap_room\":1}",
+             words, wk_kv_listen_port(p.kv));
+    sink_t *a = sink_new("/generate", body);
+    wk_job_t *aj = submit(&d, a, WK_API_GENERATE);
+    assert_non_null(aj);
+    assert_int_equal(aj->phase, WK_JOB_RECEIVING); /* it took every slot */
+    /* the same prompt twice in one request needs 8 slots: never */
+    char big[1100];
+    snprintf(big, sizeof(big),
+             "{\"text\":[\"%s\",\"%s\"],\"sampling_params\":{\"max_new_tokens\":2},"
+             "\"bootstrap_host\":\"127.0.0.1\",\"bootstrap_port\":%d,"
+             "\"bootstrap_room\":[2,3]}",
+             words, words, wk_kv_listen_port(p.kv));
+    sink_t *tb = sink_new("/generate", big);
+    assert_null(submit(&d, tb, WK_API_GENERATE));
+    assert_int_equal(tb->status, 503);
+    assert_string_equal(tb->code, "kv_pool_exhausted");
+    assert_non_null(strstr(tb->message, "needs 8 KV page slots, more than the whole pool (4)"));
+    /* a second one fits the pool but not now: it waits for pages */
+    snprintf(body, sizeof(body),
+             "{\"text\":\"short\",\"sampling_params\":{\"max_new_tokens\":2},"
+             "\"bootstrap_host\":\"127.0.0.1\",\"bootstrap_port\":%d,\"bootstrap_room\":4}",
+             wk_kv_listen_port(p.kv));
+    sink_t *b = sink_new("/generate", body);
+    wk_job_t *bj = submit(&d, b, WK_API_GENERATE);
+    assert_non_null(bj);
+    assert_int_equal(bj->phase, WK_JOB_PAGES);
+    assert_int_equal(d.n_kv_waiting, 2);
+    /* the first one's client leaves: its room is aborted, its pages come back once the
+     * offer is over, and the waiting job gets them and offers its room */
+    a->req.on_abort(&a->req);
+    assert_int_equal(a->status, 499);
+    RUN_UNTIL(bj->phase == WK_JOB_RECEIVING);
+    assert_int_equal(b->finished, 0);
+    b->req.on_abort(&b->req);
+    RUN_UNTIL(used_slots(&d) == 0);
+    sink_free(a);
+    sink_free(tb);
+    sink_free(b);
+    wk_worker_t *ws[] = {&p, &d};
+    loop_down(ws, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -512,6 +572,7 @@ int main(void)
         cmocka_unit_test(test_client_abort),
         cmocka_unit_test(test_pd),
         cmocka_unit_test(test_pd_deadline),
+        cmocka_unit_test(test_pd_pages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
