@@ -1,6 +1,6 @@
-/* kvxfer_int.h — the KV hand-off's internals shared by kvxfer.c (engine, pool, thread-pool work,
- * metrics), kvxfer_send.c (prefill rooms) and kvxfer_recv.c (decode rooms); private to them and
- * to their unit tests. */
+/* kvxfer_int.h — the KV hand-off's internals shared by kvxfer.c (engine, pool, thread-pool work),
+ * kvxfer_send.c (prefill rooms), kvxfer_recv.c (decode rooms) and kvxfer_metrics.c; private to
+ * them and to their unit tests. */
 #ifndef BATON_WORKER_KVXFER_INT_H
 #define BATON_WORKER_KVXFER_INT_H
 
@@ -189,12 +189,16 @@ struct wk_kv_s {
     baton_xfer_stats_t seen;
 };
 
-/* ---- kvxfer.c: shared by both sides ---- */
+/* ---- kvxfer_metrics.c ---- */
 
+/* Registers the series in `m` (NULL: none; every update below is then a no-op). */
+void wk__kv_metrics_init(wk_kv_t *kv, baton_metrics_t *m);
 /* The failure reason label of a status. */
 const char *wk__kv_reason_of(int status);
 void wk__kv_count_fail(wk_kv_t *kv, const char *reason);
 void wk__kv_observe_since(baton_metric_child_t *h, uint64_t t0_ns);
+
+/* ---- kvxfer.c: shared by both sides ---- */
 /* Runs the deferred work (matched callbacks, pool waiters) on a later loop turn. */
 void wk__kv_kick(wk_kv_t *kv);
 /* Drops a hold / a unit of work; when that returned the slots, waiters may be served. */
