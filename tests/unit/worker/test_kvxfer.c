@@ -484,6 +484,51 @@ static void test_room_in_use(void **state)
     engines_down();
 }
 
+/* A port nothing listens on (bound, read, closed again). */
+static int dead_port(void)
+{
+    uv_tcp_t s;
+    struct sockaddr_in a;
+    struct sockaddr_storage got;
+    int len = sizeof(got);
+    uv_ip4_addr("127.0.0.1", 0, &a);
+    assert_int_equal(uv_tcp_init(&E.loop, &s), 0);
+    assert_int_equal(uv_tcp_bind(&s, (const struct sockaddr *)&a, 0), 0);
+    assert_int_equal(uv_tcp_getsockname(&s, (struct sockaddr *)&got, &len), 0);
+    uv_close((uv_handle_t *)&s, NULL);
+    return ntohs(((struct sockaddr_in *)&got)->sin_port);
+}
+
+/* The decode's prefill never answered: WK_EUNREACHABLE, not a lost peer, and the pages come back.
+ */
+static void test_unreachable(void **state)
+{
+    (void)state;
+    engines_up(BATON_XFER_TRANSPORT_TCP, 0);
+    room_t rm;
+    room_init(&rm, 23, 8);
+    wk_kv_prompt_t pr = prompt_of(&rm);
+    wk_kv_resv_t resv;
+    assert_int_equal(wk_kv_reserve(E.d, &resv, 1, rm.slots, NULL, NULL), 0);
+    assert_int_equal(wk_kv_recv_start(E.d, "127.0.0.1", dead_port(), rm.id, &pr, rm.slots,
+                                      on_received, &rm, &rm.r),
+                     0);
+    RUN_UNTIL(rm.got);
+    assert_int_equal(rm.got_status, WK_EUNREACHABLE);
+    assert_null(rm.r);
+    assert_int_equal(loop_test_metric(E.dm, "baton_kv_room_failures_total{reason=\"unreachable\"}"),
+                     1);
+    /* bad arguments are refused at once and the slots stay the caller's */
+    wk_kv_recv_t *r = NULL;
+    assert_int_equal(wk_kv_recv_start(E.d, "", 1, 24, &pr, rm.slots, on_received, &rm, &r),
+                     BATON_EINVAL);
+    assert_int_equal(
+        wk_kv_recv_start(E.d, "127.0.0.1", 70000, 24, &pr, rm.slots, on_received, &rm, &r),
+        BATON_EINVAL);
+    assert_null(r);
+    engines_down();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -499,6 +544,7 @@ int main(void)
         cmocka_unit_test(test_refused_room),
         cmocka_unit_test(test_prefill_drops_after_match),
         cmocka_unit_test(test_room_in_use),
+        cmocka_unit_test(test_unreachable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
