@@ -484,18 +484,25 @@ static void test_room_in_use(void **state)
     engines_down();
 }
 
+static void on_probe_closed(uv_handle_t *h)
+{
+    *(int *)h->data = 1;
+}
+
 /* A port nothing listens on (bound, read, closed again). */
 static int dead_port(void)
 {
-    uv_tcp_t s;
+    uv_tcp_t s; /* lives until its close callback: the loop runs until then */
     struct sockaddr_in a;
     struct sockaddr_storage got;
-    int len = sizeof(got);
+    int len = sizeof(got), closed = 0;
     uv_ip4_addr("127.0.0.1", 0, &a);
     assert_int_equal(uv_tcp_init(&E.loop, &s), 0);
+    s.data = &closed;
     assert_int_equal(uv_tcp_bind(&s, (const struct sockaddr *)&a, 0), 0);
     assert_int_equal(uv_tcp_getsockname(&s, (struct sockaddr *)&got, &len), 0);
-    uv_close((uv_handle_t *)&s, NULL);
+    uv_close((uv_handle_t *)&s, on_probe_closed);
+    RUN_UNTIL(closed);
     return ntohs(((struct sockaddr_in *)&got)->sin_port);
 }
 
