@@ -49,7 +49,7 @@ typedef struct wk_worker_s {
     wk_sched_t sched;
     uv_timer_t sched_timer;
     uv_idle_t sched_idle;
-    uv_timer_t dl_timer; /* rendezvous deadlines */
+    uv_timer_t dl_timer;    /* rendezvous deadlines */
     baton_list_t deadlines; /* of wk_job_t.dl_link, FIFO (every job waits the same time) */
     int http_port;
 
@@ -60,6 +60,7 @@ typedef struct wk_worker_s {
     uint64_t id_salt, id_counter;
     long long started_at;
     int shutting_down;
+    unsigned n_closing; /* handles and parts still closing */
     void (*on_closed)(struct wk_worker_s *w);
 
     baton_metrics_t *metrics;
@@ -70,12 +71,27 @@ typedef struct wk_worker_s {
     baton_metric_child_t *m_queue, *m_running, *m_inflight, *m_boot_waiting;
 } wk_worker_t;
 
-/* Creates the scheduler, metrics, KV hand-off (PD modes) and HTTP server and starts listening
- * (logs the listening lines). Returns 0 or a negative error with a log line saying what failed. */
+/* ---- http_api.c ---- */
+
+/* wk_worker_init, then the HTTP server, listening (logs the listening lines). Returns 0 or a
+ * negative error with a log line saying what failed. */
 int wk_worker_start(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg);
 
 /* Graceful stop: in-flight requests are aborted, every handle closed; on_closed runs when the
  * loop has nothing of the worker's left. */
 void wk_worker_shutdown(wk_worker_t *w, void (*on_closed)(wk_worker_t *w));
+
+/* ---- worker.c: everything but the HTTP server ---- */
+
+/* Creates the scheduler, its timers, the metrics and the KV hand-off (PD modes). 0 or a negative
+ * error (logged). */
+int wk_worker_init(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg);
+/* After the HTTP server closed (every request aborted): lets go of any job left, closes the KV
+ * hand-off and the timers; w->on_closed (when set) runs once all of it is closed. */
+void wk_worker_close(wk_worker_t *w);
+/* Runs the scheduler on a later loop turn (never inside the caller's call). */
+void wk_worker_sched_kick(wk_worker_t *w);
+/* Counts an answer in baton_worker_requests_total (status 0: the client left). */
+void wk_worker_count_request(wk_worker_t *w, const char *route, int status);
 
 #endif
