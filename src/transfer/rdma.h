@@ -36,7 +36,10 @@
 
 #include "transfer/transport.h"
 
-/* Knobs the config does not expose. Defaults as Mooncake; tests lower them to reach limits. */
+/* Knobs the config does not expose. Defaults as Mooncake; tests lower them to reach limits.
+ * Each transport owns its copy (no process-wide mutable state): baton__rdma_tunables_default
+ * fills one, baton__rdma_init_tuned starts a transport with it. Every value is clamped to the
+ * device's limits when QPs and CQs are created. */
 typedef struct {
     uint32_t max_wr;       /* send queue depth per QP (256) */
     uint32_t max_sge;      /* SGEs per WR (4) */
@@ -44,12 +47,19 @@ typedef struct {
     uint32_t signal_every; /* signal at least every k-th WR on a QP (16) */
     uint32_t post_batch;   /* most WRs in one ibv_post_send chain (32) */
     uint32_t cq_size;      /* CQEs per device CQ (4096, clamped to max_cqe) */
-    int gid_index;         /* GID table index (0; env BATON_RDMA_GID_INDEX overrides) */
     uint64_t max_mr_size;  /* 0: the device's; else split registrations at min(this, device) */
+    uint32_t drain_check_ms; /* how often the drain watchdog looks (0: drain bound / 4) */
 } baton__rdma_tunables_t;
 
-/* Read by init; tests may change them before init (not thread-safe). */
-extern baton__rdma_tunables_t baton__rdma_tunables;
+void baton__rdma_tunables_default(baton__rdma_tunables_t *tun);
+/* The ops table's init with explicit tunables (the ops' init uses the defaults). */
+int baton__rdma_init_tuned(const baton__tp_env_t *env, const baton__rdma_tunables_t *tun,
+                           baton__tp_t **tp_p);
+
+/* GID types as ibv_gid_entry.gid_type reports them (IBV_GID_TYPE_*), plus "unknown". */
+#define BATON__RDMA_GID_IB      0
+#define BATON__RDMA_GID_ROCE_V1 1
+#define BATON__RDMA_GID_ROCE_V2 2
 
 #define BATON__RDMA_MAX_DEVS 16
 #define BATON__RDMA_MAX_QPS  64 /* per peer connection (keeps the blob < BATON__TP_BLOB_MAX) */
@@ -71,11 +81,16 @@ struct rdma_dev_s {
     struct ibv_comp_channel *chan;
     struct ibv_cq *cq;
     uint8_t port;
+    uint8_t nports;
     enum ibv_mtu active_mtu;
     uint16_t lid;
     uint8_t link_layer;
     union ibv_gid gid;
     int gid_index;
+    int gid_type;         /* BATON__RDMA_GID_* of the chosen entry */
+    int gid_override;     /* -1, or the index the config named for this device */
+    uint32_t max_msg_sz;  /* the port's largest message: slices never exceed it */
+    uint32_t max_sge;     /* device limit on SGEs per WR */
     uint64_t max_mr_size;
     uint32_t max_qp_wr;
     uint8_t max_rd_atom;      /* responder resources (max_qp_rd_atom) */
@@ -83,8 +98,11 @@ struct rdma_dev_s {
     uint32_t cq_size;
     uint32_t cq_used; /* CQEs that posted WRs may still produce (flushes produce one each) */
     int starved;      /* a peer held back posts because this CQ was full: pump them all later */
-    int port_up;      /* cleared by PORT_ERR, set by PORT_ACTIVE */
-    int dead;         /* DEVICE_FATAL: never used again */
+    int port_up;      /* cleared by PORT_ERR on OUR port, set by PORT_ACTIVE on it */
+    int dead;         /* DEVICE_FATAL / CQ_ERR: never used again, nothing completes on it */
+    /* read-back target for GPU destinations (rdma_post.c), registered on first use */
+    struct ibv_mr *rb_mr;
+    uint8_t rb_buf[64];
     uv_poll_t comp_poll;
     uv_poll_t async_poll;
     int polls_started;
@@ -104,6 +122,14 @@ struct rdma_tp_s {
     baton_list_t peers; /* of rdma_peer_t.link: every live peer (device-wide events reach all) */
     int handles_open;   /* uv handles whose close callback has not run yet */
     int finishing;      /* fini called: free when handles_open reaches 0 */
+    uint64_t psn_state; /* splitmix64 state for QP PSNs (common/rand.h), this transport's own */
+    uint8_t traffic_class;
+    uint8_t service_level;
+    int hugepages;
+    uint64_t drain_bound_ms; /* a failed peer's QPs are abandoned after this long */
+    uv_timer_t watchdog;     /* drain watchdog, runs while some peer drains */
+    int watchdog_init;
+    uint64_t wd_gen; /* watchdog pass number */
 };
 
 /* One outstanding WR, for the completion that covers it. */
@@ -111,6 +137,10 @@ typedef struct {
     rdma_op_t *op; /* NULL: a drain marker */
     uint32_t len;
 } rdma_wr_rec_t;
+
+#if BATON__RDMA_MAX_QPS > 64
+#error "rdma_op_t.qp_mask holds one bit per QP"
+#endif
 
 typedef enum {
     RDMA_QP_NONE = 0, /* not created / destroyed */
@@ -141,6 +171,7 @@ struct rdma_qp_s {
     rdma_wr_rec_t *ring; /* max_wr entries, seq % max_wr */
     uint32_t since_signal;
     int last_signalled; /* the newest posted WR asked for a completion */
+    uint32_t max_sge;   /* as the provider granted (written back by ibv_create_qp), capped */
 };
 
 /* A region of the peer's memory (its MEM frame): rkeys per peer NIC per chunk. */
@@ -153,6 +184,7 @@ struct rdma_rmem_s {
     uint16_t ndev;
     uint16_t devidx[BATON__RDMA_MAX_DEVS];
     int col[BATON__RDMA_MAX_DEVS]; /* peer->rnic_dev[i] -> column in rkeys */
+    int readback; /* GPU memory whose GPUDirect writes need a flush: read back before done */
     uint32_t *rkeys;               /* [ndev][nchunks] */
 };
 
@@ -163,6 +195,8 @@ struct rdma_mr_s {
     uint32_t nchunks;
     int ndev;
     struct ibv_mr **mrs; /* [dev][chunk] */
+    int readback;        /* CUDA memory whose GPUDirect writes need a read-back (key flag) */
+    int peermem;         /* CUDA memory registered by pointer (no dma-buf) */
 };
 
 typedef enum {
@@ -202,6 +236,9 @@ struct rdma_peer_s {
     struct ibv_sge *csge;
     uint32_t *clen;
     int fail_err;    /* first error: why the connection is down (0: fine) */
+    uint64_t fail_ms; /* loop time of the failure: the drain watchdog's start */
+    uint64_t wd_gen;  /* the watchdog pass that last looked at it */
+    int drained;      /* failed and every QP is gone */
     int fail_told;   /* env->peer_failed was called (or must not be: fenced first) */
     int fencing;     /* peer_fence was called */
     int fence_fired; /* its callback ran */
@@ -230,6 +267,9 @@ struct rdma_op_s {
     uint32_t inflight; /* WRs posted and not yet covered by a completion */
     int posted_all;    /* nothing more will be posted (done, or abandoned after a failure) */
     int status;
+    uint64_t qp_mask;   /* QPs that carried its slices into read-back regions (bit per QP) */
+    int rb_sge;         /* an SGE whose destination needs a read-back (-1: none) */
+    int rb_state;       /* 0: none needed, 1: needed, 2: reads posted */
 };
 
 /* ---- rdma_verbs.c: error conventions ---------------------------------------------------- */
@@ -261,6 +301,10 @@ void baton__rdma_qp_hash_del(rdma_dev_t *dev, rdma_qp_t *qp);
 rdma_qp_t *baton__rdma_qp_hash_find(rdma_dev_t *dev, uint32_t qpn);
 /* Devices a new connection may use (alive, port up); returns the count written to out. */
 int baton__rdma_usable_devs(rdma_tp_t *tp, rdma_dev_t **out, int cap);
+/* Re-reads the port's LID and picks the GID again (after LID/GID change events). 0 or error. */
+int baton__rdma_dev_refresh(rdma_dev_t *dev);
+/* The read-back MR of dev, registered on first use; NULL when registration failed. */
+struct ibv_mr *baton__rdma_dev_rb_mr(rdma_dev_t *dev);
 
 /* ---- rdma_poll.c ------------------------------------------------------------------------ */
 
@@ -296,13 +340,17 @@ int baton__rdma_qp_connect(rdma_qp_t *qp, uint32_t remote_qpn, uint32_t remote_p
                            const uint8_t gid[16], uint16_t lid, enum ibv_mtu remote_mtu);
 /* -> ERR (in-flight WRs flush). Idempotent. */
 int baton__rdma_qp_error(rdma_qp_t *qp);
-/* Destroys the QP (only once drained: tail_seq == next_seq). */
+/* Destroys the QP (only once drained: tail_seq == next_seq). The QP is gone afterwards even
+ * when the provider reports an error (EIO on a dead device): the kernel object is released
+ * with the context, and keeping ours would hold the fence forever. */
 void baton__rdma_qp_destroy(rdma_qp_t *qp);
 int baton__rdma_peer_info(baton__tp_peer_t *peer, uint8_t *buf, size_t cap, size_t *len_p);
 int baton__rdma_peer_handshake(rdma_peer_t *peer, const uint8_t *blob, size_t len);
 
 /* ---- rdma.c ---------------------------------------------------------------------------- */
 
+/* Starts the drain watchdog (idempotent); it stops itself when no peer drains. */
+void baton__rdma_watchdog_arm(rdma_tp_t *tp);
 /* Keeps the peer's memory alive across callbacks that may call peer_destroy. */
 void baton__rdma_peer_hold(rdma_peer_t *peer);
 /* Drops a hold; frees the peer when it was destroyed meanwhile and nothing else holds it. */
@@ -322,6 +370,12 @@ void baton__rdma_settle(rdma_peer_t *peer);
  * (deferred; never inside the caller). Safe inside an op. */
 void baton__rdma_peer_fail(rdma_peer_t *peer, int err);
 int baton__rdma_peer_fence(baton__tp_peer_t *peer, baton__tp_done_cb cb, void *arg);
+/* Completes every WR still outstanding on qp in software (as a flush would, with the peer's
+ * error) and destroys it: for devices that will never complete them (fatal, CQ error) and for
+ * drains past the watchdog's bound. */
+void baton__rdma_qp_abandon(rdma_qp_t *qp);
+/* The watchdog's look at one failed peer: abandons its QPs once the drain outlived the bound. */
+void baton__rdma_drain_check(rdma_peer_t *peer, uint64_t now_ms);
 /* Queues a deferred settle for the peer (used where callbacks may not fire directly). */
 void baton__rdma_schedule_sweep(rdma_peer_t *peer);
 

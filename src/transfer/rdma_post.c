@@ -51,6 +51,7 @@ int baton__rdma_write(baton__tp_peer_t *bp, baton__tp_write_t *w)
     op->peer = peer;
     op->seq = peer->op_seq++;
     op->rm_idx = -1;
+    op->rb_sge = -1;
     if (peer->ops_tail)
         peer->ops_tail->next = op;
     else
@@ -129,7 +130,10 @@ static void add_slice(rdma_peer_t *peer, rdma_op_t *op, int qi, uint32_t batch)
     wr->sg_list = sg;
     wr->num_sge = 1;
     wr->opcode = IBV_WR_RDMA_WRITE;
-    wr->send_flags = len <= qp->max_inline ? IBV_SEND_INLINE : 0;
+    /* the provider copies inline data with the CPU at post time: only host memory may go
+     * inline, a device pointer would be dereferenced on the host */
+    wr->send_flags =
+        (len <= qp->max_inline && mr->base.kind == BATON_XFER_MEM_HOST) ? IBV_SEND_INLINE : 0;
     wr->wr.rdma.remote_addr = dst;
     wr->wr.rdma.rkey = rkey;
     rdma_wr_rec_t *rec = &qp->ring[(qp->next_seq + j) % qp->max_wr];
@@ -137,6 +141,14 @@ static void add_slice(rdma_peer_t *peer, rdma_op_t *op, int qi, uint32_t batch)
     rec->len = (uint32_t)len;
     op->inflight++;
     qp->dev->cq_used++;
+    if (rm->readback) {
+        /* GPU memory with weak GPUDirect write ordering: every QP that wrote into it reads
+         * back once the op's writes completed (settle) */
+        op->qp_mask |= 1ull << qi;
+        if (op->rb_sge < 0)
+            op->rb_sge = (int)op->sge_idx;
+        op->rb_state = 1;
+    }
 
     op->sge_off += len;
     if (op->sge_off == s->len) {
@@ -278,6 +290,75 @@ rdma_peer_t *baton__rdma_on_wc(rdma_dev_t *dev, const struct ibv_wc *wc)
     return peer;
 }
 
+/*
+ * The read-back that makes GPUDirect writes visible: one small signalled RDMA READ per QP that
+ * wrote into the op's GPU destination, posted after all its writes completed. A read on an RC
+ * QP executes after the writes before it and its response leaves the responder only once they
+ * reached the memory (PCIe reads do not pass posted writes), so its completion means the data
+ * is in place for the GPU too. Returns 1 while the op must wait (reads posted, or no room yet),
+ * 0 when it may finish (op->status says how).
+ */
+static int readback(rdma_peer_t *peer, rdma_op_t *op)
+{
+    if (op->rb_state != 1)
+        return op->rb_state == 2 && op->inflight;
+    if (op->status || peer->fail_err) {
+        op->rb_state = 0;
+        return 0;
+    }
+    const baton__tp_sge_t *s = &op->w->sges[op->rb_sge];
+    rdma_rmem_t *rm = baton__rdma_rmem_find(peer, s->dst_mem);
+    for (int qi = 0; qi < peer->nqps; qi++) {
+        rdma_qp_t *qp = &peer->qps[qi];
+        if (!(op->qp_mask & (1ull << qi)))
+            continue;
+        if (outstanding(qp) >= qp->max_wr || qp->dev->cq_used >= qp->dev->cq_size)
+            return 1; /* this QP's completions will settle (and bring us back) */
+    }
+    for (int qi = 0; qi < peer->nqps; qi++) {
+        rdma_qp_t *qp = &peer->qps[qi];
+        if (!(op->qp_mask & (1ull << qi)))
+            continue;
+        op->qp_mask &= ~(1ull << qi);
+        struct ibv_mr *lmr = baton__rdma_dev_rb_mr(qp->dev);
+        uint64_t room;
+        uint32_t rkey = rm ? baton__rdma_rkey(rm, qp->rnic, s->dst, &room) : 0;
+        if (!lmr || !rm) {
+            op->status = lmr ? BATON_ERKEY : BATON_ENOMEM;
+            break;
+        }
+        struct ibv_sge sg = {.addr = (uintptr_t)lmr->addr, .length = 1, .lkey = lmr->lkey};
+        struct ibv_send_wr wr, *bad = NULL;
+        memset(&wr, 0, sizeof(wr));
+        wr.wr_id = qp->next_seq;
+        wr.sg_list = &sg;
+        wr.num_sge = 1;
+        wr.opcode = IBV_WR_RDMA_READ;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.wr.rdma.remote_addr = s->dst;
+        wr.wr.rdma.rkey = rkey;
+        rdma_wr_rec_t *rec = &qp->ring[qp->next_seq % qp->max_wr];
+        int rc = ibv_post_send(qp->qp, &wr, &bad);
+        if (rc) {
+            int err = baton__rdma_err_ret(rc);
+            log_error("rdma", "readback_post_failed dev=%s qpn=%u err=%s", qp->dev->name,
+                      qp->qpn, baton_strerror(err));
+            op->status = err;
+            baton__rdma_peer_fail(peer, err);
+            break;
+        }
+        rec->op = op;
+        rec->len = 0;
+        op->inflight++;
+        qp->next_seq++;
+        qp->since_signal = 0;
+        qp->last_signalled = 1;
+        qp->dev->cq_used++;
+    }
+    op->rb_state = 2;
+    return op->inflight != 0;
+}
+
 static void fire_flushes(rdma_peer_t *peer)
 {
     uint64_t pending = peer->ops_head ? peer->ops_head->seq : UINT64_MAX;
@@ -306,7 +387,7 @@ void baton__rdma_settle(rdma_peer_t *peer)
     rdma_op_t *done = NULL, **tail = &done, *prev = NULL;
     for (rdma_op_t *op = peer->ops_head, *next; op; op = next) {
         next = op->next;
-        if (op->posted_all && op->inflight == 0) {
+        if (op->posted_all && op->inflight == 0 && !readback(peer, op)) {
             if (prev)
                 prev->next = next;
             else
@@ -340,6 +421,7 @@ void baton__rdma_settle(rdma_peer_t *peer)
         for (int i = 0; i < peer->nqps; i++)
             live += peer->qps[i].state != RDMA_QP_NONE;
         if (!live) {
+            peer->drained = 1;
             peer->fence_fired = 1;
             log_info("rdma", "peer_fenced generation=%llu reason=%s",
                      (unsigned long long)peer->base.generation, baton_strerror(peer->fail_err));
@@ -381,12 +463,65 @@ void baton__rdma_schedule_sweep(rdma_peer_t *peer)
     baton__rdma_peer_hold(peer);
 }
 
+void baton__rdma_qp_abandon(rdma_qp_t *qp)
+{
+    if (qp->state == RDMA_QP_NONE)
+        return;
+    rdma_peer_t *peer = qp->peer;
+    int err = peer->fail_err ? peer->fail_err : BATON_EPEERDOWN;
+    if (err == BATON_ECANCELED)
+        err = BATON_EPEERDOWN; /* the writes did not finish: the connection is what failed */
+    uint64_t n = qp->next_seq - qp->tail_seq;
+    if (n)
+        log_warn("rdma", "qp_abandoned dev=%s qpn=%u outstanding=%llu: completed in software",
+                 qp->dev->name, qp->qpn, (unsigned long long)n);
+    for (uint64_t q = qp->tail_seq; q < qp->next_seq; q++) {
+        rdma_wr_rec_t *rec = &qp->ring[q % qp->max_wr];
+        qp->dev->cq_used--;
+        if (rec->op) {
+            rec->op->inflight--;
+            if (!rec->op->status)
+                rec->op->status = err;
+            rec->op = NULL;
+        }
+    }
+    qp->tail_seq = qp->next_seq;
+    baton__rdma_qp_error(qp); /* may fail with EIO: the destroy below happens anyway */
+    baton__rdma_qp_destroy(qp);
+}
+
+void baton__rdma_drain_check(rdma_peer_t *peer, uint64_t now_ms)
+{
+    if (!peer->fail_err || peer->destroyed)
+        return;
+    int live = 0;
+    for (int i = 0; i < peer->nqps; i++)
+        live += peer->qps[i].state != RDMA_QP_NONE;
+    if (!live) {
+        peer->drained = 1;
+        return;
+    }
+    uint64_t bound = peer->tp->drain_bound_ms;
+    if (now_ms - peer->fail_ms < bound)
+        return;
+    log_error("rdma",
+              "drain_timeout generation=%llu qps=%d after_ms=%llu: the NIC stopped completing; "
+              "finishing the drain in software",
+              (unsigned long long)peer->base.generation, live, (unsigned long long)bound);
+    for (int i = 0; i < peer->nqps; i++)
+        baton__rdma_qp_abandon(&peer->qps[i]);
+    peer->drained = 1;
+    baton__rdma_schedule_sweep(peer);
+}
+
 void baton__rdma_peer_fail(rdma_peer_t *peer, int err)
 {
     if (peer->fail_err)
         return;
     peer->fail_err = err;
     peer->state = RDMA_PEER_FAILED;
+    peer->fail_ms = uv_now(peer->tp->base.env->loop);
+    baton__rdma_watchdog_arm(peer->tp);
     if (err != BATON_ECANCELED)
         log_warn("rdma", "peer_down generation=%llu role=%s err=%s qps=%d: QPs to ERROR, draining",
                  (unsigned long long)peer->base.generation,
@@ -394,6 +529,11 @@ void baton__rdma_peer_fail(rdma_peer_t *peer, int err)
                  baton_strerror(err), peer->nqps);
     for (int i = 0; i < peer->nqps; i++) {
         rdma_qp_t *qp = &peer->qps[i];
+        if (__atomic_load_n(&qp->dev->dead, __ATOMIC_RELAXED)) {
+            /* a dead device completes nothing, flushes included */
+            baton__rdma_qp_abandon(qp);
+            continue;
+        }
         baton__rdma_qp_error(qp);
         if (qp->state == RDMA_QP_ERR && outstanding(qp) && !qp->last_signalled &&
             outstanding(qp) < qp->max_wr) {

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/rand.h"
 #include "transfer/rdma.h"
 #include "transfer/le_bytes.h"
 
@@ -21,16 +22,11 @@ static const char *state_name(rdma_qp_state_t s)
     return n[s];
 }
 
-static uint32_t psn_next(void)
+/* A PSN only has to differ between incarnations of a pair: the transport's own generator
+ * (QPs are created on its progress thread only). */
+static uint32_t psn_next(rdma_tp_t *tp)
 {
-    /* A PSN only has to differ between incarnations of a pair; xorshift seeded by the clock. */
-    static uint64_t x;
-    if (!x)
-        x = uv_hrtime() ^ ((uint64_t)(uintptr_t)&x << 17) ^ 0x9e3779b97f4a7c15ull;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return (uint32_t)(x & 0xffffff);
+    return (uint32_t)(baton_splitmix64(&tp->psn_state) & 0xffffff);
 }
 
 int baton__rdma_qp_create(rdma_peer_t *peer, rdma_qp_t *qp, rdma_dev_t *dev)
@@ -43,30 +39,43 @@ int baton__rdma_qp_create(rdma_peer_t *peer, rdma_qp_t *qp, rdma_dev_t *dev)
     memset(qp, 0, sizeof(*qp));
     qp->peer = peer;
     qp->dev = dev;
-    memset(&ia, 0, sizeof(ia));
-    ia.qp_context = qp;
-    ia.send_cq = dev->cq;
-    ia.recv_cq = dev->cq;
-    ia.cap.max_send_wr = max_wr;
-    ia.cap.max_recv_wr = 1; /* RDMA WRITE needs no receives */
-    ia.cap.max_send_sge = tun->max_sge;
-    ia.cap.max_recv_sge = 1;
-    ia.cap.max_inline_data = tun->max_inline;
-    ia.qp_type = IBV_QPT_RC;
-    ia.sq_sig_all = 0; /* selective signalling */
-    qp->qp = ibv_create_qp(dev->pd, &ia);
-    if (!qp->qp) {
+    uint32_t want_sge = tun->max_sge < dev->max_sge ? tun->max_sge : dev->max_sge;
+    uint32_t want_inline = tun->max_inline;
+    for (;;) {
+        memset(&ia, 0, sizeof(ia));
+        ia.qp_context = qp;
+        ia.send_cq = dev->cq;
+        ia.recv_cq = dev->cq;
+        ia.cap.max_send_wr = max_wr;
+        ia.cap.max_recv_wr = 1; /* RDMA WRITE needs no receives */
+        ia.cap.max_send_sge = want_sge;
+        ia.cap.max_recv_sge = 1;
+        ia.cap.max_inline_data = want_inline;
+        ia.qp_type = IBV_QPT_RC;
+        ia.sq_sig_all = 0; /* selective signalling */
+        qp->qp = ibv_create_qp(dev->pd, &ia);
+        if (qp->qp)
+            break;
         err = baton__rdma_err_null();
-        log_error("rdma", "create_qp_failed dev=%s max_wr=%u err=%s", dev->name, max_wr,
-                  baton_strerror(err));
+        if (err == BATON_EINVAL && want_inline > 0) {
+            /* the device takes less (or no) inline data than we asked: do without inline */
+            log_warn("rdma", "create_qp_inline_refused dev=%s max_inline=%u: retrying without",
+                     dev->name, want_inline);
+            want_inline = 0;
+            continue;
+        }
+        log_error("rdma", "create_qp_failed dev=%s max_wr=%u max_sge=%u err=%s", dev->name,
+                  max_wr, want_sge, baton_strerror(err));
         return err;
     }
     qp->qpn = qp->qp->qp_num;
-    qp->psn = psn_next();
-    /* the provider may round capacities up; we never use more than we asked for */
-    qp->max_wr = max_wr;
-    qp->max_inline =
-        ia.cap.max_inline_data < tun->max_inline ? ia.cap.max_inline_data : tun->max_inline;
+    qp->psn = psn_next(peer->tp);
+    /* ibv_create_qp wrote back what the provider granted (possibly rounded up); we never use
+     * more than we asked for, nor more than was granted */
+    qp->max_wr = ia.cap.max_send_wr < max_wr ? ia.cap.max_send_wr : max_wr;
+    qp->max_inline = ia.cap.max_inline_data < want_inline ? ia.cap.max_inline_data : want_inline;
+    qp->max_sge = ia.cap.max_send_sge < want_sge ? ia.cap.max_send_sge : want_sge;
+    max_wr = qp->max_wr;
     qp->ring = calloc(max_wr, sizeof(*qp->ring));
     if (!qp->ring) {
         err = BATON_ENOMEM;
@@ -124,12 +133,16 @@ int baton__rdma_qp_connect(rdma_qp_t *qp, uint32_t remote_qpn, uint32_t remote_p
     a.rq_psn = remote_psn;
     a.max_dest_rd_atomic = dev->max_rd_atom < QP_RD_ATOMIC ? dev->max_rd_atom : QP_RD_ATOMIC;
     a.min_rnr_timer = QP_MIN_RNR_TIMER;
-    a.ah_attr.is_global = 1;
-    memcpy(a.ah_attr.grh.dgid.raw, gid, 16);
-    a.ah_attr.grh.sgid_index = (uint8_t)dev->gid_index;
-    a.ah_attr.grh.hop_limit = QP_HOP_LIMIT;
+    /* RoCE always carries a GRH (its GID is the IP address); InfiniBand routes by LID */
+    if (dev->link_layer == IBV_LINK_LAYER_ETHERNET) {
+        a.ah_attr.is_global = 1;
+        memcpy(a.ah_attr.grh.dgid.raw, gid, 16);
+        a.ah_attr.grh.sgid_index = (uint8_t)dev->gid_index;
+        a.ah_attr.grh.hop_limit = QP_HOP_LIMIT;
+        a.ah_attr.grh.traffic_class = dev->tp->traffic_class;
+    }
     a.ah_attr.dlid = lid;
-    a.ah_attr.sl = 0;
+    a.ah_attr.sl = dev->tp->service_level;
     a.ah_attr.src_path_bits = 0;
     a.ah_attr.port_num = dev->port;
     err = baton__rdma_err_ret(ibv_modify_qp(qp->qp, &a,

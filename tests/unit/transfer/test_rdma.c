@@ -93,7 +93,13 @@ static struct {
 } F;
 
 static const baton__tp_ops_t *ops = &baton__tp_rdma_ops;
-static baton__rdma_tunables_t tun_defaults;
+static baton__rdma_tunables_t tun; /* what the next tp_init uses; reset by base_setup */
+
+/* The transport's init with the test's tunables (ops->init uses the defaults). */
+static int tp_init(const baton__tp_env_t *env, baton__tp_t **tp_p)
+{
+    return baton__rdma_init_tuned(env, &tun, tp_p);
+}
 
 static void on_peer_failed(baton__tp_peer_t *peer, int err)
 {
@@ -171,7 +177,7 @@ static void base_setup(void)
     memset(&F, 0, sizeof(F));
     dq_head = NULL;
     dq_tail = &dq_head;
-    baton__rdma_tunables = tun_defaults;
+    baton__rdma_tunables_default(&tun);
     assert_int_equal(uv_loop_init(&F.loop), 0);
     F.cfg.slice_size = 64 * 1024;
     F.cfg.rdma_qps_per_nic = 2;
@@ -188,9 +194,9 @@ static void fx_start(int npre, int ndec, enum ibv_mtu mtu_pre, enum ibv_mtu mtu_
     add_devs(0, npre, mtu_pre, mr_pre);
     add_devs(npre, ndec, mtu_dec, mr_dec);
     vm_set_visible(0, npre);
-    assert_int_equal(ops->init(&F.env_pre, &F.pre), 0);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
     vm_set_visible(npre, ndec);
-    assert_int_equal(ops->init(&F.env_dec, &F.dec), 0);
+    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
     vm_set_visible(0, -1);
 }
 
@@ -310,7 +316,7 @@ static int teardown(void **state)
         assert_int_equal(st.misuse, 0);
     free(F.src);
     free(F.dst);
-    baton__rdma_tunables = tun_defaults;
+    baton__rdma_tunables_default(&tun);
     return 0;
 }
 
@@ -359,11 +365,11 @@ static void test_no_devices(void **state)
     baton__tp_t *tp = NULL;
     base_setup();
     /* no device at all */
-    assert_int_equal(ops->init(&F.env_pre, &tp), BATON_ENODEV);
+    assert_int_equal(tp_init(&F.env_pre, &tp), BATON_ENODEV);
     assert_null(tp);
     /* a kernel without RDMA: the device list itself fails */
     vm_set_no_kernel_support(1);
-    assert_int_equal(ops->init(&F.env_pre, &tp), BATON_ENODEV);
+    assert_int_equal(tp_init(&F.env_pre, &tp), BATON_ENODEV);
     vm_set_no_kernel_support(0);
     /* a device without ports, and one whose port is down */
     vm_dev_cfg_t c;
@@ -373,18 +379,18 @@ static void test_no_devices(void **state)
     vm_dev_cfg_default(&c, 1);
     c.port_state = IBV_PORT_DOWN;
     vm_add_device(&c);
-    assert_int_equal(ops->init(&F.env_pre, &tp), BATON_ENODEV);
+    assert_int_equal(tp_init(&F.env_pre, &tp), BATON_ENODEV);
     /* a usable device that the filter does not name */
     vm_dev_cfg_default(&c, 2);
     vm_add_device(&c);
     F.cfg.rdma_devices = "mlx5_9, nothing";
-    assert_int_equal(ops->init(&F.env_pre, &tp), BATON_ENODEV);
+    assert_int_equal(tp_init(&F.env_pre, &tp), BATON_ENODEV);
     /* a device that cannot be opened */
     F.cfg.rdma_devices = "vm_2";
     vm_fail_op(VM_OP_OPEN_DEVICE, 1, EPERM);
-    assert_int_equal(ops->init(&F.env_pre, &tp), BATON_ENODEV);
+    assert_int_equal(tp_init(&F.env_pre, &tp), BATON_ENODEV);
     /* ... and the same device when it opens: only that one is used */
-    assert_int_equal(ops->init(&F.env_pre, &tp), 0);
+    assert_int_equal(tp_init(&F.env_pre, &tp), 0);
     assert_int_equal(container_of(tp, rdma_tp_t, base)->ndevs, 1);
     ops->fini(tp);
     spin();
@@ -942,9 +948,9 @@ static void test_port_error_disconnects_all(void **state)
 static void test_outstanding_bounded_by_max_wr(void **state)
 {
     base_setup();
-    baton__rdma_tunables.max_wr = 8;
-    baton__rdma_tunables.signal_every = 4;
-    baton__rdma_tunables.post_batch = 4;
+    tun.max_wr = 8;
+    tun.signal_every = 4;
+    tun.post_batch = 4;
     F.cfg.slice_size = 4096;
     fx_start(2, 2, IBV_MTU_4096, IBV_MTU_4096, 0, 0);
     const size_t len = 1u << 20; /* 256 slices */
@@ -1092,7 +1098,7 @@ static void test_queue_depth_used_by_large_write(void **state)
 static void test_cq_budget_shared_by_peers(void **state)
 {
     base_setup();
-    baton__rdma_tunables.cq_size = 64; /* room for 48 WRs per device, two peers compete */
+    tun.cq_size = 64; /* room for 48 WRs per device, two peers compete */
     F.cfg.slice_size = 4096;
     fx_start(2, 2, IBV_MTU_4096, IBV_MTU_4096, 0, 0);
     const size_t len = 1u << 20; /* 256 slices per peer */
@@ -1143,7 +1149,6 @@ static void test_cq_budget_shared_by_peers(void **state)
 
 int main(void)
 {
-    tun_defaults = baton__rdma_tunables;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_no_devices, NULL),
         cmocka_unit_test_teardown(test_qp_states_mtu_min_decode_smaller, teardown),
