@@ -26,13 +26,12 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
         }                                                                                          \
     } while (0)
 
-#define LOAD_OPT(field, fn)                                                                        \
-    baton__cu.field = (__typeof__(baton__cu.field))dlsym(h, STR(fn))
+#define LOAD_OPT(field, fn) baton__cu.field = (__typeof__(baton__cu.field))dlsym(h, STR(fn))
 
 static void load(void)
 {
     if (installed) {
-        load_status = 0;
+        load_status = baton__cu.init(0) == CUDA_SUCCESS ? 0 : BATON_ENODEV;
         return;
     }
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -70,7 +69,6 @@ void baton__cuda_install(const baton__cuda_t *table)
 {
     baton__cu = *table;
     installed = 1;
-    load_status = 0;
     pthread_once(&once, load);
 }
 
@@ -82,7 +80,8 @@ int baton__cuda_bind(CUdeviceptr ptr, CUdevice *dev_p)
     int ordinal = -1;
     CUdevice dev;
     CUcontext cur = NULL, ctx = NULL;
-    CUresult r = baton__cu.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr);
+    CUresult r =
+        baton__cu.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr);
     if (r == CUDA_SUCCESS)
         r = baton__cu.device_get(&dev, ordinal);
     if (r == CUDA_SUCCESS)

@@ -59,8 +59,9 @@ static void fork_setup(const baton_xfer_config_t *cfg)
     if (cfg->rdma_fork_init) {
         int rc = ibv_fork_init();
         if (rc)
-            log_warn("rdma", "fork_init_failed err=%s: a fork after registration may corrupt "
-                             "registered memory",
+            log_warn("rdma",
+                     "fork_init_failed err=%s: a fork after registration may corrupt "
+                     "registered memory",
                      baton_strerror(baton__rdma_err_ret(rc)));
         else
             log_info("rdma", "fork_init done");

@@ -41,13 +41,13 @@
  * fills one, baton__rdma_init_tuned starts a transport with it. Every value is clamped to the
  * device's limits when QPs and CQs are created. */
 typedef struct {
-    uint32_t max_wr;       /* send queue depth per QP (256) */
-    uint32_t max_sge;      /* SGEs per WR (4) */
-    uint32_t max_inline;   /* inline data bytes (64) */
-    uint32_t signal_every; /* signal at least every k-th WR on a QP (16) */
-    uint32_t post_batch;   /* most WRs in one ibv_post_send chain (32) */
-    uint32_t cq_size;      /* CQEs per device CQ (4096, clamped to max_cqe) */
-    uint64_t max_mr_size;  /* 0: the device's; else split registrations at min(this, device) */
+    uint32_t max_wr;         /* send queue depth per QP (256) */
+    uint32_t max_sge;        /* SGEs per WR (4) */
+    uint32_t max_inline;     /* inline data bytes (64) */
+    uint32_t signal_every;   /* signal at least every k-th WR on a QP (16) */
+    uint32_t post_batch;     /* most WRs in one ibv_post_send chain (32) */
+    uint32_t cq_size;        /* CQEs per device CQ (4096, clamped to max_cqe) */
+    uint64_t max_mr_size;    /* 0: the device's; else split registrations at min(this, device) */
     uint32_t drain_check_ms; /* how often the drain watchdog looks (0: drain bound / 4) */
 } baton__rdma_tunables_t;
 
@@ -87,10 +87,10 @@ struct rdma_dev_s {
     uint8_t link_layer;
     union ibv_gid gid;
     int gid_index;
-    int gid_type;         /* BATON__RDMA_GID_* of the chosen entry */
-    int gid_override;     /* -1, or the index the config named for this device */
-    uint32_t max_msg_sz;  /* the port's largest message: slices never exceed it */
-    uint32_t max_sge;     /* device limit on SGEs per WR */
+    int gid_type;        /* BATON__RDMA_GID_* of the chosen entry */
+    int gid_override;    /* -1, or the index the config named for this device */
+    uint32_t max_msg_sz; /* the port's largest message: slices never exceed it */
+    uint32_t max_sge;    /* device limit on SGEs per WR */
     uint64_t max_mr_size;
     uint32_t max_qp_wr;
     uint8_t max_rd_atom;      /* responder resources (max_qp_rd_atom) */
@@ -184,8 +184,8 @@ struct rdma_rmem_s {
     uint16_t ndev;
     uint16_t devidx[BATON__RDMA_MAX_DEVS];
     int col[BATON__RDMA_MAX_DEVS]; /* peer->rnic_dev[i] -> column in rkeys */
-    int readback; /* GPU memory whose GPUDirect writes need a flush: read back before done */
-    uint32_t *rkeys;               /* [ndev][nchunks] */
+    int readback;    /* GPU memory whose GPUDirect writes need a flush: read back before done */
+    uint32_t *rkeys; /* [ndev][nchunks] */
 };
 
 /* A local registration: MRs per device per chunk. */
@@ -235,13 +235,13 @@ struct rdma_peer_s {
     struct ibv_send_wr *cwr;
     struct ibv_sge *csge;
     uint32_t *clen;
-    int fail_err;    /* first error: why the connection is down (0: fine) */
+    int fail_err;     /* first error: why the connection is down (0: fine) */
     uint64_t fail_ms; /* loop time of the failure: the drain watchdog's start */
     uint64_t wd_gen;  /* the watchdog pass that last looked at it */
     int drained;      /* failed and every QP is gone */
-    int fail_told;   /* env->peer_failed was called (or must not be: fenced first) */
-    int fencing;     /* peer_fence was called */
-    int fence_fired; /* its callback ran */
+    int fail_told;    /* env->peer_failed was called (or must not be: fenced first) */
+    int fencing;      /* peer_fence was called */
+    int fence_fired;  /* its callback ran */
     baton__tp_done_cb fence_cb;
     void *fence_arg;
     int connect_pending; /* connect callback not fired yet */
@@ -267,9 +267,9 @@ struct rdma_op_s {
     uint32_t inflight; /* WRs posted and not yet covered by a completion */
     int posted_all;    /* nothing more will be posted (done, or abandoned after a failure) */
     int status;
-    uint64_t qp_mask;   /* QPs that carried its slices into read-back regions (bit per QP) */
-    int rb_sge;         /* an SGE whose destination needs a read-back (-1: none) */
-    int rb_state;       /* 0: none needed, 1: needed, 2: reads posted */
+    uint64_t qp_mask; /* QPs that carried its slices into read-back regions (bit per QP) */
+    int rb_sge;       /* an SGE whose destination needs a read-back (-1: none) */
+    int rb_state;     /* 0: none needed, 1: needed, 2: reads posted */
 };
 
 /* ---- rdma_verbs.c: error conventions ---------------------------------------------------- */

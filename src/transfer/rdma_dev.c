@@ -49,8 +49,7 @@ static int name_listed(const char *name, const char *filter, int *gid_p)
                     v = strtol(num, &end, 10);
                 }
                 if (!end || *end || v < 0 || v > 255) {
-                    log_warn("rdma", "bad_gid_override entry=\"%.*s\" (ignored)", (int)(t - p),
-                             p);
+                    log_warn("rdma", "bad_gid_override entry=\"%.*s\" (ignored)", (int)(t - p), p);
                     v = -1;
                 }
                 *gid_p = (int)v;
@@ -138,7 +137,8 @@ static int choose_gid(rdma_dev_t *d, int tbl_len)
     }
     if (d->gid_override >= 0) {
         memset(&e, 0, sizeof(e));
-        err = baton__rdma_err_ret(ibv_query_gid_ex(d->ctx, d->port, (uint32_t)d->gid_override, &e, 0));
+        err = baton__rdma_err_ret(
+            ibv_query_gid_ex(d->ctx, d->port, (uint32_t)d->gid_override, &e, 0));
         if (err)
             return err;
         if (gid_is_zero(&e.gid))
@@ -390,8 +390,8 @@ int baton__rdma_devs_open(rdma_tp_t *tp, const char *filter)
             d->index = tp->ndevs++;
             char gid[40];
             snprintf(gid, sizeof(gid), "%02x%02x:%02x%02x:%02x%02x:%02x%02x", d->gid.raw[8],
-                     d->gid.raw[9], d->gid.raw[10], d->gid.raw[11], d->gid.raw[12],
-                     d->gid.raw[13], d->gid.raw[14], d->gid.raw[15]);
+                     d->gid.raw[9], d->gid.raw[10], d->gid.raw[11], d->gid.raw[12], d->gid.raw[13],
+                     d->gid.raw[14], d->gid.raw[15]);
             log_info("rdma",
                      "device_open name=%s port=%u mtu=%d lid=%u link=%s gid_index=%d "
                      "gid_type=%s gid=..%s max_mr_size=%llu max_qp_wr=%u max_sge=%u "

@@ -65,9 +65,8 @@ static int reg_cuda(rdma_tp_t *tp, rdma_mr_t *mr)
         return BATON_EINVAL;
     }
     int ordering = CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE;
-    if (baton__cu.device_get_attribute(&ordering,
-                                       CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING,
-                                       cdev) != CUDA_SUCCESS)
+    if (baton__cu.device_get_attribute(
+            &ordering, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING, cdev) != CUDA_SUCCESS)
         ordering = CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE;
     /* the writer must read back before it reports the bytes in place (see transfer.h) */
     mr->readback = ordering < CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER;
@@ -225,11 +224,10 @@ int baton__rdma_mem_dereg(baton__tp_mr_t *bmr)
  *                                                  back before reporting it in place)
  *  40 per device: u16 device index, u16 0, u32 rkey[n_chunks]
  */
-#define KEY_MAGIC   0x4b4d5242u
-#define KEY_VERSION 1
-#define KEY_HDR     40
+#define KEY_MAGIC         0x4b4d5242u
+#define KEY_VERSION       1
+#define KEY_HDR           40
 #define KEY_FLAG_READBACK 1u
-
 
 int baton__rdma_mem_key(baton__tp_mr_t *bmr, uint8_t *buf, size_t cap, size_t *len_p)
 {
@@ -310,10 +308,12 @@ int baton__rdma_mem_add(baton__tp_peer_t *bp, uint32_t mem_id, uint64_t base, ui
         return BATON_EINVAL; /* regions arrive after the handshake, on the writing side */
     if (baton__rdma_rmem_find(peer, mem_id))
         return BATON_EEXIST;
-    if (!b || blen < KEY_HDR || baton__le_get32(b) != KEY_MAGIC || baton__le_get16(b + 4) != KEY_VERSION)
+    if (!b || blen < KEY_HDR || baton__le_get32(b) != KEY_MAGIC ||
+        baton__le_get16(b + 4) != KEY_VERSION)
         goto proto;
     uint16_t ndev = baton__le_get16(b + 6);
-    uint64_t kbase = baton__le_get64(b + 8), klen = baton__le_get64(b + 16), chunk = baton__le_get64(b + 24);
+    uint64_t kbase = baton__le_get64(b + 8), klen = baton__le_get64(b + 16),
+             chunk = baton__le_get64(b + 24);
     uint32_t nchunks = baton__le_get32(b + 32), kkind = baton__le_get16(b + 36);
     uint16_t kflags = baton__le_get16(b + 38);
     if (ndev < 1 || ndev > BATON__RDMA_MAX_DEVS || chunk == 0 || klen == 0 || nchunks == 0 ||

@@ -121,8 +121,8 @@ static void on_async(rdma_dev_t *dev, const struct ibv_async_event *ev)
     case IBV_EVENT_PATH_MIG_ERR: {
         /* look the QP up by number: its memory is ours only while it is in the table */
         rdma_qp_t *qp = baton__rdma_qp_hash_find(dev, ev->element.qp->qp_num);
-        log_error("rdma", "async_event dev=%s event=\"%s\" qpn=%u generation=%llu", dev->name,
-                  what, ev->element.qp->qp_num,
+        log_error("rdma", "async_event dev=%s event=\"%s\" qpn=%u generation=%llu", dev->name, what,
+                  ev->element.qp->qp_num,
                   qp ? (unsigned long long)qp->peer->base.generation : 0ull);
         if (qp)
             baton__rdma_peer_fail(qp->peer, BATON_EPEERDOWN);

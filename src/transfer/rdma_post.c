@@ -341,8 +341,8 @@ static int readback(rdma_peer_t *peer, rdma_op_t *op)
         int rc = ibv_post_send(qp->qp, &wr, &bad);
         if (rc) {
             int err = baton__rdma_err_ret(rc);
-            log_error("rdma", "readback_post_failed dev=%s qpn=%u err=%s", qp->dev->name,
-                      qp->qpn, baton_strerror(err));
+            log_error("rdma", "readback_post_failed dev=%s qpn=%u err=%s", qp->dev->name, qp->qpn,
+                      baton_strerror(err));
             op->status = err;
             baton__rdma_peer_fail(peer, err);
             break;

@@ -57,15 +57,15 @@ int baton__rdma_qp_create(rdma_peer_t *peer, rdma_qp_t *qp, rdma_dev_t *dev)
         if (qp->qp)
             break;
         err = baton__rdma_err_null();
-        if (err == BATON_EINVAL && want_inline > 0) {
+        if (err == UV_EINVAL && want_inline > 0) {
             /* the device takes less (or no) inline data than we asked: do without inline */
             log_warn("rdma", "create_qp_inline_refused dev=%s max_inline=%u: retrying without",
                      dev->name, want_inline);
             want_inline = 0;
             continue;
         }
-        log_error("rdma", "create_qp_failed dev=%s max_wr=%u max_sge=%u err=%s", dev->name,
-                  max_wr, want_sge, baton_strerror(err));
+        log_error("rdma", "create_qp_failed dev=%s max_wr=%u max_sge=%u err=%s", dev->name, max_wr,
+                  want_sge, baton_strerror(err));
         return err;
     }
     qp->qpn = qp->qp->qp_num;
@@ -225,7 +225,6 @@ void baton__rdma_qp_destroy(rdma_qp_t *qp)
 #define BLOB_VERSION 1
 #define BLOB_HDR     40
 #define BLOB_ENT     32
-
 
 int baton__rdma_peer_info(baton__tp_peer_t *bp, uint8_t *buf, size_t cap, size_t *len_p)
 {

@@ -7,9 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
+#include <pthread.h>
 
+#include "transfer/cuda_shim.h"
 #include "transfer/rdma.h"
 #include "verbs_model.h"
 
@@ -1147,6 +1150,639 @@ static void test_cq_budget_shared_by_peers(void **state)
     fence_destroy(&pd2, &r2d);
 }
 
+/* ---- real-fabric behaviour (issue 16) ------------------------------------------------------ */
+
+/* Every live QP of one side: its sgid index, and whether a write through each pair lands. */
+static void assert_sgid(int prefill, int dev, int want)
+{
+    uint32_t q[64];
+    int n = side_qps(prefill, q, 64, 1), seen = 0;
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(q[i], &a);
+        if (dev >= 0 && a.dev != dev)
+            continue;
+        assert_int_equal(a.is_global, 1);
+        assert_int_equal(a.sgid_index, want);
+        seen++;
+    }
+    assert_true(seen > 0);
+}
+
+static void test_gid_v2_ipv4_chosen_and_override(void **state)
+{
+    /* defaults: every NIC in its own subnet (a routed fabric), ConnectX tables where index 0
+     * is the v1 link-local entry; index 3 (v2, IPv4-mapped, netdev) must be used on both sides */
+    fx_connect();
+    assert_sgid(1, -1, 3);
+    assert_sgid(0, -1, 3);
+    const size_t len = 256 * 1024;
+    fx_mem(len);
+    fx_announce();
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+    fence_destroy(&F.pp, &F.rp);
+    fence_destroy(&F.pd, &F.rd);
+    assert_int_equal(ops->mem_dereg(F.src_mr), 0);
+    F.src_mr = NULL;
+    ops->fini(F.pre);
+    spin();
+
+    /* a per-device override: vm_0 pinned to index 2 (v1), vm_1 left to the choice */
+    F.cfg.rdma_devices = "vm_0:2, vm_1";
+    vm_set_visible(0, 2);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
+    vm_set_visible(0, -1);
+    rdma_tp_t *tp = container_of(F.pre, rdma_tp_t, base);
+    assert_int_equal(tp->ndevs, 2);
+    assert_int_equal(tp->devs[0].gid_index, 2);
+    assert_int_equal(tp->devs[0].gid_type, BATON__RDMA_GID_ROCE_V1);
+    assert_int_equal(tp->devs[1].gid_index, 3);
+    F.cfg.rdma_devices = NULL;
+    fx_connect();
+    assert_sgid(1, 0, 2);
+    assert_sgid(1, 1, 3);
+    /* v1 does not cross subnets: the pinned NIC's pairs fail the way hardware fails them */
+    baton__tp_mem_params_t mp = {
+        .addr = F.src, .len = len, .kind = BATON_XFER_MEM_HOST, .memfd = -1};
+    assert_int_equal(ops->mem_reg(F.pre, &mp, &F.src_mr), 0);
+    fx_announce();
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, BATON_EPEERDOWN);
+    vm_stats_t st;
+    vm_stats(&st);
+    assert_true(st.wrs_failed > 0);
+}
+
+static void test_qos_and_fork_init(void **state)
+{
+    base_setup();
+    F.cfg.rdma_traffic_class = 106;
+    F.cfg.rdma_service_level = 3;
+    F.cfg.rdma_fork_init = 1;
+    fx_start(1, 1, IBV_MTU_4096, IBV_MTU_4096, 0, 0);
+    assert_int_equal(vm_fork_inits(), 2); /* one call per transport, before any device */
+    fx_connect();
+    uint32_t q[8];
+    int n = side_qps(1, q, 8, 1);
+    assert_int_equal(n, 2);
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(q[i], &a);
+        assert_int_equal(a.traffic_class, 106);
+        assert_int_equal(a.sl, 3);
+    }
+}
+
+static void test_limits_clamped(void **state)
+{
+    base_setup();
+    tun.max_wr = 200; /* the model rounds it to 256 and writes that back */
+    F.cfg.slice_size = 64 * 1024;
+    for (int i = 0; i < 4; i++) {
+        vm_dev_cfg_t c;
+        vm_dev_cfg_default(&c, i);
+        c.max_sge = 2;            /* below the 4 asked for */
+        c.max_inline = 0;         /* no inline data at all */
+        c.max_msg_sz = 16 * 1024; /* smaller than a slice */
+        assert_int_equal(vm_add_device(&c), i);
+    }
+    F.npre = F.ndec = 2;
+    vm_set_visible(0, 2);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
+    vm_set_visible(2, 2);
+    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
+    vm_set_visible(0, -1);
+    fx_connect();
+    uint32_t q[8];
+    int n = side_qps(1, q, 8, 1);
+    assert_int_equal(n, 4);
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(q[i], &a);
+        assert_int_equal(a.cap.max_send_sge, 2);
+        assert_int_equal(a.cap.max_inline_data, 0);
+        assert_int_equal(a.cap.max_send_wr, 256);
+    }
+    const size_t len = 8u << 20;
+    fx_mem(len);
+    fx_announce();
+    wreq_t x, y;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    assert_int_equal(fx_write(&y, 0, 0, 40), 0); /* short enough to go inline elsewhere */
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_int_equal(y.done, 1);
+    assert_int_equal(y.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+    vm_stats_t st;
+    vm_stats(&st);
+    assert_true(st.max_wr_bytes <= 16 * 1024);
+    assert_true(st.max_outstanding <= 200); /* what we asked for, not what was granted */
+    assert_int_equal(st.post_rejected, 0);
+}
+
+/* Work outstanding on the initiator's NIC when it dies: every write fails with peer-down, the
+ * fence fires and every object is released (teardown checks the baseline). */
+static void nic_dies_with_work(int how)
+{
+    const size_t len = 1u << 20;
+    fx_connect();
+    fx_mem(len);
+    fx_announce();
+    uint32_t pq[8];
+    assert_int_equal(side_qps(1, pq, 8, 1), 4);
+    wreq_t x, y;
+    for (int i = 0; i < 4; i++)
+        vm_hold_qp(pq[i], 1);
+    assert_int_equal(fx_write(&x, 0, 0, len / 2), 0);
+    assert_int_equal(fx_write(&y, len / 2, len / 2, len / 2), 0);
+    assert_true(vm_queued() > 0);
+    if (how == 0)
+        assert_true(vm_inject_device_fatal(0) > 0);
+    else
+        assert_true(vm_inject_cq_err(0) > 0);
+    for (int i = 0; i < 4; i++)
+        vm_hold_qp(pq[i], 0);
+    run_all(); /* bounded */
+    assert_int_equal(x.done, 1);
+    assert_int_equal(y.done, 1);
+    assert_int_equal(x.status, BATON_EPEERDOWN);
+    assert_int_equal(y.status, BATON_EPEERDOWN);
+    assert_int_equal(F.rp.failed, 1);
+    assert_int_equal(F.rp.fail_err, BATON_EPEERDOWN);
+    assert_int_equal(ops->peer_fence(F.pp, on_fenced, &F.rp), 0);
+    run_all();
+    assert_int_equal(F.rp.fenced, 1);
+    assert_int_equal(side_qps(1, pq, 8, 1), 0);
+    /* the dead NIC is never used again; the other one still is */
+    fence_destroy(&F.pp, &F.rp);
+    fence_destroy(&F.pd, &F.rd);
+    fx_connect();
+    int n = side_qps(1, pq, 8, 1);
+    assert_int_equal(n, 4);
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(pq[i], &a);
+        assert_int_equal(a.dev, 1);
+    }
+}
+
+static void test_initiator_nic_fatal_with_work(void **state)
+{
+    nic_dies_with_work(0);
+}
+
+static void test_initiator_cq_error_with_work(void **state)
+{
+    nic_dies_with_work(1);
+}
+
+static void test_drain_watchdog_bounds_a_silent_nic(void **state)
+{
+    base_setup();
+    F.cfg.rdma_drain_timeout_ms = 20;
+    tun.drain_check_ms = 5;
+    fx_start(2, 2, IBV_MTU_4096, IBV_MTU_4096, 0, 0);
+    const size_t len = 1u << 20;
+    fx_connect();
+    fx_mem(len);
+    fx_announce();
+    uint32_t pq[8];
+    assert_int_equal(side_qps(1, pq, 8, 1), 4);
+    for (int i = 0; i < 4; i++)
+        vm_hold_qp(pq[i], 1);
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    /* the NIC stops completing and says nothing; the engine gives up on the peer */
+    assert_int_equal(vm_set_device_fatal(0, 0), 0);
+    assert_int_equal(ops->peer_fence(F.pp, on_fenced, &F.rp), 0);
+    for (int i = 0; i < 4; i++)
+        vm_hold_qp(pq[i], 0);
+    /* bounded (at most ~20 s of 1 ms naps); no assertion on how long it took */
+    for (int i = 0; i < 20000 && !F.rp.fenced; i++) {
+        vm_run();
+        run_deferred();
+        uv_run(&F.loop, UV_RUN_NOWAIT);
+        if (!F.rp.fenced)
+            usleep(1000);
+    }
+    assert_int_equal(F.rp.fenced, 1);
+    assert_int_equal(x.done, 1);
+    assert_true(x.status < 0);
+    assert_int_equal(side_qps(1, pq, 8, 1), 0);
+}
+
+static void test_unused_port_flap_keeps_peers(void **state)
+{
+    base_setup();
+    for (int i = 0; i < 4; i++) {
+        vm_dev_cfg_t c;
+        vm_dev_cfg_default(&c, i);
+        c.nports = 2;
+        c.port2_state = IBV_PORT_DOWN; /* cabled on port 1 only */
+        assert_int_equal(vm_add_device(&c), i);
+    }
+    F.npre = F.ndec = 2;
+    vm_set_visible(0, 2);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
+    vm_set_visible(2, 2);
+    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
+    vm_set_visible(0, -1);
+    assert_int_equal(container_of(F.pre, rdma_tp_t, base)->ndevs, 2);
+    fx_connect();
+    const size_t len = 512 * 1024;
+    fx_mem(len);
+    fx_announce();
+    assert_true(vm_inject_port_event(0, 2, IBV_EVENT_PORT_ERR) > 0);
+    assert_true(vm_inject_port_event(2, 2, IBV_EVENT_PORT_ERR) > 0);
+    spin();
+    assert_true(vm_inject_port_event(0, 2, IBV_EVENT_PORT_ACTIVE) > 0);
+    spin();
+    assert_int_equal(F.rp.failed, 0);
+    assert_int_equal(F.rd.failed, 0);
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+    /* the port in use going down still takes its peers down */
+    assert_true(vm_inject_port_event(0, 1, IBV_EVENT_PORT_ERR) > 0);
+    spin();
+    assert_int_equal(F.rp.failed, 1);
+}
+
+static void test_both_ports_used(void **state)
+{
+    base_setup();
+    for (int i = 0; i < 2; i++) {
+        vm_dev_cfg_t c;
+        vm_dev_cfg_default(&c, i);
+        c.nports = 2;
+        assert_int_equal(vm_add_device(&c), i);
+    }
+    F.npre = F.ndec = 1;
+    vm_set_visible(0, 1);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
+    vm_set_visible(1, 1);
+    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
+    vm_set_visible(0, -1);
+    assert_int_equal(container_of(F.pre, rdma_tp_t, base)->ndevs, 2);
+    fx_connect();
+    uint32_t q[16];
+    int n = side_qps(1, q, 16, 1), port[3] = {0};
+    assert_int_equal(n, 4);
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(q[i], &a);
+        port[a.port_num]++;
+    }
+    assert_int_equal(port[1], 2);
+    assert_int_equal(port[2], 2);
+    const size_t len = 1u << 20;
+    fx_mem(len);
+    fx_announce();
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+}
+
+static void test_gid_change_refreshes_address(void **state)
+{
+    fx_connect();
+    fence_destroy(&F.pp, &F.rp);
+    fence_destroy(&F.pd, &F.rd);
+    /* decode NIC vm_2 gets a new address */
+    const uint8_t ip[4] = {10, 9, 9, 9};
+    vm_set_port_ipv4(2, 1, ip);
+    assert_true(vm_inject_port_event(2, 1, IBV_EVENT_GID_CHANGE) > 0);
+    spin();
+    fx_connect();
+    const size_t len = 256 * 1024;
+    fx_mem(len);
+    fx_announce();
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0); /* the prefill side addressed the new GID */
+    assert_true(bytes_equal(F.dst, F.src, len));
+}
+
+/* Two transports (two engines) creating QPs from two threads at once: each draws its PSNs
+ * from its own generator and nothing process-wide is shared. */
+typedef struct {
+    baton__tp_t *tp;
+    uint64_t gen;
+    uint32_t psn[64];
+    int n;
+    int err;
+} creator_t;
+
+static void *create_many(void *arg)
+{
+    creator_t *c = arg;
+    for (int i = 0; i < 16 && !c->err; i++) {
+        baton__tp_peer_t *p = NULL;
+        c->err = ops->peer_create(c->tp, BATON__TP_ROLE_TARGET, c->gen + (uint64_t)i, &p);
+        if (c->err)
+            break;
+        rdma_peer_t *rp = container_of(p, rdma_peer_t, base);
+        for (int k = 0; k < rp->nqps && c->n < 64; k++)
+            c->psn[c->n++] = rp->qps[k].psn;
+        ops->peer_destroy(p);
+    }
+    return NULL;
+}
+
+static void test_two_engines_create_qps_concurrently(void **state)
+{
+    creator_t a = {.tp = F.pre, .gen = 1000}, b = {.tp = F.dec, .gen = 2000};
+    pthread_t ta, tb;
+    assert_int_equal(pthread_create(&ta, NULL, create_many, &a), 0);
+    assert_int_equal(pthread_create(&tb, NULL, create_many, &b), 0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    assert_int_equal(a.err, 0);
+    assert_int_equal(b.err, 0);
+    assert_int_equal(a.n, 64);
+    assert_int_equal(b.n, 64);
+    vm_stats_t st;
+    vm_stats(&st);
+    assert_int_equal(st.qps_created, 2 * 16 * 4);
+    assert_int_equal(st.qps_destroyed, 2 * 16 * 4);
+    int same = 0;
+    for (int i = 0; i < 64; i++) {
+        assert_true(a.psn[i] <= 0xffffff && b.psn[i] <= 0xffffff);
+        same += a.psn[i] == b.psn[i];
+    }
+    assert_true(same < 4); /* two generators, not one shared sequence */
+    uint32_t q[256];
+    assert_int_equal(side_qps(1, q, 256, 1) + side_qps(0, q, 256, 1), 0);
+}
+
+#ifdef BATON_HAVE_CUDA
+/* ---- CUDA memory through a fake driver over the model's device memory ------------------- */
+
+static struct {
+    int inited;
+    int ordering; /* CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING */
+    int no_dmabuf;
+    int binds; /* contexts made current */
+} FC;
+static __thread CUcontext fc_current;
+
+static CUresult fc_init(unsigned int flags)
+{
+    FC.inited = 1;
+    return CUDA_SUCCESS;
+}
+static CUresult fc_device_get(CUdevice *d, int ordinal)
+{
+    *d = ordinal;
+    return FC.inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+static CUresult fc_primary_ctx_retain(CUcontext *c, CUdevice d)
+{
+    *c = (CUcontext)(uintptr_t)(0x1000 + d);
+    return CUDA_SUCCESS;
+}
+static CUresult fc_ctx_set_current(CUcontext c)
+{
+    fc_current = c;
+    FC.binds++;
+    return CUDA_SUCCESS;
+}
+static CUresult fc_ctx_get_current(CUcontext *c)
+{
+    *c = fc_current;
+    return FC.inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+static CUresult fc_pointer_get_attribute(void *data, CUpointer_attribute a, CUdeviceptr p)
+{
+    void *base;
+    size_t size;
+    if (!FC.inited)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (a != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL ||
+        !vm_devmem_range((void *)(uintptr_t)p, &base, &size))
+        return CUDA_ERROR_INVALID_VALUE;
+    *(int *)data = 0;
+    return CUDA_SUCCESS;
+}
+static CUresult fc_device_get_attribute(int *v, CUdevice_attribute a, CUdevice d)
+{
+    if (a != CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING)
+        return CUDA_ERROR_INVALID_VALUE;
+    *v = FC.ordering;
+    return CUDA_SUCCESS;
+}
+/* like the driver: needs a current context on the calling thread */
+static CUresult fc_mem_get_address_range(CUdeviceptr *b, size_t *s, CUdeviceptr p)
+{
+    void *base;
+    if (!fc_current)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!vm_devmem_range((void *)(uintptr_t)p, &base, s))
+        return CUDA_ERROR_NOT_FOUND;
+    *b = (CUdeviceptr)(uintptr_t)base;
+    return CUDA_SUCCESS;
+}
+static CUresult fc_get_handle(void *h, CUdeviceptr p, size_t size, CUmemRangeHandleType t,
+                              unsigned long long flags)
+{
+    if (!fc_current)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (FC.no_dmabuf)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    int fd = vm_devmem_export((void *)(uintptr_t)p, size); /* -1 past the allocation */
+    if (fd < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *(int *)h = fd;
+    return CUDA_SUCCESS;
+}
+
+static void cuda_fake_install(void)
+{
+    static int done;
+    if (done)
+        return;
+    baton__cuda_t t;
+    memset(&t, 0, sizeof(t));
+    t.init = fc_init;
+    t.device_get = fc_device_get;
+    t.primary_ctx_retain = fc_primary_ctx_retain;
+    t.ctx_set_current = fc_ctx_set_current;
+    t.ctx_get_current = fc_ctx_get_current;
+    t.pointer_get_attribute = fc_pointer_get_attribute;
+    t.device_get_attribute = fc_device_get_attribute;
+    t.mem_get_address_range = fc_mem_get_address_range;
+    t.mem_get_handle_for_address_range = fc_get_handle;
+    baton__cuda_install(&t);
+    done = 1;
+}
+
+typedef struct {
+    baton__tp_t *tp;
+    baton__tp_mem_params_t mp;
+    baton__tp_mr_t *mr;
+    int err;
+} reg_job_t;
+
+static void *reg_thread(void *arg)
+{
+    reg_job_t *j = arg;
+    j->err = ops->mem_reg(j->tp, &j->mp, &j->mr);
+    return NULL;
+}
+
+/* Registers on a fresh thread (no current context there) as a caller thread would. */
+static int reg_on_thread(baton__tp_t *tp, void *addr, size_t len, baton__tp_mr_t **mr_p)
+{
+    reg_job_t j = {.tp = tp};
+    j.mp.addr = addr;
+    j.mp.len = len;
+    j.mp.kind = BATON_XFER_MEM_CUDA;
+    j.mp.memfd = -1;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, reg_thread, &j), 0);
+    pthread_join(t, NULL);
+    *mr_p = j.mr;
+    return j.err;
+}
+
+static int unflushed_at_done = -1;
+
+static void on_write_gpu(baton__tp_write_t *w, int status)
+{
+    unflushed_at_done = vm_devmem_unflushed(); /* what DONE would certify */
+    on_write(w, status);
+}
+
+/* One GPU-to-GPU write of len bytes; returns the reads the model ran. */
+static uint64_t gpu_write(size_t len, int ordering)
+{
+    FC.ordering = ordering;
+    uint8_t *src = vm_devmem_alloc(len), *dst = vm_devmem_alloc(len);
+    assert_non_null(src);
+    assert_non_null(dst);
+    uint8_t *pattern = malloc(len), *back = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        pattern[i] = (uint8_t)(i * 7 + 3);
+    vm_devmem_write(src, pattern, len);
+    baton__tp_mr_t *smr, *dmr;
+    assert_int_equal(reg_on_thread(F.pre, src, len, &smr), 0);
+    assert_int_equal(reg_on_thread(F.dec, dst, len, &dmr), 0);
+    uint8_t key[BATON__TP_BLOB_MAX];
+    size_t klen = 0;
+    assert_int_equal(ops->mem_key(dmr, key, sizeof(key), &klen), 0);
+    static uint32_t mem_id = 100;
+    mem_id++;
+    assert_int_equal(
+        ops->mem_add(F.pp, mem_id, (uintptr_t)dst, len, BATON_XFER_MEM_CUDA, key, klen), 0);
+    vm_stats_t before, after;
+    vm_stats(&before);
+    wreq_t x;
+    memset(&x, 0, sizeof(x));
+    x.sge[0].src = src;
+    x.sge[0].src_mr = smr;
+    x.sge[0].dst = (uintptr_t)dst;
+    x.sge[0].dst_mem = mem_id;
+    x.sge[0].len = len;
+    x.w.room_id = 9;
+    x.w.sges = x.sge;
+    x.w.n_sges = 1;
+    x.w.cb = on_write_gpu;
+    unflushed_at_done = -1;
+    assert_int_equal(ops->write(F.pp, &x.w), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    vm_devmem_read(back, dst, len);
+    assert_memory_equal(back, pattern, len);
+    vm_stats(&after);
+    assert_int_equal(ops->mem_del(F.pp, mem_id), 0);
+    assert_int_equal(ops->mem_dereg(smr), 0);
+    assert_int_equal(ops->mem_dereg(dmr), 0);
+    vm_devmem_free(src);
+    vm_devmem_free(dst);
+    free(pattern);
+    free(back);
+    return after.reads_run - before.reads_run;
+}
+
+static void test_gpu_pages_no_inline_no_cpu_flush_before_done(void **state)
+{
+    cuda_fake_install();
+    memset(&FC, 0, sizeof(FC));
+    FC.inited = 1;
+    fx_connect();
+    /* 48 B: shorter than the inline limit; 64 KiB + 32 B: a full slice and a 32 B tail. A CPU
+     * touch of the PROT_NONE source (an inline post) would crash here. */
+    const size_t sizes[2] = {48, 64 * 1024 + 32};
+    for (int i = 0; i < 2; i++) {
+        uint64_t reads = gpu_write(sizes[i], CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE);
+        assert_int_equal(unflushed_at_done, 0); /* read back before the write counted done */
+        assert_true(reads >= 1);
+    }
+    /* a GPU that orders GPUDirect writes itself needs no read-back */
+    uint64_t reads = gpu_write(4096, CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER);
+    assert_int_equal(reads, 0);
+    assert_true(FC.binds >= 2); /* each registering thread got a current context */
+}
+
+static void test_gpu_registration_paths(void **state)
+{
+    cuda_fake_install();
+    memset(&FC, 0, sizeof(FC));
+    FC.inited = 1;
+    const size_t len = 64 * 1024 + 32; /* not a page multiple: the exact range matters */
+    uint8_t *g = vm_devmem_alloc(len);
+    assert_non_null(g);
+    baton__tp_mr_t *mr = NULL;
+    /* dma-buf over the allocation's exact range */
+    assert_int_equal(reg_on_thread(F.pre, g, len, &mr), 0);
+    assert_int_equal(ops->mem_dereg(mr), 0);
+    /* a sub-range of the allocation, not page aligned */
+    assert_int_equal(reg_on_thread(F.pre, g + 48, 1000, &mr), 0);
+    assert_int_equal(ops->mem_dereg(mr), 0);
+    /* no dma-buf: the device pointer itself, which only nvidia-peermem can pin */
+    FC.no_dmabuf = 1;
+    assert_true(reg_on_thread(F.pre, g, len, &mr) < 0);
+    vm_set_peermem(1);
+    assert_int_equal(reg_on_thread(F.pre, g, len, &mr), 0);
+    assert_true(container_of(mr, rdma_mr_t, base)->peermem);
+    assert_int_equal(ops->mem_dereg(mr), 0);
+    vm_set_peermem(0);
+    /* past the allocation: refused before the NIC sees it */
+    FC.no_dmabuf = 0;
+    assert_int_equal(reg_on_thread(F.pre, g, len + 4096, &mr), BATON_EINVAL);
+    vm_devmem_free(g);
+}
+#else
+static void test_gpu_pages_no_inline_no_cpu_flush_before_done(void **state)
+{
+    print_message("SKIP: built without the CUDA Toolkit headers (BATON_HAVE_CUDA off)\n");
+    skip();
+}
+
+static void test_gpu_registration_paths(void **state)
+{
+    print_message("SKIP: built without the CUDA Toolkit headers (BATON_HAVE_CUDA off)\n");
+    skip();
+}
+#endif
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1175,6 +1811,22 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_post_failure_mid_chain, setup_default, teardown),
         cmocka_unit_test_setup_teardown(test_flush_waits_for_writes, setup_default, teardown),
         cmocka_unit_test_setup_teardown(test_device_fatal, setup_default, teardown),
+        cmocka_unit_test_setup_teardown(test_gid_v2_ipv4_chosen_and_override, setup_default,
+                                        teardown),
+        cmocka_unit_test_teardown(test_qos_and_fork_init, teardown),
+        cmocka_unit_test_teardown(test_limits_clamped, teardown),
+        cmocka_unit_test_setup_teardown(test_initiator_nic_fatal_with_work, setup_default,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_initiator_cq_error_with_work, setup_default, teardown),
+        cmocka_unit_test_teardown(test_drain_watchdog_bounds_a_silent_nic, teardown),
+        cmocka_unit_test_teardown(test_unused_port_flap_keeps_peers, teardown),
+        cmocka_unit_test_teardown(test_both_ports_used, teardown),
+        cmocka_unit_test_setup_teardown(test_gid_change_refreshes_address, setup_default, teardown),
+        cmocka_unit_test_setup_teardown(test_two_engines_create_qps_concurrently, setup_default,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_gpu_pages_no_inline_no_cpu_flush_before_done,
+                                        setup_default, teardown),
+        cmocka_unit_test_setup_teardown(test_gpu_registration_paths, setup_default, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1487,12 +1487,15 @@ int __wrap_ibv_destroy_qp(struct ibv_qp *ibqp)
         misuse("ibv_destroy_qp twice");
         return EINVAL;
     }
+    /* a dead device or a broken CQ completes nothing: destroying undrained QPs is all that is
+     * left (the kernel object goes anyway; on a dead device the call fails) */
     int fatal = M.devs[qp->info.dev].fatal;
+    int undrainable = fatal || qp->scq->broken;
     /* fatal: nothing will ever drain; the kernel object goes anyway and the call fails */
-    if (!fatal && qp->queued)
+    if (!undrainable && qp->queued)
         misuse("ibv_destroy_qp 0x%x with %d WRs still queued (not flushed)", qp->qp.qp_num,
                qp->queued);
-    if (!fatal && qp->next_seq != qp->retired_seq)
+    if (!undrainable && qp->next_seq != qp->retired_seq)
         misuse("ibv_destroy_qp 0x%x before it was drained: %llu WRs without a polled CQE",
                qp->qp.qp_num, (unsigned long long)(qp->next_seq - qp->retired_seq));
     if (qp->events_gotten != qp->events_acked)
@@ -1686,7 +1689,8 @@ static enum ibv_wc_status wr_execute(vm_wr_t *w)
     if (pd->port_state[pport - 1] != IBV_PORT_ACTIVE ||
         ld->port_state[lport - 1] != IBV_PORT_ACTIVE)
         return IBV_WC_RETRY_EXC_ERR;
-    unsigned need = w->opcode == IBV_WR_RDMA_READ ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
+    unsigned need =
+        w->opcode == IBV_WR_RDMA_READ ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
     if (!(peer->info.access_flags & need))
         return IBV_WC_REM_ACCESS_ERR;
     vm_mr_t *rm = mr_find(peer->info.dev, peer->vpd, w->rkey, 1);
