@@ -175,11 +175,11 @@ typedef struct {
  *   status 0: DONE arrived and every byte written before it is in place; `done` is valid
  *             (only during the call: copy what you keep).
  *   status < 0: the room failed; `done` is NULL. BATON_EPEERDOWN (connection lost),
- *             BATON_EPROTO (connection closed for a malformed frame), BATON_EABORTED (either side
- * aborted), BATON_ETIMEOUT (room_timeout_ms), BATON_ERKEY / BATON_ESTALE (the prefill side refused
- * the offer's pages or its incarnation), BATON_ENOTSUP (the peer's transport cannot reach these
- * pages), BATON_ESHUTDOWN, BATON_ENOMEM. Either way the room's pages are released to the caller:
- * nothing can land in them anymore.
+ *             BATON_EPROTO (connection closed for a malformed frame), BATON_EABORTED (either side aborted), BATON_ETIMEOUT (room_timeout_ms),
+ *             BATON_ERKEY / BATON_ESTALE (the prefill side refused the offer's pages or its
+ *             incarnation), BATON_ENOTSUP (the peer's transport cannot reach these pages),
+ *             BATON_ESHUTDOWN, BATON_ENOMEM.
+ * Either way the room's pages are released to the caller: nothing can land in them anymore.
  */
 typedef void (*baton_xfer_offer_cb)(void *data, uint64_t room_id, int status,
                                     const baton_xfer_done_t *done);
