@@ -89,6 +89,7 @@ struct rdma_dev_s {
     int gid_index;
     int gid_type;        /* BATON__RDMA_GID_* of the chosen entry */
     int gid_override;    /* -1, or the index the config named for this device */
+    uint8_t prefix_len;  /* RoCE IPv4 GID: its interface's prefix length (0: unknown) */
     uint32_t max_msg_sz; /* the port's largest message: slices never exceed it */
     uint32_t max_sge;    /* device limit on SGEs per WR */
     uint64_t max_mr_size;

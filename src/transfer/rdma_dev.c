@@ -1,6 +1,8 @@
 /* transfer/rdma_dev.c — one verbs context per HCA: discovery, port/GID/limits, PD, CQ. */
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -174,6 +176,33 @@ static int choose_gid(rdma_dev_t *d, int tbl_len)
     return 0;
 }
 
+/* The prefix length of the local interface that holds an IPv4-mapped GID's address (the
+ * subnet the handshake announces, so peers can prefer NICs on the same rail); 0: unknown. */
+static uint8_t ipv4_prefix_len(const union ibv_gid *g)
+{
+    if (!gid_is_v4_mapped(g))
+        return 0;
+    struct ifaddrs *ifs = NULL, *i;
+    uint8_t plen = 0;
+    if (getifaddrs(&ifs) != 0)
+        return 0;
+    for (i = ifs; i; i = i->ifa_next) {
+        if (!i->ifa_addr || !i->ifa_netmask || i->ifa_addr->sa_family != AF_INET)
+            continue;
+        const struct sockaddr_in *a = (const struct sockaddr_in *)i->ifa_addr;
+        if (memcmp(&a->sin_addr.s_addr, g->raw + 12, 4) != 0)
+            continue;
+        uint32_t m = ntohl(((const struct sockaddr_in *)i->ifa_netmask)->sin_addr.s_addr);
+        while (m & 0x80000000u) {
+            plen++;
+            m <<= 1;
+        }
+        break;
+    }
+    freeifaddrs(ifs);
+    return plen;
+}
+
 /* Re-reads what a port event may have changed: state, LID, MTU, limits, and the GID choice. */
 static int query_port(rdma_dev_t *d)
 {
@@ -188,7 +217,10 @@ static int query_port(rdma_dev_t *d)
     d->lid = pa.lid;
     d->link_layer = pa.link_layer;
     d->max_msg_sz = pa.max_msg_sz ? pa.max_msg_sz : UINT32_MAX;
-    return choose_gid(d, pa.gid_tbl_len > 0 ? pa.gid_tbl_len : 1);
+    err = choose_gid(d, pa.gid_tbl_len > 0 ? pa.gid_tbl_len : 1);
+    if (!err && d->link_layer == IBV_LINK_LAYER_ETHERNET)
+        d->prefix_len = ipv4_prefix_len(&d->gid);
+    return err;
 }
 
 int baton__rdma_dev_refresh(rdma_dev_t *dev)

@@ -1203,21 +1203,93 @@ static void test_gid_v2_ipv4_chosen_and_override(void **state)
     assert_int_equal(tp->devs[0].gid_type, BATON__RDMA_GID_ROCE_V1);
     assert_int_equal(tp->devs[1].gid_index, 3);
     F.cfg.rdma_devices = NULL;
+    /* the handshake carries link layer and GID type: a v1 NIC cannot reach v2 peers, so every
+     * pair goes through vm_1 */
     fx_connect();
-    assert_sgid(1, 0, 2);
     assert_sgid(1, 1, 3);
-    /* v1 does not cross subnets: the pinned NIC's pairs fail the way hardware fails them */
+    uint32_t q[16];
+    int n = side_qps(1, q, 16, 1);
+    assert_int_equal(n, 4);
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(q[i], &a);
+        assert_int_equal(a.dev, 1);
+    }
     baton__tp_mem_params_t mp = {
         .addr = F.src, .len = len, .kind = BATON_XFER_MEM_HOST, .memfd = -1};
     assert_int_equal(ops->mem_reg(F.pre, &mp, &F.src_mr), 0);
     fx_announce();
+    memset(F.dst, 0, len);
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+}
+
+/* Both sides pinned to v1 (layer 2 only) across subnets: the model fails the pairs the way a
+ * routed fabric does, and the connection goes down instead of hanging. */
+static void test_gid_v1_across_subnets_fails(void **state)
+{
+    base_setup();
+    add_devs(0, 4, IBV_MTU_4096, 0);
+    F.npre = F.ndec = 2;
+    F.cfg.rdma_devices = "vm_0:0,vm_1:0";
+    vm_set_visible(0, 2);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
+    F.cfg.rdma_devices = "vm_2:0,vm_3:0";
+    vm_set_visible(2, 2);
+    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
+    vm_set_visible(0, -1);
+    F.cfg.rdma_devices = NULL;
+    fx_connect();
+    assert_sgid(1, -1, 0);
+    assert_sgid(0, -1, 0);
+    const size_t len = 64 * 1024;
+    fx_mem(len);
+    fx_announce();
+    wreq_t x;
     assert_int_equal(fx_write(&x, 0, 0, len), 0);
     run_all();
     assert_int_equal(x.done, 1);
     assert_int_equal(x.status, BATON_EPEERDOWN);
-    vm_stats_t st;
-    vm_stats(&st);
-    assert_true(st.wrs_failed > 0);
+    assert_int_equal(F.rp.failed, 1);
+    assert_int_equal(vm_bytes_landed_in(F.dst, len), 0);
+}
+
+static void test_pairing_by_link_layer(void **state)
+{
+    /* prefill: an InfiniBand NIC and a RoCE NIC; decode: RoCE only. Every pair must use the
+     * RoCE NIC (the old i % L pairing put half of them on InfiniBand). */
+    base_setup();
+    vm_dev_cfg_t c;
+    vm_dev_cfg_default(&c, 0);
+    c.link_layer = IBV_LINK_LAYER_INFINIBAND;
+    assert_int_equal(vm_add_device(&c), 0);
+    add_devs(1, 3, IBV_MTU_4096, 0);
+    F.npre = F.ndec = 2;
+    vm_set_visible(0, 2);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
+    vm_set_visible(2, 2);
+    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
+    vm_set_visible(0, -1);
+    fx_connect();
+    uint32_t q[16];
+    int n = side_qps(1, q, 16, 1);
+    assert_int_equal(n, 4);
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(q[i], &a);
+        assert_int_equal(a.dev, 1);
+    }
+    const size_t len = 256 * 1024;
+    fx_mem(len);
+    fx_announce();
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
 }
 
 static void test_qos_and_fork_init(void **state)
@@ -1813,6 +1885,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_device_fatal, setup_default, teardown),
         cmocka_unit_test_setup_teardown(test_gid_v2_ipv4_chosen_and_override, setup_default,
                                         teardown),
+        cmocka_unit_test_teardown(test_gid_v1_across_subnets_fails, teardown),
+        cmocka_unit_test_teardown(test_pairing_by_link_layer, teardown),
         cmocka_unit_test_teardown(test_qos_and_fork_init, teardown),
         cmocka_unit_test_teardown(test_limits_clamped, teardown),
         cmocka_unit_test_setup_teardown(test_initiator_nic_fatal_with_work, setup_default,
