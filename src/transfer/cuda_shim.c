@@ -52,6 +52,7 @@ static void load(void)
     LOAD(ctx_get_current, cuCtxGetCurrent);
     LOAD(pointer_get_attribute, cuPointerGetAttribute);
     LOAD(device_get_attribute, cuDeviceGetAttribute);
+    LOAD(device_get_pci_bus_id, cuDeviceGetPCIBusId);
     LOAD_OPT(mem_get_handle_for_address_range, cuMemGetHandleForAddressRange);
     LOAD_OPT(get_error_string, cuGetErrorString);
     if (baton__cu.init(0) != CUDA_SUCCESS)

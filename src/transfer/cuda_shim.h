@@ -21,6 +21,7 @@ typedef struct {
     __typeof__(&cuCtxGetCurrent) ctx_get_current;
     __typeof__(&cuPointerGetAttribute) pointer_get_attribute;
     __typeof__(&cuDeviceGetAttribute) device_get_attribute;
+    __typeof__(&cuDeviceGetPCIBusId) device_get_pci_bus_id;
     /* optional (NULL when the driver predates them) */
     __typeof__(&cuMemGetHandleForAddressRange) mem_get_handle_for_address_range; /* dma-buf */
     __typeof__(&cuGetErrorString) get_error_string;

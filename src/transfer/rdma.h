@@ -49,6 +49,7 @@ typedef struct {
     uint32_t cq_size;        /* CQEs per device CQ (4096, clamped to max_cqe) */
     uint64_t max_mr_size;    /* 0: the device's; else split registrations at min(this, device) */
     uint32_t drain_check_ms; /* how often the drain watchdog looks (0: drain bound / 4) */
+    const char *sysfs_root;  /* where PCIe / NUMA topology is read ("/sys"; tests: a temp dir) */
 } baton__rdma_tunables_t;
 
 void baton__rdma_tunables_default(baton__rdma_tunables_t *tun);
@@ -92,6 +93,8 @@ struct rdma_dev_s {
     uint8_t prefix_len;  /* RoCE IPv4 GID: its interface's prefix length (0: unknown) */
     uint32_t max_msg_sz; /* the port's largest message: slices never exceed it */
     uint32_t max_sge;    /* device limit on SGEs per WR */
+    int numa_node;       /* from sysfs, -1 unknown */
+    char pci_path[256];  /* the PCI device's sysfs path, resolved ("" unknown) */
     uint64_t max_mr_size;
     uint32_t max_qp_wr;
     uint8_t max_rd_atom;      /* responder resources (max_qp_rd_atom) */
@@ -197,6 +200,7 @@ struct rdma_mr_s {
     int ndev;
     struct ibv_mr **mrs; /* [dev][chunk] */
     int readback;        /* CUDA memory whose GPUDirect writes need a read-back (key flag) */
+    uint32_t near_devs;  /* CUDA memory: devices closest to its GPU (bit per index; 0: all) */
     int peermem;         /* CUDA memory registered by pointer (no dma-buf) */
 };
 
@@ -304,6 +308,10 @@ rdma_qp_t *baton__rdma_qp_hash_find(rdma_dev_t *dev, uint32_t qpn);
 int baton__rdma_usable_devs(rdma_tp_t *tp, rdma_dev_t **out, int cap);
 /* Re-reads the port's LID and picks the GID again (after LID/GID change events). 0 or error. */
 int baton__rdma_dev_refresh(rdma_dev_t *dev);
+/* CUDA memory's NICs: the devices whose PCIe path shares the deepest bridge with the GPU at
+ * gpu_bus_id ("0000:3b:00.0"), then the same NUMA node. A bit per device index; 0 when the
+ * topology is unknown (every device is as good). */
+uint32_t baton__rdma_near_devs(const rdma_tp_t *tp, const char *gpu_bus_id);
 /* The read-back MR of dev, registered on first use; NULL when registration failed. */
 struct ibv_mr *baton__rdma_dev_rb_mr(rdma_dev_t *dev);
 

@@ -1,6 +1,9 @@
 /* transfer/rdma_dev.c — one verbs context per HCA: discovery, port/GID/limits, PD, CQ. */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <stdlib.h>
@@ -20,6 +23,7 @@ void baton__rdma_tunables_default(baton__rdma_tunables_t *tun)
     tun->cq_size = 4096;
     tun->max_mr_size = 0;
     tun->drain_check_ms = 0;
+    tun->sysfs_root = "/sys";
 }
 
 /* Is `name` in the comma-separated filter? An entry may pin the GID index ("name:N"): *gid_p
@@ -241,6 +245,72 @@ int baton__rdma_dev_refresh(rdma_dev_t *dev)
     return 0;
 }
 
+static const char *sysfs_root(const rdma_tp_t *tp)
+{
+    return tp->tun.sysfs_root && *tp->tun.sysfs_root ? tp->tun.sysfs_root : "/sys";
+}
+
+/* A PCI device's resolved sysfs path and NUMA node ("", -1 when unknown). */
+static void pci_locate(const char *link, char *path, size_t cap, int *numa_p)
+{
+    char real[PATH_MAX], f[PATH_MAX + 16];
+    path[0] = '\0';
+    *numa_p = -1;
+    if (!realpath(link, real))
+        return;
+    snprintf(path, cap, "%s", real);
+    snprintf(f, sizeof(f), "%s/numa_node", real);
+    FILE *fp = fopen(f, "r");
+    if (fp) {
+        if (fscanf(fp, "%d", numa_p) != 1)
+            *numa_p = -1;
+        fclose(fp);
+    }
+}
+
+/* Path components two PCI paths share: the deeper, the closer (same switch, same root port). */
+static int common_depth(const char *a, const char *b)
+{
+    int depth = 0;
+    while (*a && *a == *b) {
+        a++;
+        b++;
+        if (*a == '/' || *a == '\0')
+            depth += (*b == '/' || *b == '\0');
+    }
+    return depth;
+}
+
+uint32_t baton__rdma_near_devs(const rdma_tp_t *tp, const char *gpu_bus_id)
+{
+    char link[PATH_MAX], gpath[PATH_MAX], id[32];
+    int gnuma, best = -1;
+    uint32_t mask = 0, all = 0;
+    size_t i;
+    for (i = 0; gpu_bus_id[i] && i + 1 < sizeof(id); i++)
+        id[i] = (char)tolower((unsigned char)gpu_bus_id[i]); /* sysfs names are lower case */
+    id[i] = '\0';
+    snprintf(link, sizeof(link), "%s/bus/pci/devices/%s", sysfs_root(tp), id);
+    pci_locate(link, gpath, sizeof(gpath), &gnuma);
+    if (!gpath[0])
+        return 0;
+    for (int d = 0; d < tp->ndevs; d++) {
+        const rdma_dev_t *dev = &tp->devs[d];
+        all |= 1u << d;
+        if (!dev->pci_path[0])
+            continue;
+        int score =
+            common_depth(dev->pci_path, gpath) * 2 + (gnuma >= 0 && dev->numa_node == gnuma);
+        if (score > best) {
+            best = score;
+            mask = 0;
+        }
+        if (score == best)
+            mask |= 1u << d;
+    }
+    return mask == all ? 0 : mask;
+}
+
 struct ibv_mr *baton__rdma_dev_rb_mr(rdma_dev_t *dev)
 {
     if (!dev->rb_mr) {
@@ -280,6 +350,9 @@ static int open_one(rdma_tp_t *tp, struct ibv_device *ibdev, uint8_t port, int g
     }
     d->port = port;
     d->nports = attr.phys_port_cnt;
+    char link[PATH_MAX];
+    snprintf(link, sizeof(link), "%s/class/infiniband/%s/device", sysfs_root(tp), d->name);
+    pci_locate(link, d->pci_path, sizeof(d->pci_path), &d->numa_node);
     err = query_port(d);
     if (err) {
         log_warn("rdma", "device_skipped name=%s port=%u reason=port_or_gid err=%s gid_index=%d",

@@ -70,6 +70,9 @@ static int reg_cuda(rdma_tp_t *tp, rdma_mr_t *mr)
         ordering = CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE;
     /* the writer must read back before it reports the bytes in place (see transfer.h) */
     mr->readback = ordering < CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER;
+    char bus[32];
+    if (baton__cu.device_get_pci_bus_id(bus, (int)sizeof(bus), cdev) == CUDA_SUCCESS)
+        mr->near_devs = baton__rdma_near_devs(tp, bus);
 
     int fd = -1;
     cr = CUDA_ERROR_NOT_SUPPORTED;
@@ -200,9 +203,9 @@ int baton__rdma_mem_reg(baton__tp_t *btp, const baton__tp_mem_params_t *p, baton
     }
     log_debug("rdma",
               "mem_registered addr=%p len=%zu kind=%s devices=%d mrs_per_device=%u readback=%d "
-              "peermem=%d",
+              "peermem=%d near_devs=0x%x",
               p->addr, p->len, p->kind == BATON_XFER_MEM_CUDA ? "cuda" : "host", mr->ndev, nchunks,
-              mr->readback, mr->peermem);
+              mr->readback, mr->peermem, mr->near_devs);
     *mr_p = &mr->base;
     return 0;
 }

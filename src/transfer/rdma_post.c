@@ -76,13 +76,28 @@ static uint32_t cq_budget(const rdma_dev_t *dev)
     return dev->cq_size - margin;
 }
 
-/* The next QP, round-robin, that can take one more WR in this pump. */
-static int pick_qp(rdma_peer_t *peer, uint32_t batch)
+/* The devices op's next slice may leave from: GPU memory goes through the NICs nearest its GPU
+ * while this connection has a live QP on one of them (all of them otherwise). */
+static uint32_t slice_devs(const rdma_peer_t *peer, const rdma_op_t *op)
+{
+    const rdma_mr_t *mr = container_of(op->w->sges[op->sge_idx].src_mr, rdma_mr_t, base);
+    if (!mr->near_devs)
+        return UINT32_MAX;
+    for (int i = 0; i < peer->nqps; i++) {
+        const rdma_qp_t *qp = &peer->qps[i];
+        if (qp->state == RDMA_QP_RTS && !qp->dev->dead && (mr->near_devs >> qp->dev->index & 1))
+            return mr->near_devs;
+    }
+    return UINT32_MAX;
+}
+
+/* The next QP, round-robin, on one of `devs`, that can take one more WR in this pump. */
+static int pick_qp(rdma_peer_t *peer, uint32_t batch, uint32_t devs)
 {
     for (int t = 0; t < peer->nqps; t++) {
         int qi = (int)((peer->rr + (uint32_t)t) % (uint32_t)peer->nqps);
         rdma_qp_t *qp = &peer->qps[qi];
-        if (qp->state != RDMA_QP_RTS || qp->dev->dead)
+        if (qp->state != RDMA_QP_RTS || qp->dev->dead || !(devs >> qp->dev->index & 1))
             continue;
         if (peer->clen[qi] >= batch || outstanding(qp) + peer->clen[qi] >= qp->max_wr)
             continue;
@@ -216,7 +231,7 @@ void baton__rdma_pump(rdma_peer_t *peer)
         rdma_op_t *op = peer->post_cursor;
         int added = 0;
         while (op) {
-            int qi = pick_qp(peer, batch);
+            int qi = pick_qp(peer, batch, slice_devs(peer, op));
             if (qi < 0)
                 break; /* every QP full: completions will pump again */
             add_slice(peer, op, qi, batch);

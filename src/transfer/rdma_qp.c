@@ -218,8 +218,12 @@ void baton__rdma_qp_destroy(rdma_qp_t *qp)
  *  24 u64 echo: the generation of the blob this one answers (0 in the target's)
  *  32 u64 incarnation of the sender's engine (for logs)
  * then n_qps entries of 32 bytes, entry i of both blobs being one RC pair:
- *   0 u16 device index  2 u8 port  3 u8 active MTU (enum ibv_mtu)  4 u16 LID  6 u16 0
+ *   0 u16 device index  2 u8 port  3 u8 active MTU (enum ibv_mtu)  4 u16 LID
+ *   6 u8 link layer (IBV_LINK_LAYER_*; 0 from older peers: unknown)
+ *   7 u8 GID type << 6 | IPv4 prefix length of the GID's subnet (0: unknown)
  *   8 u8 gid[16]       24 u32 QPN  28 u32 PSN
+ * Bytes 6-7 were zero in the first version, so the version stays 1: zeros mean "unknown" and
+ * pair as before.
  */
 #define BLOB_MAGIC   0x4d445242u
 #define BLOB_VERSION 1
@@ -256,6 +260,8 @@ int baton__rdma_peer_info(baton__tp_peer_t *bp, uint8_t *buf, size_t cap, size_t
         e[2] = qp->dev->port;
         e[3] = (uint8_t)qp->dev->active_mtu;
         baton__le_put16(e + 4, qp->dev->lid);
+        e[6] = qp->dev->link_layer;
+        e[7] = (uint8_t)((qp->dev->gid_type & 3) << 6 | (qp->dev->prefix_len & 63));
         memcpy(e + 8, qp->dev->gid.raw, 16);
         baton__le_put32(e + 24, qp->qpn);
         baton__le_put32(e + 28, qp->psn);
@@ -268,6 +274,9 @@ typedef struct {
     uint16_t dev;
     uint8_t port;
     uint8_t mtu;
+    uint8_t link_layer;
+    uint8_t gid_type;
+    uint8_t prefix_len;
     uint16_t lid;
     uint8_t gid[16];
     uint32_t qpn;
@@ -295,11 +304,14 @@ static int blob_parse(const uint8_t *b, size_t len, int *role_p, uint64_t *gen_p
         x->port = e[2];
         x->mtu = e[3];
         x->lid = baton__le_get16(e + 4);
+        x->link_layer = e[6];
+        x->gid_type = e[7] >> 6;
+        x->prefix_len = e[7] & 63;
         memcpy(x->gid, e + 8, 16);
         x->qpn = baton__le_get32(e + 24);
         x->psn = baton__le_get32(e + 28);
         if (x->dev >= BATON__RDMA_MAX_DEVS || x->port == 0 || x->mtu < IBV_MTU_256 ||
-            x->mtu > IBV_MTU_4096 || x->qpn > 0xffffff || x->psn > 0xffffff)
+            x->mtu > IBV_MTU_4096 || x->qpn > 0xffffff || x->psn > 0xffffff || x->prefix_len > 32)
             return BATON_EPROTO;
     }
     *role_p = role;
@@ -307,6 +319,52 @@ static int blob_parse(const uint8_t *b, size_t len, int *role_p, uint64_t *gen_p
     *echo_p = baton__le_get64(b + 24);
     *n_p = n;
     return 0;
+}
+
+static uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* 2: same subnet (one rail, no router on the way), 1: reachable, 0: cannot reach. Unknown
+ * fields (an older peer's zeros) reach, as they did before they were exchanged. */
+static int reach(const rdma_dev_t *d, const blob_ent_t *e)
+{
+    if (e->link_layer == 0)
+        return 1;
+    if (e->link_layer != d->link_layer)
+        return 0; /* InfiniBand and Ethernet do not meet */
+    if (d->link_layer != IBV_LINK_LAYER_ETHERNET)
+        return memcmp(d->gid.raw, e->gid, 8) == 0 ? 2 : 0; /* LIDs route in one subnet only */
+    if (e->gid_type != (uint8_t)d->gid_type)
+        return 0; /* RoCE v1 and v2 packets are different protocols */
+    if (e->prefix_len && e->prefix_len == d->prefix_len) {
+        uint32_t mask = e->prefix_len >= 32 ? 0xffffffffu : ~(0xffffffffu >> e->prefix_len);
+        if ((be32(d->gid.raw + 12) & mask) == (be32(e->gid + 12) & mask))
+            return 2;
+    }
+    /* v2 routes; v1 stays inside layer 2, which the operator chose: without a known common
+     * subnet assume it reaches */
+    return 1;
+}
+
+/* The local NIC for pair i: the best reachability, then the least loaded, then NIC i % L (so
+ * equal NICs keep the former i % L spread). NULL when none reaches. */
+static rdma_dev_t *pick_local(rdma_dev_t **local, int L, int *load, int i, const blob_ent_t *e)
+{
+    int best = -1, best_reach = 0;
+    for (int t = 0; t < L; t++) {
+        int j = (i + t) % L;
+        int r = reach(local[j], e);
+        if (r > best_reach || (r == best_reach && r > 0 && load[j] < load[best])) {
+            best = j;
+            best_reach = r;
+        }
+    }
+    if (best < 0)
+        return NULL;
+    load[best]++;
+    return local[best];
 }
 
 static void note_rnic(rdma_peer_t *peer, rdma_qp_t *qp, uint16_t dev)
@@ -380,10 +438,18 @@ int baton__rdma_peer_handshake(rdma_peer_t *peer, const uint8_t *blob, size_t le
         peer->qps = calloc((size_t)n, sizeof(*peer->qps));
         if (!peer->qps)
             return BATON_ENOMEM;
+        int load[BATON__RDMA_MAX_DEVS] = {0};
         for (int i = 0; i < n; i++) {
-            /* pair i lives on local NIC i % L: with L == R every pair stays on "its" NIC index,
-             * otherwise the pairs still spread over every local NIC */
-            err = baton__rdma_qp_create(peer, &peer->qps[i], local[i % L]);
+            rdma_dev_t *d = pick_local(local, L, load, i, &ents[i]);
+            if (!d) {
+                log_error("rdma",
+                          "handshake_failed generation=%llu reason=no_reachable_nic peer_dev=%u "
+                          "link=%u gid_type=%u",
+                          (unsigned long long)bp->generation, (unsigned)ents[i].dev,
+                          (unsigned)ents[i].link_layer, (unsigned)ents[i].gid_type);
+                return BATON_ENOTSUP;
+            }
+            err = baton__rdma_qp_create(peer, &peer->qps[i], d);
             if (err)
                 return err; /* created ones are torn down by fence/destroy */
             peer->nqps = i + 1;

@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <ftw.h>
 #include <pthread.h>
+#include <sys/stat.h>
 
 #include "transfer/cuda_shim.h"
 #include "transfer/rdma.h"
@@ -1652,6 +1654,11 @@ static CUresult fc_pointer_get_attribute(void *data, CUpointer_attribute a, CUde
     *(int *)data = 0;
     return CUDA_SUCCESS;
 }
+static CUresult fc_pci_bus_id(char *buf, int len, CUdevice d)
+{
+    snprintf(buf, (size_t)len, "0000:02:00.0");
+    return CUDA_SUCCESS;
+}
 static CUresult fc_device_get_attribute(int *v, CUdevice_attribute a, CUdevice d)
 {
     if (a != CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING)
@@ -1698,6 +1705,7 @@ static void cuda_fake_install(void)
     t.ctx_get_current = fc_ctx_get_current;
     t.pointer_get_attribute = fc_pointer_get_attribute;
     t.device_get_attribute = fc_device_get_attribute;
+    t.device_get_pci_bus_id = fc_pci_bus_id;
     t.mem_get_address_range = fc_mem_get_address_range;
     t.mem_get_handle_for_address_range = fc_get_handle;
     baton__cuda_install(&t);
@@ -1841,7 +1849,125 @@ static void test_gpu_registration_paths(void **state)
     assert_int_equal(reg_on_thread(F.pre, g, len + 4096, &mr), BATON_EINVAL);
     vm_devmem_free(g);
 }
+/* A sysfs tree in a temp dir: NIC vm_0 and the GPU under one PCIe switch on NUMA node 0,
+ * NIC vm_1 under another root port on node 1. */
+static char sysroot[256];
+
+static void mk(const char *rel, const char *numa)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "%s/%s", sysroot, rel);
+    char *p = cmd + strlen(sysroot) + 1;
+    for (; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(cmd, 0700);
+            *p = '/';
+        }
+    }
+    mkdir(cmd, 0700);
+    if (numa) {
+        char f[600];
+        snprintf(f, sizeof(f), "%s/numa_node", cmd);
+        FILE *fp = fopen(f, "w");
+        assert_non_null(fp);
+        fputs(numa, fp);
+        fclose(fp);
+    }
+}
+
+static void ln(const char *target_rel, const char *link_rel)
+{
+    char t[512], l[512];
+    snprintf(t, sizeof(t), "%s/%s", sysroot, target_rel);
+    snprintf(l, sizeof(l), "%s/%s", sysroot, link_rel);
+    assert_int_equal(symlink(t, l), 0);
+}
+
+static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    return remove(path);
+}
+
+static void test_gpu_memory_uses_near_nics(void **state)
+{
+    cuda_fake_install();
+    memset(&FC, 0, sizeof(FC));
+    FC.inited = 1;
+    FC.ordering = CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER;
+    const char *tmp = getenv("TMPDIR");
+    snprintf(sysroot, sizeof(sysroot), "%s/baton-rdma-sysfs-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    assert_non_null(mkdtemp(sysroot));
+    mk("devices/pci0000:00/0000:00:01.0/0000:01:00.0", "0");
+    mk("devices/pci0000:00/0000:00:01.0/0000:02:00.0", "0");
+    mk("devices/pci0000:80/0000:80:01.0/0000:81:00.0", "1");
+    mk("class/infiniband/vm_0", NULL);
+    mk("class/infiniband/vm_1", NULL);
+    mk("bus/pci/devices", NULL);
+    ln("devices/pci0000:00/0000:00:01.0/0000:01:00.0", "class/infiniband/vm_0/device");
+    ln("devices/pci0000:80/0000:80:01.0/0000:81:00.0", "class/infiniband/vm_1/device");
+    ln("devices/pci0000:00/0000:00:01.0/0000:02:00.0", "bus/pci/devices/0000:02:00.0");
+
+    base_setup();
+    tun.sysfs_root = sysroot;
+    fx_start(2, 2, IBV_MTU_4096, IBV_MTU_4096, 0, 0);
+    fx_connect();
+    const size_t len = 1u << 20;
+    uint8_t *src = vm_devmem_alloc(len);
+    assert_non_null(src);
+    F.dst = aligned_alloc(4096, len);
+    uint8_t *pattern = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        pattern[i] = (uint8_t)(i * 13 + 1);
+    vm_devmem_write(src, pattern, len);
+    baton__tp_mr_t *smr;
+    assert_int_equal(reg_on_thread(F.pre, src, len, &smr), 0);
+    assert_int_equal(container_of(smr, rdma_mr_t, base)->near_devs, 1u); /* vm_0 only */
+    baton__tp_mem_params_t mp = {
+        .addr = F.dst, .len = len, .kind = BATON_XFER_MEM_HOST, .memfd = -1};
+    assert_int_equal(ops->mem_reg(F.dec, &mp, &F.dst_mr), 0);
+    F.size = len;
+    fx_announce();
+    wreq_t x;
+    memset(&x, 0, sizeof(x));
+    x.sge[0].src = src;
+    x.sge[0].src_mr = smr;
+    x.sge[0].dst = (uintptr_t)F.dst;
+    x.sge[0].dst_mem = MEM_ID;
+    x.sge[0].len = len;
+    x.w.sges = x.sge;
+    x.w.n_sges = 1;
+    x.w.cb = on_write;
+    assert_int_equal(ops->write(F.pp, &x.w), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_memory_equal(F.dst, pattern, len);
+    uint32_t q[8];
+    int n = side_qps(1, q, 8, 1);
+    uint64_t near = 0, far = 0;
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(q[i], &a);
+        if (a.dev == 0)
+            near += a.wrs_posted;
+        else
+            far += a.wrs_posted;
+    }
+    assert_true(near >= len / (64 * 1024));
+    assert_int_equal(far, 0);
+    assert_int_equal(ops->mem_dereg(smr), 0);
+    vm_devmem_free(src);
+    free(pattern);
+    assert_int_equal(nftw(sysroot, rm_cb, 8, FTW_DEPTH | FTW_PHYS), 0);
+}
 #else
+static void test_gpu_memory_uses_near_nics(void **state)
+{
+    print_message("SKIP: built without the CUDA Toolkit headers (BATON_HAVE_CUDA off)\n");
+    skip();
+}
+
 static void test_gpu_pages_no_inline_no_cpu_flush_before_done(void **state)
 {
     print_message("SKIP: built without the CUDA Toolkit headers (BATON_HAVE_CUDA off)\n");
@@ -1901,6 +2027,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_gpu_pages_no_inline_no_cpu_flush_before_done,
                                         setup_default, teardown),
         cmocka_unit_test_setup_teardown(test_gpu_registration_paths, setup_default, teardown),
+        cmocka_unit_test_teardown(test_gpu_memory_uses_near_nics, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
