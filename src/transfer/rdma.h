@@ -5,22 +5,28 @@
 /*
  * Layout of the RDMA transport (one concern per file):
  *   rdma.c        ops table: init / fini / query, peer ops glue
- *   rdma_dev.c    one context per HCA: open, port/GID/limits, PD, CQ, completion channel
+ *   rdma_dev.c    one context per active HCA port: open, GID choice, limits, PD, CQ, completion
+ *                 channel, PCIe/NUMA placement (sysfs)
  *   rdma_verbs.c  the ONE place where verbs' error conventions become Baton codes
  *   rdma_mr.c     local registrations (every HCA, split at max_mr_size, CUDA dmabuf) and the
  *                 peer's remote regions (rkeys per NIC per chunk)
- *   rdma_qp.c     QP state machine RESET→INIT→RTR→RTS→ERR and the handshake blob
+ *   rdma_qp.c     QP state machine RESET→INIT→RTR→RTS→ERR, the handshake blob, NIC pairing
  *   rdma_post.c   writes: slicing, striping over NICs and QPs, selective signalling, the
  *                 outstanding-WR accounting, completion of writes, peer failure and fencing
- *   rdma_poll.c   completion channel + async event fd on the progress loop (uv_poll)
+ *   rdma_poll.c   completion channel + async event fd on the progress loop (uv_poll); port and
+ *                 device events (by port number), dead devices
  *
- * Testing seam: none in this code. The unit tests link with -Wl,--wrap=ibv_* for the exported
- * verbs and hand out model contexts whose ops table serves the inline data-path verbs
- * (ibv_post_send, ibv_poll_cq, ibv_req_notify_cq); see tests/unit/transfer/verbs_model.h.
+ * Testing seams: the tunables (baton__rdma_init_tuned: queue sizes, the watchdog's period, the
+ * sysfs root) and cuda_shim's baton__cuda_install; nothing else. The unit tests link with
+ * -Wl,--wrap=ibv_* for the exported verbs and hand out model contexts whose ops table serves the
+ * inline data-path verbs (ibv_post_send, ibv_poll_cq, ibv_req_notify_cq); see
+ * tests/unit/transfer/verbs_model.h.
  *
  * Threads: everything runs on the engine's progress thread except baton__rdma_mem_reg /
- * _mem_key / _mem_dereg, which only read the immutable device table and touch their own
- * registration (ibv_reg_mr is thread-safe).
+ * _mem_key / _mem_dereg, which only read the device table's fields that never change after
+ * init (ctx, pd, dead, PCIe placement) and touch their own registration (ibv_reg_mr is
+ * thread-safe; CUDA registration makes the GPU's context current on the calling thread).
+ * Each transport owns all of its state: two engines in one process share nothing here.
  *
  * Connection shape. The TARGET (decode) creates Q QPs on each of its R usable NICs, ordered
  * k-major (QP i sits on target NIC i % R, i = k*R + j), and sends them in its blob. The

@@ -1294,6 +1294,45 @@ static void test_pairing_by_link_layer(void **state)
     assert_true(bytes_equal(F.dst, F.src, len));
 }
 
+static void test_infiniband_routes_by_lid(void **state)
+{
+    base_setup();
+    for (int i = 0; i < 4; i++) {
+        vm_dev_cfg_t c;
+        vm_dev_cfg_default(&c, i);
+        c.link_layer = IBV_LINK_LAYER_INFINIBAND;
+        c.subnet = 0; /* one IB subnet: LIDs reach */
+        assert_int_equal(vm_add_device(&c), i);
+    }
+    F.npre = F.ndec = 2;
+    vm_set_visible(0, 2);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
+    vm_set_visible(2, 2);
+    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
+    vm_set_visible(0, -1);
+    fx_connect();
+    uint32_t q[16];
+    int n = side_qps(1, q, 16, 1);
+    assert_int_equal(n, 4);
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a, b;
+        vm_qp_info(q[i], &a);
+        vm_qp_info(a.dest_qpn, &b);
+        assert_int_equal(a.is_global, 0);
+        vm_dev_cfg_t pc;
+        vm_dev_cfg_default(&pc, b.dev);
+        assert_int_equal(a.dlid, pc.lid);
+    }
+    const size_t len = 256 * 1024;
+    fx_mem(len);
+    fx_announce();
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+}
+
 static void test_qos_and_fork_init(void **state)
 {
     base_setup();
@@ -2013,6 +2052,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_teardown(test_gid_v1_across_subnets_fails, teardown),
         cmocka_unit_test_teardown(test_pairing_by_link_layer, teardown),
+        cmocka_unit_test_teardown(test_infiniband_routes_by_lid, teardown),
         cmocka_unit_test_teardown(test_qos_and_fork_init, teardown),
         cmocka_unit_test_teardown(test_limits_clamped, teardown),
         cmocka_unit_test_setup_teardown(test_initiator_nic_fatal_with_work, setup_default,
