@@ -12,6 +12,7 @@
 #include <cmocka.h>
 #include <ftw.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "transfer/cuda_shim.h"
@@ -1333,6 +1334,65 @@ static void test_infiniband_routes_by_lid(void **state)
     assert_true(bytes_equal(F.dst, F.src, len));
 }
 
+/* Does the VMA holding p carry MADV_HUGEPAGE ("hg" in smaps' VmFlags)? -1: cannot tell. */
+static int vma_hugepage_advised(const void *p)
+{
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    if (!fp)
+        return -1;
+    char line[512];
+    int in = 0, found = -1;
+    while (fgets(line, sizeof(line), fp)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+            continue;
+        }
+        if (in && strncmp(line, "VmFlags:", 8) == 0) {
+            found = strstr(line, " hg") != NULL;
+            break;
+        }
+    }
+    fclose(fp);
+    return found;
+}
+
+static void test_hugepages_advised_for_large_pools(void **state)
+{
+    base_setup();
+    F.cfg.rdma_hugepages = 1;
+    fx_start(1, 1, IBV_MTU_4096, IBV_MTU_4096, 0, 0);
+    /* can this kernel take the advice at all? */
+    void *probe = mmap(NULL, 4u << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(probe != MAP_FAILED);
+    int thp = madvise(probe, 4u << 20, MADV_HUGEPAGE) == 0;
+    munmap(probe, 4u << 20);
+    if (!thp) {
+        print_message("SKIP: this kernel has no transparent huge pages (madvise EINVAL)\n");
+        skip();
+    }
+    const size_t len = 8u << 20;
+    uint8_t *pool = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uint8_t *small =
+        mmap(NULL, 1u << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(pool != MAP_FAILED && small != MAP_FAILED);
+    uint8_t *mid = (uint8_t *)(((uintptr_t)pool + (4u << 20)) & ~(uintptr_t)((2u << 20) - 1));
+    assert_int_equal(vma_hugepage_advised(mid), 0);
+    baton__tp_mem_params_t mp = {
+        .addr = pool, .len = len, .kind = BATON_XFER_MEM_HOST, .memfd = -1};
+    baton__tp_mr_t *mr, *mr2;
+    assert_int_equal(ops->mem_reg(F.pre, &mp, &mr), 0);
+    assert_int_equal(vma_hugepage_advised(mid), 1);
+    mp.addr = small; /* under 2 MiB: left alone */
+    mp.len = 1u << 20;
+    assert_int_equal(ops->mem_reg(F.pre, &mp, &mr2), 0);
+    assert_int_equal(vma_hugepage_advised(small), 0);
+    assert_int_equal(ops->mem_dereg(mr), 0);
+    assert_int_equal(ops->mem_dereg(mr2), 0);
+    munmap(pool, len);
+    munmap(small, 1u << 20);
+}
+
 static void test_qos_and_fork_init(void **state)
 {
     base_setup();
@@ -2053,6 +2113,7 @@ int main(void)
         cmocka_unit_test_teardown(test_gid_v1_across_subnets_fails, teardown),
         cmocka_unit_test_teardown(test_pairing_by_link_layer, teardown),
         cmocka_unit_test_teardown(test_infiniband_routes_by_lid, teardown),
+        cmocka_unit_test_teardown(test_hugepages_advised_for_large_pools, teardown),
         cmocka_unit_test_teardown(test_qos_and_fork_init, teardown),
         cmocka_unit_test_teardown(test_limits_clamped, teardown),
         cmocka_unit_test_setup_teardown(test_initiator_nic_fatal_with_work, setup_default,

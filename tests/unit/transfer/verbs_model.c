@@ -1480,7 +1480,17 @@ static int modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
     return 0;
 }
 
+static int destroy_qp(struct ibv_qp *ibqp);
+
 int __wrap_ibv_destroy_qp(struct ibv_qp *ibqp)
+{
+    pthread_mutex_lock(&vm_lock);
+    int rc = destroy_qp(ibqp);
+    pthread_mutex_unlock(&vm_lock);
+    return rc;
+}
+
+static int destroy_qp(struct ibv_qp *ibqp)
 {
     vm_qp_t *qp = container_of(ibqp, vm_qp_t, qp);
     if (!qp->hdr.live) {

@@ -52,9 +52,9 @@
  * Timing: WRs are queued at post time and run only when the test calls vm_step()/vm_run()
  * (or at once with vm_set_auto_execute(1)), so a test decides exactly what has landed when.
  *
- * Threading: single-threaded like the tests, except that QP creation and modification
- * (ibv_create_qp / ibv_modify_qp) take one model lock so that two transports may create QPs
- * from two threads at once.
+ * Threading: single-threaded like the tests, except that QP creation, modification and
+ * destruction (ibv_create_qp / ibv_modify_qp / ibv_destroy_qp) take one model lock so that
+ * two transports may create QPs from two threads at once.
  */
 
 #include <infiniband/verbs.h>
