@@ -321,6 +321,7 @@ static void peer_teardown(rdma_peer_t *peer)
         peer->ops_head = op->next;
         log_error("rdma", "peer_destroy_with_write room=%llu (engine bug: no fence)",
                   (unsigned long long)op->w->room_id);
+        free(op->rb);
         free(op);
     }
     peer->ops_tail = peer->post_cursor = NULL;

@@ -148,9 +148,11 @@ typedef struct {
     uint32_t len;
 } rdma_wr_rec_t;
 
-#if BATON__RDMA_MAX_QPS > 64
-#error "rdma_op_t.qp_mask holds one bit per QP"
-#endif
+/* A (QP, GPU region) pair an op wrote through: it is read back once per pair. */
+typedef struct {
+    uint16_t qi;  /* peer->qps index */
+    uint32_t sge; /* an SGE of the op whose destination lies in that region */
+} rdma_rb_t;
 
 typedef enum {
     RDMA_QP_NONE = 0, /* not created / destroyed */
@@ -278,9 +280,9 @@ struct rdma_op_s {
     uint32_t inflight; /* WRs posted and not yet covered by a completion */
     int posted_all;    /* nothing more will be posted (done, or abandoned after a failure) */
     int status;
-    uint64_t qp_mask; /* QPs that carried its slices into read-back regions (bit per QP) */
-    int rb_sge;       /* an SGE whose destination needs a read-back (-1: none) */
-    int rb_state;     /* 0: none needed, 1: needed, 2: reads posted */
+    rdma_rb_t *rb; /* distinct (QP, read-back region) pairs it wrote through; malloc'd */
+    uint32_t n_rb, cap_rb;
+    int rb_state; /* 0: none needed, 1: needed, 2: reads posted */
 };
 
 /* ---- rdma_verbs.c: error conventions ---------------------------------------------------- */

@@ -51,7 +51,6 @@ int baton__rdma_write(baton__tp_peer_t *bp, baton__tp_write_t *w)
     op->peer = peer;
     op->seq = peer->op_seq++;
     op->rm_idx = -1;
-    op->rb_sge = -1;
     if (peer->ops_tail)
         peer->ops_tail->next = op;
     else
@@ -111,6 +110,30 @@ static int pick_qp(rdma_peer_t *peer, uint32_t batch, uint32_t devs)
     return -1;
 }
 
+/* GPU memory with weak GPUDirect write ordering: every (QP, region) pair that carried a slice
+ * is read back once the op's writes completed (see readback()). */
+static void note_readback(rdma_op_t *op, int qi, uint32_t mem)
+{
+    for (uint32_t i = 0; i < op->n_rb; i++)
+        if (op->rb[i].qi == qi && op->w->sges[op->rb[i].sge].dst_mem == mem)
+            return;
+    if (op->n_rb == op->cap_rb) {
+        uint32_t ncap = op->cap_rb ? op->cap_rb * 2 : 4;
+        rdma_rb_t *n = realloc(op->rb, ncap * sizeof(*n));
+        if (!n) {
+            if (!op->status)
+                op->status = BATON_ENOMEM; /* cannot promise visibility: fail the write */
+            return;
+        }
+        op->rb = n;
+        op->cap_rb = ncap;
+    }
+    op->rb[op->n_rb].qi = (uint16_t)qi;
+    op->rb[op->n_rb].sge = (uint32_t)op->sge_idx;
+    op->n_rb++;
+    op->rb_state = 1;
+}
+
 /* Appends the next slice of op to QP qi's chain and advances op's cursor. */
 static void add_slice(rdma_peer_t *peer, rdma_op_t *op, int qi, uint32_t batch)
 {
@@ -156,14 +179,8 @@ static void add_slice(rdma_peer_t *peer, rdma_op_t *op, int qi, uint32_t batch)
     rec->len = (uint32_t)len;
     op->inflight++;
     qp->dev->cq_used++;
-    if (rm->readback) {
-        /* GPU memory with weak GPUDirect write ordering: every QP that wrote into it reads
-         * back once the op's writes completed (settle) */
-        op->qp_mask |= 1ull << qi;
-        if (op->rb_sge < 0)
-            op->rb_sge = (int)op->sge_idx;
-        op->rb_state = 1;
-    }
+    if (rm->readback)
+        note_readback(op, qi, s->dst_mem);
 
     op->sge_off += len;
     if (op->sge_off == s->len) {
@@ -306,8 +323,8 @@ rdma_peer_t *baton__rdma_on_wc(rdma_dev_t *dev, const struct ibv_wc *wc)
 }
 
 /*
- * The read-back that makes GPUDirect writes visible: one small signalled RDMA READ per QP that
- * wrote into the op's GPU destination, posted after all its writes completed. A read on an RC
+ * The read-back that makes GPUDirect writes visible: one small signalled RDMA READ per (QP, GPU
+ * region) pair the op wrote through, posted after all its writes completed. A read on an RC
  * QP executes after the writes before it and its response leaves the responder only once they
  * reached the memory (PCIe reads do not pass posted writes), so its completion means the data
  * is in place for the GPU too. Returns 1 while the op must wait (reads posted, or no room yet),
@@ -321,27 +338,25 @@ static int readback(rdma_peer_t *peer, rdma_op_t *op)
         op->rb_state = 0;
         return 0;
     }
-    const baton__tp_sge_t *s = &op->w->sges[op->rb_sge];
-    rdma_rmem_t *rm = baton__rdma_rmem_find(peer, s->dst_mem);
+    uint32_t need[BATON__RDMA_MAX_QPS] = {0};
+    for (uint32_t i = 0; i < op->n_rb; i++)
+        need[op->rb[i].qi]++;
     for (int qi = 0; qi < peer->nqps; qi++) {
         rdma_qp_t *qp = &peer->qps[qi];
-        if (!(op->qp_mask & (1ull << qi)))
-            continue;
-        if (outstanding(qp) >= qp->max_wr || qp->dev->cq_used >= qp->dev->cq_size)
+        if (need[qi] && (outstanding(qp) + need[qi] > qp->max_wr ||
+                         qp->dev->cq_used + need[qi] > qp->dev->cq_size))
             return 1; /* this QP's completions will settle (and bring us back) */
     }
-    for (int qi = 0; qi < peer->nqps; qi++) {
-        rdma_qp_t *qp = &peer->qps[qi];
-        if (!(op->qp_mask & (1ull << qi)))
-            continue;
-        op->qp_mask &= ~(1ull << qi);
+    for (uint32_t i = 0; i < op->n_rb && !op->status; i++) {
+        rdma_qp_t *qp = &peer->qps[op->rb[i].qi];
+        const baton__tp_sge_t *s = &op->w->sges[op->rb[i].sge];
+        rdma_rmem_t *rm = baton__rdma_rmem_find(peer, s->dst_mem);
         struct ibv_mr *lmr = baton__rdma_dev_rb_mr(qp->dev);
-        uint64_t room;
-        uint32_t rkey = rm ? baton__rdma_rkey(rm, qp->rnic, s->dst, &room) : 0;
         if (!lmr || !rm) {
             op->status = lmr ? BATON_ERKEY : BATON_ENOMEM;
             break;
         }
+        uint64_t room;
         struct ibv_sge sg = {.addr = (uintptr_t)lmr->addr, .length = 1, .lkey = lmr->lkey};
         struct ibv_send_wr wr, *bad = NULL;
         memset(&wr, 0, sizeof(wr));
@@ -351,8 +366,7 @@ static int readback(rdma_peer_t *peer, rdma_op_t *op)
         wr.opcode = IBV_WR_RDMA_READ;
         wr.send_flags = IBV_SEND_SIGNALED;
         wr.wr.rdma.remote_addr = s->dst;
-        wr.wr.rdma.rkey = rkey;
-        rdma_wr_rec_t *rec = &qp->ring[qp->next_seq % qp->max_wr];
+        wr.wr.rdma.rkey = baton__rdma_rkey(rm, qp->rnic, s->dst, &room);
         int rc = ibv_post_send(qp->qp, &wr, &bad);
         if (rc) {
             int err = baton__rdma_err_ret(rc);
@@ -362,6 +376,7 @@ static int readback(rdma_peer_t *peer, rdma_op_t *op)
             baton__rdma_peer_fail(peer, err);
             break;
         }
+        rdma_wr_rec_t *rec = &qp->ring[qp->next_seq % qp->max_wr];
         rec->op = op;
         rec->len = 0;
         op->inflight++;
@@ -423,6 +438,7 @@ void baton__rdma_settle(rdma_peer_t *peer)
         done = op->next;
         baton__tp_write_t *w = op->w;
         int st = op->status;
+        free(op->rb);
         free(op);
         w->cb(w, st); /* exactly once, even if the engine misbehaves below */
     }

@@ -1920,6 +1920,56 @@ static void test_gpu_pages_no_inline_no_cpu_flush_before_done(void **state)
     assert_true(FC.binds >= 2); /* each registering thread got a current context */
 }
 
+/* One write into two GPU allocations (two regions): each (QP, region) pair is read back. */
+static void test_gpu_two_regions_one_write(void **state)
+{
+    cuda_fake_install();
+    memset(&FC, 0, sizeof(FC));
+    FC.inited = 1;
+    FC.ordering = CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE;
+    fx_connect();
+    const size_t len = 256 * 1024;
+    fx_mem(len);
+    uint8_t *d[2];
+    baton__tp_mr_t *dmr[2];
+    wreq_t x;
+    memset(&x, 0, sizeof(x));
+    for (int i = 0; i < 2; i++) {
+        d[i] = vm_devmem_alloc(len / 2);
+        assert_non_null(d[i]);
+        assert_int_equal(reg_on_thread(F.dec, d[i], len / 2, &dmr[i]), 0);
+        uint8_t key[BATON__TP_BLOB_MAX];
+        size_t klen = 0;
+        assert_int_equal(ops->mem_key(dmr[i], key, sizeof(key), &klen), 0);
+        assert_int_equal(ops->mem_add(F.pp, 200 + (uint32_t)i, (uintptr_t)d[i], len / 2,
+                                      BATON_XFER_MEM_CUDA, key, klen),
+                         0);
+        x.sge[i].src = F.src + i * (len / 2);
+        x.sge[i].src_mr = F.src_mr;
+        x.sge[i].dst = (uintptr_t)d[i];
+        x.sge[i].dst_mem = 200 + (uint32_t)i;
+        x.sge[i].len = len / 2;
+    }
+    x.w.sges = x.sge;
+    x.w.n_sges = 2;
+    x.w.cb = on_write_gpu;
+    unflushed_at_done = -1;
+    assert_int_equal(ops->write(F.pp, &x.w), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_int_equal(unflushed_at_done, 0);
+    uint8_t *back = malloc(len / 2);
+    for (int i = 0; i < 2; i++) {
+        vm_devmem_read(back, d[i], len / 2);
+        assert_memory_equal(back, F.src + i * (len / 2), len / 2);
+        assert_int_equal(ops->mem_del(F.pp, 200 + (uint32_t)i), 0);
+        assert_int_equal(ops->mem_dereg(dmr[i]), 0);
+        vm_devmem_free(d[i]);
+    }
+    free(back);
+}
+
 static void test_gpu_registration_paths(void **state)
 {
     cuda_fake_install();
@@ -2061,6 +2111,12 @@ static void test_gpu_memory_uses_near_nics(void **state)
     assert_int_equal(nftw(sysroot, rm_cb, 8, FTW_DEPTH | FTW_PHYS), 0);
 }
 #else
+static void test_gpu_two_regions_one_write(void **state)
+{
+    print_message("SKIP: built without the CUDA Toolkit headers (BATON_HAVE_CUDA off)\n");
+    skip();
+}
+
 static void test_gpu_memory_uses_near_nics(void **state)
 {
     print_message("SKIP: built without the CUDA Toolkit headers (BATON_HAVE_CUDA off)\n");
@@ -2127,6 +2183,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_gpu_pages_no_inline_no_cpu_flush_before_done,
                                         setup_default, teardown),
+        cmocka_unit_test_setup_teardown(test_gpu_two_regions_one_write, setup_default, teardown),
         cmocka_unit_test_setup_teardown(test_gpu_registration_paths, setup_default, teardown),
         cmocka_unit_test_teardown(test_gpu_memory_uses_near_nics, teardown),
     };

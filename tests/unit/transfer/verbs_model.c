@@ -1718,8 +1718,11 @@ static enum ibv_wc_status wr_execute(vm_wr_t *w)
             dma_copy((void *)(uintptr_t)w->sge[i].addr, src, w->sge[i].length);
             src += w->sge[i].length;
         }
+        /* it flushes this QP's earlier writes into the memory it read from (one GPU's BAR):
+         * writes into another allocation are not ordered by it */
+        vm_devmem_t *target = devmem_of(w->remote_addr, 0);
         for (size_t i = 0; i < M.nlandings; i++)
-            if (M.landings[i].qp == qp)
+            if (M.landings[i].qp == qp && devmem_of(M.landings[i].addr, 0) == target)
                 M.landings[i].unflushed = 0;
         qp->info.wrs_run++;
         M.st.wrs_run++;

@@ -44,7 +44,8 @@
  *  - Device memory (vm_devmem_alloc): PROT_NONE pages the CPU cannot touch. Only the model's
  *    DMA path (executing WRs, vm_devmem_read/write) reaches them, so an inline send or a CPU
  *    copy from "GPU" memory crashes the test. Every WR landing in device memory counts as
- *    unflushed until an RDMA READ on the same QP completes after it (vm_devmem_unflushed).
+ *    unflushed until an RDMA READ on the same QP from the same allocation completes after it
+ *    (vm_devmem_unflushed).
  *  - QP capacities are written back rounded up (max_send_wr to a power of two, inline data to
  *    a multiple of 32), and the device refuses inline data or SGEs beyond its limits.
  *  - Two ports per device when cfg.nports is 2; port events carry their port number.
