@@ -1928,7 +1928,7 @@ static void test_gpu_two_regions_one_write(void **state)
     FC.inited = 1;
     FC.ordering = CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE;
     fx_connect();
-    const size_t len = 256 * 1024;
+    const size_t len = 1u << 20; /* 8 slices per region: every QP writes into both */
     fx_mem(len);
     uint8_t *d[2];
     baton__tp_mr_t *dmr[2];
