@@ -13,6 +13,8 @@ void baton__rdma_cq_drain(rdma_dev_t *dev)
 {
     struct ibv_wc wc[WC_BATCH];
     rdma_peer_t *touched = NULL;
+    if (__atomic_load_n(&dev->dead, __ATOMIC_RELAXED))
+        return; /* its QPs were finished in software; late completions would count twice */
     for (;;) {
         int n = ibv_poll_cq(dev->cq, WC_BATCH, wc);
         if (n < 0) {

@@ -306,6 +306,8 @@ rdma_peer_t *baton__rdma_on_wc(rdma_dev_t *dev, const struct ibv_wc *wc)
                       (unsigned long long)s, ibv_wc_status_str(wc->status), (int)wc->status,
                       wc->vendor_err);
         baton__rdma_peer_fail(peer, err);
+        if (qp->state == RDMA_QP_NONE)
+            return peer; /* abandoned by the failure (a dead device): already accounted */
     }
     /* one completion covers its WR and every earlier unsignalled one on this QP */
     for (uint64_t q = qp->tail_seq; q <= s; q++) {
