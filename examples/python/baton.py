@@ -54,6 +54,11 @@ class Config(ctypes.Structure):
         ("log_cb", LOG_CB),
         ("log_data", c_void_p),
         ("log_level", c_int),
+        ("rdma_traffic_class", c_uint32),
+        ("rdma_service_level", c_uint32),
+        ("rdma_fork_init", c_uint32),
+        ("rdma_hugepages", c_uint32),
+        ("rdma_drain_timeout_ms", c_uint32),
     ]
 
 

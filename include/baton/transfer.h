@@ -29,6 +29,23 @@ extern "C" {
  *
  * One engine may play both roles at once (listen and connect).
  *
+ * What "in place" means (memory ordering)
+ * ---------------------------------------
+ * Host memory: over rdma, a write's bytes are in place when the prefill NIC's completion for
+ * the last RDMA WRITE of the room has arrived; DONE / LAYER_DONE travel on the control
+ * connection after that completion. The assumption, true of PCIe root complexes and of the
+ * verbs ordering rules, is that the responder HCA's DMA writes into host DRAM are visible to
+ * the decode host's CPUs before the acknowledgement that produced that completion could have
+ * been sent, so a CPU that reads the pages after the offer / layer callback sees the new bytes
+ * (plain loads suffice; no extra fence is needed beyond the callback's own synchronisation).
+ * tcp and shm place the bytes with the CPU before they acknowledge. GPU (CUDA) memory: the
+ * GPU may order GPUDirect RDMA writes more weakly than its own kernels see them
+ * (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING below OWNER); for such memory the rdma
+ * transport reads back through every queue pair that wrote into it after the last write and
+ * before the write counts as done (a read that follows writes on one RC connection returns
+ * only after they are visible), so the same rule holds for kernels launched after the
+ * callback. Where the attribute says the writes are already ordered, no read-back is made.
+ *
  * Threads
  * -------
  * The engine always runs its own progress thread (its own loop) for all network and device I/O.
@@ -176,6 +193,27 @@ typedef struct {
     baton_xfer_log_cb log_cb;
     void *log_data;
     int log_level;
+
+    /* ---- RDMA on real fabrics (docs/RDMA.md). Zero keeps each default. A device's GID index
+     * is chosen per device and port (RoCE v2 IPv4-mapped, with a netdev first, then global v2;
+     * v1 never automatically; InfiniBand routes by LID); "name:N" in rdma_devices pins device
+     * `name` to index N (the only way to use a v1 GID), which is logged. ---- */
+    /* GRH traffic class of every QP (RoCE: DSCP << 2, e.g. 106 for DSCP 26 on a lossless
+     * class), 0..255. */
+    uint32_t rdma_traffic_class;
+    /* Service level (InfiniBand SL / RoCE priority mapping), 0..15. */
+    uint32_t rdma_service_level;
+    /* 1: call ibv_fork_init() before the first device is opened, for hosts that fork after
+     * registering memory (Python engines); the alternative is RDMAV_FORK_SAFE=1 in the
+     * environment. Process-wide and irreversible, like the verb itself. */
+    uint32_t rdma_fork_init;
+    /* 1: advise transparent huge pages (madvise MADV_HUGEPAGE) on host regions of 2 MiB or
+     * more before registering them: fewer NIC translation entries for large KV pools. */
+    uint32_t rdma_hugepages;
+    /* After a connection fails, its queue pairs must drain before the fence fires; a drain
+     * that has not ended after this long (a NIC that stopped completing) is finished in
+     * software. Default 5000 ms. */
+    uint32_t rdma_drain_timeout_ms;
 } baton_xfer_config_t;
 
 /* Fills the defaults above and cfg->size. Always call it first, then override fields.

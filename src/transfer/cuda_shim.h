@@ -1,5 +1,5 @@
 /* transfer/cuda_shim.h — the few CUDA driver calls libbaton makes, resolved with dlopen so a
- * CUDA-enabled build runs on hosts without a driver. */
+ * CUDA-enabled build runs on hosts without a driver. The one place libbaton loads libcuda. */
 #ifndef BATON_TRANSFER_CUDA_SHIM_H
 #define BATON_TRANSFER_CUDA_SHIM_H
 
@@ -18,12 +18,31 @@ typedef struct {
     __typeof__(&cuIpcCloseMemHandle) ipc_close_mem_handle;
     __typeof__(&cuMemcpy) memcpy;
     __typeof__(&cuEventQuery) event_query;
+    __typeof__(&cuCtxGetCurrent) ctx_get_current;
+    __typeof__(&cuPointerGetAttribute) pointer_get_attribute;
+    __typeof__(&cuDeviceGetAttribute) device_get_attribute;
+    __typeof__(&cuDeviceGetPCIBusId) device_get_pci_bus_id;
+    /* optional (NULL when the driver predates them) */
+    __typeof__(&cuMemGetHandleForAddressRange) mem_get_handle_for_address_range; /* dma-buf */
+    __typeof__(&cuGetErrorString) get_error_string;
 } baton__cuda_t;
 
 extern baton__cuda_t baton__cu;
 
-/* Loads libcuda.so.1 once (thread-safe). 0, or BATON_ENODEV when there is no driver. */
+/* Loads libcuda.so.1 once (thread-safe) and calls cuInit. 0, or BATON_ENODEV when there is no
+ * driver. */
 int baton__cuda_load(void);
+
+/* Tests only: use `table` instead of the driver (a GPU-less host can then exercise the CUDA
+ * paths). Call before anything loads the driver, from one thread. */
+void baton__cuda_install(const baton__cuda_t *table);
+
+/* Makes the context of the device that owns `ptr` current on the calling thread (registration
+ * may run on any caller thread, and driver calls need a context there). 0 or BATON_ENODEV. */
+int baton__cuda_bind(CUdeviceptr ptr, CUdevice *dev_p);
+
+/* A short name for a driver error (for logs). */
+const char *baton__cuda_errstr(CUresult r);
 #endif
 
 #endif

@@ -7,10 +7,73 @@
 
 static void rdma_fini(baton__tp_t *btp);
 
-static int rdma_init(const baton__tp_env_t *env, baton__tp_t **tp_p)
+/* The drain watchdog: a failed peer whose QPs have not drained within the bound is finished
+ * in software (a NIC that stopped completing would otherwise hold its fence forever). */
+static void watchdog_cb(uv_timer_t *t)
 {
-    if (!env || !env->loop || !env->cfg || !tp_p)
+    rdma_tp_t *tp = t->data;
+    uint64_t now = uv_now(t->loop);
+    int draining = 0;
+    tp->wd_gen++;
+    /* a check may fire callbacks that destroy any peer: look each one up afresh */
+    for (;;) {
+        rdma_peer_t *p = NULL;
+        for (baton_list_t *it = tp->peers.next; it != &tp->peers && !p; it = it->next) {
+            rdma_peer_t *c = container_of(it, rdma_peer_t, link);
+            if (c->fail_err && c->wd_gen != tp->wd_gen)
+                p = c;
+        }
+        if (!p)
+            break;
+        p->wd_gen = tp->wd_gen;
+        baton__rdma_peer_hold(p);
+        baton__rdma_drain_check(p, now);
+        if (!p->destroyed && !p->drained)
+            draining = 1;
+        baton__rdma_peer_release(p);
+    }
+    if (!draining)
+        uv_timer_stop(t);
+}
+
+void baton__rdma_watchdog_arm(rdma_tp_t *tp)
+{
+    if (!tp->watchdog_init || uv_is_active((uv_handle_t *)&tp->watchdog))
+        return;
+    uint64_t every = tp->tun.drain_check_ms ? tp->tun.drain_check_ms : tp->drain_bound_ms / 4;
+    if (every < 1)
+        every = 1;
+    uv_timer_start(&tp->watchdog, watchdog_cb, every, every);
+}
+
+static void watchdog_closed_cb(uv_handle_t *h)
+{
+    rdma_tp_t *tp = h->data;
+    if (--tp->handles_open == 0 && tp->finishing)
+        baton__rdma_poll_closed(tp);
+}
+
+/* Fork safety is process-wide: ibv_fork_init must run before any registration. */
+static void fork_setup(const baton_xfer_config_t *cfg)
+{
+    if (cfg->rdma_fork_init) {
+        int rc = ibv_fork_init();
+        if (rc)
+            log_warn("rdma",
+                     "fork_init_failed err=%s: a fork after registration may corrupt "
+                     "registered memory",
+                     baton_strerror(baton__rdma_err_ret(rc)));
+        else
+            log_info("rdma", "fork_init done");
+    }
+}
+
+int baton__rdma_init_tuned(const baton__tp_env_t *env, const baton__rdma_tunables_t *tun,
+                           baton__tp_t **tp_p)
+{
+    if (!env || !env->loop || !env->cfg || !tp_p || !tun)
         return BATON_EINVAL;
+    const baton_xfer_config_t *cfg = env->cfg;
     rdma_tp_t *tp = calloc(1, sizeof(*tp));
     if (!tp)
         return BATON_ENOMEM;
@@ -18,16 +81,7 @@ static int rdma_init(const baton__tp_env_t *env, baton__tp_t **tp_p)
     baton_list_init(&tp->peers);
     tp->base.env = env;
     tp->base.id = BATON_XFER_TRANSPORT_RDMA;
-    tp->tun = baton__rdma_tunables;
-    const char *gi = getenv("BATON_RDMA_GID_INDEX");
-    if (gi && *gi) {
-        char *end;
-        long v = strtol(gi, &end, 10);
-        if (*end || v < 0 || v > 255)
-            log_warn("rdma", "bad_env BATON_RDMA_GID_INDEX=%s (ignored)", gi);
-        else
-            tp->tun.gid_index = (int)v;
-    }
+    tp->tun = *tun;
     if (tp->tun.max_wr < 2)
         tp->tun.max_wr = 2;
     if (tp->tun.signal_every < 1)
@@ -38,20 +92,44 @@ static int rdma_init(const baton__tp_env_t *env, baton__tp_t **tp_p)
         tp->tun.post_batch = 1;
     if (tp->tun.cq_size < 16)
         tp->tun.cq_size = 16;
-    tp->slice_size = env->cfg->slice_size ? env->cfg->slice_size : 64 * 1024;
-    tp->qps_per_nic = env->cfg->rdma_qps_per_nic ? env->cfg->rdma_qps_per_nic : 2;
+    if (tp->tun.max_sge < 1)
+        tp->tun.max_sge = 1;
+    tp->slice_size = cfg->slice_size ? cfg->slice_size : 64 * 1024;
+    tp->qps_per_nic = cfg->rdma_qps_per_nic ? cfg->rdma_qps_per_nic : 2;
     if (tp->qps_per_nic > 16)
         tp->qps_per_nic = 16;
+    tp->traffic_class = (uint8_t)(cfg->rdma_traffic_class > 255 ? 255 : cfg->rdma_traffic_class);
+    tp->service_level = (uint8_t)(cfg->rdma_service_level > 15 ? 15 : cfg->rdma_service_level);
+    if (cfg->rdma_traffic_class > 255 || cfg->rdma_service_level > 15)
+        log_warn("rdma", "qos_clamped traffic_class=%u service_level=%u",
+                 (unsigned)tp->traffic_class, (unsigned)tp->service_level);
+    tp->hugepages = cfg->rdma_hugepages != 0;
+    tp->drain_bound_ms = cfg->rdma_drain_timeout_ms ? cfg->rdma_drain_timeout_ms : 5000;
+    /* PSNs only have to differ between incarnations of a pair: per transport, seeded by the
+     * clock and the transport's address so two engines in one process draw apart */
+    tp->psn_state = uv_hrtime() ^ ((uint64_t)(uintptr_t)tp << 17) ^ env->incarnation;
+    fork_setup(cfg);
 
-    int err = baton__rdma_devs_open(tp, env->cfg->rdma_devices);
+    int err = baton__rdma_devs_open(tp, cfg->rdma_devices);
     if (err) {
         free(tp);
         return err; /* BATON_ENODEV: logged; the engine falls back */
     }
     while (tp->qps_per_nic > 1 && (uint32_t)tp->ndevs * tp->qps_per_nic > BATON__RDMA_MAX_QPS)
         tp->qps_per_nic--;
+    /* one RDMA WRITE may not exceed any port's max message */
+    for (int i = 0; i < tp->ndevs; i++)
+        if (tp->devs[i].max_msg_sz && tp->slice_size > tp->devs[i].max_msg_sz)
+            tp->slice_size = tp->devs[i].max_msg_sz;
     tp->chunk = baton__rdma_chunk_size(tp);
-    err = baton__rdma_poll_start(tp);
+    err = uv_timer_init(env->loop, &tp->watchdog);
+    if (!err) {
+        tp->watchdog.data = tp;
+        tp->watchdog_init = 1;
+        tp->handles_open++;
+        uv_unref((uv_handle_t *)&tp->watchdog); /* never keeps the loop alive on its own */
+        err = baton__rdma_poll_start(tp);
+    }
     if (err) {
         log_error("rdma", "poll_start_failed err=%s", baton_strerror(err));
         rdma_fini(&tp->base); /* frees once the handles opened so far have closed */
@@ -59,11 +137,21 @@ static int rdma_init(const baton__tp_env_t *env, baton__tp_t **tp_p)
     }
     log_info("rdma",
              "transport_ready devices=%d qps_per_nic=%u slice=%u max_wr=%u max_sge=%u "
-             "inline=%u signal_every=%u mr_chunk=%llu",
+             "inline=%u signal_every=%u mr_chunk=%llu traffic_class=%u service_level=%u "
+             "drain_bound_ms=%llu",
              tp->ndevs, tp->qps_per_nic, tp->slice_size, tp->tun.max_wr, tp->tun.max_sge,
-             tp->tun.max_inline, tp->tun.signal_every, (unsigned long long)tp->chunk);
+             tp->tun.max_inline, tp->tun.signal_every, (unsigned long long)tp->chunk,
+             (unsigned)tp->traffic_class, (unsigned)tp->service_level,
+             (unsigned long long)tp->drain_bound_ms);
     *tp_p = &tp->base;
     return 0;
+}
+
+static int rdma_init(const baton__tp_env_t *env, baton__tp_t **tp_p)
+{
+    baton__rdma_tunables_t tun;
+    baton__rdma_tunables_default(&tun);
+    return baton__rdma_init_tuned(env, &tun, tp_p);
 }
 
 static void peer_teardown(rdma_peer_t *peer);
@@ -78,6 +166,10 @@ static void rdma_fini(baton__tp_t *btp)
         peer_teardown(peer);
     }
     tp->finishing = 1;
+    if (tp->watchdog_init) {
+        tp->watchdog_init = 0;
+        uv_close((uv_handle_t *)&tp->watchdog, watchdog_closed_cb);
+    }
     baton__rdma_poll_stop(tp);
     if (tp->handles_open == 0)
         baton__rdma_poll_closed(tp);
@@ -229,6 +321,7 @@ static void peer_teardown(rdma_peer_t *peer)
         peer->ops_head = op->next;
         log_error("rdma", "peer_destroy_with_write room=%llu (engine bug: no fence)",
                   (unsigned long long)op->w->room_id);
+        free(op->rb);
         free(op);
     }
     peer->ops_tail = peer->post_cursor = NULL;

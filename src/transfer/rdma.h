@@ -5,22 +5,28 @@
 /*
  * Layout of the RDMA transport (one concern per file):
  *   rdma.c        ops table: init / fini / query, peer ops glue
- *   rdma_dev.c    one context per HCA: open, port/GID/limits, PD, CQ, completion channel
+ *   rdma_dev.c    one context per active HCA port: open, GID choice, limits, PD, CQ, completion
+ *                 channel, PCIe/NUMA placement (sysfs)
  *   rdma_verbs.c  the ONE place where verbs' error conventions become Baton codes
  *   rdma_mr.c     local registrations (every HCA, split at max_mr_size, CUDA dmabuf) and the
  *                 peer's remote regions (rkeys per NIC per chunk)
- *   rdma_qp.c     QP state machine RESET→INIT→RTR→RTS→ERR and the handshake blob
+ *   rdma_qp.c     QP state machine RESET→INIT→RTR→RTS→ERR, the handshake blob, NIC pairing
  *   rdma_post.c   writes: slicing, striping over NICs and QPs, selective signalling, the
  *                 outstanding-WR accounting, completion of writes, peer failure and fencing
- *   rdma_poll.c   completion channel + async event fd on the progress loop (uv_poll)
+ *   rdma_poll.c   completion channel + async event fd on the progress loop (uv_poll); port and
+ *                 device events (by port number), dead devices
  *
- * Testing seam: none in this code. The unit tests link with -Wl,--wrap=ibv_* for the exported
- * verbs and hand out model contexts whose ops table serves the inline data-path verbs
- * (ibv_post_send, ibv_poll_cq, ibv_req_notify_cq); see tests/unit/transfer/verbs_model.h.
+ * Testing seams: the tunables (baton__rdma_init_tuned: queue sizes, the watchdog's period, the
+ * sysfs root) and cuda_shim's baton__cuda_install; nothing else. The unit tests link with
+ * -Wl,--wrap=ibv_* for the exported verbs and hand out model contexts whose ops table serves the
+ * inline data-path verbs (ibv_post_send, ibv_poll_cq, ibv_req_notify_cq); see
+ * tests/unit/transfer/verbs_model.h.
  *
  * Threads: everything runs on the engine's progress thread except baton__rdma_mem_reg /
- * _mem_key / _mem_dereg, which only read the immutable device table and touch their own
- * registration (ibv_reg_mr is thread-safe).
+ * _mem_key / _mem_dereg, which only read the device table's fields that never change after
+ * init (ctx, pd, dead, PCIe placement) and touch their own registration (ibv_reg_mr is
+ * thread-safe; CUDA registration makes the GPU's context current on the calling thread).
+ * Each transport owns all of its state: two engines in one process share nothing here.
  *
  * Connection shape. The TARGET (decode) creates Q QPs on each of its R usable NICs, ordered
  * k-major (QP i sits on target NIC i % R, i = k*R + j), and sends them in its blob. The
@@ -36,20 +42,31 @@
 
 #include "transfer/transport.h"
 
-/* Knobs the config does not expose. Defaults as Mooncake; tests lower them to reach limits. */
+/* Knobs the config does not expose. Defaults as Mooncake; tests lower them to reach limits.
+ * Each transport owns its copy (no process-wide mutable state): baton__rdma_tunables_default
+ * fills one, baton__rdma_init_tuned starts a transport with it. Every value is clamped to the
+ * device's limits when QPs and CQs are created. */
 typedef struct {
-    uint32_t max_wr;       /* send queue depth per QP (256) */
-    uint32_t max_sge;      /* SGEs per WR (4) */
-    uint32_t max_inline;   /* inline data bytes (64) */
-    uint32_t signal_every; /* signal at least every k-th WR on a QP (16) */
-    uint32_t post_batch;   /* most WRs in one ibv_post_send chain (32) */
-    uint32_t cq_size;      /* CQEs per device CQ (4096, clamped to max_cqe) */
-    int gid_index;         /* GID table index (0; env BATON_RDMA_GID_INDEX overrides) */
-    uint64_t max_mr_size;  /* 0: the device's; else split registrations at min(this, device) */
+    uint32_t max_wr;         /* send queue depth per QP (256) */
+    uint32_t max_sge;        /* SGEs per WR (4) */
+    uint32_t max_inline;     /* inline data bytes (64) */
+    uint32_t signal_every;   /* signal at least every k-th WR on a QP (16) */
+    uint32_t post_batch;     /* most WRs in one ibv_post_send chain (32) */
+    uint32_t cq_size;        /* CQEs per device CQ (4096, clamped to max_cqe) */
+    uint64_t max_mr_size;    /* 0: the device's; else split registrations at min(this, device) */
+    uint32_t drain_check_ms; /* how often the drain watchdog looks (0: drain bound / 4) */
+    const char *sysfs_root;  /* where PCIe / NUMA topology is read ("/sys"; tests: a temp dir) */
 } baton__rdma_tunables_t;
 
-/* Read by init; tests may change them before init (not thread-safe). */
-extern baton__rdma_tunables_t baton__rdma_tunables;
+void baton__rdma_tunables_default(baton__rdma_tunables_t *tun);
+/* The ops table's init with explicit tunables (the ops' init uses the defaults). */
+int baton__rdma_init_tuned(const baton__tp_env_t *env, const baton__rdma_tunables_t *tun,
+                           baton__tp_t **tp_p);
+
+/* GID types as ibv_gid_entry.gid_type reports them (IBV_GID_TYPE_*), plus "unknown". */
+#define BATON__RDMA_GID_IB      0
+#define BATON__RDMA_GID_ROCE_V1 1
+#define BATON__RDMA_GID_ROCE_V2 2
 
 #define BATON__RDMA_MAX_DEVS 16
 #define BATON__RDMA_MAX_QPS  64 /* per peer connection (keeps the blob < BATON__TP_BLOB_MAX) */
@@ -71,11 +88,19 @@ struct rdma_dev_s {
     struct ibv_comp_channel *chan;
     struct ibv_cq *cq;
     uint8_t port;
+    uint8_t nports;
     enum ibv_mtu active_mtu;
     uint16_t lid;
     uint8_t link_layer;
     union ibv_gid gid;
     int gid_index;
+    int gid_type;        /* BATON__RDMA_GID_* of the chosen entry */
+    int gid_override;    /* -1, or the index the config named for this device */
+    uint8_t prefix_len;  /* RoCE IPv4 GID: its interface's prefix length (0: unknown) */
+    uint32_t max_msg_sz; /* the port's largest message: slices never exceed it */
+    uint32_t max_sge;    /* device limit on SGEs per WR */
+    int numa_node;       /* from sysfs, -1 unknown */
+    char pci_path[256];  /* the PCI device's sysfs path, resolved ("" unknown) */
     uint64_t max_mr_size;
     uint32_t max_qp_wr;
     uint8_t max_rd_atom;      /* responder resources (max_qp_rd_atom) */
@@ -83,8 +108,11 @@ struct rdma_dev_s {
     uint32_t cq_size;
     uint32_t cq_used; /* CQEs that posted WRs may still produce (flushes produce one each) */
     int starved;      /* a peer held back posts because this CQ was full: pump them all later */
-    int port_up;      /* cleared by PORT_ERR, set by PORT_ACTIVE */
-    int dead;         /* DEVICE_FATAL: never used again */
+    int port_up;      /* cleared by PORT_ERR on OUR port, set by PORT_ACTIVE on it */
+    int dead;         /* DEVICE_FATAL / CQ_ERR: never used again, nothing completes on it */
+    /* read-back target for GPU destinations (rdma_post.c), registered on first use */
+    struct ibv_mr *rb_mr;
+    uint8_t rb_buf[64];
     uv_poll_t comp_poll;
     uv_poll_t async_poll;
     int polls_started;
@@ -104,6 +132,14 @@ struct rdma_tp_s {
     baton_list_t peers; /* of rdma_peer_t.link: every live peer (device-wide events reach all) */
     int handles_open;   /* uv handles whose close callback has not run yet */
     int finishing;      /* fini called: free when handles_open reaches 0 */
+    uint64_t psn_state; /* splitmix64 state for QP PSNs (common/rand.h), this transport's own */
+    uint8_t traffic_class;
+    uint8_t service_level;
+    int hugepages;
+    uint64_t drain_bound_ms; /* a failed peer's QPs are abandoned after this long */
+    uv_timer_t watchdog;     /* drain watchdog, runs while some peer drains */
+    int watchdog_init;
+    uint64_t wd_gen; /* watchdog pass number */
 };
 
 /* One outstanding WR, for the completion that covers it. */
@@ -111,6 +147,12 @@ typedef struct {
     rdma_op_t *op; /* NULL: a drain marker */
     uint32_t len;
 } rdma_wr_rec_t;
+
+/* A (QP, GPU region) pair an op wrote through: it is read back once per pair. */
+typedef struct {
+    uint16_t qi;  /* peer->qps index */
+    uint32_t sge; /* an SGE of the op whose destination lies in that region */
+} rdma_rb_t;
 
 typedef enum {
     RDMA_QP_NONE = 0, /* not created / destroyed */
@@ -141,6 +183,7 @@ struct rdma_qp_s {
     rdma_wr_rec_t *ring; /* max_wr entries, seq % max_wr */
     uint32_t since_signal;
     int last_signalled; /* the newest posted WR asked for a completion */
+    uint32_t max_sge;   /* as the provider granted (written back by ibv_create_qp), capped */
 };
 
 /* A region of the peer's memory (its MEM frame): rkeys per peer NIC per chunk. */
@@ -153,7 +196,8 @@ struct rdma_rmem_s {
     uint16_t ndev;
     uint16_t devidx[BATON__RDMA_MAX_DEVS];
     int col[BATON__RDMA_MAX_DEVS]; /* peer->rnic_dev[i] -> column in rkeys */
-    uint32_t *rkeys;               /* [ndev][nchunks] */
+    int readback;    /* GPU memory whose GPUDirect writes need a flush: read back before done */
+    uint32_t *rkeys; /* [ndev][nchunks] */
 };
 
 /* A local registration: MRs per device per chunk. */
@@ -163,6 +207,9 @@ struct rdma_mr_s {
     uint32_t nchunks;
     int ndev;
     struct ibv_mr **mrs; /* [dev][chunk] */
+    int readback;        /* CUDA memory whose GPUDirect writes need a read-back (key flag) */
+    uint32_t near_devs;  /* CUDA memory: devices closest to its GPU (bit per index; 0: all) */
+    int peermem;         /* CUDA memory registered by pointer (no dma-buf) */
 };
 
 typedef enum {
@@ -201,10 +248,13 @@ struct rdma_peer_s {
     struct ibv_send_wr *cwr;
     struct ibv_sge *csge;
     uint32_t *clen;
-    int fail_err;    /* first error: why the connection is down (0: fine) */
-    int fail_told;   /* env->peer_failed was called (or must not be: fenced first) */
-    int fencing;     /* peer_fence was called */
-    int fence_fired; /* its callback ran */
+    int fail_err;     /* first error: why the connection is down (0: fine) */
+    uint64_t fail_ms; /* loop time of the failure: the drain watchdog's start */
+    uint64_t wd_gen;  /* the watchdog pass that last looked at it */
+    int drained;      /* failed and every QP is gone */
+    int fail_told;    /* env->peer_failed was called (or must not be: fenced first) */
+    int fencing;      /* peer_fence was called */
+    int fence_fired;  /* its callback ran */
     baton__tp_done_cb fence_cb;
     void *fence_arg;
     int connect_pending; /* connect callback not fired yet */
@@ -230,6 +280,9 @@ struct rdma_op_s {
     uint32_t inflight; /* WRs posted and not yet covered by a completion */
     int posted_all;    /* nothing more will be posted (done, or abandoned after a failure) */
     int status;
+    rdma_rb_t *rb; /* distinct (QP, read-back region) pairs it wrote through; malloc'd */
+    uint32_t n_rb, cap_rb;
+    int rb_state; /* 0: none needed, 1: needed, 2: reads posted */
 };
 
 /* ---- rdma_verbs.c: error conventions ---------------------------------------------------- */
@@ -261,6 +314,14 @@ void baton__rdma_qp_hash_del(rdma_dev_t *dev, rdma_qp_t *qp);
 rdma_qp_t *baton__rdma_qp_hash_find(rdma_dev_t *dev, uint32_t qpn);
 /* Devices a new connection may use (alive, port up); returns the count written to out. */
 int baton__rdma_usable_devs(rdma_tp_t *tp, rdma_dev_t **out, int cap);
+/* Re-reads the port's LID and picks the GID again (after LID/GID change events). 0 or error. */
+int baton__rdma_dev_refresh(rdma_dev_t *dev);
+/* CUDA memory's NICs: the devices whose PCIe path shares the deepest bridge with the GPU at
+ * gpu_bus_id ("0000:3b:00.0"), then the same NUMA node. A bit per device index; 0 when the
+ * topology is unknown (every device is as good). */
+uint32_t baton__rdma_near_devs(const rdma_tp_t *tp, const char *gpu_bus_id);
+/* The read-back MR of dev, registered on first use; NULL when registration failed. */
+struct ibv_mr *baton__rdma_dev_rb_mr(rdma_dev_t *dev);
 
 /* ---- rdma_poll.c ------------------------------------------------------------------------ */
 
@@ -296,13 +357,17 @@ int baton__rdma_qp_connect(rdma_qp_t *qp, uint32_t remote_qpn, uint32_t remote_p
                            const uint8_t gid[16], uint16_t lid, enum ibv_mtu remote_mtu);
 /* -> ERR (in-flight WRs flush). Idempotent. */
 int baton__rdma_qp_error(rdma_qp_t *qp);
-/* Destroys the QP (only once drained: tail_seq == next_seq). */
+/* Destroys the QP (only once drained: tail_seq == next_seq). The QP is gone afterwards even
+ * when the provider reports an error (EIO on a dead device): the kernel object is released
+ * with the context, and keeping ours would hold the fence forever. */
 void baton__rdma_qp_destroy(rdma_qp_t *qp);
 int baton__rdma_peer_info(baton__tp_peer_t *peer, uint8_t *buf, size_t cap, size_t *len_p);
 int baton__rdma_peer_handshake(rdma_peer_t *peer, const uint8_t *blob, size_t len);
 
 /* ---- rdma.c ---------------------------------------------------------------------------- */
 
+/* Starts the drain watchdog (idempotent); it stops itself when no peer drains. */
+void baton__rdma_watchdog_arm(rdma_tp_t *tp);
 /* Keeps the peer's memory alive across callbacks that may call peer_destroy. */
 void baton__rdma_peer_hold(rdma_peer_t *peer);
 /* Drops a hold; frees the peer when it was destroyed meanwhile and nothing else holds it. */
@@ -322,6 +387,12 @@ void baton__rdma_settle(rdma_peer_t *peer);
  * (deferred; never inside the caller). Safe inside an op. */
 void baton__rdma_peer_fail(rdma_peer_t *peer, int err);
 int baton__rdma_peer_fence(baton__tp_peer_t *peer, baton__tp_done_cb cb, void *arg);
+/* Completes every WR still outstanding on qp in software (as a flush would, with the peer's
+ * error) and destroys it: for devices that will never complete them (fatal, CQ error) and for
+ * drains past the watchdog's bound. */
+void baton__rdma_qp_abandon(rdma_qp_t *qp);
+/* The watchdog's look at one failed peer: abandons its QPs once the drain outlived the bound. */
+void baton__rdma_drain_check(rdma_peer_t *peer, uint64_t now_ms);
 /* Queues a deferred settle for the peer (used where callbacks may not fire directly). */
 void baton__rdma_schedule_sweep(rdma_peer_t *peer);
 

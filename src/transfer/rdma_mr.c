@@ -4,15 +4,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#ifdef BATON_HAVE_CUDA
-#include <cuda.h>
-#include <dlfcn.h>
-#include <pthread.h>
-#endif
+#include <sys/mman.h>
 
 #include "common/log.h"
-#include "transfer/rdma.h"
+#include "transfer/cuda_shim.h"
 #include "transfer/le_bytes.h"
+#include "transfer/rdma.h"
 
 /* The same memory is a write source on prefill and a write target on decode. Constant, so the
  * ibv_reg_mr macro resolves to the plain ibv_reg_mr symbol. */
@@ -41,50 +38,56 @@ static void dereg_all(rdma_mr_t *mr)
     }
 }
 
+static int reg_host(rdma_tp_t *tp, rdma_mr_t *mr);
+
 #ifdef BATON_HAVE_CUDA
-/* The driver is resolved at run time: a build with the toolkit must still start on hosts that
- * have no GPU driver (libcuda.so.1); CUDA registration then fails with a clear error. */
-typedef CUresult (*get_handle_fn)(void *, CUdeviceptr, size_t, CUmemRangeHandleType,
-                                  unsigned long long);
-typedef CUresult (*err_str_fn)(CUresult, const char **);
-static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
-static get_handle_fn cu_get_handle;
-static err_str_fn cu_err_str;
-
-static void cuda_load(void)
-{
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        log_error("rdma", "cuda_driver_missing err=\"%s\"", dlerror());
-        return;
-    }
-    cu_get_handle = (get_handle_fn)dlsym(h, "cuMemGetHandleForAddressRange");
-    cu_err_str = (err_str_fn)dlsym(h, "cuGetErrorString");
-    if (!cu_get_handle)
-        log_error("rdma", "cuda_driver_too_old: no cuMemGetHandleForAddressRange (dma-buf)");
-}
-
-/* Device memory: one dma-buf for the page-aligned span, one MR per device per chunk over it. */
+/*
+ * Device memory. The driver is resolved at run time (cuda_shim.c), so a CUDA build starts on
+ * hosts without libcuda.so.1; registration then fails with a clear error. Registration may run
+ * on any caller thread: the owning device's context is made current here first. The dma-buf
+ * covers the allocation's exact range (cuMemGetAddressRange), never a page rounding that could
+ * reach past it; without dma-buf (old driver or kernel) the device pointer is registered as is,
+ * which works where nvidia-peermem is loaded.
+ */
 static int reg_cuda(rdma_tp_t *tp, rdma_mr_t *mr)
 {
-    const long pg = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
-    uintptr_t addr = (uintptr_t)mr->base.addr;
-    uintptr_t lo = addr & ~(uintptr_t)(pg - 1);
-    uintptr_t hi = (addr + mr->base.len + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
-    int fd = -1;
-    pthread_once(&cuda_once, cuda_load);
-    if (!cu_get_handle)
+    CUdeviceptr ptr = (CUdeviceptr)(uintptr_t)mr->base.addr, abase = 0;
+    size_t asize = 0;
+    CUdevice cdev;
+    if (baton__cuda_bind(ptr, &cdev) != 0)
         return BATON_ENOTSUP;
-    CUresult cr =
-        cu_get_handle(&fd, (CUdeviceptr)lo, hi - lo, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
-    if (cr != CUDA_SUCCESS || fd < 0) {
-        const char *s = NULL;
-        if (cu_err_str)
-            cu_err_str(cr, &s);
-        log_error("rdma", "cuda_dmabuf_failed addr=%p len=%zu cu_err=%d (%s)", mr->base.addr,
-                  mr->base.len, (int)cr, s ? s : "?");
-        return BATON_ENOTSUP;
+    CUresult cr = baton__cu.mem_get_address_range(&abase, &asize, ptr);
+    if (cr != CUDA_SUCCESS || ptr < abase || ptr - abase > asize ||
+        mr->base.len > asize - (ptr - abase)) {
+        log_error("rdma", "cuda_range_invalid addr=%p len=%zu base=0x%llx size=%zu cu_err=%s",
+                  mr->base.addr, mr->base.len, (unsigned long long)abase, asize,
+                  cr == CUDA_SUCCESS ? "outside_allocation" : baton__cuda_errstr(cr));
+        return BATON_EINVAL;
     }
+    int ordering = CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE;
+    if (baton__cu.device_get_attribute(
+            &ordering, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING, cdev) != CUDA_SUCCESS)
+        ordering = CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE;
+    /* the writer must read back before it reports the bytes in place (see transfer.h) */
+    mr->readback = ordering < CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER;
+    char bus[32];
+    if (baton__cu.device_get_pci_bus_id(bus, (int)sizeof(bus), cdev) == CUDA_SUCCESS)
+        mr->near_devs = baton__rdma_near_devs(tp, bus);
+
+    int fd = -1;
+    cr = CUDA_ERROR_NOT_SUPPORTED;
+    if (baton__cu.mem_get_handle_for_address_range)
+        cr = baton__cu.mem_get_handle_for_address_range(&fd, abase, asize,
+                                                        CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    if (cr != CUDA_SUCCESS || fd < 0) {
+        log_warn("rdma",
+                 "cuda_dmabuf_unavailable addr=%p len=%zu cu_err=%s: registering the device "
+                 "pointer directly (needs nvidia-peermem)",
+                 mr->base.addr, mr->base.len, baton__cuda_errstr(cr));
+        mr->peermem = 1;
+        return reg_host(tp, mr);
+    }
+    uintptr_t addr = (uintptr_t)mr->base.addr;
     int err = 0;
     for (int d = 0; d < mr->ndev && !err; d++) {
         if (__atomic_load_n(&tp->devs[d].dead, __ATOMIC_RELAXED))
@@ -92,8 +95,8 @@ static int reg_cuda(rdma_tp_t *tp, rdma_mr_t *mr)
         for (uint32_t c = 0; c < mr->nchunks; c++) {
             uint64_t off = (uint64_t)c * mr->chunk;
             uint64_t len = mr->base.len - off < mr->chunk ? mr->base.len - off : mr->chunk;
-            struct ibv_mr *m =
-                ibv_reg_dmabuf_mr(tp->devs[d].pd, addr + off - lo, len, addr + off, fd, MR_ACCESS);
+            struct ibv_mr *m = ibv_reg_dmabuf_mr(tp->devs[d].pd, addr + off - abase, len,
+                                                 addr + off, fd, MR_ACCESS);
             if (!m) {
                 err = baton__rdma_err_null();
                 log_error("rdma", "reg_dmabuf_mr_failed dev=%s addr=%p len=%llu err=%s",
@@ -108,6 +111,19 @@ static int reg_cuda(rdma_tp_t *tp, rdma_mr_t *mr)
     return err;
 }
 #endif
+
+/* Transparent huge pages under a large pool: one NIC translation entry per 2 MiB instead of
+ * per 4 KiB. Advice only (the caller owns the mapping); failures are logged, not fatal. */
+static void advise_hugepages(void *addr, size_t len)
+{
+    const uintptr_t huge = 2u << 20;
+    uintptr_t lo = ((uintptr_t)addr + huge - 1) & ~(huge - 1);
+    uintptr_t hi = ((uintptr_t)addr + len) & ~(huge - 1);
+    if (hi <= lo)
+        return;
+    if (madvise((void *)lo, hi - lo, MADV_HUGEPAGE) != 0)
+        log_info("rdma", "hugepage_advice_refused addr=%p len=%zu errno=%d", addr, len, errno);
+}
 
 static int reg_host(rdma_tp_t *tp, rdma_mr_t *mr)
 {
@@ -171,6 +187,8 @@ int baton__rdma_mem_reg(baton__tp_t *btp, const baton__tp_mem_params_t *p, baton
         return BATON_ENOMEM;
     }
     int err;
+    if (p->kind == BATON_XFER_MEM_HOST && tp->hugepages)
+        advise_hugepages(p->addr, p->len);
 #ifdef BATON_HAVE_CUDA
     if (p->kind == BATON_XFER_MEM_CUDA)
         err = reg_cuda(tp, mr);
@@ -183,8 +201,11 @@ int baton__rdma_mem_reg(baton__tp_t *btp, const baton__tp_mem_params_t *p, baton
         free(mr);
         return err;
     }
-    log_debug("rdma", "mem_registered addr=%p len=%zu kind=%s devices=%d mrs_per_device=%u",
-              p->addr, p->len, p->kind == BATON_XFER_MEM_CUDA ? "cuda" : "host", mr->ndev, nchunks);
+    log_debug("rdma",
+              "mem_registered addr=%p len=%zu kind=%s devices=%d mrs_per_device=%u readback=%d "
+              "peermem=%d near_devs=0x%x",
+              p->addr, p->len, p->kind == BATON_XFER_MEM_CUDA ? "cuda" : "host", mr->ndev, nchunks,
+              mr->readback, mr->peermem, mr->near_devs);
     *mr_p = &mr->base;
     return 0;
 }
@@ -202,13 +223,14 @@ int baton__rdma_mem_dereg(baton__tp_mr_t *bmr)
 
 /* ---- key blob ----------------------------------------------------------------------------
  *   0 u32 magic "BRMK"  4 u16 version  6 u16 n_dev  8 u64 base  16 u64 len  24 u64 chunk
- *  32 u32 n_chunks     36 u32 kind
+ *  32 u32 n_chunks     36 u16 kind  38 u16 flags (bit 0: GPU memory the writer must read
+ *                                                  back before reporting it in place)
  *  40 per device: u16 device index, u16 0, u32 rkey[n_chunks]
  */
-#define KEY_MAGIC   0x4b4d5242u
-#define KEY_VERSION 1
-#define KEY_HDR     40
-
+#define KEY_MAGIC         0x4b4d5242u
+#define KEY_VERSION       1
+#define KEY_HDR           40
+#define KEY_FLAG_READBACK 1u
 
 int baton__rdma_mem_key(baton__tp_mr_t *bmr, uint8_t *buf, size_t cap, size_t *len_p)
 {
@@ -232,7 +254,8 @@ int baton__rdma_mem_key(baton__tp_mr_t *bmr, uint8_t *buf, size_t cap, size_t *l
     baton__le_put64(buf + 16, bmr->len);
     baton__le_put64(buf + 24, mr->chunk);
     baton__le_put32(buf + 32, mr->nchunks);
-    baton__le_put32(buf + 36, (uint32_t)bmr->kind);
+    baton__le_put16(buf + 36, (uint16_t)bmr->kind);
+    baton__le_put16(buf + 38, mr->readback ? KEY_FLAG_READBACK : 0);
     uint8_t *p = buf + KEY_HDR;
     for (int d = 0; d < mr->ndev; d++) {
         if (!mr->mrs[(size_t)d * mr->nchunks])
@@ -288,11 +311,14 @@ int baton__rdma_mem_add(baton__tp_peer_t *bp, uint32_t mem_id, uint64_t base, ui
         return BATON_EINVAL; /* regions arrive after the handshake, on the writing side */
     if (baton__rdma_rmem_find(peer, mem_id))
         return BATON_EEXIST;
-    if (!b || blen < KEY_HDR || baton__le_get32(b) != KEY_MAGIC || baton__le_get16(b + 4) != KEY_VERSION)
+    if (!b || blen < KEY_HDR || baton__le_get32(b) != KEY_MAGIC ||
+        baton__le_get16(b + 4) != KEY_VERSION)
         goto proto;
     uint16_t ndev = baton__le_get16(b + 6);
-    uint64_t kbase = baton__le_get64(b + 8), klen = baton__le_get64(b + 16), chunk = baton__le_get64(b + 24);
-    uint32_t nchunks = baton__le_get32(b + 32), kkind = baton__le_get32(b + 36);
+    uint64_t kbase = baton__le_get64(b + 8), klen = baton__le_get64(b + 16),
+             chunk = baton__le_get64(b + 24);
+    uint32_t nchunks = baton__le_get32(b + 32), kkind = baton__le_get16(b + 36);
+    uint16_t kflags = baton__le_get16(b + 38);
     if (ndev < 1 || ndev > BATON__RDMA_MAX_DEVS || chunk == 0 || klen == 0 || nchunks == 0 ||
         kbase != base || klen != len || kkind != (uint32_t)kind || base + len < base)
         goto proto;
@@ -309,6 +335,7 @@ int baton__rdma_mem_add(baton__tp_peer_t *bp, uint32_t mem_id, uint64_t base, ui
     rm.chunk = chunk;
     rm.nchunks = nchunks;
     rm.ndev = ndev;
+    rm.readback = (kflags & KEY_FLAG_READBACK) != 0;
     const uint8_t *p = b + KEY_HDR;
     for (int d = 0; d < ndev; d++, p += 4 + 4 * (size_t)nchunks) {
         rm.devidx[d] = baton__le_get16(p);

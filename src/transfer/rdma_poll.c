@@ -7,15 +7,20 @@
 
 #define WC_BATCH 32
 
+static void dev_disable(rdma_dev_t *dev, const char *why);
+
 void baton__rdma_cq_drain(rdma_dev_t *dev)
 {
     struct ibv_wc wc[WC_BATCH];
     rdma_peer_t *touched = NULL;
+    if (__atomic_load_n(&dev->dead, __ATOMIC_RELAXED))
+        return; /* its QPs were finished in software; late completions would count twice */
     for (;;) {
         int n = ibv_poll_cq(dev->cq, WC_BATCH, wc);
         if (n < 0) {
             int err = baton__rdma_err_count(n);
             log_error("rdma", "poll_cq_failed dev=%s err=%s", dev->name, baton_strerror(err));
+            dev_disable(dev, "poll_cq failed");
             break;
         }
         for (int i = 0; i < n; i++) {
@@ -76,19 +81,36 @@ static void comp_cb(uv_poll_t *h, int status, int events)
     baton__rdma_cq_drain(dev);
 }
 
-/* Every peer with a QP on dev fails: a port or device error takes all of them down. */
+/* Every peer with a QP on dev fails: a port or device error takes all of them down. A dead
+ * device completes nothing (no flushes either): its QPs are finished in software at once,
+ * also for peers that had failed before. */
 static void fail_dev_peers(rdma_dev_t *dev, int err)
 {
     rdma_tp_t *tp = dev->tp;
+    int dead = __atomic_load_n(&dev->dead, __ATOMIC_RELAXED);
     for (baton_list_t *it = tp->peers.next; it != &tp->peers; it = it->next) {
         rdma_peer_t *p = container_of(it, rdma_peer_t, link);
-        for (int i = 0; i < p->nqps; i++) {
-            if (p->qps[i].dev == dev && p->qps[i].state != RDMA_QP_NONE) {
-                baton__rdma_peer_fail(p, err);
-                break;
-            }
+        int uses = 0;
+        for (int i = 0; i < p->nqps; i++)
+            uses |= p->qps[i].dev == dev && p->qps[i].state != RDMA_QP_NONE;
+        if (!uses)
+            continue;
+        baton__rdma_peer_fail(p, err);
+        if (dead) {
+            for (int i = 0; i < p->nqps; i++)
+                if (p->qps[i].dev == dev)
+                    baton__rdma_qp_abandon(&p->qps[i]);
+            baton__rdma_schedule_sweep(p);
         }
     }
+}
+
+static void dev_disable(rdma_dev_t *dev, const char *why)
+{
+    log_error("rdma", "device_disabled dev=%s port=%u reason=\"%s\": disconnecting its peers",
+              dev->name, (unsigned)dev->port, why);
+    __atomic_store_n(&dev->dead, 1, __ATOMIC_RELAXED);
+    fail_dev_peers(dev, BATON_EPEERDOWN);
 }
 
 static void on_async(rdma_dev_t *dev, const struct ibv_async_event *ev)
@@ -109,27 +131,38 @@ static void on_async(rdma_dev_t *dev, const struct ibv_async_event *ev)
         break;
     }
     case IBV_EVENT_CQ_ERR:
-        /* completions were lost: no QP on this device can be drained reliably */
-        log_error("rdma", "async_event dev=%s event=\"%s\": device disabled", dev->name, what);
-        __atomic_store_n(&dev->dead, 1, __ATOMIC_RELAXED);
-        fail_dev_peers(dev, BATON_EPEERDOWN);
-        break;
-    case IBV_EVENT_PORT_ERR:
-        log_error("rdma", "async_event dev=%s port=%d event=\"%s\": disconnecting its peers",
-                  dev->name, ev->element.port_num, what);
-        dev->port_up = 0;
-        fail_dev_peers(dev, BATON_EPEERDOWN);
+        /* the CQ overflowed or broke: completions were lost, none will come */
+        if (ev->element.cq == dev->cq)
+            dev_disable(dev, what);
         break;
     case IBV_EVENT_DEVICE_FATAL:
-        log_error("rdma", "async_event dev=%s event=\"%s\": device disabled, disconnecting all",
-                  dev->name, what);
-        __atomic_store_n(&dev->dead, 1, __ATOMIC_RELAXED);
-        fail_dev_peers(dev, BATON_EPEERDOWN);
+        dev_disable(dev, what);
         break;
+    case IBV_EVENT_PORT_ERR:
     case IBV_EVENT_PORT_ACTIVE:
-        log_info("rdma", "async_event dev=%s port=%d event=\"%s\"", dev->name, ev->element.port_num,
-                 what);
-        dev->port_up = 1;
+    case IBV_EVENT_LID_CHANGE:
+    case IBV_EVENT_GID_CHANGE:
+    case IBV_EVENT_CLIENT_REREGISTER:
+    case IBV_EVENT_PKEY_CHANGE:
+    case IBV_EVENT_SM_CHANGE:
+        /* every context of a device hears every port's events: only ours concern us */
+        if (ev->element.port_num != dev->port) {
+            log_debug("rdma", "async_event dev=%s port=%d event=\"%s\" ignored (our port %u)",
+                      dev->name, ev->element.port_num, what, (unsigned)dev->port);
+            break;
+        }
+        if (ev->event_type == IBV_EVENT_PORT_ERR) {
+            log_error("rdma", "async_event dev=%s port=%d event=\"%s\": disconnecting its peers",
+                      dev->name, ev->element.port_num, what);
+            dev->port_up = 0;
+            fail_dev_peers(dev, BATON_EPEERDOWN);
+            break;
+        }
+        log_info("rdma", "async_event dev=%s port=%d event=\"%s\": refreshing the address",
+                 dev->name, ev->element.port_num, what);
+        /* new connections use the new LID / GID; live ones keep theirs until they fail */
+        if (baton__rdma_dev_refresh(dev) == 0 && ev->event_type == IBV_EVENT_PORT_ACTIVE)
+            dev->port_up = 1;
         break;
     default:
         log_info("rdma", "async_event dev=%s event=\"%s\"", dev->name, what);

@@ -75,13 +75,28 @@ static uint32_t cq_budget(const rdma_dev_t *dev)
     return dev->cq_size - margin;
 }
 
-/* The next QP, round-robin, that can take one more WR in this pump. */
-static int pick_qp(rdma_peer_t *peer, uint32_t batch)
+/* The devices op's next slice may leave from: GPU memory goes through the NICs nearest its GPU
+ * while this connection has a live QP on one of them (all of them otherwise). */
+static uint32_t slice_devs(const rdma_peer_t *peer, const rdma_op_t *op)
+{
+    const rdma_mr_t *mr = container_of(op->w->sges[op->sge_idx].src_mr, rdma_mr_t, base);
+    if (!mr->near_devs)
+        return UINT32_MAX;
+    for (int i = 0; i < peer->nqps; i++) {
+        const rdma_qp_t *qp = &peer->qps[i];
+        if (qp->state == RDMA_QP_RTS && !qp->dev->dead && (mr->near_devs >> qp->dev->index & 1))
+            return mr->near_devs;
+    }
+    return UINT32_MAX;
+}
+
+/* The next QP, round-robin, on one of `devs`, that can take one more WR in this pump. */
+static int pick_qp(rdma_peer_t *peer, uint32_t batch, uint32_t devs)
 {
     for (int t = 0; t < peer->nqps; t++) {
         int qi = (int)((peer->rr + (uint32_t)t) % (uint32_t)peer->nqps);
         rdma_qp_t *qp = &peer->qps[qi];
-        if (qp->state != RDMA_QP_RTS || qp->dev->dead)
+        if (qp->state != RDMA_QP_RTS || qp->dev->dead || !(devs >> qp->dev->index & 1))
             continue;
         if (peer->clen[qi] >= batch || outstanding(qp) + peer->clen[qi] >= qp->max_wr)
             continue;
@@ -93,6 +108,30 @@ static int pick_qp(rdma_peer_t *peer, uint32_t batch)
         return qi;
     }
     return -1;
+}
+
+/* GPU memory with weak GPUDirect write ordering: every (QP, region) pair that carried a slice
+ * is read back once the op's writes completed (see readback()). */
+static void note_readback(rdma_op_t *op, int qi, uint32_t mem)
+{
+    for (uint32_t i = 0; i < op->n_rb; i++)
+        if (op->rb[i].qi == qi && op->w->sges[op->rb[i].sge].dst_mem == mem)
+            return;
+    if (op->n_rb == op->cap_rb) {
+        uint32_t ncap = op->cap_rb ? op->cap_rb * 2 : 4;
+        rdma_rb_t *n = realloc(op->rb, ncap * sizeof(*n));
+        if (!n) {
+            if (!op->status)
+                op->status = BATON_ENOMEM; /* cannot promise visibility: fail the write */
+            return;
+        }
+        op->rb = n;
+        op->cap_rb = ncap;
+    }
+    op->rb[op->n_rb].qi = (uint16_t)qi;
+    op->rb[op->n_rb].sge = (uint32_t)op->sge_idx;
+    op->n_rb++;
+    op->rb_state = 1;
 }
 
 /* Appends the next slice of op to QP qi's chain and advances op's cursor. */
@@ -129,7 +168,10 @@ static void add_slice(rdma_peer_t *peer, rdma_op_t *op, int qi, uint32_t batch)
     wr->sg_list = sg;
     wr->num_sge = 1;
     wr->opcode = IBV_WR_RDMA_WRITE;
-    wr->send_flags = len <= qp->max_inline ? IBV_SEND_INLINE : 0;
+    /* the provider copies inline data with the CPU at post time: only host memory may go
+     * inline, a device pointer would be dereferenced on the host */
+    wr->send_flags =
+        (len <= qp->max_inline && mr->base.kind == BATON_XFER_MEM_HOST) ? IBV_SEND_INLINE : 0;
     wr->wr.rdma.remote_addr = dst;
     wr->wr.rdma.rkey = rkey;
     rdma_wr_rec_t *rec = &qp->ring[(qp->next_seq + j) % qp->max_wr];
@@ -137,6 +179,8 @@ static void add_slice(rdma_peer_t *peer, rdma_op_t *op, int qi, uint32_t batch)
     rec->len = (uint32_t)len;
     op->inflight++;
     qp->dev->cq_used++;
+    if (rm->readback)
+        note_readback(op, qi, s->dst_mem);
 
     op->sge_off += len;
     if (op->sge_off == s->len) {
@@ -204,7 +248,7 @@ void baton__rdma_pump(rdma_peer_t *peer)
         rdma_op_t *op = peer->post_cursor;
         int added = 0;
         while (op) {
-            int qi = pick_qp(peer, batch);
+            int qi = pick_qp(peer, batch, slice_devs(peer, op));
             if (qi < 0)
                 break; /* every QP full: completions will pump again */
             add_slice(peer, op, qi, batch);
@@ -262,6 +306,8 @@ rdma_peer_t *baton__rdma_on_wc(rdma_dev_t *dev, const struct ibv_wc *wc)
                       (unsigned long long)s, ibv_wc_status_str(wc->status), (int)wc->status,
                       wc->vendor_err);
         baton__rdma_peer_fail(peer, err);
+        if (qp->state == RDMA_QP_NONE)
+            return peer; /* abandoned by the failure (a dead device): already accounted */
     }
     /* one completion covers its WR and every earlier unsignalled one on this QP */
     for (uint64_t q = qp->tail_seq; q <= s; q++) {
@@ -276,6 +322,73 @@ rdma_peer_t *baton__rdma_on_wc(rdma_dev_t *dev, const struct ibv_wc *wc)
     }
     qp->tail_seq = s + 1;
     return peer;
+}
+
+/*
+ * The read-back that makes GPUDirect writes visible: one small signalled RDMA READ per (QP, GPU
+ * region) pair the op wrote through, posted after all its writes completed. A read on an RC
+ * QP executes after the writes before it and its response leaves the responder only once they
+ * reached the memory (PCIe reads do not pass posted writes), so its completion means the data
+ * is in place for the GPU too. Returns 1 while the op must wait (reads posted, or no room yet),
+ * 0 when it may finish (op->status says how).
+ */
+static int readback(rdma_peer_t *peer, rdma_op_t *op)
+{
+    if (op->rb_state != 1)
+        return op->rb_state == 2 && op->inflight;
+    if (op->status || peer->fail_err) {
+        op->rb_state = 0;
+        return 0;
+    }
+    uint32_t need[BATON__RDMA_MAX_QPS] = {0};
+    for (uint32_t i = 0; i < op->n_rb; i++)
+        need[op->rb[i].qi]++;
+    for (int qi = 0; qi < peer->nqps; qi++) {
+        rdma_qp_t *qp = &peer->qps[qi];
+        if (need[qi] && (outstanding(qp) + need[qi] > qp->max_wr ||
+                         qp->dev->cq_used + need[qi] > qp->dev->cq_size))
+            return 1; /* this QP's completions will settle (and bring us back) */
+    }
+    for (uint32_t i = 0; i < op->n_rb && !op->status; i++) {
+        rdma_qp_t *qp = &peer->qps[op->rb[i].qi];
+        const baton__tp_sge_t *s = &op->w->sges[op->rb[i].sge];
+        rdma_rmem_t *rm = baton__rdma_rmem_find(peer, s->dst_mem);
+        struct ibv_mr *lmr = baton__rdma_dev_rb_mr(qp->dev);
+        if (!lmr || !rm) {
+            op->status = lmr ? BATON_ERKEY : BATON_ENOMEM;
+            break;
+        }
+        uint64_t room;
+        struct ibv_sge sg = {.addr = (uintptr_t)lmr->addr, .length = 1, .lkey = lmr->lkey};
+        struct ibv_send_wr wr, *bad = NULL;
+        memset(&wr, 0, sizeof(wr));
+        wr.wr_id = qp->next_seq;
+        wr.sg_list = &sg;
+        wr.num_sge = 1;
+        wr.opcode = IBV_WR_RDMA_READ;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.wr.rdma.remote_addr = s->dst;
+        wr.wr.rdma.rkey = baton__rdma_rkey(rm, qp->rnic, s->dst, &room);
+        int rc = ibv_post_send(qp->qp, &wr, &bad);
+        if (rc) {
+            int err = baton__rdma_err_ret(rc);
+            log_error("rdma", "readback_post_failed dev=%s qpn=%u err=%s", qp->dev->name, qp->qpn,
+                      baton_strerror(err));
+            op->status = err;
+            baton__rdma_peer_fail(peer, err);
+            break;
+        }
+        rdma_wr_rec_t *rec = &qp->ring[qp->next_seq % qp->max_wr];
+        rec->op = op;
+        rec->len = 0;
+        op->inflight++;
+        qp->next_seq++;
+        qp->since_signal = 0;
+        qp->last_signalled = 1;
+        qp->dev->cq_used++;
+    }
+    op->rb_state = 2;
+    return op->inflight != 0;
 }
 
 static void fire_flushes(rdma_peer_t *peer)
@@ -306,7 +419,7 @@ void baton__rdma_settle(rdma_peer_t *peer)
     rdma_op_t *done = NULL, **tail = &done, *prev = NULL;
     for (rdma_op_t *op = peer->ops_head, *next; op; op = next) {
         next = op->next;
-        if (op->posted_all && op->inflight == 0) {
+        if (op->posted_all && op->inflight == 0 && !readback(peer, op)) {
             if (prev)
                 prev->next = next;
             else
@@ -327,6 +440,7 @@ void baton__rdma_settle(rdma_peer_t *peer)
         done = op->next;
         baton__tp_write_t *w = op->w;
         int st = op->status;
+        free(op->rb);
         free(op);
         w->cb(w, st); /* exactly once, even if the engine misbehaves below */
     }
@@ -340,6 +454,7 @@ void baton__rdma_settle(rdma_peer_t *peer)
         for (int i = 0; i < peer->nqps; i++)
             live += peer->qps[i].state != RDMA_QP_NONE;
         if (!live) {
+            peer->drained = 1;
             peer->fence_fired = 1;
             log_info("rdma", "peer_fenced generation=%llu reason=%s",
                      (unsigned long long)peer->base.generation, baton_strerror(peer->fail_err));
@@ -381,12 +496,65 @@ void baton__rdma_schedule_sweep(rdma_peer_t *peer)
     baton__rdma_peer_hold(peer);
 }
 
+void baton__rdma_qp_abandon(rdma_qp_t *qp)
+{
+    if (qp->state == RDMA_QP_NONE)
+        return;
+    rdma_peer_t *peer = qp->peer;
+    int err = peer->fail_err ? peer->fail_err : BATON_EPEERDOWN;
+    if (err == BATON_ECANCELED)
+        err = BATON_EPEERDOWN; /* the writes did not finish: the connection is what failed */
+    uint64_t n = qp->next_seq - qp->tail_seq;
+    if (n)
+        log_warn("rdma", "qp_abandoned dev=%s qpn=%u outstanding=%llu: completed in software",
+                 qp->dev->name, qp->qpn, (unsigned long long)n);
+    for (uint64_t q = qp->tail_seq; q < qp->next_seq; q++) {
+        rdma_wr_rec_t *rec = &qp->ring[q % qp->max_wr];
+        qp->dev->cq_used--;
+        if (rec->op) {
+            rec->op->inflight--;
+            if (!rec->op->status)
+                rec->op->status = err;
+            rec->op = NULL;
+        }
+    }
+    qp->tail_seq = qp->next_seq;
+    baton__rdma_qp_error(qp); /* may fail with EIO: the destroy below happens anyway */
+    baton__rdma_qp_destroy(qp);
+}
+
+void baton__rdma_drain_check(rdma_peer_t *peer, uint64_t now_ms)
+{
+    if (!peer->fail_err || peer->destroyed)
+        return;
+    int live = 0;
+    for (int i = 0; i < peer->nqps; i++)
+        live += peer->qps[i].state != RDMA_QP_NONE;
+    if (!live) {
+        peer->drained = 1;
+        return;
+    }
+    uint64_t bound = peer->tp->drain_bound_ms;
+    if (now_ms - peer->fail_ms < bound)
+        return;
+    log_error("rdma",
+              "drain_timeout generation=%llu qps=%d after_ms=%llu: the NIC stopped completing; "
+              "finishing the drain in software",
+              (unsigned long long)peer->base.generation, live, (unsigned long long)bound);
+    for (int i = 0; i < peer->nqps; i++)
+        baton__rdma_qp_abandon(&peer->qps[i]);
+    peer->drained = 1;
+    baton__rdma_schedule_sweep(peer);
+}
+
 void baton__rdma_peer_fail(rdma_peer_t *peer, int err)
 {
     if (peer->fail_err)
         return;
     peer->fail_err = err;
     peer->state = RDMA_PEER_FAILED;
+    peer->fail_ms = uv_now(peer->tp->base.env->loop);
+    baton__rdma_watchdog_arm(peer->tp);
     if (err != BATON_ECANCELED)
         log_warn("rdma", "peer_down generation=%llu role=%s err=%s qps=%d: QPs to ERROR, draining",
                  (unsigned long long)peer->base.generation,
@@ -394,6 +562,11 @@ void baton__rdma_peer_fail(rdma_peer_t *peer, int err)
                  baton_strerror(err), peer->nqps);
     for (int i = 0; i < peer->nqps; i++) {
         rdma_qp_t *qp = &peer->qps[i];
+        if (__atomic_load_n(&qp->dev->dead, __ATOMIC_RELAXED)) {
+            /* a dead device completes nothing, flushes included */
+            baton__rdma_qp_abandon(qp);
+            continue;
+        }
         baton__rdma_qp_error(qp);
         if (qp->state == RDMA_QP_ERR && outstanding(qp) && !qp->last_signalled &&
             outstanding(qp) < qp->max_wr) {

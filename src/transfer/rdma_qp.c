@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/rand.h"
 #include "transfer/rdma.h"
 #include "transfer/le_bytes.h"
 
@@ -21,16 +22,11 @@ static const char *state_name(rdma_qp_state_t s)
     return n[s];
 }
 
-static uint32_t psn_next(void)
+/* A PSN only has to differ between incarnations of a pair: the transport's own generator
+ * (QPs are created on its progress thread only). */
+static uint32_t psn_next(rdma_tp_t *tp)
 {
-    /* A PSN only has to differ between incarnations of a pair; xorshift seeded by the clock. */
-    static uint64_t x;
-    if (!x)
-        x = uv_hrtime() ^ ((uint64_t)(uintptr_t)&x << 17) ^ 0x9e3779b97f4a7c15ull;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return (uint32_t)(x & 0xffffff);
+    return (uint32_t)(baton_splitmix64(&tp->psn_state) & 0xffffff);
 }
 
 int baton__rdma_qp_create(rdma_peer_t *peer, rdma_qp_t *qp, rdma_dev_t *dev)
@@ -43,30 +39,43 @@ int baton__rdma_qp_create(rdma_peer_t *peer, rdma_qp_t *qp, rdma_dev_t *dev)
     memset(qp, 0, sizeof(*qp));
     qp->peer = peer;
     qp->dev = dev;
-    memset(&ia, 0, sizeof(ia));
-    ia.qp_context = qp;
-    ia.send_cq = dev->cq;
-    ia.recv_cq = dev->cq;
-    ia.cap.max_send_wr = max_wr;
-    ia.cap.max_recv_wr = 1; /* RDMA WRITE needs no receives */
-    ia.cap.max_send_sge = tun->max_sge;
-    ia.cap.max_recv_sge = 1;
-    ia.cap.max_inline_data = tun->max_inline;
-    ia.qp_type = IBV_QPT_RC;
-    ia.sq_sig_all = 0; /* selective signalling */
-    qp->qp = ibv_create_qp(dev->pd, &ia);
-    if (!qp->qp) {
+    uint32_t want_sge = tun->max_sge < dev->max_sge ? tun->max_sge : dev->max_sge;
+    uint32_t want_inline = tun->max_inline;
+    for (;;) {
+        memset(&ia, 0, sizeof(ia));
+        ia.qp_context = qp;
+        ia.send_cq = dev->cq;
+        ia.recv_cq = dev->cq;
+        ia.cap.max_send_wr = max_wr;
+        ia.cap.max_recv_wr = 1; /* RDMA WRITE needs no receives */
+        ia.cap.max_send_sge = want_sge;
+        ia.cap.max_recv_sge = 1;
+        ia.cap.max_inline_data = want_inline;
+        ia.qp_type = IBV_QPT_RC;
+        ia.sq_sig_all = 0; /* selective signalling */
+        qp->qp = ibv_create_qp(dev->pd, &ia);
+        if (qp->qp)
+            break;
         err = baton__rdma_err_null();
-        log_error("rdma", "create_qp_failed dev=%s max_wr=%u err=%s", dev->name, max_wr,
-                  baton_strerror(err));
+        if (err == UV_EINVAL && want_inline > 0) {
+            /* the device takes less (or no) inline data than we asked: do without inline */
+            log_warn("rdma", "create_qp_inline_refused dev=%s max_inline=%u: retrying without",
+                     dev->name, want_inline);
+            want_inline = 0;
+            continue;
+        }
+        log_error("rdma", "create_qp_failed dev=%s max_wr=%u max_sge=%u err=%s", dev->name, max_wr,
+                  want_sge, baton_strerror(err));
         return err;
     }
     qp->qpn = qp->qp->qp_num;
-    qp->psn = psn_next();
-    /* the provider may round capacities up; we never use more than we asked for */
-    qp->max_wr = max_wr;
-    qp->max_inline =
-        ia.cap.max_inline_data < tun->max_inline ? ia.cap.max_inline_data : tun->max_inline;
+    qp->psn = psn_next(peer->tp);
+    /* ibv_create_qp wrote back what the provider granted (possibly rounded up); we never use
+     * more than we asked for, nor more than was granted */
+    qp->max_wr = ia.cap.max_send_wr < max_wr ? ia.cap.max_send_wr : max_wr;
+    qp->max_inline = ia.cap.max_inline_data < want_inline ? ia.cap.max_inline_data : want_inline;
+    qp->max_sge = ia.cap.max_send_sge < want_sge ? ia.cap.max_send_sge : want_sge;
+    max_wr = qp->max_wr;
     qp->ring = calloc(max_wr, sizeof(*qp->ring));
     if (!qp->ring) {
         err = BATON_ENOMEM;
@@ -124,12 +133,16 @@ int baton__rdma_qp_connect(rdma_qp_t *qp, uint32_t remote_qpn, uint32_t remote_p
     a.rq_psn = remote_psn;
     a.max_dest_rd_atomic = dev->max_rd_atom < QP_RD_ATOMIC ? dev->max_rd_atom : QP_RD_ATOMIC;
     a.min_rnr_timer = QP_MIN_RNR_TIMER;
-    a.ah_attr.is_global = 1;
-    memcpy(a.ah_attr.grh.dgid.raw, gid, 16);
-    a.ah_attr.grh.sgid_index = (uint8_t)dev->gid_index;
-    a.ah_attr.grh.hop_limit = QP_HOP_LIMIT;
+    /* RoCE always carries a GRH (its GID is the IP address); InfiniBand routes by LID */
+    if (dev->link_layer == IBV_LINK_LAYER_ETHERNET) {
+        a.ah_attr.is_global = 1;
+        memcpy(a.ah_attr.grh.dgid.raw, gid, 16);
+        a.ah_attr.grh.sgid_index = (uint8_t)dev->gid_index;
+        a.ah_attr.grh.hop_limit = QP_HOP_LIMIT;
+        a.ah_attr.grh.traffic_class = dev->tp->traffic_class;
+    }
     a.ah_attr.dlid = lid;
-    a.ah_attr.sl = 0;
+    a.ah_attr.sl = dev->tp->service_level;
     a.ah_attr.src_path_bits = 0;
     a.ah_attr.port_num = dev->port;
     err = baton__rdma_err_ret(ibv_modify_qp(qp->qp, &a,
@@ -205,14 +218,17 @@ void baton__rdma_qp_destroy(rdma_qp_t *qp)
  *  24 u64 echo: the generation of the blob this one answers (0 in the target's)
  *  32 u64 incarnation of the sender's engine (for logs)
  * then n_qps entries of 32 bytes, entry i of both blobs being one RC pair:
- *   0 u16 device index  2 u8 port  3 u8 active MTU (enum ibv_mtu)  4 u16 LID  6 u16 0
+ *   0 u16 device index  2 u8 port  3 u8 active MTU (enum ibv_mtu)  4 u16 LID
+ *   6 u8 link layer (IBV_LINK_LAYER_*; 0 from older peers: unknown)
+ *   7 u8 GID type << 6 | IPv4 prefix length of the GID's subnet (0: unknown)
  *   8 u8 gid[16]       24 u32 QPN  28 u32 PSN
+ * Bytes 6-7 were zero in the first version, so the version stays 1: zeros mean "unknown" and
+ * pair as before.
  */
 #define BLOB_MAGIC   0x4d445242u
 #define BLOB_VERSION 1
 #define BLOB_HDR     40
 #define BLOB_ENT     32
-
 
 int baton__rdma_peer_info(baton__tp_peer_t *bp, uint8_t *buf, size_t cap, size_t *len_p)
 {
@@ -244,6 +260,8 @@ int baton__rdma_peer_info(baton__tp_peer_t *bp, uint8_t *buf, size_t cap, size_t
         e[2] = qp->dev->port;
         e[3] = (uint8_t)qp->dev->active_mtu;
         baton__le_put16(e + 4, qp->dev->lid);
+        e[6] = qp->dev->link_layer;
+        e[7] = (uint8_t)((qp->dev->gid_type & 3) << 6 | (qp->dev->prefix_len & 63));
         memcpy(e + 8, qp->dev->gid.raw, 16);
         baton__le_put32(e + 24, qp->qpn);
         baton__le_put32(e + 28, qp->psn);
@@ -256,6 +274,9 @@ typedef struct {
     uint16_t dev;
     uint8_t port;
     uint8_t mtu;
+    uint8_t link_layer;
+    uint8_t gid_type;
+    uint8_t prefix_len;
     uint16_t lid;
     uint8_t gid[16];
     uint32_t qpn;
@@ -283,11 +304,14 @@ static int blob_parse(const uint8_t *b, size_t len, int *role_p, uint64_t *gen_p
         x->port = e[2];
         x->mtu = e[3];
         x->lid = baton__le_get16(e + 4);
+        x->link_layer = e[6];
+        x->gid_type = e[7] >> 6;
+        x->prefix_len = e[7] & 63;
         memcpy(x->gid, e + 8, 16);
         x->qpn = baton__le_get32(e + 24);
         x->psn = baton__le_get32(e + 28);
         if (x->dev >= BATON__RDMA_MAX_DEVS || x->port == 0 || x->mtu < IBV_MTU_256 ||
-            x->mtu > IBV_MTU_4096 || x->qpn > 0xffffff || x->psn > 0xffffff)
+            x->mtu > IBV_MTU_4096 || x->qpn > 0xffffff || x->psn > 0xffffff || x->prefix_len > 32)
             return BATON_EPROTO;
     }
     *role_p = role;
@@ -295,6 +319,52 @@ static int blob_parse(const uint8_t *b, size_t len, int *role_p, uint64_t *gen_p
     *echo_p = baton__le_get64(b + 24);
     *n_p = n;
     return 0;
+}
+
+static uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* 2: same subnet (one rail, no router on the way), 1: reachable, 0: cannot reach. Unknown
+ * fields (an older peer's zeros) reach, as they did before they were exchanged. */
+static int reach(const rdma_dev_t *d, const blob_ent_t *e)
+{
+    if (e->link_layer == 0)
+        return 1;
+    if (e->link_layer != d->link_layer)
+        return 0; /* InfiniBand and Ethernet do not meet */
+    if (d->link_layer != IBV_LINK_LAYER_ETHERNET)
+        return memcmp(d->gid.raw, e->gid, 8) == 0 ? 2 : 0; /* LIDs route in one subnet only */
+    if (e->gid_type != (uint8_t)d->gid_type)
+        return 0; /* RoCE v1 and v2 packets are different protocols */
+    if (e->prefix_len && e->prefix_len == d->prefix_len) {
+        uint32_t mask = e->prefix_len >= 32 ? 0xffffffffu : ~(0xffffffffu >> e->prefix_len);
+        if ((be32(d->gid.raw + 12) & mask) == (be32(e->gid + 12) & mask))
+            return 2;
+    }
+    /* v2 routes; v1 stays inside layer 2, which the operator chose: without a known common
+     * subnet assume it reaches */
+    return 1;
+}
+
+/* The local NIC for pair i: the best reachability, then the least loaded, then NIC i % L (so
+ * equal NICs keep the former i % L spread). NULL when none reaches. */
+static rdma_dev_t *pick_local(rdma_dev_t **local, int L, int *load, int i, const blob_ent_t *e)
+{
+    int best = -1, best_reach = 0;
+    for (int t = 0; t < L; t++) {
+        int j = (i + t) % L;
+        int r = reach(local[j], e);
+        if (r > best_reach || (r == best_reach && r > 0 && load[j] < load[best])) {
+            best = j;
+            best_reach = r;
+        }
+    }
+    if (best < 0)
+        return NULL;
+    load[best]++;
+    return local[best];
 }
 
 static void note_rnic(rdma_peer_t *peer, rdma_qp_t *qp, uint16_t dev)
@@ -368,10 +438,18 @@ int baton__rdma_peer_handshake(rdma_peer_t *peer, const uint8_t *blob, size_t le
         peer->qps = calloc((size_t)n, sizeof(*peer->qps));
         if (!peer->qps)
             return BATON_ENOMEM;
+        int load[BATON__RDMA_MAX_DEVS] = {0};
         for (int i = 0; i < n; i++) {
-            /* pair i lives on local NIC i % L: with L == R every pair stays on "its" NIC index,
-             * otherwise the pairs still spread over every local NIC */
-            err = baton__rdma_qp_create(peer, &peer->qps[i], local[i % L]);
+            rdma_dev_t *d = pick_local(local, L, load, i, &ents[i]);
+            if (!d) {
+                log_error("rdma",
+                          "handshake_failed generation=%llu reason=no_reachable_nic peer_dev=%u "
+                          "link=%u gid_type=%u",
+                          (unsigned long long)bp->generation, (unsigned)ents[i].dev,
+                          (unsigned)ents[i].link_layer, (unsigned)ents[i].gid_type);
+                return BATON_ENOTSUP;
+            }
+            err = baton__rdma_qp_create(peer, &peer->qps[i], d);
             if (err)
                 return err; /* created ones are torn down by fence/destroy */
             peer->nqps = i + 1;

@@ -7,9 +7,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
+#include <ftw.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 
+#include "transfer/cuda_shim.h"
 #include "transfer/rdma.h"
 #include "verbs_model.h"
 
@@ -93,7 +99,13 @@ static struct {
 } F;
 
 static const baton__tp_ops_t *ops = &baton__tp_rdma_ops;
-static baton__rdma_tunables_t tun_defaults;
+static baton__rdma_tunables_t tun; /* what the next tp_init uses; reset by base_setup */
+
+/* The transport's init with the test's tunables (ops->init uses the defaults). */
+static int tp_init(const baton__tp_env_t *env, baton__tp_t **tp_p)
+{
+    return baton__rdma_init_tuned(env, &tun, tp_p);
+}
 
 static void on_peer_failed(baton__tp_peer_t *peer, int err)
 {
@@ -171,7 +183,7 @@ static void base_setup(void)
     memset(&F, 0, sizeof(F));
     dq_head = NULL;
     dq_tail = &dq_head;
-    baton__rdma_tunables = tun_defaults;
+    baton__rdma_tunables_default(&tun);
     assert_int_equal(uv_loop_init(&F.loop), 0);
     F.cfg.slice_size = 64 * 1024;
     F.cfg.rdma_qps_per_nic = 2;
@@ -188,9 +200,9 @@ static void fx_start(int npre, int ndec, enum ibv_mtu mtu_pre, enum ibv_mtu mtu_
     add_devs(0, npre, mtu_pre, mr_pre);
     add_devs(npre, ndec, mtu_dec, mr_dec);
     vm_set_visible(0, npre);
-    assert_int_equal(ops->init(&F.env_pre, &F.pre), 0);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
     vm_set_visible(npre, ndec);
-    assert_int_equal(ops->init(&F.env_dec, &F.dec), 0);
+    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
     vm_set_visible(0, -1);
 }
 
@@ -310,7 +322,7 @@ static int teardown(void **state)
         assert_int_equal(st.misuse, 0);
     free(F.src);
     free(F.dst);
-    baton__rdma_tunables = tun_defaults;
+    baton__rdma_tunables_default(&tun);
     return 0;
 }
 
@@ -359,11 +371,11 @@ static void test_no_devices(void **state)
     baton__tp_t *tp = NULL;
     base_setup();
     /* no device at all */
-    assert_int_equal(ops->init(&F.env_pre, &tp), BATON_ENODEV);
+    assert_int_equal(tp_init(&F.env_pre, &tp), BATON_ENODEV);
     assert_null(tp);
     /* a kernel without RDMA: the device list itself fails */
     vm_set_no_kernel_support(1);
-    assert_int_equal(ops->init(&F.env_pre, &tp), BATON_ENODEV);
+    assert_int_equal(tp_init(&F.env_pre, &tp), BATON_ENODEV);
     vm_set_no_kernel_support(0);
     /* a device without ports, and one whose port is down */
     vm_dev_cfg_t c;
@@ -373,18 +385,18 @@ static void test_no_devices(void **state)
     vm_dev_cfg_default(&c, 1);
     c.port_state = IBV_PORT_DOWN;
     vm_add_device(&c);
-    assert_int_equal(ops->init(&F.env_pre, &tp), BATON_ENODEV);
+    assert_int_equal(tp_init(&F.env_pre, &tp), BATON_ENODEV);
     /* a usable device that the filter does not name */
     vm_dev_cfg_default(&c, 2);
     vm_add_device(&c);
     F.cfg.rdma_devices = "mlx5_9, nothing";
-    assert_int_equal(ops->init(&F.env_pre, &tp), BATON_ENODEV);
+    assert_int_equal(tp_init(&F.env_pre, &tp), BATON_ENODEV);
     /* a device that cannot be opened */
     F.cfg.rdma_devices = "vm_2";
     vm_fail_op(VM_OP_OPEN_DEVICE, 1, EPERM);
-    assert_int_equal(ops->init(&F.env_pre, &tp), BATON_ENODEV);
+    assert_int_equal(tp_init(&F.env_pre, &tp), BATON_ENODEV);
     /* ... and the same device when it opens: only that one is used */
-    assert_int_equal(ops->init(&F.env_pre, &tp), 0);
+    assert_int_equal(tp_init(&F.env_pre, &tp), 0);
     assert_int_equal(container_of(tp, rdma_tp_t, base)->ndevs, 1);
     ops->fini(tp);
     spin();
@@ -942,9 +954,9 @@ static void test_port_error_disconnects_all(void **state)
 static void test_outstanding_bounded_by_max_wr(void **state)
 {
     base_setup();
-    baton__rdma_tunables.max_wr = 8;
-    baton__rdma_tunables.signal_every = 4;
-    baton__rdma_tunables.post_batch = 4;
+    tun.max_wr = 8;
+    tun.signal_every = 4;
+    tun.post_batch = 4;
     F.cfg.slice_size = 4096;
     fx_start(2, 2, IBV_MTU_4096, IBV_MTU_4096, 0, 0);
     const size_t len = 1u << 20; /* 256 slices */
@@ -1092,7 +1104,7 @@ static void test_queue_depth_used_by_large_write(void **state)
 static void test_cq_budget_shared_by_peers(void **state)
 {
     base_setup();
-    baton__rdma_tunables.cq_size = 64; /* room for 48 WRs per device, two peers compete */
+    tun.cq_size = 64; /* room for 48 WRs per device, two peers compete */
     F.cfg.slice_size = 4096;
     fx_start(2, 2, IBV_MTU_4096, IBV_MTU_4096, 0, 0);
     const size_t len = 1u << 20; /* 256 slices per peer */
@@ -1141,9 +1153,991 @@ static void test_cq_budget_shared_by_peers(void **state)
     fence_destroy(&pd2, &r2d);
 }
 
+/* ---- real-fabric behaviour (issue 16) ------------------------------------------------------ */
+
+/* Every live QP of one side: its sgid index, and whether a write through each pair lands. */
+static void assert_sgid(int prefill, int dev, int want)
+{
+    uint32_t q[64];
+    int n = side_qps(prefill, q, 64, 1), seen = 0;
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(q[i], &a);
+        if (dev >= 0 && a.dev != dev)
+            continue;
+        assert_int_equal(a.is_global, 1);
+        assert_int_equal(a.sgid_index, want);
+        seen++;
+    }
+    assert_true(seen > 0);
+}
+
+static void test_gid_v2_ipv4_chosen_and_override(void **state)
+{
+    /* defaults: every NIC in its own subnet (a routed fabric), ConnectX tables where index 0
+     * is the v1 link-local entry; index 3 (v2, IPv4-mapped, netdev) must be used on both sides */
+    fx_connect();
+    assert_sgid(1, -1, 3);
+    assert_sgid(0, -1, 3);
+    const size_t len = 256 * 1024;
+    fx_mem(len);
+    fx_announce();
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+    fence_destroy(&F.pp, &F.rp);
+    fence_destroy(&F.pd, &F.rd);
+    assert_int_equal(ops->mem_dereg(F.src_mr), 0);
+    F.src_mr = NULL;
+    ops->fini(F.pre);
+    spin();
+
+    /* a per-device override: vm_0 pinned to index 2 (v1), vm_1 left to the choice */
+    F.cfg.rdma_devices = "vm_0:2, vm_1";
+    vm_set_visible(0, 2);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
+    vm_set_visible(0, -1);
+    rdma_tp_t *tp = container_of(F.pre, rdma_tp_t, base);
+    assert_int_equal(tp->ndevs, 2);
+    assert_int_equal(tp->devs[0].gid_index, 2);
+    assert_int_equal(tp->devs[0].gid_type, BATON__RDMA_GID_ROCE_V1);
+    assert_int_equal(tp->devs[1].gid_index, 3);
+    F.cfg.rdma_devices = NULL;
+    /* the handshake carries link layer and GID type: a v1 NIC cannot reach v2 peers, so every
+     * pair goes through vm_1 */
+    fx_connect();
+    assert_sgid(1, 1, 3);
+    uint32_t q[16];
+    int n = side_qps(1, q, 16, 1);
+    assert_int_equal(n, 4);
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(q[i], &a);
+        assert_int_equal(a.dev, 1);
+    }
+    baton__tp_mem_params_t mp = {
+        .addr = F.src, .len = len, .kind = BATON_XFER_MEM_HOST, .memfd = -1};
+    assert_int_equal(ops->mem_reg(F.pre, &mp, &F.src_mr), 0);
+    fx_announce();
+    memset(F.dst, 0, len);
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+}
+
+/* Both sides pinned to v1 (layer 2 only) across subnets: the model fails the pairs the way a
+ * routed fabric does, and the connection goes down instead of hanging. */
+static void test_gid_v1_across_subnets_fails(void **state)
+{
+    base_setup();
+    add_devs(0, 4, IBV_MTU_4096, 0);
+    F.npre = F.ndec = 2;
+    F.cfg.rdma_devices = "vm_0:0,vm_1:0";
+    vm_set_visible(0, 2);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
+    F.cfg.rdma_devices = "vm_2:0,vm_3:0";
+    vm_set_visible(2, 2);
+    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
+    vm_set_visible(0, -1);
+    F.cfg.rdma_devices = NULL;
+    fx_connect();
+    assert_sgid(1, -1, 0);
+    assert_sgid(0, -1, 0);
+    const size_t len = 64 * 1024;
+    fx_mem(len);
+    fx_announce();
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, BATON_EPEERDOWN);
+    assert_int_equal(F.rp.failed, 1);
+    assert_int_equal(vm_bytes_landed_in(F.dst, len), 0);
+}
+
+static void test_pairing_by_link_layer(void **state)
+{
+    /* prefill: an InfiniBand NIC and a RoCE NIC; decode: RoCE only. Every pair must use the
+     * RoCE NIC (the old i % L pairing put half of them on InfiniBand). */
+    base_setup();
+    vm_dev_cfg_t c;
+    vm_dev_cfg_default(&c, 0);
+    c.link_layer = IBV_LINK_LAYER_INFINIBAND;
+    assert_int_equal(vm_add_device(&c), 0);
+    add_devs(1, 3, IBV_MTU_4096, 0);
+    F.npre = F.ndec = 2;
+    vm_set_visible(0, 2);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
+    vm_set_visible(2, 2);
+    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
+    vm_set_visible(0, -1);
+    fx_connect();
+    uint32_t q[16];
+    int n = side_qps(1, q, 16, 1);
+    assert_int_equal(n, 4);
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(q[i], &a);
+        assert_int_equal(a.dev, 1);
+    }
+    const size_t len = 256 * 1024;
+    fx_mem(len);
+    fx_announce();
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+}
+
+static void test_infiniband_routes_by_lid(void **state)
+{
+    base_setup();
+    for (int i = 0; i < 4; i++) {
+        vm_dev_cfg_t c;
+        vm_dev_cfg_default(&c, i);
+        c.link_layer = IBV_LINK_LAYER_INFINIBAND;
+        c.subnet = 0; /* one IB subnet: LIDs reach */
+        assert_int_equal(vm_add_device(&c), i);
+    }
+    F.npre = F.ndec = 2;
+    vm_set_visible(0, 2);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
+    vm_set_visible(2, 2);
+    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
+    vm_set_visible(0, -1);
+    fx_connect();
+    uint32_t q[16];
+    int n = side_qps(1, q, 16, 1);
+    assert_int_equal(n, 4);
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a, b;
+        vm_qp_info(q[i], &a);
+        vm_qp_info(a.dest_qpn, &b);
+        assert_int_equal(a.is_global, 0);
+        vm_dev_cfg_t pc;
+        vm_dev_cfg_default(&pc, b.dev);
+        assert_int_equal(a.dlid, pc.lid);
+    }
+    const size_t len = 256 * 1024;
+    fx_mem(len);
+    fx_announce();
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+}
+
+/* Does the VMA holding p carry MADV_HUGEPAGE ("hg" in smaps' VmFlags)? -1: cannot tell. */
+static int vma_hugepage_advised(const void *p)
+{
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    if (!fp)
+        return -1;
+    char line[512];
+    int in = 0, found = -1;
+    while (fgets(line, sizeof(line), fp)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+            continue;
+        }
+        if (in && strncmp(line, "VmFlags:", 8) == 0) {
+            found = strstr(line, " hg") != NULL;
+            break;
+        }
+    }
+    fclose(fp);
+    return found;
+}
+
+static void test_hugepages_advised_for_large_pools(void **state)
+{
+    base_setup();
+    F.cfg.rdma_hugepages = 1;
+    fx_start(1, 1, IBV_MTU_4096, IBV_MTU_4096, 0, 0);
+    /* can this kernel take the advice at all? */
+    void *probe = mmap(NULL, 4u << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(probe != MAP_FAILED);
+    int thp = madvise(probe, 4u << 20, MADV_HUGEPAGE) == 0;
+    munmap(probe, 4u << 20);
+    if (!thp) {
+        print_message("SKIP: this kernel has no transparent huge pages (madvise EINVAL)\n");
+        skip();
+    }
+    const size_t len = 8u << 20;
+    uint8_t *pool = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uint8_t *small =
+        mmap(NULL, 1u << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(pool != MAP_FAILED && small != MAP_FAILED);
+    uint8_t *mid = (uint8_t *)(((uintptr_t)pool + (4u << 20)) & ~(uintptr_t)((2u << 20) - 1));
+    assert_int_equal(vma_hugepage_advised(mid), 0);
+    baton__tp_mem_params_t mp = {
+        .addr = pool, .len = len, .kind = BATON_XFER_MEM_HOST, .memfd = -1};
+    baton__tp_mr_t *mr, *mr2;
+    assert_int_equal(ops->mem_reg(F.pre, &mp, &mr), 0);
+    assert_int_equal(vma_hugepage_advised(mid), 1);
+    mp.addr = small; /* under 2 MiB: left alone */
+    mp.len = 1u << 20;
+    assert_int_equal(ops->mem_reg(F.pre, &mp, &mr2), 0);
+    assert_int_equal(vma_hugepage_advised(small), 0);
+    assert_int_equal(ops->mem_dereg(mr), 0);
+    assert_int_equal(ops->mem_dereg(mr2), 0);
+    munmap(pool, len);
+    munmap(small, 1u << 20);
+}
+
+static void test_qos_and_fork_init(void **state)
+{
+    base_setup();
+    F.cfg.rdma_traffic_class = 106;
+    F.cfg.rdma_service_level = 3;
+    F.cfg.rdma_fork_init = 1;
+    fx_start(1, 1, IBV_MTU_4096, IBV_MTU_4096, 0, 0);
+    assert_int_equal(vm_fork_inits(), 2); /* one call per transport, before any device */
+    fx_connect();
+    uint32_t q[8];
+    int n = side_qps(1, q, 8, 1);
+    assert_int_equal(n, 2);
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(q[i], &a);
+        assert_int_equal(a.traffic_class, 106);
+        assert_int_equal(a.sl, 3);
+    }
+}
+
+static void test_limits_clamped(void **state)
+{
+    base_setup();
+    tun.max_wr = 200; /* the model rounds it to 256 and writes that back */
+    F.cfg.slice_size = 64 * 1024;
+    for (int i = 0; i < 4; i++) {
+        vm_dev_cfg_t c;
+        vm_dev_cfg_default(&c, i);
+        c.max_sge = 2;            /* below the 4 asked for */
+        c.max_inline = 0;         /* no inline data at all */
+        c.max_msg_sz = 16 * 1024; /* smaller than a slice */
+        assert_int_equal(vm_add_device(&c), i);
+    }
+    F.npre = F.ndec = 2;
+    vm_set_visible(0, 2);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
+    vm_set_visible(2, 2);
+    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
+    vm_set_visible(0, -1);
+    fx_connect();
+    uint32_t q[8];
+    int n = side_qps(1, q, 8, 1);
+    assert_int_equal(n, 4);
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(q[i], &a);
+        assert_int_equal(a.cap.max_send_sge, 2);
+        assert_int_equal(a.cap.max_inline_data, 0);
+        assert_int_equal(a.cap.max_send_wr, 256);
+    }
+    const size_t len = 8u << 20;
+    fx_mem(len);
+    fx_announce();
+    wreq_t x, y;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    assert_int_equal(fx_write(&y, 0, 0, 40), 0); /* short enough to go inline elsewhere */
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_int_equal(y.done, 1);
+    assert_int_equal(y.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+    vm_stats_t st;
+    vm_stats(&st);
+    assert_true(st.max_wr_bytes <= 16 * 1024);
+    assert_true(st.max_outstanding <= 200); /* what we asked for, not what was granted */
+    assert_int_equal(st.post_rejected, 0);
+}
+
+/* Work outstanding on the initiator's NIC when it dies: every write fails with peer-down, the
+ * fence fires and every object is released (teardown checks the baseline). */
+static void nic_dies_with_work(int how)
+{
+    const size_t len = 1u << 20;
+    fx_connect();
+    fx_mem(len);
+    fx_announce();
+    uint32_t pq[8];
+    assert_int_equal(side_qps(1, pq, 8, 1), 4);
+    wreq_t x, y;
+    for (int i = 0; i < 4; i++)
+        vm_hold_qp(pq[i], 1);
+    assert_int_equal(fx_write(&x, 0, 0, len / 2), 0);
+    assert_int_equal(fx_write(&y, len / 2, len / 2, len / 2), 0);
+    assert_true(vm_queued() > 0);
+    if (how == 0)
+        assert_true(vm_inject_device_fatal(0) > 0);
+    else
+        assert_true(vm_inject_cq_err(0) > 0);
+    for (int i = 0; i < 4; i++)
+        vm_hold_qp(pq[i], 0);
+    run_all(); /* bounded */
+    assert_int_equal(x.done, 1);
+    assert_int_equal(y.done, 1);
+    assert_int_equal(x.status, BATON_EPEERDOWN);
+    assert_int_equal(y.status, BATON_EPEERDOWN);
+    assert_int_equal(F.rp.failed, 1);
+    assert_int_equal(F.rp.fail_err, BATON_EPEERDOWN);
+    assert_int_equal(ops->peer_fence(F.pp, on_fenced, &F.rp), 0);
+    run_all();
+    assert_int_equal(F.rp.fenced, 1);
+    assert_int_equal(side_qps(1, pq, 8, 1), 0);
+    /* the dead NIC is never used again; the other one still is */
+    fence_destroy(&F.pp, &F.rp);
+    fence_destroy(&F.pd, &F.rd);
+    fx_connect();
+    int n = side_qps(1, pq, 8, 1);
+    assert_int_equal(n, 4);
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(pq[i], &a);
+        assert_int_equal(a.dev, 1);
+    }
+}
+
+static void test_initiator_nic_fatal_with_work(void **state)
+{
+    nic_dies_with_work(0);
+}
+
+static void test_initiator_cq_error_with_work(void **state)
+{
+    nic_dies_with_work(1);
+}
+
+static void test_drain_watchdog_bounds_a_silent_nic(void **state)
+{
+    base_setup();
+    F.cfg.rdma_drain_timeout_ms = 20;
+    tun.drain_check_ms = 5;
+    fx_start(2, 2, IBV_MTU_4096, IBV_MTU_4096, 0, 0);
+    const size_t len = 1u << 20;
+    fx_connect();
+    fx_mem(len);
+    fx_announce();
+    uint32_t pq[8];
+    assert_int_equal(side_qps(1, pq, 8, 1), 4);
+    for (int i = 0; i < 4; i++)
+        vm_hold_qp(pq[i], 1);
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    /* the NIC stops completing and says nothing; the engine gives up on the peer */
+    assert_int_equal(vm_set_device_fatal(0, 0), 0);
+    assert_int_equal(ops->peer_fence(F.pp, on_fenced, &F.rp), 0);
+    for (int i = 0; i < 4; i++)
+        vm_hold_qp(pq[i], 0);
+    /* bounded (at most ~20 s of 1 ms naps); no assertion on how long it took */
+    for (int i = 0; i < 20000 && !F.rp.fenced; i++) {
+        vm_run();
+        run_deferred();
+        uv_run(&F.loop, UV_RUN_NOWAIT);
+        if (!F.rp.fenced)
+            usleep(1000);
+    }
+    assert_int_equal(F.rp.fenced, 1);
+    assert_int_equal(x.done, 1);
+    assert_true(x.status < 0);
+    assert_int_equal(side_qps(1, pq, 8, 1), 0);
+}
+
+static void test_unused_port_flap_keeps_peers(void **state)
+{
+    base_setup();
+    for (int i = 0; i < 4; i++) {
+        vm_dev_cfg_t c;
+        vm_dev_cfg_default(&c, i);
+        c.nports = 2;
+        c.port2_state = IBV_PORT_DOWN; /* cabled on port 1 only */
+        assert_int_equal(vm_add_device(&c), i);
+    }
+    F.npre = F.ndec = 2;
+    vm_set_visible(0, 2);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
+    vm_set_visible(2, 2);
+    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
+    vm_set_visible(0, -1);
+    assert_int_equal(container_of(F.pre, rdma_tp_t, base)->ndevs, 2);
+    fx_connect();
+    const size_t len = 512 * 1024;
+    fx_mem(len);
+    fx_announce();
+    assert_true(vm_inject_port_event(0, 2, IBV_EVENT_PORT_ERR) > 0);
+    assert_true(vm_inject_port_event(2, 2, IBV_EVENT_PORT_ERR) > 0);
+    spin();
+    assert_true(vm_inject_port_event(0, 2, IBV_EVENT_PORT_ACTIVE) > 0);
+    spin();
+    assert_int_equal(F.rp.failed, 0);
+    assert_int_equal(F.rd.failed, 0);
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+    /* the port in use going down still takes its peers down */
+    assert_true(vm_inject_port_event(0, 1, IBV_EVENT_PORT_ERR) > 0);
+    spin();
+    assert_int_equal(F.rp.failed, 1);
+}
+
+static void test_both_ports_used(void **state)
+{
+    base_setup();
+    for (int i = 0; i < 2; i++) {
+        vm_dev_cfg_t c;
+        vm_dev_cfg_default(&c, i);
+        c.nports = 2;
+        assert_int_equal(vm_add_device(&c), i);
+    }
+    F.npre = F.ndec = 1;
+    vm_set_visible(0, 1);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
+    vm_set_visible(1, 1);
+    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
+    vm_set_visible(0, -1);
+    assert_int_equal(container_of(F.pre, rdma_tp_t, base)->ndevs, 2);
+    fx_connect();
+    uint32_t q[16];
+    int n = side_qps(1, q, 16, 1), port[3] = {0};
+    assert_int_equal(n, 4);
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(q[i], &a);
+        port[a.port_num]++;
+    }
+    assert_int_equal(port[1], 2);
+    assert_int_equal(port[2], 2);
+    const size_t len = 1u << 20;
+    fx_mem(len);
+    fx_announce();
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+}
+
+static void test_gid_change_refreshes_address(void **state)
+{
+    fx_connect();
+    fence_destroy(&F.pp, &F.rp);
+    fence_destroy(&F.pd, &F.rd);
+    /* decode NIC vm_2 gets a new address */
+    const uint8_t ip[4] = {10, 9, 9, 9};
+    vm_set_port_ipv4(2, 1, ip);
+    assert_true(vm_inject_port_event(2, 1, IBV_EVENT_GID_CHANGE) > 0);
+    spin();
+    fx_connect();
+    const size_t len = 256 * 1024;
+    fx_mem(len);
+    fx_announce();
+    wreq_t x;
+    assert_int_equal(fx_write(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0); /* the prefill side addressed the new GID */
+    assert_true(bytes_equal(F.dst, F.src, len));
+}
+
+/* Two transports (two engines) creating QPs from two threads at once: each draws its PSNs
+ * from its own generator and nothing process-wide is shared. */
+typedef struct {
+    baton__tp_t *tp;
+    uint64_t gen;
+    uint32_t psn[64];
+    int n;
+    int err;
+} creator_t;
+
+static void *create_many(void *arg)
+{
+    creator_t *c = arg;
+    for (int i = 0; i < 16 && !c->err; i++) {
+        baton__tp_peer_t *p = NULL;
+        c->err = ops->peer_create(c->tp, BATON__TP_ROLE_TARGET, c->gen + (uint64_t)i, &p);
+        if (c->err)
+            break;
+        rdma_peer_t *rp = container_of(p, rdma_peer_t, base);
+        for (int k = 0; k < rp->nqps && c->n < 64; k++)
+            c->psn[c->n++] = rp->qps[k].psn;
+        ops->peer_destroy(p);
+    }
+    return NULL;
+}
+
+static void test_two_engines_create_qps_concurrently(void **state)
+{
+    creator_t a = {.tp = F.pre, .gen = 1000}, b = {.tp = F.dec, .gen = 2000};
+    pthread_t ta, tb;
+    assert_int_equal(pthread_create(&ta, NULL, create_many, &a), 0);
+    assert_int_equal(pthread_create(&tb, NULL, create_many, &b), 0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    assert_int_equal(a.err, 0);
+    assert_int_equal(b.err, 0);
+    assert_int_equal(a.n, 64);
+    assert_int_equal(b.n, 64);
+    vm_stats_t st;
+    vm_stats(&st);
+    assert_int_equal(st.qps_created, 2 * 16 * 4);
+    assert_int_equal(st.qps_destroyed, 2 * 16 * 4);
+    int same = 0;
+    for (int i = 0; i < 64; i++) {
+        assert_true(a.psn[i] <= 0xffffff && b.psn[i] <= 0xffffff);
+        same += a.psn[i] == b.psn[i];
+    }
+    assert_true(same < 4); /* two generators, not one shared sequence */
+    uint32_t q[256];
+    assert_int_equal(side_qps(1, q, 256, 1) + side_qps(0, q, 256, 1), 0);
+}
+
+#ifdef BATON_HAVE_CUDA
+/* ---- CUDA memory through a fake driver over the model's device memory ------------------- */
+
+static struct {
+    int inited;
+    int ordering; /* CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING */
+    int no_dmabuf;
+    int binds; /* contexts made current */
+} FC;
+static __thread CUcontext fc_current;
+
+static CUresult fc_init(unsigned int flags)
+{
+    FC.inited = 1;
+    return CUDA_SUCCESS;
+}
+static CUresult fc_device_get(CUdevice *d, int ordinal)
+{
+    *d = ordinal;
+    return FC.inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+static CUresult fc_primary_ctx_retain(CUcontext *c, CUdevice d)
+{
+    *c = (CUcontext)(uintptr_t)(0x1000 + d);
+    return CUDA_SUCCESS;
+}
+static CUresult fc_ctx_set_current(CUcontext c)
+{
+    fc_current = c;
+    FC.binds++;
+    return CUDA_SUCCESS;
+}
+static CUresult fc_ctx_get_current(CUcontext *c)
+{
+    *c = fc_current;
+    return FC.inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+static CUresult fc_pointer_get_attribute(void *data, CUpointer_attribute a, CUdeviceptr p)
+{
+    void *base;
+    size_t size;
+    if (!FC.inited)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (a != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL ||
+        !vm_devmem_range((void *)(uintptr_t)p, &base, &size))
+        return CUDA_ERROR_INVALID_VALUE;
+    *(int *)data = 0;
+    return CUDA_SUCCESS;
+}
+static CUresult fc_pci_bus_id(char *buf, int len, CUdevice d)
+{
+    snprintf(buf, (size_t)len, "0000:02:00.0");
+    return CUDA_SUCCESS;
+}
+static CUresult fc_device_get_attribute(int *v, CUdevice_attribute a, CUdevice d)
+{
+    if (a != CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING)
+        return CUDA_ERROR_INVALID_VALUE;
+    *v = FC.ordering;
+    return CUDA_SUCCESS;
+}
+/* like the driver: needs a current context on the calling thread */
+static CUresult fc_mem_get_address_range(CUdeviceptr *b, size_t *s, CUdeviceptr p)
+{
+    void *base;
+    if (!fc_current)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!vm_devmem_range((void *)(uintptr_t)p, &base, s))
+        return CUDA_ERROR_NOT_FOUND;
+    *b = (CUdeviceptr)(uintptr_t)base;
+    return CUDA_SUCCESS;
+}
+static CUresult fc_get_handle(void *h, CUdeviceptr p, size_t size, CUmemRangeHandleType t,
+                              unsigned long long flags)
+{
+    if (!fc_current)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (FC.no_dmabuf)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    int fd = vm_devmem_export((void *)(uintptr_t)p, size); /* -1 past the allocation */
+    if (fd < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *(int *)h = fd;
+    return CUDA_SUCCESS;
+}
+
+static void cuda_fake_install(void)
+{
+    static int done;
+    if (done)
+        return;
+    baton__cuda_t t;
+    memset(&t, 0, sizeof(t));
+    t.init = fc_init;
+    t.device_get = fc_device_get;
+    t.primary_ctx_retain = fc_primary_ctx_retain;
+    t.ctx_set_current = fc_ctx_set_current;
+    t.ctx_get_current = fc_ctx_get_current;
+    t.pointer_get_attribute = fc_pointer_get_attribute;
+    t.device_get_attribute = fc_device_get_attribute;
+    t.device_get_pci_bus_id = fc_pci_bus_id;
+    t.mem_get_address_range = fc_mem_get_address_range;
+    t.mem_get_handle_for_address_range = fc_get_handle;
+    baton__cuda_install(&t);
+    done = 1;
+}
+
+typedef struct {
+    baton__tp_t *tp;
+    baton__tp_mem_params_t mp;
+    baton__tp_mr_t *mr;
+    int err;
+} reg_job_t;
+
+static void *reg_thread(void *arg)
+{
+    reg_job_t *j = arg;
+    j->err = ops->mem_reg(j->tp, &j->mp, &j->mr);
+    return NULL;
+}
+
+/* Registers on a fresh thread (no current context there) as a caller thread would. */
+static int reg_on_thread(baton__tp_t *tp, void *addr, size_t len, baton__tp_mr_t **mr_p)
+{
+    reg_job_t j = {.tp = tp};
+    j.mp.addr = addr;
+    j.mp.len = len;
+    j.mp.kind = BATON_XFER_MEM_CUDA;
+    j.mp.memfd = -1;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, reg_thread, &j), 0);
+    pthread_join(t, NULL);
+    *mr_p = j.mr;
+    return j.err;
+}
+
+static int unflushed_at_done = -1;
+
+static void on_write_gpu(baton__tp_write_t *w, int status)
+{
+    unflushed_at_done = vm_devmem_unflushed(); /* what DONE would certify */
+    on_write(w, status);
+}
+
+/* One GPU-to-GPU write of len bytes; returns the reads the model ran. */
+static uint64_t gpu_write(size_t len, int ordering)
+{
+    FC.ordering = ordering;
+    uint8_t *src = vm_devmem_alloc(len), *dst = vm_devmem_alloc(len);
+    assert_non_null(src);
+    assert_non_null(dst);
+    uint8_t *pattern = malloc(len), *back = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        pattern[i] = (uint8_t)(i * 7 + 3);
+    vm_devmem_write(src, pattern, len);
+    baton__tp_mr_t *smr, *dmr;
+    assert_int_equal(reg_on_thread(F.pre, src, len, &smr), 0);
+    assert_int_equal(reg_on_thread(F.dec, dst, len, &dmr), 0);
+    uint8_t key[BATON__TP_BLOB_MAX];
+    size_t klen = 0;
+    assert_int_equal(ops->mem_key(dmr, key, sizeof(key), &klen), 0);
+    static uint32_t mem_id = 100;
+    mem_id++;
+    assert_int_equal(
+        ops->mem_add(F.pp, mem_id, (uintptr_t)dst, len, BATON_XFER_MEM_CUDA, key, klen), 0);
+    vm_stats_t before, after;
+    vm_stats(&before);
+    wreq_t x;
+    memset(&x, 0, sizeof(x));
+    x.sge[0].src = src;
+    x.sge[0].src_mr = smr;
+    x.sge[0].dst = (uintptr_t)dst;
+    x.sge[0].dst_mem = mem_id;
+    x.sge[0].len = len;
+    x.w.room_id = 9;
+    x.w.sges = x.sge;
+    x.w.n_sges = 1;
+    x.w.cb = on_write_gpu;
+    unflushed_at_done = -1;
+    assert_int_equal(ops->write(F.pp, &x.w), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    vm_devmem_read(back, dst, len);
+    assert_memory_equal(back, pattern, len);
+    vm_stats(&after);
+    assert_int_equal(ops->mem_del(F.pp, mem_id), 0);
+    assert_int_equal(ops->mem_dereg(smr), 0);
+    assert_int_equal(ops->mem_dereg(dmr), 0);
+    vm_devmem_free(src);
+    vm_devmem_free(dst);
+    free(pattern);
+    free(back);
+    return after.reads_run - before.reads_run;
+}
+
+static void test_gpu_pages_no_inline_no_cpu_flush_before_done(void **state)
+{
+    cuda_fake_install();
+    memset(&FC, 0, sizeof(FC));
+    FC.inited = 1;
+    fx_connect();
+    /* 48 B: shorter than the inline limit; 64 KiB + 32 B: a full slice and a 32 B tail. A CPU
+     * touch of the PROT_NONE source (an inline post) would crash here. */
+    const size_t sizes[2] = {48, 64 * 1024 + 32};
+    for (int i = 0; i < 2; i++) {
+        uint64_t reads = gpu_write(sizes[i], CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE);
+        assert_int_equal(unflushed_at_done, 0); /* read back before the write counted done */
+        assert_true(reads >= 1);
+    }
+    /* a GPU that orders GPUDirect writes itself needs no read-back */
+    uint64_t reads = gpu_write(4096, CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER);
+    assert_int_equal(reads, 0);
+    assert_true(FC.binds >= 2); /* each registering thread got a current context */
+}
+
+/* One write into two GPU allocations (two regions): each (QP, region) pair is read back. */
+static void test_gpu_two_regions_one_write(void **state)
+{
+    cuda_fake_install();
+    memset(&FC, 0, sizeof(FC));
+    FC.inited = 1;
+    FC.ordering = CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE;
+    fx_connect();
+    const size_t len = 1u << 20; /* 8 slices per region: every QP writes into both */
+    fx_mem(len);
+    uint8_t *d[2];
+    baton__tp_mr_t *dmr[2];
+    wreq_t x;
+    memset(&x, 0, sizeof(x));
+    for (int i = 0; i < 2; i++) {
+        d[i] = vm_devmem_alloc(len / 2);
+        assert_non_null(d[i]);
+        assert_int_equal(reg_on_thread(F.dec, d[i], len / 2, &dmr[i]), 0);
+        uint8_t key[BATON__TP_BLOB_MAX];
+        size_t klen = 0;
+        assert_int_equal(ops->mem_key(dmr[i], key, sizeof(key), &klen), 0);
+        assert_int_equal(ops->mem_add(F.pp, 200 + (uint32_t)i, (uintptr_t)d[i], len / 2,
+                                      BATON_XFER_MEM_CUDA, key, klen),
+                         0);
+        x.sge[i].src = F.src + i * (len / 2);
+        x.sge[i].src_mr = F.src_mr;
+        x.sge[i].dst = (uintptr_t)d[i];
+        x.sge[i].dst_mem = 200 + (uint32_t)i;
+        x.sge[i].len = len / 2;
+    }
+    x.w.sges = x.sge;
+    x.w.n_sges = 2;
+    x.w.cb = on_write_gpu;
+    unflushed_at_done = -1;
+    assert_int_equal(ops->write(F.pp, &x.w), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_int_equal(unflushed_at_done, 0);
+    uint8_t *back = malloc(len / 2);
+    for (int i = 0; i < 2; i++) {
+        vm_devmem_read(back, d[i], len / 2);
+        assert_memory_equal(back, F.src + i * (len / 2), len / 2);
+        assert_int_equal(ops->mem_del(F.pp, 200 + (uint32_t)i), 0);
+        assert_int_equal(ops->mem_dereg(dmr[i]), 0);
+        vm_devmem_free(d[i]);
+    }
+    free(back);
+}
+
+static void test_gpu_registration_paths(void **state)
+{
+    cuda_fake_install();
+    memset(&FC, 0, sizeof(FC));
+    FC.inited = 1;
+    const size_t len = 64 * 1024 + 32; /* not a page multiple: the exact range matters */
+    uint8_t *g = vm_devmem_alloc(len);
+    assert_non_null(g);
+    baton__tp_mr_t *mr = NULL;
+    /* dma-buf over the allocation's exact range */
+    assert_int_equal(reg_on_thread(F.pre, g, len, &mr), 0);
+    assert_int_equal(ops->mem_dereg(mr), 0);
+    /* a sub-range of the allocation, not page aligned */
+    assert_int_equal(reg_on_thread(F.pre, g + 48, 1000, &mr), 0);
+    assert_int_equal(ops->mem_dereg(mr), 0);
+    /* no dma-buf: the device pointer itself, which only nvidia-peermem can pin */
+    FC.no_dmabuf = 1;
+    assert_true(reg_on_thread(F.pre, g, len, &mr) < 0);
+    vm_set_peermem(1);
+    assert_int_equal(reg_on_thread(F.pre, g, len, &mr), 0);
+    assert_true(container_of(mr, rdma_mr_t, base)->peermem);
+    assert_int_equal(ops->mem_dereg(mr), 0);
+    vm_set_peermem(0);
+    /* past the allocation: refused before the NIC sees it */
+    FC.no_dmabuf = 0;
+    assert_int_equal(reg_on_thread(F.pre, g, len + 4096, &mr), BATON_EINVAL);
+    vm_devmem_free(g);
+}
+/* A sysfs tree in a temp dir: NIC vm_0 and the GPU under one PCIe switch on NUMA node 0,
+ * NIC vm_1 under another root port on node 1. */
+static char sysroot[256];
+
+static void mk(const char *rel, const char *numa)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "%s/%s", sysroot, rel);
+    char *p = cmd + strlen(sysroot) + 1;
+    for (; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(cmd, 0700);
+            *p = '/';
+        }
+    }
+    mkdir(cmd, 0700);
+    if (numa) {
+        char f[600];
+        snprintf(f, sizeof(f), "%s/numa_node", cmd);
+        FILE *fp = fopen(f, "w");
+        assert_non_null(fp);
+        fputs(numa, fp);
+        fclose(fp);
+    }
+}
+
+static void ln(const char *target_rel, const char *link_rel)
+{
+    char t[512], l[512];
+    snprintf(t, sizeof(t), "%s/%s", sysroot, target_rel);
+    snprintf(l, sizeof(l), "%s/%s", sysroot, link_rel);
+    assert_int_equal(symlink(t, l), 0);
+}
+
+static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    return remove(path);
+}
+
+static void test_gpu_memory_uses_near_nics(void **state)
+{
+    cuda_fake_install();
+    memset(&FC, 0, sizeof(FC));
+    FC.inited = 1;
+    FC.ordering = CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER;
+    const char *tmp = getenv("TMPDIR");
+    snprintf(sysroot, sizeof(sysroot), "%s/baton-rdma-sysfs-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    assert_non_null(mkdtemp(sysroot));
+    mk("devices/pci0000:00/0000:00:01.0/0000:01:00.0", "0");
+    mk("devices/pci0000:00/0000:00:01.0/0000:02:00.0", "0");
+    mk("devices/pci0000:80/0000:80:01.0/0000:81:00.0", "1");
+    mk("class/infiniband/vm_0", NULL);
+    mk("class/infiniband/vm_1", NULL);
+    mk("bus/pci/devices", NULL);
+    ln("devices/pci0000:00/0000:00:01.0/0000:01:00.0", "class/infiniband/vm_0/device");
+    ln("devices/pci0000:80/0000:80:01.0/0000:81:00.0", "class/infiniband/vm_1/device");
+    ln("devices/pci0000:00/0000:00:01.0/0000:02:00.0", "bus/pci/devices/0000:02:00.0");
+
+    base_setup();
+    tun.sysfs_root = sysroot;
+    fx_start(2, 2, IBV_MTU_4096, IBV_MTU_4096, 0, 0);
+    fx_connect();
+    const size_t len = 1u << 20;
+    uint8_t *src = vm_devmem_alloc(len);
+    assert_non_null(src);
+    F.dst = aligned_alloc(4096, len);
+    uint8_t *pattern = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        pattern[i] = (uint8_t)(i * 13 + 1);
+    vm_devmem_write(src, pattern, len);
+    baton__tp_mr_t *smr;
+    assert_int_equal(reg_on_thread(F.pre, src, len, &smr), 0);
+    assert_int_equal(container_of(smr, rdma_mr_t, base)->near_devs, 1u); /* vm_0 only */
+    baton__tp_mem_params_t mp = {
+        .addr = F.dst, .len = len, .kind = BATON_XFER_MEM_HOST, .memfd = -1};
+    assert_int_equal(ops->mem_reg(F.dec, &mp, &F.dst_mr), 0);
+    F.size = len;
+    fx_announce();
+    wreq_t x;
+    memset(&x, 0, sizeof(x));
+    x.sge[0].src = src;
+    x.sge[0].src_mr = smr;
+    x.sge[0].dst = (uintptr_t)F.dst;
+    x.sge[0].dst_mem = MEM_ID;
+    x.sge[0].len = len;
+    x.w.sges = x.sge;
+    x.w.n_sges = 1;
+    x.w.cb = on_write;
+    assert_int_equal(ops->write(F.pp, &x.w), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_memory_equal(F.dst, pattern, len);
+    uint32_t q[8];
+    int n = side_qps(1, q, 8, 1);
+    uint64_t near = 0, far = 0;
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(q[i], &a);
+        if (a.dev == 0)
+            near += a.wrs_posted;
+        else
+            far += a.wrs_posted;
+    }
+    assert_true(near >= len / (64 * 1024));
+    assert_int_equal(far, 0);
+    assert_int_equal(ops->mem_dereg(smr), 0);
+    vm_devmem_free(src);
+    free(pattern);
+    assert_int_equal(nftw(sysroot, rm_cb, 8, FTW_DEPTH | FTW_PHYS), 0);
+}
+#else
+static void test_gpu_two_regions_one_write(void **state)
+{
+    print_message("SKIP: built without the CUDA Toolkit headers (BATON_HAVE_CUDA off)\n");
+    skip();
+}
+
+static void test_gpu_memory_uses_near_nics(void **state)
+{
+    print_message("SKIP: built without the CUDA Toolkit headers (BATON_HAVE_CUDA off)\n");
+    skip();
+}
+
+static void test_gpu_pages_no_inline_no_cpu_flush_before_done(void **state)
+{
+    print_message("SKIP: built without the CUDA Toolkit headers (BATON_HAVE_CUDA off)\n");
+    skip();
+}
+
+static void test_gpu_registration_paths(void **state)
+{
+    print_message("SKIP: built without the CUDA Toolkit headers (BATON_HAVE_CUDA off)\n");
+    skip();
+}
+#endif
+
 int main(void)
 {
-    tun_defaults = baton__rdma_tunables;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_no_devices, NULL),
         cmocka_unit_test_teardown(test_qp_states_mtu_min_decode_smaller, teardown),
@@ -1170,6 +2164,28 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_post_failure_mid_chain, setup_default, teardown),
         cmocka_unit_test_setup_teardown(test_flush_waits_for_writes, setup_default, teardown),
         cmocka_unit_test_setup_teardown(test_device_fatal, setup_default, teardown),
+        cmocka_unit_test_setup_teardown(test_gid_v2_ipv4_chosen_and_override, setup_default,
+                                        teardown),
+        cmocka_unit_test_teardown(test_gid_v1_across_subnets_fails, teardown),
+        cmocka_unit_test_teardown(test_pairing_by_link_layer, teardown),
+        cmocka_unit_test_teardown(test_infiniband_routes_by_lid, teardown),
+        cmocka_unit_test_teardown(test_hugepages_advised_for_large_pools, teardown),
+        cmocka_unit_test_teardown(test_qos_and_fork_init, teardown),
+        cmocka_unit_test_teardown(test_limits_clamped, teardown),
+        cmocka_unit_test_setup_teardown(test_initiator_nic_fatal_with_work, setup_default,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_initiator_cq_error_with_work, setup_default, teardown),
+        cmocka_unit_test_teardown(test_drain_watchdog_bounds_a_silent_nic, teardown),
+        cmocka_unit_test_teardown(test_unused_port_flap_keeps_peers, teardown),
+        cmocka_unit_test_teardown(test_both_ports_used, teardown),
+        cmocka_unit_test_setup_teardown(test_gid_change_refreshes_address, setup_default, teardown),
+        cmocka_unit_test_setup_teardown(test_two_engines_create_qps_concurrently, setup_default,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_gpu_pages_no_inline_no_cpu_flush_before_done,
+                                        setup_default, teardown),
+        cmocka_unit_test_setup_teardown(test_gpu_two_regions_one_write, setup_default, teardown),
+        cmocka_unit_test_setup_teardown(test_gpu_registration_paths, setup_default, teardown),
+        cmocka_unit_test_teardown(test_gpu_memory_uses_near_nics, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,10 +3,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "common/list.h"
@@ -14,7 +16,12 @@
 #define VM_MAX_DEVS    8
 #define VM_MAX_INLINE  256
 #define VM_MAX_SGE     32
-#define VM_GID_TBL_LEN 1
+#define VM_GID_TBL_LEN 4 /* RoCE; InfiniBand ports have 1 */
+#define VM_MAX_DEVMEM  16
+#define VM_MAX_EXPORTS 64
+
+/* QP creation / modification may come from two threads (two transports); see the header. */
+static pthread_mutex_t vm_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Every model object is on one list so vm_reset frees it and vm_live_objects counts it. */
 typedef enum { K_DEVLIST, K_CTX, K_PD, K_MR, K_CHAN, K_CQ, K_QP } vm_kind_t;
@@ -27,9 +34,18 @@ typedef struct vm_hdr {
 } vm_hdr_t;
 
 typedef struct {
+    union ibv_gid gid;
+    uint32_t type; /* IBV_GID_TYPE_* */
+    uint32_t ndev;
+} vm_gid_t;
+
+typedef struct {
     struct ibv_device ibdev;
     vm_dev_cfg_t cfg;
-    enum ibv_port_state port_state;
+    enum ibv_port_state port_state[2];
+    uint16_t lid[2];
+    vm_gid_t gids[2][VM_GID_TBL_LEN];
+    int fatal; /* completes nothing, modify/destroy fail with EIO */
 } vm_dev_t;
 
 typedef struct vm_ctx {
@@ -86,6 +102,7 @@ struct vm_cq {
     int armed;
     uint64_t events_gotten, events_acked;
     int qps;
+    int broken; /* overflowed / CQ error: nothing is polled from it anymore */
 };
 
 typedef struct vm_wr {
@@ -98,6 +115,7 @@ typedef struct vm_wr {
     struct ibv_sge sge[VM_MAX_SGE];
     uint64_t remote_addr;
     uint32_t rkey;
+    enum ibv_wr_opcode opcode;
     int is_inline;
     uint8_t inline_data[VM_MAX_INLINE];
     uint32_t inline_len;
@@ -120,7 +138,20 @@ struct vm_qp {
 typedef struct {
     uintptr_t addr;
     size_t len;
+    vm_qp_t *qp;   /* the writer */
+    int unflushed; /* device memory, no completed read on its QP since */
 } vm_landing_t;
+
+typedef struct {
+    uint8_t *base;
+    size_t size, maplen;
+} vm_devmem_t;
+
+typedef struct {
+    int fd;
+    uintptr_t base;
+    size_t size;
+} vm_export_t;
 
 static struct {
     vm_dev_t devs[VM_MAX_DEVS];
@@ -146,6 +177,11 @@ static struct {
     int nmrs, capmrs;
     vm_landing_t *landings;
     size_t nlandings, caplandings;
+    vm_devmem_t devmem[VM_MAX_DEVMEM];
+    vm_export_t exports[VM_MAX_EXPORTS];
+    int nexports;
+    int peermem;
+    int fork_inits;
 } M = {.vis_count = -1, .next_qpn = 0x1000, .next_key = 0x100};
 
 static void misuse(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -230,6 +266,57 @@ void vm_dev_cfg_default(vm_dev_cfg_t *cfg, int index)
     cfg->max_qp_wr = 32768;
     cfg->max_sge = 30;
     cfg->max_cqe = 1 << 22;
+    cfg->subnet = index;
+    cfg->max_inline = VM_MAX_INLINE;
+    cfg->max_msg_sz = 1u << 30;
+}
+
+/* Builds a port's GID table the way a ConnectX port shows it. */
+static void gid_table(vm_dev_t *d, int dev, int port)
+{
+    vm_gid_t *t = d->gids[port];
+    memset(t, 0, sizeof(d->gids[port]));
+    if (d->cfg.link_layer != IBV_LINK_LAYER_ETHERNET) {
+        /* subnet prefix fe80::/64 + port GUID */
+        t[0].gid.raw[0] = 0xfe;
+        t[0].gid.raw[1] = 0x80;
+        t[0].gid.raw[8] = 0x02;
+        t[0].gid.raw[14] = (uint8_t)dev;
+        t[0].gid.raw[15] = (uint8_t)(port + 1);
+        t[0].type = IBV_GID_TYPE_IB;
+        return;
+    }
+    /* fe80::<EUI-64 of the MAC>, once as v1 and once as v2, then the IP address twice */
+    for (int i = 0; i < 2; i++) {
+        t[i].gid.raw[0] = 0xfe;
+        t[i].gid.raw[1] = 0x80;
+        t[i].gid.raw[8] = 0x02;
+        t[i].gid.raw[11] = 0xff;
+        t[i].gid.raw[12] = 0xfe;
+        t[i].gid.raw[14] = (uint8_t)dev;
+        t[i].gid.raw[15] = (uint8_t)(port + 1);
+        memcpy(t[i + 2].gid.raw, d->cfg.gid, 16);
+        if (port == 1)
+            t[i + 2].gid.raw[14] = 1; /* port 2 has its own address */
+    }
+    t[0].type = t[2].type = IBV_GID_TYPE_ROCE_V1;
+    t[1].type = t[3].type = IBV_GID_TYPE_ROCE_V2;
+    for (int i = 0; i < 4; i++)
+        t[i].ndev = (uint32_t)(10 + dev * 2 + port);
+}
+
+static int gid_tbl_len(const vm_dev_t *d)
+{
+    return d->cfg.link_layer == IBV_LINK_LAYER_ETHERNET ? VM_GID_TBL_LEN : 1;
+}
+
+static const vm_gid_t *gid_at(const vm_dev_t *d, int port, int index)
+{
+    if (port < 1 || port > d->cfg.nports || index < 0 || index >= gid_tbl_len(d))
+        return NULL;
+    const vm_gid_t *g = &d->gids[port - 1][index];
+    static const uint8_t zero[16];
+    return memcmp(g->gid.raw, zero, 16) ? g : NULL;
 }
 
 void vm_reset(void)
@@ -269,6 +356,12 @@ void vm_reset(void)
     free(M.qps);
     free(M.mrs);
     free(M.landings);
+    for (int i = 0; i < VM_MAX_DEVMEM; i++)
+        if (M.devmem[i].base)
+            munmap(M.devmem[i].base, M.devmem[i].maplen);
+    for (int i = 0; i < M.nexports; i++)
+        if (M.exports[i].fd >= 0)
+            close(M.exports[i].fd);
     memset(&M, 0, sizeof(M));
     M.vis_count = -1;
     M.next_qpn = 0x1000;
@@ -282,7 +375,12 @@ int vm_add_device(const vm_dev_cfg_t *cfg)
     vm_dev_t *d = &M.devs[M.ndevs];
     memset(d, 0, sizeof(*d));
     d->cfg = *cfg;
-    d->port_state = cfg->port_state;
+    d->port_state[0] = cfg->port_state;
+    d->port_state[1] = cfg->port2_state ? cfg->port2_state : IBV_PORT_ACTIVE;
+    d->lid[0] = cfg->lid;
+    d->lid[1] = (uint16_t)(cfg->lid + 0x100);
+    gid_table(d, M.ndevs, 0);
+    gid_table(d, M.ndevs, 1);
     d->ibdev.node_type = IBV_NODE_CA;
     d->ibdev.transport_type = IBV_TRANSPORT_IB;
     snprintf(d->ibdev.name, sizeof(d->ibdev.name), "%s", cfg->name);
@@ -329,6 +427,115 @@ static int dev_index(struct ibv_device *d)
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* device memory                                                                              */
+
+static vm_devmem_t *devmem_of(uintptr_t a, size_t len)
+{
+    for (int i = 0; i < VM_MAX_DEVMEM; i++) {
+        vm_devmem_t *m = &M.devmem[i];
+        if (m->base && a >= (uintptr_t)m->base && a < (uintptr_t)m->base + m->maplen) {
+            if (len && a + len > (uintptr_t)m->base + m->size)
+                return NULL;
+            return m;
+        }
+    }
+    return NULL;
+}
+
+void *vm_devmem_alloc(size_t size)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t maplen = (size + (size_t)pg - 1) & ~((size_t)pg - 1);
+    for (int i = 0; i < VM_MAX_DEVMEM; i++) {
+        if (M.devmem[i].base)
+            continue;
+        void *p = mmap(NULL, maplen, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            return NULL;
+        M.devmem[i].base = p;
+        M.devmem[i].size = size;
+        M.devmem[i].maplen = maplen;
+        return p;
+    }
+    return NULL;
+}
+
+void vm_devmem_free(void *p)
+{
+    for (int i = 0; i < VM_MAX_DEVMEM; i++) {
+        if (M.devmem[i].base == p) {
+            munmap(p, M.devmem[i].maplen);
+            memset(&M.devmem[i], 0, sizeof(M.devmem[i]));
+            return;
+        }
+    }
+    misuse("vm_devmem_free of unknown memory");
+}
+
+int vm_devmem_range(const void *p, void **base_p, size_t *size_p)
+{
+    vm_devmem_t *m = devmem_of((uintptr_t)p, 0);
+    if (!m || (uintptr_t)p >= (uintptr_t)m->base + m->size)
+        return 0;
+    *base_p = m->base;
+    *size_p = m->size;
+    return 1;
+}
+
+int vm_devmem_export(const void *base, size_t size)
+{
+    vm_devmem_t *m = devmem_of((uintptr_t)base, size);
+    if (!m || size == 0 || M.nexports == VM_MAX_EXPORTS)
+        return -1;
+    int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    M.exports[M.nexports].fd = fd;
+    M.exports[M.nexports].base = (uintptr_t)base;
+    M.exports[M.nexports].size = size;
+    M.nexports++;
+    return fd;
+}
+
+/* The DMA path: the only way into device memory. */
+static void dma_copy(void *dst, const void *src, size_t len)
+{
+    vm_devmem_t *d = devmem_of((uintptr_t)dst, 0), *s = devmem_of((uintptr_t)src, 0);
+    if (d)
+        mprotect(d->base, d->maplen, PROT_READ | PROT_WRITE);
+    if (s && s != d)
+        mprotect(s->base, s->maplen, PROT_READ | PROT_WRITE);
+    memmove(dst, src, len);
+    if (d)
+        mprotect(d->base, d->maplen, PROT_NONE);
+    if (s && s != d)
+        mprotect(s->base, s->maplen, PROT_NONE);
+}
+
+void vm_devmem_write(void *dst, const void *src, size_t len)
+{
+    dma_copy(dst, src, len);
+}
+
+void vm_devmem_read(void *dst, const void *src, size_t len)
+{
+    dma_copy(dst, src, len);
+}
+
+int vm_devmem_unflushed(void)
+{
+    int n = 0;
+    for (size_t i = 0; i < M.nlandings; i++)
+        n += M.landings[i].unflushed;
+    return n;
+}
+
+void vm_set_peermem(int on)
+{
+    M.peermem = on;
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* completions and events                                                                     */
 
 static void chan_push(vm_chan_t *ch, vm_cq_t *cq)
@@ -353,9 +560,12 @@ static void cq_push(vm_cq_t *cq, vm_qp_t *qp, uint64_t seq, uint64_t wr_id, enum
         misuse("completion for a destroyed CQ");
         return;
     }
+    if (cq->broken || M.devs[cq->vctx->dev].fatal)
+        return; /* lost: nothing completes on a broken CQ or a dead device */
     if (cq->count == cq->cap) {
         M.st.cq_overflows++;
         misuse("CQ overflow (cqe=%d)", cq->cap);
+        cq->broken = 1;
         struct ibv_async_event ev = {.event_type = IBV_EVENT_CQ_ERR};
         ev.element.cq = &cq->cq;
         async_push(cq->vctx, ev);
@@ -571,16 +781,53 @@ int __wrap_ibv_query_port(struct ibv_context *ctx, uint8_t port, struct _compat_
     /* the caller's object is a full struct ibv_port_attr (see ___ibv_query_port) */
     struct ibv_port_attr *a = (struct ibv_port_attr *)out;
     memset(a, 0, sizeof(*a));
-    a->state = d->port_state;
+    a->state = d->port_state[port - 1];
     a->max_mtu = d->cfg.max_mtu;
     a->active_mtu = d->cfg.active_mtu;
-    a->gid_tbl_len = VM_GID_TBL_LEN;
-    a->max_msg_sz = 1u << 31;
+    a->gid_tbl_len = gid_tbl_len(d);
+    a->max_msg_sz = d->cfg.max_msg_sz;
     a->pkey_tbl_len = 1;
-    a->lid = d->cfg.lid;
+    a->lid = d->lid[port - 1];
     a->link_layer = d->cfg.link_layer;
-    a->phys_state = d->port_state == IBV_PORT_ACTIVE ? 5 : 3;
+    a->phys_state = a->state == IBV_PORT_ACTIVE ? 5 : 3;
     return 0;
+}
+
+int __wrap__ibv_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index,
+                             struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size)
+{
+    vm_ctx_t *c = container_of(ctx, vm_ctx_t, ctx);
+    int err = fault(VM_OP_QUERY_GID);
+    if (err)
+        return err;
+    if (flags || entry_size < sizeof(*entry)) {
+        misuse("ibv_query_gid_ex with flags %u / entry size %zu", flags, entry_size);
+        return EINVAL;
+    }
+    const vm_dev_t *d = &M.devs[c->dev];
+    if (port < 1 || port > d->cfg.nports || index >= (uint32_t)gid_tbl_len(d))
+        return EINVAL;
+    const vm_gid_t *g = gid_at(d, (int)port, (int)index);
+    if (!g)
+        return ENODATA; /* an empty slot */
+    memset(entry, 0, sizeof(*entry));
+    entry->gid = g->gid;
+    entry->gid_index = index;
+    entry->port_num = port;
+    entry->gid_type = g->type;
+    entry->ndev_ifindex = g->ndev;
+    return 0;
+}
+
+int __wrap_ibv_fork_init(void)
+{
+    M.fork_inits++;
+    return 0;
+}
+
+int vm_fork_inits(void)
+{
+    return M.fork_inits;
 }
 
 int __wrap_ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid)
@@ -592,11 +839,15 @@ int __wrap_ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union
         return -1;
     }
     const vm_dev_t *d = &M.devs[c->dev];
-    if (port < 1 || port > d->cfg.nports || index < 0 || index >= VM_GID_TBL_LEN) {
+    if (port < 1 || port > d->cfg.nports || index < 0 || index >= gid_tbl_len(d)) {
         errno = EINVAL;
         return -1;
     }
-    memcpy(gid->raw, d->cfg.gid, 16);
+    const vm_gid_t *g = gid_at(d, port, index);
+    if (g)
+        memcpy(gid->raw, g->gid.raw, 16);
+    else
+        memset(gid->raw, 0, 16); /* ibv_query_gid reports an empty slot as zeros */
     return 0;
 }
 
@@ -700,6 +951,9 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, unsig
     if (!err && (access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
         !(access & IBV_ACCESS_LOCAL_WRITE))
         err = EINVAL;
+    /* device memory by pointer pins through nvidia-peermem only; else get_user_pages fails */
+    if (!err && op == VM_OP_REG_MR && devmem_of((uintptr_t)addr, 0) && !M.peermem)
+        err = EFAULT;
     if (err) {
         errno = err;
         return NULL;
@@ -745,11 +999,22 @@ struct ibv_mr *__wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len
 struct ibv_mr *__wrap_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
                                         uint64_t iova, int fd, int access)
 {
-    /* no device memory here: model it as host memory at iova */
-    if (fd < 0) {
+    /* the dma-buf is an exported device range; WRs address it by iova */
+    vm_export_t *x = NULL;
+    for (int i = 0; i < M.nexports; i++)
+        if (M.exports[i].fd == fd)
+            x = &M.exports[i];
+    if (!x) {
         errno = EBADF;
         return NULL;
     }
+    if (offset + length > x->size || offset + length < offset) {
+        errno = EINVAL;
+        return NULL;
+    }
+    if (iova != x->base + offset)
+        misuse("reg_dmabuf_mr iova 0x%llx != export base + offset (not modelled)",
+               (unsigned long long)iova);
     return reg_mr(pd, (void *)(uintptr_t)iova, length, (unsigned int)access, VM_OP_REG_DMABUF_MR);
 }
 
@@ -877,7 +1142,7 @@ int __wrap_ibv_destroy_cq(struct ibv_cq *ibcq)
                 cq->chan->queue[cq->chan->headq + i] = NULL;
     }
     cq->vctx->children--;
-    return 0;
+    return M.devs[cq->vctx->dev].fatal ? EIO : 0;
 }
 
 int __wrap_ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq_p, void **ctx_p)
@@ -932,6 +1197,8 @@ static int vm_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
         misuse("poll_cq on a destroyed CQ");
         return -1;
     }
+    if (cq->broken || M.devs[cq->vctx->dev].fatal)
+        return 0;
     int i = 0;
     while (i < n && cq->count) {
         vm_cqe_t *e = &cq->ring[cq->head];
@@ -948,7 +1215,27 @@ static int vm_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 /* ---------------------------------------------------------------------------------------- */
 /* QP                                                                                         */
 
+static struct ibv_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia);
+
 struct ibv_qp *__wrap_ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia)
+{
+    pthread_mutex_lock(&vm_lock);
+    struct ibv_qp *qp = create_qp(pd, ia);
+    int e = errno;
+    pthread_mutex_unlock(&vm_lock);
+    errno = e;
+    return qp;
+}
+
+static uint32_t round_pow2(uint32_t v)
+{
+    uint32_t r = 1;
+    while (r < v)
+        r <<= 1;
+    return r;
+}
+
+static struct ibv_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia)
 {
     vm_pd_t *p = container_of(pd, vm_pd_t, pd);
     const vm_dev_cfg_t *cfg = &M.devs[p->vctx->dev].cfg;
@@ -964,11 +1251,23 @@ struct ibv_qp *__wrap_ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *
         (ia->cap.max_send_wr < 1 || ia->cap.max_send_wr > (uint32_t)cfg->max_qp_wr ||
          ia->cap.max_recv_wr > (uint32_t)cfg->max_qp_wr ||
          ia->cap.max_send_sge > (uint32_t)cfg->max_sge || ia->cap.max_send_sge > VM_MAX_SGE ||
-         ia->cap.max_recv_sge > (uint32_t)cfg->max_sge || ia->cap.max_inline_data > VM_MAX_INLINE))
+         ia->cap.max_recv_sge > (uint32_t)cfg->max_sge ||
+         ia->cap.max_inline_data > (uint32_t)cfg->max_inline))
         err = EINVAL;
+    if (!err && M.devs[p->vctx->dev].fatal)
+        err = EIO;
     if (err) {
         errno = err;
         return NULL;
+    }
+    /* like a provider: capacities rounded up and written back (never below what was asked) */
+    ia->cap.max_send_wr = round_pow2(ia->cap.max_send_wr);
+    if ((int)ia->cap.max_send_wr > cfg->max_qp_wr)
+        ia->cap.max_send_wr = (uint32_t)cfg->max_qp_wr;
+    if (ia->cap.max_inline_data) {
+        ia->cap.max_inline_data = (ia->cap.max_inline_data + 31) & ~31u;
+        if (ia->cap.max_inline_data > (uint32_t)cfg->max_inline)
+            ia->cap.max_inline_data = (uint32_t)cfg->max_inline;
     }
     vm_qp_t *qp = OBJ_NEW(vm_qp_t, K_QP);
     qp->vctx = p->vctx;
@@ -1049,7 +1348,17 @@ static int transition_ok(enum ibv_qp_state cur, enum ibv_qp_state next, int mask
     return 1;
 }
 
+static int modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask);
+
 int __wrap_ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
+{
+    pthread_mutex_lock(&vm_lock);
+    int rc = modify_qp(ibqp, a, mask);
+    pthread_mutex_unlock(&vm_lock);
+    return rc;
+}
+
+static int modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
 {
     vm_qp_t *qp = container_of(ibqp, vm_qp_t, qp);
     if (!qp->hdr.live) {
@@ -1060,6 +1369,8 @@ int __wrap_ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
     if (err)
         return err;
     const vm_dev_t *d = &M.devs[qp->vctx->dev];
+    if (d->fatal)
+        return EIO;
     enum ibv_qp_state cur = qp->info.state;
     if ((mask & IBV_QP_CUR_STATE) && a->cur_qp_state != cur)
         return EINVAL;
@@ -1084,7 +1395,10 @@ int __wrap_ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
     if (mask & IBV_QP_AV) {
         if (d->cfg.link_layer == IBV_LINK_LAYER_ETHERNET && !a->ah_attr.is_global)
             return EINVAL; /* RoCE needs the GRH */
-        if (a->ah_attr.is_global && a->ah_attr.grh.sgid_index >= VM_GID_TBL_LEN)
+        if (a->ah_attr.is_global &&
+            !gid_at(d, qp->info.port_num ? qp->info.port_num : 1, a->ah_attr.grh.sgid_index))
+            return EINVAL;
+        if (a->ah_attr.sl > 15)
             return EINVAL;
         if (a->ah_attr.port_num && a->ah_attr.port_num != qp->info.port_num)
             return EINVAL;
@@ -1130,6 +1444,8 @@ int __wrap_ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
         memcpy(qp->info.dgid, a->ah_attr.grh.dgid.raw, 16);
         qp->info.sgid_index = a->ah_attr.grh.sgid_index;
         qp->info.hop_limit = a->ah_attr.grh.hop_limit;
+        qp->info.traffic_class = a->ah_attr.grh.traffic_class;
+        qp->info.sl = a->ah_attr.sl;
         qp->info.dlid = a->ah_attr.dlid;
     }
     if (mask & IBV_QP_TIMEOUT)
@@ -1164,17 +1480,32 @@ int __wrap_ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
     return 0;
 }
 
+static int destroy_qp(struct ibv_qp *ibqp);
+
 int __wrap_ibv_destroy_qp(struct ibv_qp *ibqp)
+{
+    pthread_mutex_lock(&vm_lock);
+    int rc = destroy_qp(ibqp);
+    pthread_mutex_unlock(&vm_lock);
+    return rc;
+}
+
+static int destroy_qp(struct ibv_qp *ibqp)
 {
     vm_qp_t *qp = container_of(ibqp, vm_qp_t, qp);
     if (!qp->hdr.live) {
         misuse("ibv_destroy_qp twice");
         return EINVAL;
     }
-    if (qp->queued)
+    /* a dead device or a broken CQ completes nothing: destroying undrained QPs is all that is
+     * left (the kernel object goes anyway; on a dead device the call fails) */
+    int fatal = M.devs[qp->info.dev].fatal;
+    int undrainable = fatal || qp->scq->broken;
+    /* fatal: nothing will ever drain; the kernel object goes anyway and the call fails */
+    if (!undrainable && qp->queued)
         misuse("ibv_destroy_qp 0x%x with %d WRs still queued (not flushed)", qp->qp.qp_num,
                qp->queued);
-    if (qp->next_seq != qp->retired_seq)
+    if (!undrainable && qp->next_seq != qp->retired_seq)
         misuse("ibv_destroy_qp 0x%x before it was drained: %llu WRs without a polled CQE",
                qp->qp.qp_num, (unsigned long long)(qp->next_seq - qp->retired_seq));
     if (qp->events_gotten != qp->events_acked)
@@ -1195,7 +1526,7 @@ int __wrap_ibv_destroy_qp(struct ibv_qp *ibqp)
         qp->rcq->qps--;
     qp->vpd->children--;
     M.st.qps_destroyed++;
-    return 0;
+    return fatal ? EIO : 0;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1213,10 +1544,12 @@ static int vm_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
         }
         if (!err && qp->info.state != IBV_QPS_RTS && qp->info.state != IBV_QPS_ERR)
             err = EINVAL;
-        if (!err && wr->opcode != IBV_WR_RDMA_WRITE) {
+        if (!err && wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_READ) {
             misuse("post_send opcode %d is not modelled", (int)wr->opcode);
             err = EINVAL;
         }
+        if (!err && wr->opcode == IBV_WR_RDMA_READ && (wr->send_flags & IBV_SEND_INLINE))
+            err = EINVAL; /* a read has nothing to send */
         if (!err && (wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->info.cap.max_send_sge))
             err = EINVAL;
         if (!err && qp->next_seq - qp->retired_seq >= qp->info.cap.max_send_wr)
@@ -1242,6 +1575,7 @@ static int vm_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
             memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(*w->sge));
         w->remote_addr = wr->wr.rdma.remote_addr;
         w->rkey = wr->wr.rdma.rkey;
+        w->opcode = wr->opcode;
         if (wr->send_flags & IBV_SEND_INLINE) {
             /* inline data is copied at post time: the caller may reuse the buffer at once */
             w->is_inline = 1;
@@ -1258,6 +1592,10 @@ static int vm_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
         uint64_t out = qp->next_seq - qp->retired_seq;
         if (out > M.st.max_outstanding)
             M.st.max_outstanding = out;
+        if (M.devs[qp->info.dev].fatal) {
+            free(w); /* a dead device: accepted, never executed, never completed */
+            continue;
+        }
         if (qp->info.state == IBV_QPS_ERR) {
             cq_push(qp->scq, qp, w->seq, w->wr_id, IBV_WC_WR_FLUSH_ERR);
             M.st.wrs_flushed++;
@@ -1282,7 +1620,7 @@ static int vm_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
     return err;
 }
 
-static void landing_add(uintptr_t addr, size_t len)
+static void landing_add(vm_qp_t *qp, uintptr_t addr, size_t len)
 {
     if (M.nlandings == M.caplandings) {
         size_t ncap = M.caplandings ? M.caplandings * 2 : 256;
@@ -1294,6 +1632,8 @@ static void landing_add(uintptr_t addr, size_t len)
     }
     M.landings[M.nlandings].addr = addr;
     M.landings[M.nlandings].len = len;
+    M.landings[M.nlandings].qp = qp;
+    M.landings[M.nlandings].unflushed = devmem_of(addr, 0) != NULL;
     M.nlandings++;
 }
 
@@ -1330,30 +1670,72 @@ static enum ibv_wc_status wr_execute(vm_wr_t *w)
     if (peer->info.dest_qpn != qp->qp.qp_num)
         return IBV_WC_RETRY_EXC_ERR;
     const vm_dev_t *pd = &M.devs[peer->info.dev];
-    if (qp->info.is_global && !gid_equal(qp->info.dgid, pd->cfg.gid))
+    const vm_dev_t *ld = &M.devs[qp->info.dev];
+    int pport = peer->info.port_num ? peer->info.port_num : 1;
+    int lport = qp->info.port_num ? qp->info.port_num : 1;
+    if (pd->fatal)
         return IBV_WC_RETRY_EXC_ERR;
-    if (!qp->info.is_global && qp->info.dlid != pd->cfg.lid)
+    if (qp->info.is_global) {
+        /* the GRH: source entry, destination entry of the same type, routable between them */
+        const vm_gid_t *src = gid_at(ld, lport, qp->info.sgid_index), *dst = NULL;
+        for (int i = 0; i < gid_tbl_len(pd) && !dst; i++) {
+            const vm_gid_t *g = gid_at(pd, pport, i);
+            if (g && gid_equal(g->gid.raw, qp->info.dgid) && (!src || g->type == src->type))
+                dst = g;
+        }
+        if (!src || !dst)
+            return IBV_WC_RETRY_EXC_ERR;
+        if (ld->cfg.subnet != pd->cfg.subnet &&
+            (src->type != IBV_GID_TYPE_ROCE_V2 || src->gid.raw[0] == 0xfe ||
+             dst->gid.raw[0] == 0xfe))
+            return IBV_WC_RETRY_EXC_ERR; /* v1 and link-local stay inside layer 2 */
+    } else if (qp->info.dlid != pd->lid[pport - 1] || ld->cfg.subnet != pd->cfg.subnet) {
         return IBV_WC_RETRY_EXC_ERR;
+    }
     if (qp->info.path_mtu > pd->cfg.active_mtu)
         return IBV_WC_RETRY_EXC_ERR; /* packets larger than the peer's MTU are dropped */
     if (qp->info.sq_psn != peer->info.rq_psn)
         return IBV_WC_RETRY_EXC_ERR; /* every packet NAKed as out of sequence */
-    if (pd->port_state != IBV_PORT_ACTIVE || M.devs[qp->info.dev].port_state != IBV_PORT_ACTIVE)
+    if (pd->port_state[pport - 1] != IBV_PORT_ACTIVE ||
+        ld->port_state[lport - 1] != IBV_PORT_ACTIVE)
         return IBV_WC_RETRY_EXC_ERR;
-    if (!(peer->info.access_flags & IBV_ACCESS_REMOTE_WRITE))
+    unsigned need =
+        w->opcode == IBV_WR_RDMA_READ ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
+    if (!(peer->info.access_flags & need))
         return IBV_WC_REM_ACCESS_ERR;
     vm_mr_t *rm = mr_find(peer->info.dev, peer->vpd, w->rkey, 1);
-    if (!rm || !(rm->info.access & IBV_ACCESS_REMOTE_WRITE) ||
-        w->remote_addr < (uintptr_t)rm->mr.addr ||
+    if (!rm || !(rm->info.access & need) || w->remote_addr < (uintptr_t)rm->mr.addr ||
         w->remote_addr + total > (uintptr_t)rm->mr.addr + rm->mr.length)
         return IBV_WC_REM_ACCESS_ERR;
 
+    if (w->opcode == IBV_WR_RDMA_READ) {
+        /* the response returns after every earlier write of this QP reached memory */
+        const uint8_t *src = (const uint8_t *)(uintptr_t)w->remote_addr;
+        for (int i = 0; i < w->num_sge; i++) {
+            vm_mr_t *lm = mr_find(qp->info.dev, qp->vpd, w->sge[i].lkey, 0);
+            if (!(lm->info.access & IBV_ACCESS_LOCAL_WRITE))
+                return IBV_WC_LOC_PROT_ERR;
+            dma_copy((void *)(uintptr_t)w->sge[i].addr, src, w->sge[i].length);
+            src += w->sge[i].length;
+        }
+        /* it flushes this QP's earlier writes into the memory it read from (one GPU's BAR):
+         * writes into another allocation are not ordered by it */
+        vm_devmem_t *target = devmem_of(w->remote_addr, 0);
+        for (size_t i = 0; i < M.nlandings; i++)
+            if (M.landings[i].qp == qp && devmem_of(M.landings[i].addr, 0) == target)
+                M.landings[i].unflushed = 0;
+        qp->info.wrs_run++;
+        M.st.wrs_run++;
+        M.st.reads_run++;
+        return IBV_WC_SUCCESS;
+    }
+
     uint8_t *dst = (uint8_t *)(uintptr_t)w->remote_addr;
     if (w->is_inline) {
-        memmove(dst, w->inline_data, w->inline_len);
+        dma_copy(dst, w->inline_data, w->inline_len);
     } else {
         for (int i = 0; i < w->num_sge; i++) {
-            memmove(dst, (void *)(uintptr_t)w->sge[i].addr, w->sge[i].length);
+            dma_copy(dst, (void *)(uintptr_t)w->sge[i].addr, w->sge[i].length);
             dst += w->sge[i].length;
         }
     }
@@ -1366,7 +1748,7 @@ static enum ibv_wc_status wr_execute(vm_wr_t *w)
     if (total > M.st.max_wr_bytes)
         M.st.max_wr_bytes = total;
     if (total)
-        landing_add((uintptr_t)w->remote_addr, (size_t)total);
+        landing_add(qp, (uintptr_t)w->remote_addr, (size_t)total);
     return IBV_WC_SUCCESS;
 }
 
@@ -1438,20 +1820,9 @@ int vm_inject_qp_fatal(uint32_t qpn)
     return 0;
 }
 
-static int inject_dev_event(int dev, enum ibv_event_type type)
+static int push_dev_event(int dev, enum ibv_event_type type, int port)
 {
-    if (dev < 0 || dev >= M.ndevs)
-        return -1;
-    if (type == IBV_EVENT_PORT_ERR)
-        M.devs[dev].port_state = IBV_PORT_DOWN;
     int n = 0;
-    for (vm_hdr_t *h = M.all; h; h = h->next_all) {
-        if (h->kind == K_QP && h->live && type == IBV_EVENT_DEVICE_FATAL) {
-            vm_qp_t *qp = h->base;
-            if (qp->info.dev == dev)
-                qp_to_err(qp);
-        }
-    }
     for (vm_hdr_t *h = M.all; h; h = h->next_all) {
         if (h->kind != K_CTX || !h->live)
             continue;
@@ -1459,21 +1830,90 @@ static int inject_dev_event(int dev, enum ibv_event_type type)
         if (c->dev != dev)
             continue;
         struct ibv_async_event ev = {.event_type = type};
-        ev.element.port_num = 1;
+        ev.element.port_num = port;
         async_push(c, ev);
         n++;
     }
     return n;
 }
 
+int vm_inject_port_event(int dev, int port, enum ibv_event_type type)
+{
+    if (dev < 0 || dev >= M.ndevs || port < 1 || port > M.devs[dev].cfg.nports)
+        return -1;
+    if (type == IBV_EVENT_PORT_ERR)
+        M.devs[dev].port_state[port - 1] = IBV_PORT_DOWN;
+    else if (type == IBV_EVENT_PORT_ACTIVE)
+        M.devs[dev].port_state[port - 1] = IBV_PORT_ACTIVE;
+    return push_dev_event(dev, type, port);
+}
+
 int vm_inject_port_err(int dev)
 {
-    return inject_dev_event(dev, IBV_EVENT_PORT_ERR);
+    return vm_inject_port_event(dev, 1, IBV_EVENT_PORT_ERR);
+}
+
+int vm_set_device_fatal(int dev, int event)
+{
+    if (dev < 0 || dev >= M.ndevs)
+        return -1;
+    M.devs[dev].fatal = 1;
+    /* queued work vanishes: no completion, no flush */
+    vm_wr_t *w = M.wr_head;
+    while (w) {
+        vm_wr_t *n = w->next;
+        if (w->qp->info.dev == dev) {
+            wr_unlink(w);
+            free(w);
+        }
+        w = n;
+    }
+    for (vm_hdr_t *h = M.all; h; h = h->next_all) {
+        if (h->kind == K_CQ && h->live && ((vm_cq_t *)h->base)->vctx->dev == dev) {
+            vm_cq_t *cq = h->base;
+            cq->count = 0; /* what was not polled yet is lost with the device */
+        } else if (h->kind == K_QP && h->live && ((vm_qp_t *)h->base)->info.dev == dev) {
+            qp_set_state(h->base, IBV_QPS_ERR);
+        }
+    }
+    return event ? push_dev_event(dev, IBV_EVENT_DEVICE_FATAL, 0) : 0;
 }
 
 int vm_inject_device_fatal(int dev)
 {
-    return inject_dev_event(dev, IBV_EVENT_DEVICE_FATAL);
+    return vm_set_device_fatal(dev, 1);
+}
+
+int vm_inject_cq_err(int dev)
+{
+    if (dev < 0 || dev >= M.ndevs)
+        return -1;
+    int n = 0;
+    for (vm_hdr_t *h = M.all; h; h = h->next_all) {
+        if (h->kind != K_CQ || !h->live)
+            continue;
+        vm_cq_t *cq = h->base;
+        if (cq->vctx->dev != dev)
+            continue;
+        cq->broken = 1;
+        cq->count = 0;
+        struct ibv_async_event ev = {.event_type = IBV_EVENT_CQ_ERR};
+        ev.element.cq = &cq->cq;
+        async_push(cq->vctx, ev);
+        n++;
+    }
+    return n;
+}
+
+void vm_set_port_ipv4(int dev, int port, const uint8_t ip[4])
+{
+    if (dev < 0 || dev >= M.ndevs || port < 1 || port > 2)
+        return;
+    vm_gid_t *t = M.devs[dev].gids[port - 1];
+    for (int i = 2; i < 4; i++)
+        memcpy(&t[i].gid.raw[12], ip, 4);
+    if (port == 1)
+        memcpy(&M.devs[dev].cfg.gid[12], ip, 4);
 }
 
 void vm_stats(vm_stats_t *s)

@@ -31,13 +31,31 @@
  *    access (else IBV_WC_REM_ACCESS_ERR). Success copies the bytes into the remote memory.
  *  - errors move the QP to ERR; every WR still queued on a QP in ERR completes with
  *    IBV_WC_WR_FLUSH_ERR (signalled or not), and never lands.
- *  - CQ capacity (overflow counted, plus an IBV_EVENT_CQ_ERR async event), completion events
- *    only when the CQ was armed, destroy of busy objects (EBUSY), un-acked events.
+ *  - CQ capacity (overflow counted, plus an IBV_EVENT_CQ_ERR async event, and the CQ is
+ *    unusable from then on: nothing more is ever polled from it), completion events only when
+ *    the CQ was armed, destroy of busy objects (EBUSY), un-acked events.
+ *  - A ConnectX-shaped GID table per port (RoCE): index 0 v1 link-local, 1 v2 link-local,
+ *    2 v1 IPv4-mapped, 3 v2 IPv4-mapped (cfg.gid), each with a netdev; InfiniBand: one entry.
+ *    Every device sits in its own IP subnet unless cfg.subnet says otherwise, and a packet
+ *    crosses subnets only v2 to v2 with routable (not link-local) GIDs: anything else ends in
+ *    IBV_WC_RETRY_EXC_ERR, as across a routed RoCE fabric. ibv_query_gid_ex is wrapped.
+ *  - Fatal devices (vm_inject_device_fatal): no completion of any kind, flushes included;
+ *    modify_qp / destroy_* return EIO (the object is released anyway, as the kernel does).
+ *  - Device memory (vm_devmem_alloc): PROT_NONE pages the CPU cannot touch. Only the model's
+ *    DMA path (executing WRs, vm_devmem_read/write) reaches them, so an inline send or a CPU
+ *    copy from "GPU" memory crashes the test. Every WR landing in device memory counts as
+ *    unflushed until an RDMA READ on the same QP from the same allocation completes after it
+ *    (vm_devmem_unflushed).
+ *  - QP capacities are written back rounded up (max_send_wr to a power of two, inline data to
+ *    a multiple of 32), and the device refuses inline data or SGEs beyond its limits.
+ *  - Two ports per device when cfg.nports is 2; port events carry their port number.
  *
  * Timing: WRs are queued at post time and run only when the test calls vm_step()/vm_run()
  * (or at once with vm_set_auto_execute(1)), so a test decides exactly what has landed when.
  *
- * Threading: single-threaded, like the tests; nothing here is locked.
+ * Threading: single-threaded like the tests, except that QP creation, modification and
+ * destruction (ibv_create_qp / ibv_modify_qp / ibv_destroy_qp) take one model lock so that
+ * two transports may create QPs from two threads at once.
  */
 
 #include <infiniband/verbs.h>
@@ -46,10 +64,14 @@
 
 typedef struct {
     char name[32];
-    uint8_t nports;          /* 0: a device that has no ports */
-    enum ibv_mtu active_mtu; /* port 1 */
+    uint8_t nports;          /* 0: a device that has no ports; at most 2 */
+    enum ibv_mtu active_mtu; /* every port */
     enum ibv_mtu max_mtu;
-    enum ibv_port_state port_state;
+    enum ibv_port_state port_state;  /* port 1 */
+    enum ibv_port_state port2_state; /* port 2 (0: ACTIVE) */
+    int subnet;                      /* devices with equal subnets share layer 2 (default: index) */
+    int max_inline;                  /* inline data the device takes (default 256; 0: none) */
+    uint32_t max_msg_sz;             /* port max message (default 1 GiB) */
     uint8_t link_layer; /* IBV_LINK_LAYER_ETHERNET (RoCE: GRH required) or _INFINIBAND */
     uint16_t lid;
     uint8_t gid[16];
@@ -114,15 +136,44 @@ void vm_fail_op(vm_op_t op, int nth, int err);
 void vm_fail_wr(int nth, enum ibv_wc_status status);
 /* QP → ERR (its queued WRs flush) and IBV_EVENT_QP_FATAL on its context. */
 int vm_inject_qp_fatal(uint32_t qpn);
-/* IBV_EVENT_PORT_ERR / IBV_EVENT_DEVICE_FATAL on every open context of device dev. */
+/* IBV_EVENT_PORT_ERR / IBV_EVENT_DEVICE_FATAL on every open context of device dev (port 1). */
 int vm_inject_port_err(int dev);
 int vm_inject_device_fatal(int dev);
+/* A port event (PORT_ERR: port down, PORT_ACTIVE: up, LID_CHANGE, GID_CHANGE) for one port
+ * of dev, on every open context of dev. Returns the number of contexts told. */
+int vm_inject_port_event(int dev, int port, enum ibv_event_type type);
+/* The device stops completing anything, with (event 1) or without (0) DEVICE_FATAL. */
+int vm_set_device_fatal(int dev, int event);
+/* Every CQ of dev becomes unusable (as after an overflow) and IBV_EVENT_CQ_ERR is raised. */
+int vm_inject_cq_err(int dev);
+/* Changes the IPv4 address of dev's port (GID entries 2 and 3); raise GID_CHANGE yourself. */
+void vm_set_port_ipv4(int dev, int port, const uint8_t ip[4]);
+
+/* --- device ("GPU") memory --------------------------------------------------------------- */
+
+/* size bytes of PROT_NONE memory (page-rounded mapping, exact size recorded). */
+void *vm_devmem_alloc(size_t size);
+void vm_devmem_free(void *p);
+/* The allocation containing p: base and exact size; 0 when p is not device memory. */
+int vm_devmem_range(const void *p, void **base_p, size_t *size_p);
+/* A dma-buf fd for [base, base+size) (must lie in one allocation), or -1. */
+int vm_devmem_export(const void *base, size_t size);
+/* DMA-path copies for test setup and checks. */
+void vm_devmem_write(void *dst, const void *src, size_t len);
+void vm_devmem_read(void *dst, const void *src, size_t len);
+/* WR landings in device memory not yet followed by a completed read on their QP. */
+int vm_devmem_unflushed(void);
+/* ibv_reg_mr of device memory succeeds only with nvidia-peermem loaded (default off: EFAULT). */
+void vm_set_peermem(int on);
+/* Calls to ibv_fork_init. */
+int vm_fork_inits(void);
 
 /* --- inspection ------------------------------------------------------------------------- */
 
 typedef struct {
     uint64_t wrs_posted;
-    uint64_t wrs_run;     /* landed successfully */
+    uint64_t wrs_run;     /* landed successfully (writes and reads) */
+    uint64_t reads_run;   /* RDMA READs among them */
     uint64_t wrs_failed;  /* completed with an error other than flush */
     uint64_t wrs_flushed; /* completed with IBV_WC_WR_FLUSH_ERR */
     uint64_t bytes_landed;
@@ -167,6 +218,8 @@ typedef struct {
     uint8_t dgid[16];
     uint8_t sgid_index;
     uint8_t hop_limit;
+    uint8_t traffic_class;
+    uint8_t sl;
     uint16_t dlid;
     uint8_t timeout;
     uint8_t retry_cnt;
