@@ -1230,6 +1230,39 @@ static void test_gid_v2_ipv4_chosen_and_override(void **state)
     assert_true(bytes_equal(F.dst, F.src, len));
 }
 
+/* A RoCE port that lists only v1 entries: v1 is never chosen automatically (it would fail the
+ * first WRITE across a router), so the port is skipped; pinning a v1 index uses it. */
+static void test_gid_v1_only_needs_a_pin(void **state)
+{
+    base_setup();
+    vm_dev_cfg_t c;
+    vm_dev_cfg_default(&c, 0);
+    c.roce_v1_only = 1;
+    assert_int_equal(vm_add_device(&c), 0);
+    add_devs(1, 1, IBV_MTU_4096, 0);
+    vm_set_visible(0, 2);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
+    rdma_tp_t *tp = container_of(F.pre, rdma_tp_t, base);
+    assert_int_equal(tp->ndevs, 1); /* vm_0 skipped, vm_1 (v2) kept */
+    assert_string_equal(tp->devs[0].name, "vm_1");
+    assert_int_equal(tp->devs[0].gid_index, 3);
+    ops->fini(F.pre);
+    spin();
+    F.pre = NULL;
+
+    vm_set_visible(0, 1); /* only the v1 NIC: nothing usable unless pinned */
+    assert_int_not_equal(tp_init(&F.env_pre, &F.pre), 0);
+    F.pre = NULL;
+    F.cfg.rdma_devices = "vm_0:2";
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
+    tp = container_of(F.pre, rdma_tp_t, base);
+    assert_int_equal(tp->ndevs, 1);
+    assert_int_equal(tp->devs[0].gid_index, 2);
+    assert_int_equal(tp->devs[0].gid_type, BATON__RDMA_GID_ROCE_V1);
+    F.cfg.rdma_devices = NULL;
+    vm_set_visible(0, -1);
+}
+
 /* Both sides pinned to v1 (layer 2 only) across subnets: the model fails the pairs the way a
  * routed fabric does, and the connection goes down instead of hanging. */
 static void test_gid_v1_across_subnets_fails(void **state)
@@ -2167,6 +2200,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_gid_v2_ipv4_chosen_and_override, setup_default,
                                         teardown),
         cmocka_unit_test_teardown(test_gid_v1_across_subnets_fails, teardown),
+        cmocka_unit_test_teardown(test_gid_v1_only_needs_a_pin, teardown),
         cmocka_unit_test_teardown(test_pairing_by_link_layer, teardown),
         cmocka_unit_test_teardown(test_infiniband_routes_by_lid, teardown),
         cmocka_unit_test_teardown(test_hugepages_advised_for_large_pools, teardown),

@@ -303,6 +303,10 @@ static void gid_table(vm_dev_t *d, int dev, int port)
     t[1].type = t[3].type = IBV_GID_TYPE_ROCE_V2;
     for (int i = 0; i < 4; i++)
         t[i].ndev = (uint32_t)(10 + dev * 2 + port);
+    if (d->cfg.roce_v1_only) {
+        memset(&t[1], 0, sizeof(t[1]));
+        memset(&t[3], 0, sizeof(t[3]));
+    }
 }
 
 static int gid_tbl_len(const vm_dev_t *d)

@@ -75,6 +75,8 @@ typedef struct {
     uint8_t link_layer; /* IBV_LINK_LAYER_ETHERNET (RoCE: GRH required) or _INFINIBAND */
     uint16_t lid;
     uint8_t gid[16];
+    uint8_t roce_v1_only; /* RoCE: the port lists only its v1 entries (an old kernel or an
+                           * L2-only configuration); the v2 slots stay empty */
     uint64_t max_mr_size;
     int max_qp_wr;
     int max_sge;
