@@ -16,7 +16,7 @@
 #include "baton/error.h"
 #include "baton/transfer.h"
 #include "common/log.h"
-#include "transfer/tools/xfer_pattern.h"
+#include "common/xfer_pattern.h"
 
 #define SRC_LEN (8u << 20)
 

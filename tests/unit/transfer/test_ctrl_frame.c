@@ -11,15 +11,13 @@
 #include <cmocka.h>
 
 #include "baton/error.h"
+#include "common/rand.h"
 #include "transfer/ctrl_frame.h"
 
 static uint64_t rng = 0x1234567887654321ull;
 static uint64_t rnd(void)
 {
-    rng ^= rng >> 12;
-    rng ^= rng << 25;
-    rng ^= rng >> 27;
-    return rng * 0x2545F4914F6CDD1Dull;
+    return baton_xorshift64s(&rng);
 }
 
 static double now_s(void)

@@ -22,7 +22,7 @@
 #include "baton/error.h"
 #include "baton/transfer.h"
 #include "transfer/ctrl_frame.h"
-#include "transfer/tools/xfer_pattern.h"
+#include "common/xfer_pattern.h"
 
 #define SRC_LEN  (4u << 20)
 #define POOL_LEN (64u << 20)

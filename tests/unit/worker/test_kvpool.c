@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "baton/error.h"
+#include "common/rand.h"
 #include "worker/kvpool.h"
 
 static int all_distinct(const uint32_t *a, uint32_t n, uint32_t max)
@@ -147,11 +148,11 @@ static void test_random_churn(void **state)
     int owner[SLOTS];
     for (int i = 0; i < SLOTS; i++)
         owner[i] = -1;
-    srand(7);
+    uint64_t rs = 7;
     for (int round = 0; round < 20000; round++) {
-        int k = rand() % LEASES;
+        int k = (int)(baton_xorshift64s(&rs) % LEASES);
         if (!wk_kvlease_live(&ls[k])) {
-            uint32_t n = 1 + (uint32_t)(rand() % 12), tmp[12];
+            uint32_t n = 1 + (uint32_t)(baton_xorshift64s(&rs) % 12), tmp[12];
             if (wk_kvpool_take(&p, n, tmp) != 0)
                 continue;
             assert_int_equal(wk_kvlease_init(&ls[k], tmp, n, WK_KV_HOLD_USER | WK_KV_HOLD_XFER), 0);
@@ -160,7 +161,9 @@ static void test_random_churn(void **state)
                 owner[tmp[i]] = k;
             }
         } else {
-            unsigned hold = rand() % 3 == 0 ? 0 : (rand() % 2 ? WK_KV_HOLD_USER : WK_KV_HOLD_XFER);
+            unsigned hold = baton_xorshift64s(&rs) % 3 == 0
+                                ? 0
+                                : (baton_xorshift64s(&rs) % 2 ? WK_KV_HOLD_USER : WK_KV_HOLD_XFER);
             uint32_t saved[12], n = ls[k].n;
             memcpy(saved, ls[k].slots, n * sizeof(uint32_t));
             int released;

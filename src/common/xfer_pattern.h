@@ -1,8 +1,10 @@
-/* transfer/tools/xfer_pattern.h — the deterministic KV byte pattern shared by the transfer test
- * peers: both sides derive identical source bytes from a seed, so the decode side can verify
- * every received byte without being told what was sent. */
-#ifndef BATON_TRANSFER_TOOLS_XFER_PATTERN_H
-#define BATON_TRANSFER_TOOLS_XFER_PATTERN_H
+/* common/xfer_pattern.h — the deterministic KV byte pattern shared by the transfer test peer,
+ * baton-xfer-bench and the engine tests: both sides derive identical source bytes from a seed,
+ * so the decode side can verify every received byte without being told what was sent. It lives
+ * in common (beside rand.h, reproducible test data) so that loadtest/ needs no transfer-internal
+ * header. */
+#ifndef BATON_COMMON_XFER_PATTERN_H
+#define BATON_COMMON_XFER_PATTERN_H
 
 #include <stddef.h>
 #include <stdint.h>
