@@ -2,6 +2,7 @@
 #ifndef BATON_HTTP_SERVER_H
 #define BATON_HTTP_SERVER_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
@@ -17,7 +18,11 @@
  *   1. The server reads and parses a request; the limits below are enforced with an
  *      OpenAI-style JSON error ({"error":{"message","type","param","code"}}) and the
  *      connection is closed after that error: 400 malformed HTTP, 408 header/body read timeout,
- *      413 body too large, 431 request line + headers too large, 503 connection cap.
+ *      413 body too large, 431 request line + headers too large, 503 connection cap, 503
+ *      server_busy when a body waited for the memory budget (below) past the body timeout.
+ *      When the process runs out of descriptors (EMFILE/ENFILE), the instance stops accepting
+ *      for a back-off (100 ms doubling to 1 s, as nginx does) instead of spinning on accept,
+ *      and resumes by itself.
  *   2. Once the whole request (headers and de-chunked body) is in, handler(req, ctx) is called.
  *      The request (and its path, headers and body) stays valid and owned by the server until
  *      the handler finishes it with exactly one of baton_http_respond*() or
@@ -42,10 +47,30 @@ typedef struct baton_http_limits_s {
     uint64_t body_timeout_ms;    /* longest gap between body reads; 408. Default 60 s */
     uint64_t keepalive_timeout_ms; /* idle keep-alive connection is closed. Default 75 s */
     unsigned max_connections;    /* per instance; over it → 503 and close. Default 10000 */
+    /* Request-body bytes being read plus response bytes queued to clients that the server may
+     * hold, shared by every instance given the same budget (baton_http_server_set_budget); 0 in
+     * the limits means "derive from memory" to the router and nothing to the server. */
+    size_t max_buffered_bytes;
 } baton_http_limits_t;
 
 /* Fills the defaults above. */
 void baton_http_limits_default(baton_http_limits_t *limits);
+
+/*
+ * A memory budget shared by server instances on any threads (the caller owns it; it must
+ * outlive them). Bytes of request bodies being read and response bytes queued to slow clients
+ * count against `max`; a connection whose body would go over it stops reading (back-pressure:
+ * the bytes wait in the kernel) and resumes when bytes are freed, or gets 503 server_busy when
+ * the body timeout passes first. Bodies of at most min(1 MiB, max/64) bytes may use a reserve of
+ * max/8 beyond it, so that small requests keep flowing while big ones fill the budget; one read
+ * (64 KiB) per thread may overshoot. Response bytes are always accepted (they are counted, and
+ * the proxy applies its own back-pressure on them).
+ */
+typedef struct baton_http_budget_s {
+    _Atomic size_t used; /* read with atomic_load */
+    size_t max;          /* set before use; 0 = no limit */
+    _Atomic unsigned long long waits; /* times a body had to wait (for logs and tests) */
+} baton_http_budget_t;
 
 typedef struct baton_http_server_s baton_http_server_t;
 typedef struct baton_http_req_s baton_http_req_t;
@@ -89,6 +114,9 @@ int baton_http_server_create(baton_http_server_t **srv_p, uv_loop_t *loop,
  */
 int baton_http_server_listen(baton_http_server_t *srv, const char *host, int port, int reuseport);
 int baton_http_server_port(const baton_http_server_t *srv);
+
+/* Makes this instance charge its buffered bytes to `budget` (NULL: none). Call before listen. */
+void baton_http_server_set_budget(baton_http_server_t *srv, baton_http_budget_t *budget);
 
 /* Connections open now on this instance (for metrics and tests). */
 unsigned baton_http_server_connections(const baton_http_server_t *srv);
