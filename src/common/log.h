@@ -67,7 +67,10 @@ typedef struct baton_log_limit_s {
     unsigned long long suppressed;
 } baton_log_limit_t;
 
-#define BATON_LOG_LIMIT_INIT(event_name, n) {(event_name), (n), -1, 0, 0}
+#define BATON_LOG_LIMIT_INIT(event_name, n)                                                        \
+    {                                                                                              \
+        (event_name), (n), -1, 0, 0                                                                \
+    }
 
 /* 1 when this occurrence may be logged (after writing a pending suppression summary at
  * `level`/`comp`), 0 when it is to be dropped (and counted). Thread-safe. */

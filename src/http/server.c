@@ -71,8 +71,8 @@ struct baton_http_server_s {
     llhttp_settings_t settings;
     char *rbuf;
     baton_list_t conns; /* of conn_t.link: every connection until its memory is freed */
-    unsigned n_conns; /* open, counted against max_connections */
-    unsigned n_live;  /* listener + connection structs not yet freed */
+    unsigned n_conns;   /* open, counted against max_connections */
+    unsigned n_live;    /* listener + connection structs not yet freed */
     int port;
     unsigned listening : 1;
     unsigned listener_inited : 1;
@@ -96,8 +96,8 @@ struct conn_s {
     uv_shutdown_t shutdown_req;
     llhttp_t parser;
     baton_http_server_t *srv;
-    baton_list_t link; /* in srv->conns */
-    size_t charged;    /* body bytes counted in srv->budget */
+    baton_list_t link;    /* in srv->conns */
+    size_t charged;       /* body bytes counted in srv->budget */
     baton_http_req_t req; /* the one request being read or handled */
     baton_buf_t arena;    /* url, header names and values, each NUL-terminated */
     baton_buf_t hdrs;     /* hdr_off_t[] while parsing, then baton_http_header_t[] after them */
@@ -721,8 +721,8 @@ static int on_headers_complete(llhttp_t *p)
     if (want_body) {
         c->in_body = 1;
         const baton_http_budget_t *b = srv->budget;
-        c->small_body = b && has_len && p->content_length <= SMALL_BODY_MAX &&
-                        p->content_length <= b->max / 64;
+        c->small_body =
+            b && has_len && p->content_length <= SMALL_BODY_MAX && p->content_length <= b->max / 64;
         const baton_http_header_t *e = baton_http_req_header(r, "expect");
         if (e && p->http_minor >= 1 && strcasecmp(e->value, "100-continue") == 0)
             send_continue(c);

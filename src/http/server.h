@@ -40,13 +40,13 @@
  */
 
 typedef struct baton_http_limits_s {
-    size_t max_header_bytes;     /* request line + headers; 431. Default 64 KiB */
-    size_t max_headers;          /* header count; 431. Default 100 */
-    size_t max_body_bytes;       /* 413. Default 64 MiB */
-    uint64_t header_timeout_ms;  /* first byte of a request to end of headers; 408. Default 30 s */
-    uint64_t body_timeout_ms;    /* longest gap between body reads; 408. Default 60 s */
+    size_t max_header_bytes;    /* request line + headers; 431. Default 64 KiB */
+    size_t max_headers;         /* header count; 431. Default 100 */
+    size_t max_body_bytes;      /* 413. Default 64 MiB */
+    uint64_t header_timeout_ms; /* first byte of a request to end of headers; 408. Default 30 s */
+    uint64_t body_timeout_ms;   /* longest gap between body reads; 408. Default 60 s */
     uint64_t keepalive_timeout_ms; /* idle keep-alive connection is closed. Default 75 s */
-    unsigned max_connections;    /* per instance; over it → 503 and close. Default 10000 */
+    unsigned max_connections;      /* per instance; over it → 503 and close. Default 10000 */
     /* Request-body bytes being read plus response bytes queued to clients that the server may
      * hold, shared by every instance given the same budget (baton_http_server_set_budget); 0 in
      * the limits means "derive from memory" to the router and nothing to the server. */
@@ -67,8 +67,8 @@ void baton_http_limits_default(baton_http_limits_t *limits);
  * the proxy applies its own back-pressure on them).
  */
 typedef struct baton_http_budget_s {
-    _Atomic size_t used; /* read with atomic_load */
-    size_t max;          /* set before use; 0 = no limit */
+    _Atomic size_t used;              /* read with atomic_load */
+    size_t max;                       /* set before use; 0 = no limit */
     _Atomic unsigned long long waits; /* times a body had to wait (for logs and tests) */
 } baton_http_budget_t;
 
@@ -93,9 +93,9 @@ struct baton_http_req_s {
     size_t n_headers;
     const char *body; /* de-chunked body, NUL-terminated; "" when empty */
     size_t body_len;
-    int http_minor;       /* 0 or 1 */
-    uint64_t start_ns;    /* uv_hrtime() when the first byte of the request arrived */
-    char peer[64];        /* "127.0.0.1:54321" */
+    int http_minor;    /* 0 or 1 */
+    uint64_t start_ns; /* uv_hrtime() when the first byte of the request arrived */
+    char peer[64];     /* "127.0.0.1:54321" */
     baton_http_server_t *server;
 };
 

@@ -325,8 +325,8 @@ static int set_from_string(baton_config_t *cfg, const opt_t *o, const char *wher
         else if (strcmp(value, "false") == 0 || strcmp(value, "0") == 0)
             *(int *)field = 0;
         else
-            return set_err(err, errlen, BATON_EINVAL, "%s: expected true or false, not '%s'",
-                           where, value);
+            return set_err(err, errlen, BATON_EINVAL, "%s: expected true or false, not '%s'", where,
+                           value);
         return 0;
     case OPT_RATE:
     case OPT_STR: {

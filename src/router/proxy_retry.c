@@ -246,17 +246,19 @@ void baton__side_failed(baton__preq_t *pr, baton__upstream_t *u, int err)
             status = err == BATON_ENOMEM ? 500 : 502;
             ci = C_FAILED;
         }
+        /* Clients see the role and the worker id, never its address (the log line below
+         * keeps the URL for operators). */
         if (err == BATON_ESHUTDOWN)
             snprintf(msg, sizeof(msg), "%s worker %s was removed and its drain deadline passed",
-                     side, u->w->url);
+                     side, u->w->id);
         else
-            snprintf(msg, sizeof(msg), "%s worker %s failed: %s", side, u->w->url,
+            snprintf(msg, sizeof(msg), "%s worker %s failed: %s", side, u->w->id,
                      baton_strerror(err));
     } else {
         /* The worker's own error: its status, with the start of its body. */
         int n = u->resp.len < 200 ? (int)u->resp.len : 200;
-        snprintf(msg, sizeof(msg), "%s worker %s returned HTTP %d%s%.*s", side, u->w->url,
-                 u->status, n ? ": " : "", n, u->resp.data ? u->resp.data : "");
+        snprintf(msg, sizeof(msg), "%s worker %s returned HTTP %d%s%.*s", side, u->w->id, u->status,
+                 n ? ": " : "", n, u->resp.data ? u->resp.data : "");
         status = u->status >= 400 && u->status <= 599 ? u->status : 502;
         ci = C_STATUS;
     }
