@@ -30,7 +30,8 @@ int baton_token_bucket_take(baton_token_bucket_t *tb, double rate, double burst,
         return 1;
     }
     if (wait_ms_p != NULL) {
-        double ms = ceil((1.0 - tb->tokens) / rate * 1000.0);
+        /* The epsilon keeps float error from adding a millisecond to an exact wait. */
+        double ms = ceil((1.0 - tb->tokens) / rate * 1000.0 - 1e-6);
         *wait_ms_p = ms < 1.0 ? 1 : (uint64_t)ms;
     }
     return 0;
