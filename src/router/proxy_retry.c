@@ -262,11 +262,12 @@ void baton__side_failed(baton__preq_t *pr, baton__upstream_t *u, int err)
         status = u->status >= 400 && u->status <= 599 ? u->status : 502;
         ci = C_STATUS;
     }
-    log_warn("router",
-             "upstream_failed route=%s side=%s worker=%s err=%s status=%d streaming=%d "
-             "attempt=%u",
-             pr->route, side, u->w->url, err ? baton_err_name(err) : "-", u->status,
-             baton__pr_streamed(pr), pr->attempts);
+    /* Clients can provoke this at will (requests a worker fails): rate-limited per site. */
+    log_warn_limited("router", "upstream_failed",
+                     "upstream_failed route=%s side=%s worker=%s err=%s status=%d streaming=%d "
+                     "attempt=%u",
+                     pr->route, side, u->w->url, err ? baton_err_name(err) : "-", u->status,
+                     baton__pr_streamed(pr), pr->attempts);
     unsigned role = (unsigned)u->w->role < BATON_ROLE_COUNT ? (unsigned)u->w->role : 2;
     if (!baton__pr_decided(pr))
         fail_set_error(pr, status, msg, "upstream_error", codes[role][ci]);
