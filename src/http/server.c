@@ -97,7 +97,8 @@ struct conn_s {
     llhttp_t parser;
     baton_http_server_t *srv;
     baton_list_t link;    /* in srv->conns */
-    size_t charged;       /* body bytes counted in srv->budget */
+    size_t charged;       /* body bytes counted in srv->budget (reserved or read) */
+    size_t body_total;    /* the Content-Length of the body being read; 0 when chunked */
     baton_http_req_t req; /* the one request being read or handled */
     baton_buf_t arena;    /* url, header names and values, each NUL-terminated */
     baton_buf_t hdrs;     /* hdr_off_t[] while parsing, then baton_http_header_t[] after them */
@@ -129,6 +130,8 @@ struct conn_s {
     unsigned abort_sent : 1;
     unsigned in_body : 1;     /* reading a request body: reads are checked against the budget */
     unsigned small_body : 1;  /* its Content-Length lets it use the budget's reserve */
+    unsigned reserved : 1;    /* its whole Content-Length is charged: it reads freely */
+    unsigned in_reserve : 1;  /* charged to the small-body reserve, not the main budget */
     unsigned budget_wait : 1; /* reading stopped until the budget has room */
 };
 
@@ -293,26 +296,52 @@ static void budget_sub(baton_http_server_t *srv, size_t n)
         atomic_fetch_sub(&srv->budget->used, n);
 }
 
-/* Whether c may read more of its body now. `need` is what the next read may add. */
-static int budget_room(const conn_t *c)
+/*
+ * Whether c may read more of its body now. A body with a Content-Length is admitted whole: its
+ * length is charged at once (all or nothing), so bodies never each hold part of the budget
+ * while all wait for more (a deadlock only the body timeout would break). A chunked body is
+ * charged as it is read, one read at a time. Whatever the limit, a body that is the only thing
+ * in the budget goes on (else a body over the budget could never finish). Small bodies that do
+ * not fit take the separate reserve, so a big body cannot starve them.
+ */
+static int budget_admit(conn_t *c)
 {
-    const baton_http_budget_t *b = c->srv->budget;
-    if (b == NULL || b->max == 0 || !c->in_body || c->closing)
+    baton_http_budget_t *b = c->srv->budget;
+    if (b == NULL || b->max == 0 || !c->in_body || c->closing || c->reserved)
         return 1; /* a closing connection's reads are dropped, never buffered */
     size_t used = atomic_load(&b->used);
-    if (used == 0)
-        return 1; /* whatever the limit, one body at a time always makes progress */
-    size_t need = READ_BUF_SIZE;
-    if (c->parser.flags & F_CONTENT_LENGTH && c->parser.content_length < need)
-        need = (size_t)c->parser.content_length; /* what is left of this body */
-    size_t cap = b->max + (c->small_body ? b->max / 8 : 0);
-    return used < cap && need <= cap - used;
+    size_t others = used > c->charged ? used - c->charged : 0; /* c->charged: main budget here */
+    if (c->body_total == 0)                                    /* chunked */
+        return others == 0 || (used < b->max && READ_BUF_SIZE <= b->max - used);
+    if (others == 0 || (others < b->max && c->body_total <= b->max - others)) {
+        budget_add(c->srv, c->body_total - c->charged);
+        c->charged = c->body_total;
+        c->reserved = 1;
+        return 1;
+    }
+    if (!c->small_body)
+        return 0;
+    size_t rmax = b->max / 8;
+    size_t rused = atomic_fetch_add(&b->reserve_used, c->body_total);
+    if (rused > rmax || c->body_total > rmax - rused) {
+        atomic_fetch_sub(&b->reserve_used, c->body_total);
+        return 0;
+    }
+    budget_sub(c->srv, c->charged); /* bytes read before the reservation move over */
+    c->charged = c->body_total;
+    c->reserved = 1;
+    c->in_reserve = 1;
+    return 1;
 }
 
 static void body_release(conn_t *c)
 {
-    budget_sub(c->srv, c->charged);
+    if (c->in_reserve && c->srv->budget)
+        atomic_fetch_sub(&c->srv->budget->reserve_used, c->charged);
+    else
+        budget_sub(c->srv, c->charged);
     c->charged = 0;
+    c->in_reserve = 0;
 }
 
 static void on_budget_timer(uv_timer_t *t)
@@ -323,7 +352,7 @@ static void on_budget_timer(uv_timer_t *t)
         conn_t *c = container_of(it, conn_t, link);
         if (!c->budget_wait)
             continue;
-        if (c->closing || !budget_room(c)) {
+        if (c->closing || !budget_admit(c)) {
             waiting += !c->closing;
             continue;
         }
@@ -503,6 +532,8 @@ static void req_reset(conn_t *c)
     body_release(c);
     c->in_body = 0;
     c->small_body = 0;
+    c->reserved = 0;
+    c->body_total = 0;
     c->n_hdrs = 0;
     c->head_bytes = 0;
     c->in_field = 0;
@@ -723,6 +754,8 @@ static int on_headers_complete(llhttp_t *p)
         const baton_http_budget_t *b = srv->budget;
         c->small_body =
             b && has_len && p->content_length <= SMALL_BODY_MAX && p->content_length <= b->max / 64;
+        c->body_total = has_len && !chunked ? (size_t)p->content_length : 0;
+        budget_admit(c); /* reserve now if it fits; else its next read waits (on_alloc) */
         const baton_http_header_t *e = baton_http_req_header(r, "expect");
         if (e && p->http_minor >= 1 && strcasecmp(e->value, "100-continue") == 0)
             send_continue(c);
@@ -750,8 +783,10 @@ static int on_body(llhttp_t *p, const char *at, size_t len)
         return fail_cb(c, 413, "request body is too large");
     if (baton_buf_append(&c->body, at, len) != 0)
         return fail_cb(c, 500, "out of memory");
-    c->charged += len;
-    budget_add(c->srv, len);
+    if (!c->reserved) { /* chunked, or read before its reservation: charged as read */
+        c->charged += len;
+        budget_add(c->srv, len);
+    }
     return 0;
 }
 
@@ -845,7 +880,7 @@ static void conn_feed(conn_t *c, const char *data, size_t len)
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     conn_t *c = h->data;
-    if (!budget_room(c)) {
+    if (!budget_admit(c)) {
         *buf = uv_buf_init(NULL, 0); /* read_cb gets UV_ENOBUFS: wait for the budget */
         return;
     }

@@ -59,16 +59,19 @@ void baton_http_limits_default(baton_http_limits_t *limits);
 /*
  * A memory budget shared by server instances on any threads (the caller owns it; it must
  * outlive them). Bytes of request bodies being read and response bytes queued to slow clients
- * count against `max`; a connection whose body would go over it stops reading (back-pressure:
- * the bytes wait in the kernel) and resumes when bytes are freed, or gets 503 server_busy when
- * the body timeout passes first. Bodies of at most min(1 MiB, max/64) bytes may use a reserve of
- * max/8 beyond it, so that small requests keep flowing while big ones fill the budget; one read
- * (64 KiB) per thread may overshoot. Response bytes are always accepted (they are counted, and
- * the proxy applies its own back-pressure on them).
+ * count against `max`. A body with a Content-Length is admitted whole (its length charged at
+ * once) or not at all; a chunked one is charged as it is read. A body that does not fit stops
+ * being read (back-pressure: its bytes wait in the kernel) and resumes when bytes are freed, or
+ * gets 503 server_busy when the body timeout passes first. A body that is alone in the budget
+ * always goes on, so one body larger than `max` (up to max_body_bytes) can still be served.
+ * Bodies of at most min(1 MiB, max/64) bytes that do not fit take a separate reserve of max/8,
+ * so big bodies cannot starve small requests. One read (64 KiB) per thread may overshoot.
+ * Response bytes are always accepted (counted; the proxy applies its own back-pressure).
  */
 typedef struct baton_http_budget_s {
-    _Atomic size_t used;              /* read with atomic_load */
+    _Atomic size_t used;              /* main budget, read with atomic_load */
     size_t max;                       /* set before use; 0 = no limit */
+    _Atomic size_t reserve_used;      /* the small-body reserve (max/8) */
     _Atomic unsigned long long waits; /* times a body had to wait (for logs and tests) */
 } baton_http_budget_t;
 

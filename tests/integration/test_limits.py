@@ -117,7 +117,7 @@ def test_memory_budget():
             sent = sum(e[1] for e in socks)
             rss = rss_bytes(r.p.pid)
             # the budget, its small-body reserve (1/8), one read per thread, and slack for the
-            # allocator and the kernel's page granularity
+            # allocator (without a budget this attack grows RSS by ~240 MiB)
             bound = budget + budget // 8 + 16 * MiB
             assert rss - rss0 <= bound, (rss - rss0, bound, sent)
             r.wait_log(r"body_waits_for_budget")
