@@ -1334,7 +1334,8 @@ static void on_listener_io(uv_poll_t *h, int status, int events)
             return;
         }
         if (srv->accept_backoff_ms) {
-            log_info("http", "accept_resumed conns=%u", srv->n_conns);
+            baton_log_limited(BATON_LOG_INFO, 10, "http", "accept_resumed",
+                              "accept_resumed conns=%u", srv->n_conns);
             srv->accept_backoff_ms = 0;
         }
         conn_accepted(srv, fd);

@@ -891,8 +891,9 @@ void baton_config_print_help(FILE *out, const char *argv0)
             "Every option is also a key of the JSON config file (dashes become underscores;\n"
             "HTTP limits go under \"limits\", upstream timeouts under \"timeouts\", retry\n"
             "settings under \"retries\", admission control under \"admission\", health checks\n"
-            "and breakers under \"health\"); options given here override the file. Times are\n"
-            "in milliseconds. SIGHUP reloads the workers and policies from --config; SIGTERM\n"
+            "and breakers under \"health\", keys, tokens and rate limits under \"auth\");\n"
+            "options given here override the file. Times are in milliseconds. SIGHUP reloads\n"
+            "the workers and policies from --config and the key and token files; SIGTERM\n"
             "drains in-flight requests (--drain-timeout-ms) and exits 0.\n\n",
             argv0 ? argv0 : "baton");
     fprintf(out, "  %-32s %s\n", "--config FILE", "JSON config file (see conf/baton.json)");

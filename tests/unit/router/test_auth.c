@@ -257,6 +257,45 @@ static void test_rate_per_key(void **state)
     baton_config_free(&cfg);
 }
 
+static void test_config_json(void **state)
+{
+    (void)state;
+    baton_config_t cfg;
+    char err[256] = "";
+    assert_int_equal(baton_config_init(&cfg), 0);
+    const char *json = "{\"auth\": {\"api_key\": [\"j1\", \"j2\"], \"rate_limit\": \"5:10\", "
+                       "\"forward_authorization\": true, \"worker_api_key\": \"wk\", "
+                       "\"admin_token\": \"adm\", \"metrics_token\": \"met\"}, "
+                       "\"limits\": {\"max_buffered_bytes\": 1048576}}";
+    assert_int_equal(baton_config_load_json(&cfg, json, "test", err, sizeof(err)), 0);
+    assert_int_equal(cfg.api_keys.n, 2);
+    assert_string_equal(cfg.api_keys.v[1], "j2");
+    assert_string_equal(cfg.rate_limit, "5:10");
+    assert_int_equal(cfg.forward_authorization, 1);
+    assert_string_equal(cfg.worker_api_key, "wk");
+    assert_string_equal(cfg.admin_token, "adm");
+    assert_string_equal(cfg.metrics_token, "met");
+    assert_int_equal(cfg.limits.max_buffered_bytes, 1048576);
+    /* a single string is one key; the command line adds to the file's keys */
+    assert_int_equal(
+        baton_config_load_json(&cfg, "{\"auth\": {\"api_key\": \"j3\"}}", "test", err, sizeof(err)),
+        0);
+    assert_int_equal(cfg.api_keys.n, 3);
+    const char *argv[] = {"baton", "--forward-authorization=false", "--api-key=c1"};
+    assert_int_equal(baton_config_from_args(&cfg, 3, (char *const *)argv, err, sizeof(err)), 0);
+    assert_int_equal(cfg.forward_authorization, 0);
+    assert_int_equal(cfg.api_keys.n, 4);
+    /* wrong types are errors, not silently ignored */
+    const char *bad[] = {"{\"auth\": {\"api_key\": [1]}}", "{\"auth\": {\"api_key\": \"\"}}",
+                         "{\"auth\": {\"forward_authorization\": 1}}",
+                         "{\"auth\": {\"rate_limit\": \"fast\"}}",
+                         "{\"auth\": {\"api_keys\": \"x\"}}"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++)
+        assert_int_equal(baton_config_load_json(&cfg, bad[i], "test", err, sizeof(err)),
+                         BATON_EINVAL);
+    baton_config_free(&cfg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -266,6 +305,7 @@ int main(void)
         cmocka_unit_test(test_no_keys_open),
         cmocka_unit_test(test_admin_and_metrics_tokens),
         cmocka_unit_test(test_rate_per_key),
+        cmocka_unit_test(test_config_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
