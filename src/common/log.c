@@ -1,6 +1,7 @@
 /* log.c — structured log lines, one write(2) per line so threads never interleave. */
 #include "common/log.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -98,4 +99,32 @@ void baton_log(baton_log_level_t level, const char *comp, const char *fmt, ...)
     line[len++] = '\n';
     ssize_t w = write(STDERR_FILENO, line, len);
     (void)w;
+}
+
+/* One lock for every limiter: taken only on warning paths, never on the request path's happy
+ * case, so contention does not matter and the limiter struct stays a plain static. */
+static pthread_mutex_t limit_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int baton_log_limit_pass(baton_log_limit_t *lim, baton_log_level_t level, const char *comp)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned long long flushed = 0;
+    int pass;
+    pthread_mutex_lock(&limit_lock);
+    if (lim->window_s != (long long)ts.tv_sec) {
+        lim->window_s = (long long)ts.tv_sec;
+        lim->in_window = 0;
+        flushed = lim->suppressed;
+        lim->suppressed = 0;
+    }
+    pass = lim->in_window < lim->per_sec;
+    if (pass)
+        lim->in_window++;
+    else
+        lim->suppressed++;
+    pthread_mutex_unlock(&limit_lock);
+    if (flushed)
+        baton_log(level, comp, "log_suppressed event=%s count=%llu", lim->event, flushed);
+    return pass;
 }

@@ -50,4 +50,41 @@ void baton_log(baton_log_level_t level, const char *comp, const char *fmt, ...)
 #define log_warn(comp, ...)  baton_log(BATON_LOG_WARN, comp, __VA_ARGS__)
 #define log_error(comp, ...) baton_log(BATON_LOG_ERROR, comp, __VA_ARGS__)
 
+/*
+ * Rate-limited lines, for every warning an outside party can trigger at will (accept failures,
+ * refused connections, bad credentials): an attacker must not be able to fill the disk or burn
+ * a core on logging. One limiter per call site (a static), shared by all threads: at most
+ * `per_sec` lines per wall-clock second pass; the rest are counted, and the first line let
+ * through in a later second is preceded by one `log_suppressed event=EVENT count=N` line.
+ * `event` is the site's name in that line.
+ */
+typedef struct baton_log_limit_s {
+    const char *event;
+    unsigned per_sec;
+    /* Private: guarded by an internal lock. */
+    long long window_s;
+    unsigned in_window;
+    unsigned long long suppressed;
+} baton_log_limit_t;
+
+#define BATON_LOG_LIMIT_INIT(event_name, n)                                                        \
+    {                                                                                              \
+        (event_name), (n), -1, 0, 0                                                                \
+    }
+
+/* 1 when this occurrence may be logged (after writing a pending suppression summary at
+ * `level`/`comp`), 0 when it is to be dropped (and counted). Thread-safe. */
+int baton_log_limit_pass(baton_log_limit_t *lim, baton_log_level_t level, const char *comp);
+
+/* One line through the site's limiter. The per-site static makes each call site separate. */
+#define baton_log_limited(level, per_sec, comp, event, ...)                                        \
+    do {                                                                                           \
+        static baton_log_limit_t lim_ = BATON_LOG_LIMIT_INIT(event, per_sec);                      \
+        if (baton_log_enabled(level) && baton_log_limit_pass(&lim_, level, comp))                  \
+            baton_log(level, comp, __VA_ARGS__);                                                   \
+    } while (0)
+/* The default for outside-triggered warnings: 10 lines a second per call site. */
+#define log_warn_limited(comp, event, ...)                                                         \
+    baton_log_limited(BATON_LOG_WARN, 10, comp, event, __VA_ARGS__)
+
 #endif

@@ -25,6 +25,15 @@
 /* Initial arena: a typical request line + headers fits without a realloc. */
 #define ARENA_INIT 1024
 #define NO_VALUE   UINT32_MAX
+/* Accepts per listener wake-up: bounded so one busy listener cannot starve the loop. */
+#define ACCEPT_BATCH 64
+/* Out of descriptors: accepting pauses this long, doubling up to the cap (nginx pauses too). */
+#define ACCEPT_BACKOFF_MIN_MS 100
+#define ACCEPT_BACKOFF_MAX_MS 1000
+/* How often connections waiting for the memory budget look again. */
+#define BUDGET_POLL_MS 20
+/* Bodies this small (and at most max/64) may use the budget's reserve of max/8. */
+#define SMALL_BODY_MAX (1024 * 1024)
 
 enum timer_mode {
     TM_NONE,
@@ -45,7 +54,14 @@ typedef struct conn_s conn_t;
 
 struct baton_http_server_s {
     uv_loop_t *loop;
-    uv_tcp_t listener;
+    /* The listening socket is polled and accepted here rather than by uv_listen: libuv retries
+     * accept at once after EMFILE, so a process out of descriptors would spin on it. */
+    uv_poll_t listener;
+    int listen_fd;
+    uv_timer_t accept_timer; /* the back-off while out of descriptors */
+    uint64_t accept_backoff_ms;
+    baton_http_budget_t *budget; /* NULL: none */
+    uv_timer_t budget_timer;     /* runs while a connection waits for the budget */
     /* Closed by server_close only: its close callback completes a close on a later loop turn
      * even when stop_accepting already closed the listener and no connection is left. */
     uv_timer_t close_token;
@@ -55,10 +71,12 @@ struct baton_http_server_s {
     llhttp_settings_t settings;
     char *rbuf;
     baton_list_t conns; /* of conn_t.link: every connection until its memory is freed */
-    unsigned n_conns; /* open, counted against max_connections */
-    unsigned n_live;  /* listener + connection structs not yet freed */
+    unsigned n_conns;   /* open, counted against max_connections */
+    unsigned n_live;    /* listener + connection structs not yet freed */
     int port;
     unsigned listening : 1;
+    unsigned listener_inited : 1;
+    unsigned accept_paused : 1;
     unsigned listener_closing : 1;
     unsigned stopping : 1;
     unsigned closing : 1;
@@ -78,7 +96,9 @@ struct conn_s {
     uv_shutdown_t shutdown_req;
     llhttp_t parser;
     baton_http_server_t *srv;
-    baton_list_t link; /* in srv->conns */
+    baton_list_t link;    /* in srv->conns */
+    size_t charged;       /* body bytes counted in srv->budget (reserved or read) */
+    size_t body_total;    /* the Content-Length of the body being read; 0 when chunked */
     baton_http_req_t req; /* the one request being read or handled */
     baton_buf_t arena;    /* url, header names and values, each NUL-terminated */
     baton_buf_t hdrs;     /* hdr_off_t[] while parsing, then baton_http_header_t[] after them */
@@ -108,6 +128,11 @@ struct conn_s {
     unsigned chunked_out : 1;
     unsigned no_body_out : 1; /* HEAD request: headers only */
     unsigned abort_sent : 1;
+    unsigned in_body : 1;     /* reading a request body: reads are checked against the budget */
+    unsigned small_body : 1;  /* its Content-Length lets it use the budget's reserve */
+    unsigned reserved : 1;    /* its whole Content-Length is charged: it reads freely */
+    unsigned in_reserve : 1;  /* charged to the small-body reserve, not the main budget */
+    unsigned budget_wait : 1; /* reading stopped until the budget has room */
 };
 
 static void conn_close_hard(conn_t *c);
@@ -257,6 +282,111 @@ static void timer_start(conn_t *c, enum timer_mode mode, uint64_t ms)
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* The memory budget (server.h)                                                              */
+
+static void budget_add(baton_http_server_t *srv, size_t n)
+{
+    if (srv->budget && n)
+        atomic_fetch_add(&srv->budget->used, n);
+}
+
+static void budget_sub(baton_http_server_t *srv, size_t n)
+{
+    if (srv->budget && n)
+        atomic_fetch_sub(&srv->budget->used, n);
+}
+
+/*
+ * Whether c may read more of its body now. A body with a Content-Length is admitted whole: its
+ * length is charged at once (all or nothing), so bodies never each hold part of the budget
+ * while all wait for more (a deadlock only the body timeout would break). A chunked body is
+ * charged as it is read, one read at a time. Whatever the limit, a body that is the only thing
+ * in the budget goes on (else a body over the budget could never finish). Small bodies that do
+ * not fit take the separate reserve, so a big body cannot starve them.
+ */
+static int budget_admit(conn_t *c)
+{
+    baton_http_budget_t *b = c->srv->budget;
+    if (b == NULL || b->max == 0 || !c->in_body || c->closing || c->reserved)
+        return 1; /* a closing connection's reads are dropped, never buffered */
+    size_t used = atomic_load(&b->used);
+    size_t others = used > c->charged ? used - c->charged : 0; /* c->charged: main budget here */
+    if (c->body_total == 0)                                    /* chunked */
+        return others == 0 || (used < b->max && READ_BUF_SIZE <= b->max - used);
+    if (others == 0 || (others < b->max && c->body_total <= b->max - others)) {
+        budget_add(c->srv, c->body_total - c->charged);
+        c->charged = c->body_total;
+        c->reserved = 1;
+        return 1;
+    }
+    if (!c->small_body)
+        return 0;
+    size_t rmax = b->max / 8;
+    size_t rused = atomic_fetch_add(&b->reserve_used, c->body_total);
+    if (rused > rmax || c->body_total > rmax - rused) {
+        atomic_fetch_sub(&b->reserve_used, c->body_total);
+        return 0;
+    }
+    budget_sub(c->srv, c->charged); /* bytes read before the reservation move over */
+    c->charged = c->body_total;
+    c->reserved = 1;
+    c->in_reserve = 1;
+    return 1;
+}
+
+static void body_release(conn_t *c)
+{
+    if (c->in_reserve && c->srv->budget)
+        atomic_fetch_sub(&c->srv->budget->reserve_used, c->charged);
+    else
+        budget_sub(c->srv, c->charged);
+    c->charged = 0;
+    c->in_reserve = 0;
+}
+
+static void on_budget_timer(uv_timer_t *t)
+{
+    baton_http_server_t *srv = t->data;
+    int waiting = 0;
+    for (baton_list_t *it = srv->conns.next; it != &srv->conns; it = it->next) {
+        conn_t *c = container_of(it, conn_t, link);
+        if (!c->budget_wait)
+            continue;
+        if (c->closing || !budget_admit(c)) {
+            waiting += !c->closing;
+            continue;
+        }
+        c->budget_wait = 0;
+        c->read_stopped = 0;
+        conn_read_start(c);
+    }
+    if (!waiting)
+        uv_timer_stop(t);
+}
+
+/* libuv reported UV_ENOBUFS: on_alloc refused a buffer because the budget is full. */
+static void budget_wait(conn_t *c)
+{
+    baton_http_server_t *srv = c->srv;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    c->read_stopped = 1;
+    if (!c->budget_wait) {
+        c->budget_wait = 1;
+        atomic_fetch_add(&srv->budget->waits, 1);
+        log_warn_limited("http", "body_waits_for_budget",
+                         "body_waits_for_budget used=%zu max=%zu peer=%s",
+                         atomic_load(&srv->budget->used), srv->budget->max, c->req.peer);
+    }
+    if (!uv_is_active((uv_handle_t *)&srv->budget_timer))
+        uv_timer_start(&srv->budget_timer, on_budget_timer, BUDGET_POLL_MS, BUDGET_POLL_MS);
+}
+
+void baton_http_server_set_budget(baton_http_server_t *srv, baton_http_budget_t *budget)
+{
+    srv->budget = budget;
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* Writing                                                                                   */
 
 static void on_write(uv_write_t *wr, int status)
@@ -264,6 +394,7 @@ static void on_write(uv_write_t *wr, int status)
     wreq_t *w = container_of(wr, wreq_t, req);
     conn_t *c = w->conn;
     c->wq_bytes -= w->len;
+    budget_sub(c->srv, w->len);
     free(w);
     if (status < 0) {
         conn_close_hard(c);
@@ -323,6 +454,7 @@ static int conn_write(conn_t *c, const uv_buf_t *bufs, unsigned n)
         return BATON_ECLOSED;
     }
     c->wq_bytes += rest;
+    budget_add(c->srv, rest);
     return 0;
 }
 
@@ -397,6 +529,11 @@ static void req_reset(conn_t *c)
     baton_buf_free(&c->arena);
     baton_buf_free(&c->hdrs);
     baton_buf_free(&c->body);
+    body_release(c);
+    c->in_body = 0;
+    c->small_body = 0;
+    c->reserved = 0;
+    c->body_total = 0;
     c->n_hdrs = 0;
     c->head_bytes = 0;
     c->in_field = 0;
@@ -613,6 +750,12 @@ static int on_headers_complete(llhttp_t *p)
         baton_buf_reserve(&c->body, (size_t)p->content_length) != 0)
         return fail_cb(c, 500, "out of memory");
     if (want_body) {
+        c->in_body = 1;
+        const baton_http_budget_t *b = srv->budget;
+        c->small_body =
+            b && has_len && p->content_length <= SMALL_BODY_MAX && p->content_length <= b->max / 64;
+        c->body_total = has_len && !chunked ? (size_t)p->content_length : 0;
+        budget_admit(c); /* reserve now if it fits; else its next read waits (on_alloc) */
         const baton_http_header_t *e = baton_http_req_header(r, "expect");
         if (e && p->http_minor >= 1 && strcasecmp(e->value, "100-continue") == 0)
             send_continue(c);
@@ -640,6 +783,10 @@ static int on_body(llhttp_t *p, const char *at, size_t len)
         return fail_cb(c, 413, "request body is too large");
     if (baton_buf_append(&c->body, at, len) != 0)
         return fail_cb(c, 500, "out of memory");
+    if (!c->reserved) { /* chunked, or read before its reservation: charged as read */
+        c->charged += len;
+        budget_add(c->srv, len);
+    }
     return 0;
 }
 
@@ -647,6 +794,7 @@ static int on_message_complete(llhttp_t *p)
 {
     conn_t *c = p->data;
     c->in_msg = 0;
+    c->in_body = 0;
     c->keep_alive = llhttp_should_keep_alive(p) && !p->upgrade;
     uv_timer_stop(&c->timer);
     c->timer_mode = TM_NONE;
@@ -732,6 +880,10 @@ static void conn_feed(conn_t *c, const char *data, size_t len)
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     conn_t *c = h->data;
+    if (!budget_admit(c)) {
+        *buf = uv_buf_init(NULL, 0); /* read_cb gets UV_ENOBUFS: wait for the budget */
+        return;
+    }
     buf->base = c->srv->rbuf;
     buf->len = READ_BUF_SIZE;
 }
@@ -741,6 +893,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     conn_t *c = s->data;
     if (nread == 0)
         return;
+    if (nread == UV_ENOBUFS && !c->closing) {
+        budget_wait(c);
+        return;
+    }
     if (nread < 0) {
         conn_close_hard(c);
         return;
@@ -782,6 +938,12 @@ static void on_timer(uv_timer_t *t)
             timer_start(c, TM_BODY, lim->body_timeout_ms - idle);
             break;
         }
+        if (c->budget_wait) { /* the client was not slow: we did not read */
+            c->budget_wait = 0;
+            conn_send_error(c, 503, "server busy: too many request bytes buffered; retry later",
+                            "server_busy");
+            break;
+        }
         conn_send_error(c, 408, "timed out reading the request body", "request_timeout");
         break;
     }
@@ -818,6 +980,7 @@ static void on_timer_close(uv_handle_t *h)
     baton_buf_free(&c->arena);
     baton_buf_free(&c->hdrs);
     baton_buf_free(&c->body);
+    body_release(c);
     baton_buf_free(&c->pending);
     free(c);
     srv->n_live--;
@@ -1075,16 +1238,13 @@ static void format_peer(conn_t *c)
     snprintf(c->req.peer, sizeof(c->req.peer), "%s:%d", ip, port);
 }
 
-static void on_connection(uv_stream_t *ls, int status)
+/* Takes an accepted descriptor: a connection, or a 503 when the instance is at its cap. */
+static void conn_accepted(baton_http_server_t *srv, int fd)
 {
-    baton_http_server_t *srv = ls->data;
-    if (status < 0) {
-        log_warn("http", "accept_failed err=%s", baton_strerror(status));
-        return;
-    }
     conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL) {
-        log_error("http", "accept_oom");
+        log_warn_limited("http", "accept_oom", "accept_oom");
+        close(fd);
         return;
     }
     c->srv = srv;
@@ -1096,14 +1256,18 @@ static void on_connection(uv_stream_t *ls, int status)
     srv->n_live++;
     req_reset(c);
     c->req.server = srv;
-    if (uv_accept(ls, (uv_stream_t *)&c->tcp) != 0) {
-        conn_close_hard(c);
+    if (uv_tcp_open(&c->tcp, fd) != 0) {
+        close(fd);
+        c->closing = 1;
+        c->tcp_closing = 1;
+        uv_close((uv_handle_t *)&c->tcp, on_tcp_close);
         return;
     }
     format_peer(c);
     if (srv->n_conns >= srv->limits.max_connections) {
-        log_warn("http", "connection_rejected reason=max_connections limit=%u peer=%s",
-                 srv->limits.max_connections, c->req.peer);
+        log_warn_limited("http", "connection_rejected",
+                         "connection_rejected reason=max_connections limit=%u peer=%s",
+                         srv->limits.max_connections, c->req.peer);
         conn_read_start(c);
         conn_send_error(c, 503, "too many connections", "too_many_connections");
         return;
@@ -1117,6 +1281,65 @@ static void on_connection(uv_stream_t *ls, int status)
     conn_read_start(c);
     if (!c->tcp_closing)
         arm_idle(c);
+}
+
+static void on_listener_io(uv_poll_t *h, int status, int events);
+
+static void on_accept_timer(uv_timer_t *t)
+{
+    baton_http_server_t *srv = t->data;
+    if (!srv->accept_paused || srv->listener_closing)
+        return;
+    srv->accept_paused = 0;
+    /* Level-triggered: pending connections wake the listener again at once. */
+    if (uv_poll_start(&srv->listener, UV_READABLE, on_listener_io) != 0)
+        log_error("http", "accept_resume_failed");
+}
+
+/* Out of descriptors: pause accepting for a back-off instead of retrying in a tight loop. The
+ * connections wait in the kernel's backlog meanwhile. */
+static void accept_pause(baton_http_server_t *srv, int err)
+{
+    uint64_t ms = srv->accept_backoff_ms ? srv->accept_backoff_ms * 2 : ACCEPT_BACKOFF_MIN_MS;
+    if (ms > ACCEPT_BACKOFF_MAX_MS)
+        ms = ACCEPT_BACKOFF_MAX_MS;
+    srv->accept_backoff_ms = ms;
+    srv->accept_paused = 1;
+    uv_poll_stop(&srv->listener);
+    uv_timer_start(&srv->accept_timer, on_accept_timer, ms, 0);
+    log_warn_limited("http", "accept_paused", "accept_paused err=%s backoff_ms=%llu conns=%u",
+                     baton_strerror(err), (unsigned long long)ms, srv->n_conns);
+}
+
+static void on_listener_io(uv_poll_t *h, int status, int events)
+{
+    baton_http_server_t *srv = h->data;
+    if (status < 0) {
+        log_warn_limited("http", "accept_failed", "accept_failed err=%s", baton_strerror(status));
+        return;
+    }
+    for (int i = 0; i < ACCEPT_BATCH && !srv->listener_closing; i++) {
+        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            int e = errno;
+            if (e == EAGAIN || e == EWOULDBLOCK)
+                return;
+            if (e == EINTR || e == ECONNABORTED || e == EPROTO)
+                continue;
+            if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+                accept_pause(srv, -e);
+                return;
+            }
+            log_warn_limited("http", "accept_failed", "accept_failed err=%s", baton_strerror(-e));
+            return;
+        }
+        if (srv->accept_backoff_ms) {
+            baton_log_limited(BATON_LOG_INFO, 10, "http", "accept_resumed",
+                              "accept_resumed conns=%u", srv->n_conns);
+            srv->accept_backoff_ms = 0;
+        }
+        conn_accepted(srv, fd);
+    }
 }
 
 int baton_http_server_create(baton_http_server_t **srv_p, uv_loop_t *loop,
@@ -1135,6 +1358,7 @@ int baton_http_server_create(baton_http_server_t **srv_p, uv_loop_t *loop,
     }
     srv->loop = loop;
     baton_list_init(&srv->conns);
+    srv->listen_fd = -1;
     if (limits)
         srv->limits = *limits;
     else
@@ -1153,16 +1377,13 @@ int baton_http_server_create(baton_http_server_t **srv_p, uv_loop_t *loop,
     srv->settings.on_chunk_header = on_chunk_header;
     srv->settings.on_body = on_body;
     srv->settings.on_message_complete = on_message_complete;
-    int r = uv_tcp_init(loop, &srv->listener);
-    if (r != 0) {
-        free(srv->rbuf);
-        free(srv);
-        return r;
-    }
-    srv->listener.data = srv;
     uv_timer_init(loop, &srv->close_token);
     srv->close_token.data = srv;
-    srv->n_live = 2; /* the listener and the close token */
+    uv_timer_init(loop, &srv->accept_timer);
+    srv->accept_timer.data = srv;
+    uv_timer_init(loop, &srv->budget_timer);
+    srv->budget_timer.data = srv;
+    srv->n_live = 3; /* the close token and the two timers; the listener once it exists */
     *srv_p = srv;
     return 0;
 }
@@ -1201,17 +1422,21 @@ int baton_http_server_listen(baton_http_server_t *srv, const char *host, int por
         close(fd);
         return err;
     }
-    err = uv_tcp_open(&srv->listener, fd);
-    if (err) {
+    if (listen(fd, 1024) != 0 || (err = uv_poll_init(srv->loop, &srv->listener, fd)) != 0) {
+        err = err ? err : -errno;
         close(fd);
         return err;
     }
-    err = uv_listen((uv_stream_t *)&srv->listener, 1024, on_connection);
+    srv->listener.data = srv;
+    srv->listen_fd = fd; /* closed in on_listener_close */
+    srv->listener_inited = 1;
+    srv->n_live++;
+    err = uv_poll_start(&srv->listener, UV_READABLE, on_listener_io);
     if (err)
-        return err; /* the fd belongs to the handle now; server_close releases it */
+        return err; /* server_close releases the handle and the fd */
     struct sockaddr_storage bound;
-    int blen = sizeof(bound);
-    if (uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&bound, &blen) == 0)
+    socklen_t blen = sizeof(bound);
+    if (getsockname(fd, (struct sockaddr *)&bound, &blen) == 0)
         srv->port = ntohs(bound.ss_family == AF_INET ? ((struct sockaddr_in *)&bound)->sin_port
                                                      : ((struct sockaddr_in6 *)&bound)->sin6_port);
     srv->listening = 1;
@@ -1231,6 +1456,10 @@ unsigned baton_http_server_connections(const baton_http_server_t *srv)
 static void on_listener_close(uv_handle_t *h)
 {
     baton_http_server_t *srv = h->data;
+    if (h == (uv_handle_t *)&srv->listener && srv->listen_fd >= 0) {
+        close(srv->listen_fd);
+        srv->listen_fd = -1;
+    }
     srv->n_live--;
     server_maybe_done(srv);
 }
@@ -1240,7 +1469,9 @@ static void close_listener(baton_http_server_t *srv)
     if (srv->listener_closing)
         return;
     srv->listener_closing = 1;
-    uv_close((uv_handle_t *)&srv->listener, on_listener_close);
+    uv_timer_stop(&srv->accept_timer);
+    if (srv->listener_inited)
+        uv_close((uv_handle_t *)&srv->listener, on_listener_close);
 }
 
 void baton_http_server_stop_accepting(baton_http_server_t *srv)
@@ -1265,6 +1496,8 @@ void baton_http_server_close(baton_http_server_t *srv, baton_http_server_close_c
     close_listener(srv);
     for (baton_list_t *it = srv->conns.next; it != &srv->conns; it = it->next)
         conn_close_hard(container_of(it, conn_t, link));
+    uv_close((uv_handle_t *)&srv->accept_timer, on_listener_close);
+    uv_close((uv_handle_t *)&srv->budget_timer, on_listener_close);
     uv_close((uv_handle_t *)&srv->close_token, on_listener_close);
 }
 

@@ -2,6 +2,7 @@
 #ifndef BATON_HTTP_SERVER_H
 #define BATON_HTTP_SERVER_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
@@ -17,7 +18,11 @@
  *   1. The server reads and parses a request; the limits below are enforced with an
  *      OpenAI-style JSON error ({"error":{"message","type","param","code"}}) and the
  *      connection is closed after that error: 400 malformed HTTP, 408 header/body read timeout,
- *      413 body too large, 431 request line + headers too large, 503 connection cap.
+ *      413 body too large, 431 request line + headers too large, 503 connection cap, 503
+ *      server_busy when a body waited for the memory budget (below) past the body timeout.
+ *      When the process runs out of descriptors (EMFILE/ENFILE), the instance stops accepting
+ *      for a back-off (100 ms doubling to 1 s, as nginx does) instead of spinning on accept,
+ *      and resumes by itself.
  *   2. Once the whole request (headers and de-chunked body) is in, handler(req, ctx) is called.
  *      The request (and its path, headers and body) stays valid and owned by the server until
  *      the handler finishes it with exactly one of baton_http_respond*() or
@@ -35,17 +40,40 @@
  */
 
 typedef struct baton_http_limits_s {
-    size_t max_header_bytes;     /* request line + headers; 431. Default 64 KiB */
-    size_t max_headers;          /* header count; 431. Default 100 */
-    size_t max_body_bytes;       /* 413. Default 64 MiB */
-    uint64_t header_timeout_ms;  /* first byte of a request to end of headers; 408. Default 30 s */
-    uint64_t body_timeout_ms;    /* longest gap between body reads; 408. Default 60 s */
+    size_t max_header_bytes;    /* request line + headers; 431. Default 64 KiB */
+    size_t max_headers;         /* header count; 431. Default 100 */
+    size_t max_body_bytes;      /* 413. Default 64 MiB */
+    uint64_t header_timeout_ms; /* first byte of a request to end of headers; 408. Default 30 s */
+    uint64_t body_timeout_ms;   /* longest gap between body reads; 408. Default 60 s */
     uint64_t keepalive_timeout_ms; /* idle keep-alive connection is closed. Default 75 s */
-    unsigned max_connections;    /* per instance; over it → 503 and close. Default 10000 */
+    unsigned max_connections;      /* per instance; over it → 503 and close. Default 10000 */
+    /* Request-body bytes being read plus response bytes queued to clients that the server may
+     * hold, shared by every instance given the same budget (baton_http_server_set_budget); 0 in
+     * the limits means "derive from memory" to the router and nothing to the server. */
+    size_t max_buffered_bytes;
 } baton_http_limits_t;
 
 /* Fills the defaults above. */
 void baton_http_limits_default(baton_http_limits_t *limits);
+
+/*
+ * A memory budget shared by server instances on any threads (the caller owns it; it must
+ * outlive them). Bytes of request bodies being read and response bytes queued to slow clients
+ * count against `max`. A body with a Content-Length is admitted whole (its length charged at
+ * once) or not at all; a chunked one is charged as it is read. A body that does not fit stops
+ * being read (back-pressure: its bytes wait in the kernel) and resumes when bytes are freed, or
+ * gets 503 server_busy when the body timeout passes first. A body that is alone in the budget
+ * always goes on, so one body larger than `max` (up to max_body_bytes) can still be served.
+ * Bodies of at most min(1 MiB, max/64) bytes that do not fit take a separate reserve of max/8,
+ * so big bodies cannot starve small requests. One read (64 KiB) per thread may overshoot.
+ * Response bytes are always accepted (counted; the proxy applies its own back-pressure).
+ */
+typedef struct baton_http_budget_s {
+    _Atomic size_t used;              /* main budget, read with atomic_load */
+    size_t max;                       /* set before use; 0 = no limit */
+    _Atomic size_t reserve_used;      /* the small-body reserve (max/8) */
+    _Atomic unsigned long long waits; /* times a body had to wait (for logs and tests) */
+} baton_http_budget_t;
 
 typedef struct baton_http_server_s baton_http_server_t;
 typedef struct baton_http_req_s baton_http_req_t;
@@ -68,9 +96,9 @@ struct baton_http_req_s {
     size_t n_headers;
     const char *body; /* de-chunked body, NUL-terminated; "" when empty */
     size_t body_len;
-    int http_minor;       /* 0 or 1 */
-    uint64_t start_ns;    /* uv_hrtime() when the first byte of the request arrived */
-    char peer[64];        /* "127.0.0.1:54321" */
+    int http_minor;    /* 0 or 1 */
+    uint64_t start_ns; /* uv_hrtime() when the first byte of the request arrived */
+    char peer[64];     /* "127.0.0.1:54321" */
     baton_http_server_t *server;
 };
 
@@ -89,6 +117,9 @@ int baton_http_server_create(baton_http_server_t **srv_p, uv_loop_t *loop,
  */
 int baton_http_server_listen(baton_http_server_t *srv, const char *host, int port, int reuseport);
 int baton_http_server_port(const baton_http_server_t *srv);
+
+/* Makes this instance charge its buffered bytes to `budget` (NULL: none). Call before listen. */
+void baton_http_server_set_budget(baton_http_server_t *srv, baton_http_budget_t *budget);
 
 /* Connections open now on this instance (for metrics and tests). */
 unsigned baton_http_server_connections(const baton_http_server_t *srv);

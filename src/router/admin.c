@@ -1,4 +1,5 @@
-/* admin.c — worker registration API handlers: /workers, legacy /add_worker, /remove_worker. */
+/* admin.c — worker registration API handlers (/workers, legacy /add_worker, /remove_worker) and
+ * who may call them. */
 #include "router/admin.h"
 
 #include "baton/error.h"
@@ -425,6 +426,49 @@ static void legacy_list(baton_http_req_t *req, baton_registry_t *reg)
     respond_json(req, 200, json_pack("{s:o}", "urls", urls), NULL, 0);
 }
 
+static const struct {
+    const char *path, *method;
+    void (*handle)(baton_http_req_t *req, baton_registry_t *reg);
+} legacy[] = {
+    {"/add_worker", "POST", legacy_add},
+    {"/remove_worker", "POST", legacy_remove},
+    {"/list_workers", "GET", legacy_list},
+};
+
+int baton_admin_is_path(const char *path)
+{
+    if (strcmp(path, "/workers") == 0 || strncmp(path, "/workers/", 9) == 0)
+        return 1;
+    for (size_t i = 0; i < sizeof(legacy) / sizeof(legacy[0]); i++)
+        if (strcmp(path, legacy[i].path) == 0)
+            return 1;
+    return 0;
+}
+
+int baton_admin_authorize(baton_http_req_t *req, baton_auth_t *auth)
+{
+    switch (baton_auth_check(auth, req, BATON_ROUTE_ADMIN)) {
+    case BATON_AUTH_OK:
+        return 0;
+    case BATON_AUTH_NOT_LOOPBACK:
+        log_warn_limited("router", "admin_refused", "admin_refused reason=not_loopback peer=%s",
+                         req->peer);
+        respond_err(req, 403, "FORBIDDEN",
+                    "admin routes answer loopback clients only (no admin token is configured)");
+        return 1;
+    default: {
+        log_warn_limited("router", "admin_refused", "admin_refused reason=bad_token peer=%s",
+                         req->peer);
+        baton_http_header_t h = {"WWW-Authenticate", "Bearer"};
+        respond_json(req, 401,
+                     json_pack("{s:s, s:s}", "error", "missing or invalid admin token", "code",
+                               "UNAUTHORIZED"),
+                     &h, 1);
+        return 1;
+    }
+    }
+}
+
 int baton_admin_handle(baton_http_req_t *req, baton_registry_t *reg)
 {
     const char *path = req->path;
@@ -442,14 +486,6 @@ int baton_admin_handle(baton_http_req_t *req, baton_registry_t *reg)
         worker_by_id(req, reg, path + 9);
         return 1;
     }
-    static const struct {
-        const char *path, *method;
-        void (*handle)(baton_http_req_t *req, baton_registry_t *reg);
-    } legacy[] = {
-        {"/add_worker", "POST", legacy_add},
-        {"/remove_worker", "POST", legacy_remove},
-        {"/list_workers", "GET", legacy_list},
-    };
     for (size_t i = 0; i < sizeof(legacy) / sizeof(legacy[0]); i++) {
         if (strcmp(path, legacy[i].path) != 0)
             continue;

@@ -5,6 +5,7 @@
 #include <jansson.h>
 
 #include "http/server.h"
+#include "router/auth.h"
 #include "router/registry.h"
 
 /*
@@ -33,6 +34,18 @@
 
 /* 1 when the path is an admin path (the request was answered, whatever the status), else 0. */
 int baton_admin_handle(baton_http_req_t *req, baton_registry_t *reg);
+
+/* 1 when baton_admin_handle would answer this path (whatever the method). */
+int baton_admin_is_path(const char *path);
+
+/*
+ * The admin routes' authorisation (docs/SECURITY.md): with an admin token configured, the
+ * request must carry "Authorization: Bearer TOKEN" (else 401 {"error","code":"UNAUTHORIZED"},
+ * WWW-Authenticate: Bearer); without one, only loopback clients are served (else 403
+ * {"error","code":"FORBIDDEN"}). 1 when it answered with the refusal, 0 when the request may
+ * go on to baton_admin_handle. auth NULL: everything may go on.
+ */
+int baton_admin_authorize(baton_http_req_t *req, baton_auth_t *auth);
 
 /* The JSON rendering of one worker shown above (a new reference), or NULL on ENOMEM. */
 json_t *baton_admin_worker_json(const baton_worker_t *w);

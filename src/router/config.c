@@ -2,6 +2,7 @@
 #include "router/config.h"
 
 #include "baton/error.h"
+#include "common/token_bucket.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -24,6 +25,9 @@ typedef enum {
     OPT_U64,      /* uint64_t */
     OPT_POLICY,   /* baton_policy_kind_t */
     OPT_LOGLEVEL, /* baton_log_level_t */
+    OPT_STRLIST,  /* baton_config_strlist_t: repeatable flag, JSON string or array of strings */
+    OPT_BOOL,     /* int 0/1: a bare flag (or --flag=true|false), JSON true/false */
+    OPT_RATE,     /* char *: "RPS[:BURST]", checked when set */
 } opt_type_t;
 
 typedef struct {
@@ -123,6 +127,26 @@ static const opt_t options[] = {
     {"--worker-drain-timeout-ms", NULL, "worker_drain_timeout_ms", OPT_U64,
      OFF(worker_drain_timeout_ms), 0, U64MAX, 0, "MS",
      "a removed worker's in-flight requests get this long"},
+    /* Authentication, authorisation and resource limits (issue 11: auth). */
+    {"--api-key", "auth", "api_key", OPT_STRLIST, OFF(api_keys), 0, 0, 0, "KEY",
+     "accepted Bearer key on inference routes (repeatable)"},
+    {"--api-key-file", "auth", "api_key_file", OPT_STR, OFF(api_key_file), 0, 0, 0, "FILE",
+     "accepted keys, one per line (re-read on SIGHUP)"},
+    {"--metrics-token", "auth", "metrics_token", OPT_STR, OFF(metrics_token), 0, 0, 0, "TOKEN",
+     "Bearer token /metrics requires (none: /metrics is open)"},
+    {"--admin-token", "auth", "admin_token", OPT_STR, OFF(admin_token), 0, 0, 0, "TOKEN",
+     "Bearer token of the admin routes (none: loopback clients only)"},
+    {"--admin-token-file", "auth", "admin_token_file", OPT_STR, OFF(admin_token_file), 0, 0, 0,
+     "FILE", "the admin token from a file (re-read on SIGHUP)"},
+    {"--rate-limit", "auth", "rate_limit", OPT_RATE, OFF(rate_limit), 0, 0, 0, "RPS[:BURST]",
+     "requests per second per API key (per client address without keys); 429 over it"},
+    {"--forward-authorization", "auth", "forward_authorization", OPT_BOOL,
+     OFF(forward_authorization), 0, 1, 0, "", "pass the client's Authorization to workers"},
+    {"--worker-api-key", "auth", "worker_api_key", OPT_STR, OFF(worker_api_key), 0, 0, 0, "KEY",
+     "Bearer key sent to workers that have no api_key of their own"},
+    {"--max-buffered-bytes", "limits", "max_buffered_bytes", OPT_SIZE,
+     OFF(limits.max_buffered_bytes), 0, (uint64_t)1 << 50, 0, "N",
+     "request bodies + queued responses held at once, all threads (0 = 1/4 of RAM)"},
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -217,6 +241,15 @@ void baton_config_free(baton_config_t *cfg)
     free(cfg->host);
     free(cfg->config_path);
     free(cfg->check_path);
+    for (size_t i = 0; i < cfg->api_keys.n; i++)
+        free(cfg->api_keys.v[i]);
+    free(cfg->api_keys.v);
+    free(cfg->api_key_file);
+    free(cfg->metrics_token);
+    free(cfg->admin_token);
+    free(cfg->admin_token_file);
+    free(cfg->rate_limit);
+    free(cfg->worker_api_key);
     for (size_t i = 0; i < cfg->n_workers; i++)
         worker_free(&cfg->workers[i]);
     free(cfg->workers);
@@ -273,9 +306,38 @@ static int set_from_string(baton_config_t *cfg, const opt_t *o, const char *wher
 {
     char *field = (char *)cfg + o->offset;
     switch (o->type) {
+    case OPT_STRLIST: {
+        baton_config_strlist_t *l = (baton_config_strlist_t *)field;
+        if (value[0] == '\0')
+            return set_err(err, errlen, BATON_EINVAL, "%s: must not be empty", where);
+        char **v = realloc(l->v, (l->n + 1) * sizeof(*v));
+        if (v == NULL)
+            return set_err(err, errlen, BATON_ENOMEM, "out of memory");
+        l->v = v;
+        if ((l->v[l->n] = strdup(value)) == NULL)
+            return set_err(err, errlen, BATON_ENOMEM, "out of memory");
+        l->n++;
+        return 0;
+    }
+    case OPT_BOOL:
+        if (strcmp(value, "true") == 0 || strcmp(value, "1") == 0)
+            *(int *)field = 1;
+        else if (strcmp(value, "false") == 0 || strcmp(value, "0") == 0)
+            *(int *)field = 0;
+        else
+            return set_err(err, errlen, BATON_EINVAL, "%s: expected true or false, not '%s'", where,
+                           value);
+        return 0;
+    case OPT_RATE:
     case OPT_STR: {
         if (value[0] == '\0')
             return set_err(err, errlen, BATON_EINVAL, "%s: must not be empty", where);
+        double rate, burst;
+        if (o->type == OPT_RATE && baton_token_bucket_parse(value, &rate, &burst) != 0)
+            return set_err(err, errlen, BATON_EINVAL,
+                           "%s: expected RPS or RPS:BURST (RPS > 0, BURST an integer >= 1), not "
+                           "'%.64s'",
+                           where, value);
         if (o->offset == OFF(check_path) &&
             (value[0] != '/' || strlen(value) >= 128 || strpbrk(value, " \r\n\t") != NULL))
             return set_err(err, errlen, BATON_EINVAL,
@@ -325,6 +387,31 @@ static int set_from_json(baton_config_t *cfg, const opt_t *o, const char *where,
                          char *err, size_t errlen)
 {
     switch (o->type) {
+    case OPT_STRLIST:
+        if (json_is_array(value)) {
+            size_t i;
+            json_t *e;
+            json_array_foreach(value, i, e)
+            {
+                if (!json_is_string(e))
+                    return set_err(err, errlen, BATON_EINVAL, "%s[%zu]: must be a string", where,
+                                   i);
+                int rc = set_from_string(cfg, o, where, json_string_value(e), err, errlen);
+                if (rc != 0)
+                    return rc;
+            }
+            return 0;
+        }
+        if (!json_is_string(value))
+            return set_err(err, errlen, BATON_EINVAL, "%s: must be a string or an array of them",
+                           where);
+        return set_from_string(cfg, o, where, json_string_value(value), err, errlen);
+    case OPT_BOOL:
+        if (!json_is_boolean(value))
+            return set_err(err, errlen, BATON_EINVAL, "%s: must be true or false", where);
+        *(int *)((char *)cfg + o->offset) = json_is_true(value);
+        return 0;
+    case OPT_RATE:
     case OPT_STR:
     case OPT_POLICY:
     case OPT_LOGLEVEL:
@@ -712,7 +799,10 @@ int baton_config_from_args(baton_config_t *cfg, int argc, char *const argv[], ch
                     o = &options[k];
             if (o == NULL)
                 return set_err(err, errlen, BATON_EINVAL, "unknown option '%s'", arg);
-            const char *value = flag_value(argc, argv, &i, arg, strlen(o->flag));
+            /* A boolean flag stands alone; only --flag=false takes a value. */
+            const char *value = o->type == OPT_BOOL && arg[strlen(o->flag)] == '\0'
+                                    ? "true"
+                                    : flag_value(argc, argv, &i, arg, strlen(o->flag));
             if (value == NULL)
                 return set_err(err, errlen, BATON_EINVAL, "%s: missing value %s", o->flag,
                                o->metavar);
@@ -761,7 +851,14 @@ static void default_text(const baton_config_t *d, const opt_t *o, char *buf, siz
     const char *field = (const char *)d + o->offset;
     switch (o->type) {
     case OPT_STR:
-        snprintf(buf, len, "%s", *(char *const *)field ? *(char *const *)field : "");
+    case OPT_RATE:
+        snprintf(buf, len, "%s", *(char *const *)field ? *(char *const *)field : "none");
+        break;
+    case OPT_STRLIST:
+        snprintf(buf, len, "none");
+        break;
+    case OPT_BOOL:
+        snprintf(buf, len, "%s", *(const int *)field ? "on" : "off");
         break;
     case OPT_INT:
         snprintf(buf, len, "%d", *(const int *)field);
@@ -794,8 +891,9 @@ void baton_config_print_help(FILE *out, const char *argv0)
             "Every option is also a key of the JSON config file (dashes become underscores;\n"
             "HTTP limits go under \"limits\", upstream timeouts under \"timeouts\", retry\n"
             "settings under \"retries\", admission control under \"admission\", health checks\n"
-            "and breakers under \"health\"); options given here override the file. Times are\n"
-            "in milliseconds. SIGHUP reloads the workers and policies from --config; SIGTERM\n"
+            "and breakers under \"health\", keys, tokens and rate limits under \"auth\");\n"
+            "options given here override the file. Times are in milliseconds. SIGHUP reloads\n"
+            "the workers and policies from --config and the key and token files; SIGTERM\n"
             "drains in-flight requests (--drain-timeout-ms) and exits 0.\n\n",
             argv0 ? argv0 : "baton");
     fprintf(out, "  %-32s %s\n", "--config FILE", "JSON config file (see conf/baton.json)");

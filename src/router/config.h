@@ -102,6 +102,32 @@
  *  worker_drain_timeout_ms      --worker-drain-timeout-ms N 30000 (a removed worker's in-flight
  *                                                               requests may finish this long,
  *                                                               then are cancelled)
+ *  Authentication, authorisation and resource limits (issue 11: auth; docs/SECURITY.md):
+ *  auth.api_key (string or array) --api-key KEY             none (repeatable; with any key set,
+ *                                                               inference routes need
+ *                                                               "Authorization: Bearer KEY", else
+ *                                                               401 invalid_api_key)
+ *  auth.api_key_file            --api-key-file FILE         none (one key per line, '#' comments;
+ *                                                               re-read on SIGHUP)
+ *  auth.metrics_token           --metrics-token TOKEN       none (/metrics open without it)
+ *  auth.admin_token             --admin-token TOKEN         none (admin routes: /workers*,
+ *                                                               /add_worker, /remove_worker,
+ *                                                               /list_workers; without a token
+ *                                                               they answer loopback clients only)
+ *  auth.admin_token_file        --admin-token-file FILE     none (first line; re-read on SIGHUP)
+ *  auth.rate_limit              --rate-limit RPS[:BURST]    none (token bucket per API key, per
+ *                                                               client address when no keys are
+ *                                                               set; 429 with Retry-After)
+ *  auth.forward_authorization   --forward-authorization     off  (pass the client's
+ *                                                               Authorization header to workers)
+ *  auth.worker_api_key          --worker-api-key KEY        none (sent to workers without an
+ *                                                               api_key of their own)
+ *  limits.max_buffered_bytes    --max-buffered-bytes N      0 = a quarter of physical memory
+ *                                                               (request bodies being read plus
+ *                                                               response bytes queued to
+ *                                                               clients, all threads; over it a
+ *                                                               body waits, 503 after the body
+ *                                                               timeout)
  *                               --config FILE               none (the JSON file above)
  *                               --help                      print this and exit 0
  *
@@ -122,6 +148,12 @@ typedef struct baton_config_worker_s {
     double cost;
     char *labels_json; /* NULL = none */
 } baton_config_worker_t;
+
+/* A repeatable string option (--api-key). */
+typedef struct baton_config_strlist_s {
+    char **v;
+    size_t n;
+} baton_config_strlist_t;
 
 typedef struct baton_config_s {
     char *host;
@@ -159,6 +191,16 @@ typedef struct baton_config_s {
     uint64_t breaker_cooldown_max_ms;
     uint64_t drain_timeout_ms;
     uint64_t worker_drain_timeout_ms;
+
+    /* Authentication, authorisation and resource limits (issue 11: auth; NULL = not set). */
+    baton_config_strlist_t api_keys;
+    char *api_key_file;
+    char *metrics_token;
+    char *admin_token;
+    char *admin_token_file;
+    char *rate_limit; /* "RPS[:BURST]", validated */
+    int forward_authorization;
+    char *worker_api_key;
 
     /* Private to config.c: which keys were given explicitly. */
     unsigned set_flags_;

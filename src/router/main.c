@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <uv.h>
 
@@ -70,9 +72,10 @@ struct app_s {
     uv_timer_t deadline;
     uv_async_t thread_done;
     uv_mutex_t lock;
-    unsigned n_done;    /* guarded by lock */
-    int stopping;       /* 1 draining, 2 forced */
-    retired_t *retired; /* policies replaced by reloads: freed at exit */
+    unsigned n_done;            /* guarded by lock */
+    int stopping;               /* 1 draining, 2 forced */
+    retired_t *retired;         /* policies replaced by reloads: freed at exit */
+    baton_http_budget_t budget; /* buffered bytes, all threads' servers */
 };
 
 /* ---- router threads ---- */
@@ -154,6 +157,7 @@ static void thread_main(void *arg)
         (rc = baton_proxy_loop_start(t->pl)) != 0 ||
         (rc = baton_http_server_create(&t->srv, &t->loop, &app->cfg.limits, baton_routes_handle,
                                        t->pl)) != 0 ||
+        (baton_http_server_set_budget(t->srv, &app->budget), 0) ||
         (rc = baton_http_server_listen(t->srv, app->cfg.host, t->port, 1)) != 0) {
         /* Start-up failure: the process exits; nothing to unwind. */
         t->rc = rc;
@@ -376,6 +380,12 @@ static void on_sighup(uv_signal_t *s, int signum)
         log_info("router", "reload_skipped reason=shutting_down");
         return;
     }
+    char err[512] = "";
+    if (baton_auth_reload(app->router.auth, err, sizeof(err)) != 0)
+        log_error("router", "auth_reload_failed reason=\"%s\" (keys and tokens unchanged)", err);
+    else if (app->cfg.api_key_file || app->cfg.admin_token_file)
+        log_info("router", "auth_reloaded api_keys=%zu admin_token=%d",
+                 baton_auth_n_keys(app->router.auth), baton_auth_has_admin_token(app->router.auth));
     reload(app);
 }
 
@@ -439,6 +449,8 @@ static int create_shared(app_t *app, char *err, size_t errlen)
         snprintf(err, errlen, "admission: %s", baton_strerror(rc));
         return rc;
     }
+    if ((rc = baton_auth_create(&r->auth, &app->cfg, err, errlen)) != 0)
+        return rc;
     return create_health(app, err, errlen);
 }
 
@@ -446,6 +458,7 @@ static void destroy_shared(app_t *app)
 {
     baton_router_t *r = &app->router;
     baton_whealth_destroy(r->health);
+    baton_auth_free(r->auth);
     baton_admission_destroy(r->admission);
     baton_resil_metrics_destroy(r->resil);
     baton_router_metrics_destroy(r->metrics);
@@ -463,6 +476,52 @@ static void destroy_shared(app_t *app)
     if (r->registry)
         baton_registry_destroy(r->registry);
     baton_config_free(&app->cfg);
+}
+
+/*
+ * Descriptors: the soft limit is raised to the hard one (1024 by default would cap the router
+ * far below --max-connections), and client connections are kept to half of what is left, so
+ * upstream connections, pools and files always find descriptors (the server backs off on
+ * EMFILE as a last resort, server.h).
+ */
+static void raise_fd_limit(baton_config_t *cfg, unsigned n_threads)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        log_warn("router", "fd_limit_unknown");
+        return;
+    }
+    rlim_t before = rl.rlim_cur;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    rlim_t cap = rl.rlim_cur == RLIM_INFINITY ? (rlim_t)1 << 30 : rl.rlim_cur;
+    rlim_t share = cap / 2 / (n_threads ? n_threads : 1);
+    if (share < 1)
+        share = 1;
+    if ((rlim_t)cfg->limits.max_connections > share) {
+        log_warn("router",
+                 "max_connections_lowered from=%u to=%llu reason=\"descriptor limit %llu: half "
+                 "of it for client connections\"",
+                 cfg->limits.max_connections, (unsigned long long)share, (unsigned long long)cap);
+        cfg->limits.max_connections = (unsigned)share;
+    }
+    log_info("router",
+             "fd_limit soft_before=%llu soft=%llu hard=%llu max_connections=%u threads=%u",
+             (unsigned long long)before, (unsigned long long)cap, (unsigned long long)rl.rlim_max,
+             cfg->limits.max_connections, n_threads);
+}
+
+/* --max-buffered-bytes 0: a quarter of physical memory (at least 64 MiB). */
+static size_t buffered_budget(const baton_config_t *cfg)
+{
+    if (cfg->limits.max_buffered_bytes)
+        return cfg->limits.max_buffered_bytes;
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    size_t b = pages > 0 && psz > 0 ? (size_t)pages / 4 * (size_t)psz : 0;
+    return b < ((size_t)64 << 20) ? (size_t)64 << 20 : b;
 }
 
 int main(int argc, char **argv)
@@ -500,6 +559,23 @@ int main(int argc, char **argv)
         destroy_shared(&app);
         return 2;
     }
+    raise_fd_limit(&app.cfg, app.cfg.threads ? app.cfg.threads : 1);
+    app.budget.max = buffered_budget(&app.cfg);
+    log_info("router", "memory_budget max_buffered_bytes=%zu max_body_bytes=%zu", app.budget.max,
+             app.cfg.limits.max_body_bytes);
+    if (baton_auth_has_admin_token(app.router.auth))
+        log_info("router", "admin_routes auth=token");
+    else
+        log_warn("router", "admin_routes auth=loopback_only reason=\"no --admin-token: /workers, "
+                           "/add_worker, /remove_worker and /list_workers answer loopback clients "
+                           "only\"");
+    if (baton_auth_n_keys(app.router.auth) == 0)
+        log_warn("router", "api_keys none=1 reason=\"no --api-key/--api-key-file: inference "
+                           "routes are open to every client\"");
+    else
+        log_info("router", "api_keys count=%zu rate_limit=%s forward_authorization=%d",
+                 baton_auth_n_keys(app.router.auth),
+                 app.cfg.rate_limit ? app.cfg.rate_limit : "none", app.cfg.forward_authorization);
     size_t counts[BATON_ROLE_COUNT];
     baton_registry_counts(app.router.registry, counts, NULL);
     log_info("router",

@@ -387,8 +387,10 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
     if (baton__try_start(pr, 1) == ST_WAIT) {
         if (baton__queue_add(pr) != 0) {
             baton_resil_metrics_rejected(r->resil, "queue_full");
-            log_info("router", "queue_full route=%s peer=%s queued=%u", route, req->peer,
-                     r->admission ? baton_admission_queued(r->admission) : 0);
+            /* A client flood hits this once per request: rate-limited (common/log.h). */
+            baton_log_limited(BATON_LOG_INFO, 10, "router", "queue_full",
+                              "queue_full route=%s peer=%s queued=%u", route, req->peer,
+                              r->admission ? baton_admission_queued(r->admission) : 0);
             baton__pr_respond_queue_full(pr);
         }
     }

@@ -13,6 +13,7 @@
 #include "http/client.h"
 #include "http/server.h"
 #include "router/admission.h"
+#include "router/auth.h"
 #include "router/config.h"
 #include "router/pdreq.h"
 #include "router/policy.h"
@@ -42,6 +43,7 @@ typedef struct baton_router_s {
     baton_admission_t *admission;
     baton_resil_metrics_t *resil;
     atomic_int draining;
+    baton_auth_t *auth; /* API keys, tokens, rate limits; NULL = every route open */
 } baton_router_t;
 
 /* The policy for a role (an atomic load: a reload may swap it). */

@@ -147,12 +147,15 @@ int baton__up_start(baton__preq_t *pr, baton__upstream_t *u, const char *method,
     u->n_hdrs = 0;
     if (body)
         u->hdrs[u->n_hdrs++] = (baton_http_header_t){"Content-Type", "application/json"};
-    /* The worker's own key wins; else the client's credentials go through (copied: the
-     * upstream request may outlive the client request). */
-    const baton_http_header_t *cauth = baton_http_req_header(pr->req, "Authorization");
-    if (w->api_key || cauth) {
-        if (w->api_key ? asprintf(&u->auth, "Bearer %s", w->api_key) < 0
-                       : !(u->auth = strdup(cauth->value))) {
+    /* The worker's own key wins, then --worker-api-key; the client's credentials go through
+     * only with --forward-authorization (they are the router's API keys, not the workers'),
+     * copied: the upstream request may outlive the client request. */
+    const baton_config_t *cfg = pr->pl->router->cfg;
+    const char *wkey = w->api_key ? w->api_key : cfg ? cfg->worker_api_key : NULL;
+    const baton_http_header_t *cauth =
+        cfg && cfg->forward_authorization ? baton_http_req_header(pr->req, "Authorization") : NULL;
+    if (wkey || cauth) {
+        if (wkey ? asprintf(&u->auth, "Bearer %s", wkey) < 0 : !(u->auth = strdup(cauth->value))) {
             u->auth = NULL;
             return BATON_ENOMEM;
         }

@@ -246,25 +246,28 @@ void baton__side_failed(baton__preq_t *pr, baton__upstream_t *u, int err)
             status = err == BATON_ENOMEM ? 500 : 502;
             ci = C_FAILED;
         }
+        /* Clients see the role and the worker id, never its address (the log line below
+         * keeps the URL for operators). */
         if (err == BATON_ESHUTDOWN)
             snprintf(msg, sizeof(msg), "%s worker %s was removed and its drain deadline passed",
-                     side, u->w->url);
+                     side, u->w->id);
         else
-            snprintf(msg, sizeof(msg), "%s worker %s failed: %s", side, u->w->url,
+            snprintf(msg, sizeof(msg), "%s worker %s failed: %s", side, u->w->id,
                      baton_strerror(err));
     } else {
         /* The worker's own error: its status, with the start of its body. */
         int n = u->resp.len < 200 ? (int)u->resp.len : 200;
-        snprintf(msg, sizeof(msg), "%s worker %s returned HTTP %d%s%.*s", side, u->w->url,
-                 u->status, n ? ": " : "", n, u->resp.data ? u->resp.data : "");
+        snprintf(msg, sizeof(msg), "%s worker %s returned HTTP %d%s%.*s", side, u->w->id, u->status,
+                 n ? ": " : "", n, u->resp.data ? u->resp.data : "");
         status = u->status >= 400 && u->status <= 599 ? u->status : 502;
         ci = C_STATUS;
     }
-    log_warn("router",
-             "upstream_failed route=%s side=%s worker=%s err=%s status=%d streaming=%d "
-             "attempt=%u",
-             pr->route, side, u->w->url, err ? baton_err_name(err) : "-", u->status,
-             baton__pr_streamed(pr), pr->attempts);
+    /* Clients can provoke this at will (requests a worker fails): rate-limited per site. */
+    log_warn_limited("router", "upstream_failed",
+                     "upstream_failed route=%s side=%s worker=%s err=%s status=%d streaming=%d "
+                     "attempt=%u",
+                     pr->route, side, u->w->url, err ? baton_err_name(err) : "-", u->status,
+                     baton__pr_streamed(pr), pr->attempts);
     unsigned role = (unsigned)u->w->role < BATON_ROLE_COUNT ? (unsigned)u->w->role : 2;
     if (!baton__pr_decided(pr))
         fail_set_error(pr, status, msg, "upstream_error", codes[role][ci]);

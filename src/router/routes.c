@@ -1,5 +1,6 @@
-/* routes.c — path → handler table of the router and the endpoints it answers itself (health,
- * readiness, metrics, model list); inference and info requests go to proxy.c. */
+/* routes.c — path → handler table of the router, who may call each route (auth.h) and the
+ * endpoints it answers itself (health, readiness, metrics, model list); inference and info
+ * requests go to proxy.c. */
 #include "router/routes.h"
 
 #include <stdio.h>
@@ -20,6 +21,7 @@ typedef struct route_s {
     const char *path;
     const char *method; /* the one method served; others get 405 with Allow: method */
     route_fn fn;
+    baton_route_class_t cls; /* who may call it */
 } route_t;
 
 static void h_chat(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
@@ -139,39 +141,82 @@ static void h_info(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *ro
 }
 
 static const route_t routes[] = {
-    {"/v1/chat/completions", "POST", h_chat},
-    {"/v1/completions", "POST", h_completions},
-    {"/generate", "POST", h_generate},
-    {"/v1/models", "GET", h_models},
-    {"/health", "GET", h_health},
-    {"/liveness", "GET", h_health},
-    {"/readiness", "GET", h_readiness},
-    {"/get_server_info", "GET", h_info},
-    {"/get_model_info", "GET", h_info},
-    {"/metrics", "GET", h_metrics},
+    {"/v1/chat/completions", "POST", h_chat, BATON_ROUTE_INFERENCE},
+    {"/v1/completions", "POST", h_completions, BATON_ROUTE_INFERENCE},
+    {"/generate", "POST", h_generate, BATON_ROUTE_INFERENCE},
+    {"/v1/models", "GET", h_models, BATON_ROUTE_INFERENCE},
+    {"/health", "GET", h_health, BATON_ROUTE_OPEN},
+    {"/liveness", "GET", h_health, BATON_ROUTE_OPEN},
+    {"/readiness", "GET", h_readiness, BATON_ROUTE_OPEN},
+    {"/get_server_info", "GET", h_info, BATON_ROUTE_INFERENCE},
+    {"/get_model_info", "GET", h_info, BATON_ROUTE_INFERENCE},
+    {"/metrics", "GET", h_metrics, BATON_ROUTE_METRICS},
 };
 
-static void method_not_allowed(baton_proxy_loop_t *pl, baton_http_req_t *req, const route_t *rt)
+/* An OpenAI-format error with one extra header (Allow, WWW-Authenticate, Retry-After). */
+static void respond_error_hdr(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
+                              int status, const char *msg, const char *type, const char *code,
+                              const baton_http_header_t *hdr)
 {
     baton_router_t *r = baton_proxy_loop_router(pl);
-    char msg[160];
-    snprintf(msg, sizeof(msg), "method %.16s not allowed on %s; use %s", req->method, rt->path,
-             rt->method);
-    json_t *j = json_pack("{s:{s:s,s:s,s:n,s:s}}", "error", "message", msg, "type",
-                          "invalid_request_error", "param", "code", "method_not_allowed");
+    json_t *j = json_pack("{s:{s:s,s:s,s:n,s:s}}", "error", "message", msg, "type", type, "param",
+                          "code", code);
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     if (!s) {
-        baton__respond_error(r, req, rt->path, 500, "router out of memory", "server_error", NULL,
+        baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
                              "internal_error");
         return;
     }
-    const baton_http_header_t allow = {"Allow", rt->method};
     uint64_t start = req->start_ns;
-    int rc = baton_http_respond(req, 405, "application/json", &allow, 1, s, strlen(s));
+    int rc = baton_http_respond(req, status, "application/json", hdr, 1, s, strlen(s));
     free(s);
     double d = baton_seconds_since(start);
-    baton_router_metrics_request_done(r->metrics, rt->path, rc == BATON_ECLOSED ? 499 : 405, d, d);
+    baton_router_metrics_request_done(r->metrics, route, rc == BATON_ECLOSED ? 499 : status, d, d);
+}
+
+static void method_not_allowed(baton_proxy_loop_t *pl, baton_http_req_t *req, const route_t *rt)
+{
+    char msg[160];
+    snprintf(msg, sizeof(msg), "method %.16s not allowed on %s; use %s", req->method, rt->path,
+             rt->method);
+    const baton_http_header_t allow = {"Allow", rt->method};
+    respond_error_hdr(pl, req, rt->path, 405, msg, "invalid_request_error", "method_not_allowed",
+                      &allow);
+}
+
+/* 1 when req may go on; else it was answered (401 or 429). Admin routes are admin.c's. */
+static int authorize(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
+                     baton_route_class_t cls)
+{
+    baton_auth_t *auth = baton_proxy_loop_router(pl)->auth;
+    baton_auth_result_t res = baton_auth_check(auth, req, cls);
+    if (res != BATON_AUTH_OK) {
+        static const baton_http_header_t www = {"WWW-Authenticate", "Bearer"};
+        int is_key = cls == BATON_ROUTE_INFERENCE;
+        log_warn_limited("router", "auth_failed", "auth_failed route=%s peer=%s reason=%s", route,
+                         req->peer, baton_auth_bearer(req) ? "wrong_token" : "no_token");
+        respond_error_hdr(pl, req, route, 401,
+                          is_key ? "Incorrect or missing API key: send it as "
+                                   "'Authorization: Bearer KEY'"
+                                 : "Incorrect or missing token: send it as "
+                                   "'Authorization: Bearer TOKEN'",
+                          "invalid_request_error", is_key ? "invalid_api_key" : "invalid_token",
+                          &www);
+        return 0;
+    }
+    unsigned retry_s = 1;
+    if (cls == BATON_ROUTE_INFERENCE && !baton_auth_rate(auth, req, uv_hrtime(), &retry_s)) {
+        char secs[16], msg[128];
+        snprintf(secs, sizeof(secs), "%u", retry_s);
+        snprintf(msg, sizeof(msg), "Rate limit reached: retry after %u s", retry_s);
+        const baton_http_header_t ra = {"Retry-After", secs};
+        log_warn_limited("router", "rate_limited", "rate_limited route=%s peer=%s", route,
+                         req->peer);
+        respond_error_hdr(pl, req, route, 429, msg, "rate_limit_error", "rate_limit_exceeded", &ra);
+        return 0;
+    }
+    return 1;
 }
 
 void baton_routes_handle(baton_http_req_t *req, void *ctx)
@@ -180,6 +225,10 @@ void baton_routes_handle(baton_http_req_t *req, void *ctx)
     for (size_t i = 0; i < sizeof(routes) / sizeof(*routes); i++) {
         if (strcmp(req->path, routes[i].path) != 0)
             continue;
+        /* Credentials first: a refused caller learns nothing about the route, not even its
+         * method. */
+        if (!authorize(pl, req, routes[i].path, routes[i].cls))
+            return;
         if (strcmp(req->method, routes[i].method) != 0) {
             method_not_allowed(pl, req, &routes[i]);
             return;
@@ -187,7 +236,14 @@ void baton_routes_handle(baton_http_req_t *req, void *ctx)
         routes[i].fn(pl, req, routes[i].path);
         return;
     }
-    if (baton_admin_handle(req, baton_proxy_loop_router(pl)->registry))
+    baton_router_t *r = baton_proxy_loop_router(pl);
+    if (baton_admin_is_path(req->path)) {
+        if (!baton_admin_authorize(req, r->auth))
+            baton_admin_handle(req, r->registry);
+        return;
+    }
+    /* Unknown paths need an API key too, so an anonymous caller cannot map the routes. */
+    if (!authorize(pl, req, "other", BATON_ROUTE_INFERENCE))
         return;
     char msg[160];
     snprintf(msg, sizeof(msg), "no route for %.16s %.100s", req->method, req->path);

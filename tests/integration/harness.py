@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 
 BUILD_DIR = os.environ.get("BATON_BUILD_DIR") or os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "build")
@@ -24,6 +25,31 @@ HOST = "127.0.0.1"
 
 # "listening addr=H:P" is the HTTP port; "<what>_listening addr=H:P" another one (bootstrap_...).
 _LISTEN_RE = re.compile(r"\s(?:([a-z]+)_)?listening addr=(\S+):(\d+)")
+
+
+# Issue 11: no answer a client gets may name an internal worker address. Each router started
+# here records the "host:port" of every worker URL on its command line (and in its --config
+# file, and those added through the admin API); request() fails on any response from that
+# router that names one, except on the admin and metrics routes, whose purpose is to show them.
+_WORKER_URL_RE = re.compile(r"https?://([A-Za-z0-9.\-\[\]:]+:\d+)")
+_ADDR_SHOWN_PATHS = ("/workers", "/add_worker", "/remove_worker", "/list_workers", "/metrics")
+_worker_addrs = {}  # router port -> set of "host:port"
+
+
+def note_worker_urls(router_port, text):
+    """Records the worker addresses named in text as ones router_port must never show."""
+    addrs = _worker_addrs.setdefault(router_port, set())
+    for m in _WORKER_URL_RE.finditer(urllib.parse.unquote(str(text))):
+        addrs.add(m.group(1))
+
+
+def assert_no_worker_addr(router_port, method, path, data):
+    """Fails when a router's answer (not an admin/metrics one) names a worker address."""
+    if path.split("?", 1)[0].startswith(_ADDR_SHOWN_PATHS):
+        return
+    text = data.decode("latin-1") if isinstance(data, bytes) else str(data)
+    for addr in _worker_addrs.get(router_port, ()):
+        assert addr not in text, f"{method} {path}: the answer names worker {addr}: {text[:300]}"
 
 
 def binary(name):
@@ -182,7 +208,14 @@ class Cluster:
 
     def router(self, *extra, name="router", env=None):
         argv = [binary("baton"), "--host", HOST, "--port", "0"] + list(extra)
-        return self.start(name, argv, env=env)
+        p = self.start(name, argv, env=env)
+        _worker_addrs[p.port] = set()
+        for i, a in enumerate(extra):
+            note_worker_urls(p.port, a)
+            if a == "--config" and i + 1 < len(extra):
+                with open(extra[i + 1], encoding="utf-8") as f:
+                    note_worker_urls(p.port, f.read())
+        return p
 
     def pd(self, worker_args=(), router_args=()):
         """One prefill, one decode and a router in front of them."""
@@ -219,9 +252,13 @@ def request(port, method, path, body=None, headers=None, timeout=30.0, host=HOST
         if body is not None and not isinstance(body, (bytes, str)):
             body = json.dumps(body)
             hdrs.setdefault("Content-Type", "application/json")
+        if path.startswith(("/workers", "/add_worker")):
+            note_worker_urls(port, path)
+            note_worker_urls(port, body if body is not None else "")
         conn.request(method, path, body=body, headers=hdrs)
         r = conn.getresponse()
         data = r.read()
+        assert_no_worker_addr(port, method, path, data)
         return Response(r.status, {k.lower(): v for k, v in r.getheaders()}, data)
     finally:
         conn.close()

@@ -299,6 +299,7 @@ class SSEClient:
 
     def __init__(self, port, path, body, timeout=10.0, host="127.0.0.1"):
         self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.port, self.path = port, path
         data = json.dumps(body).encode() if not isinstance(body, bytes) else body
         self.sock.sendall((f"POST {path} HTTP/1.1\r\nHost: {host}\r\n"
                            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
@@ -351,7 +352,11 @@ class SSEClient:
             self._body = rest
             data = [ln[5:].lstrip(b" ") for ln in block.split(b"\n") if ln.startswith(b"data:")]
             if data:
-                return b"\n".join(data).decode()
+                ev = b"\n".join(data).decode()
+                # issue 11: no SSE error event names a worker's address (harness.py)
+                from harness import assert_no_worker_addr
+                assert_no_worker_addr(self.port, "POST", self.path, ev)
+                return ev
 
     def next_event(self):
         """The next data payload (str), or None at the end of the stream."""

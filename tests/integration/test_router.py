@@ -388,16 +388,26 @@ def test_stream_backpressure():
 
 
 def test_client_auth_forwarded():
+    """The client's Authorization reaches the workers only with --forward-authorization (issue
+    11: by default it is the router's credential, not the workers')."""
     pair = Pair()
     try:
         with Cluster("router-auth") as c:
-            r = pd_router(c, pair)
+            r = pd_router(c, pair, "--forward-authorization")
             res = request(r.port, "POST", "/generate", body=json.dumps(GEN),
                           headers={"Authorization": "Bearer client-key",
                                    "Content-Type": "application/json"})
             assert res.status == 200, res.text
             assert pair.p.requests[0].headers.get("authorization") == "Bearer client-key"
             assert pair.d.requests[0].headers.get("authorization") == "Bearer client-key"
+            r.kill()
+            r = pd_router(c, pair)
+            res = request(r.port, "POST", "/generate", body=json.dumps(GEN),
+                          headers={"Authorization": "Bearer client-key",
+                                   "Content-Type": "application/json"})
+            assert res.status == 200, res.text
+            assert "authorization" not in pair.p.requests[1].headers, pair.p.requests[1].headers
+            assert "authorization" not in pair.d.requests[1].headers, pair.d.requests[1].headers
     finally:
         pair.close()
 

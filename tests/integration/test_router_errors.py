@@ -170,7 +170,11 @@ def test_prefill_down():
             d.reset()
             res = post(r.port, "/v1/chat/completions", dict(CHAT, stream=stream), timeout=15)
             err = openai_error(res, 502, code="prefill_unavailable")
-            assert "prefill" in err["message"] and str(dead) in err["message"], err
+            # issue 11: the role and the worker id, never the worker's address
+            wid = [w["id"] for w in get(r.port, "/workers").json()["workers"]
+                   if w["worker_type"] == "prefill"][0]
+            assert "prefill" in err["message"] and wid in err["message"], err
+            assert str(dead) not in err["message"] and "127.0.0.1" not in err["message"], err
             assert err["type"] == "upstream_error"
             # decode's request is cancelled at once: it may not even have reached decode; if
             # it did, its connection was closed
