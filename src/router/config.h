@@ -102,6 +102,14 @@
  *  worker_drain_timeout_ms      --worker-drain-timeout-ms N 30000 (a removed worker's in-flight
  *                                                               requests may finish this long,
  *                                                               then are cancelled)
+ *  -- shared registry on etcd (issue 14) --
+ *  registry.url                 --registry URL              none (etcd://host:port[,host:port
+ *                                                               ...]/prefix: workers are shared
+ *                                                               with every router on the prefix)
+ *  registry.user                --registry-user NAME        none (etcd authentication)
+ *  registry.password_file       --registry-password-file F  none (the user's password, read at
+ *                                                               start)
+ *  registry.timeout_ms          --registry-timeout-ms N     2000 (one etcd call)
  *                               --config FILE               none (the JSON file above)
  *                               --help                      print this and exit 0
  *
@@ -159,6 +167,12 @@ typedef struct baton_config_s {
     uint64_t breaker_cooldown_max_ms;
     uint64_t drain_timeout_ms;
     uint64_t worker_drain_timeout_ms;
+
+    /* Shared registry on etcd (issue 14); NULL = none. */
+    char *registry_url;
+    char *registry_user;
+    char *registry_password_file;
+    uint64_t registry_timeout_ms;
 
     /* Private to config.c: which keys were given explicitly. */
     unsigned set_flags_;
