@@ -311,6 +311,7 @@ static void on_range(void *data, int err, json_t *res)
     s->need_sync = 0;
     s->backoff_ms = BACKOFF_FIRST_MS;
     set_state(s, 1, 0);
+    step(s); /* admin changes queued during the read */
 }
 
 /* ---- publishing admin changes ---- */
