@@ -100,6 +100,10 @@ int baton_etcd_url_parse(const char *url, baton_etcd_url_t *out, char *err, size
             port = (int)v;
         }
         out->port[out->n++] = port;
+        if (end < slash && end + 1 == slash) {
+            snprintf(err, errlen, "empty endpoint after ','");
+            return BATON_EINVAL;
+        }
         p = end < slash ? end + 1 : end;
     }
     if (out->n == 0) {

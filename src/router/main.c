@@ -24,6 +24,7 @@
 #include "router/resil_metrics.h"
 #include "router/router_metrics.h"
 #include "router/routes.h"
+#include "router/token_metrics.h"
 
 /* After the drain deadline, requests are cancelled; if something still holds the process (an
  * upstream that never reports its close), it exits anyway this much later. */
@@ -438,6 +439,7 @@ static int create_shared(app_t *app, char *err, size_t errlen)
         snprintf(err, errlen, "metrics: %s", baton_strerror(rc));
         return rc;
     }
+    r->tokens = baton_token_metrics_create(r->metrics_reg);
     if ((rc = baton_admission_create(&r->admission, app->cfg.max_concurrent_requests,
                                      app->cfg.queue_size)) != 0) {
         snprintf(err, errlen, "admission: %s", baton_strerror(rc));
@@ -452,6 +454,7 @@ static void destroy_shared(app_t *app)
     baton_whealth_destroy(r->health);
     baton_admission_destroy(r->admission);
     baton_resil_metrics_destroy(r->resil);
+    baton_token_metrics_destroy(r->tokens);
     baton_router_metrics_destroy(r->metrics);
     if (r->metrics_reg)
         baton_metrics_destroy(r->metrics_reg);
