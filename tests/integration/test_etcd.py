@@ -333,6 +333,19 @@ def test_auth_user_password():
         os.unlink(pw)
 
 
+def test_convergence_scenario_smoke():
+    """loadtest/scenarios/registry_convergence.py --smoke runs and reports every table."""
+    import subprocess
+    scen = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "loadtest",
+                        "scenarios", "registry_convergence.py")
+    res = subprocess.run([sys.executable, scen, "--smoke", "--build-dir",
+                          os.path.dirname(binary("baton"))], capture_output=True, text=True,
+                         timeout=240)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "Convergence across routers" in res.stdout, res.stdout
+    assert "same set at the end" in res.stdout and "| NO" not in res.stdout, res.stdout
+
+
 def main():
     t = TestRunner()
     if etcd_binary() is None:
@@ -348,6 +361,7 @@ def main():
         t.run(test_lease_expiry_removes_killed_worker, etcd)
     t.run(test_compacted_revision_resyncs)
     t.run(test_auth_user_password)
+    t.run(test_convergence_scenario_smoke)
     t.finish()
 
 
