@@ -301,7 +301,7 @@ static void failover(call_t *c, int err)
     baton_etcd_t *e = c->e;
     if (e->cur == c->ep) {
         set_current(e, (c->ep + 1) % e->url.n);
-        log_info("etcd", "endpoint_switch to=%s reason=%s", e->endpoint, baton_err_name(err));
+        log_debug("etcd", "endpoint_switch to=%s reason=%s", e->endpoint, baton_err_name(err));
     }
     if (++c->tries >= e->url.n || e->closing || c->cancelled) {
         defer(c, err);

@@ -324,20 +324,34 @@ static void op_free(op_t *op)
 
 static void on_op_done(void *data, int err, json_t *res)
 {
-    (void)res;
     baton_etcd_sync_t *s = data;
     s->busy = 0;
     if (s->closing) {
         step(s);
         return;
     }
-    if (err != 0) {
-        /* Kept at the head: published (in order) before the next resync reads etcd back. */
+    op_t *op = container_of(baton_list_first(&s->pending), op_t, node);
+    if (err != 0 && err != BATON_EUPSTREAM) {
+        /* Unreachable: kept at the head, published (in order) before the next resync reads
+         * etcd back. */
         failed(s, err);
         return;
     }
-    op_t *op = container_of(baton_list_first(&s->pending), op_t, node);
     baton_list_remove(&op->node);
+    if (err == BATON_EUPSTREAM) {
+        /* etcd answered and refused (permissions, a bad key): retrying would block every later
+         * change and the resync; the next resync brings this router back to etcd's view. */
+        const char *m = json_string_value(json_object_get(res, "error"));
+        log_error("etcd", "publish_rejected op=%s id=%s reason=\"%.200s\"",
+                  op->is_put ? "put" : "delete", op->id, m ? m : "?");
+        baton_counter_add(s->m_errors, 1);
+        op_free(op);
+        s->need_sync = 1;
+        if (s->watch != NULL)
+            baton_etcd_watch_cancel(s->watch); /* its end starts the resync */
+        step(s);
+        return;
+    }
     char key[300 + BATON_WORKER_ID_MAX];
     int klen = snprintf(key, sizeof(key), "%s%s", s->key_prefix, op->id);
     uint64_t h = key_hash(key, (size_t)klen);

@@ -310,6 +310,11 @@ def test_compacted_revision_resyncs():
         srv.shutdown()
 
 
+def token(e):
+    t = e.call("/v3/auth/authenticate", {"name": "root", "password": "rootpw"})["token"]
+    return {"Authorization": t}
+
+
 def test_auth_user_password():
     """etcd with authentication on: routers log in with --registry-user/--registry-password-file."""
     with EtcdCluster(size=1, name="etcd-auth") as e, Cluster("etcd-auth-r") as c:
@@ -325,6 +330,28 @@ def test_auth_user_password():
         a, b = two_routers(c, e.url("/auth"), *args)
         assert post(a.port, "/workers", {"url": url(w.port)}).status == 202
         converge([b], lambda u: url(w.port) in u, "B sees A's registration with auth")
+        # A read-only user: sees the set; its own publication is refused, logged, and does not
+        # block the changes that follow.
+        e.call("/v3/auth/role/add", {"name": "reader"}, headers=token(e))
+        e.call("/v3/auth/role/grant", {"name": "reader", "perm": {
+            "permType": "READ", "key": b64("/auth/"), "range_end": b64("/auth0")}},
+            headers=token(e))
+        e.call("/v3/auth/user/add", {"name": "reader", "password": "readpw"}, headers=token(e))
+        e.call("/v3/auth/user/grant", {"user": "reader", "role": "reader"}, headers=token(e))
+        rpw = os.path.join(c.logdir, "rpw")
+        with open(rpw, "w") as f:
+            f.write("readpw")
+        ro = c.router("--registry", e.url("/auth"), *ROUTER_ARGS, "--registry-user", "reader",
+                      "--registry-password-file", rpw, name="router-ro")
+        converge([ro], lambda u: url(w.port) in u, "read-only router reads the set")
+        w2 = c.worker("regular")
+        assert post(ro.port, "/workers", {"url": url(w2.port)}).status == 202
+        ro.wait_log(r"publish_rejected op=put", timeout=10)
+        w3 = c.worker("regular")
+        assert post(a.port, "/workers", {"url": url(w3.port)}).status == 202
+        converge([ro, b], lambda u: url(w3.port) in u, "changes flow after a rejection")
+        assert url(w2.port) not in urls(b)
+        os.unlink(rpw)
         # Without credentials etcd refuses: the router says so and keeps retrying.
         bad = c.router("--registry", e.url("/auth"), *ROUTER_ARGS, name="router-noauth")
         wait_until(lambda: (metric(bad, "baton_registry_etcd_errors_total") or 0) >= 1,
