@@ -10,10 +10,11 @@
 #include "router/registry.h"
 
 /*
- * Layout: one key per worker, PREFIX/workers/ID, whose value is the POST /workers body
- * (baton_admin_spec_json). ID is the registry's id, derived from the worker URL, so every
- * router computes the same key. A worker that registers itself (baton-worker --register) puts
- * its key with a lease; the key, and with it the worker, goes when the lease expires.
+ * Layout: every key under PREFIX/workers/ is one worker, its value the POST /workers body
+ * (baton_admin_spec_json). Routers publish under PREFIX/workers/ID, ID being the registry's id
+ * (derived from the worker URL, so every router computes the same key); a worker that registers
+ * itself (baton-worker --register) puts PREFIX/workers/HOST:PORT on a lease, and the key, and
+ * with it the worker, goes when the lease expires.
  *
  * What a router does:
  *   - on start and after any break: publishes its pending admin changes, reads the whole prefix
