@@ -17,6 +17,9 @@
 
 #define BACKOFF_FIRST_MS 100
 #define BACKOFF_MAX_MS   2000
+/* A watch on a hung or partitioned member just goes quiet; a linearizable read this often
+ * (through the client's fail-over) tells whether the member the watch is on still serves. */
+#define CHECK_INTERVAL_MS 2000
 
 typedef struct op_s {
     baton_list_t node;
@@ -48,7 +51,9 @@ struct baton_etcd_sync_s {
     uint64_t backoff_ms;
     int connected; /* -1 before the first answer */
     uint64_t down_since_ms;
-    int handles_open;
+    uv_timer_t check;
+    int checking;       /* a liveness read in flight */
+    char watch_ep[300]; /* the endpoint the current watch was created on */
 
     /* etcd key hash → worker id (heap string): the workers this router has from etcd. */
     baton_u64map_t known;
@@ -227,8 +232,10 @@ static void on_watch_msg(void *data, json_t *res)
         baton_gauge_set(s->m_revision, (double)s->revision);
         baton_gauge_set(s->m_workers, (double)baton_registry_size(s->reg));
     }
-    if (json_is_true(json_object_get(res, "created")))
+    if (json_is_true(json_object_get(res, "created"))) {
+        snprintf(s->watch_ep, sizeof(s->watch_ep), "%s", baton_etcd_endpoint(s->etcd));
         set_state(s, 1, 0);
+    }
 }
 
 static void on_watch_end(void *data, int err, json_t *res)
@@ -236,6 +243,7 @@ static void on_watch_end(void *data, int err, json_t *res)
     (void)res;
     baton_etcd_sync_t *s = data;
     s->watch = NULL;
+    s->watch_ep[0] = '\0';
     if (s->closing) {
         step(s);
         return;
@@ -390,6 +398,38 @@ static int start_op(baton_etcd_sync_t *s, op_t *op)
     return rc;
 }
 
+static void on_check_done(void *data, int err, json_t *res)
+{
+    (void)res;
+    baton_etcd_sync_t *s = data;
+    s->checking = 0;
+    if (s->closing) {
+        step(s);
+        return;
+    }
+    if (s->watch == NULL)
+        return;
+    /* Failed everywhere, or answered by another member than the watch's: the watch may be
+     * stuck on a member that no longer serves; start over from a full read. */
+    if (err != 0 || strcmp(baton_etcd_endpoint(s->etcd), s->watch_ep) != 0) {
+        log_warn("etcd", "watch_stale watch_endpoint=%s answered_by=%s err=%s action=resync",
+                 s->watch_ep, err ? "none" : baton_etcd_endpoint(s->etcd), baton_err_name(err));
+        baton_etcd_watch_cancel(s->watch);
+    }
+}
+
+static void on_check(uv_timer_t *t)
+{
+    baton_etcd_sync_t *s = t->data;
+    if (s->closing || s->checking || s->watch == NULL || s->watch_ep[0] == '\0')
+        return;
+    json_t *k = baton_etcd_b64(s->key_prefix, strlen(s->key_prefix));
+    json_t *body = k ? json_pack("{s:o, s:b}", "key", k, "count_only", 1) : NULL;
+    if (body != NULL && baton_etcd_call(s->etcd, "/v3/kv/range", body, on_check_done, s) == 0)
+        s->checking = 1;
+    json_decref(body);
+}
+
 static void on_wake_closed(uv_handle_t *h)
 {
     baton_etcd_sync_t *s = h->data;
@@ -412,10 +452,11 @@ static void on_wake_closed(uv_handle_t *h)
 static void step(baton_etcd_sync_t *s)
 {
     if (s->closing) {
-        if (!s->busy && s->watch == NULL && s->etcd != NULL) {
+        if (!s->busy && !s->checking && s->watch == NULL && s->etcd != NULL) {
             baton_etcd_close(s->etcd);
             s->etcd = NULL;
             uv_close((uv_handle_t *)&s->retry, NULL);
+            uv_close((uv_handle_t *)&s->check, NULL);
             uv_close((uv_handle_t *)&s->wake, on_wake_closed); /* closes last: frees s */
         }
         return;
@@ -523,7 +564,8 @@ int baton_etcd_sync_create(baton_etcd_sync_t **sync_p, uv_loop_t *loop, baton_re
     uv_mutex_init(&s->lock);
     uv_async_init(loop, &s->wake, on_wake);
     uv_timer_init(loop, &s->retry);
-    s->wake.data = s->retry.data = s;
+    uv_timer_init(loop, &s->check);
+    s->wake.data = s->retry.data = s->check.data = s;
     if (metrics != NULL) {
         static const char *const ev_label[] = {"type"};
         baton_metric_family_t *ev = baton_metrics_counter(
@@ -565,6 +607,7 @@ void baton_etcd_sync_start(baton_etcd_sync_t *s)
     baton_registry_hooks_t hooks = {hook_add, hook_remove, s};
     baton_registry_set_hooks(s->reg, &hooks);
     baton_registry_set_shared_state(s->reg, "etcd", 0, "connecting");
+    uv_timer_start(&s->check, on_check, CHECK_INTERVAL_MS, CHECK_INTERVAL_MS);
     step(s);
 }
 
@@ -576,6 +619,7 @@ void baton_etcd_sync_close(baton_etcd_sync_t *s)
     baton_registry_hooks_t none = {NULL, NULL, NULL};
     baton_registry_set_hooks(s->reg, &none);
     uv_timer_stop(&s->retry);
+    uv_timer_stop(&s->check);
     if (s->watch != NULL)
         baton_etcd_watch_cancel(s->watch);
     step(s);

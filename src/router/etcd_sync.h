@@ -22,6 +22,9 @@
  *     from the read's revision + 1, so no change between the read and the watch is lost;
  *   - applies watch events as they come (put: add or replace; delete: remove);
  *   - a compacted watch revision, a cancelled watch or a broken stream → the same resync;
+ *   - every 2 s a linearizable count of the prefix (with the client's fail-over): when it fails,
+ *     or another member than the watch's answers it, the watch may sit on a hung or partitioned
+ *     member that sends nothing → the same resync, on a member that serves;
  *   - while etcd is unreachable it keeps its last set, retries with back-off (100 ms doubling
  *     to 2 s), logs it once per outage, and shows it in /readiness (registry shared state) and
  *     in baton_registry_etcd_up.

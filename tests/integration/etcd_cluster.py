@@ -157,6 +157,17 @@ class EtcdCluster:
             time.sleep(0.1)
         raise RuntimeError("etcd cluster has no leader")
 
+    def wait_serving(self, m, timeout=30.0):
+        """Waits until member m answers a linearizable read (a restarted member catches up)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.call("/v3/kv/range", {"key": b64("-")}, member=m, timeout=2.0)
+                return
+            except RuntimeError:
+                time.sleep(0.1)
+        raise RuntimeError(f"etcd member {m.name} does not serve")
+
     def keys(self, prefix):
         end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
         res = self.call("/v3/kv/range", {"key": b64(prefix), "range_end": b64(end)})

@@ -10,6 +10,7 @@ registry_convergence.py).
 import http.server
 import json
 import os
+import signal
 import socketserver
 import sys
 import threading
@@ -170,6 +171,30 @@ def test_kill_leader_under_load(etcd):
         print(f"  {load.ok} requests, none failed", flush=True)
         etcd.start(leader)  # back for the next tests
         etcd.wait_leader()
+        etcd.wait_serving(leader)
+
+
+def test_hung_member_watch_moves(etcd):
+    """The member both routers watch through stops answering (SIGSTOP: no close, no error):
+    the liveness read notices, the watch moves to a member that serves, changes flow again."""
+    prefix = "/t5"
+    with Cluster("etcd-t5") as c:
+        w = c.worker("regular")
+        victim = next(m for m in etcd.members if m is not etcd.wait_leader())  # keep the leader
+        etcd.wait_serving(victim)
+        a, b = two_routers(c, etcd.url(prefix, first=victim))
+        for r in (a, b):  # both really watch through it
+            r.wait_log(r"resynced .* endpoint=127\.0\.0\.1:%d" % victim.client)
+        os.killpg(victim.p.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: post(a.port, "/workers", {"url": url(w.port)}).status in (202, 409),
+                       timeout=10, what="registration through A")
+            converge([b], lambda u: url(w.port) in u, "B, whose watch was on the hung member",
+                     timeout=20)
+            b.wait_log(r"watch_stale watch_endpoint=127\.0\.0\.1:%d" % victim.client)
+            assert chat_ok(b)
+        finally:
+            os.killpg(victim.p.pid, signal.SIGCONT)
 
 
 def test_all_members_down_keep_serving_then_resync(etcd):
@@ -384,6 +409,7 @@ def main():
     with EtcdCluster(size=3) as etcd:
         t.run(test_register_a_route_b_remove_b_stops_a, etcd)
         t.run(test_kill_leader_under_load, etcd)
+        t.run(test_hung_member_watch_moves, etcd)
         t.run(test_all_members_down_keep_serving_then_resync, etcd)
         t.run(test_lease_expiry_removes_killed_worker, etcd)
     t.run(test_compacted_revision_resyncs)
