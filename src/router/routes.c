@@ -84,11 +84,16 @@ static void h_readiness(baton_proxy_loop_t *pl, baton_http_req_t *req, const cha
         respond_json(pl, req, route, 200, j);
         return;
     }
-    char msg[256];
-    snprintf(msg, sizeof(msg),
-             "not ready: needs at least one prefill and one decode worker, or one regular worker "
-             "(available: prefill=%zu decode=%zu regular=%zu)",
-             p, d, g);
+    char msg[600], src[16], detail[256];
+    int connected,
+        n = snprintf(msg, sizeof(msg),
+                     "not ready: needs at least one prefill and one decode worker, or "
+                     "one regular worker (available: prefill=%zu decode=%zu regular=%zu)",
+                     p, d, g);
+    if (baton_registry_shared_state(r->registry, src, sizeof(src), &connected, detail,
+                                    sizeof(detail)) &&
+        !connected && n > 0 && (size_t)n < sizeof(msg))
+        snprintf(msg + n, sizeof(msg) - (size_t)n, "; %s registry: %s", src, detail);
     baton__respond_error(r, req, route, 503, msg, "service_unavailable_error", NULL, "not_ready");
 }
 

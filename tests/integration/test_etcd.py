@@ -382,6 +382,9 @@ def test_auth_user_password():
         wait_until(lambda: (metric(bad, "baton_registry_etcd_errors_total") or 0) >= 1,
                    timeout=10, what="unauthenticated router fails")
         assert url(w.port) not in urls(bad)
+        # Not ready (no worker), and /readiness says why: the registry refuses it.
+        res = get(bad.port, "/readiness")
+        assert res.status == 503 and "etcd registry:" in res.text, res.text
         os.unlink(pw)
 
 
