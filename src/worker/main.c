@@ -60,7 +60,9 @@ static void usage(FILE *f)
             "                               add it; it goes when the worker stops or dies)\n"
             "  --register-ttl S             lease TTL in seconds (default 5)\n"
             "  --register-url URL           how routers reach this worker (default\n"
-            "                               http://HOST:PORT)\n",
+            "                               http://HOST:PORT)\n"
+            "  --register-user NAME         etcd user (authentication)\n"
+            "  --register-password-file F   file holding that user's password\n",
             wk_mode_name(d.mode), d.host, d.port, d.bootstrap_port, d.model_name,
             (unsigned long long)d.prefill_us_per_token, (unsigned long long)d.decode_us_per_token,
             d.max_batch, d.max_queue, (unsigned long long)d.bootstrap_timeout_ms,
@@ -112,12 +114,16 @@ enum {
     OPT_REGISTER,
     OPT_REGISTER_TTL,
     OPT_REGISTER_URL,
+    OPT_REGISTER_USER,
+    OPT_REGISTER_PASSWORD_FILE,
 };
 
 /* --register: kept here, not in wk_config_t, since only main() uses them. */
 static const char *register_etcd;
 static const char *register_url;
 static unsigned register_ttl_s = 5;
+static const char *register_user;
+static const char *register_password_file;
 
 static const struct option long_opts[] = {
     {"mode", required_argument, NULL, OPT_MODE},
@@ -145,6 +151,8 @@ static const struct option long_opts[] = {
     {"register", required_argument, NULL, OPT_REGISTER},
     {"register-ttl", required_argument, NULL, OPT_REGISTER_TTL},
     {"register-url", required_argument, NULL, OPT_REGISTER_URL},
+    {"register-user", required_argument, NULL, OPT_REGISTER_USER},
+    {"register-password-file", required_argument, NULL, OPT_REGISTER_PASSWORD_FILE},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -320,6 +328,12 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
         case OPT_REGISTER_URL:
             register_url = optarg;
             break;
+        case OPT_REGISTER_USER:
+            register_user = optarg;
+            break;
+        case OPT_REGISTER_PASSWORD_FILE:
+            register_password_file = optarg;
+            break;
         case 'h':
             usage(stdout);
             return 1;
@@ -387,8 +401,21 @@ static int start_registration(uv_loop_t *loop, const wk_config_t *cfg)
     for (char *p = name; *p; p++)
         if (*p == '/')
             *p = '_';
-    int rc = wk_register_start(&registration, loop, register_etcd, register_ttl_s, name, value, err,
-                               sizeof(err));
+    char password[256] = "";
+    if (register_password_file != NULL) {
+        FILE *f = fopen(register_password_file, "r");
+        int ok = f != NULL && fgets(password, sizeof(password), f) != NULL;
+        if (f)
+            fclose(f);
+        if (!ok) {
+            free(value);
+            log_error(COMP, "register_failed reason=\"cannot read --register-password-file\"");
+            return BATON_EINVAL;
+        }
+        password[strcspn(password, "\r\n")] = '\0';
+    }
+    int rc = wk_register_start(&registration, loop, register_etcd, register_user, password,
+                               register_ttl_s, name, value, err, sizeof(err));
     free(value);
     if (rc != 0)
         log_error(COMP, "register_failed reason=\"%s\"", err[0] ? err : baton_strerror(rc));

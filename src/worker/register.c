@@ -165,8 +165,9 @@ static void tick(uv_timer_t *t)
         schedule(r, 500);
 }
 
-int wk_register_start(wk_register_t **reg_p, uv_loop_t *loop, const char *etcd_url, unsigned ttl_s,
-                      const char *key_name, const char *value_json, char *err, size_t errlen)
+int wk_register_start(wk_register_t **reg_p, uv_loop_t *loop, const char *etcd_url,
+                      const char *user, const char *password, unsigned ttl_s, const char *key_name,
+                      const char *value_json, char *err, size_t errlen)
 {
     baton_etcd_url_t url;
     int rc = baton_etcd_url_parse(etcd_url, &url, err, errlen);
@@ -181,7 +182,7 @@ int wk_register_start(wk_register_t **reg_p, uv_loop_t *loop, const char *etcd_u
     snprintf(r->key, sizeof(r->key), "%s/workers/%s", url.prefix, key_name);
     /* Calls give up well inside one renewal period, so a slow member cannot eat the lease. */
     uint64_t timeout = renew_ms(r) / 2 > 200 ? renew_ms(r) / 2 : 200;
-    if ((rc = baton_etcd_create(&r->etcd, loop, &url, NULL, NULL, timeout)) != 0) {
+    if ((rc = baton_etcd_create(&r->etcd, loop, &url, user, password, timeout)) != 0) {
         free(r->value);
         free(r);
         return rc;

@@ -13,13 +13,15 @@
  * puts the key again. A worker that dies stops renewing: the key expires after at most ttl_s,
  * and every router drops the worker.
  *
+ * user/password: etcd authentication (NULL: none).
  * Threading: one loop; everything runs on it. Strings are copied.
  */
 typedef struct wk_register_s wk_register_t;
 
 /* 0, or BATON_EINVAL (bad URL: reason in err) / BATON_ENOMEM. The first grant starts at once. */
-int wk_register_start(wk_register_t **reg_p, uv_loop_t *loop, const char *etcd_url, unsigned ttl_s,
-                      const char *key_name, const char *value_json, char *err, size_t errlen);
+int wk_register_start(wk_register_t **reg_p, uv_loop_t *loop, const char *etcd_url,
+                      const char *user, const char *password, unsigned ttl_s, const char *key_name,
+                      const char *value_json, char *err, size_t errlen);
 
 /* Revokes the lease (the routers drop the worker now rather than after the TTL), then frees
  * everything; done (may be NULL) runs once that is over, on a later loop turn. */

@@ -355,6 +355,9 @@ def test_auth_user_password():
         a, b = two_routers(c, e.url("/auth"), *args)
         assert post(a.port, "/workers", {"url": url(w.port)}).status == 202
         converge([b], lambda u: url(w.port) in u, "B sees A's registration with auth")
+        sw = c.worker("regular", "--register", e.url("/auth"), "--register-user", "root",
+                      "--register-password-file", pw)
+        converge([a, b], lambda u: url(sw.port) in u, "a worker registering itself with auth")
         # A read-only user: sees the set; its own publication is refused, logged, and does not
         # block the changes that follow.
         e.call("/v3/auth/role/add", {"name": "reader"}, headers=token(e))
