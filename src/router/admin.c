@@ -130,6 +130,19 @@ json_t *baton_admin_worker_json(const baton_worker_t *w)
     return j;
 }
 
+json_t *baton_admin_spec_json(const baton_worker_t *w)
+{
+    json_t *labels = json_loads(w->labels_json, 0, NULL);
+    if (labels == NULL)
+        labels = json_object();
+    return json_pack("{s:s, s:s, s:o, s:o, s:o, s:i, s:f, s:o}", "url", w->url, "worker_type",
+                     baton_worker_role_name(w->role), "bootstrap_port",
+                     w->bootstrap_port >= 0 ? json_integer(w->bootstrap_port) : json_null(),
+                     "api_key", w->api_key ? json_string(w->api_key) : json_null(), "model_id",
+                     w->model_id ? json_string(w->model_id) : json_null(), "priority", w->priority,
+                     "cost", w->cost, "labels", labels);
+}
+
 /* ---- handlers ---- */
 
 static void add_result(baton_http_req_t *req, int rc, const char *err, baton_worker_t *w,
@@ -180,6 +193,74 @@ static int json_opt_string(json_t *obj, const char *key, const char **out, char 
     return 0;
 }
 
+int baton_admin_spec_parse(json_t *body, baton_worker_spec_t *spec, char **labels_p, char *err,
+                           size_t errlen)
+{
+    int rc = 0;
+    char *labels = NULL;
+    baton_worker_spec_init(spec);
+    if (!json_is_object(body)) {
+        snprintf(err, errlen, "the body must be a JSON object");
+        rc = BATON_EINVAL;
+    }
+    json_t *v;
+    if (rc == 0) {
+        v = json_object_get(body, "url");
+        if (!json_is_string(v)) {
+            snprintf(err, errlen, "url is required and must be a string");
+            rc = BATON_EINVAL;
+        } else {
+            spec->url = json_string_value(v);
+        }
+    }
+    if (rc == 0 && (v = json_object_get(body, "worker_type")) != NULL && !json_is_null(v)) {
+        if (!json_is_string(v) || baton_worker_role_parse(json_string_value(v), &spec->role) != 0) {
+            snprintf(err, errlen, "worker_type must be \"regular\", \"prefill\" or \"decode\"");
+            rc = BATON_EINVAL;
+        }
+    }
+    if (rc == 0 && (v = json_object_get(body, "bootstrap_port")) != NULL && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 65535) {
+            snprintf(err, errlen, "bootstrap_port must be an integer 1..65535 or null");
+            rc = BATON_EINVAL;
+        } else {
+            spec->bootstrap_port = (int)json_integer_value(v);
+        }
+    }
+    if (rc == 0)
+        rc = json_opt_string(body, "api_key", &spec->api_key, err, errlen);
+    if (rc == 0)
+        rc = json_opt_string(body, "model_id", &spec->model_id, err, errlen);
+    if (rc == 0 && (v = json_object_get(body, "priority")) != NULL && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
+            snprintf(err, errlen, "priority must be a non-negative integer");
+            rc = BATON_EINVAL;
+        } else {
+            spec->priority = (int)json_integer_value(v);
+        }
+    }
+    if (rc == 0 && (v = json_object_get(body, "cost")) != NULL && !json_is_null(v)) {
+        if (!json_is_number(v) || json_number_value(v) < 0) {
+            snprintf(err, errlen, "cost must be a number >= 0");
+            rc = BATON_EINVAL;
+        } else {
+            spec->cost = json_number_value(v);
+        }
+    }
+    if (rc == 0 && (v = json_object_get(body, "labels")) != NULL && !json_is_null(v)) {
+        if (!json_is_object(v)) {
+            snprintf(err, errlen, "labels must be an object");
+            rc = BATON_EINVAL;
+        } else if ((labels = json_dumps(v, JSON_COMPACT)) == NULL) {
+            rc = BATON_ENOMEM;
+        } else {
+            spec->labels_json = labels;
+        }
+    }
+    *labels_p = labels;
+    return rc;
+}
+
 static void post_workers(baton_http_req_t *req, baton_registry_t *reg)
 {
     json_error_t jerr;
@@ -189,72 +270,14 @@ static void post_workers(baton_http_req_t *req, baton_registry_t *reg)
         return;
     }
     char err[512] = "";
-    int rc = 0;
     char *labels = NULL;
     baton_worker_spec_t spec;
-    baton_worker_spec_init(&spec);
-    if (!json_is_object(body)) {
-        snprintf(err, sizeof(err), "the body must be a JSON object");
-        rc = BATON_EINVAL;
-    }
-    json_t *v;
-    if (rc == 0) {
-        v = json_object_get(body, "url");
-        if (!json_is_string(v)) {
-            snprintf(err, sizeof(err), "url is required and must be a string");
-            rc = BATON_EINVAL;
-        } else {
-            spec.url = json_string_value(v);
-        }
-    }
-    if (rc == 0 && (v = json_object_get(body, "worker_type")) != NULL && !json_is_null(v)) {
-        if (!json_is_string(v) || baton_worker_role_parse(json_string_value(v), &spec.role) != 0) {
-            snprintf(err, sizeof(err),
-                     "worker_type must be \"regular\", \"prefill\" or \"decode\"");
-            rc = BATON_EINVAL;
-        }
-    }
-    if (rc == 0 && (v = json_object_get(body, "bootstrap_port")) != NULL && !json_is_null(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 65535) {
-            snprintf(err, sizeof(err), "bootstrap_port must be an integer 1..65535 or null");
-            rc = BATON_EINVAL;
-        } else {
-            spec.bootstrap_port = (int)json_integer_value(v);
-        }
-    }
-    if (rc == 0)
-        rc = json_opt_string(body, "api_key", &spec.api_key, err, sizeof(err));
-    if (rc == 0)
-        rc = json_opt_string(body, "model_id", &spec.model_id, err, sizeof(err));
-    if (rc == 0 && (v = json_object_get(body, "priority")) != NULL && !json_is_null(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
-            snprintf(err, sizeof(err), "priority must be a non-negative integer");
-            rc = BATON_EINVAL;
-        } else {
-            spec.priority = (int)json_integer_value(v);
-        }
-    }
-    if (rc == 0 && (v = json_object_get(body, "cost")) != NULL && !json_is_null(v)) {
-        if (!json_is_number(v) || json_number_value(v) < 0) {
-            snprintf(err, sizeof(err), "cost must be a number >= 0");
-            rc = BATON_EINVAL;
-        } else {
-            spec.cost = json_number_value(v);
-        }
-    }
-    if (rc == 0 && (v = json_object_get(body, "labels")) != NULL && !json_is_null(v)) {
-        if (!json_is_object(v)) {
-            snprintf(err, sizeof(err), "labels must be an object");
-            rc = BATON_EINVAL;
-        } else if ((labels = json_dumps(v, JSON_COMPACT)) == NULL) {
-            rc = BATON_ENOMEM;
-        } else {
-            spec.labels_json = labels;
-        }
-    }
+    int rc = baton_admin_spec_parse(body, &spec, &labels, err, sizeof(err));
     baton_worker_t *w = NULL;
     if (rc == 0)
         rc = baton_registry_add(reg, &spec, &w, err, sizeof(err));
+    if (rc == 0)
+        baton_registry_publish_add(reg, w);
     add_result(req, rc, err, w, 0);
     baton_worker_unref(w);
     free(labels);
@@ -337,6 +360,7 @@ static void worker_by_id(baton_http_req_t *req, baton_registry_t *reg, const cha
         respond_err(req, 404, "WORKER_NOT_FOUND", "worker %.200s not found", ref);
         return;
     }
+    baton_registry_publish_remove(reg, w);
     char message[1200];
     snprintf(message, sizeof(message), "Successfully removed worker: %s", w->url);
     respond_json(req, 202,
@@ -381,6 +405,8 @@ static void legacy_add(baton_http_req_t *req, baton_registry_t *reg)
     char err[512] = "";
     baton_worker_t *w = NULL;
     int rc = baton_registry_add(reg, &spec, &w, err, sizeof(err));
+    if (rc == 0)
+        baton_registry_publish_add(reg, w);
     add_result(req, rc, err, w, 1);
     baton_worker_unref(w);
 }
@@ -394,10 +420,14 @@ static void legacy_remove(baton_http_req_t *req, baton_registry_t *reg)
                     r == 0 ? "url query parameter is required" : "url: bad encoding");
         return;
     }
-    if (baton_registry_remove_url(reg, url) != 0) {
+    baton_worker_t *w = baton_registry_find_url(reg, url);
+    if (w == NULL || baton_registry_remove(reg, w->id) != 0) {
+        baton_worker_unref(w);
         respond_err(req, 404, "WORKER_NOT_FOUND", "worker %.200s not found", url);
         return;
     }
+    baton_registry_publish_remove(reg, w);
+    baton_worker_unref(w);
     char message[1200];
     snprintf(message, sizeof(message), "Successfully removed worker: %s", url);
     respond_json(req, 200,

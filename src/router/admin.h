@@ -50,6 +50,19 @@ int baton_admin_authorize(baton_http_req_t *req, baton_auth_t *auth);
 /* The JSON rendering of one worker shown above (a new reference), or NULL on ENOMEM. */
 json_t *baton_admin_worker_json(const baton_worker_t *w);
 
+/*
+ * The POST /workers body (and the value a shared registry stores per worker) → a spec. The
+ * spec borrows body's strings; labels, when present, are re-serialized into *labels_p, which
+ * the caller frees (NULL when none) whatever the result. 0, BATON_EINVAL with the reason in
+ * err, or BATON_ENOMEM.
+ */
+int baton_admin_spec_parse(json_t *body, baton_worker_spec_t *spec, char **labels_p, char *err,
+                           size_t errlen);
+
+/* The registration fields of w in the POST /workers shape (api_key included: it is what a
+ * router needs to reach the worker). A new reference, or NULL on ENOMEM. */
+json_t *baton_admin_spec_json(const baton_worker_t *w);
+
 /* Decodes %XX and '+' (as space) of one query-string component into out (outlen bytes,
  * NUL-terminated). 0, or BATON_EINVAL on a bad escape, an encoded NUL, or not enough room. */
 int baton_url_decode(const char *in, size_t inlen, char *out, size_t outlen);

@@ -147,6 +147,15 @@ static const opt_t options[] = {
     {"--max-buffered-bytes", "limits", "max_buffered_bytes", OPT_SIZE,
      OFF(limits.max_buffered_bytes), 0, (uint64_t)1 << 50, 0, "N",
      "request bodies + queued responses held at once, all threads (0 = 1/4 of RAM)"},
+    /* Shared registry on etcd (issue 14). */
+    {"--registry", "registry", "url", OPT_STR, OFF(registry_url), 0, 0, 0, "URL",
+     "share workers through etcd: etcd://host:port[,host:port...]/prefix"},
+    {"--registry-user", "registry", "user", OPT_STR, OFF(registry_user), 0, 0, 0, "NAME",
+     "etcd user (authentication)"},
+    {"--registry-password-file", "registry", "password_file", OPT_STR, OFF(registry_password_file),
+     0, 0, 0, "FILE", "file holding the etcd user's password"},
+    {"--registry-timeout-ms", "registry", "timeout_ms", OPT_U64, OFF(registry_timeout_ms), 1,
+     U64MAX, 0, "MS", "one etcd call, connect included"},
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -222,6 +231,7 @@ int baton_config_init(baton_config_t *cfg)
     cfg->breaker_cooldown_max_ms = 30000;
     cfg->drain_timeout_ms = 10000;
     cfg->worker_drain_timeout_ms = 30000;
+    cfg->registry_timeout_ms = 2000;
     return 0;
 }
 
@@ -250,6 +260,9 @@ void baton_config_free(baton_config_t *cfg)
     free(cfg->admin_token_file);
     free(cfg->rate_limit);
     free(cfg->worker_api_key);
+    free(cfg->registry_url);
+    free(cfg->registry_user);
+    free(cfg->registry_password_file);
     for (size_t i = 0; i < cfg->n_workers; i++)
         worker_free(&cfg->workers[i]);
     free(cfg->workers);

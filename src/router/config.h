@@ -128,6 +128,14 @@
  *                                                               clients, all threads; over it a
  *                                                               body waits, 503 after the body
  *                                                               timeout)
+ *  -- shared registry on etcd (issue 14) --
+ *  registry.url                 --registry URL              none (etcd://host:port[,host:port
+ *                                                               ...]/prefix: workers are shared
+ *                                                               with every router on the prefix)
+ *  registry.user                --registry-user NAME        none (etcd authentication)
+ *  registry.password_file       --registry-password-file F  none (the user's password, read at
+ *                                                               start)
+ *  registry.timeout_ms          --registry-timeout-ms N     2000 (one etcd call)
  *                               --config FILE               none (the JSON file above)
  *                               --help                      print this and exit 0
  *
@@ -201,6 +209,11 @@ typedef struct baton_config_s {
     char *rate_limit; /* "RPS[:BURST]", validated */
     int forward_authorization;
     char *worker_api_key;
+    /* Shared registry on etcd (issue 14); NULL = none. */
+    char *registry_url;
+    char *registry_user;
+    char *registry_password_file;
+    uint64_t registry_timeout_ms;
 
     /* Private to config.c: which keys were given explicitly. */
     unsigned set_flags_;

@@ -18,6 +18,7 @@
 #include "http/server.h"
 #include "router/admission.h"
 #include "router/config.h"
+#include "router/etcd_sync.h"
 #include "router/policy.h"
 #include "router/proxy.h"
 #include "router/registry.h"
@@ -25,6 +26,7 @@
 #include "router/resil_metrics.h"
 #include "router/router_metrics.h"
 #include "router/routes.h"
+#include "router/token_metrics.h"
 
 /* After the drain deadline, requests are cancelled; if something still holds the process (an
  * upstream that never reports its close), it exits anyway this much later. */
@@ -72,10 +74,11 @@ struct app_s {
     uv_timer_t deadline;
     uv_async_t thread_done;
     uv_mutex_t lock;
-    unsigned n_done;            /* guarded by lock */
-    int stopping;               /* 1 draining, 2 forced */
-    retired_t *retired;         /* policies replaced by reloads: freed at exit */
-    baton_http_budget_t budget; /* buffered bytes, all threads' servers */
+    unsigned n_done;              /* guarded by lock */
+    int stopping;                 /* 1 draining, 2 forced */
+    retired_t *retired;           /* policies replaced by reloads: freed at exit */
+    baton_http_budget_t budget;   /* buffered bytes, all threads' servers */
+    baton_etcd_sync_t *etcd_sync; /* --registry etcd://...: on the main loop; NULL without */
 };
 
 /* ---- router threads ---- */
@@ -236,6 +239,8 @@ static void close_main_handles(app_t *app)
     uv_close((uv_handle_t *)&app->sighup, NULL);
     uv_close((uv_handle_t *)&app->deadline, NULL);
     uv_close((uv_handle_t *)&app->thread_done, NULL);
+    baton_etcd_sync_close(app->etcd_sync);
+    app->etcd_sync = NULL;
 }
 
 static void on_thread_done(uv_async_t *a)
@@ -444,6 +449,7 @@ static int create_shared(app_t *app, char *err, size_t errlen)
         snprintf(err, errlen, "metrics: %s", baton_strerror(rc));
         return rc;
     }
+    r->tokens = baton_token_metrics_create(r->metrics_reg);
     if ((rc = baton_admission_create(&r->admission, app->cfg.max_concurrent_requests,
                                      app->cfg.queue_size)) != 0) {
         snprintf(err, errlen, "admission: %s", baton_strerror(rc));
@@ -461,6 +467,7 @@ static void destroy_shared(app_t *app)
     baton_auth_free(r->auth);
     baton_admission_destroy(r->admission);
     baton_resil_metrics_destroy(r->resil);
+    baton_token_metrics_destroy(r->tokens);
     baton_router_metrics_destroy(r->metrics);
     if (r->metrics_reg)
         baton_metrics_destroy(r->metrics_reg);
@@ -522,6 +529,31 @@ static size_t buffered_budget(const baton_config_t *cfg)
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     size_t b = pages > 0 && psz > 0 ? (size_t)pages / 4 * (size_t)psz : 0;
     return b < ((size_t)64 << 20) ? (size_t)64 << 20 : b;
+}
+
+/* --registry: the shared worker set (etcd), kept in sync on the main loop. */
+static int start_etcd_sync(app_t *app, char *err, size_t errlen)
+{
+    char password[256] = "";
+    const baton_config_t *c = &app->cfg;
+    if (c->registry_password_file != NULL) {
+        FILE *f = fopen(c->registry_password_file, "r");
+        if (f == NULL || fgets(password, sizeof(password), f) == NULL) {
+            snprintf(err, errlen, "cannot read --registry-password-file");
+            if (f)
+                fclose(f);
+            return BATON_EINVAL;
+        }
+        fclose(f);
+        password[strcspn(password, "\r\n")] = '\0';
+    }
+    baton_etcd_sync_config_t sc = {c->registry_url, c->registry_user, password,
+                                   c->registry_timeout_ms};
+    int rc = baton_etcd_sync_create(&app->etcd_sync, app->main_loop, app->router.registry,
+                                    app->router.metrics_reg, &sc, err, errlen);
+    if (rc == 0)
+        baton_etcd_sync_start(app->etcd_sync);
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -589,6 +621,11 @@ int main(int argc, char **argv)
              (unsigned long long)app.cfg.check_interval_ms);
 
     app.main_loop = uv_default_loop();
+    if (app.cfg.registry_url != NULL && (rc = start_etcd_sync(&app, err, sizeof(err))) != 0) {
+        log_error("router", "startup_failed reason=\"registry: %s\"", err);
+        destroy_shared(&app);
+        return 2;
+    }
     uv_mutex_init(&app.lock);
     app.n_threads = app.cfg.threads ? app.cfg.threads : 1;
     app.threads = calloc(app.n_threads, sizeof(*app.threads));

@@ -42,6 +42,7 @@ typedef struct baton_router_s {
     baton_whealth_t *health;
     baton_admission_t *admission;
     baton_resil_metrics_t *resil;
+    struct baton_token_metrics_s *tokens; /* TTFT / ITL per route (token_metrics.h); may be NULL */
     atomic_int draining;
     baton_auth_t *auth; /* API keys, tokens, rate limits; NULL = every route open */
 } baton_router_t;

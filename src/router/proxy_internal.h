@@ -7,6 +7,7 @@
 #include "common/list.h"
 #include "router/pick.h"
 #include "router/proxy.h"
+#include "router/token_metrics.h"
 #include "http/sse.h"
 
 /*
@@ -184,8 +185,9 @@ typedef struct preq_s {
     /* When the first response byte went to the client; 0 before. Non-zero also tells that the
      * client's stream started (a failure then goes out as an SSE event, never retried). */
     uint64_t ttfb_ns;
-    baton_list_t link;  /* in pl->live */
-    baton_list_t qlink; /* in pl->queue while QUEUED */
+    baton_token_scan_t tokens; /* TTFT / inter-token latency of the relayed stream */
+    baton_list_t link;         /* in pl->live */
+    baton_list_t qlink;        /* in pl->queue while QUEUED */
 } baton__preq_t;
 
 /* ---- proxy.c: phases and life time ---- */

@@ -94,6 +94,7 @@ void baton__pr_stream_start(baton__preq_t *pr)
     static const baton_http_header_t extra[] = {{"Cache-Control", "no-cache"}};
     baton__pr_set_phase(pr, PH_STREAMING, "decode_stream");
     pr->ttfb_ns = uv_hrtime();
+    baton_token_scan_start(pr->pl->router->tokens, &pr->tokens, pr->route, pr->req->start_ns);
     baton_http_stream_start(pr->req, 200, "text/event-stream", extra, 1);
 }
 
@@ -121,6 +122,7 @@ static void client_write(baton__preq_t *pr, const char *data, size_t len)
 {
     if (!pr->req || len == 0)
         return;
+    baton_token_scan(&pr->tokens, data, len, uv_hrtime()); /* TTFT / ITL: scans, never copies */
     baton_http_stream_write(pr->req, data, len);
     if (!pr->bp_paused && baton_http_write_queue_size(pr->req) > BATON_PROXY_STREAM_HIGH_WATER) {
         pr->bp_paused = 1;

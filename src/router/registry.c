@@ -21,6 +21,12 @@ struct baton_registry_s {
     baton_worker_t *last;
     size_t n;
     atomic_ullong generation;
+    /* Shared registry (issue 14): set once before the loops start, then read-only. */
+    baton_registry_hooks_t hooks;
+    /* Its state for /readiness, guarded by lock. */
+    char shared_source[16];
+    int shared_connected;
+    char shared_detail[256];
 };
 
 static const char *const role_names[] = {"prefill", "decode", "regular"};
@@ -568,4 +574,47 @@ void baton_registry_set_draining(baton_registry_t *reg, baton_worker_t *w, int d
     int old = atomic_exchange(&w->draining, draining ? 1 : 0);
     if (old != (draining ? 1 : 0) && reg != NULL)
         bump(reg);
+}
+
+/* ---- shared registry hooks (issue 14) ---- */
+
+void baton_registry_set_hooks(baton_registry_t *reg, const baton_registry_hooks_t *hooks)
+{
+    reg->hooks = *hooks;
+}
+
+void baton_registry_publish_add(baton_registry_t *reg, const baton_worker_t *w)
+{
+    if (reg->hooks.published_add != NULL)
+        reg->hooks.published_add(reg->hooks.ctx, w);
+}
+
+void baton_registry_publish_remove(baton_registry_t *reg, const baton_worker_t *w)
+{
+    if (reg->hooks.published_remove != NULL)
+        reg->hooks.published_remove(reg->hooks.ctx, w);
+}
+
+void baton_registry_set_shared_state(baton_registry_t *reg, const char *source, int connected,
+                                     const char *detail)
+{
+    pthread_mutex_lock(&reg->lock);
+    snprintf(reg->shared_source, sizeof(reg->shared_source), "%s", source);
+    reg->shared_connected = connected;
+    snprintf(reg->shared_detail, sizeof(reg->shared_detail), "%s", detail ? detail : "");
+    pthread_mutex_unlock(&reg->lock);
+}
+
+int baton_registry_shared_state(baton_registry_t *reg, char *source, size_t source_len,
+                                int *connected_p, char *detail, size_t detail_len)
+{
+    pthread_mutex_lock(&reg->lock);
+    int has = reg->shared_source[0] != '\0';
+    if (has) {
+        snprintf(source, source_len, "%s", reg->shared_source);
+        *connected_p = reg->shared_connected;
+        snprintf(detail, detail_len, "%s", reg->shared_detail);
+    }
+    pthread_mutex_unlock(&reg->lock);
+    return has;
 }

@@ -204,6 +204,34 @@ int baton_worker_is_eligible(const baton_worker_t *w);
  * is too small). parsed_p may be NULL.
  */
 int baton_worker_url_normalize(const char *url, char *out, size_t outlen, baton_url_t *parsed_p);
+/* ---- shared registry (issue 14: several routers over etcd) ----
+ *
+ * The registry itself stays local to one router. A synchroniser (router/etcd_sync.h) mirrors a
+ * shared store into it, and learns through these hooks what an operator changed through this
+ * router's admin API, so that it can publish the change to the store. Changes the synchroniser
+ * applies itself are not published again (it calls add/remove directly, not publish_*).
+ */
+typedef struct baton_registry_hooks_s {
+    /* After an admin API add / remove on this router; on that request's thread. The worker is
+     * borrowed for the call. */
+    void (*published_add)(void *ctx, const baton_worker_t *w);
+    void (*published_remove)(void *ctx, const baton_worker_t *w);
+    void *ctx;
+} baton_registry_hooks_t;
+
+/* Set once, before any router thread starts (not synchronised). */
+void baton_registry_set_hooks(baton_registry_t *reg, const baton_registry_hooks_t *hooks);
+/* Called by the admin API after its local change succeeded; no-op without hooks. */
+void baton_registry_publish_add(baton_registry_t *reg, const baton_worker_t *w);
+void baton_registry_publish_remove(baton_registry_t *reg, const baton_worker_t *w);
+
+/* The shared store's state, shown by /readiness: source ("etcd"), whether it is reachable, and
+ * a one-line detail. Thread-safe. shared_state returns 0 when no shared store is configured. */
+void baton_registry_set_shared_state(baton_registry_t *reg, const char *source, int connected,
+                                     const char *detail);
+int baton_registry_shared_state(baton_registry_t *reg, char *source, size_t source_len,
+                                int *connected_p, char *detail, size_t detail_len);
+
 /* Room for any normalized URL: "http://" + [host] + ":65535" + prefix, both at their max. */
 #define BATON_WORKER_URL_MAX 600
 

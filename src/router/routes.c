@@ -72,16 +72,30 @@ static void h_readiness(baton_proxy_loop_t *pl, baton_http_req_t *req, const cha
         return;
     }
     if ((p >= 1 && d >= 1) || g >= 1) {
-        respond_json(pl, req, route, 200,
-                     json_pack("{s:s,s:I,s:I,s:I}", "status", "ready", "prefill", (json_int_t)p,
-                               "decode", (json_int_t)d, "regular", (json_int_t)g));
+        json_t *j = json_pack("{s:s,s:I,s:I,s:I}", "status", "ready", "prefill", (json_int_t)p,
+                              "decode", (json_int_t)d, "regular", (json_int_t)g);
+        /* A shared registry (etcd) that is unreachable does not make the router unready: it
+         * serves its last known workers, and says so here. */
+        char src[16], detail[256];
+        int connected;
+        if (j && baton_registry_shared_state(r->registry, src, sizeof(src), &connected, detail,
+                                             sizeof(detail)))
+            json_object_set_new(j, "registry",
+                                json_pack("{s:s,s:b,s:s}", "source", src, "connected", connected,
+                                          "detail", detail));
+        respond_json(pl, req, route, 200, j);
         return;
     }
-    char msg[256];
-    snprintf(msg, sizeof(msg),
-             "not ready: needs at least one prefill and one decode worker, or one regular worker "
-             "(available: prefill=%zu decode=%zu regular=%zu)",
-             p, d, g);
+    char msg[600], src[16], detail[256];
+    int connected,
+        n = snprintf(msg, sizeof(msg),
+                     "not ready: needs at least one prefill and one decode worker, or "
+                     "one regular worker (available: prefill=%zu decode=%zu regular=%zu)",
+                     p, d, g);
+    if (baton_registry_shared_state(r->registry, src, sizeof(src), &connected, detail,
+                                    sizeof(detail)) &&
+        !connected && n > 0 && (size_t)n < sizeof(msg))
+        snprintf(msg + n, sizeof(msg) - (size_t)n, "; %s registry: %s", src, detail);
     baton__respond_error(r, req, route, 503, msg, "service_unavailable_error", NULL, "not_ready");
 }
 

@@ -1,5 +1,6 @@
 /* main.c — baton-worker's command line, signals and event loop. */
 #include <errno.h>
+#include <jansson.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -9,6 +10,7 @@
 
 #include "baton/error.h"
 #include "common/log.h"
+#include "worker/register.h"
 #include "worker/worker.h"
 
 #define COMP "worker"
@@ -50,7 +52,17 @@ static void usage(FILE *f)
             "  --transport LIST             KV transports in fallback order, from rdma, shm, tcp\n"
             "                               (default shm,tcp)\n"
             "  --layerwise on|off           prefill: write each layer as it is computed\n"
-            "                               (default on)\n",
+            "                               (default on)\n"
+            "\n"
+            "Shared registry (several routers over etcd):\n"
+            "  --register URL               etcd://host:port[,host:port...]/prefix: register this\n"
+            "                               worker there on a lease (routers watching the prefix\n"
+            "                               add it; it goes when the worker stops or dies)\n"
+            "  --register-ttl S             lease TTL in seconds (default 5)\n"
+            "  --register-url URL           how routers reach this worker (default\n"
+            "                               http://HOST:PORT)\n"
+            "  --register-user NAME         etcd user (authentication)\n"
+            "  --register-password-file F   file holding that user's password\n",
             wk_mode_name(d.mode), d.host, d.port, d.bootstrap_port, d.model_name,
             (unsigned long long)d.prefill_us_per_token, (unsigned long long)d.decode_us_per_token,
             d.max_batch, d.max_queue, (unsigned long long)d.bootstrap_timeout_ms,
@@ -98,7 +110,20 @@ enum {
     OPT_TRANSPORT,
     OPT_LAYERWISE,
     OPT_FAULT_CORRUPT,
+    /* --register (issue 14) */
+    OPT_REGISTER,
+    OPT_REGISTER_TTL,
+    OPT_REGISTER_URL,
+    OPT_REGISTER_USER,
+    OPT_REGISTER_PASSWORD_FILE,
 };
+
+/* --register: kept here, not in wk_config_t, since only main() uses them. */
+static const char *register_etcd;
+static const char *register_url;
+static unsigned register_ttl_s = 5;
+static const char *register_user;
+static const char *register_password_file;
 
 static const struct option long_opts[] = {
     {"mode", required_argument, NULL, OPT_MODE},
@@ -123,6 +148,11 @@ static const struct option long_opts[] = {
     {"layerwise", required_argument, NULL, OPT_LAYERWISE},
     /* tests only, not in --help (docs/WORKER.md): corrupt one KV byte of every Nth room */
     {"fault-corrupt-kv-every", required_argument, NULL, OPT_FAULT_CORRUPT},
+    {"register", required_argument, NULL, OPT_REGISTER},
+    {"register-ttl", required_argument, NULL, OPT_REGISTER_TTL},
+    {"register-url", required_argument, NULL, OPT_REGISTER_URL},
+    {"register-user", required_argument, NULL, OPT_REGISTER_USER},
+    {"register-password-file", required_argument, NULL, OPT_REGISTER_PASSWORD_FILE},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -287,6 +317,23 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
                 return -1;
             cfg->fault_corrupt_kv_every = (uint32_t)v;
             break;
+        case OPT_REGISTER:
+            register_etcd = optarg;
+            break;
+        case OPT_REGISTER_TTL:
+            if (parse_u64("--register-ttl", optarg, 2, 3600, &v))
+                return -1;
+            register_ttl_s = (unsigned)v;
+            break;
+        case OPT_REGISTER_URL:
+            register_url = optarg;
+            break;
+        case OPT_REGISTER_USER:
+            register_user = optarg;
+            break;
+        case OPT_REGISTER_PASSWORD_FILE:
+            register_password_file = optarg;
+            break;
         case 'h':
             usage(stdout);
             return 1;
@@ -326,6 +373,54 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
 static wk_worker_t worker;
 static uv_signal_t sig_term, sig_int;
 static uv_timer_t hard_stop;
+static wk_register_t *registration;
+
+/* The router's POST /workers body for this worker, and the key name it goes under. */
+static int start_registration(uv_loop_t *loop, const wk_config_t *cfg)
+{
+    char url[300], err[256] = "";
+    if (register_url != NULL)
+        snprintf(url, sizeof(url), "%s", register_url);
+    else if (strchr(cfg->host, ':') != NULL)
+        snprintf(url, sizeof(url), "http://[%s]:%d", cfg->host, worker.http_port);
+    else
+        snprintf(url, sizeof(url), "http://%s:%d", cfg->host, worker.http_port);
+    json_t *boot = cfg->mode == WK_MODE_PREFILL && worker.kv
+                       ? json_integer(wk_kv_listen_port(worker.kv))
+                       : json_null();
+    json_t *j =
+        json_pack("{s:s, s:s, s:o, s:s}", "url", url, "worker_type", wk_mode_name(cfg->mode),
+                  "bootstrap_port", boot, "model_id", cfg->model_name);
+    char *value = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(j);
+    if (value == NULL)
+        return BATON_ENOMEM;
+    /* One key per worker URL: the URL without its scheme, '/' made safe. */
+    char name[300];
+    snprintf(name, sizeof(name), "%s", url + strlen("http://"));
+    for (char *p = name; *p; p++)
+        if (*p == '/')
+            *p = '_';
+    char password[256] = "";
+    if (register_password_file != NULL) {
+        FILE *f = fopen(register_password_file, "r");
+        int ok = f != NULL && fgets(password, sizeof(password), f) != NULL;
+        if (f)
+            fclose(f);
+        if (!ok) {
+            free(value);
+            log_error(COMP, "register_failed reason=\"cannot read --register-password-file\"");
+            return BATON_EINVAL;
+        }
+        password[strcspn(password, "\r\n")] = '\0';
+    }
+    int rc = wk_register_start(&registration, loop, register_etcd, register_user, password,
+                               register_ttl_s, name, value, err, sizeof(err));
+    free(value);
+    if (rc != 0)
+        log_error(COMP, "register_failed reason=\"%s\"", err[0] ? err : baton_strerror(rc));
+    return rc;
+}
 
 static void on_worker_closed(wk_worker_t *w)
 {
@@ -350,6 +445,8 @@ static void on_signal(uv_signal_t *h, int signum)
     /* a stuck close must not keep the process alive; the timer itself holds nothing open */
     uv_timer_start(&hard_stop, hard_stop_cb, 5000, 0);
     uv_unref((uv_handle_t *)&hard_stop);
+    wk_register_stop(registration, NULL, NULL);
+    registration = NULL;
     wk_worker_shutdown(&worker, on_worker_closed);
 }
 
@@ -375,6 +472,8 @@ int main(int argc, char **argv)
         log_error(COMP, "exiting err=%s", baton_strerror(rc));
         return 1;
     }
+    if (register_etcd != NULL && start_registration(loop, &cfg) != 0)
+        return 2;
     uv_run(loop, UV_RUN_DEFAULT);
     uv_loop_close(loop);
     return 0;

@@ -1,0 +1,207 @@
+"""test_deploy_k8s.py — deploy/kubernetes/ checked offline.
+
+`kubectl --dry-run=client` cannot run here: it still asks an API server for the resource
+mapping (tried: "unable to recognize ... localhost:8080"). So the manifests get:
+  - a structure check with PyYAML (Debian python3-yaml): known kinds and apiVersions, required
+    fields, selectors that match their pods, Service/ServiceMonitor/probe ports that exist,
+    resource requests everywhere, probes on /liveness and /readiness (router), PDBs that allow
+    no full outage;
+  - the real binaries run with the manifests' own arguments (pod variables substituted, ports
+    made ephemeral): the router starts with the ConfigMap's baton.json, baton-worker accepts
+    its container arguments;
+  - `kubectl kustomize` (offline) on the kustomization when a kubectl is installed.
+"""
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Cluster, SkipTest, TestRunner, binary, get  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+K8S = os.path.join(ROOT, "deploy", "kubernetes")
+
+KINDS = {
+    "ConfigMap": "v1", "Service": "v1", "Deployment": "apps/v1", "StatefulSet": "apps/v1",
+    "PodDisruptionBudget": "policy/v1", "ServiceMonitor": "monitoring.coreos.com/v1",
+    "RoleBasedGroup": "workloads.x-k8s.io/v1alpha1",
+    "Kustomization": "kustomize.config.k8s.io/v1beta1",
+}
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def load_docs():
+    import yaml
+    docs = []
+    for path in sorted(glob.glob(os.path.join(K8S, "**", "*.yaml"), recursive=True)):
+        with open(path) as f:
+            for d in yaml.safe_load_all(f):
+                if d:
+                    docs.append((os.path.relpath(path, K8S), d))
+    return docs
+
+
+def pods(docs):
+    """(file, workload name, replicas, pod template) of every workload, RBG roles included."""
+    out = []
+    for f, d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet"):
+            out.append((f, d["metadata"]["name"], d["spec"].get("replicas", 1),
+                        d["spec"]["template"]))
+        elif d["kind"] == "RoleBasedGroup":
+            for role in d["spec"]["roles"]:
+                out.append((f, f"{d['metadata']['name']}/{role['name']}", role["replicas"],
+                            role["template"]))
+    return out
+
+
+def matches(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_structure():
+    try:
+        docs = load_docs()
+    except ImportError:
+        raise SkipTest("python3-yaml not installed (scripts/install-deps.sh --test)")
+    kinds = [d["kind"] for _, d in docs]
+    for k in ("ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor",
+              "RoleBasedGroup", "StatefulSet"):
+        assert k in kinds, f"no {k} in deploy/kubernetes"
+    for f, d in docs:
+        assert d.get("kind") in KINDS, (f, d.get("kind"))
+        assert d.get("apiVersion") == KINDS[d["kind"]], (f, d["kind"], d.get("apiVersion"))
+        if d["kind"] != "Kustomization":
+            assert NAME_RE.match(d["metadata"]["name"]), (f, d["metadata"])
+    # Workloads: selectors match their pods; every container has requests, a memory limit,
+    # probes on ports it declares.
+    wl = pods(docs)
+    for f, d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet"):
+            assert matches(d["spec"]["selector"]["matchLabels"],
+                           d["spec"]["template"]["metadata"]["labels"]), (f, d["metadata"])
+    for f, name, replicas, tpl in wl:
+        assert replicas >= 2, (name, "a single replica is an outage on every restart")
+        for c in tpl["spec"]["containers"]:
+            req = c.get("resources", {}).get("requests", {})
+            assert "cpu" in req and "memory" in req, (name, c["name"], "requests")
+            assert "memory" in c["resources"].get("limits", {}), (name, c["name"], "limit")
+            port_names = {p["name"] for p in c.get("ports", [])}
+            for probe in ("livenessProbe", "readinessProbe"):
+                hg = c[probe]["httpGet"]
+                assert hg["port"] in port_names, (name, probe, hg)
+            if c.get("command") == ["baton"]:
+                assert c["livenessProbe"]["httpGet"]["path"] == "/liveness", name
+                assert c["readinessProbe"]["httpGet"]["path"] == "/readiness", name
+    # Services select pods and target named ports they have.
+    services = [(f, d) for f, d in docs if d["kind"] == "Service"]
+    for f, s in services:
+        sel = s["spec"]["selector"]
+        targets = [tpl for _, _, _, tpl in wl if matches(sel, tpl["metadata"]["labels"])]
+        assert targets, (f, s["metadata"]["name"], "selects no pod")
+        for p in s["spec"]["ports"]:
+            tp = p.get("targetPort", p["port"])
+            if isinstance(tp, str):
+                assert any(tp in {cp["name"] for c in t["spec"]["containers"]
+                                  for cp in c.get("ports", [])} for t in targets), (f, tp)
+    # ServiceMonitors select a Service and scrape a port it names.
+    for f, sm in ((f, d) for f, d in docs if d["kind"] == "ServiceMonitor"):
+        sel = sm["spec"]["selector"]["matchLabels"]
+        svc = [s for _, s in services if matches(sel, s["metadata"].get("labels", {}))]
+        assert svc, (f, sm["metadata"]["name"], "selects no Service")
+        for ep in sm["spec"]["endpoints"]:
+            assert ep["path"] == "/metrics"
+            assert any(ep["port"] in {p["name"] for p in s["spec"]["ports"]} for s in svc), ep
+    # PDBs select a workload and never allow all of it down (nor block every eviction).
+    for f, pdb in ((f, d) for f, d in docs if d["kind"] == "PodDisruptionBudget"):
+        sel = pdb["spec"]["selector"]["matchLabels"]
+        sel_wl = [(n, r) for _, n, r, tpl in wl if matches(sel, tpl["metadata"]["labels"])]
+        assert sel_wl, (f, pdb["metadata"]["name"], "selects nothing")
+        for n, r in sel_wl:
+            if "minAvailable" in pdb["spec"]:
+                assert 1 <= pdb["spec"]["minAvailable"] < r, (n, pdb["spec"], r)
+            else:
+                assert 1 <= pdb["spec"]["maxUnavailable"] < r, (n, pdb["spec"], r)
+    # RBG: router, prefill and decode roles; the router starts after both pools.
+    rbg = next(d for _, d in docs if d["kind"] == "RoleBasedGroup")
+    roles = {r["name"]: r for r in rbg["spec"]["roles"]}
+    assert set(roles) == {"router", "prefill", "decode"}, roles.keys()
+    assert set(roles["router"]["dependencies"]) == {"prefill", "decode"}
+    # The kustomization lists files that exist.
+    kust = next(d for _, d in docs if d["kind"] == "Kustomization")
+    for r in kust["resources"]:
+        assert os.path.exists(os.path.join(K8S, r)), r
+
+
+def container(docs, name_prefix, cname):
+    for _, n, _, tpl in pods(docs):
+        if n.startswith(name_prefix):
+            for c in tpl["spec"]["containers"]:
+                if c["name"] == cname:
+                    return c
+    raise AssertionError(f"no container {cname} in {name_prefix}")
+
+
+def test_binaries_accept_the_manifests():
+    """The ConfigMap's baton.json starts a router; the worker containers' args parse."""
+    try:
+        docs = load_docs()
+    except ImportError:
+        raise SkipTest("python3-yaml not installed (scripts/install-deps.sh --test)")
+    cm = next(d for _, d in docs if d["kind"] == "ConfigMap")
+    conf = json.loads(cm["data"]["baton.json"])
+    assert conf["registry"]["url"].startswith("etcd://")
+    # Loopback, ephemeral port, and an etcd that is not there: the router must still start
+    # (it serves its last known set, empty here) and say the registry is unreachable.
+    conf.update(host="127.0.0.1", port=0)
+    conf["registry"]["url"] = "etcd://127.0.0.1:9/baton"
+    conf["registry"]["timeout_ms"] = 200
+    with Cluster("deploy-k8s") as c:
+        path = os.path.join(c.logdir, "baton.json")
+        with open(path, "w") as f:
+            json.dump(conf, f)
+        router = container(docs, "baton-router", "baton")
+        args = [a.replace("/etc/baton/baton.json", path) for a in router["args"]]
+        r = c.start("router", [binary("baton")] + args)
+        r.wait_log(r"registry_unreachable", timeout=15)
+        assert get(r.port, "/liveness").status == 200
+        os.unlink(path)
+        for role in ("prefill", "decode"):
+            w = container(docs, f"baton-worker-{role}", "worker")
+            args = []
+            for a in w["args"]:
+                a = a.replace("$(POD_IP)", "127.0.0.1")
+                a = re.sub(r"^--(port|bootstrap-port)=\d+$", r"--\1=0", a)
+                a = a.replace("--host=0.0.0.0", "--host=127.0.0.1")
+                args.append(a)
+            # --help after every other option: each one is parsed and checked first.
+            res = subprocess.run([binary("baton-worker")] + args + ["--help"],
+                                 capture_output=True, text=True, timeout=30)
+            assert res.returncode == 0, (role, args, res.stderr)
+            assert "--register URL" in res.stdout
+
+
+def test_kubectl_kustomize():
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        raise SkipTest("kubectl not installed (optional: Debian kubernetes-client)")
+    res = subprocess.run([kubectl, "kustomize", K8S], capture_output=True, text=True,
+                         timeout=120)
+    if res.returncode != 0 and "unknown command" in res.stderr:
+        raise SkipTest(f"this kubectl has no kustomize: {res.stderr.strip()[:200]}")
+    assert res.returncode == 0, res.stderr
+    kinds = re.findall(r"^kind: (\w+)$", res.stdout, re.M)
+    assert kinds.count("Deployment") == 3 and "StatefulSet" in kinds, kinds
+
+
+if __name__ == "__main__":
+    t = TestRunner()
+    t.run(test_structure)
+    t.run(test_binaries_accept_the_manifests)
+    t.run(test_kubectl_kustomize)
+    t.finish()
