@@ -192,6 +192,16 @@ static void base_setup(void)
     F.gen = 100;
 }
 
+/* Prefill's transport owns devices [0, npre), decode's the next ndec. */
+static void init_sides(int npre, int ndec)
+{
+    vm_set_visible(0, npre);
+    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
+    vm_set_visible(npre, ndec);
+    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
+    vm_set_visible(0, -1);
+}
+
 static void fx_start(int npre, int ndec, enum ibv_mtu mtu_pre, enum ibv_mtu mtu_dec,
                      uint64_t mr_pre, uint64_t mr_dec)
 {
@@ -199,11 +209,7 @@ static void fx_start(int npre, int ndec, enum ibv_mtu mtu_pre, enum ibv_mtu mtu_
     F.ndec = ndec;
     add_devs(0, npre, mtu_pre, mr_pre);
     add_devs(npre, ndec, mtu_dec, mr_dec);
-    vm_set_visible(0, npre);
-    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
-    vm_set_visible(npre, ndec);
-    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
-    vm_set_visible(0, -1);
+    init_sides(npre, ndec);
 }
 
 static int setup_default(void **state)
@@ -1304,11 +1310,7 @@ static void test_pairing_by_link_layer(void **state)
     assert_int_equal(vm_add_device(&c), 0);
     add_devs(1, 3, IBV_MTU_4096, 0);
     F.npre = F.ndec = 2;
-    vm_set_visible(0, 2);
-    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
-    vm_set_visible(2, 2);
-    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
-    vm_set_visible(0, -1);
+    init_sides(2, 2);
     fx_connect();
     uint32_t q[16];
     int n = side_qps(1, q, 16, 1);
@@ -1339,11 +1341,7 @@ static void test_infiniband_routes_by_lid(void **state)
         assert_int_equal(vm_add_device(&c), i);
     }
     F.npre = F.ndec = 2;
-    vm_set_visible(0, 2);
-    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
-    vm_set_visible(2, 2);
-    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
-    vm_set_visible(0, -1);
+    init_sides(2, 2);
     fx_connect();
     uint32_t q[16];
     int n = side_qps(1, q, 16, 1);
@@ -1460,11 +1458,7 @@ static void test_limits_clamped(void **state)
         assert_int_equal(vm_add_device(&c), i);
     }
     F.npre = F.ndec = 2;
-    vm_set_visible(0, 2);
-    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
-    vm_set_visible(2, 2);
-    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
-    vm_set_visible(0, -1);
+    init_sides(2, 2);
     fx_connect();
     uint32_t q[8];
     int n = side_qps(1, q, 8, 1);
@@ -1597,11 +1591,7 @@ static void test_unused_port_flap_keeps_peers(void **state)
         assert_int_equal(vm_add_device(&c), i);
     }
     F.npre = F.ndec = 2;
-    vm_set_visible(0, 2);
-    assert_int_equal(tp_init(&F.env_pre, &F.pre), 0);
-    vm_set_visible(2, 2);
-    assert_int_equal(tp_init(&F.env_dec, &F.dec), 0);
-    vm_set_visible(0, -1);
+    init_sides(2, 2);
     assert_int_equal(container_of(F.pre, rdma_tp_t, base)->ndevs, 2);
     fx_connect();
     const size_t len = 512 * 1024;
