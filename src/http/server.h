@@ -35,13 +35,13 @@
  */
 
 typedef struct baton_http_limits_s {
-    size_t max_header_bytes;     /* request line + headers; 431. Default 64 KiB */
-    size_t max_headers;          /* header count; 431. Default 100 */
-    size_t max_body_bytes;       /* 413. Default 64 MiB */
-    uint64_t header_timeout_ms;  /* first byte of a request to end of headers; 408. Default 30 s */
-    uint64_t body_timeout_ms;    /* longest gap between body reads; 408. Default 60 s */
+    size_t max_header_bytes;    /* request line + headers; 431. Default 64 KiB */
+    size_t max_headers;         /* header count; 431. Default 100 */
+    size_t max_body_bytes;      /* 413. Default 64 MiB */
+    uint64_t header_timeout_ms; /* first byte of a request to end of headers; 408. Default 30 s */
+    uint64_t body_timeout_ms;   /* longest gap between body reads; 408. Default 60 s */
     uint64_t keepalive_timeout_ms; /* idle keep-alive connection is closed. Default 75 s */
-    unsigned max_connections;    /* per instance; over it → 503 and close. Default 10000 */
+    unsigned max_connections;      /* per instance; over it → 503 and close. Default 10000 */
 } baton_http_limits_t;
 
 /* Fills the defaults above. */
@@ -68,9 +68,9 @@ struct baton_http_req_s {
     size_t n_headers;
     const char *body; /* de-chunked body, NUL-terminated; "" when empty */
     size_t body_len;
-    int http_minor;       /* 0 or 1 */
-    uint64_t start_ns;    /* uv_hrtime() when the first byte of the request arrived */
-    char peer[64];        /* "127.0.0.1:54321" */
+    int http_minor;    /* 0 or 1 */
+    uint64_t start_ns; /* uv_hrtime() when the first byte of the request arrived */
+    char peer[64];     /* "127.0.0.1:54321" */
     baton_http_server_t *server;
 };
 
@@ -89,6 +89,15 @@ int baton_http_server_create(baton_http_server_t **srv_p, uv_loop_t *loop,
  */
 int baton_http_server_listen(baton_http_server_t *srv, const char *host, int port, int reuseport);
 int baton_http_server_port(const baton_http_server_t *srv);
+
+/*
+ * Makes the listener HTTPS (see http/tls.h): connections accepted from now on run TLS under
+ * the same HTTP code. `tls` (a server configuration) is not owned and must outlive the
+ * server's close_cb. The header timeout bounds the handshake too (no 408: nothing to send it
+ * over); a plain-HTTP request gets a plain 400 saying TLS is required.
+ */
+struct baton_tls_s;
+void baton_http_server_set_tls(baton_http_server_t *srv, struct baton_tls_s *tls);
 
 /* Connections open now on this instance (for metrics and tests). */
 unsigned baton_http_server_connections(const baton_http_server_t *srv);

@@ -123,6 +123,19 @@ static const opt_t options[] = {
     {"--worker-drain-timeout-ms", NULL, "worker_drain_timeout_ms", OPT_U64,
      OFF(worker_drain_timeout_ms), 0, U64MAX, 0, "MS",
      "a removed worker's in-flight requests get this long"},
+    /* TLS (issue 11): the client port, and the router's connections to https:// workers. */
+    {"--tls-cert", "tls", "cert", OPT_STR, OFF(tls_cert), 0, 0, 0, "FILE",
+     "serve HTTPS: certificate chain (PEM, leaf first); reloaded on SIGHUP"},
+    {"--tls-key", "tls", "key", OPT_STR, OFF(tls_key), 0, 0, 0, "FILE",
+     "private key (PEM) of --tls-cert; reloaded on SIGHUP"},
+    {"--tls-client-ca", "tls", "client_ca", OPT_STR, OFF(tls_client_ca), 0, 0, 0, "FILE",
+     "require client certificates issued by this CA (mTLS)"},
+    {"--upstream-ca", "tls", "upstream_ca", OPT_STR, OFF(upstream_ca), 0, 0, 0, "FILE",
+     "CA bundle that https:// workers are verified against (default: the system's)"},
+    {"--upstream-cert", "tls", "upstream_cert", OPT_STR, OFF(upstream_cert), 0, 0, 0, "FILE",
+     "client certificate presented to https:// workers (mTLS)"},
+    {"--upstream-key", "tls", "upstream_key", OPT_STR, OFF(upstream_key), 0, 0, 0, "FILE",
+     "private key of --upstream-cert"},
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -220,6 +233,13 @@ void baton_config_free(baton_config_t *cfg)
     for (size_t i = 0; i < cfg->n_workers; i++)
         worker_free(&cfg->workers[i]);
     free(cfg->workers);
+    /* TLS (issue 11) */
+    free(cfg->tls_cert);
+    free(cfg->tls_key);
+    free(cfg->tls_client_ca);
+    free(cfg->upstream_ca);
+    free(cfg->upstream_cert);
+    free(cfg->upstream_key);
     memset(cfg, 0, sizeof(*cfg));
 }
 

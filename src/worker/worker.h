@@ -34,6 +34,9 @@ typedef struct wk_config_s {
     int n_transports;                /* fallback order */
     int layerwise;                   /* prefill: write each layer as it is computed */
     uint32_t fault_corrupt_kv_every; /* tests only: prefill corrupts every Nth room */
+    /* TLS (issue 11): HTTPS on the HTTP port when set; main.c owns it (and reloads it on
+     * SIGHUP), the worker only uses it. */
+    struct baton_tls_s *tls;
 } wk_config_t;
 
 void wk_config_default(wk_config_t *cfg);
@@ -49,7 +52,7 @@ typedef struct wk_worker_s {
     wk_sched_t sched;
     uv_timer_t sched_timer;
     uv_idle_t sched_idle;
-    uv_timer_t dl_timer; /* rendezvous deadlines */
+    uv_timer_t dl_timer;    /* rendezvous deadlines */
     baton_list_t deadlines; /* of wk_job_t.dl_link, FIFO (every job waits the same time) */
     int http_port;
 
