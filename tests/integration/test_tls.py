@@ -1,0 +1,254 @@
+"""test_tls.py — HTTPS client → router → HTTPS workers: PD and regular, streaming and not,
+keep-alive, pipelining and chunked bodies over TLS, with and without mTLS on both hops, and
+workers whose certificates fail verification (wrong host, self-signed, expired, untrusted
+client certificate): the client gets a clean 502 naming TLS, the worker never gets a request,
+and the reason is in the router's log and metrics. Certificates are made at test time."""
+
+import json
+import os
+import ssl
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import simtext  # noqa: E402
+from harness import Cluster, TestRunner, sse_events  # noqa: E402
+from tls_pki import Pki, exchange, https_url, metric, request, tls_socket  # noqa: E402
+import http.client  # noqa: E402
+
+MSGS = [{"role": "user", "content": "hello over tls"}]
+PKI = None
+
+
+def chat(ctx, port, stream=False, max_tokens=6):
+    body = {"model": "m", "messages": MSGS, "max_tokens": max_tokens, "stream": stream}
+    return request(ctx, port, "POST", "/v1/chat/completions", body)
+
+
+def check_chat(ctx, port, max_tokens=6):
+    want = simtext.complete_chat(MSGS, max_tokens)
+    res = chat(ctx, port, max_tokens=max_tokens)
+    assert res.status == 200, (res.status, res.text)
+    assert res.json()["choices"][0]["message"]["content"] == want.text, (res.json(), want)
+    res = chat(ctx, port, stream=True, max_tokens=max_tokens)
+    assert res.status == 200, (res.status, res.text)
+    assert res.headers.get("transfer-encoding") == "chunked", res.headers
+    evs = sse_events(res.body)
+    assert evs[-1] == "[DONE]", evs[-3:]
+    text = "".join(json.loads(e)["choices"][0]["delta"].get("content") or ""
+                   for e in evs[:-1] if json.loads(e)["choices"])
+    assert text == want.text, (text, want)
+
+
+def tls_worker(c, mode, cert, *extra):
+    return c.worker(mode, "--tls-cert", cert[0], "--tls-key", cert[1], *extra)
+
+
+def tls_pd(c, srv, worker_extra=(), router_extra=()):
+    p = tls_worker(c, "prefill", srv, *worker_extra)
+    d = tls_worker(c, "decode", srv, *worker_extra)
+    r = c.router("--tls-cert", srv[0], "--tls-key", srv[1], "--upstream-ca", PKI.ca[0],
+                 "--prefill", https_url(p.port), str(p.wait_port("bootstrap")),
+                 "--decode", https_url(d.port), *router_extra)
+    return p, d, r
+
+
+def router_metrics(ctx, port):
+    res = request(ctx, port, "GET", "/metrics")
+    assert res.status == 200, res.status
+    return res.text
+
+
+def test_https_pd_end_to_end():
+    srv = PKI.cert("srv")
+    ctx = PKI.client_context()
+    with Cluster("tls-pd") as c:
+        _, _, r = tls_pd(c, srv)
+        check_chat(ctx, r.port)
+        # The client side is TLS 1.2 with an AEAD suite and ALPN http/1.1, SNI accepted.
+        s = tls_socket(ctx, r.port, server_hostname="localhost")
+        try:
+            assert s.version() == "TLSv1.2", s.version()
+            name, _, bits = s.cipher()
+            assert "GCM" in name or "CHACHA20" in name, name
+            assert name.startswith("ECDHE"), name
+        finally:
+            s.close()
+        actx = PKI.client_context()
+        actx.set_alpn_protocols(["http/1.1"])
+        s = tls_socket(actx, r.port)
+        try:
+            assert s.selected_alpn_protocol() == "http/1.1"
+        finally:
+            s.close()
+        text = router_metrics(ctx, r.port)
+        # Both hops did handshakes: the client's to the router, the router's to the workers.
+        assert metric(text, "baton_tls_handshakes_total", side="server") >= 3, text
+        assert metric(text, "baton_tls_handshakes_total", side="client") >= 2, text
+
+
+def test_keepalive_pipelining_chunked():
+    srv = PKI.cert("srv")
+    ctx = PKI.client_context()
+    with Cluster("tls-ka") as c:
+        w = tls_worker(c, "regular", srv)
+        r = c.router("--tls-cert", srv[0], "--tls-key", srv[1], "--upstream-ca", PKI.ca[0],
+                     "--worker", https_url(w.port))
+        want = simtext.complete_chat(MSGS, 4)
+        # Keep-alive: several requests (one streamed) on one TLS connection.
+        conn = http.client.HTTPSConnection("127.0.0.1", r.port, timeout=30, context=ctx)
+        try:
+            for i in range(4):
+                res = exchange(conn, "POST", "/v1/chat/completions",
+                               {"model": "m", "messages": MSGS, "max_tokens": 4,
+                                "stream": i == 2})
+                assert res.status == 200, (i, res.status, res.text)
+            sock_before = conn.sock
+            res = exchange(conn, "GET", "/health")
+            assert res.status == 200
+            assert conn.sock is sock_before  # still the same TLS connection
+        finally:
+            conn.close()
+        # Pipelining: two requests in one write, two answers in order.
+        body = json.dumps({"model": "m", "messages": MSGS, "max_tokens": 4}).encode()
+        one = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+               b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        s = tls_socket(ctx, r.port, timeout=30)
+        try:
+            s.sendall(one + one)
+            data = b""
+            while data.count(b"HTTP/1.1 200") < 2 or not data.rstrip().endswith(b"}"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+                if data.count(want.text.encode()) >= 2:
+                    break
+            assert data.count(b"HTTP/1.1 200 OK") == 2, data
+            assert data.count(want.text.encode()) == 2, data
+        finally:
+            s.close()
+        # A chunked request body over TLS.
+        s = tls_socket(ctx, r.port, timeout=30)
+        try:
+            half = len(body) // 2
+            req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                   b"application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                   + b"%x\r\n" % half + body[:half] + b"\r\n"
+                   + b"%x\r\n" % (len(body) - half) + body[half:] + b"\r\n0\r\n\r\n")
+            s.sendall(req)
+            data = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            assert data.startswith(b"HTTP/1.1 200 OK"), data[:200]
+            assert want.text.encode() in data, data
+        finally:
+            s.close()
+
+
+def test_mtls_both_hops():
+    srv = PKI.cert("srv")
+    client = PKI.cert("client", cn="client", san="DNS:client", client=True)
+    router_cli = PKI.cert("router-cli", cn="router", san="DNS:router", client=True)
+    rogue = PKI.cert("rogue", cn="rogue", san="DNS:rogue", client=True, ca=PKI.other_ca)
+    with Cluster("tls-mtls") as c:
+        w = tls_worker(c, "regular", srv, "--tls-client-ca", PKI.ca[0])
+        r = c.router("--tls-cert", srv[0], "--tls-key", srv[1], "--tls-client-ca", PKI.ca[0],
+                     "--upstream-ca", PKI.ca[0], "--upstream-cert", router_cli[0],
+                     "--upstream-key", router_cli[1], "--worker", https_url(w.port))
+        ok = PKI.client_context(cert=client)
+        check_chat(ok, r.port)
+        # No client certificate, or one from another CA: the handshake fails, nothing else.
+        for bad in (PKI.client_context(), PKI.client_context(cert=rogue)):
+            try:
+                res = chat(bad, r.port)
+            except (ssl.SSLError, ConnectionError, OSError):
+                pass
+            else:
+                raise AssertionError(f"mTLS port answered without a valid client cert: "
+                                     f"{res.status}")
+        text = router_metrics(ok, r.port)
+        assert metric(text, "baton_tls_failures_total", side="server",
+                      reason="cert_missing") >= 1, text
+        assert metric(text, "baton_tls_failures_total", side="server",
+                      reason="cert_untrusted") >= 1, text
+        check_chat(ok, r.port)  # still serving
+
+        # A router without a client certificate is refused by the mTLS worker: clean 502.
+        r2 = c.router("--upstream-ca", PKI.ca[0], "--worker", https_url(w.port),
+                      "--max-retries", "0", name="router-nocert")
+        from harness import post
+        res = post(r2.port, "/v1/chat/completions", {"model": "m", "messages": MSGS,
+                                                      "max_tokens": 3})
+        assert res.status == 502, (res.status, res.text)
+        assert "TLS" in res.json()["error"]["message"], res.text
+
+
+def expect_tls_502(name, worker_cert, reason, extra_router=()):
+    """A worker whose certificate fails verification: 502 naming TLS, no address in it, the
+    worker never gets a request, the reason in the router's log and metrics, breaker fed."""
+    with Cluster(f"tls-{name}") as c:
+        w = tls_worker(c, "regular", worker_cert)
+        r = c.router("--upstream-ca", PKI.ca[0], "--worker", https_url(w.port),
+                     "--max-retries", "0", "--breaker-threshold", "2",
+                     "--check-interval-ms", "0", *extra_router)
+        from harness import get, post
+        for _ in range(2):
+            res = post(r.port, "/v1/chat/completions",
+                       {"model": "m", "messages": MSGS, "max_tokens": 3})
+            assert res.status in (502, 503), (res.status, res.text)
+            msg = res.json()["error"]["message"]
+            assert "TLS" in msg, msg
+            assert "127.0.0.1" not in msg and str(w.port) not in msg, msg
+        r.wait_log(rf"tls_failed side=client .*reason={reason}")
+        text = get(r.port, "/metrics").text
+        assert metric(text, "baton_tls_failures_total", side="client", reason=reason) >= 2, text
+        assert metric(text, "baton_upstream_errors_total", role="regular", kind="tls") >= 2, text
+        # The breaker counted the failures: it is open now, so the next request is refused
+        # by the router itself (no worker available), still without an address.
+        res = post(r.port, "/v1/chat/completions",
+                   {"model": "m", "messages": MSGS, "max_tokens": 3})
+        assert res.status in (502, 503), (res.status, res.text)
+        assert "127.0.0.1" not in res.text, res.text
+        # The worker saw handshakes only: not one HTTP request reached it.
+        wctx = ssl.create_default_context()
+        wctx.check_hostname = False
+        wctx.verify_mode = ssl.CERT_NONE
+        wm = request(wctx, w.port, "GET", "/metrics").text
+        served = [ln for ln in wm.splitlines()
+                  if ln.startswith("baton_worker_requests_total{") and "chat" in ln]
+        assert not served, served
+
+
+def test_upstream_wrong_host():
+    expect_tls_502("wronghost", PKI.cert("wrong", cn="other", san="DNS:other.example"),
+                   "cert_wrong_host")
+
+
+def test_upstream_self_signed():
+    expect_tls_502("selfsigned", PKI.cert("self", ca="self"), "cert_untrusted")
+
+
+def test_upstream_expired():
+    expect_tls_502("expired", PKI.cert("expired", days=-1), "cert_expired")
+
+
+def main():
+    global PKI
+    t = TestRunner()
+    with Pki() as pki:
+        PKI = pki
+        t.run(test_https_pd_end_to_end)
+        t.run(test_keepalive_pipelining_chunked)
+        t.run(test_mtls_both_hops)
+        t.run(test_upstream_wrong_host)
+        t.run(test_upstream_self_signed)
+        t.run(test_upstream_expired)
+    t.finish()
+
+
+if __name__ == "__main__":
+    main()
