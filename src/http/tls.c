@@ -41,6 +41,13 @@ static const int suites[] = {
     MBEDTLS_TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
     0,
 };
+/* X25519 first: the cheapest key exchange mbedTLS has (its P-256 is generic C). */
+static const mbedtls_ecp_group_id curves[] = {
+    MBEDTLS_ECP_DP_CURVE25519,
+    MBEDTLS_ECP_DP_SECP256R1,
+    MBEDTLS_ECP_DP_SECP384R1,
+    MBEDTLS_ECP_DP_NONE,
+};
 static const char *alpn[] = {"http/1.1", NULL};
 
 static const char *const reason_labels[] = {
@@ -269,6 +276,7 @@ static int gen_build(baton_tls_t *tls, gen_t **gen_p, char *err, size_t errlen)
     mbedtls_ssl_conf_max_version(&g->conf, MBEDTLS_SSL_MAJOR_VERSION_3,
                                  MBEDTLS_SSL_MINOR_VERSION_3);
     mbedtls_ssl_conf_ciphersuites(&g->conf, suites);
+    mbedtls_ssl_conf_curves(&g->conf, curves);
     mbedtls_ssl_conf_renegotiation(&g->conf, MBEDTLS_SSL_RENEGOTIATION_DISABLED);
     mbedtls_ssl_conf_alpn_protocols(&g->conf, alpn);
     if (tls->cert_file && (rc = mbedtls_ssl_conf_own_cert(&g->conf, &g->chain, &g->key)) != 0) {
