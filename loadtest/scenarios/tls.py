@@ -3,7 +3,7 @@
 
 A zero-cost regular baton-worker (plain HTTP) is loaded directly, through Baton over plain HTTP
 (reference), through Baton over HTTPS and through nginx over HTTPS (same EC P-256 certificate,
-TLS 1.2, ECDHE + AES-GCM/ChaCha20 suites, X25519 first, upstream keep-alive), in one run:
+TLS 1.2, ECDHE + AES-GCM/ChaCha20 suites, P-256 first, upstream keep-alive), in one run:
   1. keep-alive at a moderate Poisson rate: p50/p99 latency each path adds over the direct one;
   2. keep-alive at saturation (closed loop): requests/s;
   3. a new connection per request (closed loop): requests/s = full TLS handshakes/s, as seen by
@@ -63,7 +63,7 @@ def nginx_https(lab, worker_port, cert, key):
         ssl_protocols TLSv1.2;
         ssl_ciphers {SUITES};
         ssl_prefer_server_ciphers on;
-        ssl_ecdh_curve X25519:prime256v1:secp384r1;
+        ssl_ecdh_curve prime256v1:X25519:secp384r1;
         location / {{
             proxy_pass http://workers;
             proxy_http_version 1.1;
