@@ -33,7 +33,8 @@ struct baton_http_pool_s {
     struct sockaddr_storage addr;
     char host_hdr[300];
     char *rbuf;
-    baton_tls_t *tls; /* not owned; NULL: plain TCP */
+    baton_tls_t *tls;             /* not owned; NULL: plain TCP */
+    baton_tls_session_t *session; /* the last TLS session, offered by new connections */
     llhttp_settings_t settings;
     baton_list_t idle; /* of cconn_t.link, LIFO: the most recently used is the warmest */
     unsigned n_idle;
@@ -420,6 +421,7 @@ static void on_connect(uv_connect_t *cr, int status)
             char peer[64];
             snprintf(peer, sizeof(peer), "%.40s:%d", conn->pool->host, conn->pool->port);
             baton_tls_conn_set_peer(conn->tls, peer);
+            baton_tls_conn_use_session(conn->tls, conn->pool->session);
             err = baton_tls_conn_start(conn->tls, &out);
         }
         err = err ? err : tls_write_out(conn, &out, 0);
@@ -883,6 +885,7 @@ static void pool_maybe_free(baton_http_pool_t *pool)
 {
     if (!pool->destroyed || pool->n_handles > 0 || pool->n_reqs > 0)
         return;
+    baton_tls_session_free(pool->session);
     free(pool->rbuf);
     free(pool);
 }
@@ -901,6 +904,8 @@ void baton_http_pool_destroy(baton_http_pool_t *pool)
 void baton_http_pool_set_tls(baton_http_pool_t *pool, baton_tls_t *tls)
 {
     pool->tls = tls;
+    if (tls && pool->session == NULL)
+        pool->session = baton_tls_session_new(); /* NULL: every handshake a full one */
 }
 
 unsigned baton_http_pool_connections(const baton_http_pool_t *pool)

@@ -69,7 +69,7 @@ static _Atomic uint64_t st_handshakes[2], st_resumed[2], st_fail[2][BATON_TLS_R_
 static _Atomic uint64_t st_reloads, st_reload_failures;
 /* Prometheus children, set once by baton_tls_metrics_init (NULL until then: no-ops). */
 static baton_metric_child_t *_Atomic m_handshakes[2], *_Atomic m_fail[2][BATON_TLS_R_COUNT];
-static baton_metric_child_t *_Atomic m_reload[2];
+static baton_metric_child_t *_Atomic m_reload[2], *_Atomic m_resumed[2];
 static _Atomic uint64_t rl_second;
 static _Atomic unsigned rl_lines, rl_dropped;
 
@@ -100,13 +100,19 @@ int baton_tls_metrics_init(baton_metrics_t *reg)
         "TLS connections ended early (handshake, certificate, protocol), by reason", 2, fail_l);
     baton_metric_family_t *rl = baton_metrics_counter(
         reg, "baton_tls_reloads_total", "certificate/key reloads (SIGHUP)", 1, reload_l);
-    if (hs == NULL || fail == NULL || rl == NULL)
+    baton_metric_family_t *res = baton_metrics_counter(
+        reg, "baton_tls_resumed_total",
+        "TLS handshakes that resumed a session (ticket) instead of a full handshake", 1, side_l);
+    if (hs == NULL || fail == NULL || rl == NULL || res == NULL)
         return BATON_ENOMEM;
     for (int s = 0; s < 2; s++) {
         const char *sv[] = {side_names[s]};
         baton_metric_child_t *c = baton_metric_child(hs, sv);
         baton_counter_add(c, (double)atomic_load(&st_handshakes[s]));
         atomic_store(&m_handshakes[s], c);
+        c = baton_metric_child(res, sv);
+        baton_counter_add(c, (double)atomic_load(&st_resumed[s]));
+        atomic_store(&m_resumed[s], c);
         for (int i = 0; i < BATON_TLS_R_COUNT; i++) {
             const char *fv[] = {side_names[s], reason_labels[i]};
             c = baton_metric_child(fail, fv);
@@ -233,6 +239,9 @@ static void set_err(char *err, size_t errlen, const char *what, const char *file
         snprintf(err, errlen, "%s %s: %s", what, file ? file : "", rc ? m : "missing");
 }
 
+static int ticket_parse(void *p_ticket, mbedtls_ssl_session *session, unsigned char *buf,
+                        size_t len);
+
 static int gen_build(baton_tls_t *tls, gen_t **gen_p, char *err, size_t errlen)
 {
     gen_t *g = calloc(1, sizeof(*g));
@@ -291,8 +300,8 @@ static int gen_build(baton_tls_t *tls, gen_t **gen_p, char *err, size_t errlen)
         mbedtls_ssl_conf_authmode(&g->conf, MBEDTLS_SSL_VERIFY_NONE);
     }
     if (server)
-        mbedtls_ssl_conf_session_tickets_cb(&g->conf, mbedtls_ssl_ticket_write,
-                                            mbedtls_ssl_ticket_parse, &tls->ticket);
+        mbedtls_ssl_conf_session_tickets_cb(&g->conf, mbedtls_ssl_ticket_write, ticket_parse,
+                                            &tls->ticket);
     *gen_p = g;
     return 0;
 fail:
@@ -380,6 +389,27 @@ int baton_tls_reload(baton_tls_t *tls, char *err, size_t errlen)
 /* ---------------------------------------------------------------------------------------- */
 /* Connections                                                                               */
 
+struct baton_tls_session_s {
+    mbedtls_ssl_session sess;
+    int valid;
+};
+
+baton_tls_session_t *baton_tls_session_new(void)
+{
+    baton_tls_session_t *s = calloc(1, sizeof(*s));
+    if (s)
+        mbedtls_ssl_session_init(&s->sess);
+    return s;
+}
+
+void baton_tls_session_free(baton_tls_session_t *s)
+{
+    if (s == NULL)
+        return;
+    mbedtls_ssl_session_free(&s->sess);
+    free(s);
+}
+
 struct baton_tls_conn_s {
     mbedtls_ssl_context ssl;
     gen_t *gen;
@@ -395,9 +425,11 @@ struct baton_tls_conn_s {
     size_t rec_body_left;
     uint64_t bytes_in;
     baton_tls_reason_t reason;
+    baton_tls_session_t *session; /* client: offered, then replaced by the new one */
     unsigned established : 1;
     unsigned failed : 1;
     unsigned ip_check : 1;
+    unsigned resumed : 1;
     unsigned char ip[16];
     size_t ip_len;
     char host[256];
@@ -527,6 +559,20 @@ void baton_tls_conn_set_peer(baton_tls_conn_t *tc, const char *peer)
     snprintf(tc->peer, sizeof(tc->peer), "%s", peer);
 }
 
+void baton_tls_conn_use_session(baton_tls_conn_t *tc, baton_tls_session_t *s)
+{
+    if (tc->role != BATON_TLS_CLIENT || s == NULL)
+        return;
+    tc->session = s;
+    if (s->valid && mbedtls_ssl_set_session(&tc->ssl, &s->sess) != 0)
+        s->valid = 0; /* unusable: a full handshake replaces it */
+}
+
+int baton_tls_conn_resumed(const baton_tls_conn_t *tc)
+{
+    return tc->resumed;
+}
+
 int baton_tls_conn_established(const baton_tls_conn_t *tc)
 {
     return tc->established;
@@ -635,14 +681,48 @@ static int scan_records(baton_tls_conn_t *tc, const unsigned char *p, size_t len
     return 0;
 }
 
+/* A client keeps the new session for the next connection. A resumed session carries the
+ * master secret of the one offered; a full handshake makes a new one. */
+static void session_save(baton_tls_conn_t *tc)
+{
+    baton_tls_session_t *s = tc->session;
+    mbedtls_ssl_session fresh;
+    mbedtls_ssl_session_init(&fresh);
+    if (mbedtls_ssl_get_session(&tc->ssl, &fresh) != 0) {
+        mbedtls_ssl_session_free(&fresh);
+        return;
+    }
+    if (s->valid && memcmp(fresh.master, s->sess.master, sizeof(fresh.master)) == 0)
+        tc->resumed = 1;
+    mbedtls_ssl_session_free(&s->sess);
+    s->sess = fresh;
+    s->valid = 1;
+}
+
 static void handshake_done(baton_tls_conn_t *tc)
 {
     tc->established = 1;
+    if (tc->session)
+        session_save(tc);
     atomic_fetch_add_explicit(&st_handshakes[tc->role], 1, memory_order_relaxed);
     baton_counter_add(atomic_load_explicit(&m_handshakes[tc->role], memory_order_relaxed), 1);
-    /* An abbreviated handshake sends no certificate: the peer-cert pointer stays empty. */
-    if (mbedtls_ssl_get_peer_cert(&tc->ssl) == NULL && tc->role == BATON_TLS_CLIENT)
+    if (tc->resumed) {
         atomic_fetch_add_explicit(&st_resumed[tc->role], 1, memory_order_relaxed);
+        baton_counter_add(atomic_load_explicit(&m_resumed[tc->role], memory_order_relaxed), 1);
+    }
+}
+
+/* The connection whose handshake runs now on this thread: the ticket callback marks it. */
+static __thread baton_tls_conn_t *cur_conn;
+
+/* mbedTLS's ticket check, noting that this connection resumes a session. */
+static int ticket_parse(void *p_ticket, mbedtls_ssl_session *session, unsigned char *buf,
+                        size_t len)
+{
+    int rc = mbedtls_ssl_ticket_parse(p_ticket, session, buf, len);
+    if (rc == 0 && cur_conn)
+        cur_conn->resumed = 1;
+    return rc;
 }
 
 /* Plaintext scratch for one feed at a time on this thread (reads are never nested). */
@@ -661,7 +741,9 @@ int baton_tls_conn_feed(baton_tls_conn_t *tc, const char *data, size_t len, bato
     tc->out = out;
     int result = 0;
     if (!tc->established) {
+        cur_conn = tc;
         int rc = mbedtls_ssl_handshake(&tc->ssl);
+        cur_conn = NULL;
         if (rc == MBEDTLS_ERR_SSL_WANT_READ || rc == MBEDTLS_ERR_SSL_WANT_WRITE)
             goto done;
         if (rc != 0) {

@@ -28,6 +28,7 @@
 
 typedef struct baton_tls_s baton_tls_t;
 typedef struct baton_tls_conn_s baton_tls_conn_t;
+typedef struct baton_tls_session_s baton_tls_session_t;
 
 typedef enum {
     BATON_TLS_SERVER = 0,
@@ -98,7 +99,8 @@ void baton_tls_stats(baton_tls_stats_t *out);
 /*
  * Publishes the counters above into a Prometheus registry as well (router and worker):
  * baton_tls_handshakes_total{side}, baton_tls_failures_total{side,reason},
- * baton_tls_reloads_total{result}. Once per process; 0 or BATON_ENOMEM.
+ * baton_tls_resumed_total{side}, baton_tls_reloads_total{result}. Once per process; 0 or
+ * BATON_ENOMEM.
  */
 struct baton_metrics_s;
 int baton_tls_metrics_init(struct baton_metrics_s *reg);
@@ -136,6 +138,18 @@ int baton_tls_conn_encrypt(baton_tls_conn_t *tc, const uv_buf_t *bufs, unsigned 
 
 /* The close_notify alert, appended to `out` (best effort). */
 void baton_tls_conn_close_notify(baton_tls_conn_t *tc, baton_buf_t *out);
+
+/*
+ * Client session resumption: a session slot (one per upstream pool; owned by one loop) whose
+ * session a new connection offers, and which gets the connection's session once its handshake
+ * is done. Call before baton_tls_conn_start; `s` must outlive `tc`'s handshake.
+ */
+baton_tls_session_t *baton_tls_session_new(void); /* NULL when out of memory */
+void baton_tls_session_free(baton_tls_session_t *s);
+void baton_tls_conn_use_session(baton_tls_conn_t *tc, baton_tls_session_t *s);
+
+/* 1 when the handshake resumed a session (a ticket) rather than doing a full one. */
+int baton_tls_conn_resumed(const baton_tls_conn_t *tc);
 
 /* 1 once the handshake finished. */
 int baton_tls_conn_established(const baton_tls_conn_t *tc);

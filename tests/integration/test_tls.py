@@ -6,8 +6,10 @@ and the reason is in the router's log and metrics. Certificates are made at test
 
 import json
 import os
+import socket
 import ssl
 import sys
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -187,6 +189,42 @@ def test_mtls_both_hops():
         assert "TLS" in res.json()["error"]["message"], res.text
 
 
+def test_session_resumption():
+    """Tickets: a client offering its session resumes it (client port), and the router's pool
+    resumes its session when it opens another connection to a worker."""
+    srv = PKI.cert("srv")
+    ctx = PKI.client_context()
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    with Cluster("tls-resume") as c:
+        w = tls_worker(c, "regular", srv, "--decode-us-per-token", "20000")
+        r = c.router("--tls-cert", srv[0], "--tls-key", srv[1], "--upstream-ca", PKI.ca[0],
+                     "--worker", https_url(w.port), "--check-interval-ms", "0",
+                     "--threads", "1")  # one loop: one pool to the worker
+        s1 = tls_socket(ctx, r.port)
+        sess = s1.session
+        s1.close()
+        raw = socket.create_connection(("127.0.0.1", r.port), timeout=10)
+        s2 = ctx.wrap_socket(raw, server_hostname="127.0.0.1", session=sess)
+        try:
+            assert s2.session_reused, "the router did not resume the offered session"
+        finally:
+            s2.close()
+        # The router -> worker pool: one connection first, then two requests at once (the
+        # second needs a new connection, which offers the first one's session).
+        assert chat(ctx, r.port, max_tokens=2).status == 200
+        results = []
+        ts = [threading.Thread(target=lambda: results.append(chat(ctx, r.port, max_tokens=10)))
+              for _ in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout=60)
+        assert [x.status for x in results] == [200, 200], [x.status for x in results]
+        text = router_metrics(ctx, r.port)
+        assert metric(text, "baton_tls_resumed_total", side="server") >= 1, text
+        assert metric(text, "baton_tls_resumed_total", side="client") >= 1, text
+
+
 def expect_tls_502(name, worker_cert, reason, extra_router=()):
     """A worker whose certificate fails verification: 502 naming TLS, no address in it, the
     worker never gets a request, the reason in the router's log and metrics, breaker fed."""
@@ -244,6 +282,7 @@ def main():
         t.run(test_https_pd_end_to_end)
         t.run(test_keepalive_pipelining_chunked)
         t.run(test_mtls_both_hops)
+        t.run(test_session_resumption)
         t.run(test_upstream_wrong_host)
         t.run(test_upstream_self_signed)
         t.run(test_upstream_expired)
