@@ -8,13 +8,16 @@ import json
 import os
 import socket
 import ssl
+import subprocess
 import sys
 import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import simtext  # noqa: E402
 from harness import Cluster, TestRunner, sse_events  # noqa: E402
+from router_upstream import SSEClient, Upstream  # noqa: E402
 from tls_pki import Pki, exchange, https_url, metric, request, tls_socket  # noqa: E402
 import http.client  # noqa: E402
 
@@ -189,6 +192,76 @@ def test_mtls_both_hops():
         assert "TLS" in res.json()["error"]["message"], res.text
 
 
+class TLSSSEClient(SSEClient):
+    """router_upstream.SSEClient over TLS, with a small receive buffer (a slow reader)."""
+
+    def __init__(self, ctx, port, path, body, timeout=30.0):
+        raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        raw.settimeout(timeout)
+        raw.connect(("127.0.0.1", port))
+        self.sock = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+        data = json.dumps(body).encode()
+        self.sock.sendall((f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                           f"application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode()
+                          + data)
+        self.buf = b""
+        self.status = None
+        self.headers = {}
+        self._body = b""
+        self._chunk_left = None
+        self.ended = False
+        self._read_head()
+
+
+def test_stream_backpressure():
+    """An HTTPS client that does not read an SSE stream: the router stops reading the worker
+    instead of buffering (as over TCP), and the client later gets every event in order."""
+    srv = PKI.cert("srv")
+    ctx = PKI.client_context()
+    total = 48 << 20
+    chunk = "x" * 65000
+    progress = {"sent": 0, "done": False}
+
+    def d_script(req, io):
+        io.start_sse()
+        i = 0
+        while progress["sent"] < total:
+            io.chunk(f"data: {i} {chunk}\n\n")
+            progress["sent"] += len(chunk)
+            i += 1
+        io.event("[DONE]")
+        io.end_sse()
+        progress["done"] = True
+
+    def p_script(req, io):
+        io.respond(200, {"text": ""})
+
+    gen = {"text": "hello there", "sampling_params": {"max_new_tokens": 4}, "stream": True}
+    with Upstream("prefill", p_script) as p, Upstream("decode", d_script) as d, \
+            Cluster("tls-bp") as c:
+        r = c.router("--tls-cert", srv[0], "--tls-key", srv[1], "--prefill", p.url,
+                     "--decode", d.url, "--threads", "1")
+        cl = TLSSSEClient(ctx, r.port, "/generate", gen)
+        try:
+            time.sleep(1.5)  # the client reads nothing meanwhile
+            assert not progress["done"], "decode finished while the client read nothing"
+            assert progress["sent"] < total // 2, progress
+            rss_kb = int([ln for ln in open(f"/proc/{r.p.pid}/status")
+                          if ln.startswith("VmRSS")][0].split()[1])
+            assert rss_kb < 40 * 1024, f"router RSS {rss_kb} kB: the stream was buffered"
+            n = 0
+            while True:
+                e = cl.next_event()
+                if e is None or e == "[DONE]":
+                    break
+                assert e.split(" ", 1)[0] == str(n), (e[:20], n)
+                n += 1
+        finally:
+            cl.sock.close()
+        assert progress["done"] and n * len(chunk) >= total, (n, progress)
+
+
 def test_session_resumption():
     """Tickets: a client offering its session resumes it (client port), and the router's pool
     resumes its session when it opens another connection to a worker."""
@@ -274,6 +347,32 @@ def test_upstream_expired():
     expect_tls_502("expired", PKI.cert("expired", days=-1), "cert_expired")
 
 
+def test_scenario_smoke():
+    """loadtest/scenarios/tls.py --smoke: every path answers without an error, over keep-alive
+    and a new connection per request, and the handshake table has a figure per HTTPS server."""
+    from harness import BUILD_DIR, binary
+    for b in ("baton", "baton-worker", "baton-bench"):
+        binary(b)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "loadtest",
+                          "scenarios", "tls.py")
+    r = subprocess.run([sys.executable, script, "--smoke", "--build-dir", BUILD_DIR],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout
+    rows = [ln for ln in r.stdout.splitlines() if ln.startswith("| ")]
+    paths = ["direct", "baton http", "baton https"]
+    if "SKIPPED: nginx" not in r.stdout:
+        paths.append("nginx https")
+    sat = [ln for ln in rows if "|" in ln and ln.split("|")[1].strip() in paths]
+    for p in paths:
+        mine = [ln for ln in sat if ln.split("|")[1].strip() == p]
+        assert len(mine) >= 2, (p, r.stdout)
+        for ln in mine[:2]:  # latency and saturation tables: the errors column is 0
+            cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+            errs = cells[7] if len(cells) == 8 else cells[8]
+            assert errs == "0", (p, ln)
+    assert "handshakes/s" in r.stdout, r.stdout
+
+
 def main():
     global PKI
     t = TestRunner()
@@ -283,9 +382,11 @@ def main():
         t.run(test_keepalive_pipelining_chunked)
         t.run(test_mtls_both_hops)
         t.run(test_session_resumption)
+        t.run(test_stream_backpressure)
         t.run(test_upstream_wrong_host)
         t.run(test_upstream_self_signed)
         t.run(test_upstream_expired)
+        t.run(test_scenario_smoke)
     t.finish()
 
 
