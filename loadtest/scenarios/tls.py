@@ -16,7 +16,6 @@ with the openssl CLI.
 
 import os
 import re
-import statistics
 import subprocess
 import sys
 
@@ -45,35 +44,10 @@ def make_cert(d):
 
 def nginx_https(lab, worker_port, cert, key):
     """nginx terminating TLS with the same certificate and suites, proxying to the worker."""
-    main = f"worker_processes {os.cpu_count() or 1};\nworker_rlimit_nofile 65536;\n"
-    return lab._nginx("nginx-tls", main, 32768, lambda listen: f"""\
-    client_max_body_size 64m;
-    client_body_buffer_size 2m;
-    keepalive_timeout 75s;
-    keepalive_requests 1000000;
-    upstream workers {{
-        server {scenlib.HOST}:{worker_port};
-        keepalive 256;
-        keepalive_requests 1000000;
-    }}
-    server {{
-        listen {listen} ssl backlog=4096;
-        ssl_certificate {cert};
-        ssl_certificate_key {key};
-        ssl_protocols TLSv1.2;
-        ssl_ciphers {SUITES};
-        ssl_prefer_server_ciphers on;
-        ssl_ecdh_curve prime256v1:X25519:secp384r1;
-        location / {{
-            proxy_pass http://workers;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            proxy_request_buffering on;
-            proxy_read_timeout 3600s;
-        }}
-    }}
-""")
+    return lab.nginx([worker_port], name="nginx-tls", tls=[
+        f"ssl_certificate {cert};", f"ssl_certificate_key {key};", "ssl_protocols TLSv1.2;",
+        f"ssl_ciphers {SUITES};", "ssl_prefer_server_ciphers on;",
+        "ssl_ecdh_curve prime256v1:X25519:secp384r1;"])
 
 
 def s_time(port, seconds, clients):
@@ -92,15 +66,7 @@ def s_time(port, seconds, clients):
     return total
 
 
-def med(runs, *keys):
-    vals = []
-    for r in runs:
-        v = r
-        for k in keys:
-            v = v.get(k) if isinstance(v, dict) else None
-        if v is not None:
-            vals.append(v)
-    return statistics.median(vals) if vals else None
+med = scenlib.med
 
 
 def main():

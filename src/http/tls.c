@@ -785,6 +785,21 @@ int baton_tls_conn_start(baton_tls_conn_t *tc, baton_buf_t *out)
     return conn_fail(tc, BATON_TLS_R_INTERNAL, rc);
 }
 
+/*
+ * Records a feed produced before its plaintext callback writes (the handshake's last flight:
+ * a TLS 1.2 False Start client sends its first request with its Finished) must reach the wire
+ * first: they move to the front of the caller's buffer.
+ */
+static int take_pending(baton_buf_t *pending, baton_buf_t *out)
+{
+    if (pending == NULL || pending->len == 0)
+        return 0;
+    if (baton_buf_append(out, pending->data, pending->len) != 0)
+        return -1;
+    baton_buf_reset(pending);
+    return 0;
+}
+
 static int write_all(baton_tls_conn_t *tc, const unsigned char *p, size_t len)
 {
     while (len > 0) {
@@ -806,6 +821,8 @@ int baton_tls_conn_encrypt(baton_tls_conn_t *tc, const uv_buf_t *bufs, unsigned 
     size_t staged = 0;
     int rc = 0;
     baton_buf_t *saved = tc->out; /* called from a plaintext callback inside a feed */
+    if (take_pending(saved, out) != 0)
+        return conn_fail(tc, BATON_TLS_R_INTERNAL, 0);
     tc->out = out;
     for (unsigned i = 0; i < n && rc == 0; i++) {
         const unsigned char *p = (const unsigned char *)bufs[i].base;
@@ -837,6 +854,8 @@ void baton_tls_conn_close_notify(baton_tls_conn_t *tc, baton_buf_t *out)
     if (!tc->established || tc->failed)
         return;
     baton_buf_t *saved = tc->out;
+    if (take_pending(saved, out) != 0)
+        return;
     tc->out = out;
     mbedtls_ssl_close_notify(&tc->ssl);
     tc->out = saved;

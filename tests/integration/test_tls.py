@@ -16,9 +16,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import simtext  # noqa: E402
-from harness import Cluster, TestRunner, sse_events  # noqa: E402
+from harness import Cluster, sse_events  # noqa: E402
 from router_upstream import SSEClient, Upstream  # noqa: E402
-from tls_pki import Pki, exchange, https_url, metric, request, tls_socket  # noqa: E402
+from tls_pki import exchange, https_url, metric, request, run_tests, tls_socket  # noqa: E402
 import http.client  # noqa: E402
 
 MSGS = [{"role": "user", "content": "hello over tls"}]
@@ -373,21 +373,15 @@ def test_scenario_smoke():
     assert "handshakes/s" in r.stdout, r.stdout
 
 
-def main():
+def use_pki(pki):
     global PKI
-    t = TestRunner()
-    with Pki() as pki:
-        PKI = pki
-        t.run(test_https_pd_end_to_end)
-        t.run(test_keepalive_pipelining_chunked)
-        t.run(test_mtls_both_hops)
-        t.run(test_session_resumption)
-        t.run(test_stream_backpressure)
-        t.run(test_upstream_wrong_host)
-        t.run(test_upstream_self_signed)
-        t.run(test_upstream_expired)
-        t.run(test_scenario_smoke)
-    t.finish()
+    PKI = pki
+
+
+def main():
+    run_tests([test_https_pd_end_to_end, test_keepalive_pipelining_chunked, test_mtls_both_hops,
+               test_session_resumption, test_stream_backpressure, test_upstream_wrong_host,
+               test_upstream_self_signed, test_upstream_expired, test_scenario_smoke], use_pki)
 
 
 if __name__ == "__main__":

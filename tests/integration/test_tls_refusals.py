@@ -15,8 +15,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import Cluster, TestRunner, raw_exchange, wait_until  # noqa: E402
-from tls_pki import Pki, exchange, https_url, metric, request, tls_socket  # noqa: E402
+from harness import Cluster, raw_exchange, wait_until  # noqa: E402
+from tls_pki import exchange, https_url, metric, request, run_tests, tls_socket  # noqa: E402
 import http.client  # noqa: E402
 
 PKI = None
@@ -251,15 +251,13 @@ def test_reload_under_load():
         assert metric(text, "baton_tls_reloads_total", result="failed") >= 1, text
 
 
-def main():
+def use_pki(pki):
     global PKI
-    t = TestRunner()
-    with Pki() as pki:
-        PKI = pki
-        t.run(test_bad_input)
-        t.run(test_failure_log_rate_limited)
-        t.run(test_reload_under_load)
-    t.finish()
+    PKI = pki
+
+
+def main():
+    run_tests([test_bad_input, test_failure_log_rate_limited, test_reload_under_load], use_pki)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ EC P-256 keys (fast to make); the server certificates name localhost and 127.0.0
 """
 
 import http.client
-import json
 import os
 import shutil
 import socket
@@ -13,7 +12,7 @@ import ssl
 import subprocess
 import tempfile
 
-from harness import HOST, Response
+from harness import HOST, TestRunner, exchange
 
 
 class Pki:
@@ -86,6 +85,16 @@ class Pki:
         return ctx
 
 
+def run_tests(tests, use_pki):
+    """Runs the test functions with one Pki for all, handed to use_pki first; exits."""
+    t = TestRunner()
+    with Pki() as pki:
+        use_pki(pki)
+        for fn in tests:
+            t.run(fn)
+    t.finish()
+
+
 def https_url(port, host=HOST):
     return f"https://{host}:{port}"
 
@@ -97,18 +106,6 @@ def request(ctx, port, method, path, body=None, headers=None, timeout=30.0, host
         return exchange(conn, method, path, body, headers)
     finally:
         conn.close()
-
-
-def exchange(conn, method, path, body=None, headers=None):
-    """One request on an (HTTPS) connection the caller keeps (keep-alive)."""
-    hdrs = dict(headers or {})
-    if body is not None and not isinstance(body, (bytes, str)):
-        body = json.dumps(body)
-        hdrs.setdefault("Content-Type", "application/json")
-    conn.request(method, path, body=body, headers=hdrs)
-    r = conn.getresponse()
-    data = r.read()
-    return Response(r.status, {k.lower(): v for k, v in r.getheaders()}, data)
 
 
 def tls_socket(ctx, port, host=HOST, timeout=10.0, server_hostname=None):
