@@ -9,15 +9,20 @@ TLS 1.2, ECDHE + AES-GCM/ChaCha20 suites, P-256 first, upstream keep-alive), in 
   3. a new connection per request (closed loop): requests/s = full TLS handshakes/s, as seen by
      baton-bench (its TLS client is the project's own layer, mbedTLS);
   4. server-bound handshakes/s: `openssl s_time -new` clients (OpenSSL, much cheaper per
-     handshake than the mbedTLS client) against each HTTPS server, no HTTP request.
+     handshake than the mbedTLS client) against each HTTPS server, no HTTP request;
+  5. memory of idle TLS keep-alive connections (one GET /health served on each), RSS per
+     connection (nginx: master + workers).
 Goal: Baton >= 0.9x nginx on requests/s and handshakes/s. The certificate is made at run time
 with the openssl CLI.
 """
 
 import os
 import re
+import socket
+import ssl
 import subprocess
 import sys
+import time
 
 import scenlib
 
@@ -69,9 +74,38 @@ def s_time(port, seconds, clients):
 med = scenlib.med
 
 
+def idle_tls_kib(proc, port, ca, n, with_children):
+    """RSS growth per idle TLS keep-alive connection (KiB), after one GET /health on each."""
+    def rss():
+        pids = [proc.pid] + (scenlib.children(proc.pid) if with_children else [])
+        return sum(scenlib.rss_kib(p) for p in pids)
+    ctx = ssl.create_default_context(cafile=ca)
+    before = rss()
+    socks = []
+    try:
+        for _ in range(n):
+            raw = socket.create_connection((scenlib.HOST, port), timeout=30)
+            s = ctx.wrap_socket(raw, server_hostname=scenlib.HOST)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = b""
+            while b"\r\n\r\n" not in got:
+                chunk = s.recv(4096)
+                if not chunk:
+                    raise RuntimeError("connection closed before the answer")
+                got += chunk
+            socks.append(s)
+        time.sleep(1.0)
+        return (rss() - before) / n
+    finally:
+        for s in socks:
+            s.close()
+
+
 def main():
     ap = scenlib.arg_parser(__doc__.split("\n")[0])
     ap.add_argument("--rate", type=float, default=300.0, help="moderate rate, req/s (300)")
+    ap.add_argument("--rate-connections", type=int, default=16,
+                    help="moderate rate: at most this many requests (connections) in flight (16)")
     ap.add_argument("--concurrency", type=int, default=32,
                     help="keep-alive saturation: closed-loop users (32)")
     ap.add_argument("--conn-concurrency", type=int, default=8,
@@ -84,10 +118,12 @@ def main():
                     help="runs per path, interleaved across paths; medians shown (1)")
     ap.add_argument("--s-time-clients", type=int, default=os.cpu_count() or 1,
                     help="parallel openssl s_time clients (number of CPUs)")
+    ap.add_argument("--idle", type=int, default=1000,
+                    help="idle TLS connections for the memory figure (1000)")
     args = ap.parse_args()
     if args.smoke:
         args.rate, args.concurrency, args.conn_concurrency = 50.0, 4, 2
-        args.duration, args.warmup, args.s_time_clients = 1.0, 0.2, 1
+        args.duration, args.warmup, args.s_time_clients, args.idle = 1.0, 0.2, 1, 20
 
     print("== TLS: Baton vs nginx over HTTPS (same certificate and suites) ==")
     print(scenlib.machine_line())
@@ -121,7 +157,11 @@ def main():
             figures["runs"][label] = out
             return out
 
-        moderate = runs_for("moderate", "--request-rate", args.rate)
+        # At most --rate-connections in flight: past that, arrivals wait instead of opening
+        # connections, so the bench does not spend itself on handshakes (its mbedTLS client is
+        # slow at them) and the figure stays the per-request cost over warm connections.
+        moderate = runs_for("moderate", "--request-rate", args.rate, "--max-concurrency",
+                            args.rate_connections)
         d50, d99 = med(moderate["direct"], "e2e_ms", "p50"), med(moderate["direct"], "e2e_ms",
                                                                   "p99")
         rows = []
@@ -133,7 +173,8 @@ def main():
                          med(r, "request_throughput"), med(r, "max_lag_ms"),
                          sum(x["failed"] for x in r)])
         scenlib.print_table(
-            f"keep-alive: E2E latency at {args.rate:g} req/s (Poisson)",
+            f"keep-alive: E2E latency at {args.rate:g} req/s (Poisson, at most "
+            f"{args.rate_connections} in flight)",
             ["path", "p50 ms", "p99 ms", "+p50 us", "+p99 us", "req/s", "bench lag ms",
              "errors"], rows,
             note="+p50/+p99: latency added over the direct (plain HTTP) path.")
@@ -171,6 +212,19 @@ def main():
         scenlib.print_table(
             f"server-bound full handshakes/s ({args.s_time_clients} x openssl s_time -new, "
             f"{secs}s)", ["path", "handshakes/s", "x nginx"], rows)
+
+        scenlib.raise_nofile(args.idle + 1024)
+        rows = []
+        for n, u in https:
+            port = int(u.rsplit(":", 1)[1])
+            proc = tls if n == "baton https" else ngx
+            kib = idle_tls_kib(proc.p, port, ca, args.idle, with_children=proc is ngx)
+            figures.setdefault("idle_kib_per_conn", {})[n] = kib
+            rows.append([n, args.idle, kib, kib * 10000 / 1024])
+        scenlib.print_table(
+            f"{args.idle} idle TLS keep-alive connections (one GET /health served on each)",
+            ["path", "conns", "KiB/conn", "MiB per 10k"], rows,
+            note="RSS growth over the idle connections; nginx: master + worker processes.")
         if ngx:
             b = med(sat["baton https"], "request_throughput")
             print(f"\nsummary: Baton/nginx keep-alive req/s {b / ngx_sat:.2f}x, new-connection "

@@ -318,8 +318,12 @@ def expect_tls_502(name, worker_cert, reason, extra_router=()):
         text = get(r.port, "/metrics").text
         assert metric(text, "baton_tls_failures_total", side="client", reason=reason) >= 2, text
         assert metric(text, "baton_upstream_errors_total", role="regular", kind="tls") >= 2, text
-        # The breaker counted the failures: it is open now, so the next request is refused
-        # by the router itself (no worker available), still without an address.
+        # The breaker counted the failures (threshold 2): it is open now, so the next request
+        # is refused by the router itself (no worker available), still without an address.
+        opened = [ln for ln in text.splitlines()
+                  if ln.startswith("baton_worker_breaker_transitions_total{")
+                  and 'to="open"' in ln and float(ln.split()[-1]) >= 1]
+        assert opened, text
         res = post(r.port, "/v1/chat/completions",
                    {"model": "m", "messages": MSGS, "max_tokens": 3})
         assert res.status in (502, 503), (res.status, res.text)
