@@ -92,6 +92,30 @@ def test_https_pd_end_to_end():
         assert metric(text, "baton_tls_handshakes_total", side="client") >= 2, text
 
 
+def test_certificate_chain():
+    """Leaf + intermediate in the certificate file, clients trusting only the root: the
+    client port and an https:// worker both serve the chain, both hops verify."""
+    inter = PKI.intermediate("inter")
+    leaf = PKI.cert("leaf", ca=inter)
+    chain = PKI.chain("leaf", leaf, inter)
+    ctx = PKI.client_context()  # the root only
+    with Cluster("tls-chain") as c:
+        w = tls_worker(c, "regular", chain)
+        r = c.router("--tls-cert", chain[0], "--tls-key", chain[1], "--upstream-ca", PKI.ca[0],
+                     "--worker", https_url(w.port))
+        check_chat(ctx, r.port)
+        # The leaf alone (no intermediate) cannot be verified by a root-only client.
+        with Cluster("tls-nochain") as c2:
+            r2 = c2.router("--tls-cert", leaf[0], "--tls-key", leaf[1],
+                           "--worker", https_url(w.port))
+            try:
+                tls_socket(ctx, r2.port).close()
+            except ssl.SSLCertVerificationError:
+                pass
+            else:
+                raise AssertionError("a leaf without its intermediate verified")
+
+
 def test_keepalive_pipelining_chunked():
     srv = PKI.cert("srv")
     ctx = PKI.client_context()
@@ -383,7 +407,8 @@ def use_pki(pki):
 
 
 def main():
-    run_tests([test_https_pd_end_to_end, test_keepalive_pipelining_chunked, test_mtls_both_hops,
+    run_tests([test_https_pd_end_to_end, test_certificate_chain,
+               test_keepalive_pipelining_chunked, test_mtls_both_hops,
                test_session_resumption, test_stream_backpressure, test_upstream_wrong_host,
                test_upstream_self_signed, test_upstream_expired, test_scenario_smoke], use_pki)
 

@@ -77,6 +77,26 @@ class Pki:
                   "-out", pem, "-days", str(days), "-extfile", ext)
         return (pem, key)
 
+    def intermediate(self, name):
+        """An intermediate CA signed by the test CA. Returns (cert_path, key_path)."""
+        key = self._key(name)
+        pem, csr, ext = (self.path(f"{name}.{x}") for x in ("pem", "csr", "ext"))
+        with open(ext, "w") as f:
+            f.write("basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign\n")
+        self._run("req", "-new", "-key", key, "-out", csr, "-subj", f"/CN={name}")
+        self._run("x509", "-req", "-in", csr, "-CA", self.ca[0], "-CAkey", self.ca[1],
+                  "-CAcreateserial", "-out", pem, "-days", "2", "-extfile", ext)
+        return (pem, key)
+
+    def chain(self, name, leaf, *cas):
+        """A PEM file with the leaf certificate first, then the given CA certificates."""
+        out = self.path(f"{name}-chain.pem")
+        with open(out, "w") as f:
+            for p in (leaf[0],) + tuple(c[0] for c in cas):
+                with open(p) as src:
+                    f.write(src.read())
+        return (out, leaf[1])
+
     def client_context(self, cert=None, ca=None):
         """A TLS client context that verifies against the test CA (host name checked)."""
         ctx = ssl.create_default_context(cafile=ca or self.ca[0])
