@@ -704,10 +704,7 @@ static void on_tls_read(cconn_t *conn, const char *data, size_t len)
         on_plain_eof(conn, UV_EOF);
         return;
     }
-    if (rc != 0) {
-        if (conn->req)
-            log_warn("http", "upstream_tls_failed host=%s port=%d reason=%s", conn->pool->host,
-                     conn->pool->port, baton_tls_reason_label(baton_tls_conn_reason(conn->tls)));
+    if (rc != 0) { /* the layer logged it (rate-limited) and counted it */
         conn_fail(conn, BATON_ETLS);
         return;
     }
