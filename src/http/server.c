@@ -447,7 +447,10 @@ static void req_reset(conn_t *c)
 
 static void arm_idle(conn_t *c)
 {
-    if (c->srv->limits.keepalive_timeout_ms)
+    /* A TLS handshake still going on is bounded by the header timeout, not the idle one. */
+    if (c->tls && !baton_tls_conn_established(c->tls) && c->srv->limits.header_timeout_ms)
+        timer_start(c, TM_HEAD, c->srv->limits.header_timeout_ms);
+    else if (c->srv->limits.keepalive_timeout_ms)
         timer_start(c, TM_IDLE, c->srv->limits.keepalive_timeout_ms);
     else
         uv_timer_stop(&c->timer);
@@ -800,6 +803,18 @@ static void send_plaintext_refusal(conn_t *c)
     conn_write_raw(c, bufs, 2);
 }
 
+/* A TLS connection on this HTTPS listener (the handshake starts with the client's bytes). */
+static int conn_tls_attach(conn_t *c)
+{
+    if (baton_tls_conn_create(&c->tls, c->srv->tls, NULL) != 0) {
+        log_error("http", "tls_conn_oom peer=%s", c->req.peer);
+        conn_close_hard(c);
+        return -1;
+    }
+    baton_tls_conn_set_peer(c->tls, c->req.peer);
+    return 0;
+}
+
 static void on_tls_read(conn_t *c, const char *data, size_t len)
 {
     int was_up = baton_tls_conn_established(c->tls);
@@ -856,12 +871,8 @@ static void on_timer(uv_timer_t *t)
         conn_close_hard(c);
         break;
     case TM_HEAD:
-        if (c->tls && !baton_tls_conn_established(c->tls)) {
-            /* The header timeout bounds the handshake too; no HTTP to answer it with. */
-            baton_tls_conn_timed_out(c->tls);
-            conn_close_hard(c);
-            break;
-        }
+        if (c->tls && !baton_tls_conn_established(c->tls))
+            baton_tls_conn_timed_out(c->tls); /* the header timeout bounds the handshake too */
         conn_send_error(c, 408, "timed out reading the request headers", "request_timeout");
         break;
     case TM_BODY: {
@@ -989,6 +1000,13 @@ static void conn_send_error(conn_t *c, int status, const char *message, const ch
 {
     if (c->closing)
         return;
+    if (c->tls && !baton_tls_conn_established(c->tls)) {
+        /* No TLS session yet to carry an HTTP answer (connection cap, handshake timeout). */
+        log_debug("http", "request_rejected status=%d peer=%s reason=\"%s\" tls=handshaking",
+                  status, c->req.peer, message);
+        conn_close_hard(c);
+        return;
+    }
     c->keep_alive = 0;
     baton_buf_t body = BATON_BUF_INIT;
     const char *type = status >= 500 ? "server_error" : "invalid_request_error";
@@ -1197,20 +1215,11 @@ static void on_connection(uv_stream_t *ls, int status)
         return;
     }
     format_peer(c);
-    if (srv->tls && baton_tls_conn_create(&c->tls, srv->tls, NULL) != 0) {
-        log_error("http", "tls_conn_oom peer=%s", c->req.peer);
-        conn_close_hard(c);
+    if (srv->tls && conn_tls_attach(c) != 0)
         return;
-    }
-    if (c->tls)
-        baton_tls_conn_set_peer(c->tls, c->req.peer);
     if (srv->n_conns >= srv->limits.max_connections) {
         log_warn("http", "connection_rejected reason=max_connections limit=%u peer=%s",
                  srv->limits.max_connections, c->req.peer);
-        if (c->tls) { /* no TLS session to carry the 503 yet */
-            conn_close_hard(c);
-            return;
-        }
         conn_read_start(c);
         conn_send_error(c, 503, "too many connections", "too_many_connections");
         return;
@@ -1222,11 +1231,7 @@ static void on_connection(uv_stream_t *ls, int status)
     c->parser.data = c;
     c->keep_alive = 1;
     conn_read_start(c);
-    if (c->tcp_closing)
-        return;
-    if (c->tls && srv->limits.header_timeout_ms) /* the handshake must finish in time */
-        timer_start(c, TM_HEAD, srv->limits.header_timeout_ms);
-    else
+    if (!c->tcp_closing)
         arm_idle(c);
 }
 

@@ -141,6 +141,38 @@ def test_bad_input():
         assert r.alive()
 
 
+def test_connection_cap():
+    """Over --max-connections a TLS client is closed before the handshake (no session exists
+    to carry the plain-HTTP 503); the connection already open is untouched."""
+    srv = PKI.cert("srv")
+    ctx = PKI.client_context()
+    with Cluster("tls-cap") as c:
+        w = c.worker("regular")
+        r = c.router("--tls-cert", srv[0], "--tls-key", srv[1], "--max-connections", "1",
+                     "--threads", "1", "--worker", f"http://127.0.0.1:{w.port}")
+        held = http.client.HTTPSConnection("127.0.0.1", r.port, timeout=30, context=ctx)
+        try:
+            assert exchange(held, "GET", "/health").status == 200
+            try:
+                tls_socket(ctx, r.port).close()
+            except (ssl.SSLError, ConnectionError, OSError):
+                pass
+            else:
+                raise AssertionError("a connection over the cap completed its handshake")
+            r.wait_log(r"connection_rejected reason=max_connections")
+            assert exchange(held, "GET", "/health").status == 200
+        finally:
+            held.close()
+        wait_until(lambda: still_ok(ctx, r.port), what="service after the held one closed")
+
+
+def still_ok(ctx, port):
+    try:
+        return request(ctx, port, "GET", "/health").status == 200
+    except (ssl.SSLError, ConnectionError, OSError):
+        return False
+
+
 def test_failure_log_rate_limited():
     srv = PKI.cert("srv")
     ctx = PKI.client_context()
@@ -257,7 +289,8 @@ def use_pki(pki):
 
 
 def main():
-    run_tests([test_bad_input, test_failure_log_rate_limited, test_reload_under_load], use_pki)
+    run_tests([test_bad_input, test_connection_cap, test_failure_log_rate_limited,
+               test_reload_under_load], use_pki)
 
 
 if __name__ == "__main__":
