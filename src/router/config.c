@@ -131,7 +131,7 @@ static const opt_t options[] = {
     {"--tls-client-ca", "tls", "client_ca", OPT_STR, OFF(tls_client_ca), 0, 0, 0, "FILE",
      "require client certificates issued by this CA (mTLS)"},
     {"--upstream-ca", "tls", "upstream_ca", OPT_STR, OFF(upstream_ca), 0, 0, 0, "FILE",
-     "CA bundle that https:// workers are verified against (default: the system's)"},
+     "CA bundle that https:// workers are verified against"},
     {"--upstream-cert", "tls", "upstream_cert", OPT_STR, OFF(upstream_cert), 0, 0, 0, "FILE",
      "client certificate presented to https:// workers (mTLS)"},
     {"--upstream-key", "tls", "upstream_key", OPT_STR, OFF(upstream_key), 0, 0, 0, "FILE",
@@ -781,7 +781,7 @@ static void default_text(const baton_config_t *d, const opt_t *o, char *buf, siz
     const char *field = (const char *)d + o->offset;
     switch (o->type) {
     case OPT_STR:
-        snprintf(buf, len, "%s", *(char *const *)field ? *(char *const *)field : "");
+        snprintf(buf, len, "%s", *(char *const *)field ? *(char *const *)field : "none");
         break;
     case OPT_INT:
         snprintf(buf, len, "%d", *(const int *)field);
@@ -833,6 +833,8 @@ void baton_config_print_help(FILE *out, const char *argv0)
             snprintf(def, sizeof(def), "same as --policy");
         if (o->offset == OFF(threads))
             snprintf(def, sizeof(def), "number of cores, here %u", d.threads);
+        if (o->offset == OFF(upstream_ca))
+            snprintf(def, sizeof(def), "the system bundle");
         fprintf(out, "  %-32s %s (default: %s)\n", left, o->help, def);
     }
     fprintf(out, "  %-32s %s\n", "-h, --help", "print this help and exit");
