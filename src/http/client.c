@@ -817,7 +817,11 @@ static void on_ctimer(uv_timer_t *t)
     else if (r->phase == PH_FIRST_BYTE && r->to.first_byte_ms &&
              now >= r->phase_start + r->to.first_byte_ms)
         err = BATON_ETIMEOUT_FIRST_BYTE;
-    else if (r->phase == PH_BODY && r->to.idle_ms && now >= r->last_read + r->to.idle_ms)
+    if (err == BATON_ETIMEOUT_CONNECT && r->conn && r->conn->tls) {
+        /* Connected, but the TLS handshake did not finish in time: a TLS failure. */
+        baton_tls_conn_timed_out(r->conn->tls);
+        err = BATON_ETLS;
+    } else if (r->phase == PH_BODY && r->to.idle_ms && now >= r->last_read + r->to.idle_ms)
         err = BATON_ETIMEOUT_IDLE;
     if (!err) {
         arm_phase(r);

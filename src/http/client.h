@@ -22,7 +22,8 @@
  *              BATON_ETIMEOUT_FIRST_BYTE, BATON_ETIMEOUT_IDLE, BATON_ETIMEOUT_TOTAL,
  *              BATON_EEOF (closed before the response ended), BATON_EUPSTREAM (malformed
  *              response), BATON_ECANCELED (baton_http_request_cancel), BATON_ETLS (https:
- *              handshake or certificate verification failed; nothing was sent).
+ *              handshake or certificate verification failed, or the handshake did not finish
+ *              within the connect timeout; nothing was sent).
  *   Callbacks never run inside baton_http_request() or baton_http_request_cancel(). After
  *   on_done returns the request handle is freed. on_head/on_data may be NULL.
  *   A connection goes back to the pool only after a complete response that allows keep-alive;

@@ -173,6 +173,57 @@ def still_ok(ctx, port):
         return False
 
 
+def test_upstream_handshake_stall():
+    """An https:// worker that accepts and never answers the handshake: the connect timeout
+    bounds it, the client gets a clean 502 naming TLS, nothing was sent but the ClientHello."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(16)
+    port = lsock.getsockname()[1]
+    got, stop = [], threading.Event()
+
+    def silent():
+        lsock.settimeout(0.2)
+        conns = []
+        while not stop.is_set():
+            try:
+                cs, _ = lsock.accept()
+            except socket.timeout:
+                continue
+            cs.settimeout(0.2)
+            conns.append(cs)
+            try:
+                got.append(cs.recv(65536))
+            except socket.timeout:
+                pass
+        for cs in conns:
+            cs.close()
+
+    t = threading.Thread(target=silent)
+    t.start()
+    try:
+        with Cluster("tls-stall") as c:
+            r = c.router("--worker", f"https://127.0.0.1:{port}", "--connect-timeout-ms", "500",
+                         "--max-retries", "0", "--check-interval-ms", "0",
+                         "--upstream-ca", PKI.ca[0])
+            from harness import post
+            res = post(r.port, "/v1/chat/completions",
+                       {"model": "m", "messages": MSGS, "max_tokens": 3}, timeout=30)
+            assert res.status == 502, (res.status, res.text)
+            assert "TLS" in res.json()["error"]["message"], res.text
+            assert "127.0.0.1" not in res.text, res.text
+            from harness import get
+            text = get(r.port, "/metrics").text
+            assert metric(text, "baton_tls_failures_total", side="client",
+                          reason="handshake_timeout") >= 1, text
+    finally:
+        stop.set()
+        t.join(timeout=10)
+        lsock.close()
+    assert got and all(g[:1] == b"\x16" for g in got if g), got  # a ClientHello, no request
+    assert not any(b"chat/completions" in g for g in got), got
+
+
 def test_failure_log_rate_limited():
     srv = PKI.cert("srv")
     ctx = PKI.client_context()
@@ -289,7 +340,8 @@ def use_pki(pki):
 
 
 def main():
-    run_tests([test_bad_input, test_connection_cap, test_failure_log_rate_limited,
+    run_tests([test_bad_input, test_connection_cap, test_upstream_handshake_stall,
+               test_failure_log_rate_limited,
                test_reload_under_load], use_pki)
 
 
