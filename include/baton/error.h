@@ -29,7 +29,8 @@ extern "C" {
     XX(EUPSTREAM, -20016, "upstream sent a malformed response")                                    \
     XX(EEOF, -20017, "peer closed the connection early")                                           \
     XX(EKVCORRUPT, -20023, "KV cache page verification failed")                                    \
-    XX(ENOWORKER, -20025, "no worker available")
+    XX(ENOWORKER, -20025, "no worker available")                                                   \
+    XX(ETLS, -20041, "TLS handshake or certificate verification failed")
 
 /* Every code of the project: libbaton's table, then the rest. */
 #define BATON_ERRNO_MAP(XX) BATON_XFER_ERRNO_MAP(XX) BATON_APP_ERRNO_MAP(XX)

@@ -41,6 +41,11 @@ typedef struct bb_config_s {
     uint64_t seed;
     double timeout_s; /* per request, 0 = none */
     int progress;     /* live progress line (main.c decides: stdout is a terminal) */
+
+    /* https:// base URLs go through the project's TLS layer (src/http/tls.h): the server is
+     * verified against ca_file (NULL: the system bundle), host name or IP checked. */
+    const char *ca_file;
+    int new_connection; /* a new connection (and TLS handshake) per request: no keep-alive */
 } bb_config_t;
 
 typedef struct bb_results_s {

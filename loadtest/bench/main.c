@@ -28,6 +28,9 @@ static void usage(FILE *f)
             "  --stream                  ask for a streamed (SSE) answer\n"
             "  --model NAME              the \"model\" field (left out when not given)\n"
             "  --ignore-eos              ask the server to ignore EOS (real engines)\n"
+            "  --ca FILE                 https:// URLs: verify the server against this CA bundle\n"
+            "                            (default: the system's)\n"
+            "  --new-connection          a new connection (and TLS handshake) per request\n"
             "\n"
             "Load (closed loop by default):\n"
             "  --concurrency C           closed loop: C users, each sends its next request when\n"
@@ -138,6 +141,8 @@ enum {
     O_PROGRESS,
     O_NO_PROGRESS,
     O_QUIET,
+    O_CA,
+    O_NEW_CONN,
     O_HELP,
 };
 
@@ -171,6 +176,8 @@ static const struct option opts[] = {
     {"progress", no_argument, 0, O_PROGRESS},
     {"no-progress", no_argument, 0, O_NO_PROGRESS},
     {"quiet", no_argument, 0, O_QUIET},
+    {"ca", required_argument, 0, O_CA},
+    {"new-connection", no_argument, 0, O_NEW_CONN},
     {"help", no_argument, 0, O_HELP},
     {0, 0, 0, 0},
 };
@@ -329,6 +336,12 @@ int main(int argc, char **argv)
             break;
         case O_QUIET:
             quiet = 1;
+            break;
+        case O_CA:
+            cfg.ca_file = optarg;
+            break;
+        case O_NEW_CONN:
+            cfg.new_connection = 1;
             break;
         case 'h':
         case O_HELP:

@@ -13,6 +13,7 @@
 #include <llhttp.h>
 #include <uv.h>
 
+#include "http/tls.h"
 #include "baton/error.h"
 #include "common/list.h"
 #include "bench.h"
@@ -69,6 +70,7 @@ struct req_s {
 struct conn_s {
     uv_tcp_t tcp;
     uv_connect_t creq;
+    baton_tls_conn_t *tls; /* https:// only */
     llhttp_t parser;
     run_t *run;
     req_t *req;
@@ -87,6 +89,7 @@ struct run_s {
     uv_timer_t arrival_timer, tick_timer;
     uv_signal_t sigint;
     llhttp_settings_t settings;
+    baton_tls_t *tls; /* https:// only */
     struct sockaddr_storage addr;
     char path[600];
     char host_hdr[300];
@@ -266,6 +269,7 @@ static void on_close(uv_handle_t *h)
     conn_t *c = h->data;
     run_t *run = c->run;
     run->n_conns--;
+    baton_tls_conn_free(c->tls);
     free(c);
     check_done(run);
 }
@@ -326,8 +330,9 @@ static void conn_fail(conn_t *c, bb_err_kind_t kind, const char *msg)
  * already in and the connection carries the next request. */
 typedef struct write_s {
     uv_write_t w;
-    req_t *req;
+    req_t *req; /* NULL for TLS handshake records */
     conn_t *conn;
+    baton_buf_t tls_out; /* the ciphertext written, over TLS */
 } write_t;
 
 static void on_write(uv_write_t *w, int status)
@@ -335,11 +340,41 @@ static void on_write(uv_write_t *w, int status)
     write_t *wr = container_of(w, write_t, w);
     req_t *req = wr->req;
     conn_t *c = wr->conn;
+    baton_buf_free(&wr->tls_out);
     free(wr);
     /* The connection outlives the callback: libuv runs write callbacks before close_cb. */
-    if (status < 0 && status != UV_ECANCELED && c->req == req && !c->closing)
+    if (status < 0 && status != UV_ECANCELED && !c->closing && (c->req == req || !req))
         conn_fail(c, BB_ERR_IO, uv_strerror(status));
-    req_unref(req);
+    if (req)
+        req_unref(req);
+}
+
+/* Writes TLS records (taking *out); handshake records carry no request. 0 or a libuv error. */
+static int tls_write(conn_t *c, req_t *req, baton_buf_t *out)
+{
+    if (out->len == 0) {
+        baton_buf_free(out);
+        return 0;
+    }
+    write_t *wr = calloc(1, sizeof(*wr));
+    if (!wr) {
+        baton_buf_free(out);
+        return UV_ENOMEM;
+    }
+    wr->req = req;
+    wr->conn = c;
+    wr->tls_out = *out;
+    *out = (baton_buf_t)BATON_BUF_INIT;
+    uv_buf_t b = uv_buf_init(wr->tls_out.data, (unsigned)wr->tls_out.len);
+    int rc = uv_write(&wr->w, (uv_stream_t *)&c->tcp, &b, 1, on_write);
+    if (rc < 0) {
+        baton_buf_free(&wr->tls_out);
+        free(wr);
+        return rc;
+    }
+    if (req)
+        req->refs++;
+    return 0;
 }
 
 static void conn_send(conn_t *c, req_t *req)
@@ -353,7 +388,16 @@ static void conn_send(conn_t *c, req_t *req)
     c->parser.data = c;
     uv_buf_t bufs[2] = {uv_buf_init(req->head.data, (unsigned)req->head.len),
                         uv_buf_init(req->body.data, (unsigned)req->body.len)};
-    write_t *wr = malloc(sizeof(*wr));
+    if (c->tls) {
+        baton_buf_t out = BATON_BUF_INIT;
+        int rc = baton_tls_conn_encrypt(c->tls, bufs, 2, &out);
+        rc = rc ? rc : tls_write(c, req, &out);
+        baton_buf_free(&out);
+        if (rc)
+            conn_fail(c, BB_ERR_IO, "TLS write failed");
+        return;
+    }
+    write_t *wr = calloc(1, sizeof(*wr));
     if (!wr) {
         conn_fail(c, BB_ERR_IO, "out of memory");
         return;
@@ -401,6 +445,58 @@ static void conn_response_done(conn_t *c, int keep, uint64_t t_done)
     req_complete(req, err, msg, t_done);
 }
 
+/* Response bytes (decrypted over TLS); non-zero when the connection is done with them. */
+static int conn_on_bytes(void *owner, const char *data, size_t len)
+{
+    conn_t *c = owner;
+    req_t *req = c->req;
+    if (!req || c->closing) {
+        conn_close(c);
+        return 1;
+    }
+    req->resp_bytes += len;
+    c->msg_done = 0;
+    llhttp_errno_t e = llhttp_execute(&c->parser, data, len);
+    if (e == HPE_PAUSED && c->msg_done) {
+        const char *pos = llhttp_get_error_pos(&c->parser);
+        size_t used = pos ? (size_t)(pos - data) : len;
+        /* Bytes after the response we asked for: not a server we can keep talking to. */
+        int keep =
+            llhttp_should_keep_alive(&c->parser) && used >= len && !c->run->cfg->new_connection;
+        conn_response_done(c, keep, c->t_read);
+        return 1;
+    } else if (e != HPE_OK) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "malformed HTTP response: %s %s", llhttp_errno_name(e),
+                 llhttp_get_error_reason(&c->parser) ? llhttp_get_error_reason(&c->parser) : "");
+        conn_fail(c, BB_ERR_BAD_RESPONSE, msg);
+        return 1;
+    }
+    return 0;
+}
+
+static void on_tls_bytes(conn_t *c, const char *data, size_t len)
+{
+    int was_up = baton_tls_conn_established(c->tls);
+    baton_buf_t out = BATON_BUF_INIT;
+    int rc = baton_tls_conn_feed(c->tls, data, len, &out, conn_on_bytes, c);
+    if (!c->closing && tls_write(c, NULL, &out) != 0 && rc == 0)
+        rc = BATON_ETLS;
+    baton_buf_free(&out);
+    if (c->closing)
+        return;
+    if (rc != 0) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "TLS: %s",
+                 rc == 1 ? "closed" : baton_tls_reason_label(baton_tls_conn_reason(c->tls)));
+        c->reused = 0;
+        conn_fail(c, rc == 1 ? BB_ERR_EOF : BB_ERR_CONNECT, msg);
+        return;
+    }
+    if (!was_up && baton_tls_conn_established(c->tls) && c->req)
+        conn_send(c, c->req);
+}
+
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     conn_t *c = st->data;
@@ -427,21 +523,10 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     c->t_read = uv_hrtime();
-    req->resp_bytes += (size_t)nread;
-    c->msg_done = 0;
-    llhttp_errno_t e = llhttp_execute(&c->parser, buf->base, (size_t)nread);
-    if (e == HPE_PAUSED && c->msg_done) {
-        const char *pos = llhttp_get_error_pos(&c->parser);
-        size_t used = pos ? (size_t)(pos - buf->base) : (size_t)nread;
-        /* Bytes after the response we asked for: not a server we can keep talking to. */
-        int keep = llhttp_should_keep_alive(&c->parser) && used >= (size_t)nread;
-        conn_response_done(c, keep, c->t_read);
-    } else if (e != HPE_OK) {
-        char msg[160];
-        snprintf(msg, sizeof(msg), "malformed HTTP response: %s %s", llhttp_errno_name(e),
-                 llhttp_get_error_reason(&c->parser) ? llhttp_get_error_reason(&c->parser) : "");
-        conn_fail(c, BB_ERR_BAD_RESPONSE, msg);
-    }
+    if (c->tls)
+        on_tls_bytes(c, buf->base, (size_t)nread);
+    else
+        conn_on_bytes(c, buf->base, (size_t)nread);
 }
 
 static int on_headers_complete(llhttp_t *p)
@@ -490,6 +575,18 @@ static void on_connect(uv_connect_t *cr, int status)
     int rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
     if (rc < 0) {
         conn_fail(c, BB_ERR_IO, uv_strerror(rc));
+        return;
+    }
+    if (c->run->tls) { /* the request goes out once the handshake is done (on_tls_bytes) */
+        baton_buf_t out = BATON_BUF_INIT;
+        rc = baton_tls_conn_create(&c->tls, c->run->tls, c->run->cfg->url.host);
+        rc = rc ? rc : baton_tls_conn_start(c->tls, &out);
+        rc = rc ? rc : tls_write(c, NULL, &out);
+        baton_buf_free(&out);
+        if (rc) {
+            c->reused = 0;
+            conn_fail(c, BB_ERR_CONNECT, "TLS handshake could not start");
+        }
         return;
     }
     conn_send(c, c->req);
@@ -608,8 +705,9 @@ static void send_turn(session_t *s, uint64_t t_sched)
     if (!rc)
         rc = baton_buf_printf(&req->head,
                               "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                              "Accept: */*\r\nContent-Length: %zu\r\n\r\n",
-                              run->path, run->host_hdr, req->body.len);
+                              "Accept: */*\r\nContent-Length: %zu\r\n%s\r\n",
+                              run->path, run->host_hdr, req->body.len,
+                              run->cfg->new_connection ? "Connection: close\r\n" : "");
     if (rc) {
         fprintf(stderr, "baton-bench: out of memory building a request\n");
         if (req) {
@@ -840,6 +938,16 @@ int bb_run(const bb_config_t *cfg, bb_results_t *res)
         free(run);
         return rc;
     }
+    if (cfg->url.tls) {
+        char err[400] = "";
+        baton_tls_opts_t o = {NULL, NULL, cfg->ca_file};
+        if ((rc = baton_tls_create(&run->tls, BATON_TLS_CLIENT, &o, err, sizeof(err))) != 0) {
+            fprintf(stderr, "baton-bench: TLS: %s\n", err);
+            uv_loop_close(&run->loop);
+            free(run);
+            return rc;
+        }
+    }
     llhttp_settings_init(&run->settings);
     run->settings.on_headers_complete = on_headers_complete;
     run->settings.on_body = on_body;
@@ -889,6 +997,7 @@ int bb_run(const bb_config_t *cfg, bb_results_t *res)
     rc = uv_loop_close(&run->loop);
     if (rc < 0)
         fprintf(stderr, "baton-bench: loop closed with handles open: %s\n", uv_strerror(rc));
+    baton_tls_destroy(run->tls);
     free(run);
     return 0;
 }

@@ -9,22 +9,12 @@ second each path sustained (as a ratio of the direct path).
 """
 
 import json
-import statistics
 import sys
 
 import scenlib
 
 
-def med(runs, *keys):
-    """Median over the repeats of runs[i][k0][k1]...; None when absent."""
-    vals = []
-    for r in runs:
-        v = r
-        for k in keys:
-            v = v.get(k) if isinstance(v, dict) else None
-        if v is not None:
-            vals.append(v)
-    return statistics.median(vals) if vals else None
+med = scenlib.med
 
 
 def main():

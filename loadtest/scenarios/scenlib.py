@@ -13,6 +13,7 @@ import re
 import resource
 import shutil
 import signal
+import statistics
 import socket
 import subprocess
 import sys
@@ -276,10 +277,13 @@ class Lab:
     }}
 """)
 
-    def nginx(self, upstream_ports, name="nginx", workers=None, keepalive=256):
+    def nginx(self, upstream_ports, name="nginx", workers=None, keepalive=256, tls=None):
         """An nginx reverse proxy in front of the given ports, with upstream keep-alive; None
-        when nginx is not installed."""
+        when nginx is not installed. tls: extra lines of the server block (ssl_certificate, ...)
+        that make the listener HTTPS."""
         servers = "\n".join(f"        server {HOST}:{p};" for p in upstream_ports)
+        ssl = " ssl" if tls else ""
+        ssl_lines = "".join(f"        {ln}\n" for ln in (tls or []))
         main = f"worker_processes {workers or os.cpu_count() or 1};\nworker_rlimit_nofile 65536;\n"
         return self._nginx(name, main, 32768, lambda listen: f"""\
     client_max_body_size 64m;
@@ -292,8 +296,8 @@ class Lab:
         keepalive_requests 1000000;
     }}
     server {{
-        listen {listen} backlog=4096;
-        location / {{
+        listen {listen}{ssl} backlog=4096;
+{ssl_lines}        location / {{
             proxy_pass http://workers;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
@@ -353,6 +357,18 @@ http {{
 
 
 # ---- output ----
+
+def med(runs, *keys):
+    """Median over bench results of runs[i][k0][k1]...; None when absent."""
+    vals = []
+    for r in runs:
+        v = r
+        for k in keys:
+            v = v.get(k) if isinstance(v, dict) else None
+        if v is not None:
+            vals.append(v)
+    return statistics.median(vals) if vals else None
+
 
 def fmt(x, nd=2):
     if x is None:

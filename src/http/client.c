@@ -1,6 +1,8 @@
 /* client.c — upstream HTTP/1.1 client: keep-alive pool per upstream, phase timeouts, streaming. */
 #include "http/client.h"
 
+#include "http/tls.h"
+
 #include "baton/error.h"
 #include "common/buf.h"
 #include "common/list.h"
@@ -31,6 +33,8 @@ struct baton_http_pool_s {
     struct sockaddr_storage addr;
     char host_hdr[300];
     char *rbuf;
+    baton_tls_t *tls;             /* not owned; NULL: plain TCP */
+    baton_tls_session_t *session; /* the last TLS session, offered by new connections */
     llhttp_settings_t settings;
     baton_list_t idle; /* of cconn_t.link, LIFO: the most recently used is the warmest */
     unsigned n_idle;
@@ -47,7 +51,8 @@ struct cconn_s {
     uv_write_t wreq;
     llhttp_t parser;
     baton_http_pool_t *pool;
-    baton_list_t link; /* in pool->idle while idle */
+    baton_tls_conn_t *tls; /* NULL on a plain connection */
+    baton_list_t link;     /* in pool->idle while idle */
     creq_t *req;
     unsigned refs; /* tcp handle + a pending getaddrinfo */
     unsigned reused : 1;
@@ -246,6 +251,7 @@ static void conn_maybe_free(cconn_t *conn)
     if (conn->refs > 0)
         return;
     baton_http_pool_t *pool = conn->pool;
+    baton_tls_conn_free(conn->tls);
     free(conn);
     pool->n_handles--;
     pool_maybe_free(pool);
@@ -298,14 +304,70 @@ static void on_write(uv_write_t *w, int status)
         conn_close(conn);
 }
 
-/* Head and body go out in one uv_write; the body is not copied. */
+/* A write of TLS records: the ciphertext is owned by the request and freed with it. */
+typedef struct twrite_s {
+    uv_write_t req;
+    cconn_t *conn;
+    baton_buf_t buf;
+    int is_request; /* carries a request (conn->writing) rather than handshake records */
+} twrite_t;
+
+static void on_tls_write(uv_write_t *w, int status)
+{
+    twrite_t *tw = container_of(w, twrite_t, req);
+    cconn_t *conn = tw->conn;
+    int is_request = tw->is_request;
+    baton_buf_free(&tw->buf);
+    free(tw);
+    if (is_request) {
+        conn->wreq.data = conn;
+        on_write(&conn->wreq, status);
+    } else if (status < 0 && status != UV_ECANCELED && !conn->closing) {
+        conn_fail(conn, BATON_EEOF);
+    }
+}
+
+/* Writes (and takes) the ciphertext in *out; an empty buffer is just freed. */
+static int tls_write_out(cconn_t *conn, baton_buf_t *out, int is_request)
+{
+    if (out->len == 0) {
+        baton_buf_free(out);
+        return 0;
+    }
+    twrite_t *tw = malloc(sizeof(*tw));
+    if (tw == NULL) {
+        baton_buf_free(out);
+        return BATON_ENOMEM;
+    }
+    tw->conn = conn;
+    tw->buf = *out;
+    tw->is_request = is_request;
+    *out = (baton_buf_t)BATON_BUF_INIT;
+    uv_buf_t b = uv_buf_init(tw->buf.data, (unsigned)tw->buf.len);
+    int err = uv_write(&tw->req, (uv_stream_t *)&conn->tcp, &b, 1, on_tls_write);
+    if (err) {
+        baton_buf_free(&tw->buf);
+        free(tw);
+    }
+    return err;
+}
+
+/* Head and body go out in one uv_write; the body is not copied (over TLS: encrypted once). */
 static int send_request(creq_t *r)
 {
     cconn_t *conn = r->conn;
     uv_buf_t bufs[2] = {uv_buf_init(r->head, (unsigned)r->head_len),
                         uv_buf_init((char *)r->body, (unsigned)r->body_len)};
-    conn->wreq.data = conn;
-    int err = uv_write(&conn->wreq, (uv_stream_t *)&conn->tcp, bufs, r->body_len ? 2 : 1, on_write);
+    int err;
+    if (conn->tls) {
+        baton_buf_t out = BATON_BUF_INIT;
+        err = baton_tls_conn_encrypt(conn->tls, bufs, r->body_len ? 2 : 1, &out);
+        err = err ? err : tls_write_out(conn, &out, 1);
+        baton_buf_free(&out);
+    } else {
+        conn->wreq.data = conn;
+        err = uv_write(&conn->wreq, (uv_stream_t *)&conn->tcp, bufs, r->body_len ? 2 : 1, on_write);
+    }
     if (err)
         return err;
     conn->writing = 1;
@@ -350,6 +412,24 @@ static void on_connect(uv_connect_t *cr, int status)
         return;
     }
     conn->connected = 1;
+    if (conn->pool->tls) {
+        /* The request waits for the handshake (bounded by the connect timeout): a peer that
+         * fails verification never sees a byte of it. */
+        baton_buf_t out = BATON_BUF_INIT;
+        int err = baton_tls_conn_create(&conn->tls, conn->pool->tls, conn->pool->host);
+        if (err == 0) {
+            char peer[64];
+            snprintf(peer, sizeof(peer), "%.40s:%d", conn->pool->host, conn->pool->port);
+            baton_tls_conn_set_peer(conn->tls, peer);
+            baton_tls_conn_use_session(conn->tls, conn->pool->session);
+            err = baton_tls_conn_start(conn->tls, &out);
+        }
+        err = err ? err : tls_write_out(conn, &out, 0);
+        baton_buf_free(&out);
+        if (err || conn_read_start(conn) != 0)
+            conn_fail(conn, err == BATON_ETLS ? BATON_ETLS : BATON_ECONNECT);
+        return;
+    }
     if (!r->paused && conn_read_start(conn) != 0) {
         conn_fail(conn, BATON_ECONNECT);
         return;
@@ -587,40 +667,99 @@ static void feed(cconn_t *conn, const char *data, size_t len)
     conn_fail(conn, BATON_EUPSTREAM);
 }
 
-static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+static void on_plain_eof(cconn_t *conn, ssize_t nread);
+
+/* Response bytes: straight from the socket, or decrypted by the TLS layer. */
+static int on_plain(void *owner, const char *data, size_t len)
 {
-    cconn_t *conn = s->data;
+    cconn_t *conn = owner;
     creq_t *r = conn->req;
-    if (nread == 0)
-        return;
-    if (r == NULL) {
-        conn_close(conn); /* idle connection: EOF, error or unexpected bytes */
-        return;
-    }
-    if (nread < 0) {
-        if (nread == UV_EOF && r->got_bytes && !r->msg_complete) {
-            llhttp_finish(&conn->parser); /* a read-until-close body ends here */
-            if (r->msg_complete) {
-                conn->keep_alive = 0;
-                if (r->paused || r->held.len > 0)
-                    r->held_complete = 1;
-                else
-                    complete(r);
-                return;
-            }
-        }
-        conn_fail(conn, BATON_EEOF);
-        return;
+    if (r == NULL || conn->closing) {
+        conn_close(conn); /* idle connection: unexpected bytes */
+        return 1;
     }
     if (r->msg_complete) {
         conn_fail(conn, BATON_EUPSTREAM); /* bytes past a held, complete response */
-        return;
+        return 1;
     }
     r->got_bytes = 1;
     r->last_read = uv_now(r->pool->loop);
     if (r->phase != PH_BODY)
         set_phase(r, PH_BODY);
-    feed(conn, buf->base, (size_t)nread);
+    feed(conn, data, len);
+    return conn->req != r || conn->closing;
+}
+
+static void on_tls_read(cconn_t *conn, const char *data, size_t len)
+{
+    int was_up = baton_tls_conn_established(conn->tls);
+    baton_buf_t out = BATON_BUF_INIT;
+    int rc = baton_tls_conn_feed(conn->tls, data, len, &out, on_plain, conn);
+    if (!conn->closing && tls_write_out(conn, &out, 0) != 0 && rc == 0)
+        rc = BATON_ETLS;
+    baton_buf_free(&out);
+    if (conn->closing)
+        return;
+    if (rc == 1) { /* close_notify: the upstream's EOF */
+        on_plain_eof(conn, UV_EOF);
+        return;
+    }
+    if (rc != 0) { /* the layer logged it (rate-limited) and counted it */
+        conn_fail(conn, BATON_ETLS);
+        return;
+    }
+    if (!was_up && baton_tls_conn_established(conn->tls) && conn->req) {
+        creq_t *r = conn->req;
+        if (r->paused)
+            uv_read_stop((uv_stream_t *)&conn->tcp);
+        if (send_request(r) != 0)
+            conn_fail(conn, BATON_ECONNECT);
+    }
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    cconn_t *conn = s->data;
+    if (nread == 0)
+        return;
+    if (nread < 0 && conn->tls && !baton_tls_conn_established(conn->tls)) {
+        baton_tls_conn_eof(conn->tls);
+        conn_fail(conn, BATON_ETLS); /* the upstream hung up on the handshake */
+        return;
+    }
+    if (conn->req == NULL) {
+        conn_close(conn); /* idle connection: EOF, error or unexpected bytes */
+        return;
+    }
+    if (nread < 0) {
+        on_plain_eof(conn, nread);
+        return;
+    }
+    if (conn->tls)
+        on_tls_read(conn, buf->base, (size_t)nread);
+    else
+        on_plain(conn, buf->base, (size_t)nread);
+}
+
+static void on_plain_eof(cconn_t *conn, ssize_t nread)
+{
+    creq_t *r = conn->req;
+    if (r == NULL) {
+        conn_close(conn);
+        return;
+    }
+    if (nread == UV_EOF && r->got_bytes && !r->msg_complete) {
+        llhttp_finish(&conn->parser); /* a read-until-close body ends here */
+        if (r->msg_complete) {
+            conn->keep_alive = 0;
+            if (r->paused || r->held.len > 0)
+                r->held_complete = 1;
+            else
+                complete(r);
+            return;
+        }
+    }
+    conn_fail(conn, BATON_EEOF);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -678,7 +817,11 @@ static void on_ctimer(uv_timer_t *t)
     else if (r->phase == PH_FIRST_BYTE && r->to.first_byte_ms &&
              now >= r->phase_start + r->to.first_byte_ms)
         err = BATON_ETIMEOUT_FIRST_BYTE;
-    else if (r->phase == PH_BODY && r->to.idle_ms && now >= r->last_read + r->to.idle_ms)
+    if (err == BATON_ETIMEOUT_CONNECT && r->conn && r->conn->tls) {
+        /* Connected, but the TLS handshake did not finish in time: a TLS failure. */
+        baton_tls_conn_timed_out(r->conn->tls);
+        err = BATON_ETLS;
+    } else if (r->phase == PH_BODY && r->to.idle_ms && now >= r->last_read + r->to.idle_ms)
         err = BATON_ETIMEOUT_IDLE;
     if (!err) {
         arm_phase(r);
@@ -743,6 +886,7 @@ static void pool_maybe_free(baton_http_pool_t *pool)
 {
     if (!pool->destroyed || pool->n_handles > 0 || pool->n_reqs > 0)
         return;
+    baton_tls_session_free(pool->session);
     free(pool->rbuf);
     free(pool);
 }
@@ -756,6 +900,13 @@ void baton_http_pool_destroy(baton_http_pool_t *pool)
     while ((conn = idle_first(pool)) != NULL)
         conn_close(conn);
     pool_maybe_free(pool);
+}
+
+void baton_http_pool_set_tls(baton_http_pool_t *pool, baton_tls_t *tls)
+{
+    pool->tls = tls;
+    if (tls && pool->session == NULL)
+        pool->session = baton_tls_session_new(); /* NULL: every handshake a full one */
 }
 
 unsigned baton_http_pool_connections(const baton_http_pool_t *pool)
@@ -910,4 +1061,5 @@ const baton_http_client_ops_t baton_http_client_ops = {
     .request = baton_http_request,
     .pause = baton_http_request_pause,
     .cancel = baton_http_request_cancel,
+    .set_tls = baton_http_pool_set_tls,
 };

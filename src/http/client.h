@@ -21,7 +21,9 @@
  *              BATON_ECONNECT (connect refused/failed), BATON_ETIMEOUT_CONNECT,
  *              BATON_ETIMEOUT_FIRST_BYTE, BATON_ETIMEOUT_IDLE, BATON_ETIMEOUT_TOTAL,
  *              BATON_EEOF (closed before the response ended), BATON_EUPSTREAM (malformed
- *              response), BATON_ECANCELED (baton_http_request_cancel).
+ *              response), BATON_ECANCELED (baton_http_request_cancel), BATON_ETLS (https:
+ *              handshake or certificate verification failed, or the handshake did not finish
+ *              within the connect timeout; nothing was sent).
  *   Callbacks never run inside baton_http_request() or baton_http_request_cancel(). After
  *   on_done returns the request handle is freed. on_head/on_data may be NULL.
  *   A connection goes back to the pool only after a complete response that allows keep-alive;
@@ -66,6 +68,16 @@ int baton_http_pool_create(baton_http_pool_t **pool_p, uv_loop_t *loop, const ch
  * (they run to completion or are cancelled by their owners). */
 void baton_http_pool_destroy(baton_http_pool_t *pool);
 
+/*
+ * Makes the pool's new connections TLS (an https:// upstream; see http/tls.h): the peer's
+ * certificate must verify against `tls`'s CA and match the pool's host (name or IP). The
+ * request is written only after the handshake; a handshake that fails ends the request with
+ * on_done(BATON_ETLS) (the connect timeout bounds the handshake too). `tls` (a client
+ * configuration) is not owned and must outlive the pool.
+ */
+struct baton_tls_s;
+void baton_http_pool_set_tls(baton_http_pool_t *pool, struct baton_tls_s *tls);
+
 /* Connections (idle + busy) the pool holds now. */
 unsigned baton_http_pool_connections(const baton_http_pool_t *pool);
 
@@ -101,6 +113,7 @@ typedef struct baton_http_client_ops_s {
                    const baton_http_client_cb_t *cb, void *data);
     void (*pause)(baton_http_creq_t *req, int paused);
     void (*cancel)(baton_http_creq_t *req);
+    void (*set_tls)(baton_http_pool_t *pool, struct baton_tls_s *tls); /* NULL: no TLS */
 } baton_http_client_ops_t;
 
 extern const baton_http_client_ops_t baton_http_client_ops;

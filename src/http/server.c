@@ -1,6 +1,8 @@
 /* server.c — HTTP/1.1 server: accept, llhttp parsing, limits, keep-alive, responses, streaming. */
 #include "http/server.h"
 
+#include "http/tls.h"
+
 #include "baton/error.h"
 #include "common/buf.h"
 #include "common/list.h"
@@ -68,6 +70,7 @@ struct baton_http_server_s {
     baton_http_limits_t limits;
     baton_http_handler_cb handler;
     void *ctx;
+    baton_tls_t *tls; /* not owned; NULL: plain TCP */
     llhttp_settings_t settings;
     char *rbuf;
     baton_list_t conns; /* of conn_t.link: every connection until its memory is freed */
@@ -96,12 +99,13 @@ struct conn_s {
     uv_shutdown_t shutdown_req;
     llhttp_t parser;
     baton_http_server_t *srv;
-    baton_list_t link;    /* in srv->conns */
-    size_t charged;       /* body bytes counted in srv->budget (reserved or read) */
-    size_t body_total;    /* the Content-Length of the body being read; 0 when chunked */
-    baton_http_req_t req; /* the one request being read or handled */
-    baton_buf_t arena;    /* url, header names and values, each NUL-terminated */
-    baton_buf_t hdrs;     /* hdr_off_t[] while parsing, then baton_http_header_t[] after them */
+    baton_tls_conn_t *tls; /* NULL on a plain TCP listener */
+    baton_list_t link;     /* in srv->conns */
+    size_t charged;        /* body bytes counted in srv->budget (reserved or read) */
+    size_t body_total;     /* the Content-Length of the body being read; 0 when chunked */
+    baton_http_req_t req;  /* the one request being read or handled */
+    baton_buf_t arena;     /* url, header names and values, each NUL-terminated */
+    baton_buf_t hdrs;      /* hdr_off_t[] while parsing, then baton_http_header_t[] after them */
     baton_buf_t body;
     baton_buf_t pending; /* bytes read while a request is with the handler (pipelining) */
     size_t head_bytes;
@@ -406,7 +410,7 @@ static void on_write(uv_write_t *wr, int status)
 
 /* Writes bufs in order: straight to the socket when it takes them, else one copy queued.
  * 0, or BATON_ECLOSED after closing the connection on a write error. */
-static int conn_write(conn_t *c, const uv_buf_t *bufs, unsigned n)
+static int conn_write_raw(conn_t *c, const uv_buf_t *bufs, unsigned n)
 {
     if (c->tcp_closing)
         return BATON_ECLOSED;
@@ -456,6 +460,34 @@ static int conn_write(conn_t *c, const uv_buf_t *bufs, unsigned n)
     c->wq_bytes += rest;
     budget_add(c->srv, rest);
     return 0;
+}
+
+/* Ciphertext the TLS layer produced: written, then the buffer is released. */
+static int conn_write_out(conn_t *c, baton_buf_t *out)
+{
+    int rc = 0;
+    if (out->len > 0) {
+        uv_buf_t b = uv_buf_init(out->data, (unsigned)out->len);
+        rc = conn_write_raw(c, &b, 1);
+    }
+    baton_buf_free(out);
+    return rc;
+}
+
+/* Plaintext out: through the TLS layer when the listener has one. */
+static int conn_write(conn_t *c, const uv_buf_t *bufs, unsigned n)
+{
+    if (c->tls == NULL)
+        return conn_write_raw(c, bufs, n);
+    if (c->tcp_closing)
+        return BATON_ECLOSED;
+    baton_buf_t out = BATON_BUF_INIT;
+    if (baton_tls_conn_encrypt(c->tls, bufs, n, &out) != 0) {
+        baton_buf_free(&out);
+        conn_close_hard(c);
+        return BATON_ECLOSED;
+    }
+    return conn_write_out(c, &out);
 }
 
 /*
@@ -552,7 +584,10 @@ static void req_reset(conn_t *c)
 
 static void arm_idle(conn_t *c)
 {
-    if (c->srv->limits.keepalive_timeout_ms)
+    /* A TLS handshake still going on is bounded by the header timeout, not the idle one. */
+    if (c->tls && !baton_tls_conn_established(c->tls) && c->srv->limits.header_timeout_ms)
+        timer_start(c, TM_HEAD, c->srv->limits.header_timeout_ms);
+    else if (c->srv->limits.keepalive_timeout_ms)
         timer_start(c, TM_IDLE, c->srv->limits.keepalive_timeout_ms);
     else
         uv_timer_stop(&c->timer);
@@ -888,6 +923,69 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     buf->len = READ_BUF_SIZE;
 }
 
+/* Plaintext in: straight from the socket, or decrypted by the TLS layer. */
+static int conn_on_plain(void *owner, const char *data, size_t len)
+{
+    conn_t *c = owner;
+    if (c->closing)
+        return 1; /* lingering: drop */
+    if (c->timer_mode == TM_BODY)
+        c->last_read = uv_now(c->srv->loop);
+    if (c->req_active || c->pending.len > 0) {
+        stash(c, data, len);
+        return c->closing;
+    }
+    conn_feed(c, data, len);
+    return c->closing;
+}
+
+/* A plain-HTTP request on the TLS port gets a plain-HTTP answer saying so, as nginx does. */
+static void send_plaintext_refusal(conn_t *c)
+{
+    static const char body[] = "{\"error\":{\"message\":\"plain HTTP request sent to an HTTPS "
+                               "port\",\"type\":\"invalid_request_error\",\"param\":null,"
+                               "\"code\":\"tls_required\"}}";
+    char head[160];
+    int n = snprintf(head, sizeof(head),
+                     "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                     sizeof(body) - 1);
+    uv_buf_t bufs[2] = {uv_buf_init(head, (unsigned)n),
+                        uv_buf_init((char *)body, (unsigned)(sizeof(body) - 1))};
+    conn_write_raw(c, bufs, 2);
+}
+
+/* A TLS connection on this HTTPS listener (the handshake starts with the client's bytes). */
+static int conn_tls_attach(conn_t *c)
+{
+    if (baton_tls_conn_create(&c->tls, c->srv->tls, NULL) != 0) {
+        log_error("http", "tls_conn_oom peer=%s", c->req.peer);
+        conn_close_hard(c);
+        return -1;
+    }
+    baton_tls_conn_set_peer(c->tls, c->req.peer);
+    return 0;
+}
+
+static void on_tls_read(conn_t *c, const char *data, size_t len)
+{
+    int was_up = baton_tls_conn_established(c->tls);
+    baton_buf_t out = BATON_BUF_INIT;
+    int rc = baton_tls_conn_feed(c->tls, data, len, &out, conn_on_plain, c);
+    conn_write_out(c, &out); /* handshake replies, or the alert that ends it */
+    if (rc == 1) {           /* close_notify: the client's EOF */
+        conn_close_hard(c);
+    } else if (rc != 0) {
+        if (baton_tls_conn_reason(c->tls) == BATON_TLS_R_PLAINTEXT)
+            send_plaintext_refusal(c);
+        c->keep_alive = 0;
+        conn_close_graceful(c);
+    } else if (!was_up && baton_tls_conn_established(c->tls) && !c->in_msg && !c->req_active &&
+               !c->closing && c->timer_mode == TM_HEAD) {
+        arm_idle(c); /* handshake done: from now on an idle connection like any other */
+    }
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     conn_t *c = s->data;
@@ -898,18 +996,17 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     if (nread < 0) {
+        if (c->tls)
+            baton_tls_conn_eof(c->tls);
         conn_close_hard(c);
         return;
     }
     if (c->closing)
         return; /* lingering: drop */
-    if (c->timer_mode == TM_BODY)
-        c->last_read = uv_now(c->srv->loop);
-    if (c->req_active || c->pending.len > 0) {
-        stash(c, buf->base, (size_t)nread);
-        return;
-    }
-    conn_feed(c, buf->base, (size_t)nread);
+    if (c->tls)
+        on_tls_read(c, buf->base, (size_t)nread);
+    else
+        conn_on_plain(c, buf->base, (size_t)nread);
 }
 
 static void conn_read_start(conn_t *c)
@@ -930,6 +1027,8 @@ static void on_timer(uv_timer_t *t)
         conn_close_hard(c);
         break;
     case TM_HEAD:
+        if (c->tls && !baton_tls_conn_established(c->tls))
+            baton_tls_conn_timed_out(c->tls); /* the header timeout bounds the handshake too */
         conn_send_error(c, 408, "timed out reading the request headers", "request_timeout");
         break;
     case TM_BODY: {
@@ -982,6 +1081,7 @@ static void on_timer_close(uv_handle_t *h)
     baton_buf_free(&c->body);
     body_release(c);
     baton_buf_free(&c->pending);
+    baton_tls_conn_free(c->tls);
     free(c);
     srv->n_live--;
     server_maybe_done(srv);
@@ -1046,6 +1146,13 @@ static void conn_close_graceful(conn_t *c)
     uv_timer_stop(&c->timer);
     c->timer_mode = TM_NONE;
     baton_buf_free(&c->pending);
+    if (c->tls && !c->tcp_closing) {
+        baton_buf_t out = BATON_BUF_INIT;
+        baton_tls_conn_close_notify(c->tls, &out);
+        conn_write_out(c, &out);
+        if (c->tcp_closing)
+            return;
+    }
     c->shutdown_req.data = c;
     if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->tcp, on_shutdown) != 0)
         conn_close_hard(c);
@@ -1056,6 +1163,13 @@ static void conn_send_error(conn_t *c, int status, const char *message, const ch
 {
     if (c->closing)
         return;
+    if (c->tls && !baton_tls_conn_established(c->tls)) {
+        /* No TLS session yet to carry an HTTP answer (connection cap, handshake timeout). */
+        log_debug("http", "request_rejected status=%d peer=%s reason=\"%s\" tls=handshaking",
+                  status, c->req.peer, message);
+        conn_close_hard(c);
+        return;
+    }
     c->keep_alive = 0;
     baton_buf_t body = BATON_BUF_INIT;
     const char *type = status >= 500 ? "server_error" : "invalid_request_error";
@@ -1264,6 +1378,8 @@ static void conn_accepted(baton_http_server_t *srv, int fd)
         return;
     }
     format_peer(c);
+    if (srv->tls && conn_tls_attach(c) != 0)
+        return;
     if (srv->n_conns >= srv->limits.max_connections) {
         log_warn_limited("http", "connection_rejected",
                          "connection_rejected reason=max_connections limit=%u peer=%s",
@@ -1441,6 +1557,11 @@ int baton_http_server_listen(baton_http_server_t *srv, const char *host, int por
                                                      : ((struct sockaddr_in6 *)&bound)->sin6_port);
     srv->listening = 1;
     return 0;
+}
+
+void baton_http_server_set_tls(baton_http_server_t *srv, baton_tls_t *tls)
+{
+    srv->tls = tls;
 }
 
 int baton_http_server_port(const baton_http_server_t *srv)

@@ -120,6 +120,14 @@ int baton_http_server_port(const baton_http_server_t *srv);
 
 /* Makes this instance charge its buffered bytes to `budget` (NULL: none). Call before listen. */
 void baton_http_server_set_budget(baton_http_server_t *srv, baton_http_budget_t *budget);
+/*
+ * Makes the listener HTTPS (see http/tls.h): connections accepted from now on run TLS under
+ * the same HTTP code. `tls` (a server configuration) is not owned and must outlive the
+ * server's close_cb. The header timeout bounds the handshake too (no 408: nothing to send it
+ * over); a plain-HTTP request gets a plain 400 saying TLS is required.
+ */
+struct baton_tls_s;
+void baton_http_server_set_tls(baton_http_server_t *srv, struct baton_tls_s *tls);
 
 /* Connections open now on this instance (for metrics and tests). */
 unsigned baton_http_server_connections(const baton_http_server_t *srv);

@@ -1,4 +1,4 @@
-/* url.c — parsing of upstream "http://host:port/prefix" URLs (see common.h). */
+/* url.c — parsing of upstream "http[s]://host:port/prefix" URLs (see common.h). */
 #include "http/common.h"
 
 #include "baton/error.h"
@@ -24,12 +24,19 @@ int baton_url_parse(const char *url, baton_url_t *out)
 {
     if (url == NULL || out == NULL)
         return BATON_EINVAL;
-    if (strncasecmp(url, "http://", 7) != 0)
-        return BATON_EINVAL;
-    const char *p = url + 7;
     baton_url_t u;
     memset(&u, 0, sizeof(u));
-    u.port = 80;
+    const char *p;
+    if (strncasecmp(url, "http://", 7) == 0) {
+        p = url + 7;
+        u.port = 80;
+    } else if (strncasecmp(url, "https://", 8) == 0) {
+        p = url + 8;
+        u.port = 443;
+        u.tls = 1;
+    } else {
+        return BATON_EINVAL;
+    }
 
     size_t hlen;
     if (*p == '[') {

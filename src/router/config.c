@@ -156,6 +156,19 @@ static const opt_t options[] = {
      0, 0, 0, "FILE", "file holding the etcd user's password"},
     {"--registry-timeout-ms", "registry", "timeout_ms", OPT_U64, OFF(registry_timeout_ms), 1,
      U64MAX, 0, "MS", "one etcd call, connect included"},
+    /* TLS (issue 11): the client port, and the router's connections to https:// workers. */
+    {"--tls-cert", "tls", "cert", OPT_STR, OFF(tls_cert), 0, 0, 0, "FILE",
+     "serve HTTPS: certificate chain (PEM, leaf first); reloaded on SIGHUP"},
+    {"--tls-key", "tls", "key", OPT_STR, OFF(tls_key), 0, 0, 0, "FILE",
+     "private key (PEM) of --tls-cert; reloaded on SIGHUP"},
+    {"--tls-client-ca", "tls", "client_ca", OPT_STR, OFF(tls_client_ca), 0, 0, 0, "FILE",
+     "require client certificates issued by this CA (mTLS)"},
+    {"--upstream-ca", "tls", "upstream_ca", OPT_STR, OFF(upstream_ca), 0, 0, 0, "FILE",
+     "CA bundle that https:// workers are verified against"},
+    {"--upstream-cert", "tls", "upstream_cert", OPT_STR, OFF(upstream_cert), 0, 0, 0, "FILE",
+     "client certificate presented to https:// workers (mTLS)"},
+    {"--upstream-key", "tls", "upstream_key", OPT_STR, OFF(upstream_key), 0, 0, 0, "FILE",
+     "private key of --upstream-cert"},
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -266,6 +279,13 @@ void baton_config_free(baton_config_t *cfg)
     for (size_t i = 0; i < cfg->n_workers; i++)
         worker_free(&cfg->workers[i]);
     free(cfg->workers);
+    /* TLS (issue 11) */
+    free(cfg->tls_cert);
+    free(cfg->tls_key);
+    free(cfg->tls_client_ca);
+    free(cfg->upstream_ca);
+    free(cfg->upstream_cert);
+    free(cfg->upstream_key);
     memset(cfg, 0, sizeof(*cfg));
 }
 
@@ -924,6 +944,8 @@ void baton_config_print_help(FILE *out, const char *argv0)
             snprintf(def, sizeof(def), "same as --policy");
         if (o->offset == OFF(threads))
             snprintf(def, sizeof(def), "number of cores, here %u", d.threads);
+        if (o->offset == OFF(upstream_ca))
+            snprintf(def, sizeof(def), "the system bundle");
         fprintf(out, "  %-32s %s (default: %s)\n", left, o->help, def);
     }
     fprintf(out, "  %-32s %s\n", "-h, --help", "print this help and exit");

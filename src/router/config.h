@@ -136,6 +136,17 @@
  *  registry.password_file       --registry-password-file F  none (the user's password, read at
  *                                                               start)
  *  registry.timeout_ms          --registry-timeout-ms N     2000 (one etcd call)
+ *  TLS (issue 11; see docs/SECURITY.md). Certificates and keys are PEM files, reloaded on SIGHUP
+ *  without dropping established connections:
+ *  tls.cert                     --tls-cert FILE             none (with tls.key: the client port
+ *                                                               speaks HTTPS only; chain allowed)
+ *  tls.key                      --tls-key FILE              none
+ *  tls.client_ca                --tls-client-ca FILE        none (clients must present a
+ *                                                               certificate from this CA: mTLS)
+ *  tls.upstream_ca              --upstream-ca FILE          system bundle (https:// workers are
+ *                                                               verified: chain + host name/IP)
+ *  tls.upstream_cert            --upstream-cert FILE        none (client certificate presented
+ *  tls.upstream_key             --upstream-key FILE         to https:// workers: mTLS)
  *                               --config FILE               none (the JSON file above)
  *                               --help                      print this and exit 0
  *
@@ -214,6 +225,13 @@ typedef struct baton_config_s {
     char *registry_user;
     char *registry_password_file;
     uint64_t registry_timeout_ms;
+    /* TLS (issue 11): file paths, NULL when not given. */
+    char *tls_cert;
+    char *tls_key;
+    char *tls_client_ca;
+    char *upstream_ca;
+    char *upstream_cert;
+    char *upstream_key;
 
     /* Private to config.c: which keys were given explicitly. */
     unsigned set_flags_;

@@ -16,6 +16,7 @@
 #include "router/worker_check.h"
 #include "router/worker_health.h"
 #include "http/server.h"
+#include "http/tls.h"
 #include "router/admission.h"
 #include "router/config.h"
 #include "router/etcd_sync.h"
@@ -161,6 +162,7 @@ static void thread_main(void *arg)
         (rc = baton_http_server_create(&t->srv, &t->loop, &app->cfg.limits, baton_routes_handle,
                                        t->pl)) != 0 ||
         (baton_http_server_set_budget(t->srv, &app->budget), 0) ||
+        (baton_http_server_set_tls(t->srv, app->router.server_tls), 0) ||
         (rc = baton_http_server_listen(t->srv, app->cfg.host, t->port, 1)) != 0) {
         /* Start-up failure: the process exits; nothing to unwind. */
         t->rc = rc;
@@ -179,6 +181,7 @@ static void thread_main(void *arg)
     /* The first loop also runs the active health checks (and the breakers' cool-down sync). */
     if (t->idx == 0 && app->router.health) {
         if ((rc = baton_wcheck_create(&t->wc, &t->loop, app->router.health)) != 0 ||
+            (baton_wcheck_set_tls(t->wc, app->router.upstream_tls), 0) ||
             (rc = baton_wcheck_start(t->wc)) != 0) {
             t->rc = rc;
             uv_sem_post(&t->ready);
@@ -315,10 +318,29 @@ static void retire_policy(app_t *app, baton_policy_t *p)
     app->retired = r;
 }
 
+/* SIGHUP, TLS part: certificates and keys are read again from the same files; connections
+ * already open keep the generation they started with (see http/tls.h). */
+static void reload_tls(app_t *app)
+{
+    baton_tls_t *cfgs[2] = {app->router.server_tls, app->router.upstream_tls};
+    const char *names[2] = {"client_port", "upstream"};
+    for (int i = 0; i < 2; i++) {
+        char err[512] = "";
+        if (cfgs[i] == NULL)
+            continue;
+        if (baton_tls_reload(cfgs[i], err, sizeof(err)) == 0)
+            log_info("router", "tls_reloaded which=%s", names[i]);
+        else
+            log_error("router", "tls_reload_failed which=%s reason=\"%s\" (previous kept)",
+                      names[i], err);
+    }
+}
+
 /* SIGHUP: workers and policies from the configuration file (and the same command line). */
 static void reload(app_t *app)
 {
     char err[512] = "";
+    reload_tls(app);
     if (app->cfg.config_path == NULL) {
         log_warn("router", "reload_skipped reason=\"no --config file\"");
         return;
@@ -460,9 +482,48 @@ static int create_shared(app_t *app, char *err, size_t errlen)
     return create_health(app, err, errlen);
 }
 
+/* TLS (issue 11): the client port's and the upstream side's configurations. */
+static int create_tls(app_t *app, char *err, size_t errlen)
+{
+    const baton_config_t *c = &app->cfg;
+    baton_router_t *r = &app->router;
+    char why[400] = "";
+    int rc;
+    if (c->tls_cert || c->tls_key || c->tls_client_ca) {
+        baton_tls_opts_t o = {c->tls_cert, c->tls_key, c->tls_client_ca};
+        if (c->tls_cert == NULL || c->tls_key == NULL) {
+            snprintf(err, errlen, "tls: --tls-cert and --tls-key go together");
+            return BATON_EINVAL;
+        }
+        if ((rc = baton_tls_create(&r->server_tls, BATON_TLS_SERVER, &o, why, sizeof(why)))) {
+            snprintf(err, errlen, "tls: %s", why);
+            return rc;
+        }
+    }
+    baton_tls_opts_t u = {c->upstream_cert, c->upstream_key, c->upstream_ca};
+    rc = baton_tls_create(&r->upstream_tls, BATON_TLS_CLIENT, &u, why, sizeof(why));
+    if (rc && (c->upstream_ca || c->upstream_cert || c->upstream_key)) {
+        snprintf(err, errlen, "upstream tls: %s", why);
+        return rc;
+    }
+    if (rc) /* only the system bundle was tried: plain-HTTP deployments must still start */
+        log_warn("router", "upstream_tls_unavailable reason=\"%s\" (https:// workers will fail)",
+                 why);
+    if ((rc = baton_tls_metrics_init(r->metrics_reg)) != 0) {
+        snprintf(err, errlen, "tls metrics: %s", baton_strerror(rc));
+        return rc;
+    }
+    log_info("router", "tls client_port=%s client_auth=%s upstream_ca=%s upstream_client_cert=%s",
+             r->server_tls ? "https" : "off", c->tls_client_ca ? "required" : "off",
+             c->upstream_ca ? c->upstream_ca : "system", c->upstream_cert ? "yes" : "no");
+    return 0;
+}
+
 static void destroy_shared(app_t *app)
 {
     baton_router_t *r = &app->router;
+    baton_tls_destroy(r->server_tls);
+    baton_tls_destroy(r->upstream_tls);
     baton_whealth_destroy(r->health);
     baton_auth_free(r->auth);
     baton_admission_destroy(r->admission);
@@ -586,7 +647,8 @@ int main(int argc, char **argv)
     if (!getenv("BATON_LOG_LEVEL") || app.cfg.log_level != BATON_LOG_INFO)
         baton_log_set_level(app.cfg.log_level);
 
-    if ((rc = create_shared(&app, err, sizeof(err))) != 0) {
+    if ((rc = create_shared(&app, err, sizeof(err))) != 0 ||
+        (rc = create_tls(&app, err, sizeof(err))) != 0) {
         log_error("router", "startup_failed reason=\"%s\"", err);
         destroy_shared(&app);
         return 2;

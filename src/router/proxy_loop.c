@@ -170,6 +170,14 @@ baton_http_pool_t *baton__pool_for(baton_proxy_loop_t *pl, baton_worker_t *w)
     if (pl->http->pool_create(&pool, pl->loop, w->parsed.host, w->parsed.port,
                               BATON_PROXY_POOL_MAX_IDLE))
         return NULL;
+    if (w->parsed.tls) {
+        if (pl->router->upstream_tls == NULL || pl->http->set_tls == NULL) {
+            log_error("router", "upstream_tls_unavailable worker=%s", w->url);
+            pl->http->pool_destroy(pool);
+            return NULL;
+        }
+        pl->http->set_tls(pool, pl->router->upstream_tls);
+    }
     baton_worker_ref(w);
     pl->pools[pl->n_pools++] = (baton__pool_entry_t){w, pool};
     return pool;

@@ -233,8 +233,8 @@ void baton__side_failed(baton__preq_t *pr, baton__upstream_t *u, int err)
     int status;
 
     if (err) {
-        if (err == BATON_ECONNECT || err == BATON_ETIMEOUT_CONNECT) {
-            status = err == BATON_ECONNECT ? 502 : 504;
+        if (err == BATON_ECONNECT || err == BATON_ETIMEOUT_CONNECT || err == BATON_ETLS) {
+            status = err == BATON_ETIMEOUT_CONNECT ? 504 : 502;
             ci = C_UNAVAILABLE;
         } else if (baton__is_timeout(err)) { /* the connect timeout was taken above */
             status = 504;
@@ -251,6 +251,11 @@ void baton__side_failed(baton__preq_t *pr, baton__upstream_t *u, int err)
         if (err == BATON_ESHUTDOWN)
             snprintf(msg, sizeof(msg), "%s worker %s was removed and its drain deadline passed",
                      side, u->w->id);
+        else if (err == BATON_ETLS) /* the reason is in the log and metrics, not the address */
+            snprintf(msg, sizeof(msg),
+                     "%s worker failed: TLS handshake or certificate "
+                     "verification failed",
+                     side);
         else
             snprintf(msg, sizeof(msg), "%s worker %s failed: %s", side, u->w->id,
                      baton_strerror(err));

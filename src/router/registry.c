@@ -90,7 +90,8 @@ int baton_worker_url_normalize(const char *url, char *out, size_t outlen, baton_
     for (char *h = u.host; *h; h++)
         *h = (char)tolower((unsigned char)*h);
     int ipv6 = strchr(u.host, ':') != NULL;
-    int n = snprintf(out, outlen, ipv6 ? "http://[%s]:%d%s" : "http://%s:%d%s", u.host, u.port,
+    const char *scheme = u.tls ? "https" : "http";
+    int n = snprintf(out, outlen, ipv6 ? "%s://[%s]:%d%s" : "%s://%s:%d%s", scheme, u.host, u.port,
                      u.prefix);
     if (n < 0 || (size_t)n >= outlen)
         return BATON_EINVAL;

@@ -30,6 +30,7 @@ baton_retry_reason_t baton_retry_classify(int err, int status)
         break;
     case BATON_ECONNECT:
     case BATON_ETIMEOUT_CONNECT:
+    case BATON_ETLS: /* the handshake failed: no byte of the request was sent */
         return BATON_RETRY_CONNECT;
     case BATON_EEOF:
     case BATON_ECLOSED:

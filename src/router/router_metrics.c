@@ -140,6 +140,8 @@ const char *baton_router_metrics_error_kind(int err)
         return "protocol";
     case BATON_ECANCELED:
         return "canceled";
+    case BATON_ETLS:
+        return "tls";
     default:
         return "other";
     }

@@ -44,7 +44,13 @@ struct baton_wcheck_s {
     int closing;
     baton_wcheck_close_cb close_cb;
     void *close_ctx;
+    struct baton_tls_s *tls; /* for https:// workers; not owned */
 };
+
+void baton_wcheck_set_tls(baton_wcheck_t *wc, struct baton_tls_s *tls)
+{
+    wc->tls = tls;
+}
 
 int baton_wcheck_create(baton_wcheck_t **wc_p, uv_loop_t *loop, baton_whealth_t *wh)
 {
@@ -227,6 +233,8 @@ static void on_target_timer(uv_timer_t *h)
     int err = 0;
     if (t->pool == NULL)
         err = baton_http_pool_create(&t->pool, wc->loop, t->w->parsed.host, t->w->parsed.port, 0);
+    if (err == 0 && t->w->parsed.tls) /* without a configuration the check fails: unhealthy */
+        baton_http_pool_set_tls(t->pool, wc->tls);
     if (err == 0) {
         baton_http_header_t hdr[2];
         size_t nh = 0;

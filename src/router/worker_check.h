@@ -42,6 +42,10 @@ int baton_wcheck_create(baton_wcheck_t **wc_p, uv_loop_t *loop, baton_whealth_t 
 /* Starts the sync timer (first sync on the next loop turn). 0 or a libuv error. */
 int baton_wcheck_start(baton_wcheck_t *wc);
 
+/* The client TLS configuration for https:// workers' checks (not owned; outlives wc). */
+struct baton_tls_s;
+void baton_wcheck_set_tls(baton_wcheck_t *wc, struct baton_tls_s *tls);
+
 void baton_wcheck_close(baton_wcheck_t *wc, baton_wcheck_close_cb close_cb, void *ctx);
 
 /* Workers being checked now, and checks started since creation (tests, debugging). */

@@ -9,6 +9,7 @@
 #include "baton/error.h"
 #include "common/buf.h"
 #include "common/log.h"
+#include "http/tls.h"
 #include "worker/job.h"
 #include "worker/worker.h"
 
@@ -191,6 +192,11 @@ int wk_worker_start(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
         log_error(COMP, "start_failed what=http err=%s", baton_strerror(rc));
         return rc;
     }
+    if (cfg->tls) {
+        baton_http_server_set_tls(w->http, cfg->tls);
+        if (w->metrics)
+            baton_tls_metrics_init(w->metrics);
+    }
     rc = baton_http_server_listen(w->http, cfg->host, cfg->port, 0);
     if (rc != 0) {
         log_error(COMP, "start_failed what=listen addr=%s:%d err=%s", cfg->host, cfg->port,
@@ -205,7 +211,7 @@ int wk_worker_start(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
              (unsigned long long)cfg->prefill_us_per_token,
              (unsigned long long)cfg->decode_us_per_token,
              (unsigned long long)cfg->bootstrap_timeout_ms, cfg->layerwise);
-    log_info(COMP, "listening addr=%s:%d", cfg->host, w->http_port);
+    log_info(COMP, "listening addr=%s:%d tls=%s", cfg->host, w->http_port, cfg->tls ? "on" : "off");
     return 0;
 }
 

@@ -11,6 +11,7 @@
 #include "baton/error.h"
 #include "common/log.h"
 #include "worker/register.h"
+#include "http/tls.h"
 #include "worker/worker.h"
 
 #define COMP "worker"
@@ -38,6 +39,9 @@ static void usage(FILE *f)
             "  --max-queue N                waiting sequences at most; more get 503 (default %u)\n"
             "  --bootstrap-timeout-ms MS    rendezvous deadline on both sides (default %llu)\n"
             "  --log-level LEVEL            debug | info | warn | error (default info)\n"
+            "  --tls-cert FILE              serve HTTPS: certificate chain (PEM, leaf first)\n"
+            "  --tls-key FILE               its private key (PEM); both reloaded on SIGHUP\n"
+            "  --tls-client-ca FILE         require client certificates from this CA (mTLS)\n"
             "  -h, --help                   this text\n"
             "\n"
             "KV cache and hand-off (prefill and decode modes):\n"
@@ -116,6 +120,9 @@ enum {
     OPT_REGISTER_URL,
     OPT_REGISTER_USER,
     OPT_REGISTER_PASSWORD_FILE,
+    OPT_TLS_CERT,
+    OPT_TLS_KEY,
+    OPT_TLS_CLIENT_CA,
 };
 
 /* --register: kept here, not in wk_config_t, since only main() uses them. */
@@ -153,6 +160,9 @@ static const struct option long_opts[] = {
     {"register-url", required_argument, NULL, OPT_REGISTER_URL},
     {"register-user", required_argument, NULL, OPT_REGISTER_USER},
     {"register-password-file", required_argument, NULL, OPT_REGISTER_PASSWORD_FILE},
+    {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
+    {"tls-key", required_argument, NULL, OPT_TLS_KEY},
+    {"tls-client-ca", required_argument, NULL, OPT_TLS_CLIENT_CA},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -185,6 +195,9 @@ bad:
             s);
     return -1;
 }
+
+/* TLS files from the command line (the configuration is built from them in main). */
+static baton_tls_opts_t tls_opts;
 
 /* Returns 0 to run, 1 to exit 0 (--help), -1 on a usage error. */
 static int parse_args(int argc, char **argv, wk_config_t *cfg)
@@ -334,6 +347,15 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
         case OPT_REGISTER_PASSWORD_FILE:
             register_password_file = optarg;
             break;
+        case OPT_TLS_CERT:
+            tls_opts.cert_file = optarg;
+            break;
+        case OPT_TLS_KEY:
+            tls_opts.key_file = optarg;
+            break;
+        case OPT_TLS_CLIENT_CA:
+            tls_opts.ca_file = optarg;
+            break;
         case 'h':
             usage(stdout);
             return 1;
@@ -371,7 +393,7 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
 }
 
 static wk_worker_t worker;
-static uv_signal_t sig_term, sig_int;
+static uv_signal_t sig_term, sig_int, sig_hup;
 static uv_timer_t hard_stop;
 static wk_register_t *registration;
 
@@ -426,6 +448,7 @@ static void on_worker_closed(wk_worker_t *w)
 {
     uv_close((uv_handle_t *)&sig_term, NULL);
     uv_close((uv_handle_t *)&sig_int, NULL);
+    uv_close((uv_handle_t *)&sig_hup, NULL);
     uv_close((uv_handle_t *)&hard_stop, NULL);
 }
 
@@ -450,6 +473,22 @@ static void on_signal(uv_signal_t *h, int signum)
     wk_worker_shutdown(&worker, on_worker_closed);
 }
 
+/* SIGHUP: certificates and keys from the same files; open connections keep theirs. */
+static void on_sighup(uv_signal_t *h, int signum)
+{
+    char err[512] = "";
+    (void)signum;
+    wk_config_t *cfg = h->data;
+    if (cfg->tls == NULL) {
+        log_info(COMP, "signal signal=SIGHUP action=none (no TLS configured)");
+        return;
+    }
+    if (baton_tls_reload(cfg->tls, err, sizeof(err)) == 0)
+        log_info(COMP, "tls_reloaded");
+    else
+        log_error(COMP, "tls_reload_failed reason=\"%s\" (previous kept)", err);
+}
+
 int main(int argc, char **argv)
 {
     wk_config_t cfg;
@@ -461,12 +500,22 @@ int main(int argc, char **argv)
         return rc > 0 ? 0 : 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    if (tls_opts.cert_file || tls_opts.key_file || tls_opts.ca_file) {
+        char err[512] = "";
+        if (baton_tls_create(&cfg.tls, BATON_TLS_SERVER, &tls_opts, err, sizeof(err)) != 0) {
+            fprintf(stderr, "baton-worker: tls: %s\n", err);
+            return 2;
+        }
+    }
     uv_loop_t *loop = uv_default_loop();
     uv_signal_init(loop, &sig_term);
     uv_signal_init(loop, &sig_int);
     uv_timer_init(loop, &hard_stop);
     uv_signal_start(&sig_term, on_signal, SIGTERM);
     uv_signal_start(&sig_int, on_signal, SIGINT);
+    uv_signal_init(loop, &sig_hup);
+    sig_hup.data = &cfg;
+    uv_signal_start(&sig_hup, on_sighup, SIGHUP);
     rc = wk_worker_start(&worker, loop, &cfg);
     if (rc != 0) {
         log_error(COMP, "exiting err=%s", baton_strerror(rc));
@@ -476,5 +525,6 @@ int main(int argc, char **argv)
         return 2;
     uv_run(loop, UV_RUN_DEFAULT);
     uv_loop_close(loop);
+    baton_tls_destroy(cfg.tls);
     return 0;
 }

@@ -34,6 +34,9 @@ typedef struct wk_config_s {
     int n_transports;                /* fallback order */
     int layerwise;                   /* prefill: write each layer as it is computed */
     uint32_t fault_corrupt_kv_every; /* tests only: prefill corrupts every Nth room */
+    /* TLS (issue 11): HTTPS on the HTTP port when set; main.c owns it (and reloads it on
+     * SIGHUP), the worker only uses it. */
+    struct baton_tls_s *tls;
 } wk_config_t;
 
 void wk_config_default(wk_config_t *cfg);

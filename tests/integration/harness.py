@@ -248,20 +248,25 @@ def request(port, method, path, body=None, headers=None, timeout=30.0, host=HOST
     """One HTTP request on a fresh connection; body may be bytes, str or a JSON-able object."""
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        hdrs = dict(headers or {})
-        if body is not None and not isinstance(body, (bytes, str)):
-            body = json.dumps(body)
-            hdrs.setdefault("Content-Type", "application/json")
-        if path.startswith(("/workers", "/add_worker")):
-            note_worker_urls(port, path)
-            note_worker_urls(port, body if body is not None else "")
-        conn.request(method, path, body=body, headers=hdrs)
-        r = conn.getresponse()
-        data = r.read()
-        assert_no_worker_addr(port, method, path, data)
-        return Response(r.status, {k.lower(): v for k, v in r.getheaders()}, data)
+        return exchange(conn, method, path, body, headers)
     finally:
         conn.close()
+
+
+def exchange(conn, method, path, body=None, headers=None):
+    """One request on a connection the caller keeps (HTTP or HTTPS, keep-alive)."""
+    hdrs = dict(headers or {})
+    if body is not None and not isinstance(body, (bytes, str)):
+        body = json.dumps(body)
+        hdrs.setdefault("Content-Type", "application/json")
+    if path.startswith(("/workers", "/add_worker")):
+        note_worker_urls(conn.port, path)
+        note_worker_urls(conn.port, body if body is not None else "")
+    conn.request(method, path, body=body, headers=hdrs)
+    r = conn.getresponse()
+    data = r.read()
+    assert_no_worker_addr(conn.port, method, path, data)
+    return Response(r.status, {k.lower(): v for k, v in r.getheaders()}, data)
 
 
 def post(port, path, obj, **kw):

@@ -40,6 +40,17 @@ static void test_good(void **state)
     assert_int_equal(baton_url_parse("http://[fe80::1]", &u), 0);
     assert_string_equal(u.host, "fe80::1");
     assert_int_equal(u.port, 80);
+    assert_int_equal(u.tls, 0);
+
+    /* https://: TLS, port 443 unless given */
+    assert_int_equal(baton_url_parse("HTTPS://w.example:8443/p", &u), 0);
+    assert_string_equal(u.host, "w.example");
+    assert_int_equal(u.port, 8443);
+    assert_string_equal(u.prefix, "/p");
+    assert_int_equal(u.tls, 1);
+    assert_int_equal(baton_url_parse("https://127.0.0.1", &u), 0);
+    assert_int_equal(u.port, 443);
+    assert_int_equal(u.tls, 1);
 }
 
 static void test_bad(void **state)
@@ -47,7 +58,8 @@ static void test_bad(void **state)
     static const char *bad[] = {
         "",
         "127.0.0.1:8000",
-        "https://h:1",
+        "https://",
+        "https://:443",
         "ftp://h",
         "http://",
         "http://:80",

@@ -265,7 +265,7 @@ static void test_bad_registrations(void **state)
         "{}",
         "{\"url\":5}",
         "{\"url\":\"127.0.0.1:1\"}",
-        "{\"url\":\"https://h:1\"}",
+        "{\"url\":\"ftp://h:1\"}",
         "{\"url\":\"http://h:1\",\"worker_type\":\"big\"}",
         "{\"url\":\"http://h:1\",\"worker_type\":3}",
         "{\"url\":\"http://h:1\",\"worker_type\":\"decode\",\"bootstrap_port\":8998}",

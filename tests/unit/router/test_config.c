@@ -149,7 +149,7 @@ static void test_bad_cli(void **state)
     BAD("--prefill", "http://h:1", "12ab");
     BAD("--prefill", "http://h:1", "junk"); /* not a port: it is taken as a flag */
     BAD("--prefill", "h:1");
-    BAD("--decode", "https://h:1");
+    BAD("--decode", "ftp://h:1");
     BAD("--worker", "--port");
     BAD("--config");
     BAD("--config", "/nonexistent/baton.json");
