@@ -54,6 +54,7 @@ struct baton_etcd_sync_s {
     uv_timer_t check;
     int checking;       /* a liveness read in flight */
     char watch_ep[300]; /* the endpoint the current watch was created on */
+    unsigned uncreated; /* liveness ticks the current watch has waited for "created" */
 
     /* etcd key hash → worker id (heap string): the workers this router has from etcd. */
     baton_u64map_t known;
@@ -234,6 +235,9 @@ static void on_watch_msg(void *data, json_t *res)
     }
     if (json_is_true(json_object_get(res, "created"))) {
         snprintf(s->watch_ep, sizeof(s->watch_ep), "%s", baton_etcd_endpoint(s->etcd));
+        s->uncreated = 0;
+        log_info("etcd", "watch_created endpoint=%s revision=%lld", s->watch_ep,
+                 (long long)s->revision);
         set_state(s, 1, 0);
     }
 }
@@ -309,6 +313,7 @@ static void on_range(void *data, int err, json_t *res)
              (long long)s->revision, json_array_size(json_object_get(res, "kvs")), n_gone,
              baton_registry_size(s->reg), baton_etcd_endpoint(s->etcd));
     /* From the read's revision + 1: nothing between the read and the watch is missed. */
+    s->uncreated = 0;
     int rc = baton_etcd_watch(&s->watch, s->etcd, s->key_prefix, s->key_end, s->revision + 1,
                               on_watch_msg, on_watch_end, s);
     if (rc != 0) {
@@ -421,8 +426,18 @@ static void on_check_done(void *data, int err, json_t *res)
 static void on_check(uv_timer_t *t)
 {
     baton_etcd_sync_t *s = t->data;
-    if (s->closing || s->checking || s->watch == NULL || s->watch_ep[0] == '\0')
+    if (s->closing || s->checking || s->watch == NULL)
         return;
+    if (s->watch_ep[0] == '\0') {
+        /* A member that stopped answering between the read and the watch's "created" leaves
+         * a watch with no endpoint to check: two ticks without "created" count as stale. */
+        if (++s->uncreated >= 2) {
+            log_warn("etcd", "watch_stale watch_endpoint=none reason=never_created action=resync");
+            s->uncreated = 0;
+            baton_etcd_watch_cancel(s->watch);
+        }
+        return;
+    }
     json_t *k = baton_etcd_b64(s->key_prefix, strlen(s->key_prefix));
     json_t *body = k ? json_pack("{s:o, s:b}", "key", k, "count_only", 1) : NULL;
     if (body != NULL && baton_etcd_call(s->etcd, "/v3/kv/range", body, on_check_done, s) == 0)

@@ -183,8 +183,9 @@ def test_hung_member_watch_moves(etcd):
         victim = next(m for m in etcd.members if m is not etcd.wait_leader())  # keep the leader
         etcd.wait_serving(victim)
         a, b = two_routers(c, etcd.url(prefix, first=victim))
-        for r in (a, b):  # both really watch through it
-            r.wait_log(r"resynced .* endpoint=127\.0\.0\.1:%d" % victim.client)
+        for r in (a, b):  # both really watch through it (the watch created there, not only
+            # the read: a stop between the two would move the watch before it existed)
+            r.wait_log(r"watch_created endpoint=127\.0\.0\.1:%d" % victim.client)
         os.killpg(victim.p.pid, signal.SIGSTOP)
         try:
             wait_until(lambda: post(a.port, "/workers", {"url": url(w.port)}).status in (202, 409),

@@ -56,6 +56,21 @@ def handoff(prefill_cmd, decode_cmd, env):
         raise SystemExit("FAIL: no libbaton log line reached the host's log callback")
 
 
+# In a sanitizer build (make test SANITIZE=1) libbaton is instrumented: the host program is
+# compiled with the same runtime, and Python (which is not) gets it preloaded.
+SANITIZE = os.environ.get("BATON_SANITIZE") == "1"
+SAN_FLAGS = ["-fsanitize=address,undefined"] if SANITIZE else []
+
+
+def sanitizer_env(env):
+    if not SANITIZE:
+        return env
+    libs = [run(["cc", f"-print-file-name={n}"]).stdout.strip() for n in ("libasan.so",
+                                                                           "libubsan.so")]
+    # The interpreter's own allocations are not ours to report: leak checks stay off for it.
+    return dict(env, LD_PRELOAD=" ".join(libs), ASAN_OPTIONS="detect_leaks=0")
+
+
 def example_c(build, src):
     prefix = tempfile.mkdtemp(prefix="example-c-prefix.", dir=build)
     try:
@@ -76,7 +91,7 @@ def example_c(build, src):
         exe = os.path.join(prefix, "kv_handoff")
         # Only what pkg-config says: no include path or library from the source or build tree.
         run(["cc", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror", "-o", exe,
-             os.path.join(src, "examples", "c", "kv_handoff.c")] + flags +
+             os.path.join(src, "examples", "c", "kv_handoff.c")] + SAN_FLAGS + flags +
             [f"-Wl,-rpath,{libdir}"])
         needed = run(["readelf", "-d", exe]).stdout
         if "libbaton.so.0" not in needed:
@@ -88,8 +103,8 @@ def example_c(build, src):
         deps = run(["pkg-config", "--libs", "libuv", "libibverbs"]).stdout.split()
         exe_static = exe + "-static"
         run(["cc", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror", "-o", exe_static,
-             os.path.join(src, "examples", "c", "kv_handoff.c")] + cflags +
-            [os.path.join(libdir, "libbaton.a")] + deps + ["-lpthread", "-ldl"])
+             os.path.join(src, "examples", "c", "kv_handoff.c")] + SAN_FLAGS + cflags +
+            [os.path.join(libdir, "libbaton.a")] + deps + ["-lpthread", "-ldl", "-lm"])
         if "libbaton" in run(["readelf", "-d", exe_static]).stdout:
             raise SystemExit("FAIL: the static example still needs libbaton.so")
         handoff([exe_static, "prefill", "tcp"], [exe_static, "decode", "tcp"], env)
@@ -100,7 +115,7 @@ def example_c(build, src):
 def example_python(build, src):
     script = os.path.join(src, "examples", "python", "kv_handoff.py")
     lib = os.path.join(build, "lib", "libbaton.so.0")
-    env = dict(os.environ, BATON_LIBRARY=lib, PYTHONDONTWRITEBYTECODE="1")
+    env = sanitizer_env(dict(os.environ, BATON_LIBRARY=lib, PYTHONDONTWRITEBYTECODE="1"))
     for tp in ("tcp", "shm"):
         handoff([sys.executable, script, "prefill", tp], [sys.executable, script, "decode", tp],
                 env)
