@@ -36,6 +36,8 @@ static void usage(FILE *f)
             "  --max-queue N                waiting sequences at most; more get 503 (default %u)\n"
             "  --bootstrap-timeout-ms MS    rendezvous deadline on both sides (default %llu)\n"
             "  --log-level LEVEL            debug | info | warn | error (default info)\n"
+            "  --cache-tokens N             prefix cache capacity in tokens, every mode; 0 = off\n"
+            "                               (default %llu)\n"
             "  -h, --help                   this text\n"
             "\n"
             "KV cache and hand-off (prefill and decode modes):\n"
@@ -54,6 +56,7 @@ static void usage(FILE *f)
             wk_mode_name(d.mode), d.host, d.port, d.bootstrap_port, d.model_name,
             (unsigned long long)d.prefill_us_per_token, (unsigned long long)d.decode_us_per_token,
             d.max_batch, d.max_queue, (unsigned long long)d.bootstrap_timeout_ms,
+            (unsigned long long)d.cache_tokens,
             wk_kvshape_preset_names(), WK_KV_DEFAULT_PRESET,
             (unsigned long long)WK_KV_AUTO_POOL_TOKENS,
             (unsigned long long)(WK_KV_AUTO_POOL_BYTES >> 20));
@@ -98,6 +101,7 @@ enum {
     OPT_TRANSPORT,
     OPT_LAYERWISE,
     OPT_FAULT_CORRUPT,
+    OPT_CACHE_TOKENS,
 };
 
 static const struct option long_opts[] = {
@@ -121,6 +125,7 @@ static const struct option long_opts[] = {
     {"kv-pool-tokens", required_argument, NULL, OPT_POOL_TOKENS},
     {"transport", required_argument, NULL, OPT_TRANSPORT},
     {"layerwise", required_argument, NULL, OPT_LAYERWISE},
+    {"cache-tokens", required_argument, NULL, OPT_CACHE_TOKENS},
     /* tests only, not in --help (docs/WORKER.md): corrupt one KV byte of every Nth room */
     {"fault-corrupt-kv-every", required_argument, NULL, OPT_FAULT_CORRUPT},
     {"help", no_argument, NULL, 'h'},
@@ -263,6 +268,10 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
             shape_set[k] = 1;
             break;
         }
+        case OPT_CACHE_TOKENS:
+            if (parse_u64("--cache-tokens", optarg, 0, 1ull << 32, &cfg->cache_tokens))
+                return -1;
+            break;
         case OPT_POOL_TOKENS:
             if (parse_u64("--kv-pool-tokens", optarg, 0, 1ull << 32, &cfg->kv_pool_tokens))
                 return -1;

@@ -11,6 +11,7 @@
 #include "http/server.h"
 #include "worker/kvshape.h"
 #include "worker/kvxfer.h"
+#include "worker/prefix_cache.h"
 #include "worker/sched.h"
 
 typedef enum { WK_MODE_REGULAR = 0, WK_MODE_PREFILL, WK_MODE_DECODE } wk_mode_t;
@@ -34,7 +35,12 @@ typedef struct wk_config_s {
     int n_transports;                /* fallback order */
     int layerwise;                   /* prefill: write each layer as it is computed */
     uint32_t fault_corrupt_kv_every; /* tests only: prefill corrupts every Nth room */
+    /* prefix cache (prefix_cache.h), every mode: capacity in tokens, 0 = off */
+    uint64_t cache_tokens;
 } wk_config_t;
+
+/* Default prefix cache capacity: 1 Mi tokens hold a few thousand chat sessions (~8 MiB). */
+#define WK_DEFAULT_CACHE_TOKENS (1u << 20)
 
 void wk_config_default(wk_config_t *cfg);
 const char *wk_mode_name(wk_mode_t m);
@@ -69,6 +75,10 @@ typedef struct wk_worker_s {
     baton_metric_child_t *m_ttft;
     baton_metric_child_t *m_prompt_tokens, *m_gen_tokens;
     baton_metric_child_t *m_queue, *m_running, *m_inflight, *m_boot_waiting;
+    /* prefix cache (job_cache.c); pcache NULL when --cache-tokens 0 */
+    wk_pcache_t *pcache;
+    baton_metric_child_t *m_cache_hit, *m_cache_miss, *m_cache_evict, *m_cache_size;
+    uint64_t cache_evictions_seen;
 } wk_worker_t;
 
 /* ---- http_api.c ---- */
