@@ -123,6 +123,25 @@ static const opt_t options[] = {
     {"--worker-drain-timeout-ms", NULL, "worker_drain_timeout_ms", OPT_U64,
      OFF(worker_drain_timeout_ms), 0, U64MAX, 0, "MS",
      "a removed worker's in-flight requests get this long"},
+    /* cache- and session-aware routing (issue 13; policy.h) */
+    {"--cache-threshold-pct", "routing", "cache_threshold_pct", OPT_UINT,
+     OFF(policy_params.cache_threshold_pct), 0, 100, 0, "N",
+     "cache_aware: a match must cover more than N% of the prompt"},
+    {"--balance-abs-threshold", "routing", "balance_abs_threshold", OPT_UINT,
+     OFF(policy_params.balance_abs_threshold), 0, 1000000, 0, "N",
+     "load guard: imbalanced when max - min in-flight > N"},
+    {"--balance-rel-threshold-pct", "routing", "balance_rel_threshold_pct", OPT_UINT,
+     OFF(policy_params.balance_rel_threshold_pct), 100, 1000000, 0, "N",
+     "load guard: and max > N% of min"},
+    {"--cache-max-blocks", "routing", "cache_max_blocks", OPT_SIZE,
+     OFF(policy_params.cache_max_blocks), 1, 1ull << 32, 0, "N",
+     "cache_aware: per-worker tree bound (prefix names, LRU)"},
+    {"--cache-block-words", "routing", "cache_block_words", OPT_UINT,
+     OFF(policy_params.cache_block_words), 1, 65536, 0, "N", "cache_aware: words per tree block"},
+    {"--hash-vnodes", "routing", "hash_vnodes", OPT_UINT, OFF(policy_params.hash_vnodes), 1, 4096,
+     0, "N", "consistent_hash: virtual nodes per worker"},
+    {"--session-key-field", "routing", "session_key_field", OPT_STR, OFF(session_key_field), 0, 0,
+     0, "NAME", "JSON field used as the session key after the headers and `user`"},
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -198,6 +217,7 @@ int baton_config_init(baton_config_t *cfg)
     cfg->breaker_cooldown_max_ms = 30000;
     cfg->drain_timeout_ms = 10000;
     cfg->worker_drain_timeout_ms = 30000;
+    baton_policy_params_default(&cfg->policy_params);
     return 0;
 }
 
@@ -217,6 +237,7 @@ void baton_config_free(baton_config_t *cfg)
     free(cfg->host);
     free(cfg->config_path);
     free(cfg->check_path);
+    free(cfg->session_key_field);
     for (size_t i = 0; i < cfg->n_workers; i++)
         worker_free(&cfg->workers[i]);
     free(cfg->workers);
@@ -292,7 +313,8 @@ static int set_from_string(baton_config_t *cfg, const opt_t *o, const char *wher
         baton_policy_kind_t k;
         if (baton_policy_parse(value, &k) != 0)
             return set_err(err, errlen, BATON_EINVAL,
-                           "%s: unknown policy '%s' (round_robin, random, power_of_two)", where,
+                           "%s: unknown policy '%s' (round_robin, random, power_of_two, "
+                           "least_load, consistent_hash, cache_aware)", where,
                            value);
         *(baton_policy_kind_t *)field = k;
         cfg->set_flags_ |= o->set_flag;
