@@ -314,8 +314,8 @@ static int set_from_string(baton_config_t *cfg, const opt_t *o, const char *wher
         if (baton_policy_parse(value, &k) != 0)
             return set_err(err, errlen, BATON_EINVAL,
                            "%s: unknown policy '%s' (round_robin, random, power_of_two, "
-                           "least_load, consistent_hash, cache_aware)", where,
-                           value);
+                           "least_load, consistent_hash, cache_aware)",
+                           where, value);
         *(baton_policy_kind_t *)field = k;
         cfg->set_flags_ |= o->set_flag;
         return 0;

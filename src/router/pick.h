@@ -55,8 +55,8 @@ baton_pick_rc_t baton_pick(baton_registry_t *reg, baton_policy_t *policy, baton_
  */
 baton_pick_rc_t baton_pick_ctx(baton_registry_t *reg, baton_policy_t *policy,
                                baton_whealth_t *health, unsigned cap, baton_worker_role_t role,
-                               baton_worker_t *const *avoid, size_t n_avoid,
-                               baton_route_ctx_t *ctx, baton_pick_t *out);
+                               baton_worker_t *const *avoid, size_t n_avoid, baton_route_ctx_t *ctx,
+                               baton_pick_t *out);
 
 /* Gives back what a pick holds on its worker (in-flight slot and prompt words), not the
  * reference: for callers that keep the worker. */

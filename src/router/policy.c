@@ -33,8 +33,8 @@ struct baton_policy_s {
     atomic_ullong hit_words, prompt_words;
 };
 
-static const char *const policy_names[] = {"round_robin",     "random",     "power_of_two",
-                                           "least_load",      "consistent_hash", "cache_aware"};
+static const char *const policy_names[] = {"round_robin", "random",          "power_of_two",
+                                           "least_load",  "consistent_hash", "cache_aware"};
 static const char *const choice_names[] = {"policy", "cache", "load", "session", "pin"};
 
 const char *baton_choice_name(baton_choice_t c)
@@ -270,8 +270,8 @@ static const baton_ptree_chain_t *ctx_chain(baton_policy_t *p, baton_route_ctx_t
     if (ctx->chain_block != p->params.cache_block_words) {
         baton_ptree_chain_free(&ctx->chain);
         ctx->chain_block = 0;
-        if (baton_ptree_chain(ctx->text, ctx->text_len, p->params.cache_block_words,
-                              &ctx->chain) != 0)
+        if (baton_ptree_chain(ctx->text, ctx->text_len, p->params.cache_block_words, &ctx->chain) !=
+            0)
             return NULL;
         ctx->chain_block = p->params.cache_block_words;
     }

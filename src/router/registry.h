@@ -93,11 +93,11 @@ typedef struct baton_worker_s {
     /* Cache- and load-aware routing (policy.h). incarnation rises each time the health layer
      * sees the worker come back up (a restart empties its cache: the router's tree for it is
      * dropped); the rest is written by the policies and shown by /workers. */
-    atomic_long in_flight_tokens;         /* prompt words of the requests in flight (least_load) */
-    atomic_uint incarnation;              /* unhealthy → healthy transitions */
-    _Atomic uint64_t cache_tree_names;    /* cache_aware: names in its router-side tree */
-    _Atomic uint64_t cache_tree_bytes;    /* ... and their memory */
-    atomic_uint cache_hit_ppm;            /* recent predicted hit ratio, ppm (EWMA, 1/8 weight) */
+    atomic_long in_flight_tokens;      /* prompt words of the requests in flight (least_load) */
+    atomic_uint incarnation;           /* unhealthy → healthy transitions */
+    _Atomic uint64_t cache_tree_names; /* cache_aware: names in its router-side tree */
+    _Atomic uint64_t cache_tree_bytes; /* ... and their memory */
+    atomic_uint cache_hit_ppm;         /* recent predicted hit ratio, ppm (EWMA, 1/8 weight) */
 
     /* Private to registry.c. */
     atomic_long refcount;

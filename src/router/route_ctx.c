@@ -64,8 +64,7 @@ static int prompt_text(const baton_pdreq_t *pd, baton_buf_t *b)
         json_array_foreach(json_object_get(root, "messages"), i, m)
         {
             json_t *role = json_object_get(m, "role");
-            if (json_is_string(role) &&
-                add(b, json_string_value(role), json_string_length(role)))
+            if (json_is_string(role) && add(b, json_string_value(role), json_string_length(role)))
                 return BATON_ENOMEM;
             if (add_content(b, json_object_get(m, "content")))
                 return BATON_ENOMEM;

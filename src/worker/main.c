@@ -56,8 +56,7 @@ static void usage(FILE *f)
             wk_mode_name(d.mode), d.host, d.port, d.bootstrap_port, d.model_name,
             (unsigned long long)d.prefill_us_per_token, (unsigned long long)d.decode_us_per_token,
             d.max_batch, d.max_queue, (unsigned long long)d.bootstrap_timeout_ms,
-            (unsigned long long)d.cache_tokens,
-            wk_kvshape_preset_names(), WK_KV_DEFAULT_PRESET,
+            (unsigned long long)d.cache_tokens, wk_kvshape_preset_names(), WK_KV_DEFAULT_PRESET,
             (unsigned long long)WK_KV_AUTO_POOL_TOKENS,
             (unsigned long long)(WK_KV_AUTO_POOL_BYTES >> 20));
 }

@@ -264,8 +264,8 @@ static json_t *generate_obj(const wk_render_ctx_t *ctx, const wk_item_t *it, con
     json_t *meta =
         json_pack("{s:s,s:o,s:I,s:I,s:I,s:f}", "id", it->rid ? it->rid : ctx->id, "finish_reason",
                   gen_finish_reason(it, g), "prompt_tokens", (json_int_t)it->prompt_tokens,
-                  "completion_tokens", (json_int_t)g->n_tokens, "cached_tokens", (json_int_t)it->cached_tokens,
-                  "e2e_latency", ctx->e2e_s);
+                  "completion_tokens", (json_int_t)g->n_tokens, "cached_tokens",
+                  (json_int_t)it->cached_tokens, "e2e_latency", ctx->e2e_s);
     if (meta && it->logprobs) {
         json_t *out = json_array();
         for (uint32_t i = 0; out && i < g->n_tokens; i++)
