@@ -20,11 +20,11 @@
 
 typedef struct wk_kvwait_s wk_kvwait_t;
 struct wk_kvwait_s {
-    baton_list_t link; /* pool's */
-    uint32_t n;        /* slots wanted */
-    uint32_t *slots;   /* caller's array of n entries; filled when served */
-    int queued;        /* pool's */
-    void *data;        /* caller's */
+    baton_list_t link;        /* pool's */
+    uint32_t n;               /* slots wanted */
+    uint32_t *slots;          /* caller's array of n entries; filled when served */
+    int queued;               /* pool's */
+    void *data;               /* caller's */
 };
 
 typedef struct wk_kvpool_s {

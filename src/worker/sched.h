@@ -11,8 +11,8 @@
  * The engine runs one step at a time on a virtual timeline (nanoseconds):
  *   - prefill step: when sequences wait for prefill and fewer than max_batch are running, up to
  *     (max_batch - running) of them, in arrival order; it costs sum(prompt_tokens -
- *     cached_tokens) × prefill_ns_per_token (a prefix cache hit is not computed again). Prefill
- * goes before decode.
+ *     cached_tokens) × prefill_ns_per_token (a prefix cache hit is not computed again).
+ *     Prefill goes before decode.
  *   - decode step: otherwise, sequences waiting in the ready queue join the running set (up to
  *     max_batch), and one step of decode_ns_per_step produces one token for every running
  *     sequence.
