@@ -71,6 +71,11 @@ void bb_report_print(const bb_config_t *cfg, const bb_results_t *res)
     printf("%-34s %.3f\n", "Duration (s):", d);
     printf("%-34s %llu\n", "Total input tokens:", (unsigned long long)res->total_input_tokens);
     printf("%-34s %llu\n", "Total output tokens:", (unsigned long long)res->total_output_tokens);
+    if (res->usage_prompt_tokens)
+        printf("%-34s %llu (%.1f%% of %llu prompt tokens)\n",
+               "Server-reported cached tokens:", (unsigned long long)res->cached_tokens,
+               100.0 * (double)res->cached_tokens / (double)res->usage_prompt_tokens,
+               (unsigned long long)res->usage_prompt_tokens);
     printf("%-34s %.2f\n", "Request throughput (req/s):", per_s((double)res->completed, d));
     printf("%-34s %.2f\n",
            "Input token throughput (tok/s):", per_s((double)res->total_input_tokens, d));
@@ -157,6 +162,14 @@ int bb_report_json(const bb_config_t *cfg, const bb_results_t *res, const char *
         summary_json(&res->e2e), "max_lag_ms", res->max_lag_ms, "connections_opened",
         (json_int_t)res->connections_opened, "bench_cpu_s", res->bench_cpu_s, "bench_cpu_util",
         per_s(res->bench_cpu_s, d), "interrupted", res->interrupted);
+    if (root) /* issue 13: what the server said it found in its prefix cache */
+        json_object_set_new(
+            root, "cache",
+            json_pack("{s:I,s:I,s:f}", "usage_prompt_tokens", (json_int_t)res->usage_prompt_tokens,
+                      "cached_tokens", (json_int_t)res->cached_tokens, "hit_ratio",
+                      res->usage_prompt_tokens
+                          ? (double)res->cached_tokens / (double)res->usage_prompt_tokens
+                          : 0.0));
     if (!root)
         goto out;
     if (json_dump_file(root, path, JSON_INDENT(2) | JSON_REAL_PRECISION(10)) != 0) {

@@ -44,6 +44,8 @@ struct session_s {
     turn_t *turns; /* multi_turn of them */
     unsigned n;    /* turns asked so far */
     uint32_t history_words;
+    char user[32];    /* the session key sent as "user" (multi-turn) */
+    unsigned group;   /* which shared prefix */
     uint64_t t_sched; /* open loop: the arrival time of a session still waiting to start */
     session_t *next_pending;
 };
@@ -100,6 +102,9 @@ struct run_s {
     uint64_t n_pending;
 
     bb_rng_t rng;
+    baton_buf_t *shared; /* --shared-prefix: the n_shared shared prompts */
+    unsigned n_shared;
+    uint64_t sessions_started;
     bb_arrival_t arrival;
     int open_loop;
     int arrivals_stopped;
@@ -176,6 +181,10 @@ static void record(run_t *run, req_t *req, bb_err_kind_t err, const char *msg, u
     }
     res->completed++;
     res->total_input_tokens += req->input_tokens;
+    if (req->resp.usage_prompt >= 0 && req->resp.usage_cached >= 0) {
+        res->usage_prompt_tokens += (uint64_t)req->resp.usage_prompt;
+        res->cached_tokens += (uint64_t)req->resp.usage_cached;
+    }
     res->total_output_tokens += out;
     if ((!cfg->slo_ttft_ms || ttft <= cfg->slo_ttft_ms) &&
         (!cfg->slo_tpot_ms || tpot <= cfg->slo_tpot_ms) &&
@@ -552,6 +561,9 @@ static session_t *session_new(run_t *run)
     if (!s)
         return NULL;
     s->run = run;
+    uint64_t id = run->sessions_started++;
+    snprintf(s->user, sizeof(s->user), "bench-s%llu", (unsigned long long)id);
+    s->group = run->n_shared ? (unsigned)(id % run->n_shared) : 0;
     s->turns = calloc(run->cfg->multi_turn, sizeof(*s->turns));
     if (!s->turns) {
         free(s);
@@ -587,6 +599,19 @@ static void send_turn(session_t *s, uint64_t t_sched)
         t->user = t->user_own.data ? t->user_own.data : "";
         t->user_len = t->user_own.len;
     }
+    if (!rc && s->n == 0 && run->n_shared) {
+        /* the first turn opens with the session group's shared prompt */
+        const baton_buf_t *sp = &run->shared[s->group];
+        baton_buf_t b = BATON_BUF_INIT;
+        rc = baton_buf_append(&b, sp->data, sp->len) || baton_buf_append(&b, " ", 1) ||
+             baton_buf_append(&b, t->user, t->user_len);
+        baton_buf_free(&t->user_own);
+        t->user_own = b;
+        t->user = b.data ? b.data : "";
+        t->user_len = b.len;
+        t->user_words += cfg->shared_prefix_words;
+        rc = rc ? BATON_ENOMEM : 0;
+    }
     s->n++;
     bb_turn_t turns_small[8];
     bb_turn_t *turns = s->n <= 8 ? turns_small : malloc(s->n * sizeof(*turns));
@@ -601,7 +626,10 @@ static void send_turn(session_t *s, uint64_t t_sched)
                              : NULL;
             turns[i].assistant_len = i + 1 < s->n ? s->turns[i].assistant.len : 0;
         }
-        rc = bb_render_body(&req->body, &run->body_opts, turns, s->n, max_tokens);
+        bb_body_opts_t o = run->body_opts;
+        if (cfg->multi_turn > 1 || run->n_shared)
+            o.user = s->user; /* lets consistent_hash keep a session together */
+        rc = bb_render_body(&req->body, &o, turns, s->n, max_tokens);
     }
     if (turns && turns != turns_small)
         free(turns);
@@ -820,6 +848,13 @@ static int resolve(run_t *run)
     return 0;
 }
 
+static void free_shared(baton_buf_t *shared, unsigned n)
+{
+    for (unsigned i = 0; shared && i < n; i++)
+        baton_buf_free(&shared[i]);
+    free(shared);
+}
+
 int bb_run(const bb_config_t *cfg, bb_results_t *res)
 {
     run_t *run = calloc(1, sizeof(*run));
@@ -849,6 +884,21 @@ int bb_run(const bb_config_t *cfg, bb_results_t *res)
     run->body_opts.model = cfg->model;
     run->body_opts.ignore_eos = cfg->ignore_eos;
     bb_rng_seed(&run->rng, cfg->seed);
+    if (cfg->shared_prefix_words) {
+        unsigned g = cfg->shared_prefix_groups ? cfg->shared_prefix_groups : 1;
+        run->shared = calloc(g, sizeof(*run->shared));
+        for (unsigned i = 0; run->shared && i < g; i++)
+            if (bb_random_prompt(&run->shared[i], &run->rng, cfg->shared_prefix_words)) {
+                free_shared(run->shared, i + 1);
+                run->shared = NULL;
+            }
+        if (!run->shared) {
+            uv_loop_close(&run->loop);
+            free(run);
+            return BATON_ENOMEM;
+        }
+        run->n_shared = g;
+    }
     run->open_loop = cfg->request_rate > 0;
     if (run->open_loop)
         bb_arrival_init(&run->arrival, cfg->arrival, cfg->request_rate, cfg->seed ^ 0xA5A5A5A5ULL);
@@ -889,6 +939,7 @@ int bb_run(const bb_config_t *cfg, bb_results_t *res)
     rc = uv_loop_close(&run->loop);
     if (rc < 0)
         fprintf(stderr, "baton-bench: loop closed with handles open: %s\n", uv_strerror(rc));
+    free_shared(run->shared, run->n_shared);
     free(run);
     return 0;
 }
