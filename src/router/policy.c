@@ -216,7 +216,7 @@ static uint64_t set_signature(baton_worker_t *const *cands, size_t n)
     for (size_t i = 0; i < n; i++) {
         uint64_t h = baton_ring_hash(cands[i]->id, strlen(cands[i]->id));
         sum += h;
-        x ^= h * 0x9e3779b97f4a7c15ULL;
+        x ^= h * BATON_GOLDEN_GAMMA;
     }
     return sum ^ (x << 1) ^ n;
 }

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "baton/error.h"
+#include "common/hash.h"
+#include "common/rand.h"
 
 typedef struct point_s {
     uint64_t at;
@@ -19,16 +21,8 @@ struct baton_ring_s {
 
 uint64_t baton_ring_hash(const void *data, size_t len)
 {
-    const unsigned char *p = data;
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ p[i]) * 0x100000001b3ULL;
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdULL;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ULL;
-    h ^= h >> 33;
-    return h;
+    /* FNV-1a alone clusters similar ids on the circle; the mixer spreads them. */
+    return baton_mix64(baton_fnv1a64_add(BATON_FNV1A64_INIT, data, len));
 }
 
 static int cmp_point(const void *a, const void *b)

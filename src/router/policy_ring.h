@@ -25,8 +25,8 @@ void baton_ring_free(baton_ring_t *ring);
 /* The index (into the ids it was built from) that owns `key`; SIZE_MAX when empty. */
 size_t baton_ring_lookup(const baton_ring_t *ring, uint64_t key);
 
-/* The 64-bit hash used for keys and points (FNV-1a then a finalizer: stable across builds and
- * machines, so replicas agree). */
+/* The 64-bit hash used for keys and points (FNV-1a, then splitmix64's mixer: stable across builds
+ * and machines, so replicas agree). */
 uint64_t baton_ring_hash(const void *data, size_t len);
 
 #endif

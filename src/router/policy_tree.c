@@ -8,7 +8,9 @@
 #include <string.h>
 
 #include "baton/error.h"
+#include "common/hash.h"
 #include "common/list.h"
+#include "common/rand.h"
 
 typedef struct name_s {
     uint64_t hash;
@@ -34,19 +36,18 @@ struct baton_ptree_s {
 
 /* ---- chains ---- */
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
-}
-
 static int is_space(char ch)
 {
     return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\v' || ch == '\f' || ch == '\r';
+}
+
+uint32_t baton_ptree_words(const char *text, size_t len)
+{
+    uint32_t n = 0;
+    for (size_t i = 0; i < len; i++)
+        if (!is_space(text[i]) && (i == 0 || is_space(text[i - 1])))
+            n++;
+    return n;
 }
 
 int baton_ptree_chain(const char *text, size_t len, unsigned block_words, baton_ptree_chain_t *c)
@@ -63,10 +64,10 @@ int baton_ptree_chain(const char *text, size_t len, unsigned block_words, baton_
             i++;
         if (i >= len)
             break;
-        uint64_t wh = 0xcbf29ce484222325ULL; /* FNV-1a over the word's bytes */
+        uint64_t wh = BATON_FNV1A64_INIT; /* FNV-1a over the word's bytes */
         while (i < len && !is_space(text[i]))
-            wh = (wh ^ (unsigned char)text[i++]) * 0x100000001b3ULL;
-        h = mix64(h ^ wh);
+            wh = baton_fnv1a64_step(wh, (unsigned char)text[i++]);
+        h = baton_mix64(h ^ wh);
         words++;
         int at_end = 1;
         for (size_t j = i; j < len; j++)

@@ -40,6 +40,9 @@ typedef struct baton_ptree_chain_s {
     uint32_t words; /* words in the text */
 } baton_ptree_chain_t;
 
+/* Words (runs of non-whitespace: space \t \n \v \f \r) in text[0..len), the engine's tokens. */
+uint32_t baton_ptree_words(const char *text, size_t len);
+
 /* Builds the chain of text[0..len) (block_words >= 1). 0 or BATON_ENOMEM; an empty text gives
  * n == 0. Free with baton_ptree_chain_free. */
 int baton_ptree_chain(const char *text, size_t len, unsigned block_words, baton_ptree_chain_t *c);

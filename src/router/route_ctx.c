@@ -77,20 +77,6 @@ static int prompt_text(const baton_pdreq_t *pd, baton_buf_t *b)
     return add_prompt(b, t ? t : json_object_get(root, "input_ids"));
 }
 
-static uint32_t count_words(const char *s, size_t len)
-{
-    uint32_t n = 0;
-    int in = 0;
-    for (size_t i = 0; i < len; i++) {
-        int sp = s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\v' || s[i] == '\f' ||
-                 s[i] == '\r';
-        if (!sp && !in)
-            n++;
-        in = !sp;
-    }
-    return n;
-}
-
 int baton__pin_allowed(const baton_router_t *r, const baton_http_req_t *req)
 {
     /* The one place that decides who may pin. Admin auth is being added separately: when it
@@ -118,7 +104,7 @@ int baton__route_ctx_build(baton__preq_t *pr)
         ctx->owned = b.data; /* NUL-terminated, owned by the context */
         ctx->text = b.data;
         ctx->text_len = b.len - 1;
-        ctx->words = count_words(ctx->text, ctx->text_len);
+        ctx->words = baton_ptree_words(ctx->text, ctx->text_len);
     } else {
         baton_buf_free(&b);
     }

@@ -7,6 +7,7 @@
 
 #include "baton/error.h"
 #include "common/list.h"
+#include "common/rand.h"
 
 typedef struct wk_pcache_node_s {
     struct wk_pcache_node_s *parent; /* NULL: a child of the root */
@@ -27,21 +28,11 @@ struct wk_pcache_s {
     wk_pcache_stats_t st;
 };
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
-}
-
 static uint64_t page_hash(const node_t *parent, const int64_t *ids, uint32_t n)
 {
-    uint64_t h = mix64((uint64_t)(uintptr_t)parent ^ 0x9e3779b97f4a7c15ULL);
+    uint64_t h = baton_mix64((uint64_t)(uintptr_t)parent ^ BATON_GOLDEN_GAMMA);
     for (uint32_t i = 0; i < n; i++)
-        h = mix64(h ^ (uint64_t)ids[i]);
+        h = baton_mix64(h ^ (uint64_t)ids[i]);
     return h;
 }
 

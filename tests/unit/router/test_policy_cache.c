@@ -77,6 +77,9 @@ static void test_chain(void **state)
     assert_true(c.hash[2] != d.hash[2]);
     baton_ptree_chain_free(&c);
     baton_ptree_chain_free(&d);
+    assert_int_equal(baton_ptree_words("  a b  c d e ", 13), 5);
+    assert_int_equal(baton_ptree_words("x", 1), 1);
+    assert_int_equal(baton_ptree_words(" \t\n", 3), 0);
     chain("   ", 2, &c);
     assert_int_equal(c.n, 0);
     assert_int_equal(c.words, 0);
