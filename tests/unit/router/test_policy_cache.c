@@ -113,6 +113,23 @@ static void test_tree_match_insert(void **state)
     baton_ptree_match(t, &q, f->w, N, m);
     assert_int_equal(m[1], 0);
     assert_int_equal(baton_ptree_size(t, f->w[1]->id, NULL), 0);
+    /* the health layer's view drives it: down and up again is a new incarnation, and so is a
+     * breaker closing after it opened; staying healthy is not */
+    unsigned inc = atomic_load(&f->w[2]->incarnation);
+    baton_registry_set_health(f->reg, f->w[2], BATON_HEALTH_HEALTHY);
+    assert_int_equal(atomic_load(&f->w[2]->incarnation), inc);
+    baton_registry_set_health(f->reg, f->w[2], BATON_HEALTH_UNHEALTHY);
+    assert_int_equal(atomic_load(&f->w[2]->incarnation), inc);
+    baton_registry_set_health(f->reg, f->w[2], BATON_HEALTH_HEALTHY);
+    assert_int_equal(atomic_load(&f->w[2]->incarnation), inc + 1);
+    baton_registry_set_breaker(f->reg, f->w[2], BATON_BREAKER_OPEN);
+    baton_registry_set_breaker(f->reg, f->w[2], BATON_BREAKER_CLOSED);
+    assert_int_equal(atomic_load(&f->w[2]->incarnation), inc + 2);
+    baton_ptree_match(t, &q, f->w, N, m);
+    assert_int_equal(m[2], 0); /* w2's tree went with its old incarnation */
+    baton_ptree_insert(t, f->w[2], &b);
+    baton_ptree_match(t, &q, f->w, N, m);
+    assert_int_equal(m[2], 6);
     baton_ptree_drop(t, f->w[2]->id);
     baton_ptree_match(t, &q, f->w, N, m);
     assert_int_equal(m[2], 0);
