@@ -38,6 +38,7 @@ typedef struct bb_config_s {
      * prompts" of N words (session i uses prompt i % G); 0 = none */
     uint32_t shared_prefix_words;
     unsigned shared_prefix_groups;
+    double think_s; /* --think-time: a session's pause between an answer and its next turn */
 
     const char *model;
     int ignore_eos;

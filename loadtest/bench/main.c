@@ -50,6 +50,8 @@ static void usage(FILE *f)
             "                            (each session sends \"user\": its own key)\n"
             "  --shared-prefix N[:G]     each session opens with one of G shared system\n"
             "                            prompts of N words (default G = 1)\n"
+            "  --think-time S            a session waits S seconds after an answer before its\n"
+            "                            next turn (default 0)\n"
             "  --seed N                  random seed (default 1)\n"
             "\n"
             "SLOs for goodput (a request is good when it meets every one given):\n"
@@ -132,6 +134,7 @@ enum {
     O_DATASET,
     O_MULTI,
     O_SHARED,
+    O_THINK,
     O_SEED,
     O_SLO_TTFT,
     O_SLO_TPOT,
@@ -166,6 +169,7 @@ static const struct option opts[] = {
     {"dataset", required_argument, 0, O_DATASET},
     {"multi-turn", required_argument, 0, O_MULTI},
     {"shared-prefix", required_argument, 0, O_SHARED},
+    {"think-time", required_argument, 0, O_THINK},
     {"seed", required_argument, 0, O_SEED},
     {"slo-ttft-ms", required_argument, 0, O_SLO_TTFT},
     {"slo-tpot-ms", required_argument, 0, O_SLO_TPOT},
@@ -324,6 +328,10 @@ int main(int argc, char **argv)
             cfg.shared_prefix_groups = g;
             break;
         }
+        case O_THINK:
+            if (parse_double(optarg, 0, &cfg.think_s) || cfg.think_s > 1e6)
+                return bad(name, optarg, "want seconds >= 0");
+            break;
         case O_SEED:
             if (parse_u64(optarg, 0, UINT64_MAX, &cfg.seed))
                 return bad(name, optarg, "want an unsigned integer");

@@ -124,6 +124,13 @@ int bb_report_json(const bb_config_t *cfg, const bb_results_t *res, const char *
         (json_int_t)cfg->out_lo, (json_int_t)cfg->out_hi, "multi_turn", (json_int_t)cfg->multi_turn,
         "seed", (json_int_t)cfg->seed, "slo_ttft_ms", cfg->slo_ttft_ms, "slo_tpot_ms",
         cfg->slo_tpot_ms, "slo_e2e_ms", cfg->slo_e2e_ms, "timeout_s", cfg->timeout_s);
+    if (conf) { /* issue 13's workload knobs */
+        json_object_set_new(conf, "shared_prefix_words",
+                            json_integer((json_int_t)cfg->shared_prefix_words));
+        json_object_set_new(conf, "shared_prefix_groups",
+                            json_integer((json_int_t)cfg->shared_prefix_groups));
+        json_object_set_new(conf, "think_time_s", json_real(cfg->think_s));
+    }
     json_t *errors = json_object();
     json_t *statuses = json_object();
     json_t *first = json_object();

@@ -48,6 +48,7 @@ struct session_s {
     unsigned group;   /* which shared prefix */
     uint64_t t_sched; /* open loop: the arrival time of a session still waiting to start */
     session_t *next_pending;
+    session_t *next_thinking; /* in run's thinking FIFO (t_sched: when it wakes) */
 };
 
 struct req_s {
@@ -102,6 +103,9 @@ struct run_s {
     uint64_t n_pending;
 
     bb_rng_t rng;
+    session_t *think_head, *think_tail; /* --think-time: sessions between turns, FIFO (one
+                                         * think time for all, so wake order = arrival order) */
+    unsigned n_thinking;
     baton_buf_t *shared; /* --shared-prefix: the n_shared shared prompts */
     unsigned n_shared;
     uint64_t sessions_started;
@@ -118,6 +122,8 @@ struct run_s {
 };
 
 static void start_session(run_t *run, uint64_t t_sched);
+static void session_end(run_t *run, session_t *s);
+static void wake_thinkers(run_t *run, uint64_t now);
 static void session_free(session_t *s);
 static void send_turn(session_t *s, uint64_t t_sched);
 static void dispatch(req_t *req, int fresh_conn);
@@ -249,23 +255,60 @@ static void req_complete(req_t *req, bb_err_kind_t err, const char *msg, uint64_
     req_unref(req);
 
     uint64_t now = uv_hrtime();
-    if (more && claim(run, now)) {
+    if (more && run->cfg->think_s > 0 && !run->stopping) {
+        /* the user reads the answer and types: the next turn waits (on_tick wakes it) */
+        s->t_sched = now + (uint64_t)(run->cfg->think_s * 1e9);
+        s->next_thinking = NULL;
+        if (run->think_tail)
+            run->think_tail->next_thinking = s;
+        else
+            run->think_head = s;
+        run->think_tail = s;
+        run->n_thinking++;
+    } else if (more && claim(run, now)) {
         send_turn(s, now);
     } else {
-        session_free(s);
-        if (!run->open_loop) {
-            if (claim(run, now))
-                start_session(run, now);
-        } else if (run->pending_head && !run->stopping) {
-            session_t *p = run->pending_head;
-            run->pending_head = p->next_pending;
-            if (!run->pending_head)
-                run->pending_tail = NULL;
-            run->n_pending--;
-            send_turn(p, p->t_sched);
-        }
+        session_end(run, s);
     }
     check_done(run);
+}
+
+/* The session is over: frees it and lets the next one start (closed loop: a new one; open
+ * loop: the first waiting for a slot). */
+static void session_end(run_t *run, session_t *s)
+{
+    uint64_t now = uv_hrtime();
+    session_free(s);
+    if (!run->open_loop) {
+        if (claim(run, now))
+            start_session(run, now);
+    } else if (run->pending_head && !run->stopping) {
+        session_t *p = run->pending_head;
+        run->pending_head = p->next_pending;
+        if (!run->pending_head)
+            run->pending_tail = NULL;
+        run->n_pending--;
+        send_turn(p, p->t_sched);
+    }
+}
+
+/* Sessions whose think time is over send their next turn (or end, when no more may be sent);
+ * all of them go when the run stops. */
+static void wake_thinkers(run_t *run, uint64_t now)
+{
+    while (run->think_head && (run->stopping || run->think_head->t_sched <= now)) {
+        session_t *s = run->think_head;
+        run->think_head = s->next_thinking;
+        if (!run->think_head)
+            run->think_tail = NULL;
+        run->n_thinking--;
+        if (!run->stopping && claim(run, now))
+            send_turn(s, s->t_sched);
+        else if (run->stopping)
+            session_free(s);
+        else
+            session_end(run, s);
+    }
 }
 
 /* ---- connections ---- */
@@ -724,11 +767,12 @@ static void finish(run_t *run)
     }
     run->pending_tail = NULL;
     run->n_pending = 0;
+    wake_thinkers(run, uv_hrtime()); /* stopping: frees them */
 }
 
 static void check_done(run_t *run)
 {
-    if (run->finished || run->n_inflight > 0)
+    if (run->finished || run->n_inflight > 0 || (run->n_thinking > 0 && !run->stopping))
         return;
     if (run->open_loop && !run->stopping && (!run->arrivals_stopped || run->pending_head))
         return;
@@ -784,6 +828,10 @@ static void on_tick(uv_timer_t *t)
             if (r->deadline && now >= r->deadline && r->conn)
                 conn_fail(r->conn, BB_ERR_TIMEOUT, "no complete response within --timeout");
         }
+    }
+    if (run->n_thinking) {
+        wake_thinkers(run, now);
+        check_done(run);
     }
     if (run->open_loop && run->t_end && now >= run->t_end && !run->arrivals_stopped) {
         run->arrivals_stopped = 1;
