@@ -25,7 +25,7 @@ def test_cache_routing_smoke():
     header, rows = table_rows(out, "policies on the same multi-turn workload")
     names = [row[0] for row in rows]
     assert names == ["round_robin", "power_of_two", "least_load", "consistent_hash",
-                     "cache_aware"], out
+                     "cache_aware", "cache_aware guard 2/150%"], out
     for n in names:
         assert col(header, rows, "errors", n) == "0", out
     hit_ca = float(col(header, rows, "hit ratio", "cache_aware"))
