@@ -76,8 +76,6 @@ def test_regular_cache_aware():
                              {"role": "regular", "by": "load"}) == 6
         assert router_metric(rp, "baton_routing_predicted_hit_tokens_total",
                              {"role": "regular"}) == 6 * 28
-        served = [metric(w.port, "baton_worker_prompt_tokens_total") for w in ws]
-        assert sum(1 for x in served if x > 0) >= 2, served  # not all on one worker
         # /workers shows the trees
         lst = get(rp, "/workers").json()["workers"]
         assert all("cache" in w for w in lst), lst
