@@ -335,8 +335,8 @@ static void reload(app_t *app)
     baton_policy_kind_t kinds[3] = {next.prefill_policy, next.decode_policy, next.policy};
     for (int i = 0; i < 3; i++) {
         baton_policy_t *cur = baton_router_policy(&app->router, roles[i]);
-        if (baton_policy_kind(cur) == kinds[i])
-            continue;
+        if (baton_policy_same(cur, kinds[i], &next.policy_params))
+            continue; /* a new object would start with empty cache_aware trees */
         baton_policy_t *np;
         if (baton_policy_create_with(&np, kinds[i], &next.policy_params) != 0) {
             log_error("router", "reload_policy_failed role=%s reason=\"out of memory\"",

@@ -121,6 +121,25 @@ baton_policy_kind_t baton_policy_kind(const baton_policy_t *policy)
     return policy->kind;
 }
 
+int baton_policy_same(const baton_policy_t *policy, baton_policy_kind_t kind,
+                      const baton_policy_params_t *params)
+{
+    baton_policy_params_t d;
+    if (!params) {
+        baton_policy_params_default(&d);
+        params = &d;
+    }
+    const baton_policy_params_t *a = &policy->params;
+    /* create_with raises 0 block words / vnodes to 1: compare what it would keep */
+    unsigned bw = params->cache_block_words ? params->cache_block_words : 1;
+    unsigned vn = params->hash_vnodes ? params->hash_vnodes : 1;
+    return policy->kind == kind && a->cache_threshold_pct == params->cache_threshold_pct &&
+           a->balance_abs_threshold == params->balance_abs_threshold &&
+           a->balance_rel_threshold_pct == params->balance_rel_threshold_pct &&
+           a->cache_max_blocks == params->cache_max_blocks && a->cache_block_words == bw &&
+           a->hash_vnodes == vn;
+}
+
 /* ---- RNG: xoshiro256** per thread, seeded once from getrandom(2) through splitmix64 ---- */
 
 static _Thread_local uint64_t rng_state[4];

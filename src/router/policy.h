@@ -62,6 +62,10 @@ int baton_policy_create_with(baton_policy_t **policy_p, baton_policy_kind_t kind
                              const baton_policy_params_t *params);
 void baton_policy_destroy(baton_policy_t *policy); /* NULL is ignored */
 baton_policy_kind_t baton_policy_kind(const baton_policy_t *policy);
+/* 1 when the policy is of this kind with these parameters (NULL: defaults): a reload keeps it
+ * (and its trees) then, else it builds a new one. */
+int baton_policy_same(const baton_policy_t *policy, baton_policy_kind_t kind,
+                      const baton_policy_params_t *params);
 
 /*
  * Chooses one of cands[0..n) (typically a BATON_SNAP_ELIGIBLE snapshot). NULL when n == 0.

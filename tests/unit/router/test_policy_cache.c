@@ -364,6 +364,12 @@ static void test_cache_aware(void **state)
     baton_route_ctx_free(&c1);
     baton_route_ctx_free(&c2);
     baton_route_ctx_free(&c3);
+    /* what a reload compares: kind and every knob */
+    assert_true(baton_policy_same(p, BATON_POLICY_CACHE_AWARE, &pp));
+    assert_false(baton_policy_same(p, BATON_POLICY_LEAST_LOAD, &pp));
+    pp.cache_threshold_pct = 50;
+    assert_false(baton_policy_same(p, BATON_POLICY_CACHE_AWARE, &pp));
+    assert_false(baton_policy_same(p, BATON_POLICY_CACHE_AWARE, NULL));
     baton_policy_destroy(p);
 }
 
