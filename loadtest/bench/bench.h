@@ -34,6 +34,11 @@ typedef struct bb_config_s {
     int out_given;               /* --output-len given: overrides a dataset's reply lengths */
     const bb_dataset_t *dataset; /* NULL: random prompts */
     unsigned multi_turn;         /* turns per session, >= 1 */
+    /* --shared-prefix N[:G]: each session's first turn starts with one of G shared "system
+     * prompts" of N words (session i uses prompt i % G); 0 = none */
+    uint32_t shared_prefix_words;
+    unsigned shared_prefix_groups;
+    double think_s; /* --think-time: a session's pause between an answer and its next turn */
 
     const char *model;
     int ignore_eos;
@@ -56,6 +61,9 @@ typedef struct bb_results_s {
     uint64_t http_status[600]; /* failed requests by HTTP status */
     char first_error[BB_ERR_COUNT][200];
     uint64_t total_input_tokens, total_output_tokens;
+    /* server-reported prompt tokens and cached prompt tokens (usage.prompt_tokens_details /
+     * meta_info.cached_tokens) of the measured requests that reported them */
+    uint64_t usage_prompt_tokens, cached_tokens;
     uint64_t good; /* completed requests within every SLO given */
     double duration_s;
     bb_vec_t ttft_ms, tpot_ms, itl_ms, e2e_ms; /* samples (sorted by bb_results_summarize) */

@@ -50,6 +50,11 @@ static void usage(FILE *f)
             "  --output-len-range A:B    uniform in [A, B]\n"
             "  --dataset FILE            ShareGPT-format JSON instead of random prompts\n"
             "  --multi-turn K            sessions of K turns; each turn repeats the history\n"
+            "                            (each session sends \"user\": its own key)\n"
+            "  --shared-prefix N[:G]     each session opens with one of G shared system\n"
+            "                            prompts of N words (default G = 1)\n"
+            "  --think-time S            a session waits S seconds after an answer before its\n"
+            "                            next turn (default 0)\n"
             "  --seed N                  random seed (default 1)\n"
             "\n"
             "SLOs for goodput (a request is good when it meets every one given):\n"
@@ -131,6 +136,8 @@ enum {
     O_OUT_RANGE,
     O_DATASET,
     O_MULTI,
+    O_SHARED,
+    O_THINK,
     O_SEED,
     O_SLO_TTFT,
     O_SLO_TPOT,
@@ -166,6 +173,8 @@ static const struct option opts[] = {
     {"output-len-range", required_argument, 0, O_OUT_RANGE},
     {"dataset", required_argument, 0, O_DATASET},
     {"multi-turn", required_argument, 0, O_MULTI},
+    {"shared-prefix", required_argument, 0, O_SHARED},
+    {"think-time", required_argument, 0, O_THINK},
     {"seed", required_argument, 0, O_SEED},
     {"slo-ttft-ms", required_argument, 0, O_SLO_TTFT},
     {"slo-tpot-ms", required_argument, 0, O_SLO_TPOT},
@@ -300,6 +309,35 @@ int main(int argc, char **argv)
             if (parse_u64(optarg, 1, 1000, &u))
                 return bad(name, optarg, "want an integer in [1, 1000]");
             cfg.multi_turn = (unsigned)u;
+            break;
+        case O_SHARED: {
+            uint32_t n, g = 1;
+            char *colon = strchr(optarg, ':');
+            if (colon) {
+                *colon = '\0';
+                uint64_t gv;
+                int bad_g = parse_u64(colon + 1, 1, 100000, &gv);
+                *colon = ':';
+                if (bad_g)
+                    return bad(name, optarg, "want N or N:G with N >= 1, 1 <= G <= 100000");
+                g = (uint32_t)gv;
+            }
+            uint64_t nv;
+            if (colon)
+                *colon = '\0';
+            int bad_n = parse_u64(optarg, 1, 1000000, &nv);
+            if (colon)
+                *colon = ':';
+            if (bad_n)
+                return bad(name, optarg, "want N or N:G with N >= 1, 1 <= G <= 100000");
+            n = (uint32_t)nv;
+            cfg.shared_prefix_words = n;
+            cfg.shared_prefix_groups = g;
+            break;
+        }
+        case O_THINK:
+            if (parse_double(optarg, 0, &cfg.think_s) || cfg.think_s > 1e6)
+                return bad(name, optarg, "want seconds >= 0");
             break;
         case O_SEED:
             if (parse_u64(optarg, 0, UINT64_MAX, &cfg.seed))

@@ -95,6 +95,9 @@ int bb_render_body(baton_buf_t *out, const bb_body_opts_t *o, const bb_turn_t *t
                               max_tokens, o->ignore_eos ? ",\"ignore_eos\":true" : "");
         break;
     }
+    if (!rc && o->user)
+        rc = baton_buf_append_str(out, ",\"user\":") ||
+             baton_buf_append_json_string(out, o->user, strlen(o->user));
     if (!rc && o->ignore_eos && o->endpoint != BB_EP_GENERATE)
         rc = baton_buf_append_str(out, ",\"ignore_eos\":true");
     if (!rc && o->stream) {

@@ -54,6 +54,7 @@ typedef struct bb_body_opts_s {
     int stream;
     const char *model; /* NULL: no "model" field */
     int ignore_eos;
+    const char *user; /* NULL: none; else the OpenAI "user" field (the session key) */
 } bb_body_opts_t;
 
 /*

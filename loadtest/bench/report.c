@@ -71,6 +71,11 @@ void bb_report_print(const bb_config_t *cfg, const bb_results_t *res)
     printf("%-34s %.3f\n", "Duration (s):", d);
     printf("%-34s %llu\n", "Total input tokens:", (unsigned long long)res->total_input_tokens);
     printf("%-34s %llu\n", "Total output tokens:", (unsigned long long)res->total_output_tokens);
+    if (res->usage_prompt_tokens)
+        printf("%-34s %llu (%.1f%% of %llu prompt tokens)\n",
+               "Server-reported cached tokens:", (unsigned long long)res->cached_tokens,
+               100.0 * (double)res->cached_tokens / (double)res->usage_prompt_tokens,
+               (unsigned long long)res->usage_prompt_tokens);
     printf("%-34s %.2f\n", "Request throughput (req/s):", per_s((double)res->completed, d));
     printf("%-34s %.2f\n",
            "Input token throughput (tok/s):", per_s((double)res->total_input_tokens, d));
@@ -119,6 +124,13 @@ int bb_report_json(const bb_config_t *cfg, const bb_results_t *res, const char *
         (json_int_t)cfg->out_lo, (json_int_t)cfg->out_hi, "multi_turn", (json_int_t)cfg->multi_turn,
         "seed", (json_int_t)cfg->seed, "slo_ttft_ms", cfg->slo_ttft_ms, "slo_tpot_ms",
         cfg->slo_tpot_ms, "slo_e2e_ms", cfg->slo_e2e_ms, "timeout_s", cfg->timeout_s);
+    if (conf) { /* issue 13's workload knobs */
+        json_object_set_new(conf, "shared_prefix_words",
+                            json_integer((json_int_t)cfg->shared_prefix_words));
+        json_object_set_new(conf, "shared_prefix_groups",
+                            json_integer((json_int_t)cfg->shared_prefix_groups));
+        json_object_set_new(conf, "think_time_s", json_real(cfg->think_s));
+    }
     json_t *errors = json_object();
     json_t *statuses = json_object();
     json_t *first = json_object();
@@ -157,6 +169,14 @@ int bb_report_json(const bb_config_t *cfg, const bb_results_t *res, const char *
         summary_json(&res->e2e), "max_lag_ms", res->max_lag_ms, "connections_opened",
         (json_int_t)res->connections_opened, "bench_cpu_s", res->bench_cpu_s, "bench_cpu_util",
         per_s(res->bench_cpu_s, d), "interrupted", res->interrupted);
+    if (root) /* issue 13: what the server said it found in its prefix cache */
+        json_object_set_new(
+            root, "cache",
+            json_pack("{s:I,s:I,s:f}", "usage_prompt_tokens", (json_int_t)res->usage_prompt_tokens,
+                      "cached_tokens", (json_int_t)res->cached_tokens, "hit_ratio",
+                      res->usage_prompt_tokens
+                          ? (double)res->cached_tokens / (double)res->usage_prompt_tokens
+                          : 0.0));
     if (!root)
         goto out;
     if (json_dump_file(root, path, JSON_INDENT(2) | JSON_REAL_PRECISION(10)) != 0) {

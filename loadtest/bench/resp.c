@@ -67,6 +67,8 @@ void bb_resp_init(bb_resp_t *r, bb_endpoint_t ep, int stream, int keep_text)
     r->keep_text = keep_text;
     r->sse = (baton_sse_splitter_t)BATON_SSE_SPLITTER_INIT;
     r->usage_tokens = -1;
+    r->usage_prompt = -1;
+    r->usage_cached = -1;
 }
 
 void bb_resp_free(bb_resp_t *r)
@@ -119,6 +121,15 @@ static void take_usage(bb_resp_t *r, json_t *obj)
     }
     if (json_is_integer(ct) && json_integer_value(ct) >= 0)
         r->usage_tokens = json_integer_value(ct);
+    /* prompt and cached tokens: OpenAI's usage, else SGLang's meta_info */
+    json_t *mi = json_object_get(obj, "meta_info");
+    json_t *pt = u ? json_object_get(u, "prompt_tokens") : json_object_get(mi, "prompt_tokens");
+    json_t *ck = u ? json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")
+                   : json_object_get(mi, "cached_tokens");
+    if (json_is_integer(pt) && json_is_integer(ck)) {
+        r->usage_prompt = json_integer_value(pt);
+        r->usage_cached = json_integer_value(ck);
+    }
 }
 
 /* The generated text of one streamed event or a whole body, or NULL. */

@@ -62,6 +62,8 @@ typedef struct bb_resp_s {
     uint64_t t_first, t_last; /* arrival (ns) of the first / latest content chunk; 0 = none */
     uint32_t n_chunks;        /* content chunks */
     int64_t usage_tokens;     /* completion tokens from usage / meta_info; -1 = not given */
+    int64_t usage_prompt;     /* prompt tokens from usage / meta_info; -1 = not given */
+    int64_t usage_cached;     /* cached prompt tokens (prompt_tokens_details / meta_info) */
     int done_seen;            /* "data: [DONE]" seen */
     bb_vec_t itl_ms;          /* gaps between consecutive content chunks, in ms */
 

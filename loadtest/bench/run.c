@@ -45,8 +45,11 @@ struct session_s {
     turn_t *turns; /* multi_turn of them */
     unsigned n;    /* turns asked so far */
     uint32_t history_words;
+    char user[32];    /* the session key sent as "user" (multi-turn) */
+    unsigned group;   /* which shared prefix */
     uint64_t t_sched; /* open loop: the arrival time of a session still waiting to start */
     session_t *next_pending;
+    session_t *next_thinking; /* in run's thinking FIFO (t_sched: when it wakes) */
 };
 
 struct req_s {
@@ -103,6 +106,12 @@ struct run_s {
     uint64_t n_pending;
 
     bb_rng_t rng;
+    session_t *think_head, *think_tail; /* --think-time: sessions between turns, FIFO (one
+                                         * think time for all, so wake order = arrival order) */
+    unsigned n_thinking;
+    baton_buf_t *shared; /* --shared-prefix: the n_shared shared prompts */
+    unsigned n_shared;
+    uint64_t sessions_started;
     bb_arrival_t arrival;
     int open_loop;
     int arrivals_stopped;
@@ -116,6 +125,8 @@ struct run_s {
 };
 
 static void start_session(run_t *run, uint64_t t_sched);
+static void session_end(run_t *run, session_t *s);
+static void wake_thinkers(run_t *run, uint64_t now);
 static void session_free(session_t *s);
 static void send_turn(session_t *s, uint64_t t_sched);
 static void dispatch(req_t *req, int fresh_conn);
@@ -179,6 +190,10 @@ static void record(run_t *run, req_t *req, bb_err_kind_t err, const char *msg, u
     }
     res->completed++;
     res->total_input_tokens += req->input_tokens;
+    if (req->resp.usage_prompt >= 0 && req->resp.usage_cached >= 0) {
+        res->usage_prompt_tokens += (uint64_t)req->resp.usage_prompt;
+        res->cached_tokens += (uint64_t)req->resp.usage_cached;
+    }
     res->total_output_tokens += out;
     if ((!cfg->slo_ttft_ms || ttft <= cfg->slo_ttft_ms) &&
         (!cfg->slo_tpot_ms || tpot <= cfg->slo_tpot_ms) &&
@@ -243,23 +258,60 @@ static void req_complete(req_t *req, bb_err_kind_t err, const char *msg, uint64_
     req_unref(req);
 
     uint64_t now = uv_hrtime();
-    if (more && claim(run, now)) {
+    if (more && run->cfg->think_s > 0 && !run->stopping) {
+        /* the user reads the answer and types: the next turn waits (on_tick wakes it) */
+        s->t_sched = now + (uint64_t)(run->cfg->think_s * 1e9);
+        s->next_thinking = NULL;
+        if (run->think_tail)
+            run->think_tail->next_thinking = s;
+        else
+            run->think_head = s;
+        run->think_tail = s;
+        run->n_thinking++;
+    } else if (more && claim(run, now)) {
         send_turn(s, now);
     } else {
-        session_free(s);
-        if (!run->open_loop) {
-            if (claim(run, now))
-                start_session(run, now);
-        } else if (run->pending_head && !run->stopping) {
-            session_t *p = run->pending_head;
-            run->pending_head = p->next_pending;
-            if (!run->pending_head)
-                run->pending_tail = NULL;
-            run->n_pending--;
-            send_turn(p, p->t_sched);
-        }
+        session_end(run, s);
     }
     check_done(run);
+}
+
+/* The session is over: frees it and lets the next one start (closed loop: a new one; open
+ * loop: the first waiting for a slot). */
+static void session_end(run_t *run, session_t *s)
+{
+    uint64_t now = uv_hrtime();
+    session_free(s);
+    if (!run->open_loop) {
+        if (claim(run, now))
+            start_session(run, now);
+    } else if (run->pending_head && !run->stopping) {
+        session_t *p = run->pending_head;
+        run->pending_head = p->next_pending;
+        if (!run->pending_head)
+            run->pending_tail = NULL;
+        run->n_pending--;
+        send_turn(p, p->t_sched);
+    }
+}
+
+/* Sessions whose think time is over send their next turn (or end, when no more may be sent);
+ * all of them go when the run stops. */
+static void wake_thinkers(run_t *run, uint64_t now)
+{
+    while (run->think_head && (run->stopping || run->think_head->t_sched <= now)) {
+        session_t *s = run->think_head;
+        run->think_head = s->next_thinking;
+        if (!run->think_head)
+            run->think_tail = NULL;
+        run->n_thinking--;
+        if (!run->stopping && claim(run, now))
+            send_turn(s, s->t_sched);
+        else if (run->stopping)
+            session_free(s);
+        else
+            session_end(run, s);
+    }
 }
 
 /* ---- connections ---- */
@@ -649,6 +701,9 @@ static session_t *session_new(run_t *run)
     if (!s)
         return NULL;
     s->run = run;
+    uint64_t id = run->sessions_started++;
+    snprintf(s->user, sizeof(s->user), "bench-s%llu", (unsigned long long)id);
+    s->group = run->n_shared ? (unsigned)(id % run->n_shared) : 0;
     s->turns = calloc(run->cfg->multi_turn, sizeof(*s->turns));
     if (!s->turns) {
         free(s);
@@ -684,6 +739,19 @@ static void send_turn(session_t *s, uint64_t t_sched)
         t->user = t->user_own.data ? t->user_own.data : "";
         t->user_len = t->user_own.len;
     }
+    if (!rc && s->n == 0 && run->n_shared) {
+        /* the first turn opens with the session group's shared prompt */
+        const baton_buf_t *sp = &run->shared[s->group];
+        baton_buf_t b = BATON_BUF_INIT;
+        rc = baton_buf_append(&b, sp->data, sp->len) || baton_buf_append(&b, " ", 1) ||
+             baton_buf_append(&b, t->user, t->user_len);
+        baton_buf_free(&t->user_own);
+        t->user_own = b;
+        t->user = b.data ? b.data : "";
+        t->user_len = b.len;
+        t->user_words += cfg->shared_prefix_words;
+        rc = rc ? BATON_ENOMEM : 0;
+    }
     s->n++;
     bb_turn_t turns_small[8];
     bb_turn_t *turns = s->n <= 8 ? turns_small : malloc(s->n * sizeof(*turns));
@@ -698,7 +766,10 @@ static void send_turn(session_t *s, uint64_t t_sched)
                              : NULL;
             turns[i].assistant_len = i + 1 < s->n ? s->turns[i].assistant.len : 0;
         }
-        rc = bb_render_body(&req->body, &run->body_opts, turns, s->n, max_tokens);
+        bb_body_opts_t o = run->body_opts;
+        if (cfg->multi_turn > 1 || run->n_shared)
+            o.user = s->user; /* lets consistent_hash keep a session together */
+        rc = bb_render_body(&req->body, &o, turns, s->n, max_tokens);
     }
     if (turns && turns != turns_small)
         free(turns);
@@ -794,11 +865,12 @@ static void finish(run_t *run)
     }
     run->pending_tail = NULL;
     run->n_pending = 0;
+    wake_thinkers(run, uv_hrtime()); /* stopping: frees them */
 }
 
 static void check_done(run_t *run)
 {
-    if (run->finished || run->n_inflight > 0)
+    if (run->finished || run->n_inflight > 0 || (run->n_thinking > 0 && !run->stopping))
         return;
     if (run->open_loop && !run->stopping && (!run->arrivals_stopped || run->pending_head))
         return;
@@ -854,6 +926,10 @@ static void on_tick(uv_timer_t *t)
             if (r->deadline && now >= r->deadline && r->conn)
                 conn_fail(r->conn, BB_ERR_TIMEOUT, "no complete response within --timeout");
         }
+    }
+    if (run->n_thinking) {
+        wake_thinkers(run, now);
+        check_done(run);
     }
     if (run->open_loop && run->t_end && now >= run->t_end && !run->arrivals_stopped) {
         run->arrivals_stopped = 1;
@@ -918,6 +994,13 @@ static int resolve(run_t *run)
     return 0;
 }
 
+static void free_shared(baton_buf_t *shared, unsigned n)
+{
+    for (unsigned i = 0; shared && i < n; i++)
+        baton_buf_free(&shared[i]);
+    free(shared);
+}
+
 int bb_run(const bb_config_t *cfg, bb_results_t *res)
 {
     run_t *run = calloc(1, sizeof(*run));
@@ -957,6 +1040,21 @@ int bb_run(const bb_config_t *cfg, bb_results_t *res)
     run->body_opts.model = cfg->model;
     run->body_opts.ignore_eos = cfg->ignore_eos;
     bb_rng_seed(&run->rng, cfg->seed);
+    if (cfg->shared_prefix_words) {
+        unsigned g = cfg->shared_prefix_groups ? cfg->shared_prefix_groups : 1;
+        run->shared = calloc(g, sizeof(*run->shared));
+        for (unsigned i = 0; run->shared && i < g; i++)
+            if (bb_random_prompt(&run->shared[i], &run->rng, cfg->shared_prefix_words)) {
+                free_shared(run->shared, i + 1);
+                run->shared = NULL;
+            }
+        if (!run->shared) {
+            uv_loop_close(&run->loop);
+            free(run);
+            return BATON_ENOMEM;
+        }
+        run->n_shared = g;
+    }
     run->open_loop = cfg->request_rate > 0;
     if (run->open_loop)
         bb_arrival_init(&run->arrival, cfg->arrival, cfg->request_rate, cfg->seed ^ 0xA5A5A5A5ULL);
@@ -998,6 +1096,7 @@ int bb_run(const bb_config_t *cfg, bb_results_t *res)
     if (rc < 0)
         fprintf(stderr, "baton-bench: loop closed with handles open: %s\n", uv_strerror(rc));
     baton_tls_destroy(run->tls);
+    free_shared(run->shared, run->n_shared);
     free(run);
     return 0;
 }

@@ -4,6 +4,7 @@
 
 #include "baton/error.h"
 #include "common/log.h"
+#include "router/policy_metrics.h"
 
 #include <stdarg.h>
 #include <stdint.h>
@@ -127,6 +128,8 @@ json_t *baton_admin_worker_json(const baton_worker_t *w)
         baton_worker_health_name(baton_worker_health(w)), "breaker",
         baton_breaker_state_name(baton_worker_breaker(w)), "draining", baton_worker_is_draining(w),
         "healthy", baton_worker_health(w) == BATON_HEALTH_HEALTHY);
+    if (j)
+        json_object_set_new(j, "cache", baton_policy_worker_json(w)); /* issue 13 */
     return j;
 }
 

@@ -169,6 +169,25 @@ static const opt_t options[] = {
      "client certificate presented to https:// workers (mTLS)"},
     {"--upstream-key", "tls", "upstream_key", OPT_STR, OFF(upstream_key), 0, 0, 0, "FILE",
      "private key of --upstream-cert"},
+    /* cache- and session-aware routing (issue 13; policy.h) */
+    {"--cache-threshold-pct", "routing", "cache_threshold_pct", OPT_UINT,
+     OFF(policy_params.cache_threshold_pct), 0, 100, 0, "N",
+     "cache_aware: a match must cover more than N% of the prompt"},
+    {"--balance-abs-threshold", "routing", "balance_abs_threshold", OPT_UINT,
+     OFF(policy_params.balance_abs_threshold), 0, 1000000, 0, "N",
+     "load guard: imbalanced when max - min in-flight > N"},
+    {"--balance-rel-threshold-pct", "routing", "balance_rel_threshold_pct", OPT_UINT,
+     OFF(policy_params.balance_rel_threshold_pct), 100, 1000000, 0, "N",
+     "load guard: and max > N% of min"},
+    {"--cache-max-blocks", "routing", "cache_max_blocks", OPT_SIZE,
+     OFF(policy_params.cache_max_blocks), 1, 1ull << 32, 0, "N",
+     "cache_aware: per-worker tree bound (prefix names, LRU)"},
+    {"--cache-block-words", "routing", "cache_block_words", OPT_UINT,
+     OFF(policy_params.cache_block_words), 1, 65536, 0, "N", "cache_aware: words per tree block"},
+    {"--hash-vnodes", "routing", "hash_vnodes", OPT_UINT, OFF(policy_params.hash_vnodes), 1, 4096,
+     0, "N", "consistent_hash: virtual nodes per worker"},
+    {"--session-key-field", "routing", "session_key_field", OPT_STR, OFF(session_key_field), 0, 0,
+     0, "NAME", "JSON field used as the session key after the headers and `user`"},
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -245,6 +264,7 @@ int baton_config_init(baton_config_t *cfg)
     cfg->drain_timeout_ms = 10000;
     cfg->worker_drain_timeout_ms = 30000;
     cfg->registry_timeout_ms = 2000;
+    baton_policy_params_default(&cfg->policy_params);
     return 0;
 }
 
@@ -276,6 +296,7 @@ void baton_config_free(baton_config_t *cfg)
     free(cfg->registry_url);
     free(cfg->registry_user);
     free(cfg->registry_password_file);
+    free(cfg->session_key_field);
     for (size_t i = 0; i < cfg->n_workers; i++)
         worker_free(&cfg->workers[i]);
     free(cfg->workers);
@@ -387,8 +408,9 @@ static int set_from_string(baton_config_t *cfg, const opt_t *o, const char *wher
         baton_policy_kind_t k;
         if (baton_policy_parse(value, &k) != 0)
             return set_err(err, errlen, BATON_EINVAL,
-                           "%s: unknown policy '%s' (round_robin, random, power_of_two)", where,
-                           value);
+                           "%s: unknown policy '%s' (round_robin, random, power_of_two, "
+                           "least_load, consistent_hash, cache_aware)",
+                           where, value);
         *(baton_policy_kind_t *)field = k;
         cfg->set_flags_ |= o->set_flag;
         return 0;

@@ -25,7 +25,8 @@
  *                                                           prefill/decode unless set below)
  *  prefill_policy               --prefill-policy P          = policy
  *  decode_policy                --decode-policy P           = policy
- *                               (P: round_robin | random | power_of_two)
+ *                               (P: round_robin | random | power_of_two | least_load |
+ *                                consistent_hash | cache_aware)
  *  log_level                    --log-level L               info (debug|info|warn|error)
  *  workers: [ {url, worker_type, bootstrap_port, api_key, model_id, priority, cost, labels} ]
  *                               --prefill URL [BOOTSTRAP_PORT]   (repeatable; the optional
@@ -147,6 +148,22 @@
  *                                                               verified: chain + host name/IP)
  *  tls.upstream_cert            --upstream-cert FILE        none (client certificate presented
  *  tls.upstream_key             --upstream-key FILE         to https:// workers: mTLS)
+ *  -- cache- and session-aware routing (issue 13; policy.h) --
+ *  routing.cache_threshold_pct  --cache-threshold-pct N     30  (cache_aware: the best match
+ *                                                               must cover more than N% of the
+ *                                                               prompt's words; SGLang 0.3)
+ *  routing.balance_abs_threshold --balance-abs-threshold N  64  (load guard: imbalanced when
+ *                                                               max - min in-flight > N ...)
+ *  routing.balance_rel_threshold_pct --balance-rel-threshold-pct N 150 (... and max > N% of
+ *                                                               min; SGLang 1.5)
+ *  routing.cache_max_blocks     --cache-max-blocks N        262144 (per-worker tree bound, in
+ *                                                               prefix names; LRU beyond)
+ *  routing.cache_block_words    --cache-block-words N       16  (words per tree block)
+ *  routing.hash_vnodes          --hash-vnodes N             160 (consistent_hash virtual nodes)
+ *  routing.session_key_field    --session-key-field NAME    none (a top-level JSON field used
+ *                                                               as the session key after the
+ *                                                               x-session-affinity /
+ *                                                               X-Session-ID headers and `user`)
  *                               --config FILE               none (the JSON file above)
  *                               --help                      print this and exit 0
  *
@@ -210,6 +227,9 @@ typedef struct baton_config_s {
     uint64_t breaker_cooldown_max_ms;
     uint64_t drain_timeout_ms;
     uint64_t worker_drain_timeout_ms;
+    /* cache- and session-aware routing (issue 13) */
+    baton_policy_params_t policy_params;
+    char *session_key_field; /* NULL = none */
 
     /* Authentication, authorisation and resource limits (issue 11: auth; NULL = not set). */
     baton_config_strlist_t api_keys;

@@ -366,10 +366,10 @@ static void reload(app_t *app)
     baton_policy_kind_t kinds[3] = {next.prefill_policy, next.decode_policy, next.policy};
     for (int i = 0; i < 3; i++) {
         baton_policy_t *cur = baton_router_policy(&app->router, roles[i]);
-        if (baton_policy_kind(cur) == kinds[i])
-            continue;
+        if (baton_policy_same(cur, kinds[i], &next.policy_params))
+            continue; /* a new object would start with empty cache_aware trees */
         baton_policy_t *np;
-        if (baton_policy_create(&np, kinds[i]) != 0) {
+        if (baton_policy_create_with(&np, kinds[i], &next.policy_params) != 0) {
             log_error("router", "reload_policy_failed role=%s reason=\"out of memory\"",
                       baton_worker_role_name(roles[i]));
             continue;
@@ -456,9 +456,10 @@ static int create_shared(app_t *app, char *err, size_t errlen)
     }
     if ((rc = baton_config_apply_workers(&app->cfg, r->registry, err, errlen)) != 0)
         return rc;
-    if ((rc = baton_policy_create(&r->prefill_policy, app->cfg.prefill_policy)) != 0 ||
-        (rc = baton_policy_create(&r->decode_policy, app->cfg.decode_policy)) != 0 ||
-        (rc = baton_policy_create(&r->regular_policy, app->cfg.policy)) != 0) {
+    const baton_policy_params_t *pp = &app->cfg.policy_params;
+    if ((rc = baton_policy_create_with(&r->prefill_policy, app->cfg.prefill_policy, pp)) != 0 ||
+        (rc = baton_policy_create_with(&r->decode_policy, app->cfg.decode_policy, pp)) != 0 ||
+        (rc = baton_policy_create_with(&r->regular_policy, app->cfg.policy, pp)) != 0) {
         snprintf(err, errlen, "policy: %s", baton_strerror(rc));
         return rc;
     }

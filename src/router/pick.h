@@ -35,12 +35,32 @@ typedef enum {
 typedef struct baton_pick_s {
     baton_worker_t *w;
     baton_whealth_ticket_t ticket;
+    uint32_t tokens; /* prompt words added to w->in_flight_tokens (given back with the slot) */
 } baton_pick_t;
 
 /* health may be NULL (every eligible worker is admitted). */
 baton_pick_rc_t baton_pick(baton_registry_t *reg, baton_policy_t *policy, baton_whealth_t *health,
                            unsigned cap, baton_worker_role_t role, baton_worker_t *const *avoid,
                            size_t n_avoid, baton_pick_t *out);
+
+/*
+ * baton_pick with the request's context (policy.h; NULL: none). The policy chooses with it and
+ * is told the choice (cache_aware records the prompt for the chosen worker); the chosen worker's
+ * in-flight prompt words rise by ctx->words (out->tokens) until the slot is given back.
+ * ctx->pin (X-Baton-Target-Worker: a worker id, or several separated by commas, one per role)
+ * names the worker to use for a role when one of the listed ids is a worker of that role: that
+ * worker or nothing (BATON_PICK_NONE when it is not eligible; CAPPED at its cap); roles the pin
+ * does not name are chosen by the policy. Whether the caller may pin is decided by the caller
+ * (baton__pin_allowed in route_ctx.c).
+ */
+baton_pick_rc_t baton_pick_ctx(baton_registry_t *reg, baton_policy_t *policy,
+                               baton_whealth_t *health, unsigned cap, baton_worker_role_t role,
+                               baton_worker_t *const *avoid, size_t n_avoid, baton_route_ctx_t *ctx,
+                               baton_pick_t *out);
+
+/* Gives back what a pick holds on its worker (in-flight slot and prompt words), not the
+ * reference: for callers that keep the worker. */
+void baton_pick_unreserve(baton_worker_t *w, uint32_t tokens);
 
 /* Gives back a pick that was not used: the ticket with `outcome` (NEUTRAL: nothing was learnt
  * about the worker), the in-flight slot and the reference. No-op when p->w is NULL. */

@@ -113,6 +113,7 @@ static void pr_free(baton__preq_t *pr)
     baton_workers_unref(pr->avoid, pr->n_avoid);
     free(pr->avoid);
     baton_pdreq_free(&pr->pd);
+    baton_route_ctx_free(&pr->rctx);
     baton_pdreq_lp_free(pr->lp);
     baton_sse_splitter_free(&pr->sse);
     baton_buf_free(&pr->held);
@@ -403,7 +404,7 @@ int baton_proxy_forward(baton_proxy_loop_t *pl, baton_http_req_t *req, const cha
     baton_router_t *r = pl->router;
     baton_pick_t w = {0};
     for (size_t i = 0; i < n_roles && !w.w; i++)
-        baton__pick(r, roles[i], NULL, 0, 0, &w);
+        baton__pick(r, roles[i], NULL, 0, 0, NULL, &w);
     if (!w.w)
         return BATON_ENOWORKER;
     baton__preq_t *pr = pr_new(pl, req, route, MODE_FORWARD);

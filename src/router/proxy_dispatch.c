@@ -20,10 +20,11 @@ static void pick_release(baton_router_t *r, baton_pick_t *p, baton_breaker_outco
 
 baton_pick_rc_t baton__pick(baton_router_t *r, baton_worker_role_t role,
                             baton_worker_t *const *avoid, size_t n_avoid, int use_cap,
-                            baton_pick_t *out)
+                            baton_route_ctx_t *ctx, baton_pick_t *out)
 {
-    return baton_pick(r->registry, baton_router_policy(r, role), r->health,
-                      use_cap ? r->cfg->max_worker_requests : 0, role, avoid, n_avoid, out);
+    return baton_pick_ctx(r->registry, baton_router_policy(r, role), r->health,
+                          use_cap ? r->cfg->max_worker_requests : 0, role, avoid, n_avoid, ctx,
+                          out);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -58,7 +59,8 @@ void baton__up_settle(baton__upstream_t *u, baton_breaker_outcome_t outcome)
     baton__up_report(u, outcome);
     if (u->reserved) {
         u->reserved = 0;
-        baton_worker_in_flight_dec(u->w);
+        baton_pick_unreserve(u->w, u->tokens);
+        u->tokens = 0;
     }
 }
 
@@ -85,8 +87,10 @@ baton__upstream_t *baton__up_new(baton__preq_t *pr, int side, baton_pick_t *p)
     u->w = p->w;
     u->ticket = p->ticket;
     u->reserved = 1;
+    u->tokens = p->tokens;
     p->w = NULL;
     p->ticket = 0;
+    p->tokens = 0;
     return u;
 }
 
@@ -240,9 +244,15 @@ enum baton__start_rc baton__start_attempt(baton__preq_t *pr, int *missing_prefil
     baton_pick_t p = {0}, d = {0}, w = {0};
     baton_pick_rc_t prc, drc = BATON_PICK_NONE, wrc;
     *missing_prefill = 1;
-    prc = baton__pick(r, BATON_ROLE_PREFILL, pr->avoid, pr->n_avoid, 1, &p);
+    if (!pr->rctx_built) {
+        if (baton__route_ctx_build(pr) != 0)
+            return ST_NOMEM;
+        pr->rctx_built = 1;
+    }
+    baton_route_ctx_t *ctx = &pr->rctx;
+    prc = baton__pick(r, BATON_ROLE_PREFILL, pr->avoid, pr->n_avoid, 1, ctx, &p);
     if (prc == BATON_PICK_OK) {
-        drc = baton__pick(r, BATON_ROLE_DECODE, pr->avoid, pr->n_avoid, 1, &d);
+        drc = baton__pick(r, BATON_ROLE_DECODE, pr->avoid, pr->n_avoid, 1, ctx, &d);
         if (drc != BATON_PICK_OK) {
             pick_release(r, &p, BATON_OUTCOME_NEUTRAL);
             *missing_prefill = 0;
@@ -263,7 +273,7 @@ enum baton__start_rc baton__start_attempt(baton__preq_t *pr, int *missing_prefil
         pr->attempts++;
         return pd_dispatch(pr) ? ST_NOMEM : ST_STARTED;
     }
-    wrc = baton__pick(r, BATON_ROLE_REGULAR, pr->avoid, pr->n_avoid, 1, &w);
+    wrc = baton__pick(r, BATON_ROLE_REGULAR, pr->avoid, pr->n_avoid, 1, ctx, &w);
     if (wrc == BATON_PICK_OK) {
         baton__upstream_t *u = baton__up_new(pr, UP_MAIN, &w);
         if (!u) {

@@ -136,6 +136,7 @@ typedef struct upstream_s {
     int status; /* 0 until on_head */
     /* Per upstream request, not the request's phase: */
     unsigned reserved : 1;  /* holds one of w's in-flight slots */
+    uint32_t tokens;        /* ... and these prompt words of its in-flight count (pick.h) */
     unsigned sse : 1;       /* Content-Type: text/event-stream */
     unsigned buffer : 1;    /* keep the body */
     unsigned cancelled : 1; /* we cancelled it: its on_done is bookkeeping only */
@@ -171,6 +172,9 @@ typedef struct preq_s {
     unsigned no_retry : 1;  /* shutting down: failures are final (a policy) */
 
     baton__fail_t fail;
+
+    baton_route_ctx_t rctx; /* what the policies read (route_ctx.c); built before the first pick */
+    unsigned rctx_built : 1;
 
     uv_timer_t timer; /* queue timeout (QUEUED) or retry back-off (RETRY_WAIT) */
     enum baton__tstate tstate;
@@ -242,7 +246,16 @@ void baton__queue_timeout(baton__preq_t *pr);
 enum baton__start_rc baton__start_attempt(baton__preq_t *pr, int *missing_prefill);
 baton_pick_rc_t baton__pick(baton_router_t *r, baton_worker_role_t role,
                             baton_worker_t *const *avoid, size_t n_avoid, int use_cap,
-                            baton_pick_t *out);
+                            baton_route_ctx_t *ctx, baton_pick_t *out);
+
+/* ---- route_ctx.c: what the policies read of a request ---- */
+
+/* Fills pr->rctx from the parsed body and the headers (prompt text, words, session key, pin
+ * when allowed). 0 or BATON_ENOMEM. Freed with baton_route_ctx_free(&pr->rctx). */
+int baton__route_ctx_build(baton__preq_t *pr);
+/* Whether this client request may pin a worker with X-Baton-Target-Worker (admin-only once
+ * admin auth exists: the one function to wire it in). */
+int baton__pin_allowed(const baton_router_t *r, const baton_http_req_t *req);
 baton__upstream_t *baton__up_new(baton__preq_t *pr, int side, baton_pick_t *p);
 /* Sends the upstream request; 0 (then pr->pending counts it) or an error (nothing sent). */
 int baton__up_start(baton__preq_t *pr, baton__upstream_t *u, const char *method, const char *path,

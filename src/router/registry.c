@@ -551,6 +551,8 @@ uint64_t baton_registry_generation(baton_registry_t *reg)
 void baton_registry_set_health(baton_registry_t *reg, baton_worker_t *w, baton_worker_health_t h)
 {
     int old = atomic_exchange(&w->health, (int)h);
+    if (old == BATON_HEALTH_UNHEALTHY && h == BATON_HEALTH_HEALTHY)
+        atomic_fetch_add(&w->incarnation, 1); /* back up: maybe restarted, its cache empty */
     if (old != (int)h && reg != NULL) {
         bump(reg);
         log_info("router", "worker_health id=%s url=%s health=%s", w->id, w->url,
@@ -561,6 +563,8 @@ void baton_registry_set_health(baton_registry_t *reg, baton_worker_t *w, baton_w
 void baton_registry_set_breaker(baton_registry_t *reg, baton_worker_t *w, baton_breaker_state_t s)
 {
     int old = atomic_exchange(&w->breaker, (int)s);
+    if (old != BATON_BREAKER_CLOSED && s == BATON_BREAKER_CLOSED)
+        atomic_fetch_add(&w->incarnation, 1); /* failures were seen: its cache is not trusted */
     if (old != (int)s && reg != NULL) {
         bump(reg);
         log_info("router", "worker_breaker id=%s url=%s breaker=%s", w->id, w->url,

@@ -90,6 +90,14 @@ typedef struct baton_worker_s {
     atomic_int draining;         /* 1: takes no new requests (set on removal or by drain) */
     atomic_int removed;          /* 1: no longer in the registry */
     _Atomic uint64_t removed_ns; /* uv_hrtime() when it was removed (its drain began); 0 before */
+    /* Cache- and load-aware routing (policy.h). incarnation rises each time the health layer
+     * sees the worker come back up (a restart empties its cache: the router's tree for it is
+     * dropped); the rest is written by the policies and shown by /workers. */
+    atomic_long in_flight_tokens;      /* prompt words of the requests in flight (least_load) */
+    atomic_uint incarnation;           /* unhealthy → healthy transitions */
+    _Atomic uint64_t cache_tree_names; /* cache_aware: names in its router-side tree */
+    _Atomic uint64_t cache_tree_bytes; /* ... and their memory */
+    atomic_uint cache_hit_ppm;         /* recent predicted hit ratio, ppm (EWMA, 1/8 weight) */
 
     /* Private to registry.c. */
     atomic_long refcount;

@@ -13,6 +13,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "router/admin.h"
+#include "router/policy_metrics.h"
 #include "router/proxy.h"
 
 typedef void (*route_fn)(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route);
@@ -103,7 +104,8 @@ static void h_metrics(baton_proxy_loop_t *pl, baton_http_req_t *req, const char 
 {
     baton_router_t *r = baton_proxy_loop_router(pl);
     baton_buf_t out = BATON_BUF_INIT;
-    if (baton_router_metrics_render(r->metrics, r->registry, &out) != 0) {
+    if (baton_router_metrics_render(r->metrics, r->registry, &out) != 0 ||
+        baton_policy_metrics_append(r, &out) != 0) {
         baton_buf_free(&out);
         baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
                              "internal_error");

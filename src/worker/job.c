@@ -188,6 +188,7 @@ static void job_unlink_free(wk_job_t *job)
     wk_worker_t *w = job->w;
     baton_list_remove(&job->link);
     w->n_jobs--;
+    wk__job_cache_release(job);
     for (size_t i = 0; i < job->req.n_items; i++)
         wk_gen_free(&job->ss[i].gen);
     free(job->ss);
@@ -381,6 +382,8 @@ int wk__job_seq_finish(wk_sstate_t *ss)
     if (ss->phase == WK_SS_DONE)
         return 0;
     wk_seq_to(ss, WK_SS_DONE);
+    if (job->w->cfg.mode == WK_MODE_DECODE)
+        wk__job_cache_store(ss); /* a decode keeps a finished sequence's KV for the next turn */
     if (ss->recv) {
         wk_kv_recv_drop(ss->recv, "done");
         ss->recv = NULL;
@@ -463,6 +466,7 @@ int wk_job_on_prefilled(wk_sched_t *s, wk_seq_t *seq)
 {
     wk_sstate_t *ss = seq->data;
     (void)s;
+    wk__job_cache_store(ss); /* the prompt's KV exists now */
     if (ss->job->w->cfg.mode == WK_MODE_PREFILL) {
         wk__job_pd_prefilled(ss);
         return 0;
@@ -488,6 +492,7 @@ int wk_job_on_decoded(wk_sched_t *s, wk_seq_t *seq)
 void wk__job_submit_prefill(wk_job_t *job)
 {
     wk_worker_t *w = job->w;
+    wk__job_cache_match(job); /* only the uncached tokens are charged */
     for (size_t i = 0; i < job->req.n_items; i++) {
         wk_sstate_t *ss = &job->ss[i];
         wk_seq_to(ss, WK_SS_RUNNING);

@@ -83,6 +83,7 @@ typedef struct wk_sstate_s {
     wk_kv_recv_t *recv; /* decode: its room, until the sequence ends */
     wk_kv_send_t *send; /* prefill: its room, until DONE went out */
     int32_t first_token;
+    wk_pcache_hold_t cache_hold; /* the cached prefix it reads, held until prefilled or freed */
 } wk_sstate_t;
 
 struct wk_job_s {
@@ -144,6 +145,20 @@ int wk__job_seq_finish(wk_sstate_t *ss);
 void wk__job_complete(wk_job_t *job);
 /* Every sequence goes into the scheduler's prefill queue (phase RUNNING). */
 void wk__job_submit_prefill(wk_job_t *job);
+
+/* ---- job_cache.c: the prefix cache's side of a job ---- */
+
+/* Looks each sequence's prompt up in the cache: sets items[i].cached_tokens and the
+ * scheduler's cached_tokens (not charged), holding the matched pages. No-op without a cache. */
+void wk__job_cache_match(wk_job_t *job);
+/* The sequence's prompt KV exists now (prefilled, or received by a decode that finished it):
+ * its pages go into the cache and the held prefix is released. */
+void wk__job_cache_store(wk_sstate_t *ss);
+/* Releases whatever the job's sequences still hold (the job is being freed). */
+void wk__job_cache_release(wk_job_t *job);
+/* The prompt's token ids: a token-id prompt's own, or a text's word ids in a new array that
+ * *tmp_p owns (free it; NULL when nothing was allocated). 0 or BATON_ENOMEM. */
+int wk__item_ids(const wk_item_t *it, const int64_t **ids_p, int64_t **tmp_p);
 
 /* ---- job_pd.c: the KV hand-off steps of a PD job ---- */
 

@@ -9,21 +9,10 @@
 /* Fills *pr for item i; *tmp_p is an allocation to free after use (NULL when none). */
 static int item_prompt(const wk_item_t *it, wk_kv_prompt_t *pr, int64_t **tmp_p)
 {
-    *tmp_p = NULL;
     pr->n_tokens = it->prompt_tokens;
     pr->seed = it->seed;
     pr->want_first = it->max_tokens > 0;
-    if (it->ids != NULL) {
-        pr->ids = it->ids; /* a token-id prompt: its ids are the tokens */
-        return 0;
-    }
-    int64_t *ids = malloc((size_t)it->prompt_tokens * sizeof(*ids));
-    if (ids == NULL)
-        return BATON_ENOMEM;
-    wk_sim_word_ids(it->prompt ? it->prompt : "", it->prompt_len, ids, it->prompt_tokens);
-    pr->ids = ids;
-    *tmp_p = ids;
-    return 0;
+    return wk__item_ids(it, &pr->ids, tmp_p);
 }
 
 /* Page slots every sequence of the job needs, in item order. */
@@ -218,6 +207,7 @@ void wk__job_pd_start(wk_job_t *job)
     for (size_t i = 0; i < job->req.n_items; i++)
         wk_seq_to(&job->ss[i], WK_SS_KV_WAIT);
     if (w->cfg.mode == WK_MODE_DECODE) {
+        wk__job_cache_match(job); /* what a follow-up turn finds of its earlier turns */
         job_reserve(job, decode_offer, on_decode_slots);
         return;
     }

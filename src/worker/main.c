@@ -42,6 +42,8 @@ static void usage(FILE *f)
             "  --tls-cert FILE              serve HTTPS: certificate chain (PEM, leaf first)\n"
             "  --tls-key FILE               its private key (PEM); both reloaded on SIGHUP\n"
             "  --tls-client-ca FILE         require client certificates from this CA (mTLS)\n"
+            "  --cache-tokens N             prefix cache capacity in tokens, every mode; 0 = off\n"
+            "                               (default %llu)\n"
             "  -h, --help                   this text\n"
             "\n"
             "KV cache and hand-off (prefill and decode modes):\n"
@@ -70,7 +72,7 @@ static void usage(FILE *f)
             wk_mode_name(d.mode), d.host, d.port, d.bootstrap_port, d.model_name,
             (unsigned long long)d.prefill_us_per_token, (unsigned long long)d.decode_us_per_token,
             d.max_batch, d.max_queue, (unsigned long long)d.bootstrap_timeout_ms,
-            wk_kvshape_preset_names(), WK_KV_DEFAULT_PRESET,
+            (unsigned long long)d.cache_tokens, wk_kvshape_preset_names(), WK_KV_DEFAULT_PRESET,
             (unsigned long long)WK_KV_AUTO_POOL_TOKENS,
             (unsigned long long)(WK_KV_AUTO_POOL_BYTES >> 20));
 }
@@ -123,6 +125,7 @@ enum {
     OPT_TLS_CERT,
     OPT_TLS_KEY,
     OPT_TLS_CLIENT_CA,
+    OPT_CACHE_TOKENS,
 };
 
 /* --register: kept here, not in wk_config_t, since only main() uses them. */
@@ -153,6 +156,7 @@ static const struct option long_opts[] = {
     {"kv-pool-tokens", required_argument, NULL, OPT_POOL_TOKENS},
     {"transport", required_argument, NULL, OPT_TRANSPORT},
     {"layerwise", required_argument, NULL, OPT_LAYERWISE},
+    {"cache-tokens", required_argument, NULL, OPT_CACHE_TOKENS},
     /* tests only, not in --help (docs/WORKER.md): corrupt one KV byte of every Nth room */
     {"fault-corrupt-kv-every", required_argument, NULL, OPT_FAULT_CORRUPT},
     {"register", required_argument, NULL, OPT_REGISTER},
@@ -306,6 +310,10 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
             shape_set[k] = 1;
             break;
         }
+        case OPT_CACHE_TOKENS:
+            if (parse_u64("--cache-tokens", optarg, 0, 1ull << 32, &cfg->cache_tokens))
+                return -1;
+            break;
         case OPT_POOL_TOKENS:
             if (parse_u64("--kv-pool-tokens", optarg, 0, 1ull << 32, &cfg->kv_pool_tokens))
                 return -1;

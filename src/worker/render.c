@@ -119,12 +119,27 @@ void wk_render_usage(const wk_request_t *req, const wk_gen_t *const *gens, uint6
     *completion_p = c;
 }
 
+/* Prompt tokens found in the prefix cache, each prompt counted once (as wk_render_usage). */
+static uint64_t usage_cached(const wk_request_t *req)
+{
+    uint64_t k = 0;
+    size_t last = (size_t)-1;
+    for (size_t i = 0; i < req->n_items; i++) {
+        if (req->items[i].prompt_index != last) {
+            last = req->items[i].prompt_index;
+            k += req->items[i].cached_tokens;
+        }
+    }
+    return k;
+}
+
 static json_t *usage_json(const wk_request_t *req, const wk_gen_t *const *gens)
 {
     uint64_t p, c;
     wk_render_usage(req, gens, &p, &c);
-    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)p, "completion_tokens",
-                     (json_int_t)c, "total_tokens", (json_int_t)(p + c));
+    return json_pack("{s:I,s:I,s:I,s:{s:I}}", "prompt_tokens", (json_int_t)p, "completion_tokens",
+                     (json_int_t)c, "total_tokens", (json_int_t)(p + c), "prompt_tokens_details",
+                     "cached_tokens", (json_int_t)usage_cached(req));
 }
 
 /* ---- OpenAI logprobs ---- */
@@ -249,8 +264,8 @@ static json_t *generate_obj(const wk_render_ctx_t *ctx, const wk_item_t *it, con
     json_t *meta =
         json_pack("{s:s,s:o,s:I,s:I,s:I,s:f}", "id", it->rid ? it->rid : ctx->id, "finish_reason",
                   gen_finish_reason(it, g), "prompt_tokens", (json_int_t)it->prompt_tokens,
-                  "completion_tokens", (json_int_t)g->n_tokens, "cached_tokens", (json_int_t)0,
-                  "e2e_latency", ctx->e2e_s);
+                  "completion_tokens", (json_int_t)g->n_tokens, "cached_tokens",
+                  (json_int_t)it->cached_tokens, "e2e_latency", ctx->e2e_s);
     if (meta && it->logprobs) {
         json_t *out = json_array();
         for (uint32_t i = 0; out && i < g->n_tokens; i++)

@@ -32,6 +32,7 @@ typedef struct wk_item_s {
     size_t n_ids;
     uint64_t seed;
     uint32_t prompt_tokens;
+    uint32_t cached_tokens; /* of prompt_tokens, found in the worker's prefix cache (job sets) */
     uint32_t max_tokens;
 
     char **stop_strs; /* owned */

@@ -161,7 +161,9 @@ static int start_step(wk_sched_t *s, uint64_t t)
         unsigned limit = max - s->running.n;
         while (s->step_n < limit && s->prefill_q.n > 0) {
             wk_seq_t *seq = list_pop(&s->prefill_q);
-            tokens += seq->prompt_tokens;
+            tokens +=
+                seq->prompt_tokens -
+                (seq->cached_tokens < seq->prompt_tokens ? seq->cached_tokens : seq->prompt_tokens);
             put_in_step(s, seq);
         }
         s->step_kind = WK_STEP_PREFILL;

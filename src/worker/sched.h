@@ -10,8 +10,9 @@
 /*
  * The engine runs one step at a time on a virtual timeline (nanoseconds):
  *   - prefill step: when sequences wait for prefill and fewer than max_batch are running, up to
- *     (max_batch - running) of them, in arrival order; it costs sum(prompt_tokens) ×
- *     prefill_ns_per_token. Prefill goes before decode.
+ *     (max_batch - running) of them, in arrival order; it costs sum(prompt_tokens -
+ *     cached_tokens) × prefill_ns_per_token (a prefix cache hit is not computed again).
+ *     Prefill goes before decode.
  *   - decode step: otherwise, sequences waiting in the ready queue join the running set (up to
  *     max_batch), and one step of decode_ns_per_step produces one token for every running
  *     sequence.
@@ -44,6 +45,7 @@ struct wk_seq_s {
     wk_seq_where_t where;   /* scheduler's; read-only for the owner */
     unsigned slot;          /* scheduler's */
     uint32_t prompt_tokens; /* set by the owner before submitting */
+    uint32_t cached_tokens; /* of prompt_tokens, found in the prefix cache: not charged */
     void *data;             /* owner's */
 };
 

@@ -34,6 +34,7 @@ void wk_config_default(wk_config_t *cfg)
     cfg->transports[1] = BATON_XFER_TRANSPORT_TCP;
     cfg->n_transports = 2;
     cfg->layerwise = 1;
+    cfg->cache_tokens = WK_DEFAULT_CACHE_TOKENS;
 }
 
 const char *wk_mode_name(wk_mode_t m)
@@ -140,6 +141,20 @@ static void metrics_init(wk_worker_t *w)
     f = baton_metrics_gauge(w->metrics, "baton_worker_inflight_requests",
                             "HTTP generation requests in flight.", 0, NULL);
     w->m_inflight = baton_metric_child(f, NULL);
+    /* prefix cache (job_cache.c) */
+    f = baton_metrics_counter(w->metrics, "baton_worker_cache_hit_tokens_total",
+                              "Prompt tokens found in the prefix cache (not computed again).", 0,
+                              NULL);
+    w->m_cache_hit = baton_metric_child(f, NULL);
+    f = baton_metrics_counter(w->metrics, "baton_worker_cache_miss_tokens_total",
+                              "Prompt tokens not in the prefix cache (computed).", 0, NULL);
+    w->m_cache_miss = baton_metric_child(f, NULL);
+    f = baton_metrics_counter(w->metrics, "baton_worker_cache_evicted_tokens_total",
+                              "Tokens evicted from the prefix cache (LRU).", 0, NULL);
+    w->m_cache_evict = baton_metric_child(f, NULL);
+    f = baton_metrics_gauge(w->metrics, "baton_worker_cache_tokens",
+                            "Tokens held in the prefix cache now.", 0, NULL);
+    w->m_cache_size = baton_metric_child(f, NULL);
     if (w->cfg.mode == WK_MODE_REGULAR)
         return;
     f = baton_metrics_gauge(w->metrics, "baton_worker_bootstrap_waiting",
@@ -171,6 +186,11 @@ int wk_worker_init(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
     uv_idle_init(loop, &w->sched_idle);
     w->sched_idle.data = w;
     metrics_init(w);
+    if (cfg->cache_tokens &&
+        (rc = wk_pcache_create(&w->pcache, cfg->cache_tokens, cfg->shape.page_tokens)) != 0) {
+        log_error(COMP, "start_failed what=prefix_cache err=%s", baton_strerror(rc));
+        return rc;
+    }
 
     uv_timer_init(loop, &w->dl_timer);
     w->dl_timer.data = w;
@@ -230,6 +250,8 @@ void wk_worker_close(wk_worker_t *w)
     /* every request was aborted and finished by now; anything left is a bug worth a line */
     while (!baton_list_empty(&w->jobs)) /* newest first */
         wk_job_leftover(container_of(w->jobs.prev, wk_job_t, link));
+    wk_pcache_destroy(w->pcache); /* no job holds a page any more */
+    w->pcache = NULL;
     w->n_closing = 1;
     if (w->kv) {
         w->n_closing++;

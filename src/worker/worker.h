@@ -11,6 +11,7 @@
 #include "http/server.h"
 #include "worker/kvshape.h"
 #include "worker/kvxfer.h"
+#include "worker/prefix_cache.h"
 #include "worker/sched.h"
 
 typedef enum { WK_MODE_REGULAR = 0, WK_MODE_PREFILL, WK_MODE_DECODE } wk_mode_t;
@@ -37,7 +38,12 @@ typedef struct wk_config_s {
     /* TLS (issue 11): HTTPS on the HTTP port when set; main.c owns it (and reloads it on
      * SIGHUP), the worker only uses it. */
     struct baton_tls_s *tls;
+    /* prefix cache (prefix_cache.h), every mode: capacity in tokens, 0 = off */
+    uint64_t cache_tokens;
 } wk_config_t;
+
+/* Default prefix cache capacity: 1 Mi tokens hold a few thousand chat sessions (~8 MiB). */
+#define WK_DEFAULT_CACHE_TOKENS (1u << 20)
 
 void wk_config_default(wk_config_t *cfg);
 const char *wk_mode_name(wk_mode_t m);
@@ -72,6 +78,10 @@ typedef struct wk_worker_s {
     baton_metric_child_t *m_ttft;
     baton_metric_child_t *m_prompt_tokens, *m_gen_tokens;
     baton_metric_child_t *m_queue, *m_running, *m_inflight, *m_boot_waiting;
+    /* prefix cache (job_cache.c); pcache NULL when --cache-tokens 0 */
+    wk_pcache_t *pcache;
+    baton_metric_child_t *m_cache_hit, *m_cache_miss, *m_cache_evict, *m_cache_size;
+    uint64_t cache_evictions_seen;
 } wk_worker_t;
 
 /* ---- http_api.c ---- */

@@ -51,7 +51,7 @@ static void test_json_string_round_trip(void **state)
 static json_t *render(bb_endpoint_t ep, int stream, const char *model, const bb_turn_t *t, size_t n,
                       uint32_t max_tokens)
 {
-    bb_body_opts_t o = {ep, stream, model, 0};
+    bb_body_opts_t o = {ep, stream, model, 0, NULL};
     baton_buf_t b = BATON_BUF_INIT;
     assert_int_equal(bb_render_body(&b, &o, t, n, max_tokens), 0);
     json_error_t e;
@@ -60,6 +60,25 @@ static json_t *render(bb_endpoint_t ep, int stream, const char *model, const bb_
         fail_msg("body is not JSON: %s: %s", e.text, b.data);
     baton_buf_free(&b);
     return v;
+}
+
+/* A session's key goes out as the OpenAI "user" field (consistent_hash keys on it). */
+static void test_user_field(void **state)
+{
+    (void)state;
+    bb_turn_t one = {"hi", 2, NULL, 0};
+    bb_body_opts_t o = {BB_EP_COMPLETIONS, 0, NULL, 0, "bench-s7"};
+    baton_buf_t b = BATON_BUF_INIT;
+    assert_int_equal(bb_render_body(&b, &o, &one, 1, 4), 0);
+    json_t *v = json_loadb(b.data, b.len, 0, NULL);
+    assert_non_null(v);
+    assert_string_equal(json_string_value(json_object_get(v, "user")), "bench-s7");
+    assert_string_equal(json_string_value(json_object_get(v, "prompt")), "hi");
+    json_decref(v);
+    baton_buf_free(&b);
+    v = render(BB_EP_COMPLETIONS, 0, NULL, &one, 1, 4);
+    assert_null(json_object_get(v, "user"));
+    json_decref(v);
 }
 
 static void test_bodies(void **state)
@@ -167,6 +186,7 @@ int main(void)
         cmocka_unit_test(test_random_prompt_word_count),
         cmocka_unit_test(test_json_string_round_trip),
         cmocka_unit_test(test_bodies),
+        cmocka_unit_test(test_user_field),
         cmocka_unit_test(test_multi_turn_bodies),
         cmocka_unit_test(test_sharegpt),
     };

@@ -64,7 +64,14 @@ static void test_names(void **state)
     assert_int_equal(k, BATON_POLICY_RANDOM);
     assert_int_equal(baton_policy_parse("power_of_two", &k), 0);
     assert_int_equal(k, BATON_POLICY_POWER_OF_TWO);
-    assert_int_equal(baton_policy_parse("cache_aware", &k), BATON_EINVAL);
+    /* issue 13 added these three */
+    assert_int_equal(baton_policy_parse("least_load", &k), 0);
+    assert_int_equal(k, BATON_POLICY_LEAST_LOAD);
+    assert_int_equal(baton_policy_parse("consistent_hash", &k), 0);
+    assert_int_equal(k, BATON_POLICY_CONSISTENT_HASH);
+    assert_int_equal(baton_policy_parse("cache_aware", &k), 0);
+    assert_int_equal(k, BATON_POLICY_CACHE_AWARE);
+    assert_int_equal(baton_policy_parse("cache-aware", &k), BATON_EINVAL);
     assert_int_equal(baton_policy_parse("", &k), BATON_EINVAL);
     assert_string_equal(baton_policy_name(BATON_POLICY_POWER_OF_TWO), "power_of_two");
     baton_policy_t *p;

@@ -1,0 +1,175 @@
+"""test_cache_routing.py — issue 13 end to end: real baton-workers with their prefix caches
+behind a router with cache_aware / consistent_hash / least_load, in regular and PD mode.
+Scripted sessions assert where each turn went through what the workers report: a follow-up
+turn on the worker that served the earlier one reports exactly the earlier prompt's whole pages
+as cached_tokens (workers' caches are separate, so any other worker reports 0)."""
+
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import Cluster, TestRunner, get, post, url  # noqa: E402
+
+PAGE = 4
+FAST = ("--prefill-us-per-token", "1", "--decode-us-per-token", "100", "--page-tokens", str(PAGE))
+
+
+def session_text(s, words):
+    """A prompt of `words` words unique to session s."""
+    return " ".join(f"s{s}w{i}" for i in range(words))
+
+
+def complete(port, text, headers=None, user=None, stream=False):
+    body = {"model": "m", "prompt": text, "max_tokens": 2}
+    if user:
+        body["user"] = user
+    r = post(port, "/v1/completions", body, headers=headers or {})
+    assert r.status == 200, r.text
+    return r.json()["usage"]
+
+
+def metric(port, name):
+    text = get(port, "/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(r"^" + re.escape(name) + r"(\{[^}]*\})?\s+(\S+)$", line)
+        if m:
+            total += float(m.group(2))
+    return total
+
+
+def router_metric(port, name, labels):
+    for line in get(port, "/metrics").text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name}{labels} not found")
+
+
+def two_turns(port, s, n1=30, **kw):
+    """Turn 1 (n1 words), then turn 2 = turn 1 + 10 words; returns both usages."""
+    t1 = session_text(s, n1)
+    u1 = complete(port, t1, **kw)
+    u2 = complete(port, t1 + " " + session_text(s + 1000, 10), **kw)
+    return u1, u2
+
+
+def test_regular_cache_aware():
+    with Cluster("cache-regular") as c:
+        ws = [c.worker("regular", *FAST) for _ in range(3)]
+        r = c.router(*sum((["--worker", url(w.port)] for w in ws), []), "--policy", "cache_aware",
+                     "--cache-block-words", str(PAGE))
+        rp = r.port
+        for s in range(6):
+            u1, u2 = two_turns(rp, s)
+            assert u1["prompt_tokens_details"]["cached_tokens"] == 0, u1
+            # the follow-up found turn 1's 30 words: 7 whole pages of 4 on the same worker
+            assert u2["prompt_tokens"] == 40
+            assert u2["prompt_tokens_details"]["cached_tokens"] == 28, (s, u2)
+        # worker-side counters agree: 6 × 28 hit tokens in all
+        assert sum(metric(w.port, "baton_worker_cache_hit_tokens_total") for w in ws) == 6 * 28
+        # the first turns were spread by load (no tree matched), the second by cache
+        assert router_metric(rp, "baton_routing_choices_total",
+                             {"role": "regular", "by": "cache"}) == 6
+        assert router_metric(rp, "baton_routing_choices_total",
+                             {"role": "regular", "by": "load"}) == 6
+        assert router_metric(rp, "baton_routing_predicted_hit_tokens_total",
+                             {"role": "regular"}) == 6 * 28
+        # /workers shows the trees
+        lst = get(rp, "/workers").json()["workers"]
+        assert all("cache" in w for w in lst), lst
+        assert sum(w["cache"]["tree_blocks"] for w in lst) > 0
+        assert any(w["cache"]["hit_ratio"] > 0 for w in lst)
+
+        # X-Baton-Target-Worker pins a request to a worker, whatever its tree says
+        target = lst[0]
+        port_of = {url(w.port): w for w in ws}
+        tw = port_of[target["url"]]
+        before = metric(tw.port, "baton_worker_prompt_tokens_total")
+        for s in range(3):
+            complete(rp, session_text(100 + s, 12), headers={"X-Baton-Target-Worker": target["id"]})
+        assert metric(tw.port, "baton_worker_prompt_tokens_total") == before + 36
+        assert router_metric(rp, "baton_routing_choices_total",
+                             {"role": "regular", "by": "pin"}) == 3
+
+
+def test_regular_consistent_hash_and_least_load():
+    with Cluster("cache-hash") as c:
+        ws = [c.worker("regular", *FAST) for _ in range(3)]
+        args = sum((["--worker", url(w.port)] for w in ws), [])
+        r = c.router(*args, "--policy", "consistent_hash")
+        rp = r.port
+        # the session key from the `user` field, then from the header: each session's turns
+        # meet their cache
+        for s in range(5):
+            _, u2 = two_turns(rp, 200 + s, user=f"user-{s}")
+            assert u2["prompt_tokens_details"]["cached_tokens"] == 28, (s, u2)
+        for s in range(5):
+            _, u2 = two_turns(rp, 300 + s, headers={"X-Session-ID": f"sess-{s}"})
+            assert u2["prompt_tokens_details"]["cached_tokens"] == 28, (s, u2)
+        assert router_metric(rp, "baton_routing_choices_total",
+                             {"role": "regular", "by": "session"}) == 20
+        # a second router replica maps the same sessions to the same workers (stateless ring):
+        # turn 3 through it still hits the cache of turns 1-2
+        r2 = c.router(*args, "--policy", "consistent_hash", name="router2")
+        for s in range(5):
+            t = session_text(200 + s, 30) + " " + session_text(200 + s + 1000, 10) + " more"
+            u = complete(r2.port, t, user=f"user-{s}")
+            assert u["prompt_tokens_details"]["cached_tokens"] == 40, (s, u)
+
+        # least_load spreads sequential requests' first turns by the router's own counts and
+        # picks every worker (ties at random) — only load decides
+        r3 = c.router(*args, "--policy", "least_load", name="router3")
+        for s in range(12):
+            complete(r3.port, session_text(400 + s, 8))
+        assert router_metric(r3.port, "baton_routing_choices_total",
+                             {"role": "regular", "by": "load"}) == 12
+
+
+def test_pd_cache_aware():
+    with Cluster("cache-pd") as c:
+        ps = [c.worker("prefill", *FAST) for _ in range(2)]
+        ds = [c.worker("decode", *FAST) for _ in range(2)]
+        args = []
+        for p in ps:
+            args += ["--prefill", url(p.port), str(p.wait_port("bootstrap"))]
+        for d in ds:
+            args += ["--decode", url(d.port)]
+        r = c.router(*args, "--prefill-policy", "cache_aware", "--decode-policy", "cache_aware",
+                     "--cache-block-words", str(PAGE))
+        rp = r.port
+        for s in range(4):
+            u1, u2 = two_turns(rp, 500 + s)
+            # the answer is the decode's: it kept turn 1's KV after it finished
+            assert u1["prompt_tokens_details"]["cached_tokens"] == 0, u1
+            assert u2["prompt_tokens_details"]["cached_tokens"] == 28, (s, u2)
+        # the prefill side computed only what it had not cached: 4 × 28 hit tokens
+        assert sum(metric(p.port, "baton_worker_cache_hit_tokens_total") for p in ps) == 4 * 28
+        assert sum(metric(p.port, "baton_worker_cache_miss_tokens_total") for p in ps) == \
+            4 * (30 + 40 - 28)
+        for role in ("prefill", "decode"):
+            assert router_metric(rp, "baton_routing_choices_total",
+                                 {"role": role, "by": "cache"}) == 4
+
+
+def test_cache_off():
+    with Cluster("cache-off") as c:
+        w = c.worker("regular", *FAST, "--cache-tokens", "0")
+        r = c.router("--worker", url(w.port), "--policy", "cache_aware")
+        _, u2 = two_turns(r.port, 900)
+        assert u2["prompt_tokens_details"]["cached_tokens"] == 0
+        assert metric(w.port, "baton_worker_cache_hit_tokens_total") == 0
+
+
+def main():
+    t = TestRunner()
+    t.run(test_regular_cache_aware)
+    t.run(test_regular_consistent_hash_and_least_load)
+    t.run(test_pd_cache_aware)
+    t.run(test_cache_off)
+    t.finish()
+
+
+if __name__ == "__main__":
+    main()
