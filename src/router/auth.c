@@ -289,6 +289,21 @@ static int token_match(const char *secret, const char *t)
     return t && baton_auth_ct_equal(t, strlen(t), secret, strlen(secret));
 }
 
+baton_auth_result_t baton_auth_check_admin(baton_auth_t *a, const baton_http_req_t *req,
+                                           const char *token)
+{
+    if (a == NULL)
+        return BATON_AUTH_OK;
+    baton_auth_result_t res = BATON_AUTH_OK;
+    pthread_rwlock_rdlock(&a->lock);
+    if (a->admin_token)
+        res = token_match(a->admin_token, token) ? BATON_AUTH_OK : BATON_AUTH_BAD_TOKEN;
+    else if (!baton_auth_peer_is_loopback(req->peer))
+        res = BATON_AUTH_NOT_LOOPBACK;
+    pthread_rwlock_unlock(&a->lock);
+    return res;
+}
+
 baton_auth_result_t baton_auth_check(baton_auth_t *a, const baton_http_req_t *req,
                                      baton_route_class_t cls)
 {
@@ -298,14 +313,11 @@ baton_auth_result_t baton_auth_check(baton_auth_t *a, const baton_http_req_t *re
     if (cls == BATON_ROUTE_METRICS)
         return !a->metrics_token || token_match(a->metrics_token, t) ? BATON_AUTH_OK
                                                                      : BATON_AUTH_BAD_TOKEN;
+    if (cls == BATON_ROUTE_ADMIN)
+        return baton_auth_check_admin(a, req, t);
     baton_auth_result_t res = BATON_AUTH_OK;
     pthread_rwlock_rdlock(&a->lock);
-    if (cls == BATON_ROUTE_ADMIN) {
-        if (a->admin_token)
-            res = token_match(a->admin_token, t) ? BATON_AUTH_OK : BATON_AUTH_BAD_TOKEN;
-        else if (!baton_auth_peer_is_loopback(req->peer))
-            res = BATON_AUTH_NOT_LOOPBACK;
-    } else if (a->flag_keys.n + a->file_keys.n > 0) {
+    if (a->flag_keys.n + a->file_keys.n > 0) {
         size_t tlen = t ? strlen(t) : 0;
         int ok = t && (keyset_match(&a->flag_keys, t, tlen) | keyset_match(&a->file_keys, t, tlen));
         res = ok ? BATON_AUTH_OK : BATON_AUTH_NO_KEY;

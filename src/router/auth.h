@@ -55,6 +55,11 @@ int baton_auth_has_admin_token(baton_auth_t *auth);
 baton_auth_result_t baton_auth_check(baton_auth_t *auth, const baton_http_req_t *req,
                                      baton_route_class_t cls);
 
+/* The admin rule with a token the caller found elsewhere than the Bearer header (an inference
+ * request's Bearer is its API key): the admin token when one is configured, else loopback. */
+baton_auth_result_t baton_auth_check_admin(baton_auth_t *auth, const baton_http_req_t *req,
+                                           const char *token);
+
 /*
  * Takes one token from the caller's bucket (per API key; per client address when no keys are
  * configured): 1 allowed, 0 over the limit with *retry_after_s_p (>= 1) set. Always 1 without

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "baton/error.h"
+#include "common/log.h"
+#include "router/auth.h"
 
 /* Appends s to the growing text (a '\n' between pieces). 0 or BATON_ENOMEM. */
 static int add(baton_buf_t *b, const char *s, size_t len)
@@ -79,13 +81,15 @@ static int prompt_text(const baton_pdreq_t *pd, baton_buf_t *b)
 
 int baton__pin_allowed(const baton_router_t *r, const baton_http_req_t *req)
 {
-    /* The one place that decides who may pin. Admin auth is being added separately: when it
-     * lands, return whether `req` carries the admin credentials (and 1 when none are
-     * configured, as now). Until then every client may pin, which is why the header is
-     * documented as a debugging aid. */
-    (void)r;
-    (void)req;
-    return 1;
+    /* The one place that decides who may pin: an admin, by the admin routes' rule (the admin
+     * token, carried in X-Baton-Admin-Token since the Bearer header holds the API key; without
+     * an admin token, loopback clients only). Anyone else's pin is ignored, with a log line. */
+    const baton_http_header_t *t = baton_http_req_header(req, "X-Baton-Admin-Token");
+    if (baton_auth_check_admin(r->auth, req, t ? t->value : NULL) == BATON_AUTH_OK)
+        return 1;
+    log_warn_limited("router", "pin_refused", "pin_refused peer=%s reason=\"not an admin\"",
+                     req->peer);
+    return 0;
 }
 
 int baton__route_ctx_build(baton__preq_t *pr)

@@ -162,12 +162,42 @@ def test_cache_off():
         assert metric(w.port, "baton_worker_cache_hit_tokens_total") == 0
 
 
+def test_pin_needs_admin_token():
+    """With an admin token configured, X-Baton-Target-Worker is an admin's tool: a pin without
+    X-Baton-Admin-Token (or with a wrong one) is ignored and the policy decides; with the token
+    the request goes to the pinned worker."""
+    with Cluster("cache-pin-auth") as c:
+        ws = [c.worker("regular", *FAST) for _ in range(2)]
+        r = c.router("--worker", url(ws[0].port), "--worker", url(ws[1].port), "--policy",
+                     "round_robin", "--admin-token", "sekret")
+        rp = r.port
+        lst = get(rp, "/workers", headers={"Authorization": "Bearer sekret"}).json()["workers"]
+        target = next(w for w in lst if w["url"] == url(ws[0].port))
+        pin = {"X-Baton-Target-Worker": target["id"]}
+        before = [metric(w.port, "baton_worker_prompt_tokens_total") for w in ws]
+        for s in range(4):  # round robin: two to each worker, the pin ignored
+            complete(rp, session_text(500 + s, 12), headers=dict(pin))
+            complete(rp, session_text(510 + s, 12),
+                     headers=dict(pin, **{"X-Baton-Admin-Token": "wrong"}))
+        mid = [metric(w.port, "baton_worker_prompt_tokens_total") for w in ws]
+        assert mid[0] - before[0] == 4 * 12 and mid[1] - before[1] == 4 * 12, (before, mid)
+        for s in range(4):  # with the token: all four to the pinned worker
+            complete(rp, session_text(520 + s, 12),
+                     headers=dict(pin, **{"X-Baton-Admin-Token": "sekret"}))
+        after = [metric(w.port, "baton_worker_prompt_tokens_total") for w in ws]
+        assert after[0] - mid[0] == 4 * 12 and after[1] == mid[1], (mid, after)
+        assert router_metric(rp, "baton_routing_choices_total",
+                             {"role": "regular", "by": "pin"}) == 4
+        r.wait_log(r"pin_refused")
+
+
 def main():
     t = TestRunner()
     t.run(test_regular_cache_aware)
     t.run(test_regular_consistent_hash_and_least_load)
     t.run(test_pd_cache_aware)
     t.run(test_cache_off)
+    t.run(test_pin_needs_admin_token)
     t.finish()
 
 
