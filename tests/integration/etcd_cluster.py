@@ -48,11 +48,13 @@ class EtcdTls:
     """The files of a TLS etcd: its certificate and key, the CA it trusts for client
     certificates (the --trusted-ca-file), and the client certificate the tests' own calls use."""
 
-    def __init__(self, cert, ca, client):
+    def __init__(self, cert, ca, client, check_host=True):
         self.cert, self.ca, self.client = cert, ca, client  # (pem, key), ca pem, (pem, key)
+        self.check_host = check_host  # False: a test certificate naming another host on purpose
 
     def context(self):
         ctx = ssl.create_default_context(cafile=self.ca)
+        ctx.check_hostname = self.check_host
         ctx.load_cert_chain(self.client[0], self.client[1])
         return ctx
 

@@ -148,6 +148,25 @@ def test_no_client_cert_refused(s):
         r = c.router("--registry", s.etcd.url(prefix), *ROUTER_ARGS, "--worker", url(mine.port),
                      *s.router_tls(cert=None), name="router-nocert")
         assert_refused(c, s, r, mine, prefix)
+        # etcd ended the handshake with an alert (it requires a client certificate); the
+        # router verified etcd's certificate fine.
+        r.wait_log(r"reason=handshake_failed .*alert", timeout=5)
+        assert "cert_untrusted" not in r.tail(200) and "cert_wrong_host" not in r.tail(200)
+
+
+def test_wrong_host_refused(s):
+    """etcd's certificate is from the right CA but names another host: the endpoint's IP is
+    checked as for https:// workers, so the router refuses it."""
+    cert = s.pki.cert("etcd-elsewhere", cn="etcd.example", san="DNS:etcd.example",
+                      usage="serverAuth,clientAuth")
+    tls = EtcdTls(cert, s.pki.ca[0], s.etcd.tls.client, check_host=False)
+    with EtcdCluster(size=1, name="etcd-tls-host", tls=tls) as other, \
+            Cluster("etcd-tls-host-r") as c:
+        mine = c.worker("regular")
+        r = c.router("--registry", other.url("/tls6"), *ROUTER_ARGS, "--worker", url(mine.port),
+                     *s.router_tls(), name="router-wrong-host")
+        assert_refused(c, s, r, mine, "/tls6")
+        r.wait_log(r"reason=cert_wrong_host", timeout=5)
 
 
 def test_sighup_reloads_registry_ca(s):
@@ -215,6 +234,7 @@ def main():
             t.run(test_worker_registers_itself_over_tls, setup)
             t.run(test_wrong_ca_refused, setup)
             t.run(test_no_client_cert_refused, setup)
+            t.run(test_wrong_host_refused, setup)
             t.run(test_sighup_reloads_registry_ca, setup)
             t.run(test_config_errors, setup)
     t.finish()
