@@ -9,6 +9,7 @@ Debian's etcd-server is not installed (scripts/install-deps.sh --test).
 """
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from tls_pki import Pki  # noqa: E402
 
 
 class Setup:
-    """One Pki and one TLS etcd member for every test (each test uses its own key prefix)."""
+    """One Pki and one 3-member TLS etcd for every test (each test uses its own key prefix)."""
 
     def __init__(self, pki, etcd, router_cert, worker_cert):
         self.pki, self.etcd = pki, etcd
@@ -43,6 +44,12 @@ class Setup:
 def connected(r):
     return readiness_registry(r).get("connected") is True or \
         "baton_registry_etcd_up 1" in get(r.port, "/metrics").text
+
+
+def via(r):
+    """The member a connected router watches through (its /readiness detail), or None."""
+    m = re.search(r" via (\S+)$", readiness_registry(r).get("detail", ""))
+    return m.group(1) if m else None
 
 
 def tls_router(c, s, prefix, name, *extra):
@@ -191,6 +198,29 @@ def test_sighup_reloads_registry_ca(s):
         os.unlink(ca)
 
 
+def test_member_failover_over_tls(s):
+    """The member the routers use first dies: calls and watches move to another member, over
+    TLS as well (run last: the member stays down)."""
+    prefix = "/tls7"
+    first = s.etcd.members[0]
+    with Cluster("etcd-tls7") as c:
+        w, w2 = c.worker("regular"), c.worker("regular")
+        a = tls_router(c, s, prefix, "router-a")
+        b = tls_router(c, s, prefix, "router-b")
+        assert post(a.port, "/workers", {"url": url(w.port)}).status == 202
+        converge([b], lambda u: url(w.port) in u, "B sees A's registration")
+        assert via(b) == first.endpoint, readiness_registry(b)  # ready now: the detail shows
+        s.etcd.kill(first)
+        s.etcd.wait_leader()
+        assert post(a.port, "/workers", {"url": url(w2.port)}).status == 202
+        converge([b], lambda u: url(w2.port) in u, "B sees A's registration after a member died",
+                 timeout=30)
+        for r in (a, b):
+            wait_until(lambda: connected(r) and via(r) not in (None, first.endpoint),
+                       timeout=30, what=f"{r.name} watching through another member")
+        assert chat_ok(b)
+
+
 def test_config_errors(s):
     """TLS options with a plaintext etcd:// registry, or half a client certificate, refuse to
     start (exit 2) rather than sending the registry in clear."""
@@ -228,7 +258,7 @@ def main():
         tls = EtcdTls(server, pki.ca[0], pki.cert("test-client", cn="test", client=True))
         setup = Setup(pki, None, pki.cert("router", cn="router", client=True),
                       pki.cert("worker", cn="worker", client=True))
-        with EtcdCluster(size=1, name="etcd-tls", tls=tls) as etcd:
+        with EtcdCluster(size=3, name="etcd-tls", tls=tls) as etcd:
             setup.etcd = etcd
             t.run(test_two_routers_register_remove_over_tls, setup)
             t.run(test_worker_registers_itself_over_tls, setup)
@@ -237,6 +267,7 @@ def main():
             t.run(test_wrong_host_refused, setup)
             t.run(test_sighup_reloads_registry_ca, setup)
             t.run(test_config_errors, setup)
+            t.run(test_member_failover_over_tls, setup)
     t.finish()
 
 
