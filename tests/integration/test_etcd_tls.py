@@ -8,6 +8,7 @@ from etcd, say etcd is unreachable in /readiness, and log the TLS failure. Skips
 Debian's etcd-server is not installed (scripts/install-deps.sh --test).
 """
 
+import json
 import os
 import re
 import shutil
@@ -64,8 +65,16 @@ def test_two_routers_register_remove_over_tls(s):
     with Cluster("etcd-tls1") as c:
         w = c.worker("regular")
         a = tls_router(c, s, prefix, "router-a")
-        b = tls_router(c, s, prefix, "router-b")
-        a.wait_log(r"registry_tls ca=.* client_cert=yes")
+        # B takes the same settings from its JSON file ("registry": {"ca", "cert", "key"}).
+        conf = os.path.join(c.logdir, "b.json")
+        with open(conf, "w") as f:
+            json.dump({"registry": {"url": s.etcd.url(prefix), "ca": s.pki.ca[0],
+                                    "cert": s.router_cert[0], "key": s.router_cert[1]}}, f)
+        b = c.router("--config", conf, *ROUTER_ARGS, name="router-b")
+        wait_until(lambda: connected(b), timeout=20, what="router-b connected to etcd over TLS")
+        os.unlink(conf)
+        for r in (a, b):
+            r.wait_log(r"registry_tls ca=.* client_cert=yes")
         res = post(a.port, "/workers", {"url": url(w.port), "worker_type": "regular"})
         assert res.status == 202, res.text
         wid = res.json()["id"]
