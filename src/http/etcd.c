@@ -56,11 +56,16 @@ static void start(call_t *c);
 int baton_etcd_url_parse(const char *url, baton_etcd_url_t *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof(*out));
-    if (strncmp(url, "etcd://", 7) != 0) {
-        snprintf(err, errlen, "must start with etcd:// (https is not supported yet)");
+    const char *p;
+    if (strncmp(url, "etcd://", 7) == 0)
+        p = url + 7;
+    else if (strncmp(url, "etcds://", 8) == 0) {
+        p = url + 8;
+        out->tls = 1;
+    } else {
+        snprintf(err, errlen, "must start with etcd:// or etcds:// (TLS)");
         return BATON_EINVAL;
     }
-    const char *p = url + 7;
     const char *slash = strchr(p, '/');
     if (slash == NULL || slash[1] == '\0') {
         snprintf(err, errlen, "a key prefix is required: etcd://host:port/prefix");
@@ -192,8 +197,11 @@ static void set_current(baton_etcd_t *e, size_t i)
 }
 
 int baton_etcd_create(baton_etcd_t **etcd_p, uv_loop_t *loop, const baton_etcd_url_t *url,
-                      const char *user, const char *password, uint64_t timeout_ms)
+                      const char *user, const char *password, struct baton_tls_s *tls,
+                      uint64_t timeout_ms)
 {
+    if (url->tls && tls == NULL)
+        return BATON_EINVAL;
     baton_etcd_t *e = calloc(1, sizeof(*e));
     if (e == NULL)
         return BATON_ENOMEM;
@@ -207,8 +215,11 @@ int baton_etcd_create(baton_etcd_t **etcd_p, uv_loop_t *loop, const baton_etcd_u
     if (user != NULL && ((e->user = strdup(user)) == NULL ||
                          (e->password = strdup(password ? password : "")) == NULL))
         rc = BATON_ENOMEM;
-    for (size_t i = 0; rc == 0 && i < url->n; i++)
+    for (size_t i = 0; rc == 0 && i < url->n; i++) {
         rc = baton_http_pool_create(&e->pools[i], loop, url->host[i], url->port[i], POOL_IDLE);
+        if (rc == 0 && url->tls)
+            baton_http_pool_set_tls(e->pools[i], tls);
+    }
     if (rc == 0)
         rc = uv_timer_init(loop, &e->defer);
     if (rc != 0) {

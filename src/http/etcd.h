@@ -16,14 +16,21 @@
  * request bodies with the helpers below and read the result objects themselves, so every
  * gateway quirk stays visible in one place (baton_etcd_* helpers) instead of a wrapper per RPC.
  *
- * Endpoints: "etcd://host:port[,host:port...]/prefix". A call goes to the current endpoint;
+ * Endpoints: "etcd://host:port[,host:port...]/prefix", or "etcds://..." for etcd's client port
+ * over TLS (what etcdctl calls https:// endpoints; the scheme ends in "s" as https and rediss
+ * do, so one string still names every member and the prefix). A call goes to the current endpoint;
  * when it cannot be reached, times out or answers 5xx, the next endpoint is tried (each at most
  * once per call) before the call fails. The endpoint that answered stays current.
  *
  * Authentication: with a user name, the client gets a token from /v3/auth/authenticate before
  * its first call and again when etcd says the token is invalid (tokens expire), and sends it in
- * the Authorization header. TLS (https endpoints) is not supported yet: the project's HTTP client
- * has no TLS on this branch.
+ * the Authorization header.
+ *
+ * TLS (etcds://): every connection goes through http/tls.h's client layer with the
+ * configuration the caller passes: etcd's certificate must chain to its CA and name the
+ * endpoint's host or IP; a client certificate in it answers etcd's --client-cert-auth. A
+ * handshake or verification failure is a connection error (BATON_ETLS) like a refused connect:
+ * the next endpoint is tried, and the TLS layer logs and counts the reason.
  *
  * Threading: a client belongs to one loop; every call and callback happens on its thread.
  * Callbacks never run inside the call that started the work; each call's callback runs exactly
@@ -40,9 +47,10 @@ typedef struct baton_etcd_url_s {
     char host[BATON_ETCD_MAX_ENDPOINTS][256];
     int port[BATON_ETCD_MAX_ENDPOINTS];
     char prefix[256]; /* "/baton" style: starts with '/', no trailing '/' */
+    int tls;          /* etcds:// */
 } baton_etcd_url_t;
 
-/* Parses "etcd://h:p[,h:p...]/prefix" (the prefix is required, ports default to 2379).
+/* Parses "etcd[s]://h:p[,h:p...]/prefix" (the prefix is required, ports default to 2379).
  * 0, or BATON_EINVAL with the reason in err. */
 int baton_etcd_url_parse(const char *url, baton_etcd_url_t *out, char *err, size_t errlen);
 
@@ -53,9 +61,16 @@ int baton_etcd_url_parse(const char *url, baton_etcd_url_t *out, char *err, size
  */
 typedef void (*baton_etcd_cb)(void *data, int err, json_t *result);
 
-/* user/password may be NULL (no authentication). Strings are copied. */
+/*
+ * user/password may be NULL (no authentication). Strings are copied. tls: a client
+ * configuration (http/tls.h), required for an etcds:// URL and ignored for etcd://; not owned,
+ * it must outlive the client (a reload of it applies to the next connections). BATON_EINVAL
+ * for etcds:// without one.
+ */
+struct baton_tls_s;
 int baton_etcd_create(baton_etcd_t **etcd_p, uv_loop_t *loop, const baton_etcd_url_t *url,
-                      const char *user, const char *password, uint64_t timeout_ms);
+                      const char *user, const char *password, struct baton_tls_s *tls,
+                      uint64_t timeout_ms);
 
 /* Cancels every call and watch (their callbacks run with BATON_ECANCELED on later loop turns)
  * and frees the client once they have reported. */

@@ -149,7 +149,7 @@ static const opt_t options[] = {
      "request bodies + queued responses held at once, all threads (0 = 1/4 of RAM)"},
     /* Shared registry on etcd (issue 14). */
     {"--registry", "registry", "url", OPT_STR, OFF(registry_url), 0, 0, 0, "URL",
-     "share workers through etcd: etcd://host:port[,host:port...]/prefix"},
+     "share workers through etcd: etcd[s]://host:port[,host:port...]/prefix"},
     {"--registry-user", "registry", "user", OPT_STR, OFF(registry_user), 0, 0, 0, "NAME",
      "etcd user (authentication)"},
     {"--registry-password-file", "registry", "password_file", OPT_STR, OFF(registry_password_file),
@@ -188,6 +188,13 @@ static const opt_t options[] = {
      0, "N", "consistent_hash: virtual nodes per worker"},
     {"--session-key-field", "routing", "session_key_field", OPT_STR, OFF(session_key_field), 0, 0,
      0, "NAME", "JSON field used as the session key after the headers and `user`"},
+    /* TLS to etcd (issue 14): an etcds:// --registry; reloaded on SIGHUP. */
+    {"--registry-ca", "registry", "ca", OPT_STR, OFF(registry_ca), 0, 0, 0, "FILE",
+     "CA bundle etcd's certificate is verified against (etcds:// only)"},
+    {"--registry-cert", "registry", "cert", OPT_STR, OFF(registry_cert), 0, 0, 0, "FILE",
+     "client certificate presented to etcd (its --client-cert-auth)"},
+    {"--registry-key", "registry", "key", OPT_STR, OFF(registry_key), 0, 0, 0, "FILE",
+     "private key of --registry-cert"},
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -307,6 +314,10 @@ void baton_config_free(baton_config_t *cfg)
     free(cfg->upstream_ca);
     free(cfg->upstream_cert);
     free(cfg->upstream_key);
+    /* TLS to etcd (issue 14) */
+    free(cfg->registry_ca);
+    free(cfg->registry_cert);
+    free(cfg->registry_key);
     memset(cfg, 0, sizeof(*cfg));
 }
 
@@ -966,7 +977,7 @@ void baton_config_print_help(FILE *out, const char *argv0)
             snprintf(def, sizeof(def), "same as --policy");
         if (o->offset == OFF(threads))
             snprintf(def, sizeof(def), "number of cores, here %u", d.threads);
-        if (o->offset == OFF(upstream_ca))
+        if (o->offset == OFF(upstream_ca) || o->offset == OFF(registry_ca))
             snprintf(def, sizeof(def), "the system bundle");
         fprintf(out, "  %-32s %s (default: %s)\n", left, o->help, def);
     }

@@ -164,6 +164,12 @@
  *                                                               as the session key after the
  *                                                               x-session-affinity /
  *                                                               X-Session-ID headers and `user`)
+ *  -- TLS to etcd (issue 14; see docs/SECURITY.md): registry.url etcds://host:port[,...]/prefix
+ *  speaks TLS to every member (etcd's https:// client URLs); files reloaded on SIGHUP --
+ *  registry.ca                  --registry-ca FILE          system bundle (etcd's certificate is
+ *                                                               verified: chain + host name/IP)
+ *  registry.cert                --registry-cert FILE        none (client certificate presented
+ *  registry.key                 --registry-key FILE         to etcd: its --client-cert-auth)
  *                               --config FILE               none (the JSON file above)
  *                               --help                      print this and exit 0
  *
@@ -252,6 +258,10 @@ typedef struct baton_config_s {
     char *upstream_ca;
     char *upstream_cert;
     char *upstream_key;
+    /* TLS to etcd (issue 14): file paths, NULL when not given (etcds:// registries only). */
+    char *registry_ca;
+    char *registry_cert;
+    char *registry_key;
 
     /* Private to config.c: which keys were given explicitly. */
     unsigned set_flags_;

@@ -570,7 +570,7 @@ int baton_etcd_sync_create(baton_etcd_sync_t **sync_p, uv_loop_t *loop, baton_re
     baton_list_init(&s->incoming);
     baton_list_init(&s->pending);
     baton_u64map_init(&s->known);
-    if ((rc = baton_etcd_create(&s->etcd, loop, &s->url, cfg->user, cfg->password,
+    if ((rc = baton_etcd_create(&s->etcd, loop, &s->url, cfg->user, cfg->password, cfg->tls,
                                 cfg->timeout_ms)) != 0) {
         free(s);
         snprintf(err, errlen, "etcd client: %s", baton_strerror(rc));

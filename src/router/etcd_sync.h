@@ -38,13 +38,18 @@
 typedef struct baton_etcd_sync_s baton_etcd_sync_t;
 
 typedef struct baton_etcd_sync_config_s {
-    const char *url;      /* etcd://host:port[,host:port...]/prefix */
+    const char *url;      /* etcd[s]://host:port[,host:port...]/prefix */
     const char *user;     /* NULL = no authentication */
     const char *password; /* with user */
-    uint64_t timeout_ms;  /* per etcd call and connect; 0 = 2000 */
+    uint64_t timeout_ms;  /* per etcd call and connect, TLS handshake included; 0 = 2000 */
+    /* etcds:// only: the client TLS configuration (CA, client certificate), not owned; it must
+     * outlive the sync. A handshake that fails counts as etcd unreachable (logged by the TLS
+     * layer with its reason, and in /readiness as ETLS). */
+    struct baton_tls_s *tls;
 } baton_etcd_sync_config_t;
 
-/* 0, or BATON_EINVAL (bad URL, reason in err) / BATON_ENOMEM. metrics may be NULL. */
+/* 0, or BATON_EINVAL (bad URL or etcds:// without tls, reason in err) / BATON_ENOMEM. metrics
+ * may be NULL. */
 int baton_etcd_sync_create(baton_etcd_sync_t **sync_p, uv_loop_t *loop, baton_registry_t *reg,
                            baton_metrics_t *metrics, const baton_etcd_sync_config_t *cfg, char *err,
                            size_t errlen);

@@ -80,6 +80,7 @@ struct app_s {
     retired_t *retired;           /* policies replaced by reloads: freed at exit */
     baton_http_budget_t budget;   /* buffered bytes, all threads' servers */
     baton_etcd_sync_t *etcd_sync; /* --registry etcd://...: on the main loop; NULL without */
+    baton_tls_t *registry_tls;    /* --registry etcds://...: the sync's TLS; NULL without */
 };
 
 /* ---- router threads ---- */
@@ -322,9 +323,9 @@ static void retire_policy(app_t *app, baton_policy_t *p)
  * already open keep the generation they started with (see http/tls.h). */
 static void reload_tls(app_t *app)
 {
-    baton_tls_t *cfgs[2] = {app->router.server_tls, app->router.upstream_tls};
-    const char *names[2] = {"client_port", "upstream"};
-    for (int i = 0; i < 2; i++) {
+    baton_tls_t *cfgs[3] = {app->router.server_tls, app->router.upstream_tls, app->registry_tls};
+    const char *names[3] = {"client_port", "upstream", "registry"};
+    for (int i = 0; i < 3; i++) {
         char err[512] = "";
         if (cfgs[i] == NULL)
             continue;
@@ -525,6 +526,8 @@ static void destroy_shared(app_t *app)
     baton_router_t *r = &app->router;
     baton_tls_destroy(r->server_tls);
     baton_tls_destroy(r->upstream_tls);
+    baton_tls_destroy(app->registry_tls); /* the etcd sync, its user, is gone by now */
+    app->registry_tls = NULL;
     baton_whealth_destroy(r->health);
     baton_auth_free(r->auth);
     baton_admission_destroy(r->admission);
@@ -593,11 +596,43 @@ static size_t buffered_budget(const baton_config_t *cfg)
     return b < ((size_t)64 << 20) ? (size_t)64 << 20 : b;
 }
 
+/* --registry etcds://: the TLS client configuration every etcd connection uses. Options that
+ * only TLS uses are refused with a plaintext etcd:// URL rather than ignored: an operator who
+ * gave a CA expects the traffic to be encrypted. */
+static int create_registry_tls(app_t *app, char *err, size_t errlen)
+{
+    const baton_config_t *c = &app->cfg;
+    int tls = strncmp(c->registry_url, "etcds://", 8) == 0;
+    if (!tls && (c->registry_ca || c->registry_cert || c->registry_key)) {
+        snprintf(err, errlen, "--registry-ca/-cert/-key need an etcds:// (TLS) --registry");
+        return BATON_EINVAL;
+    }
+    if (!tls)
+        return 0;
+    if ((c->registry_cert == NULL) != (c->registry_key == NULL)) {
+        snprintf(err, errlen, "--registry-cert and --registry-key go together");
+        return BATON_EINVAL;
+    }
+    char why[400] = "";
+    baton_tls_opts_t o = {c->registry_cert, c->registry_key, c->registry_ca};
+    int rc = baton_tls_create(&app->registry_tls, BATON_TLS_CLIENT, &o, why, sizeof(why));
+    if (rc != 0) {
+        snprintf(err, errlen, "tls: %s", why);
+        return rc;
+    }
+    log_info("router", "registry_tls ca=%s client_cert=%s",
+             c->registry_ca ? c->registry_ca : "system", c->registry_cert ? "yes" : "no");
+    return 0;
+}
+
 /* --registry: the shared worker set (etcd), kept in sync on the main loop. */
 static int start_etcd_sync(app_t *app, char *err, size_t errlen)
 {
     char password[256] = "";
     const baton_config_t *c = &app->cfg;
+    int rc = create_registry_tls(app, err, errlen);
+    if (rc != 0)
+        return rc;
     if (c->registry_password_file != NULL) {
         FILE *f = fopen(c->registry_password_file, "r");
         if (f == NULL || fgets(password, sizeof(password), f) == NULL) {
@@ -610,9 +645,9 @@ static int start_etcd_sync(app_t *app, char *err, size_t errlen)
         password[strcspn(password, "\r\n")] = '\0';
     }
     baton_etcd_sync_config_t sc = {c->registry_url, c->registry_user, password,
-                                   c->registry_timeout_ms};
-    int rc = baton_etcd_sync_create(&app->etcd_sync, app->main_loop, app->router.registry,
-                                    app->router.metrics_reg, &sc, err, errlen);
+                                   c->registry_timeout_ms, app->registry_tls};
+    rc = baton_etcd_sync_create(&app->etcd_sync, app->main_loop, app->router.registry,
+                                app->router.metrics_reg, &sc, err, errlen);
     if (rc == 0)
         baton_etcd_sync_start(app->etcd_sync);
     return rc;

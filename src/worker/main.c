@@ -61,14 +61,19 @@ static void usage(FILE *f)
             "                               (default on)\n"
             "\n"
             "Shared registry (several routers over etcd):\n"
-            "  --register URL               etcd://host:port[,host:port...]/prefix: register this\n"
-            "                               worker there on a lease (routers watching the prefix\n"
-            "                               add it; it goes when the worker stops or dies)\n"
+            "  --register URL               etcd://host:port[,host:port...]/prefix (etcds://...\n"
+            "                               for TLS): register this worker there on a lease\n"
+            "                               (routers watching the prefix add it; it goes when\n"
+            "                               the worker stops or dies)\n"
             "  --register-ttl S             lease TTL in seconds (default 5)\n"
             "  --register-url URL           how routers reach this worker (default\n"
             "                               http://HOST:PORT)\n"
             "  --register-user NAME         etcd user (authentication)\n"
-            "  --register-password-file F   file holding that user's password\n",
+            "  --register-password-file F   file holding that user's password\n"
+            "  --register-ca FILE           etcds://: CA bundle etcd's certificate is verified\n"
+            "                               against (default: the system bundle)\n"
+            "  --register-cert FILE         etcds://: client certificate for etcd's\n"
+            "  --register-key FILE          --client-cert-auth, and its key (SIGHUP reloads)\n",
             wk_mode_name(d.mode), d.host, d.port, d.bootstrap_port, d.model_name,
             (unsigned long long)d.prefill_us_per_token, (unsigned long long)d.decode_us_per_token,
             d.max_batch, d.max_queue, (unsigned long long)d.bootstrap_timeout_ms,
@@ -122,6 +127,9 @@ enum {
     OPT_REGISTER_URL,
     OPT_REGISTER_USER,
     OPT_REGISTER_PASSWORD_FILE,
+    OPT_REGISTER_CA,
+    OPT_REGISTER_CERT,
+    OPT_REGISTER_KEY,
     OPT_TLS_CERT,
     OPT_TLS_KEY,
     OPT_TLS_CLIENT_CA,
@@ -134,6 +142,8 @@ static const char *register_url;
 static unsigned register_ttl_s = 5;
 static const char *register_user;
 static const char *register_password_file;
+static baton_tls_opts_t register_tls_opts; /* etcds:// only */
+static baton_tls_t *register_tls;
 
 static const struct option long_opts[] = {
     {"mode", required_argument, NULL, OPT_MODE},
@@ -164,6 +174,9 @@ static const struct option long_opts[] = {
     {"register-url", required_argument, NULL, OPT_REGISTER_URL},
     {"register-user", required_argument, NULL, OPT_REGISTER_USER},
     {"register-password-file", required_argument, NULL, OPT_REGISTER_PASSWORD_FILE},
+    {"register-ca", required_argument, NULL, OPT_REGISTER_CA},
+    {"register-cert", required_argument, NULL, OPT_REGISTER_CERT},
+    {"register-key", required_argument, NULL, OPT_REGISTER_KEY},
     {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
     {"tls-key", required_argument, NULL, OPT_TLS_KEY},
     {"tls-client-ca", required_argument, NULL, OPT_TLS_CLIENT_CA},
@@ -355,6 +368,15 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
         case OPT_REGISTER_PASSWORD_FILE:
             register_password_file = optarg;
             break;
+        case OPT_REGISTER_CA:
+            register_tls_opts.ca_file = optarg;
+            break;
+        case OPT_REGISTER_CERT:
+            register_tls_opts.cert_file = optarg;
+            break;
+        case OPT_REGISTER_KEY:
+            register_tls_opts.key_file = optarg;
+            break;
         case OPT_TLS_CERT:
             tls_opts.cert_file = optarg;
             break;
@@ -445,7 +467,7 @@ static int start_registration(uv_loop_t *loop, const wk_config_t *cfg)
         password[strcspn(password, "\r\n")] = '\0';
     }
     int rc = wk_register_start(&registration, loop, register_etcd, register_user, password,
-                               register_ttl_s, name, value, err, sizeof(err));
+                               register_tls, register_ttl_s, name, value, err, sizeof(err));
     free(value);
     if (rc != 0)
         log_error(COMP, "register_failed reason=\"%s\"", err[0] ? err : baton_strerror(rc));
@@ -481,20 +503,51 @@ static void on_signal(uv_signal_t *h, int signum)
     wk_worker_shutdown(&worker, on_worker_closed);
 }
 
-/* SIGHUP: certificates and keys from the same files; open connections keep theirs. */
+/* SIGHUP: certificates and keys from the same files (the HTTP port's, and etcd's for
+ * --register etcds://); open connections keep theirs. */
 static void on_sighup(uv_signal_t *h, int signum)
 {
-    char err[512] = "";
     (void)signum;
     wk_config_t *cfg = h->data;
-    if (cfg->tls == NULL) {
+    baton_tls_t *cfgs[2] = {cfg->tls, register_tls};
+    const char *names[2] = {"http", "register"};
+    if (cfg->tls == NULL && register_tls == NULL) {
         log_info(COMP, "signal signal=SIGHUP action=none (no TLS configured)");
         return;
     }
-    if (baton_tls_reload(cfg->tls, err, sizeof(err)) == 0)
-        log_info(COMP, "tls_reloaded");
-    else
-        log_error(COMP, "tls_reload_failed reason=\"%s\" (previous kept)", err);
+    for (int i = 0; i < 2; i++) {
+        char err[512] = "";
+        if (cfgs[i] == NULL)
+            continue;
+        if (baton_tls_reload(cfgs[i], err, sizeof(err)) == 0)
+            log_info(COMP, "tls_reloaded which=%s", names[i]);
+        else
+            log_error(COMP, "tls_reload_failed which=%s reason=\"%s\" (previous kept)", names[i],
+                      err);
+    }
+}
+
+/* --register etcds://: the client TLS configuration of the registration's etcd connections.
+ * The TLS options with a plaintext etcd:// URL are an error, not silently unused. */
+static int create_register_tls(void)
+{
+    const baton_tls_opts_t *o = &register_tls_opts;
+    int given = o->ca_file || o->cert_file || o->key_file;
+    int tls = register_etcd != NULL && strncmp(register_etcd, "etcds://", 8) == 0;
+    char err[512] = "";
+    if (given && !tls) {
+        fprintf(stderr, "baton-worker: --register-ca/-cert/-key need --register etcds://...\n");
+        return -1;
+    }
+    if (tls && (o->cert_file == NULL) != (o->key_file == NULL)) {
+        fprintf(stderr, "baton-worker: --register-cert and --register-key go together\n");
+        return -1;
+    }
+    if (tls && baton_tls_create(&register_tls, BATON_TLS_CLIENT, o, err, sizeof(err)) != 0) {
+        fprintf(stderr, "baton-worker: register tls: %s\n", err);
+        return -1;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -515,6 +568,10 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (create_register_tls() != 0) {
+        baton_tls_destroy(cfg.tls);
+        return 2;
+    }
     uv_loop_t *loop = uv_default_loop();
     uv_signal_init(loop, &sig_term);
     uv_signal_init(loop, &sig_int);
@@ -534,5 +591,6 @@ int main(int argc, char **argv)
     uv_run(loop, UV_RUN_DEFAULT);
     uv_loop_close(loop);
     baton_tls_destroy(cfg.tls);
+    baton_tls_destroy(register_tls); /* the registration, its user, ended with the loop */
     return 0;
 }

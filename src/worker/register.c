@@ -166,13 +166,18 @@ static void tick(uv_timer_t *t)
 }
 
 int wk_register_start(wk_register_t **reg_p, uv_loop_t *loop, const char *etcd_url,
-                      const char *user, const char *password, unsigned ttl_s, const char *key_name,
-                      const char *value_json, char *err, size_t errlen)
+                      const char *user, const char *password, struct baton_tls_s *tls,
+                      unsigned ttl_s, const char *key_name, const char *value_json, char *err,
+                      size_t errlen)
 {
     baton_etcd_url_t url;
     int rc = baton_etcd_url_parse(etcd_url, &url, err, errlen);
     if (rc != 0)
         return rc;
+    if (url.tls && tls == NULL) {
+        snprintf(err, errlen, "etcds:// needs a TLS configuration");
+        return BATON_EINVAL;
+    }
     wk_register_t *r = calloc(1, sizeof(*r));
     if (r == NULL || (r->value = strdup(value_json)) == NULL) {
         free(r);
@@ -182,7 +187,7 @@ int wk_register_start(wk_register_t **reg_p, uv_loop_t *loop, const char *etcd_u
     snprintf(r->key, sizeof(r->key), "%s/workers/%s", url.prefix, key_name);
     /* Calls give up well inside one renewal period, so a slow member cannot eat the lease. */
     uint64_t timeout = renew_ms(r) / 2 > 200 ? renew_ms(r) / 2 : 200;
-    if ((rc = baton_etcd_create(&r->etcd, loop, &url, user, password, timeout)) != 0) {
+    if ((rc = baton_etcd_create(&r->etcd, loop, &url, user, password, tls, timeout)) != 0) {
         free(r->value);
         free(r);
         return rc;

@@ -14,14 +14,20 @@
  * and every router drops the worker.
  *
  * user/password: etcd authentication (NULL: none).
+ * tls: for an etcds:// URL, the client TLS configuration (http/tls.h: etcd's CA, the worker's
+ * client certificate); not owned, it must outlive the registration (main() destroys it after
+ * the loop has ended). Ignored for etcd://.
  * Threading: one loop; everything runs on it. Strings are copied.
  */
 typedef struct wk_register_s wk_register_t;
 
-/* 0, or BATON_EINVAL (bad URL: reason in err) / BATON_ENOMEM. The first grant starts at once. */
+/* 0, or BATON_EINVAL (bad URL, or etcds:// without tls: reason in err) / BATON_ENOMEM. The
+ * first grant starts at once. */
+struct baton_tls_s;
 int wk_register_start(wk_register_t **reg_p, uv_loop_t *loop, const char *etcd_url,
-                      const char *user, const char *password, unsigned ttl_s, const char *key_name,
-                      const char *value_json, char *err, size_t errlen);
+                      const char *user, const char *password, struct baton_tls_s *tls,
+                      unsigned ttl_s, const char *key_name, const char *value_json, char *err,
+                      size_t errlen);
 
 /* Revokes the lease (the routers drop the worker now rather than after the TTL), then frees
  * everything; done (may be NULL) runs once that is over, on a later loop turn. */

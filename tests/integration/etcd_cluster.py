@@ -1,6 +1,9 @@
 """etcd_cluster.py — a real etcd cluster (Debian's etcd-server) on loopback for the shared-registry
 tests and the convergence benchmark: N members, temp data dirs, leader lookup, kill/restart.
 
+With tls (an EtcdTls), the members serve their client port over TLS only (etcd's --cert-file,
+--key-file, --trusted-ca-file, --client-cert-auth); peers still talk plain HTTP on loopback.
+
 Standard library only. etcd needs its peer URLs before it starts, so ports are taken by binding
 port 0 and closing the socket just before the start (a small race on a busy host; the start is
 retried with new ports once).
@@ -12,6 +15,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -40,6 +44,21 @@ def b64(s):
     return base64.b64encode(s.encode()).decode()
 
 
+class EtcdTls:
+    """The files of a TLS etcd: its certificate and key, the CA it trusts for client
+    certificates (the --trusted-ca-file), and the client certificate the tests' own calls use."""
+
+    def __init__(self, cert, ca, client, check_host=True):
+        self.cert, self.ca, self.client = cert, ca, client  # (pem, key), ca pem, (pem, key)
+        self.check_host = check_host  # False: a test certificate naming another host on purpose
+
+    def context(self):
+        ctx = ssl.create_default_context(cafile=self.ca)
+        ctx.check_hostname = self.check_host
+        ctx.load_cert_chain(self.client[0], self.client[1])
+        return ctx
+
+
 class Member:
     def __init__(self, name, client, peer, data_dir, log_path):
         self.name, self.client, self.peer = name, client, peer
@@ -57,8 +76,10 @@ class Member:
 class EtcdCluster:
     """Context manager: starts `size` members and waits for a leader; kills them on exit."""
 
-    def __init__(self, size=3, name="etcd"):
+    def __init__(self, size=3, name="etcd", tls=None):
         self.size = size
+        self.tls = tls
+        self.scheme = "https" if tls else "http"
         self.dir = tempfile.mkdtemp(prefix=f"baton-{name}-")
         self.members = []
 
@@ -91,14 +112,17 @@ class EtcdCluster:
     def start(self, m):
         # Election timing a little above etcd's defaults: the test host is shared and loaded.
         argv = [etcd_binary(), "--name", m.name, "--data-dir", m.data_dir,
-                "--listen-client-urls", f"http://{HOST}:{m.client}",
-                "--advertise-client-urls", f"http://{HOST}:{m.client}",
+                "--listen-client-urls", f"{self.scheme}://{HOST}:{m.client}",
+                "--advertise-client-urls", f"{self.scheme}://{HOST}:{m.client}",
                 "--listen-peer-urls", f"http://{HOST}:{m.peer}",
                 "--initial-advertise-peer-urls", f"http://{HOST}:{m.peer}",
                 "--initial-cluster", m.initial, "--initial-cluster-state", "new",
                 "--initial-cluster-token", os.path.basename(self.dir),
                 "--heartbeat-interval", "100", "--election-timeout", "1000",
                 "--log-level", "warn"]
+        if self.tls:
+            argv += ["--cert-file", self.tls.cert[0], "--key-file", self.tls.cert[1],
+                     "--trusted-ca-file", self.tls.ca, "--client-cert-auth"]
         log = open(m.log_path, "a")
         m.p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                start_new_session=True)
@@ -114,9 +138,10 @@ class EtcdCluster:
                 m.p.wait(timeout=10)
 
     def url(self, prefix="/baton", first=None):
-        """etcd://... with every member; `first` (a Member) listed first, so clients use it."""
+        """etcd[s]://... with every member; `first` (a Member) listed first, so clients use it."""
         order = ([first] if first else []) + [m for m in self.members if m is not first]
-        return "etcd://" + ",".join(m.endpoint for m in order) + prefix
+        scheme = "etcds://" if self.tls else "etcd://"
+        return scheme + ",".join(m.endpoint for m in order) + prefix
 
     def call(self, api, body, member=None, timeout=3.0, headers=None):
         """One JSON-gateway call to a live member (the first that answers)."""
@@ -124,12 +149,13 @@ class EtcdCluster:
         for m in ([member] if member else self.members):
             if not m.alive():
                 continue
-            req = urllib.request.Request(f"http://{m.endpoint}{api}",
+            req = urllib.request.Request(f"{self.scheme}://{m.endpoint}{api}",
                                          data=json.dumps(body).encode(),
                                          headers=dict({"Content-Type": "application/json"},
                                                       **(headers or {})))
             try:
-                with urllib.request.urlopen(req, timeout=timeout) as r:
+                ctx = self.tls.context() if self.tls else None
+                with urllib.request.urlopen(req, timeout=timeout, context=ctx) as r:
                     return json.loads(r.read().decode())
             except OSError as e:
                 last = e

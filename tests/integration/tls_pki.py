@@ -55,13 +55,16 @@ class Pki:
         return (pem, key)
 
     def cert(self, name, cn="localhost", san="DNS:localhost,IP:127.0.0.1", days=2, ca=None,
-             client=False):
+             client=False, usage=None):
         """A leaf signed by `ca` (default: the test CA); ca="self" makes it self-signed.
-        days=-1 makes one that expired yesterday. Returns (cert_path, key_path)."""
+        days=-1 makes one that expired yesterday. usage: the extended key usage, when neither
+        "serverAuth" nor "clientAuth" alone (client=True) fits, e.g. "serverAuth,clientAuth" for
+        etcd, whose JSON gateway dials its own gRPC port with the server certificate.
+        Returns (cert_path, key_path)."""
         key = self._key(name)
         pem = self.path(f"{name}.pem")
         ext = self.path(f"{name}.ext")
-        usage = "clientAuth" if client else "serverAuth"
+        usage = usage or ("clientAuth" if client else "serverAuth")
         with open(ext, "w") as f:
             if san:
                 f.write(f"subjectAltName={san}\n")

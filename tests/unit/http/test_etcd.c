@@ -27,13 +27,35 @@ static void url_parse(void **state)
     assert_string_equal(u.host[2], "h3");
     assert_int_equal(u.port[2], 12379);
     assert_string_equal(u.prefix, "/baton"); /* trailing '/' dropped */
-    const char *bad[] = {"http://h:1/p", "etcd://h:1",  "etcd://h:1/",  "etcd://h:0/p",
-                         "etcd://h:x/p", "etcd://:1/p", "etcd://h:1,/p"};
+    assert_int_equal(u.tls, 0);
+    const char *bad[] = {"http://h:1/p", "etcd://h:1",   "etcd://h:1/",   "etcd://h:0/p",
+                         "etcd://h:x/p", "etcd://:1/p",  "etcd://h:1,/p", "https://h:1/p",
+                         "etcds://h:1",  "etcds://h:1/", "etcds:/h:1/p"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         err[0] = '\0';
         assert_int_equal(baton_etcd_url_parse(bad[i], &u, err, sizeof(err)), BATON_EINVAL);
         assert_true(err[0] != '\0');
     }
+}
+
+/* etcds://: the same endpoint list over TLS; a client for it needs a TLS configuration. */
+static void url_parse_tls(void **state)
+{
+    (void)state;
+    baton_etcd_url_t u;
+    char err[128];
+    assert_int_equal(
+        baton_etcd_url_parse("etcds://127.0.0.1:2379,etcd-1/reg", &u, err, sizeof(err)), 0);
+    assert_int_equal(u.tls, 1);
+    assert_int_equal(u.n, 2);
+    assert_string_equal(u.host[0], "127.0.0.1");
+    assert_string_equal(u.host[1], "etcd-1");
+    assert_int_equal(u.port[1], 2379);
+    assert_string_equal(u.prefix, "/reg");
+    baton_etcd_t *e = NULL;
+    assert_int_equal(baton_etcd_create(&e, uv_default_loop(), &u, NULL, NULL, NULL, 1000),
+                     BATON_EINVAL);
+    assert_null(e);
 }
 
 static void base64_round_trip(void **state)
@@ -72,6 +94,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(url_parse),
+        cmocka_unit_test(url_parse_tls),
         cmocka_unit_test(base64_round_trip),
         cmocka_unit_test(prefix_end_and_ints),
     };
