@@ -102,6 +102,13 @@
  *  worker_drain_timeout_ms      --worker-drain-timeout-ms N 30000 (a removed worker's in-flight
  *                                                               requests may finish this long,
  *                                                               then are cancelled)
+ *  -- PD protocols (issue 12) --
+ *  pd_protocol                  --pd-protocol P             sglang (the protocol of workers
+ *                                                           registered without their own:
+ *                                                           sglang | vllm-nixl | vllm-mooncake)
+ *       worker entries (file and POST /workers) may add: pd_protocol (overrides the router's),
+ *       engine_id and bootstrap_addr ("http://host:port"; required for a vllm-mooncake prefill,
+ *       refused elsewhere), dp_size (sglang only: data-parallel ranks, 0 = none).
  *                               --config FILE               none (the JSON file above)
  *                               --help                      print this and exit 0
  *
@@ -120,7 +127,11 @@ typedef struct baton_config_worker_s {
     char *model_id;     /* NULL = none */
     int priority;
     double cost;
-    char *labels_json; /* NULL = none */
+    char *labels_json;               /* NULL = none */
+    baton_pd_protocol_t pd_protocol; /* UNSET: the router's pd_protocol */
+    char *engine_id;                 /* NULL = none (vllm-mooncake prefill) */
+    char *bootstrap_addr;            /* NULL = none (vllm-mooncake prefill) */
+    int dp_size;                     /* 0 = not data-parallel (sglang) */
 } baton_config_worker_t;
 
 typedef struct baton_config_s {
@@ -159,6 +170,8 @@ typedef struct baton_config_s {
     uint64_t breaker_cooldown_max_ms;
     uint64_t drain_timeout_ms;
     uint64_t worker_drain_timeout_ms;
+    /* PD protocols (issue 12). */
+    char *pd_protocol; /* "sglang" | "vllm-nixl" | "vllm-mooncake" (validated) */
 
     /* Private to config.c: which keys were given explicitly. */
     unsigned set_flags_;

@@ -417,6 +417,9 @@ static int create_shared(app_t *app, char *err, size_t errlen)
         snprintf(err, errlen, "registry: %s", baton_strerror(rc));
         return rc;
     }
+    baton_pd_protocol_t pd_default = BATON_PD_SGLANG;
+    baton_pd_protocol_parse(app->cfg.pd_protocol, &pd_default); /* validated by the config */
+    baton_registry_set_pd_default(r->registry, pd_default);
     if ((rc = baton_config_apply_workers(&app->cfg, r->registry, err, errlen)) != 0)
         return rc;
     if ((rc = baton_policy_create(&r->prefill_policy, app->cfg.prefill_policy)) != 0 ||

@@ -66,6 +66,8 @@ void baton__up_free(baton__upstream_t *u)
 {
     if (!u)
         return;
+    if (u->held)
+        baton__nixl_release(u); /* the decode never read the prefill's blocks */
     baton__up_settle(u, BATON_OUTCOME_NEUTRAL);
     baton_worker_unref(u->w);
     free(u->path);
@@ -158,6 +160,8 @@ int baton__up_start(baton__preq_t *pr, baton__upstream_t *u, const char *method,
         }
         u->hdrs[u->n_hdrs++] = (baton_http_header_t){"Authorization", u->auth};
     }
+    if (pr->reqid[0]) /* vLLM protocols: one id ties the two legs */
+        u->hdrs[u->n_hdrs++] = (baton_http_header_t){"X-Request-Id", pr->reqid};
     baton_http_pool_t *pool = baton__pool_for(pr->pl, w);
     if (!pool)
         return BATON_ENOMEM;
@@ -183,6 +187,10 @@ static int pd_dispatch(baton__preq_t *pr)
     size_t n = baton_pdreq_n_rooms(&pr->pd);
     int rc;
 
+    if (p->w->pd_protocol != BATON_PD_SGLANG)
+        return baton__pd_dispatch_vllm(pr);
+    if (p->w->dp_size > 1 || d->w->dp_size > 1)
+        return baton__pd_dispatch_dp(pr);
     if (n > 16 && !(rooms = malloc(n * sizeof(*rooms))))
         return BATON_ENOMEM;
     for (size_t i = 0; i < n; i++)
@@ -239,7 +247,7 @@ enum baton__start_rc baton__start_attempt(baton__preq_t *pr, int *missing_prefil
     *missing_prefill = 1;
     prc = baton__pick(r, BATON_ROLE_PREFILL, pr->avoid, pr->n_avoid, 1, &p);
     if (prc == BATON_PICK_OK) {
-        drc = baton__pick(r, BATON_ROLE_DECODE, pr->avoid, pr->n_avoid, 1, &d);
+        drc = baton__pick_decode_for(r, pr, p.w, &d);
         if (drc != BATON_PICK_OK) {
             pick_release(r, &p, BATON_OUTCOME_NEUTRAL);
             *missing_prefill = 0;
