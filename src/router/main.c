@@ -433,7 +433,8 @@ static int create_shared(app_t *app, char *err, size_t errlen)
         return BATON_ENOMEM;
     }
     if ((rc = baton_router_metrics_create(&r->metrics, r->metrics_reg)) != 0 ||
-        (rc = baton_resil_metrics_create(&r->resil, r->metrics_reg)) != 0) {
+        (rc = baton_resil_metrics_create(&r->resil, r->metrics_reg)) != 0 ||
+        (rc = baton_proxy_pd_metrics_init(r)) != 0) {
         snprintf(err, errlen, "metrics: %s", baton_strerror(rc));
         return rc;
     }

@@ -31,6 +31,14 @@ baton_pick_rc_t baton_pick(baton_registry_t *reg, baton_policy_t *policy, baton_
                            unsigned cap, baton_worker_role_t role, baton_worker_t *const *avoid,
                            size_t n_avoid, baton_pick_t *out)
 {
+    return baton_pick_if(reg, policy, health, cap, role, avoid, n_avoid, NULL, NULL, out);
+}
+
+baton_pick_rc_t baton_pick_if(baton_registry_t *reg, baton_policy_t *policy,
+                              baton_whealth_t *health, unsigned cap, baton_worker_role_t role,
+                              baton_worker_t *const *avoid, size_t n_avoid, baton_pick_keep_cb keep,
+                              const void *keep_arg, baton_pick_t *out)
+{
     baton_worker_t *stack[PICK_STACK], **cands;
     size_t n =
         baton_registry_snapshot_all(reg, role, BATON_SNAP_ELIGIBLE, stack, PICK_STACK, &cands);
@@ -41,7 +49,9 @@ baton_pick_rc_t baton_pick(baton_registry_t *reg, baton_policy_t *policy, baton_
     /* Candidates under the cap; those not avoided first. */
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        if (cap && baton_worker_in_flight(cands[i]) >= (long)cap) {
+        if (keep && !keep(cands[i], keep_arg)) {
+            baton_worker_unref(cands[i]);
+        } else if (cap && baton_worker_in_flight(cands[i]) >= (long)cap) {
             capped = 1;
             baton_worker_unref(cands[i]);
         } else {

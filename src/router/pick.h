@@ -42,6 +42,14 @@ baton_pick_rc_t baton_pick(baton_registry_t *reg, baton_policy_t *policy, baton_
                            unsigned cap, baton_worker_role_t role, baton_worker_t *const *avoid,
                            size_t n_avoid, baton_pick_t *out);
 
+/* The same among the workers for which keep(w, arg) is 1 only (unlike avoid[], a hard rule:
+ * e.g. a decode must speak its prefill's PD protocol). keep NULL: every worker. */
+typedef int (*baton_pick_keep_cb)(const baton_worker_t *w, const void *arg);
+baton_pick_rc_t baton_pick_if(baton_registry_t *reg, baton_policy_t *policy,
+                              baton_whealth_t *health, unsigned cap, baton_worker_role_t role,
+                              baton_worker_t *const *avoid, size_t n_avoid, baton_pick_keep_cb keep,
+                              const void *keep_arg, baton_pick_t *out);
+
 /* Gives back a pick that was not used: the ticket with `outcome` (NEUTRAL: nothing was learnt
  * about the worker), the in-flight slot and the reference. No-op when p->w is NULL. */
 void baton_pick_release(baton_whealth_t *health, baton_pick_t *p, baton_breaker_outcome_t outcome);

@@ -17,36 +17,18 @@
 /* ---------------------------------------------------------------------------------------- */
 /* Pairing                                                                                  */
 
+static int same_protocol(const baton_worker_t *w, const void *prefill)
+{
+    return w->pd_protocol == ((const baton_worker_t *)prefill)->pd_protocol;
+}
+
 baton_pick_rc_t baton__pick_decode_for(baton_router_t *r, baton__preq_t *pr,
                                        const baton_worker_t *prefill, baton_pick_t *out)
 {
-    baton_worker_t *stack[32], **ws;
-    size_t n =
-        baton_registry_snapshot_all(r->registry, BATON_ROLE_DECODE, BATON_SNAP_ALL, stack, 32, &ws);
-    size_t n_other = 0;
-    for (size_t i = 0; i < n; i++)
-        n_other += ws[i]->pd_protocol != prefill->pd_protocol;
-    if (!n_other) {
-        baton_workers_release(ws, n, stack);
-        return baton__pick(r, BATON_ROLE_DECODE, pr->avoid, pr->n_avoid, 1, out);
-    }
-    /* A decode of another protocol could not read this prefill's KV: it is avoided like a
-     * failed worker, so the policy picks among the rest. */
-    baton_worker_t **avoid = malloc((pr->n_avoid + n_other) * sizeof(*avoid));
-    if (!avoid) {
-        baton_workers_release(ws, n, stack);
-        return BATON_PICK_NONE;
-    }
-    size_t k = 0;
-    for (size_t i = 0; i < pr->n_avoid; i++)
-        avoid[k++] = pr->avoid[i];
-    for (size_t i = 0; i < n; i++)
-        if (ws[i]->pd_protocol != prefill->pd_protocol)
-            avoid[k++] = ws[i];
-    baton_pick_rc_t rc = baton__pick(r, BATON_ROLE_DECODE, avoid, k, 1, out);
-    free(avoid);
-    baton_workers_release(ws, n, stack);
-    return rc;
+    /* A decode of another protocol could not read this prefill's KV at all. */
+    return baton_pick_if(r->registry, baton_router_policy(r, BATON_ROLE_DECODE), r->health,
+                         r->cfg->max_worker_requests, BATON_ROLE_DECODE, pr->avoid, pr->n_avoid,
+                         same_protocol, prefill, out);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -236,6 +218,25 @@ void baton__nixl_decode_progress(baton__preq_t *pr)
 /* ---------------------------------------------------------------------------------------- */
 /* Releasing stranded blocks                                                                */
 
+int baton_proxy_pd_metrics_init(baton_router_t *r)
+{
+    static const char *const labels[] = {"protocol", "result"};
+    /* result: released (2xx) | refused (another status: the engine frees them at its own
+     * timeout) | failed (no answer) */
+    r->pd_releases = baton_metrics_counter(
+        r->metrics_reg, "baton_pd_stranded_releases_total",
+        "Prefill KV blocks the router asked to release because their decode never read them.", 2,
+        labels);
+    return r->pd_releases ? 0 : BATON_EEXIST;
+}
+
+static void count_release(baton_router_t *r, const char *result)
+{
+    const char *v[] = {"vllm-nixl", result};
+    if (r->pd_releases)
+        baton_counter_add(baton_metric_child(r->pd_releases, v), 1);
+}
+
 typedef struct release_s {
     baton_router_t *router;
     char *path;
@@ -258,7 +259,7 @@ static void release_done(baton_http_creq_t *creq, int err)
 {
     release_t *rl = creq->data;
     const char *result = err ? "failed" : baton__is_2xx(rl->status) ? "released" : "refused";
-    baton_router_metrics_pd_release(rl->router->metrics, "vllm-nixl", result);
+    count_release(rl->router, result);
     log_info("router", "nixl_release worker=%s id=%s result=%s status=%d err=%s", rl->url,
              rl->reqid, result, rl->status, err ? baton_err_name(err) : "-");
     baton_buf_free(&rl->body);
@@ -282,7 +283,7 @@ void baton__nixl_release(baton__upstream_t *p)
     baton_http_pool_t *pool = baton__pool_for(pl, p->w);
     if (!rl || !pool || asprintf(&rl->path, "%s/abort_requests", p->w->parsed.prefix) < 0) {
         free(rl);
-        baton_router_metrics_pd_release(pl->router->metrics, "vllm-nixl", "failed");
+        count_release(pl->router, "failed");
         return;
     }
     rl->router = pl->router;
@@ -304,7 +305,7 @@ void baton__nixl_release(baton__upstream_t *p)
         baton_buf_free(&rl->body);
         free(rl->path);
         free(rl);
-        baton_router_metrics_pd_release(pl->router->metrics, "vllm-nixl", "failed");
+        count_release(pl->router, "failed");
         return;
     }
     log_info("router", "nixl_release_sent route=%s worker=%s id=%s", pr->route, p->w->url,

@@ -27,7 +27,6 @@ struct baton_router_metrics_s {
     baton_metric_family_t *in_flight;
     baton_metric_family_t *workers;
     baton_metric_family_t *upstream_errors;
-    baton_metric_family_t *pd_releases; /* PD protocols (issue 12) */
 
     pthread_mutex_t sync_lock; /* the worker series published by the last sync */
     seen_worker_t *seen;
@@ -70,14 +69,8 @@ int baton_router_metrics_create(baton_router_metrics_t **m_p, baton_metrics_t *r
     m->upstream_errors = baton_metrics_counter(
         reg, "baton_upstream_errors_total",
         "Failed upstream requests to workers, by worker role and error kind.", 2, role_kind);
-    /* PD protocols (issue 12). */
-    static const char *const proto_result[] = {"protocol", "result"};
-    m->pd_releases = baton_metrics_counter(
-        reg, "baton_pd_stranded_releases_total",
-        "Prefill KV blocks released because their decode never read them, by result.", 2,
-        proto_result);
     if (m->requests == NULL || m->duration == NULL || m->ttfb == NULL || m->in_flight == NULL ||
-        m->workers == NULL || m->upstream_errors == NULL || m->pd_releases == NULL) {
+        m->workers == NULL || m->upstream_errors == NULL) {
         /* Families already registered stay in `reg` (a registry cannot drop one); the usual
          * cause is calling create twice on the same registry. */
         pthread_mutex_destroy(&m->sync_lock);
@@ -126,15 +119,6 @@ void baton_router_metrics_upstream_error(baton_router_metrics_t *m, baton_worker
         return;
     const char *v[] = {baton_worker_role_name(role), kind ? kind : "other"};
     baton_counter_add(baton_metric_child(m->upstream_errors, v), 1);
-}
-
-void baton_router_metrics_pd_release(baton_router_metrics_t *m, const char *protocol,
-                                     const char *result)
-{
-    if (m == NULL)
-        return;
-    const char *v[] = {protocol, result};
-    baton_counter_add(baton_metric_child(m->pd_releases, v), 1);
 }
 
 const char *baton_router_metrics_error_kind(int err)

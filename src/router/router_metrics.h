@@ -17,10 +17,6 @@
  *   baton_workers{role}                                gauge     registered workers per role
  *   baton_upstream_errors_total{role,kind}             counter   failed upstream requests,
  *       kind: connect | timeout | status_5xx | closed | protocol | canceled | other
- *   -- PD protocols (issue 12) --
- *   baton_pd_stranded_releases_total{protocol,result}  counter   a vllm-nixl prefill asked to
- *       drop blocks its decode never read; result: released (2xx) | refused (other status:
- *       the engine frees them at its own timeout) | failed (no answer)
  *
  * Label cardinality: `route` must come from a fixed set (the router's endpoints, "other" for
  * anything else, "admin" for registration calls); `status` is the numeric HTTP status.
@@ -45,10 +41,6 @@ void baton_router_metrics_request_done(baton_router_metrics_t *m, const char *ro
 /* One failed upstream request; `kind` from the list above. */
 void baton_router_metrics_upstream_error(baton_router_metrics_t *m, baton_worker_role_t role,
                                          const char *kind);
-
-/* PD protocols (issue 12): one stranded-block release and its result. */
-void baton_router_metrics_pd_release(baton_router_metrics_t *m, const char *protocol,
-                                     const char *result);
 
 /* Maps an error from the HTTP client (client.h on_done) to a kind: BATON_ECONNECT → "connect",
  * BATON_ETIMEOUT_* → "timeout", BATON_EEOF/BATON_ECLOSED → "closed", BATON_EUPSTREAM/EPROTO →
