@@ -56,7 +56,7 @@ int baton_pdproto_nixl_prefill(const json_t *root, baton_buf_t *out)
 }
 
 int baton_pdproto_nixl_decode(json_t *root, const char *body, size_t len, baton_buf_t *out,
-                              char *why, size_t whylen)
+                              char *rid, size_t ridlen, char *why, size_t whylen)
 {
     json_error_t jerr;
     json_t *ans = json_loadb(body, len, 0, &jerr);
@@ -71,6 +71,10 @@ int baton_pdproto_nixl_decode(json_t *root, const char *body, size_t len, baton_
         json_decref(ans);
         return BATON_EUPSTREAM;
     }
+    const char *r = json_string_value(json_object_get(ktp, "remote_request_id"));
+    rid[0] = '\0';
+    if (r && strlen(r) < ridlen)
+        memcpy(rid, r, strlen(r) + 1);
     int rc = dump_with(root, "kv_transfer_params", json_incref(ktp), out);
     json_decref(ans);
     return rc;

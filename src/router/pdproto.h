@@ -32,9 +32,11 @@ int baton_pdproto_nixl_prefill(const json_t *root, baton_buf_t *out);
  * vllm-nixl phase 2: prefill's answer body[0..len) must be a JSON object with an object
  * `kv_transfer_params`; the decode leg is the client's body with that object copied verbatim.
  * BATON_EUPSTREAM when the answer is not JSON or has no such object (why names the reason).
+ * rid[0..ridlen) receives its remote_request_id ("" when absent or too long): the prefill's own
+ * name for the request, which a release must use.
  */
 int baton_pdproto_nixl_decode(json_t *root, const char *body, size_t len, baton_buf_t *out,
-                              char *why, size_t whylen);
+                              char *rid, size_t ridlen, char *why, size_t whylen);
 
 /* vllm-mooncake: both legs of one attempt. The prefill leg as baton_pdproto_prefill_body with
  * {"do_remote_decode": true, "do_remote_prefill": false, "transfer_id": X}; the decode leg the

@@ -120,6 +120,8 @@ typedef struct fail_s {
 
 struct preq_s;
 
+#define BATON__REQID_MAX 72 /* vLLM protocols: request ids kept, NUL included */
+
 typedef struct upstream_s {
     struct preq_s *pr;
     int side;
@@ -141,12 +143,11 @@ typedef struct upstream_s {
     unsigned stale : 1;     /* its attempt was abandoned for a retry: freed at on_done */
     unsigned held : 1;      /* vllm-nixl prefill: answered, its blocks wait for the decode
                              * (released when freed still set: proxy_vllm.c) */
-    int err;                /* on_done's error */
+    char remote_rid[BATON__REQID_MAX]; /* vllm-nixl prefill: its remote_request_id */
+    int err;                           /* on_done's error */
     char ctype[128];
     baton_buf_t resp;
 } baton__upstream_t;
-
-#define BATON__REQID_MAX 72 /* X-Request-Id of the vLLM protocols, NUL included */
 
 typedef struct preq_s {
     baton_proxy_loop_t *pl;

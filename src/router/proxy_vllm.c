@@ -182,8 +182,8 @@ void baton__nixl_prefill_done(baton__preq_t *pr, baton__upstream_t *p)
     baton__upstream_t *d = pr->up[UP_MAIN];
     baton_buf_t buf = BATON_BUF_INIT;
     char why[128];
-    int rc =
-        baton_pdproto_nixl_decode(pr->pd.root, p->resp.data, p->resp.len, &buf, why, sizeof(why));
+    int rc = baton_pdproto_nixl_decode(pr->pd.root, p->resp.data, p->resp.len, &buf, p->remote_rid,
+                                       sizeof(p->remote_rid), why, sizeof(why));
     baton_buf_free(&p->resp);
     if (rc == BATON_EUPSTREAM) {
         char msg[256];
@@ -271,8 +271,8 @@ static void release_done(baton_http_creq_t *creq, int err)
  * The decode never read the blocks (it failed, the client left, or the attempt was given up):
  * the prefill is asked to drop the request now rather than at its own timeout (vLLM's
  * VLLM_NIXL_ABORT_REQUEST_TIMEOUT, minutes). POST {prefix}/abort_requests
- * {"request_ids":[id]} with the same X-Request-Id; an engine without that endpoint answers
- * 4xx and frees them at its timeout — counted as "refused", never retried.
+ * {"request_ids":[X-Request-Id, remote_request_id]} with the same X-Request-Id; an engine without
+ * that endpoint answers 4xx and frees them at its timeout — counted as "refused", never retried.
  */
 void baton__nixl_release(baton__upstream_t *p)
 {
@@ -289,7 +289,10 @@ void baton__nixl_release(baton__upstream_t *p)
     rl->router = pl->router;
     snprintf(rl->reqid, sizeof(rl->reqid), "%s", pr->reqid);
     snprintf(rl->url, sizeof(rl->url), "%s", p->w->url);
+    /* Both names: the router's X-Request-Id, and the prefill's own remote_request_id. */
     json_t *j = json_pack("{s:[s]}", "request_ids", pr->reqid);
+    if (j && p->remote_rid[0] && strcmp(p->remote_rid, pr->reqid) != 0)
+        json_array_append_new(json_object_get(j, "request_ids"), json_string(p->remote_rid));
     int rc = j ? baton_pdreq_dump(j, &rl->body) : BATON_ENOMEM;
     json_decref(j);
     rl->hdrs[0] = (baton_http_header_t){"Content-Type", "application/json"};

@@ -9,6 +9,7 @@
 
 #include "baton/error.h"
 #include "common/log.h"
+#include "worker/vllm.h"
 #include "worker/worker.h"
 
 #define COMP "worker"
@@ -50,13 +51,20 @@ static void usage(FILE *f)
             "  --transport LIST             KV transports in fallback order, from rdma, shm, tcp\n"
             "                               (default shm,tcp)\n"
             "  --layerwise on|off           prefill: write each layer as it is computed\n"
-            "                               (default on)\n",
+            "                               (default on)\n"
+            "\n"
+            "vLLM PD protocols (issue 12; docs/PROTOCOLS.md):\n"
+            "  --protocol P                 sglang | vllm-nixl | vllm-mooncake: the PD fields\n"
+            "                               accepted and returned (default sglang)\n"
+            "  --kv-hold-timeout-ms MS      vllm-nixl prefill: held KV pages are released when\n"
+            "                               no decode pulled them this long (default %llu)\n",
             wk_mode_name(d.mode), d.host, d.port, d.bootstrap_port, d.model_name,
             (unsigned long long)d.prefill_us_per_token, (unsigned long long)d.decode_us_per_token,
             d.max_batch, d.max_queue, (unsigned long long)d.bootstrap_timeout_ms,
             wk_kvshape_preset_names(), WK_KV_DEFAULT_PRESET,
             (unsigned long long)WK_KV_AUTO_POOL_TOKENS,
-            (unsigned long long)(WK_KV_AUTO_POOL_BYTES >> 20));
+            (unsigned long long)(WK_KV_AUTO_POOL_BYTES >> 20),
+            (unsigned long long)d.kv_hold_timeout_ms);
 }
 
 static int parse_u64(const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *out)
@@ -98,6 +106,8 @@ enum {
     OPT_TRANSPORT,
     OPT_LAYERWISE,
     OPT_FAULT_CORRUPT,
+    OPT_PROTOCOL, /* vLLM PD protocols (issue 12) */
+    OPT_HOLD_TIMEOUT,
 };
 
 static const struct option long_opts[] = {
@@ -123,6 +133,8 @@ static const struct option long_opts[] = {
     {"layerwise", required_argument, NULL, OPT_LAYERWISE},
     /* tests only, not in --help (docs/WORKER.md): corrupt one KV byte of every Nth room */
     {"fault-corrupt-kv-every", required_argument, NULL, OPT_FAULT_CORRUPT},
+    {"protocol", required_argument, NULL, OPT_PROTOCOL},
+    {"kv-hold-timeout-ms", required_argument, NULL, OPT_HOLD_TIMEOUT},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -225,6 +237,22 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
             if (parse_u64("--max-queue", optarg, 1, 10000000, &v))
                 return -1;
             cfg->max_queue = (unsigned)v;
+            break;
+        case OPT_PROTOCOL: {
+            wk_proto_t p;
+            if (wk_proto_parse(optarg, &p) != 0) {
+                fprintf(stderr,
+                        "baton-worker: --protocol: expected sglang, vllm-nixl or vllm-mooncake, "
+                        "got '%s'\n",
+                        optarg);
+                return -1;
+            }
+            cfg->protocol = (int)p;
+            break;
+        }
+        case OPT_HOLD_TIMEOUT:
+            if (parse_u64("--kv-hold-timeout-ms", optarg, 1, 86400000ULL, &cfg->kv_hold_timeout_ms))
+                return -1;
             break;
         case OPT_BOOT_TIMEOUT:
             if (parse_u64("--bootstrap-timeout-ms", optarg, 1, 86400000ULL,

@@ -34,6 +34,9 @@ typedef struct wk_config_s {
     int n_transports;                /* fallback order */
     int layerwise;                   /* prefill: write each layer as it is computed */
     uint32_t fault_corrupt_kv_every; /* tests only: prefill corrupts every Nth room */
+    /* vLLM PD protocols (issue 12, vllm.h) */
+    int protocol;                /* wk_proto_t: sglang (default), vllm-nixl, vllm-mooncake */
+    uint64_t kv_hold_timeout_ms; /* vllm-nixl prefill: held pages released after this */
 } wk_config_t;
 
 void wk_config_default(wk_config_t *cfg);
@@ -45,7 +48,8 @@ typedef struct wk_worker_s {
     uv_loop_t *loop;
     wk_config_t cfg;
     baton_http_server_t *http;
-    wk_kv_t *kv; /* prefill and decode modes */
+    wk_kv_t *kv;            /* prefill and decode modes */
+    struct wk_vllm_s *vllm; /* vllm-nixl prefill: held pages (vllm.h) */
     wk_sched_t sched;
     uv_timer_t sched_timer;
     uv_idle_t sched_idle;

@@ -189,7 +189,7 @@ def test_nixl_stranded_release():
         assert res.status == 500, res.text
         rel = wait_until(lambda: [q for q in p.requests if q.path.endswith("/abort_requests")],
                          PROMPT_S, what="release")
-        assert rel[0].json() == {"request_ids": ["rq-1"]}, rel[0].json()
+        assert rel[0].json() == {"request_ids": ["rq-1", "cmpl-p-1"]}, rel[0].json()
         assert rel[0].headers["x-request-id"] == "rq-1"
         wait_until(lambda: metric(r.port, "baton_pd_stranded_releases_total",
                                   {"protocol": "vllm-nixl", "result": "released"}) == 1,
@@ -221,7 +221,7 @@ def test_nixl_stranded_release():
         s.close()
         assert d.wait_closed(dr, PROMPT_S), "decode not closed after the client left"
         rel = wait_until(lambda: [q for q in p.requests if q.path.endswith("/abort_requests")
-                                  and q.json() == {"request_ids": ["rq-gone"]}],
+                                  and q.json() == {"request_ids": ["rq-gone", "cmpl-p-1"]}],
                          PROMPT_S, what="release after client left")
         wait_until(lambda: metric(r.port, "baton_pd_stranded_releases_total",
                                   {"protocol": "vllm-nixl", "result": "released"}) == 2,

@@ -66,11 +66,14 @@ static void test_nixl_decode(void **state)
     (void)state;
     json_t *root = load(CLIENT), *before = json_deep_copy(root);
     baton_buf_t out = BATON_BUF_INIT;
-    char why[128];
+    char why[128], rid[64];
     const char *ans = "{\"id\":\"x\",\"kv_transfer_params\":{\"do_remote_prefill\":true,"
                       "\"remote_block_ids\":[4,5],\"remote_engine_id\":\"e\",\"tp_size\":2,"
                       "\"remote_request_id\":\"r\",\"remote_host\":\"h\",\"remote_port\":7}}";
-    assert_int_equal(baton_pdproto_nixl_decode(root, ans, strlen(ans), &out, why, sizeof(why)), 0);
+    assert_int_equal(
+        baton_pdproto_nixl_decode(root, ans, strlen(ans), &out, rid, sizeof(rid), why, sizeof(why)),
+        0);
+    assert_string_equal(rid, "r");
     json_t *want = json_deep_copy(before);
     json_object_set_new(want, "kv_transfer_params",
                         json_deep_copy(json_object_get(load(ans), "kv_transfer_params")));
@@ -84,9 +87,9 @@ static void test_nixl_decode(void **state)
                          "{\"kv_transfer_params\":[1]}", "not json", "[1]"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         why[0] = 0;
-        assert_int_equal(
-            baton_pdproto_nixl_decode(root, bad[i], strlen(bad[i]), &out, why, sizeof(why)),
-            BATON_EUPSTREAM);
+        assert_int_equal(baton_pdproto_nixl_decode(root, bad[i], strlen(bad[i]), &out, rid,
+                                                   sizeof(rid), why, sizeof(why)),
+                         BATON_EUPSTREAM);
         assert_true(why[0] != 0);
     }
     assert_true(json_equal(root, before));
