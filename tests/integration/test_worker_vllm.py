@@ -8,6 +8,7 @@ wrong protocol refused by the worker."""
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 
@@ -228,10 +229,22 @@ def test_wrong_protocol_refused():
         assert res.status == 400 and "transfer_id" in res.json()["error"]["message"], res.text
 
 
+def test_ttft_scenario_smoke():
+    """loadtest/scenarios/pd_protocols.py --smoke: every protocol serves the load, no errors."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "loadtest",
+                          "scenarios", "pd_protocols.py")
+    out = subprocess.run([sys.executable, script, "--smoke", "--build-dir", harness.BUILD_DIR],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for proto in ("sglang", "vllm-nixl", "vllm-mooncake"):
+        assert re.search(rf"\| {proto} +\| +2 \|", out.stdout), out.stdout
+    assert "pd_protocols done: 0 failed requests" in out.stdout, out.stdout
+
+
 if __name__ == "__main__":
     t = TestRunner()
     for fn in (test_nixl_end_to_end, test_nixl_prefill_answer_and_release,
                test_router_releases_stranded_blocks, test_nixl_holder_killed,
-               test_mooncake_end_to_end, test_wrong_protocol_refused):
+               test_mooncake_end_to_end, test_wrong_protocol_refused, test_ttft_scenario_smoke):
         t.run(fn)
     t.finish()
