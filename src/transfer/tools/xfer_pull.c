@@ -15,6 +15,7 @@
 typedef struct {
     int hold;
     int stay; /* holder: keep serving (ordinary offers) after every export ended */
+    int push; /* holder: no exports; the application writes each offered key (push, to compare) */
     const char *host;
     int port;
     uint32_t keys, layers, ppl, page;
@@ -119,28 +120,58 @@ static void on_pulled(void *data, uint64_t key, int status, const baton_xfer_don
     finish_if_done();
 }
 
-/* Holder: an offer for a key not (or no longer) exported is refused. */
+static void on_push_written(baton_xfer_room_t *room, uint32_t layer, int status, void *data)
+{
+    (void)room;
+    (void)layer;
+    (void)status;
+    (void)data;
+}
+
+/* Holder: an offer for a key not (or no longer) exported is refused (or, with --push, written
+ * by the application: the same bytes through the ordinary write path). */
 static void on_room(baton_xfer_engine_t *e, baton_xfer_room_t *room, void *data)
 {
     (void)e;
     (void)data;
-    printf("ordinary_offer key=%" PRIu64 "\n", baton_xfer_room_id(room));
+    uint64_t k = baton_xfer_room_id(room);
+    printf("ordinary_offer key=%" PRIu64 "\n", k);
     fflush(stdout);
+    if (o.push && k >= 1 && k <= o.keys) { /* the same writes as a pull, by the application */
+        baton_xfer_iov_t *iov = malloc(sizeof(*iov) * o.layers * o.ppl);
+        fill_iovs((uint32_t)k, iov);
+        baton_xfer_done_t done = {0, (int64_t)k, NULL, 0};
+        if (iov &&
+            baton_xfer_write_room(room, iov, (size_t)o.layers * o.ppl, on_push_written, NULL) ==
+                0 &&
+            baton_xfer_room_complete(room, &done) == 0) {
+            free(iov);
+            return;
+        }
+        free(iov);
+    }
     baton_xfer_room_abort(room, BATON_XFER_EABORTED);
 }
 
 static void on_room_closed(baton_xfer_engine_t *e, baton_xfer_room_t *room, int status, void *d)
 {
     (void)e;
-    (void)room;
-    (void)status;
     (void)d;
+    uint64_t k = baton_xfer_room_id(room);
+    if (o.push && k >= 1 && k <= o.keys) {
+        printf("export_end key=%" PRIu64 " status=%s\n", k,
+               status ? baton_xfer_err_name(status) : "pulled");
+        fflush(stdout);
+        ended++;
+        finish_if_done();
+    }
 }
 
 static int parse(int argc, char **argv)
 {
     static const struct option lo[] = {{"hold", no_argument, NULL, 'H'},
                                        {"stay", no_argument, NULL, 'Y'},
+                                       {"push", no_argument, NULL, 'U'},
                                        {"pull", required_argument, NULL, 'P'},
                                        {"keys", required_argument, NULL, 'k'},
                                        {"layers", required_argument, NULL, 'l'},
@@ -159,6 +190,9 @@ static int parse(int argc, char **argv)
             break;
         case 'Y':
             o.stay = 1;
+            break;
+        case 'U':
+            o.push = 1;
             break;
         case 'P': {
             char *colon = strrchr(optarg, ':');
@@ -206,10 +240,10 @@ static int parse(int argc, char **argv)
 int main(int argc, char **argv)
 {
     if (parse(argc, argv) != 0) {
-        fprintf(stderr,
-                "usage: baton-xfer-pull --hold [--stay] | --pull HOST:PORT [--keys N] [--layers N]"
-                " [--ppl N] [--page BYTES] [--timeout-ms MS] [--transport tcp|shm]"
-                " [--slice BYTES] [--lanes N]\n");
+        fprintf(stderr, "usage: baton-xfer-pull --hold [--stay] [--push] | --pull HOST:PORT "
+                        "[--keys N] [--layers N]"
+                        " [--ppl N] [--page BYTES] [--timeout-ms MS] [--transport tcp|shm]"
+                        " [--slice BYTES] [--lanes N]\n");
         return 2;
     }
     loop = uv_default_loop();
@@ -235,7 +269,10 @@ int main(int argc, char **argv)
     for (uint32_t k = 1; k <= o.keys; k++) {
         fill_iovs(k, iov);
         int rc;
-        if (o.hold) {
+        if (o.hold && o.push) {
+            xfer_fill_source(slab(k), key_bytes(), o.seed + k);
+            rc = 0;
+        } else if (o.hold) {
             xfer_fill_source(slab(k), key_bytes(), o.seed + k);
             baton_xfer_export_t ex = {k, o.layers, o.ppl, iov, o.timeout_ms, {0, k, NULL, 0}};
             rc = baton_xfer_export(eng, &ex, on_export, NULL);
