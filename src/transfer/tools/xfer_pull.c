@@ -37,6 +37,7 @@ static baton_xfer_engine_t *eng;
 static baton_xfer_mem_t *mem;
 static uint8_t *base;
 static uint32_t ended;
+static uint64_t t0_ns;
 static int failures;
 static uv_timer_t progress;
 static uint64_t last_landed;
@@ -75,16 +76,44 @@ static void fill_iovs(uint32_t k, baton_xfer_iov_t *iov)
         iov[j] = (baton_xfer_iov_t){slab(k) + (size_t)j * o.page, o.page};
 }
 
+/* Puller: the statuses and first tokens, checked with the bytes after the timing. */
+static int *pull_status;
+static int64_t *pull_first;
+
+/* Every byte of key k against the pattern; the number that differ. */
+static size_t bad_bytes(uint32_t k)
+{
+    size_t bad = 0;
+    uint8_t *want = malloc(key_bytes());
+    if (want == NULL)
+        return key_bytes();
+    xfer_fill_source(want, key_bytes(), o.seed + k);
+    for (size_t i = 0; i < key_bytes(); i++)
+        bad += slab(k)[i] != want[i];
+    free(want);
+    return bad + (pull_first[k - 1] != (int64_t)k);
+}
+
 static void finish_if_done(void)
 {
-    if (ended == o.keys) {
-        printf("done failures=%d\n", failures);
-        fflush(stdout);
-        if (!o.stay) {
-            if (!o.hold)
-                uv_close((uv_handle_t *)&progress, NULL);
-            baton_xfer_engine_destroy(eng, NULL, NULL);
-        }
+    if (ended != o.keys)
+        return;
+    /* seconds from the first pull (or export) to the last end: pull vs push throughput */
+    double s = (double)(uv_hrtime() - t0_ns) / 1e9;
+    for (uint32_t k = 1; !o.hold && k <= o.keys; k++) {
+        int st = pull_status[k - 1];
+        size_t bad = st == 0 ? bad_bytes(k) : 0;
+        failures += st != 0 || bad != 0;
+        printf("pull_end key=%" PRIu32 " status=%s bad_bytes=%zu\n", k,
+               st ? baton_xfer_err_name(st) : "ok", bad);
+    }
+    printf("done failures=%d seconds=%.6f bytes=%zu gbps=%.3f\n", failures, s, key_bytes() * o.keys,
+           (double)(key_bytes() * o.keys) * 8 / s / 1e9);
+    fflush(stdout);
+    if (!o.stay) {
+        if (!o.hold)
+            uv_close((uv_handle_t *)&progress, NULL);
+        baton_xfer_engine_destroy(eng, NULL, NULL);
     }
 }
 
@@ -102,20 +131,8 @@ static void on_export(baton_xfer_engine_t *e, uint64_t key, int status, void *da
 static void on_pulled(void *data, uint64_t key, int status, const baton_xfer_done_t *done)
 {
     (void)data;
-    size_t bad = 0;
-    if (status == 0) {
-        uint8_t *want = malloc(key_bytes());
-        xfer_fill_source(want, key_bytes(), o.seed + key);
-        for (size_t i = 0; i < key_bytes(); i++)
-            bad += slab((uint32_t)key)[i] != want[i];
-        free(want);
-        if (done->first_token != (int64_t)key)
-            bad++;
-    }
-    failures += status != 0 || bad != 0;
-    printf("pull_end key=%" PRIu64 " status=%s bad_bytes=%zu\n", key,
-           status ? baton_xfer_err_name(status) : "ok", bad);
-    fflush(stdout);
+    pull_status[key - 1] = status;
+    pull_first[key - 1] = status == 0 ? done->first_token : -1;
     ended++;
     finish_if_done();
 }
@@ -266,6 +283,11 @@ int main(int argc, char **argv)
     }
     base = baton_xfer_mem_addr(mem);
     baton_xfer_iov_t *iov = malloc(sizeof(*iov) * o.layers * o.ppl);
+    pull_status = calloc(o.keys, sizeof(*pull_status));
+    pull_first = calloc(o.keys, sizeof(*pull_first));
+    if (!o.hold) /* connected before the clock starts: the pulls alone are timed */
+        baton_xfer_connect(eng, o.host, o.port);
+    t0_ns = uv_hrtime();
     for (uint32_t k = 1; k <= o.keys; k++) {
         fill_iovs(k, iov);
         int rc;
