@@ -518,6 +518,69 @@ BATON_API int baton_xfer_room_complete(baton_xfer_room_t *room, const baton_xfer
  */
 BATON_API int baton_xfer_room_abort(baton_xfer_room_t *room, int reason);
 
+/* ---- pull mode: the holder keeps its pages until the puller fetches them -------------------- */
+
+/*
+ * vLLM's NIXL model (docs/PROTOCOLS.md): the prefill side computes the KV first and HOLDS it; a
+ * decode side that learns about it later (from the prefill's HTTP answer: its bootstrap address
+ * and a key) PULLS it. Two calls on top of the room machinery above:
+ *
+ *   Holder: baton_xfer_export() registers `key` with its source pages (layer-major, in memory
+ *   registered with this engine; they must stay registered and unchanged until the callback).
+ *   Puller: baton_xfer_pull() offers its destination pages for room id `key` to the holder at
+ *   host:port, exactly like baton_xfer_offer (same callback, same fencing rule, same errors).
+ *
+ * When a pull arrives for an export of the same shape (layers, pages per layer, every page
+ * length equal to its source's), the holder's engine writes the sources into the pulled pages
+ * and sends DONE with the export's `done`, with no call from the holder's application (its
+ * room_cb / room_closed_cb do not see that room). A pull whose shape differs is refused (the
+ * puller's callback gets BATON_XFER_EABORTED) and the export keeps waiting. A pull for a key
+ * with no export here reaches room_cb as an ordinary offer (serve or abort it there). An export
+ * serves one pull; a second pull while one is served is refused.
+ *
+ * Completion (export_cb, exactly once per export that returned 0, never inside a call; on the
+ * caller thread): 0: the pull is done (every byte was acknowledged in place before DONE went);
+ * BATON_XFER_ETIMEOUT: no pull came within timeout_ms; otherwise the pull failed
+ * (BATON_XFER_EPEERDOWN when the puller died or its connection broke mid-read,
+ * BATON_XFER_EABORTED when it aborted, ...). Either way the export is over and, like a room's
+ * write sources after room_closed_cb, the sources are the caller's again: the fencing and
+ * incarnation rules of the write path apply unchanged (a restarted puller is a new
+ * incarnation; its predecessor's pull failed with its connection).
+ *
+ * Data path, honestly: the bytes move with the holder's writes on the negotiated transport
+ * (RDMA WRITE, tcp lanes, shm copy), started by the pull; libbaton issues no RDMA READ.
+ *
+ * Threads: as the rest of the API. timeout_ms needs loop mode (a timer on the caller loop); in
+ * own-progress mode it must be 0 (BATON_XFER_ENOTSUP otherwise): release on your own clock.
+ * baton_xfer_engine_destroy drops exports still waiting, without their callbacks.
+ */
+typedef struct {
+    uint64_t key;                /* unique among this engine's exports */
+    uint32_t n_layers;           /* >= 1 */
+    uint32_t pages_per_layer;    /* >= 1 */
+    const baton_xfer_iov_t *src; /* n_layers * pages_per_layer sources, layer-major; copied */
+    uint32_t timeout_ms;         /* 0: none (see Threads above) */
+    baton_xfer_done_t done;      /* sent with DONE (copied; payload <= DONE_PAYLOAD_MAX) */
+} baton_xfer_export_t;
+
+typedef void (*baton_xfer_export_cb)(baton_xfer_engine_t *engine, uint64_t key, int status,
+                                     void *data);
+
+/* Holder: 0, or BATON_XFER_EINVAL (bad shape, no sources, payload too long), BATON_XFER_EEXIST
+ * (key already exported here), BATON_XFER_ENOTSUP (timeout in own-progress mode),
+ * BATON_XFER_ESHUTDOWN, BATON_XFER_ENOMEM. */
+BATON_API int baton_xfer_export(baton_xfer_engine_t *engine, const baton_xfer_export_t *ex,
+                                baton_xfer_export_cb cb, void *data);
+
+/* Holder: ends a waiting export now; its callback does not fire (the sources are free at
+ * once). BATON_XFER_ENOTFOUND (no such export), BATON_XFER_EBUSY (a pull is being served: it
+ * ends by its own rules and reports through the callback). */
+BATON_API int baton_xfer_export_release(baton_xfer_engine_t *engine, uint64_t key);
+
+/* Puller: baton_xfer_offer with offer->room_id = the holder's key (see above). */
+BATON_API int baton_xfer_pull(baton_xfer_engine_t *engine, const char *host, int port,
+                              const baton_xfer_offer_t *offer, baton_xfer_offer_cb cb, void *data);
+
 /* ---- observability ------------------------------------------------------------------------ */
 
 typedef struct {

@@ -130,6 +130,14 @@ json_t *baton_admin_worker_json(const baton_worker_t *w)
         "healthy", baton_worker_health(w) == BATON_HEALTH_HEALTHY);
     if (j)
         json_object_set_new(j, "cache", baton_policy_worker_json(w)); /* issue 13 */
+    /* PD protocol fields (issue 12). */
+    if (j)
+        json_object_update_new(
+            j, json_pack("{s:s, s:o, s:o, s:i}", "pd_protocol",
+                         baton_pd_protocol_name(w->pd_protocol), "engine_id",
+                         w->engine_id ? json_string(w->engine_id) : json_null(), "bootstrap_addr",
+                         w->bootstrap_addr ? json_string(w->bootstrap_addr) : json_null(),
+                         "dp_size", w->dp_size));
     return j;
 }
 
@@ -196,6 +204,29 @@ static int json_opt_string(json_t *obj, const char *key, const char **out, char 
     return 0;
 }
 
+/* The PD protocol fields of POST /workers (issue 12); the registry checks that they belong to
+ * the worker's protocol. */
+static int parse_pd_fields(json_t *body, baton_worker_spec_t *spec, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(body, "pd_protocol");
+    if (v && !json_is_null(v) &&
+        (!json_is_string(v) || baton_pd_protocol_parse(json_string_value(v), &spec->pd_protocol))) {
+        snprintf(err, errlen, "pd_protocol must be \"sglang\", \"vllm-nixl\" or \"vllm-mooncake\"");
+        return BATON_EINVAL;
+    }
+    int rc = json_opt_string(body, "engine_id", &spec->engine_id, err, errlen);
+    if (rc == 0)
+        rc = json_opt_string(body, "bootstrap_addr", &spec->bootstrap_addr, err, errlen);
+    if (rc == 0 && (v = json_object_get(body, "dp_size")) != NULL && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1024) {
+            snprintf(err, errlen, "dp_size must be an integer 0..1024 or null");
+            return BATON_EINVAL;
+        }
+        spec->dp_size = (int)json_integer_value(v);
+    }
+    return rc;
+}
+
 int baton_admin_spec_parse(json_t *body, baton_worker_spec_t *spec, char **labels_p, char *err,
                            size_t errlen)
 {
@@ -260,6 +291,8 @@ int baton_admin_spec_parse(json_t *body, baton_worker_spec_t *spec, char **label
             spec->labels_json = labels;
         }
     }
+    if (rc == 0)
+        rc = parse_pd_fields(body, spec, err, errlen);
     *labels_p = labels;
     return rc;
 }

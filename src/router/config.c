@@ -195,6 +195,9 @@ static const opt_t options[] = {
      "client certificate presented to etcd (its --client-cert-auth)"},
     {"--registry-key", "registry", "key", OPT_STR, OFF(registry_key), 0, 0, 0, "FILE",
      "private key of --registry-cert"},
+    /* PD protocols (issue 12): vLLM's NIXL / Mooncake connectors beside SGLang's. */
+    {"--pd-protocol", NULL, "pd_protocol", OPT_STR, OFF(pd_protocol), 0, 0, 0, "P",
+     "protocol of workers registered without one: sglang | vllm-nixl | vllm-mooncake"},
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -272,6 +275,13 @@ int baton_config_init(baton_config_t *cfg)
     cfg->worker_drain_timeout_ms = 30000;
     cfg->registry_timeout_ms = 2000;
     baton_policy_params_default(&cfg->policy_params);
+    cfg->pd_protocol = strdup("sglang");
+    if (cfg->pd_protocol == NULL) {
+        free(cfg->host);
+        free(cfg->check_path);
+        cfg->host = cfg->check_path = NULL;
+        return BATON_ENOMEM;
+    }
     return 0;
 }
 
@@ -281,6 +291,8 @@ static void worker_free(baton_config_worker_t *w)
     free(w->api_key);
     free(w->model_id);
     free(w->labels_json);
+    free(w->engine_id);
+    free(w->bootstrap_addr);
     memset(w, 0, sizeof(*w));
 }
 
@@ -304,6 +316,7 @@ void baton_config_free(baton_config_t *cfg)
     free(cfg->registry_user);
     free(cfg->registry_password_file);
     free(cfg->session_key_field);
+    free(cfg->pd_protocol);
     for (size_t i = 0; i < cfg->n_workers; i++)
         worker_free(&cfg->workers[i]);
     free(cfg->workers);
@@ -408,6 +421,11 @@ static int set_from_string(baton_config_t *cfg, const opt_t *o, const char *wher
             return set_err(err, errlen, BATON_EINVAL,
                            "%s: must be a path starting with '/', without spaces, under 128 bytes",
                            where);
+        baton_pd_protocol_t proto;
+        if (o->offset == OFF(pd_protocol) && baton_pd_protocol_parse(value, &proto) != 0)
+            return set_err(err, errlen, BATON_EINVAL,
+                           "%s: unknown protocol '%s' (sglang, vllm-nixl, vllm-mooncake)", where,
+                           value);
         char *s = strdup(value);
         if (s == NULL)
             return set_err(err, errlen, BATON_ENOMEM, "out of memory");
@@ -562,8 +580,11 @@ static int parse_json_worker(baton_config_t *cfg, json_t *jw, const char *where,
 {
     if (!json_is_object(jw))
         return set_err(err, errlen, BATON_EINVAL, "%s: must be an object", where);
-    baton_config_worker_t w = {
-        .role = BATON_ROLE_REGULAR, .bootstrap_port = -1, .priority = 50, .cost = 1.0};
+    baton_config_worker_t w = {.role = BATON_ROLE_REGULAR,
+                               .bootstrap_port = -1,
+                               .priority = 50,
+                               .cost = 1.0,
+                               .pd_protocol = BATON_PD_UNSET};
     int rc = 0;
     const char *key;
     json_t *v;
@@ -613,6 +634,25 @@ static int parse_json_worker(baton_config_t *cfg, json_t *jw, const char *where,
                 if (w.labels_json == NULL)
                     rc = set_err(err, errlen, BATON_ENOMEM, "out of memory");
             }
+        } else if (strcmp(key, "pd_protocol") == 0) {
+            w.pd_protocol = BATON_PD_UNSET; /* null: the router's --pd-protocol */
+            if (!json_is_null(v) &&
+                (!json_is_string(v) ||
+                 baton_pd_protocol_parse(json_string_value(v), &w.pd_protocol) != 0))
+                rc = set_err(err, errlen, BATON_EINVAL,
+                             "%s.pd_protocol: must be \"sglang\", \"vllm-nixl\" or "
+                             "\"vllm-mooncake\"",
+                             where);
+        } else if (strcmp(key, "engine_id") == 0) {
+            rc = dup_json_string(v, &w.engine_id, where, key, err, errlen);
+        } else if (strcmp(key, "bootstrap_addr") == 0) {
+            rc = dup_json_string(v, &w.bootstrap_addr, where, key, err, errlen);
+        } else if (strcmp(key, "dp_size") == 0) {
+            if (json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 1024)
+                w.dp_size = (int)json_integer_value(v);
+            else
+                rc = set_err(err, errlen, BATON_EINVAL, "%s.dp_size: must be an integer 0..1024",
+                             where);
         } else {
             rc = set_err(err, errlen, BATON_EINVAL, "%s: unknown key '%s'", where, key);
         }
@@ -786,7 +826,11 @@ static int cli_worker(baton_config_t *cfg, baton_worker_role_t role, int argc, c
     const char *url = flag_value(argc, argv, i, arg, strlen(flag));
     if (url == NULL)
         return set_err(err, errlen, BATON_EINVAL, "%s: missing URL", flag);
-    baton_config_worker_t w = {.role = role, .bootstrap_port = -1, .priority = 50, .cost = 1.0};
+    baton_config_worker_t w = {.role = role,
+                               .bootstrap_port = -1,
+                               .priority = 50,
+                               .cost = 1.0,
+                               .pd_protocol = BATON_PD_UNSET};
     /* SGLang's convention: --prefill URL [BOOTSTRAP_PORT]. The second word is a port when it
      * looks like a number (or none/null); anything else is the next flag. */
     if (role == BATON_ROLE_PREFILL && *i + 1 < argc) {
@@ -894,6 +938,10 @@ int baton_config_add_worker(baton_registry_t *reg, const baton_config_worker_t *
     spec.priority = cw->priority;
     spec.cost = cw->cost;
     spec.labels_json = cw->labels_json;
+    spec.pd_protocol = cw->pd_protocol;
+    spec.engine_id = cw->engine_id;
+    spec.bootstrap_addr = cw->bootstrap_addr;
+    spec.dp_size = cw->dp_size;
     return baton_registry_add(reg, &spec, NULL, why, whylen);
 }
 

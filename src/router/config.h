@@ -170,6 +170,13 @@
  *                                                               verified: chain + host name/IP)
  *  registry.cert                --registry-cert FILE        none (client certificate presented
  *  registry.key                 --registry-key FILE         to etcd: its --client-cert-auth)
+ *  -- PD protocols (issue 12) --
+ *  pd_protocol                  --pd-protocol P             sglang (the protocol of workers
+ *                                                           registered without their own:
+ *                                                           sglang | vllm-nixl | vllm-mooncake)
+ *       worker entries (file and POST /workers) may add: pd_protocol (overrides the router's),
+ *       engine_id and bootstrap_addr ("http://host:port"; required for a vllm-mooncake prefill,
+ *       refused elsewhere), dp_size (sglang only: data-parallel ranks, 0 = none).
  *                               --config FILE               none (the JSON file above)
  *                               --help                      print this and exit 0
  *
@@ -188,7 +195,11 @@ typedef struct baton_config_worker_s {
     char *model_id;     /* NULL = none */
     int priority;
     double cost;
-    char *labels_json; /* NULL = none */
+    char *labels_json;               /* NULL = none */
+    baton_pd_protocol_t pd_protocol; /* UNSET: the router's pd_protocol */
+    char *engine_id;                 /* NULL = none (vllm-mooncake prefill) */
+    char *bootstrap_addr;            /* NULL = none (vllm-mooncake prefill) */
+    int dp_size;                     /* 0 = not data-parallel (sglang) */
 } baton_config_worker_t;
 
 /* A repeatable string option (--api-key). */
@@ -262,6 +273,8 @@ typedef struct baton_config_s {
     char *registry_ca;
     char *registry_cert;
     char *registry_key;
+    /* PD protocols (issue 12). */
+    char *pd_protocol; /* "sglang" | "vllm-nixl" | "vllm-mooncake" (validated) */
 
     /* Private to config.c: which keys were given explicitly. */
     unsigned set_flags_;

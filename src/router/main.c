@@ -455,6 +455,9 @@ static int create_shared(app_t *app, char *err, size_t errlen)
         snprintf(err, errlen, "registry: %s", baton_strerror(rc));
         return rc;
     }
+    baton_pd_protocol_t pd_default = BATON_PD_SGLANG;
+    baton_pd_protocol_parse(app->cfg.pd_protocol, &pd_default); /* validated by the config */
+    baton_registry_set_pd_default(r->registry, pd_default);
     if ((rc = baton_config_apply_workers(&app->cfg, r->registry, err, errlen)) != 0)
         return rc;
     const baton_policy_params_t *pp = &app->cfg.policy_params;
@@ -469,7 +472,8 @@ static int create_shared(app_t *app, char *err, size_t errlen)
         return BATON_ENOMEM;
     }
     if ((rc = baton_router_metrics_create(&r->metrics, r->metrics_reg)) != 0 ||
-        (rc = baton_resil_metrics_create(&r->resil, r->metrics_reg)) != 0) {
+        (rc = baton_resil_metrics_create(&r->resil, r->metrics_reg)) != 0 ||
+        (rc = baton_proxy_pd_metrics_init(r)) != 0) {
         snprintf(err, errlen, "metrics: %s", baton_strerror(rc));
         return rc;
     }

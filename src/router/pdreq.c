@@ -402,7 +402,7 @@ static int dump_cb(const char *buffer, size_t size, void *data)
 }
 
 /* One pass into `out` (json_dumpb would need a sizing pass first). */
-static int dump_compact(const json_t *j, baton_buf_t *out)
+int baton_pdreq_dump(const json_t *j, baton_buf_t *out)
 {
     baton_buf_reset(out);
     if (json_dump_callback(j, dump_cb, out, JSON_COMPACT) != 0)
@@ -453,7 +453,7 @@ built:
     }
     if (json_object_set_new(r->root, "bootstrap_room", rm))
         return BATON_ENOMEM;
-    return dump_compact(r->root, &r->out);
+    return baton_pdreq_dump(r->root, &r->out);
 nomem:
     json_decref(h);
     json_decref(p);
@@ -594,7 +594,7 @@ int baton_pdreq_merge_body(const baton_pdreq_lp_t *lp, const char *decode_body, 
             merged |= rc;
         }
     }
-    if (merged > 0 && (rc = dump_compact(root, out)) != 0)
+    if (merged > 0 && (rc = baton_pdreq_dump(root, out)) != 0)
         merged = rc;
     json_decref(root);
     return merged;
@@ -616,7 +616,7 @@ int baton_pdreq_merge_event(const baton_pdreq_lp_t *lp, const char *payload, siz
     rc = merge_elem(lp, idx, ev);
     if (rc > 0) {
         *merged_mask |= bit;
-        int drc = dump_compact(ev, out);
+        int drc = baton_pdreq_dump(ev, out);
         if (drc)
             rc = drc;
     }

@@ -83,6 +83,9 @@ int baton_pdreq_inject(baton_pdreq_t *r, const char *host, int bootstrap_port,
 
 void baton_pdreq_free(baton_pdreq_t *r);
 
+/* Serializes j compactly into out (replacing what was there). 0 or BATON_ENOMEM. */
+int baton_pdreq_dump(const json_t *j, baton_buf_t *out);
+
 /* ---- logprob merging ---- */
 
 /*

@@ -66,13 +66,14 @@ baton_pick_rc_t baton_pick(baton_registry_t *reg, baton_policy_t *policy, baton_
                            unsigned cap, baton_worker_role_t role, baton_worker_t *const *avoid,
                            size_t n_avoid, baton_pick_t *out)
 {
-    return baton_pick_ctx(reg, policy, health, cap, role, avoid, n_avoid, NULL, out);
+    return baton_pick_ctx(reg, policy, health, cap, role, avoid, n_avoid, NULL, NULL, NULL, out);
 }
 
 baton_pick_rc_t baton_pick_ctx(baton_registry_t *reg, baton_policy_t *policy,
                                baton_whealth_t *health, unsigned cap, baton_worker_role_t role,
-                               baton_worker_t *const *avoid, size_t n_avoid, baton_route_ctx_t *ctx,
-                               baton_pick_t *out)
+                               baton_worker_t *const *avoid, size_t n_avoid,
+                               baton_pick_keep_cb keep, const void *keep_arg,
+                               baton_route_ctx_t *ctx, baton_pick_t *out)
 {
     baton_worker_t *stack[PICK_STACK], **cands;
     size_t n =
@@ -85,21 +86,23 @@ baton_pick_rc_t baton_pick_ctx(baton_registry_t *reg, baton_policy_t *policy,
     out->tokens = 0;
     if (pinned) {
         /* Only the pinned worker is a candidate; avoid[] does not apply (debugging wants it). */
-        size_t keep = 0;
+        size_t kept = 0;
         for (size_t i = 0; i < n; i++) {
             if (strcmp(cands[i]->id, pin) == 0)
-                cands[keep++] = cands[i];
+                cands[kept++] = cands[i];
             else
                 baton_worker_unref(cands[i]);
         }
-        n = keep;
+        n = kept;
         n_avoid = 0;
     }
 
     /* Candidates under the cap; those not avoided first. */
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        if (cap && baton_worker_in_flight(cands[i]) >= (long)cap) {
+        if (keep && !keep(cands[i], keep_arg)) {
+            baton_worker_unref(cands[i]);
+        } else if (cap && baton_worker_in_flight(cands[i]) >= (long)cap) {
             capped = 1;
             baton_worker_unref(cands[i]);
         } else {

@@ -43,6 +43,9 @@ baton_pick_rc_t baton_pick(baton_registry_t *reg, baton_policy_t *policy, baton_
                            unsigned cap, baton_worker_role_t role, baton_worker_t *const *avoid,
                            size_t n_avoid, baton_pick_t *out);
 
+/* A hard filter on the candidates (see baton_pick_ctx). */
+typedef int (*baton_pick_keep_cb)(const baton_worker_t *w, const void *arg);
+
 /*
  * baton_pick with the request's context (policy.h; NULL: none). The policy chooses with it and
  * is told the choice (cache_aware records the prompt for the chosen worker); the chosen worker's
@@ -51,12 +54,15 @@ baton_pick_rc_t baton_pick(baton_registry_t *reg, baton_policy_t *policy, baton_
  * names the worker to use for a role when one of the listed ids is a worker of that role: that
  * worker or nothing (BATON_PICK_NONE when it is not eligible; CAPPED at its cap); roles the pin
  * does not name are chosen by the policy. Whether the caller may pin is decided by the caller
- * (baton__pin_allowed in route_ctx.c).
+ * (baton__pin_allowed in route_ctx.c). Only workers for which keep(w, keep_arg) is 1 are
+ * candidates (keep NULL: every worker); unlike avoid[], a hard rule: e.g. a decode must speak
+ * its prefill's PD protocol.
  */
 baton_pick_rc_t baton_pick_ctx(baton_registry_t *reg, baton_policy_t *policy,
                                baton_whealth_t *health, unsigned cap, baton_worker_role_t role,
-                               baton_worker_t *const *avoid, size_t n_avoid, baton_route_ctx_t *ctx,
-                               baton_pick_t *out);
+                               baton_worker_t *const *avoid, size_t n_avoid,
+                               baton_pick_keep_cb keep, const void *keep_arg,
+                               baton_route_ctx_t *ctx, baton_pick_t *out);
 
 /* Gives back what a pick holds on its worker (in-flight slot and prompt words), not the
  * reference: for callers that keep the worker. */

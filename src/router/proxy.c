@@ -253,6 +253,7 @@ void baton__proxy_on_data(baton_http_creq_t *creq, const char *data, size_t len)
     if (u->cancelled || u->stale || !pr->req)
         return;
     if (u->side == UP_MAIN && baton__pr_streamed(pr)) {
+        baton__nixl_decode_progress(pr);
         baton__relay_stream_bytes(pr, data, len);
         return;
     }
@@ -312,7 +313,9 @@ void baton__proxy_on_done(baton_http_creq_t *creq, int err)
     } else if (u->cancelled || baton__pr_decided(pr)) {
         /* bookkeeping only: the answer was decided elsewhere */
     } else if (u->side == UP_PREFILL) {
-        if (baton__is_2xx(u->status) && !err) {
+        if (baton__is_2xx(u->status) && !err && baton__nixl_waiting(pr, u)) {
+            baton__nixl_prefill_done(pr, u);
+        } else if (baton__is_2xx(u->status) && !err) {
             baton__relay_prefill_ok(pr);
         } else if (prefill_failure_is_late(pr)) {
             log_warn("router",
@@ -328,6 +331,8 @@ void baton__proxy_on_done(baton_http_creq_t *creq, int err)
     } else if (baton__pr_streamed(pr)) {
         baton__relay_stream_done(pr);
     } else {
+        if (baton__is_2xx(u->status))
+            baton__nixl_decode_progress(pr); /* decode answered: it read the blocks */
         baton__relay_main_body_done(pr);
     }
     baton__run_deferred(pr);

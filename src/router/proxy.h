@@ -50,7 +50,13 @@ typedef struct baton_router_s {
      * such workers then fail). Both are reloaded in place on SIGHUP. */
     struct baton_tls_s *server_tls;
     struct baton_tls_s *upstream_tls;
+    /* PD protocols (issue 12): baton_pd_stranded_releases_total{protocol,result}, in
+     * metrics_reg (NULL: not counted). */
+    baton_metric_family_t *pd_releases;
 } baton_router_t;
+
+/* Registers the PD protocols' metric family in r->metrics_reg. 0 or BATON_EEXIST. */
+int baton_proxy_pd_metrics_init(baton_router_t *r);
 
 /* The policy for a role (an atomic load: a reload may swap it). */
 baton_policy_t *baton_router_policy(baton_router_t *r, baton_worker_role_t role);

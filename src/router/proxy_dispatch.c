@@ -23,8 +23,8 @@ baton_pick_rc_t baton__pick(baton_router_t *r, baton_worker_role_t role,
                             baton_route_ctx_t *ctx, baton_pick_t *out)
 {
     return baton_pick_ctx(r->registry, baton_router_policy(r, role), r->health,
-                          use_cap ? r->cfg->max_worker_requests : 0, role, avoid, n_avoid, ctx,
-                          out);
+                          use_cap ? r->cfg->max_worker_requests : 0, role, avoid, n_avoid, NULL,
+                          NULL, ctx, out);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -68,6 +68,8 @@ void baton__up_free(baton__upstream_t *u)
 {
     if (!u)
         return;
+    if (u->held)
+        baton__nixl_release(u); /* the decode never read the prefill's blocks */
     baton__up_settle(u, BATON_OUTCOME_NEUTRAL);
     baton_worker_unref(u->w);
     free(u->path);
@@ -165,6 +167,8 @@ int baton__up_start(baton__preq_t *pr, baton__upstream_t *u, const char *method,
         }
         u->hdrs[u->n_hdrs++] = (baton_http_header_t){"Authorization", u->auth};
     }
+    if (pr->reqid[0]) /* vLLM protocols: one id ties the two legs */
+        u->hdrs[u->n_hdrs++] = (baton_http_header_t){"X-Request-Id", pr->reqid};
     baton_http_pool_t *pool = baton__pool_for(pr->pl, w);
     if (!pool)
         return BATON_ENOMEM;
@@ -190,6 +194,10 @@ static int pd_dispatch(baton__preq_t *pr)
     size_t n = baton_pdreq_n_rooms(&pr->pd);
     int rc;
 
+    if (p->w->pd_protocol != BATON_PD_SGLANG)
+        return baton__pd_dispatch_vllm(pr);
+    if (p->w->dp_size > 1 || d->w->dp_size > 1)
+        return baton__pd_dispatch_dp(pr);
     if (n > 16 && !(rooms = malloc(n * sizeof(*rooms))))
         return BATON_ENOMEM;
     for (size_t i = 0; i < n; i++)
@@ -252,7 +260,7 @@ enum baton__start_rc baton__start_attempt(baton__preq_t *pr, int *missing_prefil
     baton_route_ctx_t *ctx = &pr->rctx;
     prc = baton__pick(r, BATON_ROLE_PREFILL, pr->avoid, pr->n_avoid, 1, ctx, &p);
     if (prc == BATON_PICK_OK) {
-        drc = baton__pick(r, BATON_ROLE_DECODE, pr->avoid, pr->n_avoid, 1, ctx, &d);
+        drc = baton__pick_decode_for(r, pr, p.w, ctx, &d);
         if (drc != BATON_PICK_OK) {
             pick_release(r, &p, BATON_OUTCOME_NEUTRAL);
             *missing_prefill = 0;

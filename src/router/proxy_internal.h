@@ -121,6 +121,8 @@ typedef struct fail_s {
 
 struct preq_s;
 
+#define BATON__REQID_MAX 72 /* vLLM protocols: request ids kept, NUL included */
+
 typedef struct upstream_s {
     struct preq_s *pr;
     int side;
@@ -131,7 +133,7 @@ typedef struct upstream_s {
     char *path;                    /* owned when the worker has a prefix or there is a query */
     const char *path_use;
     char *auth; /* "Bearer <api_key>", owned */
-    baton_http_header_t hdrs[2];
+    baton_http_header_t hdrs[3];
     size_t n_hdrs;
     int status; /* 0 until on_head */
     /* Per upstream request, not the request's phase: */
@@ -141,7 +143,10 @@ typedef struct upstream_s {
     unsigned buffer : 1;    /* keep the body */
     unsigned cancelled : 1; /* we cancelled it: its on_done is bookkeeping only */
     unsigned stale : 1;     /* its attempt was abandoned for a retry: freed at on_done */
-    int err;                /* on_done's error */
+    unsigned held : 1;      /* vllm-nixl prefill: answered, its blocks wait for the decode
+                             * (released when freed still set: proxy_vllm.c) */
+    char remote_rid[BATON__REQID_MAX]; /* vllm-nixl prefill: its remote_request_id */
+    int err;                           /* on_done's error */
     char ctype[128];
     baton_buf_t resp;
 } baton__upstream_t;
@@ -189,9 +194,10 @@ typedef struct preq_s {
     /* When the first response byte went to the client; 0 before. Non-zero also tells that the
      * client's stream started (a failure then goes out as an SSE event, never retried). */
     uint64_t ttfb_ns;
-    baton_token_scan_t tokens; /* TTFT / inter-token latency of the relayed stream */
-    baton_list_t link;         /* in pl->live */
-    baton_list_t qlink;        /* in pl->queue while QUEUED */
+    baton_token_scan_t tokens;    /* TTFT / inter-token latency of the relayed stream */
+    char reqid[BATON__REQID_MAX]; /* vLLM protocols: X-Request-Id on both legs; "" otherwise */
+    baton_list_t link;            /* in pl->live */
+    baton_list_t qlink;           /* in pl->queue while QUEUED */
 } baton__preq_t;
 
 /* ---- proxy.c: phases and life time ---- */
@@ -312,5 +318,25 @@ void baton__retry_fire(baton__preq_t *pr);
 int baton__blames_prefill(const baton__preq_t *pr, const baton__upstream_t *u, int err);
 int baton__is_timeout(int err);
 void baton__fail_free(baton__fail_t *f);
+
+/* ---- proxy_vllm.c: PD protocols beside SGLang's ---- */
+
+/* Picks a decode that speaks the prefill's protocol (others are avoided). */
+baton_pick_rc_t baton__pick_decode_for(baton_router_t *r, baton__preq_t *pr,
+                                       const baton_worker_t *prefill, baton_route_ctx_t *ctx,
+                                       baton_pick_t *out);
+/* Dispatches the pair in up[] by vllm-nixl (phase 1) or vllm-mooncake; 0 or BATON_ENOMEM
+ * (a send failure goes through baton__side_failed). */
+int baton__pd_dispatch_vllm(baton__preq_t *pr);
+/* SGLang with a data-parallel worker in the pair: ranks and rooms that agree. */
+int baton__pd_dispatch_dp(baton__preq_t *pr);
+/* 1 when u is a vllm-nixl prefill whose decode leg is not sent yet. */
+int baton__nixl_waiting(const baton__preq_t *pr, const baton__upstream_t *u);
+/* The prefill answered 2xx: phase 2 (decode with its kv_transfer_params), or a 502. */
+void baton__nixl_prefill_done(baton__preq_t *pr, baton__upstream_t *p);
+/* Decode produced bytes or finished: the prefill's blocks were read. */
+void baton__nixl_decode_progress(baton__preq_t *pr);
+/* Asks p's worker to drop the blocks it holds for p's request (best effort, counted). */
+void baton__nixl_release(baton__upstream_t *p);
 
 #endif

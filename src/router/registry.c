@@ -27,6 +27,7 @@ struct baton_registry_s {
     char shared_source[16];
     int shared_connected;
     char shared_detail[256];
+    _Atomic int pd_default; /* baton_pd_protocol_t for specs without one */
 };
 
 static const char *const role_names[] = {"prefill", "decode", "regular"};
@@ -65,6 +66,31 @@ void baton_worker_spec_init(baton_worker_spec_t *spec)
     spec->bootstrap_port = -1;
     spec->priority = 50;
     spec->cost = 1.0;
+    spec->pd_protocol = BATON_PD_UNSET;
+}
+
+static const char *const pd_names[BATON_PD_COUNT] = {"sglang", "vllm-nixl", "vllm-mooncake"};
+
+const char *baton_pd_protocol_name(baton_pd_protocol_t p)
+{
+    return (unsigned)p < BATON_PD_COUNT ? pd_names[p] : "unknown";
+}
+
+int baton_pd_protocol_parse(const char *name, baton_pd_protocol_t *p_p)
+{
+    for (int i = 0; name && i < BATON_PD_COUNT; i++) {
+        if (strcmp(name, pd_names[i]) == 0) {
+            *p_p = (baton_pd_protocol_t)i;
+            return 0;
+        }
+    }
+    return BATON_EINVAL;
+}
+
+void baton_registry_set_pd_default(baton_registry_t *reg, baton_pd_protocol_t p)
+{
+    if ((unsigned)p < BATON_PD_COUNT)
+        atomic_store(&reg->pd_default, (int)p);
 }
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
@@ -108,6 +134,8 @@ static void worker_free(baton_worker_t *w)
     free(w->api_key);
     free(w->model_id);
     free(w->labels_json);
+    free(w->engine_id);
+    free(w->bootstrap_addr);
     free(w);
 }
 
@@ -205,6 +233,7 @@ int baton_registry_create(baton_registry_t **reg_p)
         return BATON_ENOMEM;
     }
     atomic_init(&reg->generation, 1);
+    atomic_init(&reg->pd_default, BATON_PD_SGLANG);
     *reg_p = reg;
     return 0;
 }
@@ -274,6 +303,47 @@ static baton_worker_t *find_url_locked(baton_registry_t *reg, const char *norm_u
     return NULL;
 }
 
+/* A worker carries only its own protocol's fields: one sent for another protocol means the
+ * operator paired the wrong kind of engine with this router, which must fail at registration
+ * rather than at the first request. */
+static int pd_fields_check(const baton_worker_spec_t *spec, baton_pd_protocol_t proto, char *err,
+                           size_t errlen)
+{
+    const char *pname = baton_pd_protocol_name(proto);
+    if ((unsigned)proto >= BATON_PD_COUNT) {
+        set_err(err, errlen, "pd_protocol must be sglang, vllm-nixl or vllm-mooncake");
+        return BATON_EINVAL;
+    }
+    if (proto != BATON_PD_SGLANG && spec->role == BATON_ROLE_REGULAR) {
+        set_err(err, errlen, "pd_protocol %s is for prefill and decode workers only", pname);
+        return BATON_EINVAL;
+    }
+    if (spec->dp_size < 0 || spec->dp_size > 1024) {
+        set_err(err, errlen, "dp_size must be in 0..1024");
+        return BATON_EINVAL;
+    }
+    if (proto != BATON_PD_SGLANG && (spec->dp_size || spec->bootstrap_port != -1)) {
+        set_err(err, errlen, "%s is an sglang field; this worker speaks %s",
+                spec->dp_size ? "dp_size" : "bootstrap_port", pname);
+        return BATON_EINVAL;
+    }
+    int mooncake_prefill = proto == BATON_PD_VLLM_MOONCAKE && spec->role == BATON_ROLE_PREFILL;
+    if (!mooncake_prefill && (spec->engine_id || spec->bootstrap_addr)) {
+        set_err(err, errlen, "engine_id and bootstrap_addr are for vllm-mooncake prefill workers");
+        return BATON_EINVAL;
+    }
+    if (mooncake_prefill &&
+        (!spec->engine_id || !spec->engine_id[0] || !spec->bootstrap_addr ||
+         strncmp(spec->bootstrap_addr, "http://", 7) != 0 || !spec->bootstrap_addr[7])) {
+        /* vLLM's decode appends "/query" to remote_bootstrap_addr: the scheme is required. */
+        set_err(
+            err, errlen,
+            "a vllm-mooncake prefill needs engine_id and bootstrap_addr (\"http://host:port\")");
+        return BATON_EINVAL;
+    }
+    return 0;
+}
+
 int baton_registry_add(baton_registry_t *reg, const baton_worker_spec_t *spec,
                        baton_worker_t **worker_p, char *err, size_t errlen)
 {
@@ -305,6 +375,11 @@ int baton_registry_add(baton_registry_t *reg, const baton_worker_spec_t *spec,
             return BATON_EINVAL;
         }
     }
+    baton_pd_protocol_t proto = spec->pd_protocol == BATON_PD_UNSET
+                                    ? (baton_pd_protocol_t)atomic_load(&reg->pd_default)
+                                    : spec->pd_protocol;
+    if (pd_fields_check(spec, proto, err, errlen) != 0)
+        return BATON_EINVAL;
     if (spec->priority < 0) {
         set_err(err, errlen, "priority must be >= 0");
         return BATON_EINVAL;
@@ -339,6 +414,8 @@ int baton_registry_add(baton_registry_t *reg, const baton_worker_spec_t *spec,
         w->url = dup_or_null(norm, &oom);
         w->api_key = dup_or_null(spec->api_key, &oom);
         w->model_id = dup_or_null(spec->model_id, &oom);
+        w->engine_id = dup_or_null(spec->engine_id, &oom);
+        w->bootstrap_addr = dup_or_null(spec->bootstrap_addr, &oom);
     } else {
         free(labels);
     }
@@ -353,12 +430,15 @@ int baton_registry_add(baton_registry_t *reg, const baton_worker_spec_t *spec,
     w->bootstrap_port = spec->bootstrap_port;
     w->priority = spec->priority;
     w->cost = spec->cost;
+    w->pd_protocol = proto;
+    w->dp_size = spec->dp_size;
     atomic_init(&w->in_flight, 0);
     atomic_init(&w->health, BATON_HEALTH_HEALTHY);
     atomic_init(&w->breaker, BATON_BREAKER_CLOSED);
     atomic_init(&w->draining, 0);
     atomic_init(&w->removed, 0);
     atomic_init(&w->removed_ns, 0);
+    atomic_init(&w->dp_turn, 0);
     atomic_init(&w->refcount, 1); /* the registry's */
 
     pthread_mutex_lock(&reg->lock);
@@ -385,8 +465,9 @@ int baton_registry_add(baton_registry_t *reg, const baton_worker_spec_t *spec,
     }
     bump(reg);
     pthread_mutex_unlock(&reg->lock);
-    log_info("router", "worker_added id=%s url=%s role=%s bootstrap_port=%d", w->id, w->url,
-             baton_worker_role_name(w->role), w->bootstrap_port);
+    log_info("router", "worker_added id=%s url=%s role=%s bootstrap_port=%d pd_protocol=%s", w->id,
+             w->url, baton_worker_role_name(w->role), w->bootstrap_port,
+             baton_pd_protocol_name(w->pd_protocol));
     return 0;
 }
 

@@ -49,6 +49,22 @@ typedef enum {
 } baton_worker_health_t;
 const char *baton_worker_health_name(baton_worker_health_t h); /* "healthy", "unhealthy" */
 
+/* The PD protocol a worker speaks (issue 12). A request's pair always speaks one protocol: the
+ * decode is picked among the workers of the prefill's protocol. */
+typedef enum {
+    BATON_PD_SGLANG = 0,        /* bootstrap_host/port/room injected, both legs at once */
+    BATON_PD_VLLM_NIXL = 1,     /* two phases: prefill (max_tokens 1), then decode with the
+                                 * prefill's kv_transfer_params */
+    BATON_PD_VLLM_MOONCAKE = 2, /* one transfer_id minted per request, both legs at once */
+    BATON_PD_COUNT = 3,
+    BATON_PD_UNSET = -1 /* spec only: the registry's default (baton_registry_set_pd_default) */
+} baton_pd_protocol_t;
+
+/* "sglang", "vllm-nixl", "vllm-mooncake". */
+const char *baton_pd_protocol_name(baton_pd_protocol_t p);
+/* Exact match of the names above. 0 or BATON_EINVAL. */
+int baton_pd_protocol_parse(const char *name, baton_pd_protocol_t *p_p);
+
 #define BATON_WORKER_ID_MAX 16 /* "w-" + 8 hex digits + NUL fits with room to spare */
 
 /* What a caller asks to register. Strings are borrowed for the duration of the call only. */
@@ -61,9 +77,15 @@ typedef struct baton_worker_spec_s {
     int priority;             /* >= 0; default 50 (higher = preferred; informational now) */
     double cost;              /* >= 0; default 1.0 (informational now) */
     const char *labels_json;  /* NULL or a JSON object as text, e.g. {"zone":"a"} */
+    /* PD protocols (issue 12). */
+    baton_pd_protocol_t pd_protocol; /* UNSET = the registry's default */
+    const char *engine_id;           /* vllm-mooncake prefill: its kv_transfer_config engine_id */
+    const char *bootstrap_addr; /* vllm-mooncake prefill: "http://host:port" of its bootstrap */
+    int dp_size;                /* sglang: data-parallel ranks (0 = not data-parallel) */
 } baton_worker_spec_t;
 
-/* Fills the defaults: url NULL, role REGULAR, bootstrap_port -1, priority 50, cost 1.0. */
+/* Fills the defaults: url NULL, role REGULAR, bootstrap_port -1, priority 50, cost 1.0,
+ * pd_protocol UNSET, engine_id/bootstrap_addr NULL, dp_size 0. */
 void baton_worker_spec_init(baton_worker_spec_t *spec);
 
 /*
@@ -81,7 +103,11 @@ typedef struct baton_worker_s {
     char *model_id;     /* NULL = none */
     int priority;
     double cost;
-    char *labels_json; /* compact JSON object text, "{}" when none; never NULL */
+    char *labels_json;               /* compact JSON object text, "{}" when none; never NULL */
+    baton_pd_protocol_t pd_protocol; /* resolved at registration: never UNSET */
+    char *engine_id;                 /* NULL = none */
+    char *bootstrap_addr;            /* NULL = none */
+    int dp_size;                     /* 0 = not data-parallel */
 
     /* Mutable, atomic. */
     atomic_long in_flight;       /* requests currently sent to this worker */
@@ -98,6 +124,7 @@ typedef struct baton_worker_s {
     _Atomic uint64_t cache_tree_names; /* cache_aware: names in its router-side tree */
     _Atomic uint64_t cache_tree_bytes; /* ... and their memory */
     atomic_uint cache_hit_ppm;         /* recent predicted hit ratio, ppm (EWMA, 1/8 weight) */
+    atomic_uint dp_turn;         /* DP attention: the next rank, round robin (issue 12) */
 
     /* Private to registry.c. */
     atomic_long refcount;
@@ -120,7 +147,11 @@ void baton_registry_destroy(baton_registry_t *reg);
  * Validates and registers a worker:
  *   BATON_EINVAL  bad URL (must be http://host[:port][/prefix]), bad role,
  *                 bootstrap_port out of 1..65535 or given for a non-prefill role, negative
- *                 priority/cost, labels_json not a JSON object;
+ *                 priority/cost, labels_json not a JSON object; a field of another PD
+ *                 protocol than the worker's (bootstrap_port or dp_size on a vLLM worker,
+ *                 engine_id/bootstrap_addr on a non-mooncake or non-prefill one), a
+ *                 vllm-mooncake prefill without engine_id and bootstrap_addr, a vLLM protocol
+ *                 on a regular worker, dp_size out of 0..1024;
  *   BATON_EEXIST  a registered worker already has this (normalized) URL;
  *   BATON_ENOMEM.
  * On failure and when err != NULL, a one-line human-readable reason is written to err
@@ -128,6 +159,10 @@ void baton_registry_destroy(baton_registry_t *reg);
  */
 int baton_registry_add(baton_registry_t *reg, const baton_worker_spec_t *spec,
                        baton_worker_t **worker_p, char *err, size_t errlen);
+
+/* The protocol of workers registered without one (default BATON_PD_SGLANG); set before
+ * workers are added (a later change does not alter registered workers). */
+void baton_registry_set_pd_default(baton_registry_t *reg, baton_pd_protocol_t p);
 
 /* Removes by id or by URL (the URL is normalized first). 0 or BATON_ENOTFOUND. The worker is
  * marked removed and draining; requests holding references finish normally. */

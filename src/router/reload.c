@@ -29,7 +29,9 @@ int baton_reload_same_worker(const baton_config_worker_t *a, const baton_config_
     return a->role == b->role && a->bootstrap_port == b->bootstrap_port &&
            streq_null(a->api_key, b->api_key) && streq_null(a->model_id, b->model_id) &&
            a->priority == b->priority && a->cost == b->cost &&
-           streq_null(a->labels_json, b->labels_json);
+           streq_null(a->labels_json, b->labels_json) && a->pd_protocol == b->pd_protocol &&
+           streq_null(a->engine_id, b->engine_id) &&
+           streq_null(a->bootstrap_addr, b->bootstrap_addr) && a->dp_size == b->dp_size;
 }
 
 static int add(baton_registry_t *reg, const baton_config_worker_t *cw, char *err, size_t errlen)

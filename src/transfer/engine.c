@@ -428,7 +428,7 @@ void baton__room_unref(baton_xfer_room_t *room)
 static void deliver_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, int status)
 {
     room->closed_pending = 0;
-    if (eng->cbs.room_closed_cb != NULL)
+    if (!baton__pull_on_closed(eng, room, status) && eng->cbs.room_closed_cb != NULL)
         eng->cbs.room_closed_cb(eng, room, status, eng->cbs.data);
     baton__room_unref(room); /* the caller's reference */
 }
@@ -442,6 +442,7 @@ static void finish_close(baton_xfer_engine_t *eng)
         scope.prev_log = baton_log_sink_swap(&eng->log);
     baton__mem_free_all(eng);
     baton_u64map_free(&eng->caller_rooms);
+    baton_u64map_free(&eng->exports);
     uv_mutex_destroy(&eng->qlock);
     if (eng->has_log)
         baton_log_sink_swap(scope.prev_log);
@@ -489,7 +490,7 @@ static int dispatch_events(baton_xfer_engine_t *eng, int *closed_p)
         }
         case BATON__EV_ROOM: {
             baton_xfer_room_t *room = ev->u.room;
-            if (eng->cbs.room_cb != NULL)
+            if (!baton__pull_on_room(eng, room) && eng->cbs.room_cb != NULL)
                 eng->cbs.room_cb(eng, room, eng->cbs.data);
             break;
         }
@@ -729,6 +730,7 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
     if (eng->tick_ms > 50)
         eng->tick_ms = 50;
     baton_u64map_init(&eng->caller_rooms);
+    baton_u64map_init(&eng->exports);
     baton_u64map_init(&eng->drooms);
     baton_list_init(&eng->cmdq);
     baton_list_init(&eng->evq);
@@ -904,6 +906,7 @@ void baton_xfer_engine_destroy(baton_xfer_engine_t *engine, baton_xfer_close_cb 
     baton__api_enter(engine, &scope);
     if (!engine->destroying) {
         engine->destroying = 1;
+        baton__pull_drop_all(engine);
         engine->close_cb = close_cb;
         engine->close_data = data;
         baton__cmd_t *cmd = calloc(1, sizeof(*cmd));

@@ -228,6 +228,7 @@ struct baton_xfer_room_s {
     int caller_writes;  /* write calls whose callback has not run yet */
     int closed_pending; /* ROOM_CLOSED arrived while writes were outstanding */
     int closed_status;
+    int pull; /* served (or refused) by pull mode, not the application's (room_pull.c) */
     /* progress thread */
     baton__conn_t *conn;
     baton__proom_state_t state;
@@ -334,6 +335,7 @@ struct baton_xfer_engine_s {
     size_t n_mems, cap_mems;
     uint32_t next_mem_id;
     baton_u64map_t caller_rooms; /* open decode room ids */
+    baton_u64map_t exports;      /* pull mode: key -> export (room_pull.c), caller thread */
     int destroying;
     baton_xfer_close_cb close_cb;
     void *close_data;
@@ -473,5 +475,14 @@ void baton__mem_free_all(baton_xfer_engine_t *eng);
 void baton__lmem_free(baton__lmem_t *m);
 
 #define BATON__LOG "xfer"
+
+/* ---- room_pull.c: pull mode, on the caller thread from the event dispatch ---- */
+
+/* An offer arrived: 1 when it is a pull of an export here (served or refused), else 0. */
+int baton__pull_on_room(baton_xfer_engine_t *eng, baton_xfer_room_t *room);
+/* A room closed: 1 when it was a pull (the export's callback fired), else 0. */
+int baton__pull_on_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, int status);
+/* Destroy: exports still waiting are dropped without their callbacks. */
+void baton__pull_drop_all(baton_xfer_engine_t *eng);
 
 #endif

@@ -10,6 +10,7 @@
 #include "common/buf.h"
 #include "common/log.h"
 #include "http/tls.h"
+#include "worker/vllm.h"
 #include "worker/job.h"
 #include "worker/worker.h"
 
@@ -80,7 +81,7 @@ static void handle_metrics(wk_worker_t *w, baton_http_req_t *req)
     baton_buf_free(&b);
 }
 
-typedef enum { R_GENERATE, R_CHAT, R_COMPLETIONS, R_GET } route_kind_t;
+typedef enum { R_GENERATE, R_CHAT, R_COMPLETIONS, R_GET, R_ABORT } route_kind_t;
 
 typedef struct route_s {
     const char *path;
@@ -102,6 +103,7 @@ static const route_t routes[] = {
     {"/get_load", "GET", R_GET},
     {"/metrics", "GET", R_GET},
     {"/flush_cache", "POST", R_GET},
+    {"/abort_requests", "POST", R_ABORT}, /* vllm-nixl prefill: release held pages */
 };
 
 static void handle_get(wk_worker_t *w, baton_http_req_t *req, const char *path)
@@ -173,6 +175,15 @@ static void http_handler(baton_http_req_t *req, void *ctx)
         break;
     case R_COMPLETIONS:
         wk_job_handle(w, req, WK_API_COMPLETIONS);
+        break;
+    case R_ABORT:
+        if (w->vllm) {
+            wk_vllm_handle_abort(w->vllm, req);
+        } else {
+            baton_http_respond_error(req, 404, "no held KV pages here (vllm-nixl prefill only)",
+                                     "invalid_request_error", NULL, "not_found");
+            wk_worker_count_request(w, "other", 404);
+        }
         break;
     default:
         handle_get(w, req, match->path);

@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "worker/job.h"
+#include "worker/vllm.h"
 #include "worker/render.h"
 
 #define COMP "worker"
@@ -408,8 +409,14 @@ void wk__job_complete(wk_job_t *job)
         baton_http_stream_end(job->http);
     } else {
         rc = wk_render_full(&ctx, &job->req, job->gens, &b);
+        if (rc == 0 && job->req.vllm_leg == WK_VLLM_NIXL_PREFILL)
+            rc = wk_vllm_hold(w->vllm, job->id, &job->req, &b); /* adds kv_transfer_params */
         if (rc == 0)
             baton_http_respond(job->http, 200, "application/json", NULL, 0, b.data, b.len);
+        else if (rc == BATON_EBUSY || rc == BATON_ETOOBIG)
+            baton_http_respond_error(job->http, 503,
+                                     "no KV pages free to hold for the decode's pull",
+                                     "server_error", NULL, "kv_pool_exhausted");
         else
             baton_http_respond_error(job->http, 500, "out of memory", "server_error", NULL,
                                      "internal_error");
@@ -421,7 +428,10 @@ void wk__job_complete(wk_job_t *job)
               "request_done id=%s route=%s items=%zu prompt_tokens=%llu "
               "completion_tokens=%llu",
               job->id, job->route, job->req.n_items, (unsigned long long)p, (unsigned long long)c);
-    wk_worker_count_request(w, job->route, rc == 0 ? 200 : 500);
+    wk_worker_count_request(w, job->route,
+                            rc == 0                                    ? 200
+                            : rc == BATON_EBUSY || rc == BATON_ETOOBIG ? 503
+                                                                       : 500);
     observe_duration(w, job->route, job->start_ns);
     job_end(job, WK_JOB_DONE, "done"); /* nothing is left open by now; this only tidies */
     job_unlink_free(job);
@@ -467,7 +477,7 @@ int wk_job_on_prefilled(wk_sched_t *s, wk_seq_t *seq)
     wk_sstate_t *ss = seq->data;
     (void)s;
     wk__job_cache_store(ss); /* the prompt's KV exists now */
-    if (ss->job->w->cfg.mode == WK_MODE_PREFILL) {
+    if (ss->job->w->cfg.mode == WK_MODE_PREFILL && ss->job->req.vllm_leg != WK_VLLM_NIXL_PREFILL) {
         wk__job_pd_prefilled(ss);
         return 0;
     }
@@ -505,7 +515,8 @@ void wk__job_submit_prefill(wk_job_t *job)
 static void job_start(wk_job_t *job)
 {
     wk_worker_t *w = job->w;
-    if (w->cfg.mode != WK_MODE_REGULAR) {
+    /* a vllm-nixl prefill computes like a plain request; its pages are held at the answer */
+    if (w->cfg.mode != WK_MODE_REGULAR && job->req.vllm_leg != WK_VLLM_NIXL_PREFILL) {
         wk__job_pd_start(job);
         return;
     }
@@ -532,8 +543,11 @@ void wk_job_handle(wk_worker_t *w, baton_http_req_t *http, wk_api_t api)
                perr.code);
         return;
     }
-    const char *bad = NULL;
-    if (w->cfg.mode != WK_MODE_REGULAR && !job->req.has_boot)
+    /* vLLM protocols (issue 12): the leg must be the one this worker plays */
+    const char *bad = wk_vllm_refused(w->cfg.protocol, w->cfg.mode, &job->req);
+    int vbad = bad != NULL;
+    if (!bad && w->cfg.mode != WK_MODE_REGULAR && !job->req.has_boot &&
+        job->req.vllm_leg != WK_VLLM_NIXL_PREFILL)
         bad = w->cfg.mode == WK_MODE_PREFILL
                   ? "this worker runs in prefill mode: bootstrap_room is required"
                   : "this worker runs in decode mode: bootstrap_host, bootstrap_port and "
@@ -547,7 +561,7 @@ void wk_job_handle(wk_worker_t *w, baton_http_req_t *http, wk_api_t api)
     const char *code = NULL;
     if (bad) {
         status = 400;
-        code = "bootstrap_required";
+        code = vbad ? "kv_transfer_params_invalid" : "bootstrap_required";
     } else if (w->shutting_down) {
         status = 503;
         bad = "the worker is shutting down";
@@ -564,7 +578,8 @@ void wk_job_handle(wk_worker_t *w, baton_http_req_t *http, wk_api_t api)
                     wk_kv_send_refuse(w->kv, job->req.items[i].room);
         wk_request_free(&job->req);
         free(job);
-        reject(w, http, route, status, bad, status == 400 ? "bootstrap_room" : NULL, code);
+        reject(w, http, route, status, bad,
+               status == 400 ? (vbad ? "kv_transfer_params" : "bootstrap_room") : NULL, code);
         return;
     }
 

@@ -164,6 +164,8 @@ int wk__item_ids(const wk_item_t *it, const int64_t **ids_p, int64_t **tmp_p);
 
 /* Opens the rooms (prefill) or reserves the pages and offers the rooms (decode). */
 void wk__job_pd_start(wk_job_t *job);
+/* The KV prompt of an item (its ids, or the ids of its text); *tmp_p is to free after use. */
+int wk__job_item_prompt(const wk_item_t *it, wk_kv_prompt_t *pr, int64_t **tmp_p);
 /* Prefill: the sequence was computed; its KV goes out and the answer waits for DONE. */
 void wk__job_pd_prefilled(wk_sstate_t *ss);
 /* The scheduler's layer callback (prefill): the layer's KV exists now. */

@@ -7,7 +7,7 @@
 #include "worker/job.h"
 
 /* Fills *pr for item i; *tmp_p is an allocation to free after use (NULL when none). */
-static int item_prompt(const wk_item_t *it, wk_kv_prompt_t *pr, int64_t **tmp_p)
+int wk__job_item_prompt(const wk_item_t *it, wk_kv_prompt_t *pr, int64_t **tmp_p)
 {
     pr->n_tokens = it->prompt_tokens;
     pr->seed = it->seed;
@@ -179,7 +179,7 @@ static void decode_offer(wk_job_t *job)
         uint32_t n = wk_kv_slots_for(w->kv, it->prompt_tokens);
         wk_kv_prompt_t pr;
         int64_t *tmp = NULL;
-        int rc = item_prompt(it, &pr, &tmp);
+        int rc = wk__job_item_prompt(it, &pr, &tmp);
         if (rc == 0)
             rc = wk_kv_recv_start(w->kv, it->boot_host, it->boot_port, it->room, &pr,
                                   job->slots + off, on_received, ss, &ss->recv);
@@ -217,7 +217,7 @@ void wk__job_pd_start(wk_job_t *job)
         const wk_item_t *it = &job->req.items[i];
         wk_kv_prompt_t pr;
         int64_t *tmp = NULL;
-        int rc = item_prompt(it, &pr, &tmp);
+        int rc = wk__job_item_prompt(it, &pr, &tmp);
         if (rc == 0)
             rc = wk_kv_send_open(w->kv, it->room, &pr, on_matched, on_sent, ss, &ss->send);
         free(tmp);

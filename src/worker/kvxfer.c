@@ -362,6 +362,11 @@ int wk_kv_listen_port(const wk_kv_t *kv)
     return kv->eng ? baton_xfer_engine_listen_port(kv->eng) : 0;
 }
 
+const char *wk_kv_engine_id(const wk_kv_t *kv)
+{
+    return kv->eng ? baton_xfer_engine_id(kv->eng) : "";
+}
+
 static void handle_closed(uv_handle_t *h)
 {
     wk_kv_t *kv = h->data;

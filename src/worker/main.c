@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "worker/register.h"
 #include "http/tls.h"
+#include "worker/vllm.h"
 #include "worker/worker.h"
 
 #define COMP "worker"
@@ -73,13 +74,20 @@ static void usage(FILE *f)
             "  --register-ca FILE           etcds://: CA bundle etcd's certificate is verified\n"
             "                               against (default: the system bundle)\n"
             "  --register-cert FILE         etcds://: client certificate for etcd's\n"
-            "  --register-key FILE          --client-cert-auth, and its key (SIGHUP reloads)\n",
+            "  --register-key FILE          --client-cert-auth, and its key (SIGHUP reloads)\n"
+            "\n"
+            "vLLM PD protocols (issue 12; docs/PROTOCOLS.md):\n"
+            "  --protocol P                 sglang | vllm-nixl | vllm-mooncake: the PD fields\n"
+            "                               accepted and returned (default sglang)\n"
+            "  --kv-hold-timeout-ms MS      vllm-nixl prefill: held KV pages are released when\n"
+            "                               no decode pulled them this long (default %llu)\n",
             wk_mode_name(d.mode), d.host, d.port, d.bootstrap_port, d.model_name,
             (unsigned long long)d.prefill_us_per_token, (unsigned long long)d.decode_us_per_token,
             d.max_batch, d.max_queue, (unsigned long long)d.bootstrap_timeout_ms,
             (unsigned long long)d.cache_tokens, wk_kvshape_preset_names(), WK_KV_DEFAULT_PRESET,
             (unsigned long long)WK_KV_AUTO_POOL_TOKENS,
-            (unsigned long long)(WK_KV_AUTO_POOL_BYTES >> 20));
+            (unsigned long long)(WK_KV_AUTO_POOL_BYTES >> 20),
+            (unsigned long long)d.kv_hold_timeout_ms);
 }
 
 static int parse_u64(const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *out)
@@ -134,6 +142,8 @@ enum {
     OPT_TLS_KEY,
     OPT_TLS_CLIENT_CA,
     OPT_CACHE_TOKENS,
+    OPT_PROTOCOL, /* vLLM PD protocols (issue 12) */
+    OPT_HOLD_TIMEOUT,
 };
 
 /* --register: kept here, not in wk_config_t, since only main() uses them. */
@@ -180,6 +190,8 @@ static const struct option long_opts[] = {
     {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
     {"tls-key", required_argument, NULL, OPT_TLS_KEY},
     {"tls-client-ca", required_argument, NULL, OPT_TLS_CLIENT_CA},
+    {"protocol", required_argument, NULL, OPT_PROTOCOL},
+    {"kv-hold-timeout-ms", required_argument, NULL, OPT_HOLD_TIMEOUT},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -285,6 +297,22 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
             if (parse_u64("--max-queue", optarg, 1, 10000000, &v))
                 return -1;
             cfg->max_queue = (unsigned)v;
+            break;
+        case OPT_PROTOCOL: {
+            wk_proto_t p;
+            if (wk_proto_parse(optarg, &p) != 0) {
+                fprintf(stderr,
+                        "baton-worker: --protocol: expected sglang, vllm-nixl or vllm-mooncake, "
+                        "got '%s'\n",
+                        optarg);
+                return -1;
+            }
+            cfg->protocol = (int)p;
+            break;
+        }
+        case OPT_HOLD_TIMEOUT:
+            if (parse_u64("--kv-hold-timeout-ms", optarg, 1, 86400000ULL, &cfg->kv_hold_timeout_ms))
+                return -1;
             break;
         case OPT_BOOT_TIMEOUT:
             if (parse_u64("--bootstrap-timeout-ms", optarg, 1, 86400000ULL,

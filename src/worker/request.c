@@ -9,6 +9,7 @@
 
 #include "baton/error.h"
 #include "common/buf.h"
+#include "worker/vllm.h"
 
 /* Sampling fields shared by every item of one prompt (before bootstrap fields are applied). */
 typedef struct params_s {
@@ -668,6 +669,8 @@ int wk_request_parse(wk_request_t *req, wk_api_t api, const char *body, size_t l
     }
     if (rc == 0)
         rc = parse_bootstrap(root, req, err);
+    if (rc == 0)
+        rc = wk_vllm_parse(root, req, err); /* kv_transfer_params (issue 12) */
 out:
     json_decref(root);
     if (rc != 0)

@@ -56,6 +56,15 @@ typedef struct wk_item_s {
     uint64_t room;
 } wk_item_t;
 
+/* vLLM PD protocols (issue 12): the leg a body's kv_transfer_params make of it (vllm.h). */
+typedef enum {
+    WK_VLLM_NONE = 0,
+    WK_VLLM_NIXL_PREFILL,
+    WK_VLLM_NIXL_DECODE,
+    WK_VLLM_MOONCAKE_PREFILL,
+    WK_VLLM_MOONCAKE_DECODE,
+} wk_vllm_leg_t;
+
 typedef struct wk_request_s {
     wk_api_t api;
     int is_batch; /* /generate with list input: the answer is a JSON array */
@@ -65,7 +74,8 @@ typedef struct wk_request_s {
     size_t n_prompts;
     size_t n_items;
     wk_item_t *items;
-    int has_boot; /* any of bootstrap_host/port/room present and not null */
+    int has_boot;           /* any of bootstrap_host/port/room present and not null */
+    wk_vllm_leg_t vllm_leg; /* kv_transfer_params (vllm.h); NONE without */
 } wk_request_t;
 
 typedef struct wk_parse_err_s {

@@ -8,6 +8,7 @@
 
 #include "baton/error.h"
 #include "common/log.h"
+#include "worker/vllm.h"
 #include "worker/job.h"
 #include "worker/worker.h"
 
@@ -35,6 +36,8 @@ void wk_config_default(wk_config_t *cfg)
     cfg->n_transports = 2;
     cfg->layerwise = 1;
     cfg->cache_tokens = WK_DEFAULT_CACHE_TOKENS;
+    cfg->protocol = WK_PROTO_SGLANG;
+    cfg->kv_hold_timeout_ms = 30000;
 }
 
 const char *wk_mode_name(wk_mode_t m)
@@ -215,6 +218,11 @@ int wk_worker_init(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
         }
         if (cfg->mode == WK_MODE_PREFILL)
             wk_sched_set_layers(&w->sched, cfg->shape.layers, wk_job_on_layer);
+        if (cfg->mode == WK_MODE_PREFILL && cfg->protocol == WK_PROTO_VLLM_NIXL &&
+            (rc = wk_vllm_create(&w->vllm, w, cfg->kv_hold_timeout_ms)) != 0) {
+            log_error(COMP, "start_failed what=vllm_holds err=%s", baton_strerror(rc));
+            return rc;
+        }
     }
     return 0;
 }
@@ -253,6 +261,8 @@ void wk_worker_close(wk_worker_t *w)
     wk_pcache_destroy(w->pcache); /* no job holds a page any more */
     w->pcache = NULL;
     w->n_closing = 1;
+    wk_vllm_close(w->vllm); /* held pages' rooms go before the hand-off closes */
+    w->vllm = NULL;
     if (w->kv) {
         w->n_closing++;
         wk_kv_close(w->kv, kv_closed_cb, w);

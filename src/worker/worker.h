@@ -40,6 +40,9 @@ typedef struct wk_config_s {
     struct baton_tls_s *tls;
     /* prefix cache (prefix_cache.h), every mode: capacity in tokens, 0 = off */
     uint64_t cache_tokens;
+    /* vLLM PD protocols (issue 12, vllm.h) */
+    int protocol;                /* wk_proto_t: sglang (default), vllm-nixl, vllm-mooncake */
+    uint64_t kv_hold_timeout_ms; /* vllm-nixl prefill: held pages released after this */
 } wk_config_t;
 
 /* Default prefix cache capacity: 1 Mi tokens hold a few thousand chat sessions (~8 MiB). */
@@ -54,7 +57,8 @@ typedef struct wk_worker_s {
     uv_loop_t *loop;
     wk_config_t cfg;
     baton_http_server_t *http;
-    wk_kv_t *kv; /* prefill and decode modes */
+    wk_kv_t *kv;            /* prefill and decode modes */
+    struct wk_vllm_s *vllm; /* vllm-nixl prefill: held pages (vllm.h) */
     wk_sched_t sched;
     uv_timer_t sched_timer;
     uv_idle_t sched_idle;

@@ -1,0 +1,78 @@
+/* vllm.h — baton-worker as a vLLM disaggregated-prefill engine (issue 12): the
+ * kv_transfer_params of the NixlConnector and MooncakeConnector protocols, and the NIXL prefill's
+ * held KV pages (kept until the decode pulls them, a timeout or an abort releases them). */
+#ifndef BATON_WORKER_VLLM_H
+#define BATON_WORKER_VLLM_H
+
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "common/buf.h"
+#include "common/metrics.h"
+#include "worker/request.h"
+
+/*
+ * Everything here runs on the worker's loop thread.
+ *
+ * Requests (wk_vllm_parse, called by request.c): a body's kv_transfer_params decides the leg.
+ *   vllm-nixl prefill   {"do_remote_decode": true, ...}: computed like a plain request
+ *                       (one token), answered at once with kv_transfer_params naming the held
+ *                       pages; the pages are held (a room of wk_vllm_room(id, i)) until the
+ *                       decode's pull arrives, the hold times out, or POST /abort_requests.
+ *   vllm-nixl decode    {"do_remote_prefill": true, remote_host, remote_port,
+ *                       remote_request_id, remote_block_ids (non-empty), remote_engine_id}:
+ *                       pulls room wk_vllm_room(remote_request_id, i) from remote_host:port.
+ *   vllm-mooncake       {"transfer_id": X, ...}: the SGLang flow with room wk_vllm_room(X, i)
+ *                       (prefill) and remote_bootstrap_addr "http://host:port" (decode).
+ * A decode leg that lacks a field vLLM requires is refused with 400 (vLLM itself would
+ * recompute the prompt locally and only log it; a test bed must not hide that).
+ *
+ * Pull is decode-initiated: the decode offers its pages for the held room and the holder writes
+ * into them through libbaton (the same transports and per-byte verification as the SGLang
+ * flow); see docs/PROTOCOLS.md for how this relates to NIXL's RDMA READ.
+ */
+
+typedef enum {
+    WK_PROTO_SGLANG = 0,
+    WK_PROTO_VLLM_NIXL = 1,
+    WK_PROTO_VLLM_MOONCAKE = 2,
+} wk_proto_t;
+
+/* "sglang", "vllm-nixl", "vllm-mooncake"; parse: 0 or -1. */
+const char *wk_proto_name(wk_proto_t p);
+int wk_proto_parse(const char *s, wk_proto_t *p_p);
+
+/* The room of sequence i of the request named `id` (both sides compute it). */
+uint64_t wk_vllm_room(const char *id, size_t i);
+
+/* Reads root's kv_transfer_params into req (req->vllm, item rooms and bootstrap fields).
+ * 0 (also when absent), BATON_EINVAL with err filled, BATON_ENOMEM. */
+int wk_vllm_parse(json_t *root, wk_request_t *req, wk_parse_err_t *err);
+
+/* Why this worker (its protocol, and mode: a wk_mode_t value, 0 regular / 1 prefill /
+ * 2 decode) refuses req's leg, or NULL. */
+const char *wk_vllm_refused(int protocol, int mode, const wk_request_t *req);
+
+typedef struct wk_vllm_s wk_vllm_t;
+struct wk_worker_s;
+
+/* 0 or BATON_ENOMEM; registers baton_worker_kv_holds (gauge) and
+ * baton_worker_kv_holds_released_total{result} (pulled | timeout | aborted | failed |
+ * shutdown). */
+int wk_vllm_create(wk_vllm_t **v_p, struct wk_worker_s *w, uint64_t hold_timeout_ms);
+/* Drops every hold (their rooms are aborted, pages given back); before the KV hand-off closes. */
+void wk_vllm_close(wk_vllm_t *v);
+
+/*
+ * A NIXL prefill request (id `id`) was answered into `body` (the rendered JSON object): holds its
+ * pages, one room per sequence, and adds the top-level kv_transfer_params to the body. 0, or
+ * BATON_ETOOBIG / BATON_EBUSY (no pages to hold now: the caller answers 503), BATON_ENOMEM.
+ */
+int wk_vllm_hold(wk_vllm_t *v, const char *id, const wk_request_t *req, baton_buf_t *body);
+
+/* POST /abort_requests {"request_ids": [...]}: releases the holds of those ids. */
+struct baton_http_req_s; /* http/server.h: the jobs library's, not the request parser's */
+void wk_vllm_handle_abort(wk_vllm_t *v, struct baton_http_req_s *http);
+
+#endif

@@ -1,0 +1,250 @@
+"""test_worker_vllm.py — baton-worker --protocol vllm-nixl | vllm-mooncake behind the router
+(issue 12): exact text through each protocol (chat and completions, stream or not, n>1,
+logprobs), the KV moved through libbaton and verified byte by byte by the decode, the NIXL
+prefill's held pages released by the pull, by timeout and by abort (with their metrics), a late
+pull after a release refused at once, kill -9 of the holder between the phases, and legs of the
+wrong protocol refused by the worker."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402
+from harness import Cluster, TestRunner, get, post, sse_events, url, wait_until  # noqa: E402
+import simtext  # noqa: E402
+
+FAST = ("--prefill-us-per-token", "10", "--decode-us-per-token", "200")
+MSGS = [{"role": "user", "content": "Tell me about pulling KV pages."}]
+ONE_SHOT = ("--max-retries", "0", "--breaker-threshold", "0")
+
+
+def metric(port, name, labels=None):
+    """The sum of the series of `name` that carry `labels`."""
+    total = 0.0
+    for ln in get(port, "/metrics").text.splitlines():
+        if ln.startswith("#"):
+            continue
+        head, _, val = ln.rpartition(" ")
+        if head.split("{")[0] != name:
+            continue
+        if all(f'{k}="{v}"' in head for k, v in (labels or {}).items()):
+            total += float(val)
+    return total
+
+
+def check_texts(r):
+    """Chat (non-stream, stream, n=2 with logprobs) and completions through the router: exactly
+    a regular worker's text, which needs the prefill's KV and first token to arrive intact."""
+    res = post(r.port, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 12})
+    assert res.status == 200, res.text
+    want = simtext.complete_chat(MSGS, 12)
+    assert res.json()["choices"][0]["message"]["content"] == want.text, res.text
+    assert res.json()["usage"]["completion_tokens"] == 12
+
+    res = post(r.port, "/v1/chat/completions",
+               {"messages": MSGS, "max_tokens": 10, "stream": True,
+                "stream_options": {"include_usage": True}})
+    assert res.status == 200 and res.headers["content-type"].startswith("text/event-stream")
+    ev = sse_events(res.body)
+    assert ev[-1] == "[DONE]", ev
+    chunks = [json.loads(e) for e in ev[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == simtext.complete_chat(MSGS, 10).text
+    assert chunks[-1]["usage"]["completion_tokens"] == 10
+
+    res = post(r.port, "/v1/chat/completions",
+               {"messages": MSGS, "max_tokens": 6, "n": 2, "logprobs": True, "top_logprobs": 1})
+    assert res.status == 200, res.text
+    want = simtext.complete_chat(MSGS, 6)
+    chs = res.json()["choices"]
+    assert [c["message"]["content"] for c in chs] == [want.text, want.text], chs
+    assert all(len(c["logprobs"]["content"]) == 6 for c in chs), chs
+
+    prompts = ["one prompt", "and another one"]
+    res = post(r.port, "/v1/completions", {"prompt": prompts, "max_tokens": 5})
+    assert res.status == 200, res.text
+    assert [c["text"] for c in res.json()["choices"]] == \
+        [simtext.complete_text(q, 5).text for q in prompts]
+    return 1 + 1 + 2 + 2  # sequences handed off
+
+
+def test_nixl_end_to_end():
+    with Cluster("vllm-nixl") as c:
+        p = c.worker("prefill", "--protocol", "vllm-nixl", *FAST)
+        d = c.worker("decode", "--protocol", "vllm-nixl", *FAST)
+        r = c.router("--pd-protocol", "vllm-nixl", "--prefill", url(p.port), "--decode",
+                     url(d.port), *ONE_SHOT)
+        n = check_texts(r)
+        # every held sequence was pulled; nothing is held any more
+        wait_until(lambda: metric(p.port, "baton_worker_kv_holds_released_total",
+                                  {"result": "pulled"}) == n, 10, what="pulled holds")
+        assert metric(p.port, "baton_worker_kv_holds") == 0
+        assert metric(p.port, "baton_worker_kv_holds_released_total", {"result": "timeout"}) == 0
+        assert metric(r.port, "baton_pd_stranded_releases_total") == 0
+
+
+def nixl_prefill_leg(p, body):
+    b = dict(body, stream=False, max_tokens=1,
+             kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False,
+                                 "remote_engine_id": None, "remote_block_ids": None,
+                                 "remote_host": None, "remote_port": None})
+    res = post(p.port, "/v1/chat/completions", b)
+    assert res.status == 200, res.text
+    return res.json()
+
+
+def test_nixl_prefill_answer_and_release():
+    """The prefill answers phase 1 at once with the fields vLLM's decode needs; the hold ends by
+    timeout or by abort (metrics for each), and a pull after a release fails at once."""
+    with Cluster("vllm-hold") as c:
+        p = c.worker("prefill", "--protocol", "vllm-nixl", "--kv-hold-timeout-ms", "400", *FAST)
+        d = c.worker("decode", "--protocol", "vllm-nixl", "--bootstrap-timeout-ms", "20000",
+                     *FAST)
+        ans = nixl_prefill_leg(p, {"messages": MSGS, "max_tokens": 9})
+        ktp = ans["kv_transfer_params"]
+        assert ktp["do_remote_prefill"] is True and ktp["do_remote_decode"] is False, ktp
+        assert ktp["remote_host"] == harness.HOST and \
+            ktp["remote_port"] == p.wait_port("bootstrap"), ktp
+        assert isinstance(ktp["remote_block_ids"], list) and ktp["remote_block_ids"], ktp
+        assert ktp["remote_engine_id"] and ktp["tp_size"] == 1, ktp
+        assert re.fullmatch(r"chatcmpl-[0-9a-f]{16}", ktp["remote_request_id"]), ktp
+        first = simtext.complete_chat(MSGS, 1).text
+        assert ans["choices"][0]["message"]["content"] == first, ans
+        assert metric(p.port, "baton_worker_kv_holds") == 1
+        # timeout
+        wait_until(lambda: metric(p.port, "baton_worker_kv_holds_released_total",
+                                  {"result": "timeout"}) == 1, 10, what="hold timeout")
+        assert metric(p.port, "baton_worker_kv_holds") == 0
+        # a pull after the release is refused at once (not after the decode's 20 s timeout)
+        t0 = time.monotonic()
+        res = post(d.port, "/v1/chat/completions",
+                   {"messages": MSGS, "max_tokens": 9, "kv_transfer_params": ktp}, timeout=30)
+        assert res.status >= 500 and "bootstrap" in res.json()["error"]["code"], res.text
+        assert time.monotonic() - t0 < 15, "late pull not refused at once"
+
+        # abort by request id
+        ans = nixl_prefill_leg(p, {"messages": MSGS, "max_tokens": 9})
+        rid = ans["kv_transfer_params"]["remote_request_id"]
+        res = post(p.port, "/abort_requests", {"request_ids": [rid, "unknown-id"]})
+        assert res.status == 200 and res.json() == {"released": 1}, res.text
+        assert metric(p.port, "baton_worker_kv_holds_released_total", {"result": "aborted"}) == 1
+        assert metric(p.port, "baton_worker_kv_holds") == 0
+        assert post(p.port, "/abort_requests", {"request_ids": "x"}).status == 400
+        # a decode (not a NIXL prefill) has nothing to abort
+        assert post(d.port, "/abort_requests", {"request_ids": [rid]}).status == 404
+
+
+def test_router_releases_stranded_blocks():
+    """The decode dies after phase 1: the router's release frees the prefill's held pages at
+    once (not at the prefill's own timeout), counted on both sides."""
+    with Cluster("vllm-stranded") as c:
+        p = c.worker("prefill", "--protocol", "vllm-nixl", "--kv-hold-timeout-ms", "600000",
+                     *FAST)
+        d = c.worker("decode", "--protocol", "vllm-nixl", *FAST)
+        r = c.router("--pd-protocol", "vllm-nixl", "--prefill", url(p.port), "--decode",
+                     url(d.port), *ONE_SHOT, "--check-interval-ms", "0")
+        assert post(r.port, "/v1/completions", {"prompt": "warm", "max_tokens": 2}).status == 200
+        d.kill()  # kill -9
+        res = post(r.port, "/v1/completions", {"prompt": "stranded", "max_tokens": 4},
+                   timeout=30)
+        assert res.status in (502, 503), res.text
+        wait_until(lambda: metric(p.port, "baton_worker_kv_holds_released_total",
+                                  {"result": "aborted"}) == 1, 10, what="prefill released")
+        assert metric(p.port, "baton_worker_kv_holds") == 0
+        assert metric(r.port, "baton_pd_stranded_releases_total",
+                      {"protocol": "vllm-nixl", "result": "released"}) == 1
+
+
+def test_nixl_holder_killed():
+    """kill -9 of the prefill that holds the pages, before the decode pulls: the decode's pull
+    fails cleanly and in bounded time (the router answers an error, no hang), and a restarted
+    prefill serves the next request."""
+    with Cluster("vllm-kill") as c:
+        p = c.worker("prefill", "--protocol", "vllm-nixl", *FAST)
+        d = c.worker("decode", "--protocol", "vllm-nixl", "--bootstrap-timeout-ms", "20000",
+                     *FAST)
+        ans = nixl_prefill_leg(p, {"messages": MSGS, "max_tokens": 5})
+        p.kill()  # kill -9 of the holder
+        t0 = time.monotonic()
+        res = post(d.port, "/v1/chat/completions",
+                   {"messages": MSGS, "max_tokens": 5,
+                    "kv_transfer_params": ans["kv_transfer_params"]}, timeout=30)
+        assert res.status >= 500 and "bootstrap" in res.json()["error"]["code"], res.text
+        assert time.monotonic() - t0 < 15, "pull from a dead holder not failed promptly"
+        # a new prefill: the decode pulls from it normally
+        p2 = c.worker("prefill", "--protocol", "vllm-nixl", *FAST)
+        r = c.router("--pd-protocol", "vllm-nixl", "--prefill", url(p2.port), "--decode",
+                     url(d.port), *ONE_SHOT)
+        res = post(r.port, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 5})
+        assert res.status == 200, res.text
+        assert res.json()["choices"][0]["message"]["content"] == \
+            simtext.complete_chat(MSGS, 5).text
+
+
+def test_mooncake_end_to_end():
+    with Cluster("vllm-mooncake") as c:
+        p = c.worker("prefill", "--protocol", "vllm-mooncake", *FAST)
+        d = c.worker("decode", "--protocol", "vllm-mooncake", *FAST)
+        r = c.router("--pd-protocol", "vllm-mooncake", *ONE_SHOT)
+        res = post(r.port, "/workers", {
+            "url": url(p.port), "worker_type": "prefill", "engine_id": "prefill-0",
+            "bootstrap_addr": f"http://{harness.HOST}:{p.wait_port('bootstrap')}"})
+        assert res.status == 202, res.text
+        assert post(r.port, "/workers", {"url": url(d.port), "worker_type": "decode"}).status \
+            == 202
+        check_texts(r)
+        assert metric(d.port, "baton_worker_requests_total", {"status": "200"}) >= 4
+
+
+def test_wrong_protocol_refused():
+    """A worker refuses the other protocols' legs with 400 (never a silent local recompute)."""
+    with Cluster("vllm-wrong") as c:
+        sg = c.worker("prefill", *FAST)
+        nx = c.worker("decode", "--protocol", "vllm-nixl", *FAST)
+        mc = c.worker("prefill", "--protocol", "vllm-mooncake", *FAST)
+        ktp = {"do_remote_decode": True, "do_remote_prefill": False}
+        res = post(sg.port, "/v1/completions",
+                   {"prompt": "x", "max_tokens": 1, "kv_transfer_params": ktp})
+        assert res.status == 400 and "sglang" in res.json()["error"]["message"], res.text
+        # a NIXL decode leg missing what vLLM requires
+        bad = {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": 1,
+               "remote_engine_id": "e", "remote_request_id": "r", "remote_block_ids": []}
+        res = post(nx.port, "/v1/completions",
+                   {"prompt": "x", "max_tokens": 1, "kv_transfer_params": bad})
+        assert res.status == 400 and res.json()["error"]["param"] == "kv_transfer_params", \
+            res.text
+        # SGLang bootstrap fields to a vLLM worker
+        res = post(nx.port, "/v1/completions",
+                   {"prompt": "x", "max_tokens": 1, "bootstrap_host": "h", "bootstrap_port": 1,
+                    "bootstrap_room": 5})
+        assert res.status == 400, res.text
+        # a NIXL prefill leg to a Mooncake prefill (no transfer_id)
+        res = post(mc.port, "/v1/completions",
+                   {"prompt": "x", "max_tokens": 1, "stream": False, "kv_transfer_params": ktp})
+        assert res.status == 400 and "transfer_id" in res.json()["error"]["message"], res.text
+
+
+def test_ttft_scenario_smoke():
+    """loadtest/scenarios/pd_protocols.py --smoke: every protocol serves the load, no errors."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "loadtest",
+                          "scenarios", "pd_protocols.py")
+    out = subprocess.run([sys.executable, script, "--smoke", "--build-dir", harness.BUILD_DIR],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for proto in ("sglang", "vllm-nixl", "vllm-mooncake"):
+        assert re.search(rf"\| {proto} +\| +2 \|", out.stdout), out.stdout
+    assert "pd_protocols done: 0 failed requests" in out.stdout, out.stdout
+
+
+if __name__ == "__main__":
+    t = TestRunner()
+    for fn in (test_nixl_end_to_end, test_nixl_prefill_answer_and_release,
+               test_router_releases_stranded_blocks, test_nixl_holder_killed,
+               test_mooncake_end_to_end, test_wrong_protocol_refused, test_ttft_scenario_smoke):
+        t.run(fn)
+    t.finish()

@@ -1,0 +1,265 @@
+/* test_xfer_pull.c — libbaton's pull mode (transfer.h "pull mode") over tcp and shm: two engines
+ * on one caller loop, a holder that exports pages and a puller that fetches them; every byte
+ * checked, the export's callback exactly once (pulled, timeout), refusals that leave the export
+ * waiting, release, and an unexported key reaching the application as an ordinary offer. */
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <uv.h>
+
+#include "baton/transfer.h"
+
+#define N_LAYERS 3
+#define N_PAGES  5
+#define PAGE_LEN (48u * 1024 + 16) /* not a multiple of the slice: the tail matters */
+#define LEN      ((size_t)N_LAYERS * N_PAGES * PAGE_LEN)
+#define WAIT_MS  30000
+
+typedef struct pt_s {
+    uv_loop_t loop;
+    baton_xfer_engine_t *holder, *puller;
+    baton_xfer_mem_t *src, *dst;
+    int app_rooms, app_closed; /* what the holder's application saw */
+    int export_cbs, export_status;
+    uint64_t export_key;
+    int offer_cbs, offer_status;
+    int64_t first_token;
+    char payload[16];
+    int closed;
+} pt_t;
+
+static uint8_t pattern(size_t i)
+{
+    return (uint8_t)((i * 131u) ^ (i >> 9) ^ 0x5a);
+}
+
+static void on_room(baton_xfer_engine_t *eng, baton_xfer_room_t *room, void *data)
+{
+    pt_t *t = data;
+    (void)eng;
+    t->app_rooms++;
+    baton_xfer_room_abort(room, BATON_XFER_EABORTED); /* this application serves no offers */
+}
+
+static void on_room_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, int status,
+                           void *data)
+{
+    (void)eng;
+    (void)room;
+    (void)status;
+    ((pt_t *)data)->app_closed++;
+}
+
+static void on_export(baton_xfer_engine_t *eng, uint64_t key, int status, void *data)
+{
+    pt_t *t = data;
+    assert_ptr_equal(eng, t->holder);
+    t->export_cbs++;
+    t->export_status = status;
+    t->export_key = key;
+}
+
+static void on_offer(void *data, uint64_t room_id, int status, const baton_xfer_done_t *done)
+{
+    pt_t *t = data;
+    (void)room_id;
+    t->offer_cbs++;
+    t->offer_status = status;
+    if (status == 0) {
+        t->first_token = done->first_token;
+        assert_true(done->payload_len < sizeof(t->payload));
+        memcpy(t->payload, done->payload, done->payload_len);
+        t->payload[done->payload_len] = '\0';
+    }
+}
+
+static void on_closed(baton_xfer_engine_t *eng, void *data)
+{
+    (void)eng;
+    ((pt_t *)data)->closed++;
+}
+
+static void run_until(pt_t *t, int *counter, int want)
+{
+    uint64_t deadline = uv_hrtime() / 1000000 + WAIT_MS;
+    while (*counter < want) {
+        if (uv_hrtime() / 1000000 > deadline)
+            fail_msg("timed out");
+        uv_run(&t->loop, UV_RUN_ONCE);
+    }
+}
+
+static void setup(pt_t *t, baton_xfer_transport_t tp)
+{
+    memset(t, 0, sizeof(*t));
+    assert_int_equal(uv_loop_init(&t->loop), 0);
+    baton_xfer_config_t cfg;
+    baton_xfer_config_init(&cfg);
+    cfg.transports[0] = tp;
+    cfg.n_transports = 1;
+    cfg.engine_id = "holder";
+    cfg.listen_host = "127.0.0.1";
+    cfg.listen_port = 0;
+    baton_xfer_callbacks_t cbs = {on_room, on_room_closed, NULL, t};
+    assert_int_equal(baton_xfer_engine_create(&t->loop, &cfg, &cbs, &t->holder), 0);
+    baton_xfer_config_init(&cfg);
+    cfg.transports[0] = tp;
+    cfg.n_transports = 1;
+    cfg.engine_id = "puller";
+    baton_xfer_callbacks_t none = {NULL, NULL, NULL, NULL};
+    assert_int_equal(baton_xfer_engine_create(&t->loop, &cfg, &none, &t->puller), 0);
+    assert_int_equal(baton_xfer_mem_alloc(t->holder, LEN, &t->src), 0);
+    assert_int_equal(baton_xfer_mem_alloc(t->puller, LEN, &t->dst), 0);
+    uint8_t *p = baton_xfer_mem_addr(t->src);
+    for (size_t i = 0; i < LEN; i++)
+        p[i] = pattern(i);
+}
+
+static void teardown(pt_t *t)
+{
+    assert_int_equal(baton_xfer_mem_deregister(t->holder, t->src), 0);
+    assert_int_equal(baton_xfer_mem_deregister(t->puller, t->dst), 0);
+    baton_xfer_engine_destroy(t->holder, on_closed, t);
+    baton_xfer_engine_destroy(t->puller, on_closed, t);
+    run_until(t, &t->closed, 2);
+    assert_int_equal(uv_loop_close(&t->loop), 0);
+}
+
+static int do_export(pt_t *t, uint64_t key, uint32_t timeout_ms)
+{
+    baton_xfer_iov_t src[N_LAYERS * N_PAGES];
+    uint8_t *base = baton_xfer_mem_addr(t->src);
+    for (int j = 0; j < N_LAYERS * N_PAGES; j++)
+        src[j] = (baton_xfer_iov_t){base + (size_t)j * PAGE_LEN, PAGE_LEN};
+    baton_xfer_export_t ex = {key, N_LAYERS,   N_PAGES,
+                              src, timeout_ms, {0, 4242, (const uint8_t *)"held-kv", 7}};
+    return baton_xfer_export(t->holder, &ex, on_export, t);
+}
+
+/* Pulls `key` into the puller's pages; ppl != N_PAGES makes a pull of another shape. */
+static int do_pull(pt_t *t, uint64_t key, uint32_t ppl)
+{
+    baton_xfer_iov_t pages[N_LAYERS * N_PAGES];
+    uint8_t *base = baton_xfer_mem_addr(t->dst);
+    for (uint32_t j = 0; j < N_LAYERS * ppl; j++)
+        pages[j] = (baton_xfer_iov_t){base + (size_t)j * PAGE_LEN, PAGE_LEN};
+    baton_xfer_offer_t offer = {key, N_LAYERS, ppl, pages, NULL};
+    return baton_xfer_pull(t->puller, "127.0.0.1", baton_xfer_engine_listen_port(t->holder), &offer,
+                           on_offer, t);
+}
+
+static void pull_mode(baton_xfer_transport_t tp)
+{
+    pt_t t;
+    setup(&t, tp);
+    /* arguments */
+    assert_int_equal(baton_xfer_export(t.holder, NULL, on_export, &t), BATON_XFER_EINVAL);
+    assert_int_equal(do_export(&t, 7, 0), 0);
+    assert_int_equal(do_export(&t, 7, 0), BATON_XFER_EEXIST);
+    assert_int_equal(baton_xfer_export_release(t.holder, 8), BATON_XFER_ENOTFOUND);
+
+    /* a pull of another shape is refused; the export keeps waiting */
+    assert_int_equal(do_pull(&t, 7, N_PAGES - 1), 0);
+    run_until(&t, &t.offer_cbs, 1);
+    assert_int_equal(t.offer_status, BATON_XFER_EABORTED);
+    assert_int_equal(t.export_cbs, 0);
+
+    /* the pull: every byte in place, DONE's payload, the export's callback once */
+    assert_int_equal(do_pull(&t, 7, N_PAGES), 0);
+    run_until(&t, &t.export_cbs, 1);
+    run_until(&t, &t.offer_cbs, 2);
+    assert_int_equal(t.offer_status, 0);
+    assert_int_equal(t.export_status, 0);
+    assert_int_equal(t.export_key, 7);
+    assert_int_equal(t.first_token, 4242);
+    assert_string_equal(t.payload, "held-kv");
+    assert_memory_equal(baton_xfer_mem_addr(t.dst), baton_xfer_mem_addr(t.src), LEN);
+    assert_int_equal(t.app_rooms, 0); /* the application never saw the pulls */
+    assert_int_equal(t.app_closed, 0);
+    baton_xfer_stats_t st;
+    baton_xfer_engine_stats(t.holder, &st);
+    assert_int_equal(st.bytes_written, LEN);
+    /* the export is over: the key is free again */
+    assert_int_equal(baton_xfer_export_release(t.holder, 7), BATON_XFER_ENOTFOUND);
+
+    /* no pull in time: ETIMEOUT; a later pull of that key is an ordinary offer (the
+     * application aborts it here) */
+    assert_int_equal(do_export(&t, 9, 50), 0);
+    run_until(&t, &t.export_cbs, 2);
+    assert_int_equal(t.export_status, BATON_XFER_ETIMEOUT);
+    assert_int_equal(t.export_key, 9);
+    assert_int_equal(do_pull(&t, 9, N_PAGES), 0);
+    run_until(&t, &t.offer_cbs, 3);
+    assert_int_equal(t.offer_status, BATON_XFER_EABORTED);
+    assert_int_equal(t.app_rooms, 1);
+
+    /* release: no callback; the key can be exported again */
+    assert_int_equal(do_export(&t, 11, 0), 0);
+    assert_int_equal(baton_xfer_export_release(t.holder, 11), 0);
+    assert_int_equal(do_export(&t, 11, 0), 0);
+    /* destroy drops the waiting export without a callback */
+    teardown(&t);
+    assert_int_equal(t.export_cbs, 2);
+}
+
+static void test_pull_tcp(void **state)
+{
+    (void)state;
+    pull_mode(BATON_XFER_TRANSPORT_TCP);
+}
+
+static void test_pull_shm(void **state)
+{
+    (void)state;
+    pull_mode(BATON_XFER_TRANSPORT_SHM);
+}
+
+/* Own-progress mode has no caller loop for a timer: a timeout is refused, none is fine. */
+static void test_pull_own_progress_timeout(void **state)
+{
+    (void)state;
+    baton_xfer_config_t cfg;
+    baton_xfer_config_init(&cfg);
+    baton_xfer_callbacks_t none = {NULL, NULL, NULL, NULL};
+    baton_xfer_engine_t *eng;
+    assert_int_equal(baton_xfer_engine_create(NULL, &cfg, &none, &eng), 0);
+    static uint8_t buf[4096];
+    baton_xfer_mem_t *mem;
+    assert_int_equal(baton_xfer_mem_register(eng, buf, sizeof(buf), BATON_XFER_MEM_HOST, 0, &mem),
+                     0);
+    baton_xfer_iov_t src = {buf, sizeof(buf)};
+    baton_xfer_export_t ex = {1, 1, 1, &src, 100, {0, -1, NULL, 0}};
+    assert_int_equal(baton_xfer_export(eng, &ex, on_export, NULL), BATON_XFER_ENOTSUP);
+    ex.timeout_ms = 0;
+    assert_int_equal(baton_xfer_export(eng, &ex, on_export, NULL), 0);
+    assert_int_equal(baton_xfer_export_release(eng, 1), 0);
+    assert_int_equal(baton_xfer_mem_deregister(eng, mem), 0);
+    pt_t t = {0};
+    baton_xfer_engine_destroy(eng, on_closed, &t);
+    /* own-progress: the close callback runs inside dispatch once the thread is gone */
+    uint64_t deadline = uv_hrtime() / 1000000 + WAIT_MS;
+    while (!t.closed) {
+        if (uv_hrtime() / 1000000 > deadline)
+            fail_msg("timed out");
+        struct pollfd pfd = {.fd = baton_xfer_engine_fd(eng), .events = POLLIN};
+        assert_true(poll(&pfd, 1, 200) >= 0);
+        assert_true(baton_xfer_engine_dispatch(eng) >= 0);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pull_tcp),
+        cmocka_unit_test(test_pull_shm),
+        cmocka_unit_test(test_pull_own_progress_timeout),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
