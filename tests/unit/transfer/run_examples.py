@@ -89,7 +89,7 @@ def example_c(build, src):
         exe_static = exe + "-static"
         run(["cc", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror", "-o", exe_static,
              os.path.join(src, "examples", "c", "kv_handoff.c")] + cflags +
-            [os.path.join(libdir, "libbaton.a")] + deps + ["-lpthread", "-ldl"])
+            [os.path.join(libdir, "libbaton.a")] + deps + ["-lmbedcrypto", "-lpthread", "-ldl"])
         if "libbaton" in run(["readelf", "-d", exe_static]).stdout:
             raise SystemExit("FAIL: the static example still needs libbaton.so")
         handoff([exe_static, "prefill", "tcp"], [exe_static, "decode", "tcp"], env)
