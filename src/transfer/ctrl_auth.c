@@ -225,8 +225,8 @@ static int prefill_on_proof(baton__conn_t *c, const baton__auth_t *a)
 {
     baton_xfer_engine_t *eng = c->eng;
     /* The proof covers the identity of the challenge: the same peer must send both. */
-    if (strcmp(a->engine_id, c->auth_peer.id) != 0 ||
-        a->incarnation != c->auth_peer.incarnation || a->generation != c->auth_peer.generation) {
+    if (strcmp(a->engine_id, c->auth_peer.id) != 0 || a->incarnation != c->auth_peer.incarnation ||
+        a->generation != c->auth_peer.generation) {
         baton__auth_refused(c, "AUTH proof names another engine than its challenge");
         return 0;
     }

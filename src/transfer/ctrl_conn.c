@@ -363,6 +363,12 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             return;
         }
         if (!allowed(c, f.type)) {
+            if (c->eng->secret_len > 0 && !c->authed && c->role == BATON__ROLE_PREFILL &&
+                (c->state == BATON__CONN_PENDING || c->state == BATON__CONN_AUTH)) {
+                /* A peer that has not proved the secret gets nothing, whatever it sends. */
+                baton__auth_refused(c, "frame before authentication");
+                return;
+            }
             atomic_fetch_add(&c->eng->st_frames_rejected, 1);
             char msg[160];
             snprintf(msg, sizeof(msg), "unexpected %s frame in state %d", baton__ftype_name(f.type),

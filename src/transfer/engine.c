@@ -871,9 +871,10 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
              eng->engine_id, (unsigned long long)eng->incarnation, tps,
              eng->secret_len ? "hmac-sha256" : "off");
     if (eng->secret_len == 0)
-        log_warn(BATON__LOG, "kv_auth_disabled id=%s reason=\"no shared secret configured: any "
-                             "host that reaches the bootstrap port or connects to it as a peer can "
-                             "exchange KV and memory keys with this engine\"",
+        log_warn(BATON__LOG,
+                 "kv_auth_disabled id=%s reason=\"no shared secret configured: any "
+                 "host that reaches the bootstrap port or connects to it as a peer can "
+                 "exchange KV and memory keys with this engine\"",
                  eng->engine_id);
     if (cfg->listen_host != NULL) {
         int port = atomic_load(&eng->port);
