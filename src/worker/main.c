@@ -50,7 +50,12 @@ static void usage(FILE *f)
             "  --transport LIST             KV transports in fallback order, from rdma, shm, tcp\n"
             "                               (default shm,tcp)\n"
             "  --layerwise on|off           prefill: write each layer as it is computed\n"
-            "                               (default on)\n",
+            "                               (default on)\n"
+            /* --- KV bootstrap authentication (issue 11) --- */
+            "  --kv-secret-file FILE        shared secret of the engines allowed to exchange KV\n"
+            "                               (16..1024 bytes; one trailing newline ignored):\n"
+            "                               HMAC challenge-response before any KV handshake\n"
+            "                               (default: none, a warning is logged)\n",
             wk_mode_name(d.mode), d.host, d.port, d.bootstrap_port, d.model_name,
             (unsigned long long)d.prefill_us_per_token, (unsigned long long)d.decode_us_per_token,
             d.max_batch, d.max_queue, (unsigned long long)d.bootstrap_timeout_ms,
@@ -98,6 +103,7 @@ enum {
     OPT_TRANSPORT,
     OPT_LAYERWISE,
     OPT_FAULT_CORRUPT,
+    OPT_KV_SECRET_FILE, /* KV bootstrap authentication */
 };
 
 static const struct option long_opts[] = {
@@ -123,6 +129,7 @@ static const struct option long_opts[] = {
     {"layerwise", required_argument, NULL, OPT_LAYERWISE},
     /* tests only, not in --help (docs/WORKER.md): corrupt one KV byte of every Nth room */
     {"fault-corrupt-kv-every", required_argument, NULL, OPT_FAULT_CORRUPT},
+    {"kv-secret-file", required_argument, NULL, OPT_KV_SECRET_FILE}, /* KV bootstrap auth */
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -286,6 +293,9 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
             if (parse_u64("--fault-corrupt-kv-every", optarg, 0, UINT32_MAX, &v))
                 return -1;
             cfg->fault_corrupt_kv_every = (uint32_t)v;
+            break;
+        case OPT_KV_SECRET_FILE: /* read when the KV engine starts (kvxfer.c) */
+            cfg->kv_secret_file = optarg;
             break;
         case 'h':
             usage(stdout);

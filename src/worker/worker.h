@@ -34,6 +34,7 @@ typedef struct wk_config_s {
     int n_transports;                /* fallback order */
     int layerwise;                   /* prefill: write each layer as it is computed */
     uint32_t fault_corrupt_kv_every; /* tests only: prefill corrupts every Nth room */
+    const char *kv_secret_file;      /* KV bootstrap shared secret (file contents); NULL: none */
 } wk_config_t;
 
 void wk_config_default(wk_config_t *cfg);
