@@ -145,6 +145,9 @@ def test_layerwise_on_off():
             texts[mode] = rd.json()["text"]
             # the timing model's layer events reached the engine as separate writes (on), or
             # one write of the whole room after compute (off)
+            # (the log file is filled by the harness's reader thread: wait for the last write's
+            # line before reading it whole)
+            p.wait_log(r"kv_write room=\d+ layers=\d+-3\b")
             logs = open(p.log_path).read()
             writes = re.findall(r"kv_write room=\d+ layers=(\d+)-(\d+)", logs)
             if mode == "on":
