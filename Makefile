@@ -12,7 +12,7 @@ CMAKE_ARGS += -DBATON_SANITIZE=ON
 BUILD_TYPE := Debug
 endif
 
-.PHONY: all deps test-deps build test demo install clean
+.PHONY: all deps test-deps build test demo install clean fuzz
 
 all: build
 
@@ -38,5 +38,12 @@ install: build
 demo: build
 	@sh scripts/demo.sh $(BUILD_DIR)
 
+# libFuzzer harnesses (fuzz/, docs/SECURITY.md "Fuzzing"): clang, ASan + UBSan, in build-fuzz/.
+# Run one long: build-fuzz/fuzz/fuzz_pdreq -runs=10000000 CORPUS_DIR fuzz/corpus/fuzz_pdreq
+FUZZ_DIR ?= build-fuzz
+fuzz:
+	cmake -S . -B $(FUZZ_DIR) -DCMAKE_C_COMPILER=clang -DBATON_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(FUZZ_DIR) --target baton_fuzzers -j $(JOBS)
+
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz

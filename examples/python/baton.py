@@ -59,6 +59,8 @@ class Config(ctypes.Structure):
         ("rdma_fork_init", c_uint32),
         ("rdma_hugepages", c_uint32),
         ("rdma_drain_timeout_ms", c_uint32),
+        ("secret", c_void_p),
+        ("secret_len", ctypes.c_size_t),
     ]
 
 
@@ -185,7 +187,7 @@ class Engine:
     """One libbaton engine in own-progress mode."""
 
     def __init__(self, engine_id=None, listen_host=None, transports=("tcp",), on_room=None,
-                 on_room_closed=None, log=None, log_level=-1):
+                 on_room_closed=None, log=None, log_level=-1, secret=None):
         cfg = Config()
         lib.baton_xfer_config_init(ctypes.byref(cfg))
         if cfg.size != ctypes.sizeof(Config):
@@ -202,6 +204,10 @@ class Engine:
             cfg.transports[i] = TRANSPORTS[t]
         cfg.n_transports = len(transports)
         cfg.log_level = log_level
+        if secret is not None:  # bytes shared by the engines allowed to connect (copied by create)
+            secret_buf = ctypes.create_string_buffer(bytes(secret), len(secret))
+            cfg.secret = ctypes.cast(secret_buf, c_void_p)
+            cfg.secret_len = len(secret)
         if log is not None:
             cfg.log_cb = self._log_cb = LOG_CB(
                 lambda _d, level, msg: log(LOG_LEVELS[level & 3], msg.decode(errors="replace")))

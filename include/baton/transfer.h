@@ -214,7 +214,23 @@ typedef struct {
      * that has not ended after this long (a NIC that stopped completing) is finished in
      * software. Default 5000 ms. */
     uint32_t rdma_drain_timeout_ms;
+
+    /* ---- KV bootstrap authentication (docs/SECURITY.md, "KV bootstrap"). ---- */
+    /* A secret shared by every engine allowed to exchange KV with this one (copied at create;
+     * secret_len bytes, BATON_XFER_SECRET_MIN..BATON_XFER_SECRET_MAX, any bytes). Set: every
+     * control connection starts with a mutual challenge-response (HMAC-SHA-256 keyed with the
+     * secret over both sides' fresh nonces, engine ids, incarnations and generations) before
+     * HELLO, so a peer that cannot prove the secret is refused before any transport address,
+     * region (MEM), rkey or OFFER is exchanged, and a recorded handshake cannot be replayed.
+     * Refusals are logged (rate-limited) and counted (baton_xfer_stats_t.auth_failures).
+     * An engine with a secret and one without never connect. NULL (default): no
+     * authentication, as before; the engine logs one warning saying so. */
+    const void *secret;
+    size_t secret_len;
 } baton_xfer_config_t;
+
+#define BATON_XFER_SECRET_MIN 16   /* bytes: shorter secrets are refused (BATON_XFER_EINVAL) */
+#define BATON_XFER_SECRET_MAX 1024 /* bytes */
 
 /* Fills the defaults above and cfg->size. Always call it first, then override fields.
  * Any thread. */
@@ -594,11 +610,18 @@ typedef struct {
     uint64_t reconnects;      /* successful re-handshakes after a failure */
     uint64_t frames_rejected; /* malformed / out-of-order frames (connections closed) */
     uint64_t writes_rejected; /* bounds/rkey violations refused by the receiver */
+    /* Added after 0.1.0 (read with baton_xfer_engine_stats_sized): */
+    uint64_t auth_failures; /* control connections refused by the KV bootstrap's
+                             * challenge-response (no / wrong secret, replay, bad proof) */
 } baton_xfer_stats_t;
 
-/* A snapshot of counters (relaxed atomics). Any thread. */
+/* A snapshot of counters (relaxed atomics). Any thread. Fills the fields of 0.1 only (bytes_written
+ * .. writes_rejected), so that programs built against 0.1's smaller struct keep working. */
 BATON_API void baton_xfer_engine_stats(const baton_xfer_engine_t *engine,
                                        baton_xfer_stats_t *stats);
+/* The same, filling min(size, sizeof(baton_xfer_stats_t)) bytes: pass sizeof(*stats). */
+BATON_API void baton_xfer_engine_stats_sized(const baton_xfer_engine_t *engine,
+                                             baton_xfer_stats_t *stats, size_t size);
 
 #ifdef __cplusplus
 }

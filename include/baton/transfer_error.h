@@ -36,7 +36,8 @@ extern "C" {
     XX(ESTALE, -20021, "stale peer incarnation or generation")                                     \
     XX(ERKEY, -20022, "remote key or bounds check failed")                                         \
     XX(ETIMEOUT, -20024, "timed out")                                                              \
-    XX(ESHUTDOWN, -20026, "shutting down")
+    XX(ESHUTDOWN, -20026, "shutting down")                                                         \
+    XX(EAUTH, -20040, "peer failed authentication")
 
 typedef enum {
     BATON_XFER_OK = 0,

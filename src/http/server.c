@@ -119,6 +119,7 @@ struct conn_s {
     unsigned counted : 1;    /* counted in n_conns */
     unsigned in_msg : 1;     /* a request began and is not complete */
     unsigned in_field : 1;   /* llhttp is inside a header name */
+    unsigned head_done : 1;  /* headers complete: later header callbacks are chunked trailers */
     unsigned req_active : 1; /* handed to the handler, not finished */
     unsigned keep_alive : 1;
     unsigned parser_paused : 1;
@@ -665,6 +666,7 @@ static int on_message_begin(llhttp_t *p)
 {
     conn_t *c = p->data;
     c->in_msg = 1;
+    c->head_done = 0;
     req_reset(c);
     c->req.start_ns = uv_hrtime();
     /* Room for 16 headers' offsets and pointers: no realloc for a typical request. */
@@ -691,6 +693,11 @@ static int on_url_complete(llhttp_t *p)
 static int on_header_field(llhttp_t *p, const char *at, size_t len)
 {
     conn_t *c = p->data;
+    /* Trailers of a chunked body are counted against the header limit and dropped: the
+     * headers' pointers into the arena are final once the headers are complete (growing the
+     * arena or the offsets there would leave them dangling — found by fuzz_http_server). */
+    if (c->head_done)
+        return count_head(c, len);
     if (!c->in_field) {
         if (c->n_hdrs >= c->srv->limits.max_headers)
             return fail_cb(c, 431, "too many request headers");
@@ -708,6 +715,8 @@ static int on_header_field(llhttp_t *p, const char *at, size_t len)
 static int on_header_field_complete(llhttp_t *p)
 {
     conn_t *c = p->data;
+    if (c->head_done)
+        return 0;
     c->in_field = 0;
     return append_arena(c, "", 1);
 }
@@ -715,6 +724,8 @@ static int on_header_field_complete(llhttp_t *p)
 static int on_header_value(llhttp_t *p, const char *at, size_t len)
 {
     conn_t *c = p->data;
+    if (c->head_done)
+        return count_head(c, len);
     hdr_off_t *h = (hdr_off_t *)c->hdrs.data + (c->n_hdrs - 1);
     if (h->value == NO_VALUE)
         h->value = (uint32_t)c->arena.len;
@@ -724,7 +735,7 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len)
 static int on_header_value_complete(llhttp_t *p)
 {
     conn_t *c = p->data;
-    if (c->n_hdrs == 0)
+    if (c->head_done || c->n_hdrs == 0)
         return 0;
     hdr_off_t *h = (hdr_off_t *)c->hdrs.data + (c->n_hdrs - 1);
     if (h->value == NO_VALUE)
@@ -746,6 +757,7 @@ static int on_headers_complete(llhttp_t *p)
     baton_http_req_t *r = &c->req;
     if (p->http_major != 1)
         return fail_cb(c, 505, "only HTTP/1.x is supported");
+    c->head_done = 1;
 
     /* The arena is final now: turn offsets into pointers, stored after the offsets. */
     size_t n = c->n_hdrs;

@@ -179,11 +179,14 @@ void baton__conn_fail(baton__conn_t *c, int status, const char *why)
     c->pending = 1; /* released by finish_deferred: conn_finish never runs inside this call */
 
     static const char *const state_names[] = {
-        "?", "pending", "connecting", "hello", "transport_connect", "up", "closing"};
+        "?", "pending", "connecting", "hello", "transport_connect", "up", "closing", "auth"};
     if (c->role == BATON__ROLE_DECODE && prev != BATON__CONN_UP) {
         /* A failed attempt: the peer state machine logs it once, with its retry delay. */
         log_debug(BATON__LOG, "attempt_failed peer=%s state=%s reason=\"%s\"", c->addr,
                   state_names[prev], why);
+    } else if (status == BATON_EAUTH) {
+        /* ctrl_auth.c logged the refusal, rate-limited: an outsider can repeat it at will. */
+        log_debug(BATON__LOG, "conn_closed peer=%s reason=\"%s\"", c->addr, why);
     } else if (prev == BATON__CONN_PENDING || status == BATON_ESHUTDOWN) {
         log_info(BATON__LOG, "conn_closed peer=%s reason=\"%s\"", c->addr, why);
     } else {
@@ -249,8 +252,15 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 /* Frames allowed per (role, state); everything else closes the connection. */
 static int allowed(const baton__conn_t *c, int type)
 {
-    if (c->state == BATON__CONN_PENDING)
-        return type == BATON__F_HELLO || type == BATON__F_LANE_HELLO;
+    if (c->state == BATON__CONN_AUTH)
+        return type == BATON__F_AUTH;
+    if (c->state == BATON__CONN_PENDING) {
+        /* After the challenge-response only the authenticated peer's HELLO. AUTH and HELLO
+         * out of turn are let through to be refused as authentication failures (counted). */
+        if (c->authed)
+            return type == BATON__F_HELLO;
+        return type == BATON__F_HELLO || type == BATON__F_LANE_HELLO || type == BATON__F_AUTH;
+    }
     if (c->role == BATON__ROLE_DECODE) {
         switch (c->state) {
         case BATON__CONN_HELLO:
@@ -283,6 +293,9 @@ static int dispatch(baton__conn_t *c, const baton__frame_t *f, const uint8_t *re
     case BATON__F_HELLO:
         *why = "bad HELLO";
         return baton__hs_on_hello(c, &f->u.hello);
+    case BATON__F_AUTH:
+        *why = "bad AUTH";
+        return baton__auth_on_frame(c, &f->u.auth);
     case BATON__F_LANE_HELLO:
         *why = "bad LANE_HELLO";
         return baton__hs_on_lane_hello(c, f, rest, rest_len);
@@ -350,6 +363,12 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             return;
         }
         if (!allowed(c, f.type)) {
+            if (c->eng->secret_len > 0 && !c->authed && c->role == BATON__ROLE_PREFILL &&
+                (c->state == BATON__CONN_PENDING || c->state == BATON__CONN_AUTH)) {
+                /* A peer that has not proved the secret gets nothing, whatever it sends. */
+                baton__auth_refused(c, "frame before authentication");
+                return;
+            }
             atomic_fetch_add(&c->eng->st_frames_rejected, 1);
             char msg[160];
             snprintf(msg, sizeof(msg), "unexpected %s frame in state %d", baton__ftype_name(f.type),

@@ -71,6 +71,7 @@ static void put_le(uint8_t *p, uint64_t v, int n)
 #define OFFER_FIXED 24
 #define DONE_FIXED  22
 #define MEM_FIXED   24
+#define AUTH_FIXED  (1 + 1 + 8 + 8 + BATON__AUTH_NONCE + BATON__AUTH_MAC)
 
 static int body_bounds(int type, uint32_t *min_p, uint32_t *max_p)
 {
@@ -120,6 +121,10 @@ static int body_bounds(int type, uint32_t *min_p, uint32_t *max_p)
     case BATON__F_LAYER_DONE:
         lo = hi = 12;
         break;
+    case BATON__F_AUTH:
+        lo = AUTH_FIXED + 1;
+        hi = AUTH_FIXED + BATON__ID_MAX;
+        break;
     default:
         return -1;
     }
@@ -140,26 +145,56 @@ static int id_char_ok(uint8_t c)
     return c > 0x20 && c < 0x7f;
 }
 
+/* u8 length, then that many printable bytes: into id (BATON__ID_MAX + 1). NULL, or why not. */
+static const char *get_engine_id(rd_t *r, char *id_out)
+{
+    uint8_t id_len = get8(r);
+    if (id_len == 0 || id_len > BATON__ID_MAX)
+        return "bad engine id length";
+    const uint8_t *id = get_bytes(r, id_len);
+    if (id == NULL)
+        return "truncated engine id";
+    for (int i = 0; i < id_len; i++)
+        if (!id_char_ok(id[i]))
+            return "engine id not printable";
+    memcpy(id_out, id, id_len);
+    id_out[id_len] = '\0';
+    return NULL;
+}
+
+static int decode_auth(rd_t *r, baton__auth_t *a, const char **why)
+{
+    a->step = get8(r);
+    if (a->step < BATON__AUTH_CHALLENGE || a->step > BATON__AUTH_PROOF)
+        FAIL(BATON_EPROTO, "auth: unknown step");
+    const char *id_why = get_engine_id(r, a->engine_id);
+    if (id_why != NULL)
+        FAIL(BATON_EPROTO, id_why);
+    a->incarnation = get64(r);
+    a->generation = get64(r);
+    const uint8_t *nonce = get_bytes(r, BATON__AUTH_NONCE);
+    const uint8_t *mac = get_bytes(r, BATON__AUTH_MAC);
+    if (nonce == NULL || mac == NULL)
+        FAIL(BATON_EPROTO, "auth: truncated");
+    if (a->incarnation == 0 || a->generation == 0)
+        FAIL(BATON_EPROTO, "auth: zero incarnation or generation");
+    memcpy(a->nonce, nonce, BATON__AUTH_NONCE);
+    memcpy(a->mac, mac, BATON__AUTH_MAC);
+    return 0;
+}
+
 static int decode_hello(rd_t *r, baton__hello_t *h, const char **why)
 {
     memset(h, 0, sizeof(*h));
     h->proto = get16(r);
     h->role = get8(r);
-    uint8_t id_len = get8(r);
     if (h->proto < 1)
         FAIL(BATON_EPROTO, "hello: protocol version 0");
     if (h->role != BATON__ROLE_DECODE && h->role != BATON__ROLE_PREFILL)
         FAIL(BATON_EPROTO, "hello: bad role");
-    if (id_len == 0 || id_len > BATON__ID_MAX)
-        FAIL(BATON_EPROTO, "hello: bad engine id length");
-    const uint8_t *id = get_bytes(r, id_len);
-    if (id == NULL)
-        FAIL(BATON_EPROTO, "hello: truncated engine id");
-    for (int i = 0; i < id_len; i++)
-        if (!id_char_ok(id[i]))
-            FAIL(BATON_EPROTO, "hello: engine id not printable");
-    memcpy(h->engine_id, id, id_len);
-    h->engine_id[id_len] = '\0';
+    const char *id_why = get_engine_id(r, h->engine_id);
+    if (id_why != NULL)
+        FAIL(BATON_EPROTO, id_why);
     h->incarnation = get64(r);
     h->generation = get64(r);
     h->echo_generation = get64(r);
@@ -363,6 +398,9 @@ int baton__frame_decode(const uint8_t *buf, size_t len, baton__frame_t *f, size_
         f->u.wack.status = (int32_t)get32(&r);
         if (f->u.wack.status > 0)
             FAIL(BATON_EPROTO, "wack: positive status");
+        break;
+    case BATON__F_AUTH:
+        rc = decode_auth(&r, &f->u.auth, why);
         break;
     case BATON__F_LAYER_DONE:
         f->u.layer_done.room = get64(&r);
@@ -573,6 +611,26 @@ int baton__enc_mem_del(baton_buf_t *out, uint32_t mem_id)
     return 0;
 }
 
+int baton__enc_auth(baton_buf_t *out, const baton__auth_t *a)
+{
+    size_t id_len = strlen(a->engine_id);
+    if (id_len == 0 || id_len > BATON__ID_MAX || a->step < BATON__AUTH_CHALLENGE ||
+        a->step > BATON__AUTH_PROOF)
+        return BATON_EINVAL;
+    uint8_t *p = frame_begin(out, BATON__F_AUTH, AUTH_FIXED + id_len);
+    if (p == NULL)
+        return BATON_ENOMEM;
+    wr_t w = {p};
+    w8(&w, a->step);
+    w8(&w, id_len);
+    wbytes(&w, a->engine_id, id_len);
+    w64(&w, a->incarnation);
+    w64(&w, a->generation);
+    wbytes(&w, a->nonce, BATON__AUTH_NONCE);
+    wbytes(&w, a->mac, BATON__AUTH_MAC);
+    return 0;
+}
+
 int baton__enc_lane_hello(baton_buf_t *out, uint64_t incarnation, uint64_t generation,
                           uint32_t lane)
 {
@@ -641,8 +699,8 @@ void baton__enc_wack_fixed(uint8_t out[BATON__WACK_SIZE], uint32_t seq, int32_t 
 const char *baton__ftype_name(int type)
 {
     static const char *const names[] = {
-        "?",   "HELLO",   "OFFER",      "DONE",     "ABORT", "ABORT_ACK", "HEARTBEAT",
-        "MEM", "MEM_DEL", "LANE_HELLO", "LANE_ACK", "WRITE", "WACK",      "LAYER_DONE"};
+        "?",       "HELLO",      "OFFER",    "DONE",  "ABORT", "ABORT_ACK",  "HEARTBEAT", "MEM",
+        "MEM_DEL", "LANE_HELLO", "LANE_ACK", "WRITE", "WACK",  "LAYER_DONE", "AUTH"};
     if (type < 1 || type > BATON__F_MAX_TYPE)
         return "?";
     return names[type];

@@ -35,6 +35,9 @@
  *   WRITE      u64 room, u64 addr, u32 page, u32 seq, then length-24 data bytes (lane)
  *   WACK       u32 seq, i32 status                               (lane, decode -> prefill)
  *   LAYER_DONE u64 room, u32 layer                     (control, prefill -> decode, proto >= 2)
+ *   AUTH       u8 step, u8 id_len, id[id_len], u64 incarnation, u64 generation, nonce[32],
+ *              mac[32]     (control, both ways, before HELLO when a shared secret is set; see
+ *              ctrl_auth.c: CHALLENGE decode -> prefill, RESPONSE back, PROOF decode -> prefill)
  *
  * Versions: BATON__WIRE_VERSION is the frame layout (must match exactly). BATON__PROTO_VERSION,
  * carried in HELLO, says which optional frames an engine understands; each side sends an
@@ -79,8 +82,9 @@ typedef enum {
     BATON__F_WRITE = 11,
     BATON__F_WACK = 12,
     BATON__F_LAYER_DONE = 13,
+    BATON__F_AUTH = 14,
 } baton__ftype_t;
-#define BATON__F_MAX_TYPE 13
+#define BATON__F_MAX_TYPE 14
 
 enum { BATON__ROLE_DECODE = 1, BATON__ROLE_PREFILL = 2 };
 
@@ -102,6 +106,19 @@ typedef struct {
     uint8_t n_tp;
     baton__hello_tp_t tp[BATON__HELLO_MAX_TP];
 } baton__hello_t;
+
+#define BATON__AUTH_NONCE 32
+#define BATON__AUTH_MAC   32 /* HMAC-SHA-256 */
+enum { BATON__AUTH_CHALLENGE = 1, BATON__AUTH_RESPONSE = 2, BATON__AUTH_PROOF = 3 };
+
+typedef struct {
+    uint8_t step;                      /* BATON__AUTH_* */
+    char engine_id[BATON__ID_MAX + 1]; /* the sender's, NUL-terminated, printable */
+    uint64_t incarnation;              /* the sender's, != 0 */
+    uint64_t generation;               /* the sender's connection generation, != 0 */
+    uint8_t nonce[BATON__AUTH_NONCE];  /* CHALLENGE / RESPONSE: the sender's fresh nonce */
+    uint8_t mac[BATON__AUTH_MAC];      /* RESPONSE / PROOF: the sender's proof; else zeros */
+} baton__auth_t;
 
 typedef struct {
     uint64_t addr;
@@ -184,6 +201,7 @@ typedef struct {
             uint64_t room;
             uint32_t layer;
         } layer_done;
+        baton__auth_t auth;
     } u;
 } baton__frame_t;
 
@@ -219,6 +237,7 @@ int baton__enc_lane_hello(baton_buf_t *out, uint64_t incarnation, uint64_t gener
 int baton__enc_lane_ack(baton_buf_t *out, uint32_t lane, int32_t status);
 int baton__enc_wack(baton_buf_t *out, uint32_t seq, int32_t status);
 int baton__enc_layer_done(baton_buf_t *out, uint64_t room, uint32_t layer);
+int baton__enc_auth(baton_buf_t *out, const baton__auth_t *a);
 
 /* Fixed-size encoders for the lane hot path (no allocation). */
 void baton__enc_write_hdr(uint8_t out[BATON__WRITE_HDR], uint64_t room, uint64_t addr,

@@ -1,5 +1,6 @@
-/* transfer/ctrl_handshake.c — HELLO both ways (transport choice in the decode side's order),
- * region announcements (MEM / MEM_DEL) and the hand-over of data lanes to their transport. */
+/* transfer/ctrl_handshake.c — HELLO both ways (transport choice in the decode side's order, after
+ * ctrl_auth.c's challenge-response when a secret is set), region announcements (MEM / MEM_DEL)
+ * and the hand-over of data lanes to their transport. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +60,14 @@ static void mark_up(baton__conn_t *c)
 /* ---- decode side ------------------------------------------------------------------------- */
 
 void baton__hs_decode_start(baton__conn_t *c)
+{
+    if (c->eng->secret_len > 0)
+        baton__auth_decode_start(c); /* HELLO once the prefill side proved the secret */
+    else
+        baton__hs_decode_hello(c);
+}
+
+void baton__hs_decode_hello(baton__conn_t *c)
 {
     baton_xfer_engine_t *eng = c->eng;
     baton__hello_t h;
@@ -324,6 +333,8 @@ static int prefill_on_hello(baton__conn_t *c, const baton__hello_t *h)
 
 int baton__hs_on_hello(baton__conn_t *c, const baton__hello_t *h)
 {
+    if (!baton__auth_check_hello(c, h))
+        return 0; /* refused and closed before anything of it was used */
     if (c->role == BATON__ROLE_DECODE)
         return decode_on_hello(c, h);
     return prefill_on_hello(c, h);

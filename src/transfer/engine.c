@@ -450,6 +450,7 @@ static void finish_close(baton_xfer_engine_t *eng)
     void *data = eng->close_data;
     if (cb != NULL)
         cb(eng, data);
+    explicit_bzero(eng->secret, sizeof(eng->secret));
     free(eng);
 }
 
@@ -642,6 +643,7 @@ static void teardown_unstarted(baton_xfer_engine_t *eng, int free_it)
     }
     if (eng->has_log)
         baton_log_sink_swap(eng->create_prev_log); /* create's own scope ends on failure */
+    explicit_bzero(eng->secret, sizeof(eng->secret));
     if (free_it)
         free(eng);
 }
@@ -680,6 +682,9 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
                 return BATON_EINVAL;
     if (cfg->lanes > 16)
         return BATON_EINVAL;
+    if (cfg->secret != NULL &&
+        (cfg->secret_len < BATON_XFER_SECRET_MIN || cfg->secret_len > BATON_XFER_SECRET_MAX))
+        return BATON_EINVAL;
 
     baton_xfer_engine_t *eng = calloc(1, sizeof(*eng));
     if (eng == NULL)
@@ -715,6 +720,12 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
         snprintf(eng->engine_id, sizeof(eng->engine_id), "%.40s-%d", host, (int)getpid());
     }
     eng->cfg.engine_id = eng->engine_id;
+    if (cfg->secret != NULL) {
+        memcpy(eng->secret, cfg->secret, cfg->secret_len);
+        eng->secret_len = cfg->secret_len;
+    }
+    eng->cfg.secret = NULL; /* only the engine's copy is used, and never handed out */
+    eng->cfg.secret_len = 0;
     if (cfg->rdma_devices != NULL) {
         snprintf(eng->rdma_devices, sizeof(eng->rdma_devices), "%s", cfg->rdma_devices);
         eng->cfg.rdma_devices = eng->rdma_devices;
@@ -858,8 +869,15 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
         strcat(tps, i ? "," : "");
         strcat(tps, baton_xfer_transport_name(eng->tp_ids[i]));
     }
-    log_info(BATON__LOG, "engine_started id=%s incarnation=%016llx transports=%s", eng->engine_id,
-             (unsigned long long)eng->incarnation, tps);
+    log_info(BATON__LOG, "engine_started id=%s incarnation=%016llx transports=%s kv_auth=%s",
+             eng->engine_id, (unsigned long long)eng->incarnation, tps,
+             eng->secret_len ? "hmac-sha256" : "off");
+    if (eng->secret_len == 0)
+        log_warn(BATON__LOG,
+                 "kv_auth_disabled id=%s reason=\"no shared secret configured: any "
+                 "host that reaches the bootstrap port or connects to it as a peer can "
+                 "exchange KV and memory keys with this engine\"",
+                 eng->engine_id);
     if (cfg->listen_host != NULL) {
         int port = atomic_load(&eng->port);
         if (strchr(cfg->listen_host, ':') != NULL)
@@ -933,4 +951,14 @@ void baton_xfer_engine_stats(const baton_xfer_engine_t *engine, baton_xfer_stats
     s->reconnects = atomic_load_explicit(&e->st_reconnects, memory_order_relaxed);
     s->frames_rejected = atomic_load_explicit(&e->st_frames_rejected, memory_order_relaxed);
     s->writes_rejected = atomic_load_explicit(&e->st_writes_rejected, memory_order_relaxed);
+}
+
+void baton_xfer_engine_stats_sized(const baton_xfer_engine_t *engine, baton_xfer_stats_t *s,
+                                   size_t size)
+{
+    baton_xfer_stats_t all;
+    baton_xfer_engine_stats(engine, &all);
+    all.auth_failures = atomic_load_explicit(&((baton_xfer_engine_t *)engine)->st_auth_failures,
+                                             memory_order_relaxed);
+    memcpy(s, &all, size < sizeof(all) ? size : sizeof(all));
 }

@@ -262,7 +262,16 @@ typedef enum {
     BATON__CONN_TP_CONNECT,  /* the chosen transport's peer_connect is under way */
     BATON__CONN_UP,
     BATON__CONN_CLOSING,
+    BATON__CONN_AUTH, /* challenge-response under way (a shared secret is set; ctrl_auth.c) */
 } baton__conn_state_t;
+
+/* One side of the KV bootstrap's challenge-response (ctrl_auth.c). */
+typedef struct {
+    char id[BATON__ID_MAX + 1];
+    uint64_t incarnation;
+    uint64_t generation;
+    uint8_t nonce[BATON__AUTH_NONCE];
+} baton__auth_party_t;
 
 struct baton__conn_s {
     baton_list_t link; /* eng->conns */
@@ -294,6 +303,11 @@ struct baton__conn_s {
     int reported_up;
     int close_after_send; /* a refusal is on its way: close once it was written */
     uint64_t t_start_ms;
+    /* KV bootstrap authentication (only with a shared secret): this side's nonce, the peer's
+     * claimed identity and nonce, and whether the peer proved the secret. */
+    uint8_t auth_nonce[BATON__AUTH_NONCE];
+    baton__auth_party_t auth_peer;
+    int authed;
 };
 
 struct baton__peer_s {
@@ -378,7 +392,14 @@ struct baton_xfer_engine_s {
     /* statistics (any thread, relaxed) */
     atomic_uint_fast64_t st_bytes_written, st_bytes_received, st_rooms_done, st_rooms_failed,
         st_rooms_aborted, st_peers_up, st_peers_down, st_reconnects, st_frames_rejected,
-        st_writes_rejected;
+        st_writes_rejected, st_auth_failures;
+
+    /* KV bootstrap authentication: the shared secret (a copy; secret_len 0: none) and the
+     * rate limit of refusal lines (progress thread). */
+    uint8_t secret[BATON_XFER_SECRET_MAX];
+    size_t secret_len;
+    uint64_t auth_log_window_ms, auth_log_suppressed;
+    unsigned auth_log_lines;
 };
 
 /* ---- engine.c ---------------------------------------------------------------------------- */
@@ -484,5 +505,23 @@ int baton__pull_on_room(baton_xfer_engine_t *eng, baton_xfer_room_t *room);
 int baton__pull_on_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, int status);
 /* Destroy: exports still waiting are dropped without their callbacks. */
 void baton__pull_drop_all(baton_xfer_engine_t *eng);
+
+/* ---- KV bootstrap authentication (ctrl_auth.c) ------------------------------------------- */
+
+/* Decode side, connected: sends the CHALLENGE (state AUTH); HELLO follows a good RESPONSE. */
+void baton__auth_decode_start(baton__conn_t *c);
+/* An AUTH frame on c. 0, or an error that closes c (a refusal closes it itself and returns 0). */
+int baton__auth_on_frame(baton__conn_t *c, const baton__auth_t *a);
+/* Before a HELLO is acted on: 1 when it may be (no secret, or it comes from the authenticated
+ * engine); 0 when c was refused (closed, counted). */
+int baton__auth_check_hello(baton__conn_t *c, const baton__hello_t *h);
+/* Counts, logs (rate-limited) and closes c with BATON_EAUTH. */
+void baton__auth_refused(baton__conn_t *c, const char *reason);
+/* HMAC-SHA-256(key, label NUL | d.nonce | p.nonce | d's id, inc, gen | p's id, inc, gen). */
+int baton__auth_mac(const uint8_t *key, size_t key_len, const char *label,
+                    const baton__auth_party_t *d, const baton__auth_party_t *p,
+                    uint8_t mac[BATON__AUTH_MAC]);
+/* Decode side: HELLO with this engine's transports (after authentication, or at once). */
+void baton__hs_decode_hello(baton__conn_t *c);
 
 #endif

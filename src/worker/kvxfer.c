@@ -3,11 +3,13 @@
  * kvxfer_send.c, the decode side's in kvxfer_recv.c, the metrics in kvxfer_metrics.c. */
 #include "worker/kvxfer.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "baton/error.h"
 #include "common/clock.h"
@@ -271,6 +273,35 @@ void wk_kv_transport_list(const baton_xfer_transport_t *t, int n, char *out, siz
                                 baton_xfer_transport_name(t[i]));
 }
 
+/* The KV bootstrap secret: the file's bytes, less one trailing newline (`echo s > file`).
+ * 0, or -1 with a log line (unreadable, too short or too long). */
+static int read_secret(const char *path, uint8_t *buf, size_t cap, size_t *len_p)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        log_error(COMP, "kv_secret_unreadable path=%s err=%s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077) != 0)
+        log_warn(COMP, "kv_secret_file_permissions path=%s mode=%03o hint=\"chmod 600\"", path,
+                 (unsigned)(st.st_mode & 0777));
+    size_t n = fread(buf, 1, cap, f);
+    int more = fgetc(f) != EOF;
+    fclose(f);
+    if (n > 0 && buf[n - 1] == '\n')
+        n--;
+    if (n > 0 && buf[n - 1] == '\r')
+        n--;
+    if (more || n < BATON_XFER_SECRET_MIN || n > BATON_XFER_SECRET_MAX) {
+        log_error(COMP, "kv_secret_invalid path=%s reason=\"between %d and %d bytes expected\"",
+                  path, BATON_XFER_SECRET_MIN, BATON_XFER_SECRET_MAX);
+        return -1;
+    }
+    *len_p = n;
+    return 0;
+}
+
 int wk_kv_create(wk_kv_t **kv_p, uv_loop_t *loop, const wk_kv_cfg_t *cfg, baton_metrics_t *metrics)
 {
     const char *why = NULL;
@@ -311,8 +342,18 @@ int wk_kv_create(wk_kv_t **kv_p, uv_loop_t *loop, const wk_kv_cfg_t *cfg, baton_
         xc.listen_host = cfg->listen_host;
         xc.listen_port = cfg->listen_port;
     }
+    uint8_t secret[BATON_XFER_SECRET_MAX + 1];
+    if (cfg->secret_file != NULL) {
+        if (read_secret(cfg->secret_file, secret, sizeof(secret), &xc.secret_len) != 0) {
+            wk_kvpool_free(&kv->pool);
+            free(kv);
+            return BATON_EINVAL;
+        }
+        xc.secret = secret;
+    }
     baton_xfer_callbacks_t cbs = {wk__kv_send_on_room, wk__kv_send_on_room_closed, on_peer, kv};
     rc = baton_xfer_engine_create(loop, &xc, &cbs, &kv->eng);
+    explicit_bzero(secret, sizeof(secret)); /* the engine keeps its own copy */
     if (rc != 0) {
         log_error(COMP, "kv_start_failed what=engine err=%s", baton_err_name(rc));
         wk_kvpool_free(&kv->pool);

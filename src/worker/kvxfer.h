@@ -47,6 +47,7 @@ typedef struct wk_kv_cfg_s {
     int n_transports;
     uint64_t timeout_ms;          /* prefill: how long an offer waits for its request (+ grace) */
     uint32_t fault_corrupt_every; /* prefill, tests only: corrupt one byte of every Nth room */
+    const char *secret_file; /* the engines' shared secret (baton_xfer_config_t.secret); NULL */
 } wk_kv_cfg_t;
 
 /* The prompt of one room: token ids (copied), their count, and the text seed. */

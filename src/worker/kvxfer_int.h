@@ -185,7 +185,7 @@ struct wk_kv_s {
 
     baton_metric_family_t *f_fail;
     baton_metric_child_t *m_ok, *m_failed, *m_bytes, *m_xfer, *m_tail, *m_up, *m_down, *m_reconn,
-        *m_corrupt, *m_frames_rej, *m_writes_rej, *m_free, *m_used, *m_waiting;
+        *m_corrupt, *m_frames_rej, *m_writes_rej, *m_free, *m_used, *m_waiting, *m_auth_fail;
     baton_xfer_stats_t seen;
 };
 

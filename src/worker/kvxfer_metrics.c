@@ -106,6 +106,12 @@ void wk__kv_metrics_init(wk_kv_t *kv, baton_metrics_t *m)
     f = baton_metrics_counter(m, "baton_kv_writes_rejected_total",
                               "Writes refused by the receiver's bounds / key checks.", 0, NULL);
     kv->m_writes_rej = baton_metric_child(f, NULL);
+    f = baton_metrics_counter(
+        m, "baton_kv_auth_failures_total",
+        "Control connections refused by the KV bootstrap's challenge-response "
+        "(no or wrong shared secret, replayed handshake).",
+        0, NULL);
+    kv->m_auth_fail = baton_metric_child(f, NULL);
     f = baton_metrics_gauge(m, "baton_kv_pool_slots",
                             "KV page slots (one page in every layer), by state.", 1, state);
     if (f) {
@@ -131,12 +137,13 @@ void wk_kv_metrics_sync(wk_kv_t *kv)
     if (kv->eng == NULL)
         return;
     baton_xfer_stats_t st;
-    baton_xfer_engine_stats(kv->eng, &st);
+    baton_xfer_engine_stats_sized(kv->eng, &st, sizeof(st));
     add_delta(kv->m_bytes, kv->cfg.prefill ? st.bytes_written : st.bytes_received,
               kv->cfg.prefill ? &kv->seen.bytes_written : &kv->seen.bytes_received);
     add_delta(kv->m_reconn, st.reconnects, &kv->seen.reconnects);
     add_delta(kv->m_frames_rej, st.frames_rejected, &kv->seen.frames_rejected);
     add_delta(kv->m_writes_rej, st.writes_rejected, &kv->seen.writes_rejected);
+    add_delta(kv->m_auth_fail, st.auth_failures, &kv->seen.auth_failures);
     baton_gauge_set(kv->m_up, (double)st.peers_up);
     baton_gauge_set(kv->m_down, (double)st.peers_down);
     baton_gauge_set(kv->m_free, kv->pool.n_free);

@@ -80,7 +80,13 @@ static void usage(FILE *f)
             "  --protocol P                 sglang | vllm-nixl | vllm-mooncake: the PD fields\n"
             "                               accepted and returned (default sglang)\n"
             "  --kv-hold-timeout-ms MS      vllm-nixl prefill: held KV pages are released when\n"
-            "                               no decode pulled them this long (default %llu)\n",
+            "                               no decode pulled them this long (default %llu)\n"
+            "\n"
+            "KV bootstrap authentication (issue 11; docs/SECURITY.md):\n"
+            "  --kv-secret-file FILE        shared secret of the engines allowed to exchange KV\n"
+            "                               (16..1024 bytes; one trailing newline ignored):\n"
+            "                               HMAC challenge-response before any KV handshake\n"
+            "                               (default: none, a warning is logged)\n",
             wk_mode_name(d.mode), d.host, d.port, d.bootstrap_port, d.model_name,
             (unsigned long long)d.prefill_us_per_token, (unsigned long long)d.decode_us_per_token,
             d.max_batch, d.max_queue, (unsigned long long)d.bootstrap_timeout_ms,
@@ -144,6 +150,7 @@ enum {
     OPT_CACHE_TOKENS,
     OPT_PROTOCOL, /* vLLM PD protocols (issue 12) */
     OPT_HOLD_TIMEOUT,
+    OPT_KV_SECRET_FILE, /* KV bootstrap authentication */
 };
 
 /* --register: kept here, not in wk_config_t, since only main() uses them. */
@@ -192,6 +199,7 @@ static const struct option long_opts[] = {
     {"tls-client-ca", required_argument, NULL, OPT_TLS_CLIENT_CA},
     {"protocol", required_argument, NULL, OPT_PROTOCOL},
     {"kv-hold-timeout-ms", required_argument, NULL, OPT_HOLD_TIMEOUT},
+    {"kv-secret-file", required_argument, NULL, OPT_KV_SECRET_FILE}, /* KV bootstrap auth */
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -413,6 +421,9 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
             break;
         case OPT_TLS_CLIENT_CA:
             tls_opts.ca_file = optarg;
+            break;
+        case OPT_KV_SECRET_FILE: /* read when the KV engine starts (kvxfer.c) */
+            cfg->kv_secret_file = optarg;
             break;
         case 'h':
             usage(stdout);

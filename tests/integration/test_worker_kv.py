@@ -1,7 +1,9 @@
 """test_worker_kv.py — the KV hand-off between baton-worker prefill and decode through libbaton:
 exact text and exact byte counts over tcp and shm, rdma falling back, layer-wise on and off,
 model presets, corrupted KV caught (kv_corrupted), the page pool (too big, queueing), kill -9 of
-either worker mid-transfer with clean failures and automatic recovery, bad command lines."""
+either worker mid-transfer with clean failures and automatic recovery, bad command lines, and the
+authenticated bootstrap (--kv-secret-file): matching secrets work, a wrong or missing one is
+refused and counted in baton_kv_auth_failures_total while the good pair carries on."""
 
 import json
 import os
@@ -143,6 +145,9 @@ def test_layerwise_on_off():
             texts[mode] = rd.json()["text"]
             # the timing model's layer events reached the engine as separate writes (on), or
             # one write of the whole room after compute (off)
+            # (the log file is filled by the harness's reader thread: wait for the last write's
+            # line before reading it whole)
+            p.wait_log(r"kv_write room=\d+ layers=\d+-3\b")
             logs = open(p.log_path).read()
             writes = re.findall(r"kv_write room=\d+ layers=(\d+)-(\d+)", logs)
             if mode == "on":
@@ -428,13 +433,61 @@ def test_bad_flags():
     assert b"fault-corrupt" not in h.stdout  # the test-only flag stays out of the help
 
 
+def write_secret(dirname, name, text):
+    path = os.path.join(dirname, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+    return path
+
+
+def test_kv_secret():
+    """Workers sharing --kv-secret-file exchange KV exactly as before; a decode with another
+    secret, or none, gets no room from that prefill, each refusal is counted on the side that
+    saw it, and the good pair is unaffected. Bad secret files stop the worker at start."""
+    with Cluster("kv-secret") as c:
+        good = write_secret(c.logdir, "good", "s3cret shared by this deployment's engines")
+        bad = write_secret(c.logdir, "bad", "some other deployment's secret entirely")
+        short = write_secret(c.logdir, "short", "too short")
+        slow = ("--bootstrap-timeout-ms", "3000")
+        p = c.worker("prefill", *FAST, *slow, "--kv-secret-file", good)
+        d = c.worker("decode", *FAST, *slow, "--kv-secret-file", good)
+        check_pair(p, d, "an authenticated hand-off of twelve words and a few more of them")
+        p.wait_log(r"engine_started .*kv_auth=hmac-sha256")
+        assert not any("kv_auth_disabled" in ln for ln in open(p.log_path))
+        assert metric(p.port, "baton_kv_auth_failures_total") == 0
+        assert metric(d.port, "baton_kv_auth_failures_total") == 0
+        for name, extra in (("wrong", ("--kv-secret-file", bad)), ("none", ())):
+            d2 = c.worker("decode", *FAST, *slow, *extra, name=f"decode-{name}")
+            body = with_boot({"text": "not for you", "sampling_params": {"max_new_tokens": 3}},
+                             p)
+            rp, rd = dual(p, d2, "/generate", body)
+            assert rd.status != 200 and rp.status != 200, (name, rp.text, rd.text)
+            # a wrong secret fails the prefill's proof on the decode side; none is refused by
+            # the prefill (its HELLO comes without authentication)
+            seen_by = d2 if extra else p
+            wait_until(lambda: metric(seen_by.port, "baton_kv_auth_failures_total") >= 1)
+            seen_by.wait_log(r"kv_auth_refused ")
+            if not extra:
+                d2.wait_log(r"kv_auth_disabled")
+            d2.stop()
+        check_pair(p, d, "the good pair is still fine after the refusals")
+        exe = harness.binary("baton-worker")
+        for path in (short, os.path.join(c.logdir, "missing")):
+            r = subprocess.run([exe, "--mode", "decode", "--port", "0", "--kv-secret-file", path],
+                               capture_output=True, timeout=20)
+            assert r.returncode != 0 and b"kv_secret" in r.stderr, (path, r.returncode, r.stderr)
+        for f in (good, bad, short):
+            os.unlink(f)
+
+
 def main():
     t = harness.TestRunner()
     random.seed(os.getpid())
     for fn in (test_transports, test_rdma_falls_back, test_layerwise_on_off,
                test_presets_and_shape_mismatch, test_corrupted_kv, test_pool,
                test_abort_storm_page_reuse,
-               test_prefill_killed, test_decode_killed, test_bad_flags):
+               test_prefill_killed, test_decode_killed, test_bad_flags, test_kv_secret):
         t.run(fn)
     t.finish()
 

@@ -104,7 +104,8 @@ def example_c(build, src):
         exe_static = exe + "-static"
         run(["cc", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror", "-o", exe_static,
              os.path.join(src, "examples", "c", "kv_handoff.c")] + SAN_FLAGS + cflags +
-            [os.path.join(libdir, "libbaton.a")] + deps + ["-lpthread", "-ldl", "-lm"])
+            [os.path.join(libdir, "libbaton.a")] + deps + ["-lmbedcrypto", "-lpthread", "-ldl",
+                                                           "-lm"])
         if "libbaton" in run(["readelf", "-d", exe_static]).stdout:
             raise SystemExit("FAIL: the static example still needs libbaton.so")
         handoff([exe_static, "prefill", "tcp"], [exe_static, "decode", "tcp"], env)
