@@ -92,6 +92,18 @@ int baton__pin_allowed(const baton_router_t *r, const baton_http_req_t *req)
     return 0;
 }
 
+/* Whether a policy in use reads the prompt (cache_aware its text, least_load its word count):
+ * the others need neither, and a long prompt's copy and word count are not free. */
+static int prompt_needed(baton_router_t *r)
+{
+    for (int role = BATON_ROLE_PREFILL; role < BATON_ROLE_COUNT; role++) {
+        baton_policy_kind_t k = baton_policy_kind(baton_router_policy(r, role));
+        if (k == BATON_POLICY_CACHE_AWARE || k == BATON_POLICY_LEAST_LOAD)
+            return 1;
+    }
+    return 0;
+}
+
 int baton__route_ctx_build(baton__preq_t *pr)
 {
     baton_router_t *r = pr->pl->router;
@@ -100,7 +112,7 @@ int baton__route_ctx_build(baton__preq_t *pr)
     memset(ctx, 0, sizeof(*ctx));
 
     baton_buf_t b = BATON_BUF_INIT;
-    if (prompt_text(&pr->pd, &b)) {
+    if (prompt_needed(r) && prompt_text(&pr->pd, &b)) {
         baton_buf_free(&b);
         return BATON_ENOMEM;
     }
