@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""router_cpu.py — router CPU time per request, two builds side by side (A/B).
+
+Zero-cost baton-workers (one prefill + one decode for PD, one regular worker), chat requests at a
+fixed Poisson rate, streaming and not; the router's CPU time (utime + stime from /proc/PID/stat)
+over the run divided by the completed requests. The two builds alternate round by round, so slow
+drift of the machine's load hits both alike; the table shows each build's median over rounds and
+the ratio. CPU time is far less sensitive to a busy machine than latency, but /proc counts in
+clock ticks (10 ms): keep rate x duration large enough (the default gives ~2.5 us resolution).
+"""
+
+import statistics
+import types
+
+import scenlib
+
+
+def main():
+    ap = scenlib.arg_parser(__doc__.split("\n")[0])
+    ap.add_argument("--baseline-dir", required=False,
+                    help="build directory of the baseline (A); --build-dir is B")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rate", type=float, default=800.0)
+    ap.add_argument("--duration", type=float, default=5.0)
+    args = ap.parse_args()
+    if args.smoke:
+        args.rounds, args.rate, args.duration = 1, 100.0, 1.0
+    builds = {"B": args.build_dir}
+    if args.baseline_dir:
+        builds = {"A": args.baseline_dir, "B": args.build_dir}
+    print("== router CPU per request ==")
+    print(scenlib.machine_line())
+    res = {k: {} for k in builds}
+    failed = 0
+    zero = ["--prefill-us-per-token", 0, "--decode-us-per-token", 0, "--max-queue", 100000]
+    for _ in range(args.rounds):
+        for name, bdir in builds.items():
+            a = types.SimpleNamespace(**dict(vars(args), build_dir=bdir))
+            with scenlib.Lab(a, "cpu") as lab:
+                p = lab.worker("prefill", *zero, name="prefill")
+                d = lab.worker("decode", *zero, name="decode")
+                g = lab.worker("regular", *zero, name="regular")
+                rpd = lab.router("--prefill", p.url, p.ports["bootstrap"], "--decode", d.url,
+                                 name="baton-pd")
+                rrg = lab.router("--worker", g.url, name="baton-regular")
+                for topo, r in (("pd", rpd), ("regular", rrg)):
+                    for mode in ("stream", "json"):
+                        extra = ["--stream"] if mode == "stream" else []
+                        c0 = scenlib.cpu_seconds(r.pid)
+                        out = lab.bench(r.url, "--endpoint", "chat", *extra, "--request-rate",
+                                        args.rate, "--duration", args.duration, "--input-len",
+                                        128, "--output-len", 16)
+                        c1 = scenlib.cpu_seconds(r.pid)
+                        n = max(out["completed"], 1)
+                        failed += out["failed"]
+                        res[name].setdefault((topo, mode), []).append((c1 - c0) * 1e6 / n)
+    names = list(builds)
+    head = " | ".join(f"{n} us/req (median)" for n in names)
+    print(f"\n| topology | mode | {head} |" + (" B/A |" if len(names) == 2 else ""))
+    print("|---|---|" + "--:|" * len(names) + ("--:|" if len(names) == 2 else ""))
+    for key in res[names[0]]:
+        meds = [statistics.median(res[n][key]) for n in names]
+        ratio = f" {meds[1] / meds[0]:.2f} |" if len(names) == 2 and meds[0] else ""
+        print(f"| {key[0]} | {key[1]} | " + " | ".join(f"{m:.1f}" for m in meds) + " |" + ratio)
+    for n in names:
+        for key, v in res[n].items():
+            print(f"{n} {key[0]} {key[1]} rounds: " + " ".join(f"{x:.1f}" for x in v))
+    print(f"failed requests: {failed}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
