@@ -152,10 +152,13 @@ static void lw_tick(uv_timer_t *t)
     }
 }
 
+static uint32_t g_first_page_seen; /* the last room's first page, as the prefill sees it */
+
 static void on_room(baton_xfer_engine_t *e, baton_xfer_room_t *room, void *data)
 {
     check_not_inside();
     T.rooms_seen++;
+    g_first_page_seen = baton_xfer_room_first_page(room);
     uint32_t layers = baton_xfer_room_layers(room);
     switch (T.pmode) {
     case P_AUTO:
@@ -559,6 +562,82 @@ static void layer_callbacks(baton_xfer_transport_t tp)
     baton_xfer_engine_stats(T.d, &st);
     assert_int_equal(st.frames_rejected, 0);
     assert_int_equal(st.rooms_failed, 0);
+}
+
+/*
+ * A partial offer (baton_xfer_offer_opts_t.first_page): the decode already holds pages
+ * [0, F) of every layer and offers only the rest. The prefill sees the full shape and
+ * F, writes with full-shape sources (the cached pages' entries empty, which would be refused
+ * if they were read), and exactly the
+ * offered bytes move: the offered pages hold the source pattern, the cached pages keep what
+ * the decode put there, and both engines count only the offered bytes.
+ */
+static void partial_offer(baton_xfer_transport_t tp)
+{
+    start_engines(tp, tp, 0);
+    T.pmode = P_AUTO;
+    int port = baton_xfer_engine_listen_port(T.p);
+    enum { LAYERS = 3, PPL = 5, F = 2, PAGE = 40000, SLOT = 64 * 1024 };
+    droom_t r = {.id = 4242, .layers = LAYERS, .ppl = PPL, .page_len = PAGE, .slot = SLOT};
+    r.base = T.pool;
+    baton_xfer_iov_t iov[LAYERS * (PPL - F)];
+    for (uint32_t l = 0; l < LAYERS; l++)
+        for (uint32_t j = 0; j < PPL; j++) {
+            if (j < F) {
+                memset(page_at(&r, l, j), 0xC5, SLOT); /* "cached": must stay as it is */
+                continue;
+            }
+            iov[l * (PPL - F) + (j - F)].addr = page_at(&r, l, j);
+            iov[l * (PPL - F) + (j - F)].len = PAGE;
+        }
+    baton_xfer_offer_t o = {r.id, LAYERS, PPL, iov, NULL};
+    baton_xfer_offer_opts_t opts;
+    baton_xfer_offer_opts_init(&opts);
+    assert_int_equal(opts.size, sizeof(opts));
+    assert_int_equal(opts.first_page, 0);
+    opts.first_page = PPL; /* nothing left to offer */
+    assert_int_equal(API(baton_xfer_offer_ex(T.d, "127.0.0.1", port, &o, &opts, on_offer_done, &r)),
+                     BATON_EINVAL);
+    opts.size = 4; /* too small to be a real struct */
+    assert_int_equal(API(baton_xfer_offer_ex(T.d, "127.0.0.1", port, &o, &opts, on_offer_done, &r)),
+                     BATON_EINVAL);
+    baton_xfer_offer_opts_init(&opts);
+    opts.first_page = F;
+    assert_int_equal(API(baton_xfer_offer_ex(T.d, "127.0.0.1", port, &o, &opts, on_offer_done, &r)),
+                     0);
+    WAIT_INT(T.offers_done, 1, 20000);
+    assert_int_equal(T.offers_ok, 1);
+    assert_int_equal(g_first_page_seen, F);
+    for (uint32_t l = 0; l < LAYERS; l++)
+        for (uint32_t j = 0; j < PPL; j++) {
+            const uint8_t *pg = page_at(&r, l, j);
+            if (j < F) {
+                for (size_t k = 0; k < SLOT; k++)
+                    assert_int_equal(pg[k], 0xC5);
+                continue;
+            }
+            size_t off = xfer_src_offset(r.id, l, j, SRC_LEN, PAGE);
+            assert_memory_equal(pg, src + off, PAGE);
+            for (size_t k = PAGE; k < SLOT; k++)
+                assert_int_equal(pg[k], XFER_POISON);
+        }
+    WAIT_INT(T.closed_ok, 1, 5000);
+    baton_xfer_stats_t st;
+    baton_xfer_engine_stats(T.d, &st);
+    assert_int_equal(st.bytes_received, (uint64_t)LAYERS * (PPL - F) * PAGE);
+    assert_int_equal(st.writes_rejected, 0);
+    baton_xfer_engine_stats(T.p, &st);
+    assert_int_equal(st.bytes_written, (uint64_t)LAYERS * (PPL - F) * PAGE);
+}
+
+static void test_tcp_partial_offer(void **state)
+{
+    partial_offer(BATON_XFER_TRANSPORT_TCP);
+}
+
+static void test_shm_partial_offer(void **state)
+{
+    partial_offer(BATON_XFER_TRANSPORT_SHM);
 }
 
 static void test_tcp_layer_callbacks(void **state)
@@ -1253,6 +1332,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tcp_mixed_rooms, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shm_mixed_rooms, setup, teardown),
         cmocka_unit_test_setup_teardown(test_layerwise, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tcp_partial_offer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shm_partial_offer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_layer_callbacks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shm_layer_callbacks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_abort_race_reuse, setup, teardown),
