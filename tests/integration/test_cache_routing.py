@@ -153,6 +153,48 @@ def test_pd_cache_aware():
                                  {"role": role, "by": "cache"}) == 4
 
 
+def test_pd_turn2_moves_only_uncached_pages():
+    """One prefill, one decode: turn 2 of a session lands on the decode that kept turn 1's KV,
+    which offers only the pages its cache lacks. The decode's metrics show the skipped pages
+    and exactly the uncached tokens' bytes received, and the answer is the same text a regular
+    worker (no hand-off at all) gives for that prompt."""
+    with Cluster("cache-pd-skip") as c:
+        p = c.worker("prefill", *FAST)
+        d = c.worker("decode", *FAST)
+        ref = c.worker("regular", *FAST, "--cache-tokens", "0")
+        r = c.router("--prefill", url(p.port), str(p.wait_port("bootstrap")),
+                     "--decode", url(d.port))
+        layers = get(d.port, "/get_server_info").json()["kv"]["layers"]
+        recv = 'baton_kv_bytes_total{direction="received"}'
+
+        def turn(text):
+            before = metric(d.port, recv)
+            body = {"model": "m", "prompt": text, "max_tokens": 4}
+            res = post(r.port, "/v1/completions", body)
+            assert res.status == 200, res.text
+            return res.json(), metric(d.port, recv) - before
+
+        t1 = session_text(77, 30)
+        t2 = t1 + " " + session_text(1077, 10)
+        a1, b1 = turn(t1)
+        a2, b2 = turn(t2)
+        n1 = a1["usage"]["prompt_tokens"]
+        n2 = a2["usage"]["prompt_tokens"]
+        cached = a2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached == 28 and n2 > cached, a2["usage"]
+        # turn 1 moved every token's KV, turn 2 only the tokens after the cached pages
+        assert b1 > 0 and b2 > 0 and b2 < b1, (b1, b2)
+        assert b1 * (n2 - cached) == b2 * n1, (b1, b2, n1, n2, cached)
+        skipped = (cached // PAGE) * layers
+        assert metric(d.port, "baton_kv_pages_skipped_total") == skipped
+        assert metric(p.port, "baton_kv_pages_skipped_total") == skipped
+        assert metric(d.port, "baton_kv_corrupted_total") == 0
+        # the answer is exact: the same text as a worker that computed everything itself
+        want = post(ref.port, "/v1/completions", {"model": "m", "prompt": t2, "max_tokens": 4})
+        assert want.status == 200, want.text
+        assert a2["choices"][0]["text"] == want.json()["choices"][0]["text"], (a2, want.json())
+
+
 def test_cache_off():
     with Cluster("cache-off") as c:
         w = c.worker("regular", *FAST, "--cache-tokens", "0")
@@ -196,6 +238,7 @@ def main():
     t.run(test_regular_cache_aware)
     t.run(test_regular_consistent_hash_and_least_load)
     t.run(test_pd_cache_aware)
+    t.run(test_pd_turn2_moves_only_uncached_pages)
     t.run(test_cache_off)
     t.run(test_pin_needs_admin_token)
     t.finish()
