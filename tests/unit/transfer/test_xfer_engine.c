@@ -1071,6 +1071,7 @@ static void test_fake_prefill_bounds_and_garbage(void **state)
 static struct {
     int lfd, port, ok;
     uint64_t room1, room2;
+    uint16_t proto; /* what the fake announces; 0: BATON__PROTO_VERSION */
 } G;
 
 static int fake_handshake(int *c_p, int *lane_p, uint8_t *buf, size_t cap)
@@ -1083,7 +1084,7 @@ static int fake_handshake(int *c_p, int *lane_p, uint8_t *buf, size_t cap)
     uint64_t gen = f.u.hello.generation;
     baton__hello_t h;
     memset(&h, 0, sizeof(h));
-    h.proto = BATON__PROTO_VERSION;
+    h.proto = G.proto ? G.proto : BATON__PROTO_VERSION;
     h.role = BATON__ROLE_PREFILL;
     strcpy(h.engine_id, "fake-prefill-2");
     h.incarnation = 78;
@@ -1217,6 +1218,69 @@ static void test_fake_prefill_layer_done(void **state)
     close(G.lfd);
 }
 
+/* A proto-2 prefill cannot skip pages: it records the first OFFER it gets, then hangs up. */
+static uint32_t g_old_first_page = UINT32_MAX;
+
+static void *fake_old_prefill(void *arg)
+{
+    static uint8_t buf[1 << 20];
+    int c, lane;
+    baton__frame_t f;
+    if (fake_handshake(&c, &lane, buf, sizeof(buf)) != 0)
+        return NULL;
+    for (;;) {
+        if (read_frame(c, buf, sizeof(buf), &f) != 0)
+            break;
+        if (f.type == BATON__F_OFFER) {
+            G.room1 = f.u.offer.room;
+            g_old_first_page = f.u.offer.first_page;
+            G.ok = 1;
+            break;
+        }
+    }
+    close(lane);
+    close(c);
+    return NULL;
+}
+
+/* A partial offer to a prefill of control proto 2 fails with ENOTSUP before anything goes on the
+ * wire (an older engine would refuse OFFER's length and drop the connection); a full offer
+ * after it still reaches that peer, unchanged. */
+static void test_partial_offer_to_old_prefill(void **state)
+{
+    memset(&G, 0, sizeof(G));
+    G.proto = BATON__PROTO_FIRST_PAGE - 1;
+    G.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof(sa);
+    assert_int_equal(bind(G.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(G.lfd, 8), 0);
+    getsockname(G.lfd, (struct sockaddr *)&sa, &sl);
+    G.port = ntohs(sa.sin_port);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, fake_old_prefill, NULL), 0);
+    start_engines(BATON_XFER_TRANSPORT_TCP, BATON_XFER_TRANSPORT_TCP, 0);
+    droom_t r[2] = {{.id = 601, .layers = 1, .ppl = 2, .page_len = 4096, .slot = 8192},
+                    {.id = 602, .layers = 1, .ppl = 2, .page_len = 4096, .slot = 8192}};
+    baton_xfer_iov_t iov = {T.pool + 8192, 4096}; /* page 1 only: page 0 is cached */
+    baton_xfer_offer_t o = {r[0].id, 1, 2, &iov, NULL};
+    baton_xfer_offer_opts_t opts;
+    baton_xfer_offer_opts_init(&opts);
+    opts.first_page = 1;
+    assert_int_equal(
+        API(baton_xfer_offer_ex(T.d, "127.0.0.1", G.port, &o, &opts, on_offer_done, &r[0])), 0);
+    WAIT_INT(T.offers_done, 1, 10000);
+    assert_int_equal(r[0].status, BATON_ENOTSUP);
+    assert_int_equal(offer_room(&r[1], G.port, T.pool + 65536), 0);
+    WAIT_INT(T.offers_done, 2, 10000); /* the fake hangs up after the OFFER */
+    pthread_join(th, NULL);
+    assert_int_equal(G.ok, 1);
+    assert_int_equal(G.room1, r[1].id); /* the partial room never went on the wire */
+    assert_int_equal(g_old_first_page, 0);
+    assert_int_not_equal(r[1].status, 0);
+    close(G.lfd);
+}
+
 /* Raw clients sending bad frames to a prefill engine: each is dropped, nothing else changes. */
 static void test_prefill_refuses_bad_frames(void **state)
 {
@@ -1345,6 +1409,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fake_prefill_bounds_and_garbage, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fake_prefill_layer_done, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prefill_refuses_bad_frames, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_partial_offer_to_old_prefill, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cuda_device_memory, setup, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
