@@ -1013,16 +1013,22 @@ static void *fake_prefill(void *arg)
     return NULL;
 }
 
+/* A fake peer's listener on an ephemeral loopback port. */
+static void fake_listen(int *lfd_p, int *port_p)
+{
+    *lfd_p = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof(sa);
+    assert_int_equal(bind(*lfd_p, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(*lfd_p, 8), 0);
+    getsockname(*lfd_p, (struct sockaddr *)&sa, &sl);
+    *port_p = ntohs(sa.sin_port);
+}
+
 static void test_fake_prefill_bounds_and_garbage(void **state)
 {
     memset(&F, 0, sizeof(F));
-    F.lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof(sa);
-    assert_int_equal(bind(F.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    assert_int_equal(listen(F.lfd, 8), 0);
-    getsockname(F.lfd, (struct sockaddr *)&sa, &sl);
-    F.port = ntohs(sa.sin_port);
+    fake_listen(&F.lfd, &F.port);
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, fake_prefill, NULL), 0);
 
@@ -1186,14 +1192,8 @@ static void test_fake_prefill_layer_done(void **state)
     memset(&G, 0, sizeof(G));
     memset(g_layer_cbs, 0, sizeof(g_layer_cbs));
     memset(g_layer_after_done, 0, sizeof(g_layer_after_done));
-    G.lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof(sa);
-    assert_int_equal(bind(G.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    assert_int_equal(listen(G.lfd, 8), 0);
-    getsockname(G.lfd, (struct sockaddr *)&sa, &sl);
-    G.port = ntohs(sa.sin_port);
     pthread_t th;
+    fake_listen(&G.lfd, &G.port);
     assert_int_equal(pthread_create(&th, NULL, fake_prefill_layers, NULL), 0);
     start_engines(BATON_XFER_TRANSPORT_TCP, BATON_XFER_TRANSPORT_TCP, 0);
     droom_t r[3] = {{.id = 555, .layers = 2, .ppl = 1, .page_len = 4096, .slot = 8192},
@@ -1250,14 +1250,8 @@ static void test_partial_offer_to_old_prefill(void **state)
 {
     memset(&G, 0, sizeof(G));
     G.proto = BATON__PROTO_FIRST_PAGE - 1;
-    G.lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof(sa);
-    assert_int_equal(bind(G.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    assert_int_equal(listen(G.lfd, 8), 0);
-    getsockname(G.lfd, (struct sockaddr *)&sa, &sl);
-    G.port = ntohs(sa.sin_port);
     pthread_t th;
+    fake_listen(&G.lfd, &G.port);
     assert_int_equal(pthread_create(&th, NULL, fake_old_prefill, NULL), 0);
     start_engines(BATON_XFER_TRANSPORT_TCP, BATON_XFER_TRANSPORT_TCP, 0);
     droom_t r[2] = {{.id = 601, .layers = 1, .ppl = 2, .page_len = 4096, .slot = 8192},
