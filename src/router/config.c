@@ -188,6 +188,10 @@ static const opt_t options[] = {
      0, "N", "consistent_hash: virtual nodes per worker"},
     {"--session-key-field", "routing", "session_key_field", OPT_STR, OFF(session_key_field), 0, 0,
      0, "NAME", "JSON field used as the session key after the headers and `user`"},
+    /* reported load for least_load (issue 13 follow-up; load_poll.h) */
+    {"--load-poll-interval-ms", "routing", "load_poll_interval_ms", OPT_U64,
+     OFF(load_poll_interval_ms), 0, 3600000, 0, "MS",
+     "poll every worker's /get_load this often; least_load adds the reported load (0 = off)"},
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 

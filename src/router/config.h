@@ -164,6 +164,11 @@
  *                                                               as the session key after the
  *                                                               x-session-affinity /
  *                                                               X-Session-ID headers and `user`)
+ *  -- reported load for least_load (issue 13 follow-up; load_poll.h) --
+ *  routing.load_poll_interval_ms --load-poll-interval-ms MS 0   (0 = off; else GET /get_load of
+ *                                                               every worker this often, and
+ *                                                               least_load ranks by the report
+ *                                                               + in-flight since)
  *                               --config FILE               none (the JSON file above)
  *                               --help                      print this and exit 0
  *
@@ -229,7 +234,8 @@ typedef struct baton_config_s {
     uint64_t worker_drain_timeout_ms;
     /* cache- and session-aware routing (issue 13) */
     baton_policy_params_t policy_params;
-    char *session_key_field; /* NULL = none */
+    char *session_key_field;        /* NULL = none */
+    uint64_t load_poll_interval_ms; /* reported load for least_load; 0 = off */
 
     /* Authentication, authorisation and resource limits (issue 11: auth; NULL = not set). */
     baton_config_strlist_t api_keys;

@@ -8,6 +8,7 @@
 #include "router/policy_ring.h"
 
 #include "baton/error.h"
+#include "common/clock.h"
 #include "common/rand.h"
 
 #include <stdatomic.h>
@@ -192,14 +193,27 @@ uint64_t baton_bootstrap_room(void)
 
 /* ---- least load, the guard, the ring, the tree ---- */
 
-/* Fewest in-flight requests, then fewest in-flight prompt words; ties at random (reservoir). */
+long baton_worker_load(const baton_worker_t *w, uint64_t now_ms)
+{
+    long own = baton_worker_in_flight(w);
+    uint64_t until = atomic_load_explicit(&w->reported_until_ms, memory_order_acquire);
+    if (until == 0 || now_ms > until)
+        return own;
+    long est = atomic_load_explicit(&w->reported_load, memory_order_relaxed) + own -
+               atomic_load_explicit(&w->reported_base, memory_order_relaxed);
+    return est > own ? est : own;
+}
+
+/* Least load (baton_worker_load), then fewest in-flight prompt words; ties at random
+ * (reservoir). */
 static baton_worker_t *least_loaded(baton_worker_t *const *cands, size_t n)
 {
     baton_worker_t *best = NULL;
     long bl = 0, bt = 0;
     uint64_t ties = 0;
+    uint64_t now = baton_now_ms();
     for (size_t i = 0; i < n; i++) {
-        long l = baton_worker_in_flight(cands[i]);
+        long l = baton_worker_load(cands[i], now);
         long t = atomic_load_explicit(&cands[i]->in_flight_tokens, memory_order_relaxed);
         if (!best || l < bl || (l == bl && t < bt)) {
             best = cands[i];
