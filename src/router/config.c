@@ -188,10 +188,16 @@ static const opt_t options[] = {
      0, "N", "consistent_hash: virtual nodes per worker"},
     {"--session-key-field", "routing", "session_key_field", OPT_STR, OFF(session_key_field), 0, 0,
      0, "NAME", "JSON field used as the session key after the headers and `user`"},
-    /* reported load for least_load (issue 13 follow-up; load_poll.h) */
+    /* issue 13 follow-up: reported load for least_load (load_poll.h), cache_aware refinements */
     {"--load-poll-interval-ms", "routing", "load_poll_interval_ms", OPT_U64,
      OFF(load_poll_interval_ms), 0, 3600000, 0, "MS",
      "poll every worker's /get_load this often; least_load adds the reported load (0 = off)"},
+    {"--cache-tie-pct", "routing", "cache_tie_pct", OPT_UINT, OFF(policy_params.cache_tie_pct), 0,
+     100, 0, "N",
+     "cache_aware: matches within N% of the best are ties, least load wins (0 = exact)"},
+    {"--balance-by-words", "routing", "balance_by_words", OPT_BOOL,
+     OFF(policy_params.balance_by_words), 0, 1, 0, "",
+     "cache_aware: the load guard compares in-flight prompt words, not requests"},
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 

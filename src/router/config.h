@@ -164,11 +164,17 @@
  *                                                               as the session key after the
  *                                                               x-session-affinity /
  *                                                               X-Session-ID headers and `user`)
- *  -- reported load for least_load (issue 13 follow-up; load_poll.h) --
+ *  -- issue 13 follow-up: reported load (load_poll.h), cache_aware refinements (policy.h) --
  *  routing.load_poll_interval_ms --load-poll-interval-ms MS 0   (0 = off; else GET /get_load of
  *                                                               every worker this often, and
  *                                                               least_load ranks by the report
  *                                                               + in-flight since)
+ *  routing.cache_tie_pct        --cache-tie-pct N           0   (cache_aware: matches within N%
+ *                                                               of the best are ties, the least
+ *                                                               loaded wins; 0 = exact ties)
+ *  routing.balance_by_words     --balance-by-words          false (cache_aware's guard compares
+ *                                                               in-flight prompt words; the
+ *                                                               thresholds are then words)
  *                               --config FILE               none (the JSON file above)
  *                               --help                      print this and exit 0
  *

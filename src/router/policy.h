@@ -51,6 +51,11 @@ typedef struct baton_policy_params_s {
     size_t cache_max_blocks;            /* per worker tree bound, in prefix names (262144) */
     unsigned cache_block_words;         /* words per tree block (16) */
     unsigned hash_vnodes;               /* consistent_hash: points per worker (160) */
+    /* cache_aware refinements (issue 13 follow-up; 0 keeps SGLang's rule): */
+    unsigned cache_tie_pct; /* matches within this % of the best one are equal and the least
+                             * loaded of them wins (0: only exact ties) */
+    int balance_by_words;   /* 1: the load guard compares in-flight prompt words, not
+                             * requests (thresholds then in words) */
 } baton_policy_params_t;
 
 void baton_policy_params_default(baton_policy_params_t *p);
@@ -144,8 +149,9 @@ void baton_policy_chosen(baton_policy_t *policy, baton_worker_t *w, baton_route_
  */
 long baton_worker_load(const baton_worker_t *w, uint64_t now_ms);
 
-/* cache_aware's load guard (internal; tests): 1 when the candidates' in-flight counts exceed
- * both the absolute and the relative threshold. */
+/* cache_aware's load guard (internal; tests): 1 when the candidates' in-flight counts (or, with
+ * balance_by_words, in-flight prompt words) exceed both the absolute and the relative
+ * threshold. */
 int baton__policy_imbalanced(const baton_policy_params_t *pp, baton_worker_t *const *cands,
                              size_t n);
 
