@@ -461,6 +461,34 @@ BATON_API int baton_xfer_offer(baton_xfer_engine_t *engine, const char *host, in
                                const baton_xfer_offer_t *offer, baton_xfer_offer_cb cb, void *data);
 
 /*
+ * Options of baton_xfer_offer_ex. baton_xfer_offer_t carries no size, so it cannot grow under
+ * the ABI policy; new offer fields live here instead, in a struct that does (set `size` with
+ * baton_xfer_offer_opts_init, then override fields; later fields of an older, smaller struct
+ * keep their defaults).
+ */
+typedef struct {
+    size_t size; /* sizeof(baton_xfer_offer_opts_t) as compiled; set by the init function */
+    /* Pages [0, first_page) of every layer are already in the decode side's memory (its prefix
+     * cache kept them from an earlier turn): they are not offered, and the prefill side never
+     * writes them. offer->pages then holds only the offered pages, n_layers * (pages_per_layer
+     * - first_page) of them, layer-major; pages_per_layer stays the full shape (what the
+     * prefill side compares with its own). 0 (default): every page is offered. Must be below
+     * pages_per_layer. A prefill engine older than this feature (control proto < 3) cannot
+     * skip pages: such a room fails with BATON_XFER_ENOTSUP (offer it again with 0). */
+    uint32_t first_page;
+} baton_xfer_offer_opts_t;
+
+/* Fills the defaults and opts->size. Any thread. */
+BATON_API void baton_xfer_offer_opts_init(baton_xfer_offer_opts_t *opts);
+
+/* baton_xfer_offer with options (opts NULL: the defaults, exactly baton_xfer_offer).
+ * BATON_XFER_EINVAL also for first_page >= pages_per_layer or an opts->size too small. */
+BATON_API int baton_xfer_offer_ex(baton_xfer_engine_t *engine, const char *host, int port,
+                                  const baton_xfer_offer_t *offer,
+                                  const baton_xfer_offer_opts_t *opts, baton_xfer_offer_cb cb,
+                                  void *data);
+
+/*
  * Decode side: asks to abort a room this engine offered. Sends ABORT; the room's offer callback
  * then fires with BATON_XFER_EABORTED once the peer's ABORT_ACK (or a fence) proves no write can
  * still land. Returns 0, or BATON_XFER_ENOTFOUND when no such room is open (it already completed:
@@ -474,7 +502,10 @@ BATON_API int baton_xfer_abort(baton_xfer_engine_t *engine, uint64_t room_id);
 BATON_API uint64_t baton_xfer_room_id(const baton_xfer_room_t *room);
 BATON_API uint32_t baton_xfer_room_layers(const baton_xfer_room_t *room);
 BATON_API uint32_t baton_xfer_room_pages_per_layer(const baton_xfer_room_t *room);
-/* Length of the destination page `page` of `layer` (0 when out of range). */
+/* Pages [0, first_page) of every layer are cached on the decode side and not offered
+ * (baton_xfer_offer_opts_t.first_page); 0 when every page is offered. */
+BATON_API uint32_t baton_xfer_room_first_page(const baton_xfer_room_t *room);
+/* Length of the destination page `page` of `layer` (0 when out of range or not offered). */
 BATON_API uint64_t baton_xfer_room_page_len(const baton_xfer_room_t *room, uint32_t layer,
                                             uint32_t page);
 /* The decode peer's engine id and the transport the room travels on. */
@@ -495,9 +526,11 @@ typedef void (*baton_xfer_write_cb)(baton_xfer_room_t *room, uint32_t layer, int
 /*
  * Marks layer `layer` ready and starts writing it at once: src[j] (len == the decode page
  * length of page j of that layer) goes to page j, for j < pages_per_layer. Sources lie in
- * memory registered with this engine. Each layer is written at most once per room.
- * Synchronous errors (no cb): BATON_XFER_EINVAL (bad layer, count, lengths, unregistered source),
- * BATON_XFER_EEXIST (layer already written), BATON_XFER_ECANCELED (room already completed/closing).
+ * memory registered with this engine. Pages below the room's first_page are not offered:
+ * their src entries are ignored (not read, not checked) and nothing is sent for them. Each layer is
+ * written at most once per room. Synchronous errors (no cb): BATON_XFER_EINVAL (bad layer, count,
+ * lengths, unregistered source), BATON_XFER_EEXIST (layer already written), BATON_XFER_ECANCELED
+ * (room already completed/closing).
  */
 BATON_API int baton_xfer_write_layer(baton_xfer_room_t *room, uint32_t layer,
                                      const baton_xfer_iov_t *src, size_t n_src,

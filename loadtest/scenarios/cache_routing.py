@@ -187,6 +187,9 @@ def main():
     ap.add_argument("--guard", default="2:150",
                     help="ABS:REL_PCT: also run cache_aware with this load guard ('' = no)")
     ap.add_argument("--no-restart", action="store_true", help="skip the kill-and-restart run")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL|POLICY|ROUTER ARGS",
+                    help="also run POLICY with these router flags under LABEL (repeatable), e.g. "
+                         "'cache_aware tie 20%%|cache_aware|--cache-tie-pct 20'")
     args = ap.parse_args()
     if args.smoke:
         args.duration, args.warmup, args.session_rate, args.turns = 2.0, 0.5, 4.0, 3
@@ -225,6 +228,9 @@ def main():
         a, rel = args.guard.split(":")
         runs.append((f"cache_aware guard {a}/{rel}%", "cache_aware",
                      ("--balance-abs-threshold", a, "--balance-rel-threshold-pct", rel)))
+    for v in args.variant:
+        label, policy, flags = v.split("|", 2)
+        runs.append((label, policy, tuple(flags.split())))
     for label, policy, extra in runs:
         res, wf, cpu, rm = run_policy(args, policy, timing, extra)
         s = summarize(label, res, wf, cpu)

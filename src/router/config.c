@@ -198,6 +198,16 @@ static const opt_t options[] = {
     /* PD protocols (issue 12): vLLM's NIXL / Mooncake connectors beside SGLang's. */
     {"--pd-protocol", NULL, "pd_protocol", OPT_STR, OFF(pd_protocol), 0, 0, 0, "P",
      "protocol of workers registered without one: sglang | vllm-nixl | vllm-mooncake"},
+    /* issue 13 follow-up: reported load for least_load (load_poll.h), cache_aware refinements */
+    {"--load-poll-interval-ms", "routing", "load_poll_interval_ms", OPT_U64,
+     OFF(load_poll_interval_ms), 0, 3600000, 0, "MS",
+     "poll every worker's /get_load this often; least_load adds the reported load (0 = off)"},
+    {"--cache-tie-pct", "routing", "cache_tie_pct", OPT_UINT, OFF(policy_params.cache_tie_pct), 0,
+     100, 0, "N",
+     "cache_aware: matches within N% of the best are ties, least load wins (0 = exact)"},
+    {"--balance-by-words", "routing", "balance_by_words", OPT_BOOL,
+     OFF(policy_params.balance_by_words), 0, 1, 0, "",
+     "cache_aware: the load guard compares in-flight prompt words, not requests"},
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 

@@ -177,6 +177,17 @@
  *       worker entries (file and POST /workers) may add: pd_protocol (overrides the router's),
  *       engine_id and bootstrap_addr ("http://host:port"; required for a vllm-mooncake prefill,
  *       refused elsewhere), dp_size (sglang only: data-parallel ranks, 0 = none).
+ *  -- issue 13 follow-up: reported load (load_poll.h), cache_aware refinements (policy.h) --
+ *  routing.load_poll_interval_ms --load-poll-interval-ms MS 0   (0 = off; else GET /get_load of
+ *                                                               every worker this often, and
+ *                                                               least_load ranks by the report
+ *                                                               + in-flight since)
+ *  routing.cache_tie_pct        --cache-tie-pct N           0   (cache_aware: matches within N%
+ *                                                               of the best are ties, the least
+ *                                                               loaded wins; 0 = exact ties)
+ *  routing.balance_by_words     --balance-by-words          false (cache_aware's guard compares
+ *                                                               in-flight prompt words; the
+ *                                                               thresholds are then words)
  *                               --config FILE               none (the JSON file above)
  *                               --help                      print this and exit 0
  *
@@ -246,7 +257,8 @@ typedef struct baton_config_s {
     uint64_t worker_drain_timeout_ms;
     /* cache- and session-aware routing (issue 13) */
     baton_policy_params_t policy_params;
-    char *session_key_field; /* NULL = none */
+    char *session_key_field;        /* NULL = none */
+    uint64_t load_poll_interval_ms; /* reported load for least_load; 0 = off */
 
     /* Authentication, authorisation and resource limits (issue 11: auth; NULL = not set). */
     baton_config_strlist_t api_keys;

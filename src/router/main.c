@@ -13,6 +13,7 @@
 #include "baton/error.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "router/load_poll.h"
 #include "router/worker_check.h"
 #include "router/worker_health.h"
 #include "http/server.h"
@@ -53,6 +54,7 @@ typedef struct rthread_s {
     baton_http_server_t *srv;
     baton_proxy_loop_t *pl;
     baton_wcheck_t *wc; /* thread 0 only */
+    baton_lpoll_t *lp;  /* thread 0 only, with --load-poll-interval-ms */
     int port;           /* in: port to bind; out: the real port */
     int rc;             /* start-up result */
     uv_sem_t ready;
@@ -104,6 +106,10 @@ static void on_srv_closed(baton_http_server_t *srv)
     if (t->wc) {
         baton_wcheck_close(t->wc, NULL, NULL);
         t->wc = NULL;
+    }
+    if (t->lp) {
+        baton_lpoll_close(t->lp, NULL, NULL);
+        t->lp = NULL;
     }
     uv_close((uv_handle_t *)&t->drain_poll, on_handle_closed);
     uv_mutex_lock(&t->app->lock);
@@ -184,6 +190,17 @@ static void thread_main(void *arg)
         if ((rc = baton_wcheck_create(&t->wc, &t->loop, app->router.health)) != 0 ||
             (baton_wcheck_set_tls(t->wc, app->router.upstream_tls), 0) ||
             (rc = baton_wcheck_start(t->wc)) != 0) {
+            t->rc = rc;
+            uv_sem_post(&t->ready);
+            return;
+        }
+    }
+    /* ... and the reported-load poller for least_load, when asked for. */
+    if (t->idx == 0 && app->cfg.load_poll_interval_ms > 0) {
+        if ((rc = baton_lpoll_create(&t->lp, &t->loop, app->router.registry,
+                                     app->cfg.load_poll_interval_ms)) != 0 ||
+            (baton_lpoll_set_tls(t->lp, app->router.upstream_tls), 0) ||
+            (rc = baton_lpoll_start(t->lp)) != 0) {
             t->rc = rc;
             uv_sem_post(&t->ready);
             return;

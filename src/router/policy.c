@@ -8,6 +8,7 @@
 #include "router/policy_ring.h"
 
 #include "baton/error.h"
+#include "common/clock.h"
 #include "common/rand.h"
 
 #include <stdatomic.h>
@@ -50,6 +51,8 @@ void baton_policy_params_default(baton_policy_params_t *p)
     p->cache_max_blocks = 262144;
     p->cache_block_words = 16;
     p->hash_vnodes = 160;
+    p->cache_tie_pct = 0; /* SGLang's rule unless asked */
+    p->balance_by_words = 0;
 }
 
 const char *baton_policy_name(baton_policy_kind_t kind)
@@ -137,7 +140,8 @@ int baton_policy_same(const baton_policy_t *policy, baton_policy_kind_t kind,
            a->balance_abs_threshold == params->balance_abs_threshold &&
            a->balance_rel_threshold_pct == params->balance_rel_threshold_pct &&
            a->cache_max_blocks == params->cache_max_blocks && a->cache_block_words == bw &&
-           a->hash_vnodes == vn;
+           a->hash_vnodes == vn && a->cache_tie_pct == params->cache_tie_pct &&
+           a->balance_by_words == params->balance_by_words;
 }
 
 /* ---- RNG: xoshiro256** per thread, seeded once from getrandom(2) through splitmix64 ---- */
@@ -192,14 +196,27 @@ uint64_t baton_bootstrap_room(void)
 
 /* ---- least load, the guard, the ring, the tree ---- */
 
-/* Fewest in-flight requests, then fewest in-flight prompt words; ties at random (reservoir). */
+long baton_worker_load(const baton_worker_t *w, uint64_t now_ms)
+{
+    long own = baton_worker_in_flight(w);
+    uint64_t until = atomic_load_explicit(&w->reported_until_ms, memory_order_acquire);
+    if (until == 0 || now_ms > until)
+        return own;
+    long est = atomic_load_explicit(&w->reported_load, memory_order_relaxed) + own -
+               atomic_load_explicit(&w->reported_base, memory_order_relaxed);
+    return est > own ? est : own;
+}
+
+/* Least load (baton_worker_load), then fewest in-flight prompt words; ties at random
+ * (reservoir). */
 static baton_worker_t *least_loaded(baton_worker_t *const *cands, size_t n)
 {
     baton_worker_t *best = NULL;
     long bl = 0, bt = 0;
     uint64_t ties = 0;
+    uint64_t now = baton_now_ms();
     for (size_t i = 0; i < n; i++) {
-        long l = baton_worker_in_flight(cands[i]);
+        long l = baton_worker_load(cands[i], now);
         long t = atomic_load_explicit(&cands[i]->in_flight_tokens, memory_order_relaxed);
         if (!best || l < bl || (l == bl && t < bt)) {
             best = cands[i];
@@ -218,7 +235,9 @@ int baton__policy_imbalanced(const baton_policy_params_t *pp, baton_worker_t *co
 {
     long mx = 0, mn = 0;
     for (size_t i = 0; i < n; i++) {
-        long l = baton_worker_in_flight(cands[i]);
+        long l = pp->balance_by_words
+                     ? atomic_load_explicit(&cands[i]->in_flight_tokens, memory_order_relaxed)
+                     : baton_worker_in_flight(cands[i]);
         if (i == 0 || l > mx)
             mx = l;
         if (i == 0 || l < mn)
@@ -318,6 +337,26 @@ static baton_worker_t *by_cache(baton_policy_t *p, baton_worker_t *const *cands,
             best = cands[i];
             bm = m[i];
         }
+    }
+    if (best && p->params.cache_tie_pct > 0) {
+        /* near-equal matches (a group's shared prompt on several workers): by load among them,
+         * so a hot prefix spreads over the workers that hold it instead of piling on one */
+        uint64_t floor =
+            (uint64_t)bm * (100 - (p->params.cache_tie_pct > 100 ? 100 : p->params.cache_tie_pct));
+        uint64_t now = baton_now_ms();
+        long bl = baton_worker_load(best, now);
+        for (size_t i = 0; i < n; i++) {
+            if (m[i] == 0 || (uint64_t)m[i] * 100 < floor)
+                continue;
+            long l = baton_worker_load(cands[i], now);
+            if (l < bl) {
+                best = cands[i];
+                bl = l;
+            }
+        }
+        for (size_t i = 0; i < n; i++)
+            if (cands[i] == best)
+                bm = m[i]; /* what it really matched, for the threshold and the prediction */
     }
     if (m != stack)
         free(m);

@@ -51,6 +51,11 @@ typedef struct baton_policy_params_s {
     size_t cache_max_blocks;            /* per worker tree bound, in prefix names (262144) */
     unsigned cache_block_words;         /* words per tree block (16) */
     unsigned hash_vnodes;               /* consistent_hash: points per worker (160) */
+    /* cache_aware refinements (issue 13 follow-up; 0 keeps SGLang's rule): */
+    unsigned cache_tie_pct; /* matches within this % of the best one are equal and the least
+                             * loaded of them wins (0: only exact ties) */
+    int balance_by_words;   /* 1: the load guard compares in-flight prompt words, not
+                             * requests (thresholds then in words) */
 } baton_policy_params_t;
 
 void baton_policy_params_default(baton_policy_params_t *p);
@@ -134,8 +139,19 @@ baton_worker_t *baton_policy_select_ctx(baton_policy_t *policy, baton_worker_t *
 void baton_policy_chosen(baton_policy_t *policy, baton_worker_t *w, baton_route_ctx_t *ctx,
                          baton_choice_t why, uint32_t matched);
 
-/* cache_aware's load guard (internal; tests): 1 when the candidates' in-flight counts exceed
- * both the absolute and the relative threshold. */
+/*
+ * The load least_load ranks a worker by: its in-flight requests from this router, refined by
+ * the load the worker itself reported (load_poll.h) while that report is fresh, as SGLang's
+ * and vLLM's routers combine polled and local counts. The report is the worker's total (other
+ * routers' requests included) when it was read; requests this router sent or finished since
+ * then are added or taken off (in_flight - in_flight then), and it is never below this
+ * router's own in-flight count. Without a fresh report: the in-flight count alone.
+ */
+long baton_worker_load(const baton_worker_t *w, uint64_t now_ms);
+
+/* cache_aware's load guard (internal; tests): 1 when the candidates' in-flight counts (or, with
+ * balance_by_words, in-flight prompt words) exceed both the absolute and the relative
+ * threshold. */
 int baton__policy_imbalanced(const baton_policy_params_t *pp, baton_worker_t *const *cands,
                              size_t n);
 

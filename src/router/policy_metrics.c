@@ -7,13 +7,21 @@
 #include <stdio.h>
 
 #include "baton/error.h"
+#include "common/clock.h"
+#include "router/policy.h"
 
 json_t *baton_policy_worker_json(const baton_worker_t *w)
 {
-    return json_pack("{s:I, s:I, s:f}", "tree_blocks",
+    /* reported_load: the worker's last /get_load total while it counts (load_poll.h), else
+     * null; load: what least_load ranks it by now */
+    uint64_t now = baton_now_ms(), until = atomic_load(&w->reported_until_ms);
+    json_t *rep =
+        until != 0 && now <= until ? json_integer(atomic_load(&w->reported_load)) : json_null();
+    return json_pack("{s:I, s:I, s:f, s:o, s:I}", "tree_blocks",
                      (json_int_t)atomic_load(&w->cache_tree_names), "tree_bytes",
                      (json_int_t)atomic_load(&w->cache_tree_bytes), "hit_ratio",
-                     atomic_load(&w->cache_hit_ppm) / 1e6);
+                     atomic_load(&w->cache_hit_ppm) / 1e6, "reported_load", rep, "load",
+                     (json_int_t)baton_worker_load(w, now));
 }
 
 static int line(baton_buf_t *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -125,6 +125,12 @@ typedef struct baton_worker_s {
     _Atomic uint64_t cache_tree_bytes; /* ... and their memory */
     atomic_uint cache_hit_ppm;         /* recent predicted hit ratio, ppm (EWMA, 1/8 weight) */
     atomic_uint dp_turn;         /* DP attention: the next rank, round robin (issue 12) */
+    /* Reported load (load_poll.h, least_load): the worker's own /get_load total, this router's
+     * in-flight count when it was read, and until when the report counts (baton_now_ms; 0: no
+     * report). Written by the poller's loop, read by every request loop. */
+    atomic_long reported_load;
+    atomic_long reported_base;
+    _Atomic uint64_t reported_until_ms;
 
     /* Private to registry.c. */
     atomic_long refcount;

@@ -83,7 +83,7 @@ static int body_bounds(int type, uint32_t *min_p, uint32_t *max_p)
         break;
     case BATON__F_OFFER:
         lo = OFFER_FIXED + BATON__OFFER_PAGE_BYTES;
-        hi = OFFER_FIXED + BATON__OFFER_MAX_PAGES * BATON__OFFER_PAGE_BYTES;
+        hi = OFFER_FIXED + BATON__OFFER_MAX_PAGES * BATON__OFFER_PAGE_BYTES + 4;
         break;
     case BATON__F_DONE:
         lo = DONE_FIXED;
@@ -247,8 +247,20 @@ static int decode_offer(rd_t *r, baton__offer_t *o, const char **why)
     uint64_t n = (uint64_t)o->n_layers * o->pages_per_layer;
     if (n > BATON__OFFER_MAX_PAGES)
         FAIL(BATON_ETOOBIG, "offer: too many pages");
-    if (r->left != n * BATON__OFFER_PAGE_BYTES)
-        FAIL(BATON_EPROTO, "offer: length does not match the page count");
+    o->first_page = 0;
+    if (r->left != n * BATON__OFFER_PAGE_BYTES) {
+        /* proto 3: a trailing first_page, the pages before it not offered. A page is 16 bytes,
+         * so the 4 extra bytes tell the two forms apart. */
+        if (r->left % BATON__OFFER_PAGE_BYTES != 4)
+            FAIL(BATON_EPROTO, "offer: length does not match the page count");
+        rd_t t = {r->p + r->left - 4, 4, 0};
+        o->first_page = get32(&t);
+        if (o->first_page == 0 || o->first_page >= o->pages_per_layer)
+            FAIL(BATON_EPROTO, "offer: first_page out of range");
+        n = (uint64_t)o->n_layers * (o->pages_per_layer - o->first_page);
+        if (r->left - 4 != n * BATON__OFFER_PAGE_BYTES)
+            FAIL(BATON_EPROTO, "offer: length does not match the page count");
+    }
     o->n_pages = (uint32_t)n;
     o->pages_raw = r->p;
     for (uint32_t i = 0; i < o->n_pages; i++) {
@@ -260,6 +272,8 @@ static int decode_offer(rd_t *r, baton__offer_t *o, const char **why)
         if (addr > UINT64_MAX - len)
             FAIL(BATON_EPROTO, "offer: page wraps the address space");
     }
+    if (o->first_page != 0)
+        (void)get32(r);
     return 0;
 }
 
@@ -515,10 +529,21 @@ int baton__enc_hello(baton_buf_t *out, const baton__hello_t *h)
 int baton__enc_offer(baton_buf_t *out, uint64_t room, uint64_t incarnation, uint32_t n_layers,
                      uint32_t pages_per_layer, const baton__offer_page_t *pages)
 {
-    uint64_t n = (uint64_t)n_layers * pages_per_layer;
-    if (n == 0 || n > BATON__OFFER_MAX_PAGES)
+    return baton__enc_offer_from(out, room, incarnation, n_layers, pages_per_layer, 0, pages);
+}
+
+int baton__enc_offer_from(baton_buf_t *out, uint64_t room, uint64_t incarnation, uint32_t n_layers,
+                          uint32_t pages_per_layer, uint32_t first_page,
+                          const baton__offer_page_t *pages)
+{
+    if ((uint64_t)n_layers * pages_per_layer > BATON__OFFER_MAX_PAGES ||
+        first_page >= pages_per_layer)
         return BATON_EINVAL;
-    uint8_t *p = frame_begin(out, BATON__F_OFFER, OFFER_FIXED + n * BATON__OFFER_PAGE_BYTES);
+    uint64_t n = (uint64_t)n_layers * (pages_per_layer - first_page);
+    if (n == 0)
+        return BATON_EINVAL;
+    uint8_t *p = frame_begin(out, BATON__F_OFFER,
+                             OFFER_FIXED + n * BATON__OFFER_PAGE_BYTES + (first_page ? 4 : 0));
     if (p == NULL)
         return BATON_ENOMEM;
     wr_t w = {p};
@@ -531,6 +556,8 @@ int baton__enc_offer(baton_buf_t *out, uint64_t room, uint64_t incarnation, uint
         w32(&w, pages[i].len);
         w32(&w, pages[i].mem_id);
     }
+    if (first_page != 0)
+        w32(&w, first_page);
     return 0;
 }
 

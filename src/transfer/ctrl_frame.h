@@ -24,6 +24,7 @@
  *              n_tp x { u8 transport, u16 blob_len, blob }
  *   OFFER      u64 room, u64 incarnation, u32 n_layers, u32 pages_per_layer,
  *              n x { u64 addr, u32 len, u32 mem_id }        (n = n_layers * pages_per_layer)
+ *              [u32 first_page]  (proto >= 3, only when > 0: n = n_layers * (ppl - first_page))
  *   DONE       u64 room, i32 status, i64 first_token, u16 payload_len, payload
  *   ABORT      u64 room, i32 reason
  *   ABORT_ACK  u64 room
@@ -47,6 +48,9 @@
  *      (tcp WACKs, shm copies, rdma completions), so it reaches the decode side after the
  *      layer's bytes and before the room's DONE. A proto-1 decode engine never gets one (it
  *      would refuse the unknown type and close the connection).
+ *   3  + OFFER's trailing first_page: pages below it (in every layer) are cached on the decode
+ *      side and not offered. A decode engine sends it only to a prefill of proto >= 3 (an
+ *      older one would refuse the length); without it the OFFER is byte for byte proto 1's.
  *
  * WRITE is the one frame whose body is not buffered: the decoder returns its 24 fixed bytes and
  * the data length, and the receiver reads the data straight into the destination page.
@@ -54,8 +58,9 @@
 
 #define BATON__WIRE_MAGIC       0x4E544142u
 #define BATON__WIRE_VERSION     1
-#define BATON__PROTO_VERSION    2
+#define BATON__PROTO_VERSION    3
 #define BATON__PROTO_LAYER_DONE 2 /* first proto with LAYER_DONE */
+#define BATON__PROTO_FIRST_PAGE 3 /* first proto with OFFER's first_page */
 #define BATON__FRAME_HDR        16
 #define BATON__FRAME_MAX        (4u << 20) /* largest body of a buffered frame */
 #define BATON__WRITE_FIXED      24
@@ -130,8 +135,9 @@ typedef struct {
     uint64_t room;
     uint64_t incarnation;
     uint32_t n_layers;
-    uint32_t pages_per_layer;
-    uint32_t n_pages;
+    uint32_t pages_per_layer; /* the full shape, cached pages included */
+    uint32_t first_page;      /* pages below it are cached on the decode side, not offered */
+    uint32_t n_pages;         /* offered: n_layers * (pages_per_layer - first_page) */
     const uint8_t *pages_raw; /* n_pages x 16 bytes, already validated; read with _offer_page */
 } baton__offer_t;
 
@@ -225,6 +231,11 @@ int baton__enc_hello(baton_buf_t *out, const baton__hello_t *h);
 /* pages: n_layers * pages_per_layer entries. */
 int baton__enc_offer(baton_buf_t *out, uint64_t room, uint64_t incarnation, uint32_t n_layers,
                      uint32_t pages_per_layer, const baton__offer_page_t *pages);
+/* An OFFER whose pages [0, first_page) of each layer are not offered (pages holds n_layers *
+ * (pages_per_layer - first_page)); first_page 0 encodes exactly baton__enc_offer's frame. */
+int baton__enc_offer_from(baton_buf_t *out, uint64_t room, uint64_t incarnation, uint32_t n_layers,
+                          uint32_t pages_per_layer, uint32_t first_page,
+                          const baton__offer_page_t *pages);
 int baton__enc_done(baton_buf_t *out, uint64_t room, int32_t status, int64_t first_token,
                     const uint8_t *payload, uint16_t payload_len);
 int baton__enc_abort(baton_buf_t *out, uint64_t room, int32_t reason);

@@ -1,5 +1,6 @@
 /* transfer/engine_api.c — the caller-thread side of rooms: argument checks, then commands to the
  * progress thread (offer, abort, connect, writes, complete). */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,16 +47,19 @@ static int add_mem(baton_xfer_mem_t ***mems_p, size_t *n_p, size_t *cap_p, baton
 }
 
 static int offer_locked(baton_xfer_engine_t *engine, const char *host, int port,
-                        const baton_xfer_offer_t *offer, baton_xfer_offer_cb cb, void *data)
+                        const baton_xfer_offer_t *offer, uint32_t first_page,
+                        baton_xfer_offer_cb cb, void *data)
 {
     if (engine == NULL || !endpoint_ok(host, port) || offer == NULL || cb == NULL ||
-        offer->pages == NULL || offer->n_layers == 0 || offer->pages_per_layer == 0)
+        offer->pages == NULL || offer->n_layers == 0 || offer->pages_per_layer == 0 ||
+        first_page >= offer->pages_per_layer)
         return BATON_EINVAL;
     if (engine->destroying)
         return BATON_ESHUTDOWN;
-    uint64_t n = (uint64_t)offer->n_layers * offer->pages_per_layer;
-    if (n > BATON__OFFER_MAX_PAGES)
+    if ((uint64_t)offer->n_layers * offer->pages_per_layer > BATON__OFFER_MAX_PAGES)
         return BATON_EINVAL;
+    /* only the pages from first_page on are offered (and given in offer->pages) */
+    uint64_t n = (uint64_t)offer->n_layers * (offer->pages_per_layer - first_page);
     if (baton_u64map_get(&engine->caller_rooms, offer->room_id) != NULL)
         return BATON_EEXIST;
 
@@ -120,7 +124,8 @@ static int offer_locked(baton_xfer_engine_t *engine, const char *host, int port,
     dr->eng = engine;
     dr->room_id = offer->room_id;
     dr->n_layers = offer->n_layers;
-    dr->ppl = offer->pages_per_layer;
+    dr->ppl = offer->pages_per_layer - first_page;
+    dr->first_page = first_page;
     dr->n_pages = (uint32_t)n;
     dr->cb = cb;
     dr->data = data;
@@ -175,14 +180,19 @@ uint32_t baton_xfer_room_layers(const baton_xfer_room_t *room)
 
 uint32_t baton_xfer_room_pages_per_layer(const baton_xfer_room_t *room)
 {
-    return room->ppl;
+    return room->first_page + room->ppl;
+}
+
+uint32_t baton_xfer_room_first_page(const baton_xfer_room_t *room)
+{
+    return room->first_page;
 }
 
 uint64_t baton_xfer_room_page_len(const baton_xfer_room_t *room, uint32_t layer, uint32_t page)
 {
-    if (layer >= room->n_layers || page >= room->ppl)
+    if (layer >= room->n_layers || page < room->first_page || page - room->first_page >= room->ppl)
         return 0;
-    return room->pages[(size_t)layer * room->ppl + page].len;
+    return room->pages[(size_t)layer * room->ppl + (page - room->first_page)].len;
 }
 
 const char *baton_xfer_room_peer_id(const baton_xfer_room_t *room)
@@ -221,21 +231,25 @@ static int write_locked(baton_xfer_room_t *room, uint32_t first, uint32_t count,
         return BATON_ECANCELED;
     if (first >= room->n_layers || count > room->n_layers - first)
         return BATON_EINVAL;
-    if (n_src != (size_t)count * room->ppl)
+    /* the caller gives the full shape; the cached pages' sources are skipped */
+    size_t shape_ppl = (size_t)room->first_page + room->ppl;
+    if (n_src != (size_t)count * shape_ppl)
         return BATON_EINVAL;
     for (uint32_t l = first; l < first + count; l++)
         if (room->written[l])
             return BATON_EEXIST;
 
-    baton__wreq_t *wr = calloc(1, sizeof(*wr) + n_src * sizeof(baton__tp_sge_t));
+    size_t n_sges = (size_t)count * room->ppl;
+    baton__wreq_t *wr = calloc(1, sizeof(*wr) + n_sges * sizeof(baton__tp_sge_t));
     if (wr == NULL)
         return BATON_ENOMEM;
     size_t cap_mems = 0;
     baton_xfer_mem_t *last = NULL;
     int rc = 0;
     size_t base = (size_t)first * room->ppl;
-    for (size_t j = 0; j < n_src; j++) {
-        const baton__offer_page_t *pg = &room->pages[base + j];
+    for (size_t k = 0; k < n_sges; k++) {
+        size_t j = k / room->ppl * shape_ppl + room->first_page + k % room->ppl; /* src index */
+        const baton__offer_page_t *pg = &room->pages[base + k];
         if (src[j].addr == NULL || src[j].len != pg->len) {
             rc = BATON_EINVAL;
             break;
@@ -256,12 +270,12 @@ static int write_locked(baton_xfer_room_t *room, uint32_t first, uint32_t count,
         if (m != last && (rc = add_mem(&wr->mems, &wr->n_mems, &cap_mems, m)) != 0)
             break;
         last = m;
-        baton__tp_sge_t *s = &wr->sges[j];
+        baton__tp_sge_t *s = &wr->sges[k];
         s->src = src[j].addr;
         s->src_mr = m->mr[room->tp_index];
         s->dst = pg->addr;
         s->dst_mem = pg->mem_id;
-        s->dst_page = (uint32_t)(base + j);
+        s->dst_page = (uint32_t)(base + k);
         s->len = pg->len;
         wr->bytes += pg->len;
     }
@@ -283,7 +297,7 @@ static int write_locked(baton_xfer_room_t *room, uint32_t first, uint32_t count,
     wr->cuda_event = cuda_event;
     wr->w.room_id = room->room_id;
     wr->w.sges = wr->sges;
-    wr->w.n_sges = n_src;
+    wr->w.n_sges = n_sges;
     wr->cmd.type = BATON__CMD_WRITE;
     wr->cmd.embedded = 1;
     wr->cmd.u.write = wr;
@@ -396,7 +410,30 @@ int baton_xfer_offer(baton_xfer_engine_t *engine, const char *host, int port,
 {
     if (engine == NULL)
         return BATON_EINVAL;
-    return BATON__LOCKED(engine, offer_locked(engine, host, port, offer, cb, data));
+    return BATON__LOCKED(engine, offer_locked(engine, host, port, offer, 0, cb, data));
+}
+
+void baton_xfer_offer_opts_init(baton_xfer_offer_opts_t *opts)
+{
+    memset(opts, 0, sizeof(*opts));
+    opts->size = sizeof(*opts);
+}
+
+int baton_xfer_offer_ex(baton_xfer_engine_t *engine, const char *host, int port,
+                        const baton_xfer_offer_t *offer, const baton_xfer_offer_opts_t *opts,
+                        baton_xfer_offer_cb cb, void *data)
+{
+    uint32_t first_page = 0;
+    if (opts != NULL) {
+        /* a field is read only when the caller's struct, as it was compiled, has it */
+        if (opts->size < offsetof(baton_xfer_offer_opts_t, first_page))
+            return BATON_EINVAL;
+        if (opts->size >= offsetof(baton_xfer_offer_opts_t, first_page) + sizeof(uint32_t))
+            first_page = opts->first_page;
+    }
+    if (engine == NULL)
+        return BATON_EINVAL;
+    return BATON__LOCKED(engine, offer_locked(engine, host, port, offer, first_page, cb, data));
 }
 
 int baton_xfer_abort(baton_xfer_engine_t *engine, uint64_t room_id)

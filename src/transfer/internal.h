@@ -177,7 +177,9 @@ struct baton__droom_s {
     baton__ev_t ev;
     baton_xfer_engine_t *eng;
     uint64_t room_id;
-    uint32_t n_layers, ppl, n_pages;
+    /* ppl counts the offered pages of a layer: the shape's pages_per_layer less first_page,
+     * the pages the decode side already holds (not offered, never written) */
+    uint32_t n_layers, ppl, n_pages, first_page;
     baton__dpage_t *pages;
     baton_xfer_mem_t **mems; /* distinct regions referenced (refs held) */
     size_t n_mems;
@@ -216,7 +218,8 @@ struct baton_xfer_room_s {
     baton_xfer_engine_t *eng;
     /* immutable once announced */
     uint64_t room_id;
-    uint32_t n_layers, ppl;
+    /* ppl: offered pages per layer; the shape has first_page more (cached on the decode side) */
+    uint32_t n_layers, ppl, first_page;
     baton__offer_page_t *pages;
     char peer_id[BATON__ID_MAX + 1];
     baton_xfer_transport_t transport;

@@ -79,6 +79,14 @@ void baton__droom_send(baton__conn_t *c, baton__droom_t *dr)
         baton__droom_finish(dr, rc);
         return;
     }
+    if (dr->first_page != 0 && c->remote_proto < BATON__PROTO_FIRST_PAGE) {
+        /* an older prefill would refuse the OFFER's length and drop the whole connection */
+        log_warn(BATON__LOG,
+                 "room_refused room=%" PRIu64 " peer=%s reason=peer_cannot_skip_cached_pages",
+                 dr->room_id, c->addr);
+        baton__droom_finish(dr, BATON_ENOTSUP);
+        return;
+    }
     baton__offer_page_t *pages = malloc((size_t)dr->n_pages * sizeof(*pages));
     if (pages == NULL) {
         baton__droom_finish(dr, BATON_ENOMEM);
@@ -90,7 +98,8 @@ void baton__droom_send(baton__conn_t *c, baton__droom_t *dr)
         pages[i].mem_id = dr->pages[i].mem_id;
     }
     baton_buf_t b = BATON_BUF_INIT;
-    rc = baton__enc_offer(&b, dr->room_id, eng->incarnation, dr->n_layers, dr->ppl, pages);
+    rc = baton__enc_offer_from(&b, dr->room_id, eng->incarnation, dr->n_layers,
+                               dr->first_page + dr->ppl, dr->first_page, pages);
     free(pages);
     if (rc == 0)
         rc = baton_u64map_put(&c->rooms, dr->room_id, dr);

@@ -134,7 +134,8 @@ int baton__proom_on_offer(baton__conn_t *c, const baton__offer_t *o)
     room->eng = eng;
     room->room_id = o->room;
     room->n_layers = o->n_layers;
-    room->ppl = o->pages_per_layer;
+    room->ppl = o->pages_per_layer - o->first_page; /* decode_offer checked first_page < it */
+    room->first_page = o->first_page;
     snprintf(room->peer_id, sizeof(room->peer_id), "%s", c->remote_id);
     room->transport = eng->tp_ids[c->tp_index];
     room->tp_index = c->tp_index;

@@ -12,6 +12,7 @@ int wk__job_item_prompt(const wk_item_t *it, wk_kv_prompt_t *pr, int64_t **tmp_p
     pr->n_tokens = it->prompt_tokens;
     pr->seed = it->seed;
     pr->want_first = it->max_tokens > 0;
+    pr->cached_tokens = it->cached_tokens; /* 0 on the prefill side: it offers nothing */
     return wk__item_ids(it, &pr->ids, tmp_p);
 }
 

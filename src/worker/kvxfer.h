@@ -56,6 +56,10 @@ typedef struct wk_kv_prompt_s {
     uint32_t n_tokens; /* >= 1 */
     uint64_t seed;
     int want_first; /* max_tokens > 0: a first token travels with DONE */
+    /* Decode: leading tokens this worker's prefix cache holds (an earlier turn's KV). Its whole
+     * pages are not offered: libbaton moves only the rest, and the decode restores the cached
+     * ones itself. 0 (and always on the prefill side): every page travels. */
+    uint32_t cached_tokens;
 } wk_kv_prompt_t;
 
 /* Creates the engine (starts listening on the prefill side, which logs `bootstrap_listening

@@ -90,6 +90,7 @@ typedef struct wk_kv_roomp_s {
     uint64_t seed;
     int want_first;
     uint32_t ppl;
+    uint32_t first_page; /* decode: pages [0, first_page) come from the cache, not the wire */
 } wk_kv_roomp_t;
 
 struct wk_kv_send_s {
@@ -186,6 +187,7 @@ struct wk_kv_s {
     baton_metric_family_t *f_fail;
     baton_metric_child_t *m_ok, *m_failed, *m_bytes, *m_xfer, *m_tail, *m_up, *m_down, *m_reconn,
         *m_corrupt, *m_frames_rej, *m_writes_rej, *m_free, *m_used, *m_waiting, *m_auth_fail;
+    baton_metric_child_t *m_skipped; /* pages (one layer's page each) not transferred: cached */
     baton_xfer_stats_t seen;
 };
 

@@ -122,6 +122,12 @@ void wk__kv_metrics_init(wk_kv_t *kv, baton_metrics_t *m)
     f = baton_metrics_gauge(m, "baton_kv_pool_waiting", "Requests waiting for KV page slots.", 0,
                             NULL);
     kv->m_waiting = baton_metric_child(f, NULL);
+    f = baton_metrics_counter(m, "baton_kv_pages_skipped_total",
+                              "KV pages (one layer's page each) not transferred because the decode "
+                              "kept them in its prefix cache (decode: not offered; prefill: not "
+                              "written).",
+                              0, NULL);
+    kv->m_skipped = baton_metric_child(f, NULL);
 }
 
 static void add_delta(baton_metric_child_t *c, uint64_t now, uint64_t *seen)

@@ -127,6 +127,14 @@ static void check_work(uv_work_t *req)
         for (uint32_t j = 0; j < r->p.ppl; j++) {
             uint32_t first = j * P;
             uint32_t n = wk_kvshape_page_tokens_at(&kv->cfg.shape, r->p.n_tokens, j);
+            if (j < r->p.first_page) {
+                /* Not offered: the decode's cache kept this page's KV from an earlier turn. The
+                 * simulated cache holds token ids, not bytes, so its KV is put back from them
+                 * (the pool pages are the request's own); a real engine would share the page. */
+                wk_kv_fill(wk__kv_page_addr(kv, l, r->lease.slots[j]), kv->token_bytes,
+                           r->p.ids + first, first, n, l);
+                continue;
+            }
             uint64_t off = 0;
             uint64_t d = wk_kv_check(wk__kv_page_addr(kv, l, r->lease.slots[j]), kv->token_bytes,
                                      r->p.ids + first, first, n, l, &off);
@@ -337,6 +345,10 @@ int wk_kv_recv_start(wk_kv_t *kv, const char *host, int port, uint64_t room,
         return BATON_EINVAL;
     uint32_t L = kv->cfg.shape.layers;
     uint32_t ppl = wk_kv_slots_for(kv, pr->n_tokens);
+    /* whole cached pages only, and never all of them (the cache leaves the last token out) */
+    uint32_t skip = pr->cached_tokens / kv->cfg.shape.page_tokens;
+    if (skip >= ppl)
+        skip = ppl - 1;
     wk_kv_recv_t *r = calloc(1, sizeof(*r));
     baton_xfer_iov_t *iov = malloc((size_t)L * ppl * sizeof(*iov));
     int64_t *ids = wk__kv_copy_ids(pr);
@@ -351,6 +363,10 @@ int wk_kv_recv_start(wk_kv_t *kv, const char *host, int port, uint64_t room,
     }
     r->layer_queued = lq;
     wk__kv_room_iov(kv, slots, ppl, pr->n_tokens, 0, L, iov);
+    if (skip > 0) /* only the uncached pages of every layer are offered, in the same order */
+        for (uint32_t l = 0; l < L; l++)
+            memmove(iov + (size_t)l * (ppl - skip), iov + (size_t)l * ppl + skip,
+                    (size_t)(ppl - skip) * sizeof(*iov));
     char name[300];
     if (strchr(host, ':') != NULL)
         snprintf(name, sizeof(name), "[%s]:%d", host, port);
@@ -363,6 +379,7 @@ int wk_kv_recv_start(wk_kv_t *kv, const char *host, int port, uint64_t room,
     r->p.seed = pr->seed;
     r->p.want_first = pr->want_first;
     r->p.ppl = ppl;
+    r->p.first_page = skip;
     r->cb = cb;
     r->data = data;
     r->first_token = -1;
@@ -371,8 +388,13 @@ int wk_kv_recv_start(wk_kv_t *kv, const char *host, int port, uint64_t room,
     r->up_seq = r->ep ? r->ep->up_seq : 0;
     r->t_offer_ns = uv_hrtime();
     baton_xfer_offer_t off = {room, L, ppl, iov, on_layer};
-    int rc = baton_xfer_offer(kv->eng, host, port, &off, on_offer_done, r);
+    baton_xfer_offer_opts_t opts;
+    baton_xfer_offer_opts_init(&opts);
+    opts.first_page = skip;
+    int rc = baton_xfer_offer_ex(kv->eng, host, port, &off, &opts, on_offer_done, r);
     free(iov);
+    if (rc == 0)
+        baton_counter_add(kv->m_skipped, (double)skip * L);
     if (rc != 0) {
         free(r->lease.slots);
         free(ids);

@@ -246,9 +246,11 @@ static void fill_work(uv_work_t *req)
                        s->p.ids + first, first, n, l);
         }
         if (s->corrupt && l == kv->cfg.shape.layers - 1) {
-            /* test-only fault: one byte of the last layer's first page */
-            uint8_t *p = wk__kv_page_addr(kv, l, s->lease.slots[0]);
-            p[s->room_id % wk__kv_page_len(kv, s->p.n_tokens, 0)] ^= 0x5A;
+            /* test-only fault: one byte of the last layer's first offered page (corrupt is
+             * set when matched, after p.first_page) */
+            uint32_t j = s->p.first_page;
+            uint8_t *p = wk__kv_page_addr(kv, l, s->lease.slots[j]);
+            p[s->room_id % wk__kv_page_len(kv, s->p.n_tokens, j)] ^= 0x5A;
         }
     }
 }
@@ -303,8 +305,9 @@ static int shape_check(const wk_kv_t *kv, const wk_kv_send_t *s, char *why, size
                  baton_xfer_room_layers(x), baton_xfer_room_pages_per_layer(x), L, ppl);
         return -1;
     }
+    /* pages below first_page are the decode's cached prefix: not offered, so no length */
     for (uint32_t l = 0; l < L; l++)
-        for (uint32_t j = 0; j < ppl; j++)
+        for (uint32_t j = baton_xfer_room_first_page(x); j < ppl; j++)
             if (baton_xfer_room_page_len(x, l, j) != wk__kv_page_len(kv, s->p.n_tokens, j)) {
                 snprintf(why, cap,
                          "offer page %u of layer %u has %" PRIu64 " bytes, prefill has %" PRIu64, j,
@@ -329,6 +332,8 @@ static void send_match(wk_kv_send_t *s)
         send_complete(s, WK_KVDONE_ST_MISMATCH); /* the decode learns why; nothing is written */
         return;
     }
+    s->p.first_page = baton_xfer_room_first_page(s->xroom);
+    baton_counter_add(kv->m_skipped, (double)s->p.first_page * kv->cfg.shape.layers);
     if (kv->cfg.fault_corrupt_every > 0 && ++kv->fault_counter % kv->cfg.fault_corrupt_every == 0) {
         s->corrupt = 1;
         log_warn(COMP, "fault_injected kind=corrupt_kv room=%" PRIu64, s->room_id);

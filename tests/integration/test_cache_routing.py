@@ -7,10 +7,11 @@ as cached_tokens (workers' caches are separate, so any other worker reports 0)."
 import os
 import re
 import sys
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import Cluster, TestRunner, get, post, url  # noqa: E402
+from harness import Cluster, TestRunner, get, post, url, wait_until  # noqa: E402
 
 PAGE = 4
 FAST = ("--prefill-us-per-token", "1", "--decode-us-per-token", "100", "--page-tokens", str(PAGE))
@@ -153,6 +154,90 @@ def test_pd_cache_aware():
                                  {"role": role, "by": "cache"}) == 4
 
 
+def test_pd_turn2_moves_only_uncached_pages():
+    """One prefill, one decode: turn 2 of a session lands on the decode that kept turn 1's KV,
+    which offers only the pages its cache lacks. The decode's metrics show the skipped pages
+    and exactly the uncached tokens' bytes received, and the answer is the same text a regular
+    worker (no hand-off at all) gives for that prompt."""
+    with Cluster("cache-pd-skip") as c:
+        p = c.worker("prefill", *FAST)
+        d = c.worker("decode", *FAST)
+        ref = c.worker("regular", *FAST, "--cache-tokens", "0")
+        r = c.router("--prefill", url(p.port), str(p.wait_port("bootstrap")),
+                     "--decode", url(d.port))
+        layers = get(d.port, "/get_server_info").json()["kv"]["layers"]
+        recv = 'baton_kv_bytes_total{direction="received"}'
+
+        def turn(text):
+            before = metric(d.port, recv)
+            body = {"model": "m", "prompt": text, "max_tokens": 4}
+            res = post(r.port, "/v1/completions", body)
+            assert res.status == 200, res.text
+            return res.json(), metric(d.port, recv) - before
+
+        t1 = session_text(77, 30)
+        t2 = t1 + " " + session_text(1077, 10)
+        a1, b1 = turn(t1)
+        a2, b2 = turn(t2)
+        n1 = a1["usage"]["prompt_tokens"]
+        n2 = a2["usage"]["prompt_tokens"]
+        cached = a2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached == 28 and n2 > cached, a2["usage"]
+        # turn 1 moved every token's KV, turn 2 only the tokens after the cached pages
+        assert b1 > 0 and b2 > 0 and b2 < b1, (b1, b2)
+        assert b1 * (n2 - cached) == b2 * n1, (b1, b2, n1, n2, cached)
+        skipped = (cached // PAGE) * layers
+        assert metric(d.port, "baton_kv_pages_skipped_total") == skipped
+        assert metric(p.port, "baton_kv_pages_skipped_total") == skipped
+        assert metric(d.port, "baton_kv_corrupted_total") == 0
+        # the answer is exact: the same text as a worker that computed everything itself
+        want = post(ref.port, "/v1/completions", {"model": "m", "prompt": t2, "max_tokens": 4})
+        assert want.status == 200, want.text
+        assert a2["choices"][0]["text"] == want.json()["choices"][0]["text"], (a2, want.json())
+
+
+def test_least_load_reported_load():
+    """least_load with --load-poll-interval-ms: a worker kept busy by another client (requests
+    this router never saw, so its own in-flight counts are equal) reports its load through
+    /get_load, and every request through the router goes to the idle worker. Without the
+    poller the router sees two idle workers and spreads the same requests over both."""
+    def run(poll):
+        with Cluster("least-load-poll") as c:
+            busy = c.worker("regular", "--decode-us-per-token", "20000", "--page-tokens", "4")
+            idle = c.worker("regular", *FAST)
+            extra = ["--load-poll-interval-ms", "50"] if poll else []
+            r = c.router("--worker", url(busy.port), "--worker", url(idle.port),
+                         "--policy", "least_load", *extra)
+            hogs = []
+            for i in range(3):  # about 20 s each at 20 ms a token; they die with the cluster
+                t = threading.Thread(target=lambda i=i: post(
+                    busy.port, "/v1/completions",
+                    {"model": "m", "prompt": f"hog {i}", "max_tokens": 1000}, timeout=60.0),
+                    daemon=True)
+                t.start()
+                hogs.append(t)
+            wait_until(lambda: get(busy.port, "/get_load").json()[0]["num_reqs"] >= 3,
+                       what="the busy worker has 3 requests")
+
+            def seen():  # what the router's /workers shows for the busy worker
+                for w in get(r.port, "/workers").json()["workers"]:
+                    if w["url"] == url(busy.port):
+                        return w["cache"]
+                raise AssertionError("busy worker not listed")
+            if poll:
+                wait_until(lambda: seen()["reported_load"] == 3, what="the report reached us")
+                assert seen()["load"] == 3
+            else:
+                assert seen()["reported_load"] is None and seen()["load"] == 0
+            before = metric(busy.port, "baton_worker_prompt_tokens_total")
+            for i in range(20):
+                complete(r.port, session_text(3000 + i, 6))
+            return metric(busy.port, "baton_worker_prompt_tokens_total") - before
+
+    assert run(True) == 0  # nothing of ours went to the busy worker
+    assert run(False) > 0  # least_load on in-flight counts alone cannot see its load
+
+
 def test_cache_off():
     with Cluster("cache-off") as c:
         w = c.worker("regular", *FAST, "--cache-tokens", "0")
@@ -196,6 +281,8 @@ def main():
     t.run(test_regular_cache_aware)
     t.run(test_regular_consistent_hash_and_least_load)
     t.run(test_pd_cache_aware)
+    t.run(test_pd_turn2_moves_only_uncached_pages)
+    t.run(test_least_load_reported_load)
     t.run(test_cache_off)
     t.run(test_pin_needs_admin_token)
     t.finish()

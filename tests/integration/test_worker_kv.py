@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -80,8 +81,11 @@ def check_pair(p, d, prompt, n=7, preset="tiny"):
     text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "")
                    for e in ev[:-1] if json.loads(e)["choices"])
     assert text == simtext.complete_chat(msgs, n).text and ev[-1] == "[DONE]"
-    # token-id prompts: the ids are the tokens (huge ids included)
-    ids = [[1, 2, 3], [2**62, 0, 77] * 7]
+    # token-id prompts: the ids are the tokens (huge ids included); derived from the prompt so
+    # that a second pair check on the same decode finds nothing in its prefix cache (every KV
+    # byte must move, as asserted below)
+    h = zlib.crc32(prompt.encode()) & 0xFFFF
+    ids = [[1 + h, 2, 3], [2**62, h, 77] * 7]
     body = with_boot({"prompt": ids, "max_tokens": n}, p, [room(), room()])
     body["bootstrap_host"] = [harness.HOST] * 2
     body["bootstrap_port"] = [p.wait_port("bootstrap")] * 2

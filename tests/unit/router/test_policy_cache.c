@@ -373,6 +373,80 @@ static void test_cache_aware(void **state)
     baton_policy_destroy(p);
 }
 
+/* Builds two trees (w0 holds an 8-word prefix of the probe, w1 a 6-word one), then routes the
+ * probe with w0 the busier: which worker cache_aware picks, and why / how much it matched. */
+static baton_worker_t *probe_ties(fixture_t *f, unsigned tie_pct, baton_choice_t *why, uint32_t *m)
+{
+    baton_policy_params_t pp;
+    baton_policy_params_default(&pp);
+    pp.cache_block_words = 2;
+    pp.balance_abs_threshold = 1000; /* no guard */
+    pp.cache_tie_pct = tie_pct;
+    baton_policy_t *p;
+    assert_int_equal(baton_policy_create_with(&p, BATON_POLICY_CACHE_AWARE, &pp), 0);
+    const char *a = "you are a helpful bot user asks about rivers";
+    const char *b =
+        "you are a helpful bot user asks zz q q q q q q q q q q q q q q q q q q q q q q "
+        "q q q q q q";
+    const char *probe = "you are a helpful bot user asks about rivers and lakes";
+    baton_route_ctx_t ca = {.text = a, .text_len = strlen(a), .words = 9};
+    baton_route_ctx_t cb = {.text = b, .text_len = strlen(b), .words = 36};
+    baton_route_ctx_t cp = {.text = probe, .text_len = strlen(probe), .words = 11};
+    baton_choice_t w;
+    uint32_t mm;
+    set_load(f, 0, 1, 1, 1);
+    assert_ptr_equal(sel(p, f, &ca, &w, &mm), f->w[0]);
+    set_load(f, 1, 0, 1, 1); /* b's 6-word match on w0 is under 30% of 36: least load, w1 */
+    assert_ptr_equal(sel(p, f, &cb, &w, &mm), f->w[1]);
+    set_load(f, 3, 0, 1, 1);
+    baton_worker_t *got = sel(p, f, &cp, why, m);
+    set_load(f, 0, 0, 0, 0);
+    baton_route_ctx_free(&ca);
+    baton_route_ctx_free(&cb);
+    baton_route_ctx_free(&cp);
+    if (tie_pct != 0) /* a reload compares the knob too */
+        assert_false(baton_policy_same(p, BATON_POLICY_CACHE_AWARE, NULL));
+    baton_policy_destroy(p);
+    return got;
+}
+
+/* The two refinements, off by default: near-equal matches decided by load, and a guard on
+ * in-flight prompt words. */
+static void test_cache_aware_refinements(void **state)
+{
+    fixture_t *f = *state;
+    baton_choice_t why;
+    uint32_t m;
+    /* SGLang's rule: the longest match wins, however busy */
+    assert_ptr_equal(probe_ties(f, 0, &why, &m), f->w[0]);
+    assert_int_equal(why, BATON_CHOICE_CACHE);
+    assert_int_equal(m, 8);
+    /* 6 of 8 is within 30%: the idler of the two that hold the prefix */
+    assert_ptr_equal(probe_ties(f, 30, &why, &m), f->w[1]);
+    assert_int_equal(why, BATON_CHOICE_CACHE);
+    assert_int_equal(m, 6);
+    /* 6 of 8 is not within 20% */
+    assert_ptr_equal(probe_ties(f, 20, &why, &m), f->w[0]);
+
+    baton_policy_params_t pp;
+    baton_policy_params_default(&pp);
+    assert_int_equal(pp.cache_tie_pct, 0);
+    assert_int_equal(pp.balance_by_words, 0);
+    pp.balance_abs_threshold = 100;
+    set_load(f, 1, 1, 1, 1);
+    long words[N] = {0, 500, 20, 0};
+    for (int i = 0; i < N; i++)
+        atomic_store(&f->w[i]->in_flight_tokens, words[i]);
+    assert_false(baton__policy_imbalanced(&pp, f->w, N)); /* equal request counts */
+    pp.balance_by_words = 1;
+    assert_true(baton__policy_imbalanced(&pp, f->w, N)); /* 500 - 0 > 100 words */
+    atomic_store(&f->w[1]->in_flight_tokens, 90);
+    assert_false(baton__policy_imbalanced(&pp, f->w, N));
+    for (int i = 0; i < N; i++)
+        atomic_store(&f->w[i]->in_flight_tokens, 0);
+    set_load(f, 0, 0, 0, 0);
+}
+
 static void test_consistent_hash_and_least_load(void **state)
 {
     fixture_t *f = *state;
@@ -460,6 +534,7 @@ int main(void)
         cmocka_unit_test(test_ring_distribution_and_remap),
         cmocka_unit_test(test_load_guard),
         cmocka_unit_test(test_cache_aware),
+        cmocka_unit_test(test_cache_aware_refinements),
         cmocka_unit_test(test_consistent_hash_and_least_load),
         cmocka_unit_test(test_pick_tokens_and_pin),
     };

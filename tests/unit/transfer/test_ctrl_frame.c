@@ -76,6 +76,57 @@ static void make_offer(baton_buf_t *b, uint32_t layers, uint32_t ppl)
     free(pages);
 }
 
+/* OFFER with first_page (proto 3): only the pages from first_page on travel, the shape stays
+ * whole; first_page 0 encodes the proto-1 frame byte for byte; a first_page at or past the
+ * shape, or one that does not match the page count, is refused. */
+static void test_offer_first_page(void **state)
+{
+    (void)state;
+    baton__offer_page_t pages[6]; /* 2 layers x (5 - 2) offered pages */
+    for (uint32_t i = 0; i < 6; i++) {
+        pages[i].addr = 0x20000 + (uint64_t)i * 4096;
+        pages[i].len = 4096;
+        pages[i].mem_id = 7;
+    }
+    baton_buf_t b = BATON_BUF_INIT;
+    baton__frame_t f;
+    size_t c;
+    assert_int_equal(baton__enc_offer_from(&b, 42, 5, 2, 5, 2, pages), 0);
+    assert_int_equal(b.len, BATON__FRAME_HDR + 24 + 6 * BATON__OFFER_PAGE_BYTES + 4);
+    assert_int_equal(decode(&b, &f, &c), 0);
+    assert_int_equal(c, b.len);
+    assert_int_equal(f.type, BATON__F_OFFER);
+    assert_int_equal(f.u.offer.pages_per_layer, 5);
+    assert_int_equal(f.u.offer.first_page, 2);
+    assert_int_equal(f.u.offer.n_pages, 6);
+    baton__offer_page_t pg;
+    baton__offer_page(&f.u.offer, 5, &pg);
+    assert_int_equal(pg.addr, 0x20000 + 5 * 4096);
+
+    /* the trailer claims another first_page than the page count says: refused */
+    uint8_t *body = (uint8_t *)b.data + BATON__FRAME_HDR;
+    put32(body + 24 + 6 * BATON__OFFER_PAGE_BYTES, 1);
+    assert_int_equal(decode(&b, &f, &c), BATON_EPROTO);
+    put32(body + 24 + 6 * BATON__OFFER_PAGE_BYTES, 5); /* the whole layer cached */
+    assert_int_equal(decode(&b, &f, &c), BATON_EPROTO);
+    put32(body + 24 + 6 * BATON__OFFER_PAGE_BYTES, 0); /* a trailer must not say 0 */
+    assert_int_equal(decode(&b, &f, &c), BATON_EPROTO);
+    baton_buf_free(&b);
+
+    /* first_page 0 is the old frame exactly */
+    baton_buf_t a = BATON_BUF_INIT;
+    assert_int_equal(baton__enc_offer_from(&b, 42, 5, 2, 3, 0, pages), 0);
+    assert_int_equal(baton__enc_offer(&a, 42, 5, 2, 3, pages), 0);
+    assert_int_equal(a.len, b.len);
+    assert_memory_equal(a.data, b.data, a.len);
+    assert_int_equal(decode(&b, &f, &c), 0);
+    assert_int_equal(f.u.offer.first_page, 0);
+    baton_buf_free(&a);
+    baton_buf_free(&b);
+    assert_int_equal(baton__enc_offer_from(&b, 42, 5, 2, 3, 3, pages), BATON_EINVAL);
+    baton_buf_free(&b);
+}
+
 static void test_round_trips(void **state)
 {
     baton__frame_t f;
@@ -611,6 +662,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trips),
+        cmocka_unit_test(test_offer_first_page),
         cmocka_unit_test(test_truncated_frames_are_incomplete),
         cmocka_unit_test(test_every_field_out_of_range),
         cmocka_unit_test(test_early_garbage),

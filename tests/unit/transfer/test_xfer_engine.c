@@ -161,10 +161,13 @@ static void lw_tick(uv_timer_t *t)
     }
 }
 
+static uint32_t g_first_page_seen; /* the last room's first page, as the prefill sees it */
+
 static void on_room(baton_xfer_engine_t *e, baton_xfer_room_t *room, void *data)
 {
     check_not_inside();
     T.rooms_seen++;
+    g_first_page_seen = baton_xfer_room_first_page(room);
     uint32_t layers = baton_xfer_room_layers(room);
     switch (T.pmode) {
     case P_AUTO:
@@ -592,6 +595,82 @@ static void layer_callbacks(baton_xfer_transport_t tp)
     assert_int_equal(st.rooms_failed, 0);
 }
 
+/*
+ * A partial offer (baton_xfer_offer_opts_t.first_page): the decode already holds pages
+ * [0, F) of every layer and offers only the rest. The prefill sees the full shape and
+ * F, writes with full-shape sources (the cached pages' entries empty, which would be refused
+ * if they were read), and exactly the
+ * offered bytes move: the offered pages hold the source pattern, the cached pages keep what
+ * the decode put there, and both engines count only the offered bytes.
+ */
+static void partial_offer(baton_xfer_transport_t tp)
+{
+    start_engines(tp, tp, 0);
+    T.pmode = P_AUTO;
+    int port = baton_xfer_engine_listen_port(T.p);
+    enum { LAYERS = 3, PPL = 5, F = 2, PAGE = 40000, SLOT = 64 * 1024 };
+    droom_t r = {.id = 4242, .layers = LAYERS, .ppl = PPL, .page_len = PAGE, .slot = SLOT};
+    r.base = T.pool;
+    baton_xfer_iov_t iov[LAYERS * (PPL - F)];
+    for (uint32_t l = 0; l < LAYERS; l++)
+        for (uint32_t j = 0; j < PPL; j++) {
+            if (j < F) {
+                memset(page_at(&r, l, j), 0xC5, SLOT); /* "cached": must stay as it is */
+                continue;
+            }
+            iov[l * (PPL - F) + (j - F)].addr = page_at(&r, l, j);
+            iov[l * (PPL - F) + (j - F)].len = PAGE;
+        }
+    baton_xfer_offer_t o = {r.id, LAYERS, PPL, iov, NULL};
+    baton_xfer_offer_opts_t opts;
+    baton_xfer_offer_opts_init(&opts);
+    assert_int_equal(opts.size, sizeof(opts));
+    assert_int_equal(opts.first_page, 0);
+    opts.first_page = PPL; /* nothing left to offer */
+    assert_int_equal(API(baton_xfer_offer_ex(T.d, "127.0.0.1", port, &o, &opts, on_offer_done, &r)),
+                     BATON_EINVAL);
+    opts.size = 4; /* too small to be a real struct */
+    assert_int_equal(API(baton_xfer_offer_ex(T.d, "127.0.0.1", port, &o, &opts, on_offer_done, &r)),
+                     BATON_EINVAL);
+    baton_xfer_offer_opts_init(&opts);
+    opts.first_page = F;
+    assert_int_equal(API(baton_xfer_offer_ex(T.d, "127.0.0.1", port, &o, &opts, on_offer_done, &r)),
+                     0);
+    WAIT_INT(T.offers_done, 1, 20000);
+    assert_int_equal(T.offers_ok, 1);
+    assert_int_equal(g_first_page_seen, F);
+    for (uint32_t l = 0; l < LAYERS; l++)
+        for (uint32_t j = 0; j < PPL; j++) {
+            const uint8_t *pg = page_at(&r, l, j);
+            if (j < F) {
+                for (size_t k = 0; k < SLOT; k++)
+                    assert_int_equal(pg[k], 0xC5);
+                continue;
+            }
+            size_t off = xfer_src_offset(r.id, l, j, SRC_LEN, PAGE);
+            assert_memory_equal(pg, src + off, PAGE);
+            for (size_t k = PAGE; k < SLOT; k++)
+                assert_int_equal(pg[k], XFER_POISON);
+        }
+    WAIT_INT(T.closed_ok, 1, 5000);
+    baton_xfer_stats_t st;
+    baton_xfer_engine_stats(T.d, &st);
+    assert_int_equal(st.bytes_received, (uint64_t)LAYERS * (PPL - F) * PAGE);
+    assert_int_equal(st.writes_rejected, 0);
+    baton_xfer_engine_stats(T.p, &st);
+    assert_int_equal(st.bytes_written, (uint64_t)LAYERS * (PPL - F) * PAGE);
+}
+
+static void test_tcp_partial_offer(void **state)
+{
+    partial_offer(BATON_XFER_TRANSPORT_TCP);
+}
+
+static void test_shm_partial_offer(void **state)
+{
+    partial_offer(BATON_XFER_TRANSPORT_SHM);
+}
+
 static void test_tcp_layer_callbacks(void **state)
 {
     layer_callbacks(BATON_XFER_TRANSPORT_TCP);
@@ -965,16 +1044,22 @@ static void *fake_prefill(void *arg)
     return NULL;
 }
 
+/* A fake peer's listener on an ephemeral loopback port. */
+static void fake_listen(int *lfd_p, int *port_p)
+{
+    *lfd_p = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof(sa);
+    assert_int_equal(bind(*lfd_p, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(*lfd_p, 8), 0);
+    getsockname(*lfd_p, (struct sockaddr *)&sa, &sl);
+    *port_p = ntohs(sa.sin_port);
+}
+
 static void test_fake_prefill_bounds_and_garbage(void **state)
 {
     memset(&F, 0, sizeof(F));
-    F.lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof(sa);
-    assert_int_equal(bind(F.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    assert_int_equal(listen(F.lfd, 8), 0);
-    getsockname(F.lfd, (struct sockaddr *)&sa, &sl);
-    F.port = ntohs(sa.sin_port);
+    fake_listen(&F.lfd, &F.port);
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, fake_prefill, NULL), 0);
 
@@ -1023,6 +1108,7 @@ static void test_fake_prefill_bounds_and_garbage(void **state)
 static struct {
     int lfd, port, ok;
     uint64_t room1, room2;
+    uint16_t proto; /* what the fake announces; 0: BATON__PROTO_VERSION */
 } G;
 
 static int fake_handshake(int *c_p, int *lane_p, uint8_t *buf, size_t cap)
@@ -1035,7 +1121,7 @@ static int fake_handshake(int *c_p, int *lane_p, uint8_t *buf, size_t cap)
     uint64_t gen = f.u.hello.generation;
     baton__hello_t h;
     memset(&h, 0, sizeof(h));
-    h.proto = BATON__PROTO_VERSION;
+    h.proto = G.proto ? G.proto : BATON__PROTO_VERSION;
     h.role = BATON__ROLE_PREFILL;
     strcpy(h.engine_id, "fake-prefill-2");
     h.incarnation = 78;
@@ -1137,14 +1223,8 @@ static void test_fake_prefill_layer_done(void **state)
     memset(&G, 0, sizeof(G));
     memset(g_layer_cbs, 0, sizeof(g_layer_cbs));
     memset(g_layer_after_done, 0, sizeof(g_layer_after_done));
-    G.lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof(sa);
-    assert_int_equal(bind(G.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    assert_int_equal(listen(G.lfd, 8), 0);
-    getsockname(G.lfd, (struct sockaddr *)&sa, &sl);
-    G.port = ntohs(sa.sin_port);
     pthread_t th;
+    fake_listen(&G.lfd, &G.port);
     assert_int_equal(pthread_create(&th, NULL, fake_prefill_layers, NULL), 0);
     start_engines(BATON_XFER_TRANSPORT_TCP, BATON_XFER_TRANSPORT_TCP, 0);
     droom_t r[3] = {{.id = 555, .layers = 2, .ppl = 1, .page_len = 4096, .slot = 8192},
@@ -1166,6 +1246,63 @@ static void test_fake_prefill_layer_done(void **state)
     baton_xfer_stats_t st;
     baton_xfer_engine_stats(T.d, &st);
     assert_true(st.frames_rejected >= 1);
+    close(G.lfd);
+}
+
+/* A proto-2 prefill cannot skip pages: it records the first OFFER it gets, then hangs up. */
+static uint32_t g_old_first_page = UINT32_MAX;
+
+static void *fake_old_prefill(void *arg)
+{
+    static uint8_t buf[1 << 20];
+    int c, lane;
+    baton__frame_t f;
+    if (fake_handshake(&c, &lane, buf, sizeof(buf)) != 0)
+        return NULL;
+    for (;;) {
+        if (read_frame(c, buf, sizeof(buf), &f) != 0)
+            break;
+        if (f.type == BATON__F_OFFER) {
+            G.room1 = f.u.offer.room;
+            g_old_first_page = f.u.offer.first_page;
+            G.ok = 1;
+            break;
+        }
+    }
+    close(lane);
+    close(c);
+    return NULL;
+}
+
+/* A partial offer to a prefill of control proto 2 fails with ENOTSUP before anything goes on the
+ * wire (an older engine would refuse OFFER's length and drop the connection); a full offer
+ * after it still reaches that peer, unchanged. */
+static void test_partial_offer_to_old_prefill(void **state)
+{
+    memset(&G, 0, sizeof(G));
+    G.proto = BATON__PROTO_FIRST_PAGE - 1;
+    pthread_t th;
+    fake_listen(&G.lfd, &G.port);
+    assert_int_equal(pthread_create(&th, NULL, fake_old_prefill, NULL), 0);
+    start_engines(BATON_XFER_TRANSPORT_TCP, BATON_XFER_TRANSPORT_TCP, 0);
+    droom_t r[2] = {{.id = 601, .layers = 1, .ppl = 2, .page_len = 4096, .slot = 8192},
+                    {.id = 602, .layers = 1, .ppl = 2, .page_len = 4096, .slot = 8192}};
+    baton_xfer_iov_t iov = {T.pool + 8192, 4096}; /* page 1 only: page 0 is cached */
+    baton_xfer_offer_t o = {r[0].id, 1, 2, &iov, NULL};
+    baton_xfer_offer_opts_t opts;
+    baton_xfer_offer_opts_init(&opts);
+    opts.first_page = 1;
+    assert_int_equal(
+        API(baton_xfer_offer_ex(T.d, "127.0.0.1", G.port, &o, &opts, on_offer_done, &r[0])), 0);
+    WAIT_INT(T.offers_done, 1, 10000);
+    assert_int_equal(r[0].status, BATON_ENOTSUP);
+    assert_int_equal(offer_room(&r[1], G.port, T.pool + 65536), 0);
+    WAIT_INT(T.offers_done, 2, 10000); /* the fake hangs up after the OFFER */
+    pthread_join(th, NULL);
+    assert_int_equal(G.ok, 1);
+    assert_int_equal(G.room1, r[1].id); /* the partial room never went on the wire */
+    assert_int_equal(g_old_first_page, 0);
+    assert_int_not_equal(r[1].status, 0);
     close(G.lfd);
 }
 
@@ -1626,6 +1763,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tcp_mixed_rooms, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shm_mixed_rooms, setup, teardown),
         cmocka_unit_test_setup_teardown(test_layerwise, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tcp_partial_offer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shm_partial_offer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_layer_callbacks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shm_layer_callbacks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tcp_abort_race_reuse, setup, teardown),
@@ -1637,6 +1776,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fake_prefill_bounds_and_garbage, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fake_prefill_layer_done, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prefill_refuses_bad_frames, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_partial_offer_to_old_prefill, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cuda_device_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kv_auth_rogues, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kv_auth_mismatch, setup, teardown),

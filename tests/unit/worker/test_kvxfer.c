@@ -129,6 +129,7 @@ typedef struct room_s {
     int64_t ids[MAX_TOKENS];
     uint32_t n_tokens;
     uint64_t seed;
+    uint32_t cached; /* decode: tokens its prefix cache holds (whole pages are not offered) */
     /* prefill */
     wk_kv_send_t *s;
     int matched, sent;
@@ -217,7 +218,7 @@ static void room_init(room_t *rm, uint64_t id, uint32_t n_tokens)
 
 static wk_kv_prompt_t prompt_of(const room_t *rm)
 {
-    wk_kv_prompt_t pr = {rm->ids, rm->n_tokens, rm->seed, 1};
+    wk_kv_prompt_t pr = {rm->ids, rm->n_tokens, rm->seed, 1, rm->cached};
     return pr;
 }
 
@@ -357,6 +358,65 @@ static void test_handoff_shm(void **state)
     handoff(BATON_XFER_TRANSPORT_SHM, 1, 1);
 }
 
+/*
+ * A follow-up turn: the decode's cache holds the first 32 of 37 tokens, so the first 2 of the 3
+ * pages of every layer are not offered. Only the last page of each layer travels (the bytes
+ * counted on both sides), the skipped pages are counted on both sides, and the decode's pages
+ * still hold the whole prompt's KV (the cached ones restored, the received one verified).
+ */
+static void partial_handoff(baton_xfer_transport_t tp, uint32_t corrupt_every)
+{
+    engines_up(tp, corrupt_every);
+    room_t rm;
+    room_init(&rm, 43, 37);
+    rm.cached = 32 + 3; /* a partly cached page is sent whole */
+    send_open(&rm);
+    recv_start(&rm);
+    assert_int_equal(rm.r->p.first_page, 2);
+    RUN_UNTIL(rm.matched);
+    prefill_compute(&rm, 1);
+    RUN_UNTIL(rm.sent && rm.got);
+    assert_int_equal(rm.sent_status, 0);
+    assert_int_equal(loop_test_metric(E.dm, "baton_kv_pages_skipped_total"), 2 * LAYERS);
+    assert_int_equal(loop_test_metric(E.pm, "baton_kv_pages_skipped_total"), 2 * LAYERS);
+    if (corrupt_every) {
+        /* the corrupted byte is in the first page that travels, and is caught there */
+        assert_int_equal(rm.got_status, BATON_EKVCORRUPT);
+        assert_non_null(strstr(rm.got_detail, "at layer 3, page 2"));
+        engines_down();
+        return;
+    }
+    assert_int_equal(rm.got_status, 0);
+    assert_int_equal(rm.g.first_token, wk_sim_token(rm.seed, 0));
+    assert_pages_hold(&rm);
+    wk_kv_recv_drop(rm.r, "done");
+    RUN_UNTIL(E.d->pool.n_free == E.d->n_slots);
+    wk_kv_metrics_sync(E.d);
+    wk_kv_metrics_sync(E.p);
+    uint64_t moved = (uint64_t)LAYERS * (37 - 32) * E.d->token_bytes; /* the last page only */
+    assert_int_equal(loop_test_metric(E.dm, "baton_kv_bytes_total{direction=\"received\"}"), moved);
+    assert_int_equal(loop_test_metric(E.pm, "baton_kv_bytes_total{direction=\"sent\"}"), moved);
+    engines_down();
+}
+
+static void test_partial_handoff_tcp(void **state)
+{
+    (void)state;
+    partial_handoff(BATON_XFER_TRANSPORT_TCP, 0);
+}
+
+static void test_partial_handoff_shm(void **state)
+{
+    (void)state;
+    partial_handoff(BATON_XFER_TRANSPORT_SHM, 0);
+}
+
+static void test_partial_handoff_corrupt(void **state)
+{
+    (void)state;
+    partial_handoff(BATON_XFER_TRANSPORT_TCP, 1);
+}
+
 /* The decode offers pages for 5 tokens, the prefill's request has 37: the prefill refuses the
  * offer in its DONE (nothing written) and both sides report a mismatch. */
 static void test_shape_mismatch(void **state)
@@ -378,6 +438,26 @@ static void test_shape_mismatch(void **state)
                      1);
     assert_int_equal(loop_test_metric(E.dm, "baton_kv_room_failures_total{reason=\"mismatch\"}"),
                      1);
+    engines_down();
+}
+
+/* A partial offer is still checked against the whole shape: the decode skips its cached first
+ * page of 3, the prefill's request needs 2 pages a layer, and the offer is refused as before. */
+static void test_partial_shape_mismatch(void **state)
+{
+    (void)state;
+    engines_up(BATON_XFER_TRANSPORT_TCP, 0);
+    room_t dec, pre;
+    room_init(&dec, 8, 37);
+    dec.cached = 16;
+    room_init(&pre, 8, 20);
+    recv_start(&dec);
+    send_open(&pre);
+    RUN_UNTIL(pre.sent && dec.got);
+    assert_int_equal(pre.matched, 0);
+    assert_int_equal(pre.sent_status, WK_EMISMATCH);
+    assert_non_null(strstr(pre.sent_detail, "offer has 4 layers x 3 pages, prefill needs 4 x 2"));
+    assert_int_equal(dec.got_status, WK_EMISMATCH);
     engines_down();
 }
 
@@ -545,7 +625,11 @@ int main(void)
         cmocka_unit_test(test_handoff_tcp_request_first),
         cmocka_unit_test(test_handoff_tcp_offer_first_whole_room),
         cmocka_unit_test(test_handoff_shm),
+        cmocka_unit_test(test_partial_handoff_tcp),
+        cmocka_unit_test(test_partial_handoff_shm),
+        cmocka_unit_test(test_partial_handoff_corrupt),
         cmocka_unit_test(test_shape_mismatch),
+        cmocka_unit_test(test_partial_shape_mismatch),
         cmocka_unit_test(test_corrupt),
         cmocka_unit_test(test_decode_drops_first),
         cmocka_unit_test(test_refused_room),
