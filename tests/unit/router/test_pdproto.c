@@ -74,9 +74,10 @@ static void test_nixl_decode(void **state)
         baton_pdproto_nixl_decode(root, ans, strlen(ans), &out, rid, sizeof(rid), why, sizeof(why)),
         0);
     assert_string_equal(rid, "r");
-    json_t *want = json_deep_copy(before);
+    json_t *want = json_deep_copy(before), *ans_j = load(ans);
     json_object_set_new(want, "kv_transfer_params",
-                        json_deep_copy(json_object_get(load(ans), "kv_transfer_params")));
+                        json_deep_copy(json_object_get(ans_j, "kv_transfer_params")));
+    json_decref(ans_j);
     char *wt = json_dumps(want, JSON_COMPACT);
     assert_json_buf(&out, wt);
     free(wt);
