@@ -11,39 +11,14 @@
 #include "baton/error.h"
 #include "router/policy.h"
 #include "router/registry.h"
-
-#define N 4
-
-typedef struct {
-    baton_registry_t *reg;
-    baton_worker_t *w[N];
-} fixture_t;
+#include "registry_fixture.h"
 
 static int setup(void **state)
 {
     static fixture_t f;
-    memset(&f, 0, sizeof(f));
-    if (baton_registry_create(&f.reg) != 0)
+    if (fixture_fill(&f, 7000, BATON_ROLE_DECODE) != 0)
         return -1;
-    for (int i = 0; i < N; i++) {
-        char url[64];
-        snprintf(url, sizeof(url), "http://127.0.0.1:%d", 7000 + i);
-        baton_worker_spec_t spec;
-        baton_worker_spec_init(&spec);
-        spec.url = url;
-        spec.role = BATON_ROLE_DECODE;
-        if (baton_registry_add(f.reg, &spec, &f.w[i], NULL, 0) != 0)
-            return -1;
-    }
     *state = &f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fixture_t *f = *state;
-    baton_workers_unref(f->w, N);
-    baton_registry_destroy(f->reg);
     return 0;
 }
 
