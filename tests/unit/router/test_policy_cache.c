@@ -469,8 +469,9 @@ static void test_pick_tokens_and_pin(void **state)
     assert_int_equal(baton_policy_create(&p, BATON_POLICY_LEAST_LOAD), 0);
     baton_route_ctx_t ctx = {.words = 120, .pin = NULL};
     baton_pick_t pk;
-    assert_int_equal(baton_pick_ctx(f->reg, p, NULL, 0, BATON_ROLE_PREFILL, NULL, 0, NULL, NULL, &ctx, &pk),
-                     BATON_PICK_OK);
+    assert_int_equal(
+        baton_pick_ctx(f->reg, p, NULL, 0, BATON_ROLE_PREFILL, NULL, 0, NULL, NULL, &ctx, &pk),
+        BATON_PICK_OK);
     assert_int_equal(atomic_load(&pk.w->in_flight_tokens), 120);
     baton_worker_t *w = pk.w;
     baton_worker_ref(w);
@@ -483,18 +484,21 @@ static void test_pick_tokens_and_pin(void **state)
     snprintf(pin, sizeof(pin), "w-nothere, %s", f->w[3]->id);
     ctx.pin = pin;
     atomic_store(&f->w[3]->in_flight, 7);
-    assert_int_equal(baton_pick_ctx(f->reg, p, NULL, 0, BATON_ROLE_PREFILL, NULL, 0, NULL, NULL, &ctx, &pk),
-                     BATON_PICK_OK);
+    assert_int_equal(
+        baton_pick_ctx(f->reg, p, NULL, 0, BATON_ROLE_PREFILL, NULL, 0, NULL, NULL, &ctx, &pk),
+        BATON_PICK_OK);
     assert_ptr_equal(pk.w, f->w[3]);
     baton_pick_release(NULL, &pk, BATON_OUTCOME_NEUTRAL);
     /* pinned to a worker that is not eligible: none, not another one */
     baton_registry_set_draining(f->reg, f->w[3], 1);
-    assert_int_equal(baton_pick_ctx(f->reg, p, NULL, 0, BATON_ROLE_PREFILL, NULL, 0, NULL, NULL, &ctx, &pk),
-                     BATON_PICK_NONE);
+    assert_int_equal(
+        baton_pick_ctx(f->reg, p, NULL, 0, BATON_ROLE_PREFILL, NULL, 0, NULL, NULL, &ctx, &pk),
+        BATON_PICK_NONE);
     baton_registry_set_draining(f->reg, f->w[3], 0);
     /* the pin names a prefill worker: a decode pick is not affected (no decode: none) */
-    assert_int_equal(baton_pick_ctx(f->reg, p, NULL, 0, BATON_ROLE_DECODE, NULL, 0, NULL, NULL, &ctx, &pk),
-                     BATON_PICK_NONE);
+    assert_int_equal(
+        baton_pick_ctx(f->reg, p, NULL, 0, BATON_ROLE_DECODE, NULL, 0, NULL, NULL, &ctx, &pk),
+        BATON_PICK_NONE);
     atomic_store(&f->w[3]->in_flight, 0);
     baton_policy_destroy(p);
 }
