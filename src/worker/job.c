@@ -220,6 +220,10 @@ static void job_end(wk_job_t *job, wk_job_phase_t end, const char *reason)
             wk_kv_send_drop(ss->send, reason);
             ss->send = NULL;
         }
+        if (ss->hold) { /* never answered: its decode will not pull */
+            wk_vllm_hold_drop(ss->hold, end == WK_JOB_ABORTED ? "aborted" : "failed");
+            ss->hold = NULL;
+        }
     }
     wk_job_to(job, end);
 }
@@ -409,14 +413,17 @@ void wk__job_complete(wk_job_t *job)
         baton_http_stream_end(job->http);
     } else {
         rc = wk_render_full(&ctx, &job->req, job->gens, &b);
-        if (rc == 0 && job->req.vllm_leg == WK_VLLM_NIXL_PREFILL)
-            rc = wk_vllm_hold(w->vllm, job->id, &job->req, &b); /* adds kv_transfer_params */
+        if (job->req.vllm_leg == WK_VLLM_NIXL_PREFILL) {
+            if (rc == 0) /* adds kv_transfer_params naming the exported pages */
+                rc = wk_vllm_answer(w->vllm, job->id, job->req.n_items, &b);
+            for (size_t i = 0; i < job->req.n_items; i++) {
+                if (rc != 0 && job->ss[i].hold) /* nobody will learn where they are */
+                    wk_vllm_hold_drop(job->ss[i].hold, "failed");
+                job->ss[i].hold = NULL; /* handed over, or released */
+            }
+        }
         if (rc == 0)
             baton_http_respond(job->http, 200, "application/json", NULL, 0, b.data, b.len);
-        else if (rc == BATON_EBUSY || rc == BATON_ETOOBIG)
-            baton_http_respond_error(job->http, 503,
-                                     "no KV pages free to hold for the decode's pull",
-                                     "server_error", NULL, "kv_pool_exhausted");
         else
             baton_http_respond_error(job->http, 500, "out of memory", "server_error", NULL,
                                      "internal_error");
@@ -428,10 +435,7 @@ void wk__job_complete(wk_job_t *job)
               "request_done id=%s route=%s items=%zu prompt_tokens=%llu "
               "completion_tokens=%llu",
               job->id, job->route, job->req.n_items, (unsigned long long)p, (unsigned long long)c);
-    wk_worker_count_request(w, job->route,
-                            rc == 0                                    ? 200
-                            : rc == BATON_EBUSY || rc == BATON_ETOOBIG ? 503
-                                                                       : 500);
+    wk_worker_count_request(w, job->route, rc == 0 ? 200 : 500);
     observe_duration(w, job->route, job->start_ns);
     job_end(job, WK_JOB_DONE, "done"); /* nothing is left open by now; this only tidies */
     job_unlink_free(job);
@@ -472,6 +476,34 @@ void wk_job_leftover(wk_job_t *job)
 
 /* ---- the scheduler's callbacks ------------------------------------------------------------ */
 
+static void on_nixl_held(void *data, int status)
+{
+    wk_sstate_t *ss = data;
+    wk_job_t *job = ss->job;
+    if (status != 0) {
+        ss->hold = NULL; /* gone with the failure */
+        wk__job_fail_err(job, status, "prefill", NULL);
+        return;
+    }
+    if (wk__job_seq_finish(ss))
+        wk__job_complete(job);
+}
+
+/* A vllm-nixl prefill's sequence was computed: its KV is exported for the decode's pull before
+ * the answer names it, so a decode that pulls at once finds it. */
+static void job_nixl_hold(wk_sstate_t *ss)
+{
+    wk_job_t *job = ss->job;
+    wk_seq_to(ss, WK_SS_HANDOFF);
+    int rc = wk_vllm_hold_start(job->w->vllm, job->id, &job->req, ss->index, on_nixl_held, ss,
+                                &ss->hold);
+    if (rc == BATON_EBUSY || rc == BATON_ETOOBIG)
+        wk__job_fail_reason(job, 503, "no KV pages free to hold for the decode's pull",
+                            "kv_pool_exhausted", "pool_exhausted");
+    else if (rc != 0)
+        wk__job_fail_err(job, rc, "prefill", NULL);
+}
+
 int wk_job_on_prefilled(wk_sched_t *s, wk_seq_t *seq)
 {
     wk_sstate_t *ss = seq->data;
@@ -485,6 +517,10 @@ int wk_job_on_prefilled(wk_sched_t *s, wk_seq_t *seq)
     if (ss->gen.finish == WK_FINISH_NONE &&
         wk__job_seq_push(ss, wk_gen_next_id(&ss->gen), "generate"))
         return 0;
+    if (ss->job->req.vllm_leg == WK_VLLM_NIXL_PREFILL) {
+        job_nixl_hold(ss); /* the answer waits until every sequence's KV is exported */
+        return 0;
+    }
     return seq_continue(ss);
 }
 

@@ -45,7 +45,8 @@
  *   MATCHED  prefill: its room met its offer (still counted waiting) -> RUNNING | GONE
  *   KV_IN    decode: its KV arrived and was verified -> RUNNING | DONE | GONE
  *   RUNNING  in the scheduler -> HANDOFF (prefill) | DONE | GONE
- *   HANDOFF  prefill: computed, its KV going out (counted in n_boot_pub) -> DONE | GONE
+ *   HANDOFF  prefill: computed, its KV going out (counted in n_boot_pub); a vllm-nixl
+ *            prefill: its KV being exported for the decode's pull -> DONE | GONE
  *   DONE     finished; GONE  taken out because the job ended otherwise: terminal
  */
 typedef enum {
@@ -80,8 +81,9 @@ typedef struct wk_sstate_s {
     wk_seq_phase_t phase;
     wk_gen_t gen;
     wk_stream_state_t st;
-    wk_kv_recv_t *recv; /* decode: its room, until the sequence ends */
-    wk_kv_send_t *send; /* prefill: its room, until DONE went out */
+    wk_kv_recv_t *recv;          /* decode: its room, until the sequence ends */
+    wk_kv_send_t *send;          /* prefill: its room, until DONE went out */
+    struct wk_vllm_hold_s *hold; /* vllm-nixl prefill: its exported pages, until the answer */
     int32_t first_token;
     wk_pcache_hold_t cache_hold; /* the cached prefix it reads, held until prefilled or freed */
 } wk_sstate_t;

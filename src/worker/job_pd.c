@@ -13,6 +13,7 @@ int wk__job_item_prompt(const wk_item_t *it, wk_kv_prompt_t *pr, int64_t **tmp_p
     pr->seed = it->seed;
     pr->want_first = it->max_tokens > 0;
     pr->cached_tokens = it->cached_tokens; /* 0 on the prefill side: it offers nothing */
+    pr->pull = 0;
     return wk__item_ids(it, &pr->ids, tmp_p);
 }
 
@@ -181,6 +182,7 @@ static void decode_offer(wk_job_t *job)
         wk_kv_prompt_t pr;
         int64_t *tmp = NULL;
         int rc = wk__job_item_prompt(it, &pr, &tmp);
+        pr.pull = job->req.vllm_leg == WK_VLLM_NIXL_DECODE; /* the prefill exported its KV */
         if (rc == 0)
             rc = wk_kv_recv_start(w->kv, it->boot_host, it->boot_port, it->room, &pr,
                                   job->slots + off, on_received, ss, &ss->recv);

@@ -14,6 +14,8 @@
 #include "baton/error.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "worker/kvdone.h"
+#include "worker/kvpattern.h"
 #include "worker/kvxfer_int.h"
 
 #define COMP WK_KV_COMP
@@ -130,6 +132,25 @@ void wk__kv_room_iov(const wk_kv_t *kv, const uint32_t *slots, uint32_t ppl, uin
             iov->addr = wk__kv_page_addr(kv, l, slots[j]);
             iov->len = wk__kv_page_len(kv, n_tokens, j);
         }
+}
+
+void wk__kv_fill_layer(const wk_kv_t *kv, const uint32_t *slots, const wk_kv_roomp_t *p,
+                       uint32_t layer)
+{
+    uint32_t P = kv->cfg.shape.page_tokens;
+    for (uint32_t j = 0; j < p->ppl; j++) {
+        uint32_t first = j * P;
+        uint32_t n = wk_kvshape_page_tokens_at(&kv->cfg.shape, p->n_tokens, j);
+        wk_kv_fill(wk__kv_page_addr(kv, layer, slots[j]), kv->token_bytes, p->ids + first, first, n,
+                   layer);
+    }
+}
+
+void wk__kv_done_encode(const wk_kv_t *kv, const wk_kv_roomp_t *p, uint8_t out[WK_KVDONE_LEN])
+{
+    wk_kvdone_t d = {p->n_tokens, kv->cfg.shape.layers, kv->token_bytes, kv->cfg.shape.page_tokens,
+                     p->seed};
+    wk_kvdone_encode(&d, out);
 }
 
 void wk__kv_lease_drop(wk_kv_t *kv, wk_kvlease_t *l, unsigned hold)

@@ -60,6 +60,10 @@ typedef struct wk_kv_prompt_s {
      * pages are not offered: libbaton moves only the rest, and the decode restores the cached
      * ones itself. 0 (and always on the prefill side): every page travels. */
     uint32_t cached_tokens;
+    /* Decode: pull the room from a holder's export (vllm-nixl: baton_xfer_pull) instead of
+     * offering it. Every page is pulled (an export has the whole prompt's shape), so
+     * cached_tokens is then ignored. */
+    int pull;
 } wk_kv_prompt_t;
 
 /* Creates the engine (starts listening on the prefill side, which logs `bootstrap_listening
@@ -170,5 +174,36 @@ void wk_kv_send_finish(wk_kv_send_t *s, int32_t first_token);
 /* The request lets go before `sent` fired: aborts the room (the decode learns at once) or
  * remembers it as aborted so a late offer is refused. No callback follows. */
 void wk_kv_send_drop(wk_kv_send_t *s, const char *reason);
+
+/* ---- holder (pull mode, vllm-nixl prefill) ---- */
+
+typedef struct wk_kv_export_s wk_kv_export_t;
+/* The export is in place (status 0: a pull may come now) or could not be made (the fill failed,
+ * BATON_ENOMEM, the engine refused it). After a failure the handle is gone. */
+typedef void (*wk_kv_ready_cb)(void *data, int status);
+/* The export ended: 0 = pulled (every byte acknowledged in the puller's pages before DONE),
+ * BATON_ETIMEOUT = no pull within the timeout, else the pull failed (BATON_EPEERDOWN,
+ * BATON_EABORTED, ...). The handle is gone after this callback; its pages went back to the pool. */
+typedef void (*wk_kv_export_end_cb)(void *data, int status);
+
+/*
+ * Holds a room's KV for a later pull (libbaton's pull API): fills the pages of `slots`
+ * (wk_kv_slots_for(n_tokens) of them, taken over now) with the prompt's KV on the thread pool,
+ * then exports them under `key` with timeout_ms as the export timeout; `ready` reports that, then
+ * `end` reports the export's end. DONE carries the same payload as a pushed room's, with
+ * first_token. Returns 0 and *e_p, or BATON_ESHUTDOWN / BATON_EINVAL / BATON_ENOMEM (the slots
+ * stay the caller's).
+ */
+int wk_kv_export_start(wk_kv_t *kv, uint64_t key, const wk_kv_prompt_t *pr, const uint32_t *slots,
+                       int32_t first_token, uint32_t timeout_ms, wk_kv_ready_cb ready,
+                       wk_kv_export_end_cb end, void *data, wk_kv_export_t **e_p);
+/*
+ * The holder lets go (an abort, a failed request, shutdown; `reason` labels an exported room's
+ * failure in the metrics). Returns 0: released now, no callback follows, the pages are back (a
+ * pull that comes later is refused at once). BATON_EBUSY: a pull is being served; with `detach`
+ * no callback follows and the export ends by its own rules, else it stays the caller's and `end`
+ * reports it.
+ */
+int wk_kv_export_release(wk_kv_export_t *e, int detach, const char *reason);
 
 #endif

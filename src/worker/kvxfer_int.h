@@ -11,6 +11,7 @@
 #include "common/list.h"
 #include "common/metrics.h"
 #include "common/u64map.h"
+#include "worker/kvdone.h"
 #include "worker/kvpool.h"
 #include "worker/kvxfer.h"
 
@@ -212,6 +213,11 @@ uint64_t wk__kv_page_len(const wk_kv_t *kv, uint32_t n_tokens, uint32_t page);
 void wk__kv_room_iov(const wk_kv_t *kv, const uint32_t *slots, uint32_t ppl, uint32_t n_tokens,
                      uint32_t l0, uint32_t l1, baton_xfer_iov_t *iov);
 int64_t *wk__kv_copy_ids(const wk_kv_prompt_t *pr);
+/* Writes the KV of `layer` of a room's prompt into its pages (thread-pool jobs call it). */
+void wk__kv_fill_layer(const wk_kv_t *kv, const uint32_t *slots, const wk_kv_roomp_t *p,
+                       uint32_t layer);
+/* The DONE payload (kvdone.h) describing a room's prompt and this worker's model shape. */
+void wk__kv_done_encode(const wk_kv_t *kv, const wk_kv_roomp_t *p, uint8_t out[WK_KVDONE_LEN]);
 /* Queues `work` over layers [l0, l1) of `room`, counted on `lease` and in work_inflight; `after`
  * must end with wk__kv_work_end. 0, BATON_ENOMEM or a libuv error. */
 int wk__kv_queue_work(wk_kv_t *kv, wk_kvlease_t *lease, void *room, uint32_t l0, uint32_t l1,

@@ -345,8 +345,9 @@ int wk_kv_recv_start(wk_kv_t *kv, const char *host, int port, uint64_t room,
         return BATON_EINVAL;
     uint32_t L = kv->cfg.shape.layers;
     uint32_t ppl = wk_kv_slots_for(kv, pr->n_tokens);
-    /* whole cached pages only, and never all of them (the cache leaves the last token out) */
-    uint32_t skip = pr->cached_tokens / kv->cfg.shape.page_tokens;
+    /* whole cached pages only, and never all of them (the cache leaves the last token out);
+     * none when pulling: an export serves a pull of its whole shape only */
+    uint32_t skip = pr->pull ? 0 : pr->cached_tokens / kv->cfg.shape.page_tokens;
     if (skip >= ppl)
         skip = ppl - 1;
     wk_kv_recv_t *r = calloc(1, sizeof(*r));
@@ -391,7 +392,8 @@ int wk_kv_recv_start(wk_kv_t *kv, const char *host, int port, uint64_t room,
     baton_xfer_offer_opts_t opts;
     baton_xfer_offer_opts_init(&opts);
     opts.first_page = skip;
-    int rc = baton_xfer_offer_ex(kv->eng, host, port, &off, &opts, on_offer_done, r);
+    int rc = pr->pull ? baton_xfer_pull(kv->eng, host, port, &off, on_offer_done, r)
+                      : baton_xfer_offer_ex(kv->eng, host, port, &off, &opts, on_offer_done, r);
     free(iov);
     if (rc == 0)
         baton_counter_add(kv->m_skipped, (double)skip * L);

@@ -138,10 +138,8 @@ static wk_kv_send_t *send_new(wk_kv_t *kv, uint64_t id)
 static void send_complete(wk_kv_send_t *s, int32_t status)
 {
     wk_kv_t *kv = s->kv;
-    wk_kvdone_t d = {s->p.n_tokens, kv->cfg.shape.layers, kv->token_bytes,
-                     kv->cfg.shape.page_tokens, s->p.seed};
     uint8_t payload[WK_KVDONE_LEN];
-    wk_kvdone_encode(&d, payload);
+    wk__kv_done_encode(kv, &s->p, payload);
     baton_xfer_done_t done = {status, status == WK_KVDONE_ST_OK ? s->first_token : -1, payload,
                               sizeof(payload)};
     wk__kv_send_to(s, WK_SEND_ENDING);
@@ -237,14 +235,8 @@ static void fill_work(uv_work_t *req)
     wk_kv_work_t *w = req->data;
     wk_kv_send_t *s = w->room;
     wk_kv_t *kv = w->kv;
-    uint32_t P = kv->cfg.shape.page_tokens;
     for (uint32_t l = w->l0; l < w->l1; l++) {
-        for (uint32_t j = 0; j < s->p.ppl; j++) {
-            uint32_t first = j * P;
-            uint32_t n = wk_kvshape_page_tokens_at(&kv->cfg.shape, s->p.n_tokens, j);
-            wk_kv_fill(wk__kv_page_addr(kv, l, s->lease.slots[j]), kv->token_bytes,
-                       s->p.ids + first, first, n, l);
-        }
+        wk__kv_fill_layer(kv, s->lease.slots, &s->p, l);
         if (s->corrupt && l == kv->cfg.shape.layers - 1) {
             /* test-only fault: one byte of the last layer's first offered page (corrupt is
              * set when matched, after p.first_page) */

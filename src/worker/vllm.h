@@ -17,20 +17,22 @@
  *
  * Requests (wk_vllm_parse, called by request.c): a body's kv_transfer_params decides the leg.
  *   vllm-nixl prefill   {"do_remote_decode": true, ...}: computed like a plain request
- *                       (one token), answered at once with kv_transfer_params naming the held
- *                       pages; the pages are held (a room of wk_vllm_room(id, i)) until the
- *                       decode's pull arrives, the hold times out, or POST /abort_requests.
+ *                       (one token); each sequence's KV is exported (libbaton pull mode, key
+ *                       wk_vllm_room(id, i)) and the answer's kv_transfer_params name it:
+ *                       remote_engine_id (the libbaton engine), remote_block_ids (the pages),
+ *                       remote_host / remote_port (its bootstrap address); held until the
+ *                       decode's pull, the export's timeout, or POST /abort_requests.
  *   vllm-nixl decode    {"do_remote_prefill": true, remote_host, remote_port,
  *                       remote_request_id, remote_block_ids (non-empty), remote_engine_id}:
- *                       pulls room wk_vllm_room(remote_request_id, i) from remote_host:port.
+ *                       pulls key wk_vllm_room(remote_request_id, i) from remote_host:port.
  *   vllm-mooncake       {"transfer_id": X, ...}: the SGLang flow with room wk_vllm_room(X, i)
  *                       (prefill) and remote_bootstrap_addr "http://host:port" (decode).
  * A decode leg that lacks a field vLLM requires is refused with 400 (vLLM itself would
  * recompute the prompt locally and only log it; a test bed must not hide that).
  *
- * Pull is decode-initiated: the decode offers its pages for the held room and the holder writes
- * into them through libbaton (the same transports and per-byte verification as the SGLang
- * flow); see docs/PROTOCOLS.md for how this relates to NIXL's RDMA READ.
+ * Pull is decode-initiated (baton_xfer_pull): the holder's engine serves it from the export with
+ * no call from this worker, and the decode verifies every byte as in the SGLang flow; see
+ * docs/PROTOCOLS.md for how this relates to NIXL's RDMA READ.
  */
 
 typedef enum {
@@ -65,11 +67,27 @@ int wk_vllm_create(wk_vllm_t **v_p, struct wk_worker_s *w, uint64_t hold_timeout
 void wk_vllm_close(wk_vllm_t *v);
 
 /*
- * A NIXL prefill request (id `id`) was answered into `body` (the rendered JSON object): holds its
- * pages, one room per sequence, and adds the top-level kv_transfer_params to the body. 0, or
- * BATON_ETOOBIG / BATON_EBUSY (no pages to hold now: the caller answers 503), BATON_ENOMEM.
+ * A NIXL prefill's held pages, one hold per sequence: reserved when the sequence was computed,
+ * filled with its KV and exported through libbaton's pull API (key wk_vllm_room(id, i), the
+ * hold timeout as the export timeout), so that the answer names pages a pull can fetch at once.
+ * The request owns its holds until wk_vllm_answer; from then on they live on their own until the
+ * decode's pull completes, the export times out, or POST /abort_requests releases them.
  */
-int wk_vllm_hold(wk_vllm_t *v, const char *id, const wk_request_t *req, baton_buf_t *body);
+typedef struct wk_vllm_hold_s wk_vllm_hold_t;
+/* 0: exported (the answer may name it); else the hold is gone (BATON_ENOMEM, ...). */
+typedef void (*wk_vllm_ready_cb)(void *data, int status);
+
+/* Starts the hold of sequence i of request `id`. 0 and *h_p (ready follows, never inside this
+ * call), or BATON_EBUSY / BATON_ETOOBIG (no pages free now: the caller answers 503),
+ * BATON_ENOMEM, BATON_ESHUTDOWN. */
+int wk_vllm_hold_start(wk_vllm_t *v, const char *id, const wk_request_t *req, size_t i,
+                       wk_vllm_ready_cb ready, void *data, wk_vllm_hold_t **h_p);
+/* The request failed or left before its answer: the hold is released now (counted as `result`);
+ * no callback follows. */
+void wk_vllm_hold_drop(wk_vllm_hold_t *h, const char *result);
+/* Adds the top-level kv_transfer_params naming the n holds of request `id` (every one exported)
+ * to the answer `body` (the rendered JSON object) and hands the holds over. 0 or BATON_ENOMEM. */
+int wk_vllm_answer(wk_vllm_t *v, const char *id, size_t n, baton_buf_t *body);
 
 /* POST /abort_requests {"request_ids": [...]}: releases the holds of those ids. */
 struct baton_http_req_s; /* http/server.h: the jobs library's, not the request parser's */

@@ -1,5 +1,6 @@
-/* vllm_hold.c — the vllm-nixl prefill's held KV pages: one room per sequence, kept until the
- * decode pulls it, a timeout or POST /abort_requests releases it (see vllm.h). */
+/* vllm_hold.c — the vllm-nixl prefill's held KV pages: one libbaton export per sequence, kept
+ * until the decode pulls it, the export times out or POST /abort_requests releases it (see
+ * vllm.h). */
 #include "worker/vllm.h"
 
 #include <stdio.h>
@@ -19,23 +20,22 @@
 struct wk_vllm_s {
     wk_worker_t *w;
     uint64_t hold_timeout_ms;
-    baton_list_t holds; /* of hold_t.link */
+    baton_list_t holds; /* of wk_vllm_hold_t.link, oldest first */
     baton_metric_child_t *m_held;
     baton_metric_family_t *m_released;
 };
 
-typedef struct hold_s {
+struct wk_vllm_hold_s {
     wk_vllm_t *v;
     baton_list_t link;
     char id[64]; /* the request id (remote_request_id) */
     size_t index;
-    wk_kv_send_t *send;
-    uint32_t *slots, n_slots;
-    int slots_given; /* handed to the room (its fencing returns them) */
-    int matched;
-    int32_t first;
-    uv_timer_t timer;
-} hold_t;
+    wk_kv_export_t *ex;       /* the pages, exported once ready; NULL once the hold ended */
+    uint32_t *slots, n_slots; /* their ids: the answer's remote_block_ids */
+    int exported;             /* ready fired with 0 */
+    wk_vllm_ready_cb ready;   /* the request's, until the answer */
+    void *data;
+};
 
 int wk_vllm_create(wk_vllm_t **v_p, wk_worker_t *w, uint64_t hold_timeout_ms)
 {
@@ -59,15 +59,9 @@ int wk_vllm_create(wk_vllm_t **v_p, wk_worker_t *w, uint64_t hold_timeout_ms)
     return 0;
 }
 
-static void hold_timer_closed(uv_handle_t *h)
-{
-    hold_t *hd = h->data;
-    free(hd->slots);
-    free(hd);
-}
-
-/* The hold is over (its room's last word came, or it was dropped): counted, then freed. */
-static void hold_end(hold_t *h, const char *result)
+/* The hold is over (its export's last word came, or it was let go): counted, then freed. The
+ * pages are the export's to give back (kvxfer.h: only libbaton's end or an accepted release). */
+static void hold_end(wk_vllm_hold_t *h, const char *result)
 {
     wk_vllm_t *v = h->v;
     const char *lv[] = {result};
@@ -77,66 +71,47 @@ static void hold_end(hold_t *h, const char *result)
         baton_gauge_add(v->m_held, -1);
     log_info(COMP, "kv_hold_released id=%s seq=%zu result=%s", h->id, h->index, result);
     baton_list_remove(&h->link);
-    uv_timer_stop(&h->timer);
-    uv_close((uv_handle_t *)&h->timer, hold_timer_closed);
+    free(h->slots);
+    free(h);
 }
 
-/* Released before the pull came (timeout, abort, shutdown): the room is aborted, so a late
- * pull is refused at once, and the pages go back. */
-static void hold_drop(hold_t *h, const char *result)
+static void on_hold_ready(void *data, int status)
 {
-    if (h->send)
-        wk_kv_send_drop(h->send, result);
-    h->send = NULL;
-    if (!h->slots_given)
-        wk_kv_unreserve(h->v->w->kv, h->slots, h->n_slots);
-    hold_end(h, result);
-}
-
-static void on_hold_timeout(uv_timer_t *t)
-{
-    hold_t *h = t->data;
-    if (!h->matched) /* a pull under way ends by its own rules */
-        hold_drop(h, "timeout");
-}
-
-static void on_hold_sent(void *data, int status, const char *detail)
-{
-    hold_t *h = data;
-    h->send = NULL;
-    if (status != 0)
-        log_warn(COMP, "kv_hold_pull_failed id=%s seq=%zu err=%s detail=%s", h->id, h->index,
-                 baton_err_name(status), detail ? detail : "");
-    if (!h->slots_given)
-        wk_kv_unreserve(h->v->w->kv, h->slots, h->n_slots);
-    hold_end(h, status == 0 ? "pulled" : "failed");
-}
-
-/* The decode's pull (its offer of the room) arrived: the held KV goes out. */
-static void on_hold_matched(void *data)
-{
-    hold_t *h = data;
-    h->matched = 1;
-    uv_timer_stop(&h->timer);
-    if (wk_kv_send_slots(h->send, h->slots) != 0) {
-        hold_drop(h, "failed");
-        return;
+    wk_vllm_hold_t *h = data;
+    wk_vllm_ready_cb ready = h->ready;
+    void *d = h->data;
+    if (status != 0) {
+        h->ex = NULL; /* gone with the failure */
+        hold_end(h, "failed");
+    } else {
+        h->exported = 1;
     }
-    h->slots_given = 1;
-    wk_kv_send_finish(h->send, h->first); /* fills what is left, writes it, then DONE */
+    ready(d, status);
 }
 
-static int hold_one(wk_vllm_t *v, const char *id, const wk_request_t *req, size_t i, json_t *blocks)
+static void on_hold_end(void *data, int status)
+{
+    wk_vllm_hold_t *h = data;
+    h->ex = NULL;
+    if (status != 0 && status != BATON_ETIMEOUT)
+        log_warn(COMP, "kv_hold_pull_failed id=%s seq=%zu err=%s", h->id, h->index,
+                 baton_err_name(status));
+    hold_end(h, status == 0 ? "pulled" : status == BATON_ETIMEOUT ? "timeout" : "failed");
+}
+
+int wk_vllm_hold_start(wk_vllm_t *v, const char *id, const wk_request_t *req, size_t i,
+                       wk_vllm_ready_cb ready, void *data, wk_vllm_hold_t **h_p)
 {
     wk_worker_t *w = v->w;
     const wk_item_t *it = &req->items[i];
-    hold_t *h = calloc(1, sizeof(*h));
+    wk_vllm_hold_t *h = calloc(1, sizeof(*h));
     if (!h)
         return BATON_ENOMEM;
     h->v = v;
     h->index = i;
+    h->ready = ready;
+    h->data = data;
     snprintf(h->id, sizeof(h->id), "%s", id);
-    h->first = it->max_tokens > 0 ? wk_sim_token(it->seed, 0) : -1;
     h->n_slots = wk_kv_slots_for(w->kv, it->prompt_tokens);
     h->slots = malloc((size_t)h->n_slots * sizeof(*h->slots));
     wk_kv_resv_t resv;
@@ -154,8 +129,10 @@ static int hold_one(wk_vllm_t *v, const char *id, const wk_request_t *req, size_
     int64_t *tmp;
     rc = wk__job_item_prompt(it, &pr, &tmp);
     if (rc == 0)
-        rc = wk_kv_send_open(w->kv, wk_vllm_room(id, i), &pr, on_hold_matched, on_hold_sent, h,
-                             &h->send);
+        rc =
+            wk_kv_export_start(w->kv, wk_vllm_room(id, i), &pr, h->slots,
+                               it->max_tokens > 0 ? wk_sim_token(it->seed, 0) : -1,
+                               (uint32_t)v->hold_timeout_ms, on_hold_ready, on_hold_end, h, &h->ex);
     free(tmp);
     if (rc != 0) {
         wk_kv_unreserve(w->kv, h->slots, h->n_slots);
@@ -163,41 +140,57 @@ static int hold_one(wk_vllm_t *v, const char *id, const wk_request_t *req, size_
         free(h);
         return rc;
     }
-    for (uint32_t k = 0; k < h->n_slots; k++)
-        json_array_append_new(blocks, json_integer(h->slots[k]));
-    uv_timer_init(w->loop, &h->timer);
-    h->timer.data = h;
-    uv_timer_start(&h->timer, on_hold_timeout, v->hold_timeout_ms, 0);
     baton_list_push(&v->holds, &h->link);
     if (v->m_held)
         baton_gauge_add(v->m_held, 1);
     log_debug(COMP, "kv_hold id=%s seq=%zu slots=%u", id, i, h->n_slots);
+    *h_p = h;
     return 0;
 }
 
-int wk_vllm_hold(wk_vllm_t *v, const char *id, const wk_request_t *req, baton_buf_t *body)
+/* Lets go of the pages now; 0, or BATON_EBUSY while a pull is being served (it then ends by
+ * its own rules: reported by on_hold_end unless `detach`). */
+static int hold_release(wk_vllm_hold_t *h, int detach, const char *result)
+{
+    int rc = h->ex ? wk_kv_export_release(h->ex, detach, result) : 0;
+    if (rc == 0 || detach)
+        hold_end(h, result);
+    return rc;
+}
+
+void wk_vllm_hold_drop(wk_vllm_hold_t *h, const char *result)
+{
+    hold_release(h, 1, result);
+}
+
+int wk_vllm_answer(wk_vllm_t *v, const char *id, size_t n, baton_buf_t *body)
 {
     wk_worker_t *w = v->w;
     json_t *blocks = json_array();
     json_t *ans = json_loadb(body->data, body->len, 0, NULL);
     int rc = blocks && json_is_object(ans) ? 0 : BATON_ENOMEM;
-    size_t held = 0;
-    while (rc == 0 && held < req->n_items && (rc = hold_one(v, id, req, held, blocks)) == 0)
-        held++;
-    if (rc != 0) {               /* all or nothing: the decode would pull every sequence */
-        for (; held > 0; held--) /* this request's holds are the newest */
-            hold_drop(container_of(v->holds.prev, hold_t, link), "failed");
-        json_decref(blocks);
-        json_decref(ans);
-        return rc;
-    }
-    json_t *ktp = json_pack("{s:b, s:b, s:s, s:o, s:s, s:s, s:i, s:i}", "do_remote_prefill", 1,
-                            "do_remote_decode", 0, "remote_engine_id", wk_kv_engine_id(w->kv),
-                            "remote_block_ids", blocks, "remote_request_id", id, "remote_host",
-                            w->cfg.host, "remote_port", wk_kv_listen_port(w->kv), "tp_size", 1);
+    /* every sequence's pages, in sequence order (the decode pulls sequence i from key i) */
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        for (baton_list_t *l = v->holds.next; l != &v->holds; l = l->next) {
+            wk_vllm_hold_t *h = container_of(l, wk_vllm_hold_t, link);
+            if (h->index != i || strcmp(h->id, id) != 0)
+                continue;
+            h->ready = NULL; /* the holds live on by themselves from here */
+            for (uint32_t k = 0; k < h->n_slots; k++)
+                json_array_append_new(blocks, json_integer(h->slots[k]));
+            break;
+        }
+    /* remote_host / remote_port: libbaton's bootstrap address, where the pull goes */
+    json_t *ktp =
+        rc ? NULL
+           : json_pack("{s:b, s:b, s:s, s:O, s:s, s:s, s:i, s:i}", "do_remote_prefill", 1,
+                       "do_remote_decode", 0, "remote_engine_id", wk_kv_engine_id(w->kv),
+                       "remote_block_ids", blocks, "remote_request_id", id, "remote_host",
+                       w->cfg.host, "remote_port", wk_kv_listen_port(w->kv), "tp_size", 1);
     char *text = NULL;
     if (ktp && json_object_set_new(ans, "kv_transfer_params", ktp) == 0)
         text = json_dumps(ans, JSON_COMPACT);
+    json_decref(blocks);
     json_decref(ans);
     if (!text)
         return BATON_ENOMEM; /* the holds time out on their own */
@@ -223,14 +216,14 @@ void wk_vllm_handle_abort(wk_vllm_t *v, baton_http_req_t *http)
     {
         if (!json_is_string(id))
             continue;
-        /* every unmatched hold of that id; a pull already under way finishes */
+        /* every hold of that id but one whose pull is under way (that pull finishes) */
         for (baton_list_t *l = v->holds.next, *next; l != &v->holds; l = next) {
             next = l->next;
-            hold_t *h = container_of(l, hold_t, link);
-            if (!h->matched && strcmp(h->id, json_string_value(id)) == 0) {
-                hold_drop(h, "aborted");
+            wk_vllm_hold_t *h = container_of(l, wk_vllm_hold_t, link);
+            /* an unanswered request's holds are its own (its end releases them) */
+            if (h->exported && !h->ready && strcmp(h->id, json_string_value(id)) == 0 &&
+                hold_release(h, 0, "aborted") == 0)
                 released++;
-            }
         }
     }
     json_decref(j);
@@ -243,8 +236,7 @@ void wk_vllm_close(wk_vllm_t *v)
 {
     if (!v)
         return;
-    while (!baton_list_empty(&v->holds)) {
-        hold_drop(container_of(v->holds.next, hold_t, link), "shutdown");
-    }
+    while (!baton_list_empty(&v->holds))
+        hold_release(container_of(v->holds.next, wk_vllm_hold_t, link), 1, "shutdown");
     free(v);
 }

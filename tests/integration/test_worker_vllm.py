@@ -98,6 +98,16 @@ def nixl_prefill_leg(p, body):
     return res.json()
 
 
+def assert_pull_refused(d, msgs, ktp, what):
+    """The decode's pull with these kv_transfer_params fails with a bootstrap error at once (well
+    before its 20 s bootstrap timeout)."""
+    t0 = time.monotonic()
+    res = post(d.port, "/v1/chat/completions",
+               {"messages": msgs, "max_tokens": 7, "kv_transfer_params": ktp}, timeout=30)
+    assert res.status >= 500 and "bootstrap" in res.json()["error"]["code"], res.text
+    assert time.monotonic() - t0 < 15, f"{what}: not refused at once"
+
+
 def test_nixl_prefill_answer_and_release():
     """The prefill answers phase 1 at once with the fields vLLM's decode needs; the hold ends by
     timeout or by abort (metrics for each), and a pull after a release fails at once."""
@@ -121,11 +131,7 @@ def test_nixl_prefill_answer_and_release():
                                   {"result": "timeout"}) == 1, 10, what="hold timeout")
         assert metric(p.port, "baton_worker_kv_holds") == 0
         # a pull after the release is refused at once (not after the decode's 20 s timeout)
-        t0 = time.monotonic()
-        res = post(d.port, "/v1/chat/completions",
-                   {"messages": MSGS, "max_tokens": 9, "kv_transfer_params": ktp}, timeout=30)
-        assert res.status >= 500 and "bootstrap" in res.json()["error"]["code"], res.text
-        assert time.monotonic() - t0 < 15, "late pull not refused at once"
+        assert_pull_refused(d, MSGS, ktp, "late pull")
 
         # abort by request id
         ans = nixl_prefill_leg(p, {"messages": MSGS, "max_tokens": 9})
@@ -137,6 +143,40 @@ def test_nixl_prefill_answer_and_release():
         assert post(p.port, "/abort_requests", {"request_ids": "x"}).status == 400
         # a decode (not a NIXL prefill) has nothing to abort
         assert post(d.port, "/abort_requests", {"request_ids": [rid]}).status == 404
+
+
+def test_nixl_export_and_pull():
+    """The NIXL prefill holds its pages as a libbaton export (pull API) and the decode pulls it:
+    a pull whose shape differs (another prompt) is refused at once and the export keeps
+    waiting; the right pull then gets every byte, verified, counted as the prefill's hand-off;
+    an export released by abort refuses a later pull at once."""
+    with Cluster("vllm-export") as c:
+        p = c.worker("prefill", "--protocol", "vllm-nixl", "--log-level", "debug", *FAST)
+        d = c.worker("decode", "--protocol", "vllm-nixl", "--bootstrap-timeout-ms", "20000",
+                     *FAST)
+        ans = nixl_prefill_leg(p, {"messages": MSGS, "max_tokens": 7})
+        ktp = ans["kv_transfer_params"]
+        p.wait_log(r"kv_exported key=\d+ pages=\d+")  # the answer came after the export
+        long_msgs = [{"role": "user", "content": " ".join(["many more words"] * 80)}]
+        assert_pull_refused(d, long_msgs, ktp, "a pull of another shape")
+        assert metric(p.port, "baton_worker_kv_holds") == 1  # the export still waits
+        res = post(d.port, "/v1/chat/completions",
+                   {"messages": MSGS, "max_tokens": 7, "kv_transfer_params": ktp})
+        assert res.status == 200, res.text
+        assert res.json()["choices"][0]["message"]["content"] == \
+            simtext.complete_chat(MSGS, 7).text
+        wait_until(lambda: metric(p.port, "baton_worker_kv_holds_released_total",
+                                  {"result": "pulled"}) == 1, 10, what="pulled")
+        assert metric(p.port, "baton_kv_rooms_total", {"result": "ok"}) == 1
+        assert metric(p.port, "baton_kv_bytes_total", {"direction": "sent"}) > 0
+        assert metric(d.port, "baton_kv_corrupted_total") == 0
+        # released by abort: a pull that comes afterwards is refused at once
+        ans = nixl_prefill_leg(p, {"messages": MSGS, "max_tokens": 7})
+        rid = ans["kv_transfer_params"]["remote_request_id"]
+        assert post(p.port, "/abort_requests", {"request_ids": [rid]}).json() == {"released": 1}
+        assert_pull_refused(d, MSGS, ans["kv_transfer_params"], "a pull after the release")
+        assert metric(p.port, "baton_kv_room_failures_total", {"reason": "aborted"}) >= 1
+        assert metric(p.port, "baton_worker_kv_holds") == 0
 
 
 def test_router_releases_stranded_blocks():
@@ -244,7 +284,7 @@ def test_ttft_scenario_smoke():
 if __name__ == "__main__":
     t = TestRunner()
     for fn in (test_nixl_end_to_end, test_nixl_prefill_answer_and_release,
-               test_router_releases_stranded_blocks, test_nixl_holder_killed,
+               test_nixl_export_and_pull, test_router_releases_stranded_blocks, test_nixl_holder_killed,
                test_mooncake_end_to_end, test_wrong_protocol_refused, test_ttft_scenario_smoke):
         t.run(fn)
     t.finish()

@@ -218,7 +218,7 @@ static void room_init(room_t *rm, uint64_t id, uint32_t n_tokens)
 
 static wk_kv_prompt_t prompt_of(const room_t *rm)
 {
-    wk_kv_prompt_t pr = {rm->ids, rm->n_tokens, rm->seed, 1, rm->cached};
+    wk_kv_prompt_t pr = {rm->ids, rm->n_tokens, rm->seed, 1, rm->cached, 0};
     return pr;
 }
 
