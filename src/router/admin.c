@@ -4,6 +4,7 @@
 
 #include "baton/error.h"
 #include "common/log.h"
+#include "router/dp_rank.h"
 #include "router/policy_metrics.h"
 
 #include <stdarg.h>
@@ -138,6 +139,12 @@ json_t *baton_admin_worker_json(const baton_worker_t *w)
                          w->engine_id ? json_string(w->engine_id) : json_null(), "bootstrap_addr",
                          w->bootstrap_addr ? json_string(w->bootstrap_addr) : json_null(),
                          "dp_size", w->dp_size));
+    if (j && w->dp_size > 1) { /* this router's requests in flight per DP rank (dp_rank.h) */
+        json_t *a = json_array();
+        for (int r = 0; a && r < w->dp_size; r++)
+            json_array_append_new(a, json_integer(baton_dp_in_flight(w, r)));
+        json_object_set_new(j, "dp_in_flight", a);
+    }
     return j;
 }
 

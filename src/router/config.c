@@ -208,6 +208,10 @@ static const opt_t options[] = {
     {"--balance-by-words", "routing", "balance_by_words", OPT_BOOL,
      OFF(policy_params.balance_by_words), 0, 1, 0, "",
      "cache_aware: the load guard compares in-flight prompt words, not requests"},
+    /* issue 12 follow-up: DP-rank selection (dp_rank.h) */
+    {"--dp-round-robin", "routing", "dp_round_robin", OPT_BOOL, OFF(dp_round_robin), 0, 1, 0, "",
+     "data-parallel workers: ranks round robin instead of the rank with the fewest requests in "
+     "flight"},
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 

@@ -188,6 +188,11 @@
  *  routing.balance_by_words     --balance-by-words          false (cache_aware's guard compares
  *                                                               in-flight prompt words; the
  *                                                               thresholds are then words)
+ *  -- issue 12 follow-up: DP-rank selection (dp_rank.h) --
+ *  routing.dp_round_robin       --dp-round-robin            false (a data-parallel worker's rank
+ *                                                               is the one with the fewest of this
+ *                                                               router's requests in flight, ties
+ *                                                               rotating; true: round robin)
  *                               --config FILE               none (the JSON file above)
  *                               --help                      print this and exit 0
  *
@@ -287,6 +292,8 @@ typedef struct baton_config_s {
     char *registry_key;
     /* PD protocols (issue 12). */
     char *pd_protocol; /* "sglang" | "vllm-nixl" | "vllm-mooncake" (validated) */
+    /* DP-rank selection (issue 12 follow-up): 1 = round robin, 0 = least loaded (default). */
+    int dp_round_robin;
 
     /* Private to config.c: which keys were given explicitly. */
     unsigned set_flags_;

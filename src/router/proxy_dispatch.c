@@ -9,6 +9,7 @@
 
 #include "baton/error.h"
 #include "common/log.h"
+#include "router/dp_rank.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Worker selection (pick.h) with this router's policy, health layer and cap                */
@@ -61,6 +62,10 @@ void baton__up_settle(baton__upstream_t *u, baton_breaker_outcome_t outcome)
         u->reserved = 0;
         baton_pick_unreserve(u->w, u->tokens);
         u->tokens = 0;
+    }
+    if (u->dp_held) {
+        u->dp_held = 0;
+        baton_dp_release(u->w, u->dp_rank);
     }
 }
 
@@ -169,6 +174,8 @@ int baton__up_start(baton__preq_t *pr, baton__upstream_t *u, const char *method,
     }
     if (pr->reqid[0]) /* vLLM protocols: one id ties the two legs */
         u->hdrs[u->n_hdrs++] = (baton_http_header_t){"X-Request-Id", pr->reqid};
+    if (u->dp_hdr[0]) /* vLLM's API server runs the request on this DP rank */
+        u->hdrs[u->n_hdrs++] = (baton_http_header_t){"X-data-parallel-rank", u->dp_hdr};
     baton_http_pool_t *pool = baton__pool_for(pr->pl, w);
     if (!pool)
         return BATON_ENOMEM;

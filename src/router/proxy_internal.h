@@ -133,7 +133,7 @@ typedef struct upstream_s {
     char *path;                    /* owned when the worker has a prefix or there is a query */
     const char *path_use;
     char *auth; /* "Bearer <api_key>", owned */
-    baton_http_header_t hdrs[3];
+    baton_http_header_t hdrs[4];
     size_t n_hdrs;
     int status; /* 0 until on_head */
     /* Per upstream request, not the request's phase: */
@@ -146,7 +146,12 @@ typedef struct upstream_s {
     unsigned held : 1;      /* vllm-nixl prefill: answered, its blocks wait for the decode
                              * (released when freed still set: proxy_vllm.c) */
     char remote_rid[BATON__REQID_MAX]; /* vllm-nixl prefill: its remote_request_id */
-    int err;                           /* on_done's error */
+    /* DP ranks (dp_rank.h): the rank of w this attempt holds an in-flight count on, given back
+     * when the upstream settles; dp_hdr: X-data-parallel-rank's value, "" when not sent. */
+    unsigned dp_held : 1;
+    int dp_rank;
+    char dp_hdr[8];
+    int err; /* on_done's error */
     char ctype[128];
     baton_buf_t resp;
 } baton__upstream_t;

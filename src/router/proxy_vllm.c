@@ -12,6 +12,7 @@
 
 #include "baton/error.h"
 #include "common/log.h"
+#include "router/dp_rank.h"
 #include "router/pdproto.h"
 
 /* ---------------------------------------------------------------------------------------- */
@@ -103,22 +104,45 @@ static int send_pair(baton__preq_t *pr, baton_buf_t *pbuf, baton_buf_t *dbuf, co
     return 0;
 }
 
+/* The attempt holds an in-flight count on the upstream's DP rank until it settles. */
+static void up_dp_hold(baton__upstream_t *u, int rank)
+{
+    u->dp_rank = rank;
+    u->dp_held = u->w->dp_size > 1;
+}
+
+static int dp_round_robin(const baton__preq_t *pr)
+{
+    const baton_config_t *cfg = pr->pl->router->cfg;
+    return cfg && cfg->dp_round_robin;
+}
+
 /* vllm-mooncake: one transfer_id for both legs, sent at once. A retry is a new transfer with
- * a new id (the old prefill may still push for the old one). */
+ * a new id (the old prefill may still push for the old one). A data-parallel prefill runs it on
+ * the rank the router picks: the prefill leg carries X-data-parallel-rank (vLLM's API server
+ * routes by it) and the decode names that rank's engine, {engine_id}_dp{rank} (what vLLM's DP
+ * engine cores register with the Mooncake bootstrap server; docs/PROTOCOLS.md §3). */
 static int mooncake_dispatch(baton__preq_t *pr)
 {
     baton__upstream_t *p = pr->up[UP_PREFILL];
-    char xfer[96];
+    char xfer[96], engine[320];
     snprintf(xfer, sizeof(xfer), "xfer-%s-%u", pr->reqid, pr->attempts);
+    snprintf(engine, sizeof(engine), "%s", p->w->engine_id);
+    if (p->w->dp_size > 1) {
+        int rank = baton_dp_pick(p->w, dp_round_robin(pr));
+        up_dp_hold(p, rank);
+        snprintf(p->dp_hdr, sizeof(p->dp_hdr), "%d", rank);
+        snprintf(engine, sizeof(engine), "%.300s_dp%d", p->w->engine_id, rank);
+    }
     baton_buf_t pb = BATON_BUF_INIT, db = BATON_BUF_INIT;
-    int rc =
-        baton_pdproto_mooncake(pr->pd.root, xfer, p->w->engine_id, p->w->bootstrap_addr, &pb, &db);
+    int rc = baton_pdproto_mooncake(pr->pd.root, xfer, engine, p->w->bootstrap_addr, &pb, &db);
     if (!rc)
         rc = send_pair(pr, &pb, &db, "mooncake_dispatch");
     baton_buf_free(&pb);
     baton_buf_free(&db);
-    log_debug("router", "dispatch route=%s protocol=vllm-mooncake prefill=%s transfer_id=%s",
-              pr->route, p->w->url, xfer);
+    log_debug("router",
+              "dispatch route=%s protocol=vllm-mooncake prefill=%s transfer_id=%s engine=%s",
+              pr->route, p->w->url, xfer, engine);
     return rc;
 }
 
@@ -139,12 +163,12 @@ int baton__pd_dispatch_vllm(baton__preq_t *pr)
 int baton__pd_dispatch_dp(baton__preq_t *pr)
 {
     baton__upstream_t *p = pr->up[UP_PREFILL], *d = pr->up[UP_MAIN];
-    int dp_p = p->w->dp_size, dp_d = d->w->dp_size;
-    /* Round robin per worker over its ranks; the decode's rank must be one that can share the
-     * room with the prefill's (pdproto.h). */
-    int rank_p = dp_p > 1 ? (int)(atomic_fetch_add(&p->w->dp_turn, 1) % (unsigned)dp_p) : 0;
-    int rank_d =
-        baton_pdproto_dp_decode_rank(dp_p, rank_p, dp_d, atomic_fetch_add(&d->w->dp_turn, 1));
+    int dp_p = p->w->dp_size, dp_d = d->w->dp_size, rank_p, rank_d;
+    /* Least loaded (or round robin) per worker over its ranks; the decode's rank is one that can
+     * share the room with the prefill's (dp_rank.h, pdproto.h). */
+    baton_dp_pick_pair(p->w, d->w, dp_round_robin(pr), &rank_p, &rank_d);
+    up_dp_hold(p, rank_p);
+    up_dp_hold(d, rank_d);
     size_t n = baton_pdreq_n_rooms(&pr->pd);
     uint64_t rooms_stack[16], *rooms = n > 16 ? malloc(n * sizeof(*rooms)) : rooms_stack;
     if (!rooms)

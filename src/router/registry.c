@@ -136,6 +136,7 @@ static void worker_free(baton_worker_t *w)
     free(w->labels_json);
     free(w->engine_id);
     free(w->bootstrap_addr);
+    free(w->dp_in_flight);
     free(w);
 }
 
@@ -322,12 +323,15 @@ static int pd_fields_check(const baton_worker_spec_t *spec, baton_pd_protocol_t 
         set_err(err, errlen, "dp_size must be in 0..1024");
         return BATON_EINVAL;
     }
-    if (proto != BATON_PD_SGLANG && (spec->dp_size || spec->bootstrap_port != -1)) {
+    int mooncake_prefill = proto == BATON_PD_VLLM_MOONCAKE && spec->role == BATON_ROLE_PREFILL;
+    /* vLLM's Mooncake decode names a prefill's DP rank by its engine id ({base}_dp{rank}); the
+     * other vLLM legs need no rank from the router */
+    if (proto != BATON_PD_SGLANG &&
+        ((spec->dp_size && !mooncake_prefill) || spec->bootstrap_port != -1)) {
         set_err(err, errlen, "%s is an sglang field; this worker speaks %s",
-                spec->dp_size ? "dp_size" : "bootstrap_port", pname);
+                spec->bootstrap_port != -1 ? "bootstrap_port" : "dp_size", pname);
         return BATON_EINVAL;
     }
-    int mooncake_prefill = proto == BATON_PD_VLLM_MOONCAKE && spec->role == BATON_ROLE_PREFILL;
     if (!mooncake_prefill && (spec->engine_id || spec->bootstrap_addr)) {
         set_err(err, errlen, "engine_id and bootstrap_addr are for vllm-mooncake prefill workers");
         return BATON_EINVAL;
@@ -416,6 +420,10 @@ int baton_registry_add(baton_registry_t *reg, const baton_worker_spec_t *spec,
         w->model_id = dup_or_null(spec->model_id, &oom);
         w->engine_id = dup_or_null(spec->engine_id, &oom);
         w->bootstrap_addr = dup_or_null(spec->bootstrap_addr, &oom);
+        if (spec->dp_size > 1) {
+            w->dp_in_flight = calloc((size_t)spec->dp_size, sizeof(*w->dp_in_flight));
+            oom |= w->dp_in_flight == NULL;
+        }
     } else {
         free(labels);
     }
@@ -439,6 +447,8 @@ int baton_registry_add(baton_registry_t *reg, const baton_worker_spec_t *spec,
     atomic_init(&w->removed, 0);
     atomic_init(&w->removed_ns, 0);
     atomic_init(&w->dp_turn, 0);
+    for (int i = 0; w->dp_in_flight != NULL && i < w->dp_size; i++)
+        atomic_init(&w->dp_in_flight[i], 0);
     atomic_init(&w->refcount, 1); /* the registry's */
 
     pthread_mutex_lock(&reg->lock);

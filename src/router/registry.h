@@ -81,7 +81,7 @@ typedef struct baton_worker_spec_s {
     baton_pd_protocol_t pd_protocol; /* UNSET = the registry's default */
     const char *engine_id;           /* vllm-mooncake prefill: its kv_transfer_config engine_id */
     const char *bootstrap_addr; /* vllm-mooncake prefill: "http://host:port" of its bootstrap */
-    int dp_size;                /* sglang: data-parallel ranks (0 = not data-parallel) */
+    int dp_size; /* sglang, or a vllm-mooncake prefill: data-parallel ranks (0 = not DP) */
 } baton_worker_spec_t;
 
 /* Fills the defaults: url NULL, role REGULAR, bootstrap_port -1, priority 50, cost 1.0,
@@ -124,7 +124,8 @@ typedef struct baton_worker_s {
     _Atomic uint64_t cache_tree_names; /* cache_aware: names in its router-side tree */
     _Atomic uint64_t cache_tree_bytes; /* ... and their memory */
     atomic_uint cache_hit_ppm;         /* recent predicted hit ratio, ppm (EWMA, 1/8 weight) */
-    atomic_uint dp_turn;         /* DP attention: the next rank, round robin (issue 12) */
+    atomic_uint dp_turn;               /* DP attention: the next rank, round robin (issue 12) */
+    atomic_long *dp_in_flight; /* dp_size > 1: this router's requests per rank (dp_rank.h) */
     /* Reported load (load_poll.h, least_load): the worker's own /get_load total, this router's
      * in-flight count when it was read, and until when the report counts (baton_now_ms; 0: no
      * report). Written by the poller's loop, read by every request loop. */
@@ -154,7 +155,8 @@ void baton_registry_destroy(baton_registry_t *reg);
  *   BATON_EINVAL  bad URL (must be http://host[:port][/prefix]), bad role,
  *                 bootstrap_port out of 1..65535 or given for a non-prefill role, negative
  *                 priority/cost, labels_json not a JSON object; a field of another PD
- *                 protocol than the worker's (bootstrap_port or dp_size on a vLLM worker,
+ *                 protocol than the worker's (bootstrap_port on a vLLM worker, dp_size on a
+ *                 vLLM worker other than a vllm-mooncake prefill,
  *                 engine_id/bootstrap_addr on a non-mooncake or non-prefill one), a
  *                 vllm-mooncake prefill without engine_id and bootstrap_addr, a vLLM protocol
  *                 on a regular worker, dp_size out of 0..1024;

@@ -450,12 +450,106 @@ def test_dp_attention_ranks():
                                                   dj["routed_dp_rank"])
 
 
+def test_dp_least_loaded_ranks():
+    """Least loaded (the default): requests held on three of a prefill's four DP ranks send
+    every later request to the fourth, idle one; the router's per-rank in-flight counts
+    (GET /workers/{id} dp_in_flight) follow the requests and are given back when a leg fails and
+    when the held ones end. With --dp-round-robin the ranks cycle regardless of load."""
+    release = threading.Event()
+
+    def p_script(req, io):
+        prompt = req.json().get("prompt")
+        if prompt == "slow":
+            release.wait(15)
+        if prompt == "fail":
+            io.hold(10)  # until the router gives up on it: its decode failed
+            return
+        io.respond(200, {"choices": [{"index": 0, "text": "x"}]})
+
+    def d_script(req, io):
+        if req.json().get("prompt") == "fail":
+            p.wait_requests(len(d.requests), timeout=5)  # its prefill leg took its rank
+            io.die()  # a crashed decode: the attempt fails and the prefill leg is cancelled
+            return
+        decode_script(req, io)
+
+    def ranks(up, first):
+        return [q.json()["routed_dp_rank"] for q in up.requests[first:]]
+
+    for round_robin in (False, True):
+        release.clear()
+        with Upstream("p", p_script) as p, Upstream("d", d_script) as d, \
+                Cluster("dp-load") as c:
+            extra = ("--dp-round-robin",) if round_robin else ()
+            r = c.router("--threads", "1", *ONE_SHOT, *extra)
+            pid = register(r.port, p.url, "prefill", bootstrap_port=8998, dp_size=4)
+            register(r.port, d.url, "decode")
+
+            def in_flight():
+                return get(r.port, f"/workers/{pid}").json()["dp_in_flight"]
+
+            slow = [threading.Thread(target=post, args=(r.port, "/v1/completions",
+                                                         dict(COMP, prompt="slow")),
+                                     kwargs={"timeout": 30}) for _ in range(3)]
+            for i, t in enumerate(slow):
+                t.start()
+                p.wait_requests(i + 1)  # one at a time: each pick sees the previous ones
+            busy = ranks(p, 0)
+            assert len(set(busy)) == 3, busy
+            assert sorted(in_flight()) == [0, 1, 1, 1], in_flight()
+            idle = ({0, 1, 2, 3} - set(busy)).pop()
+            for i in range(4):
+                res = post(r.port, "/v1/completions", COMP)
+                assert res.status == 200, res.text
+            fast = ranks(p, 3)
+            if round_robin:
+                assert len(set(fast)) == 4, fast  # 0, 1, 2, 3 in turn, busy or not
+            else:
+                assert fast == [idle] * 4, (busy, fast)
+            res = post(r.port, "/v1/completions", dict(COMP, prompt="fail"), timeout=15)
+            assert res.status >= 500, res.text
+            failed_rank = ranks(p, 7)[0]
+            assert round_robin or failed_rank == idle, (failed_rank, idle)
+            wait_until(lambda: sum(in_flight()) == 3, PROMPT_S, what="failed leg's rank back")
+            assert in_flight()[failed_rank] == (1 if failed_rank in busy else 0), in_flight()
+            release.set()
+            for t in slow:
+                t.join(30)
+            wait_until(lambda: in_flight() == [0, 0, 0, 0], PROMPT_S, what="ranks released")
+
+
+def test_mooncake_dp_rank():
+    """A vllm-mooncake prefill registered with dp_size: the router picks the rank, sends it to
+    the prefill as X-data-parallel-rank (vLLM's API server routes by it) and names that rank's
+    engine to the decode, {engine_id}_dp{rank} (what vLLM's DP engine cores register with the
+    Mooncake bootstrap server)."""
+    with Upstream("p") as p, Upstream("d", decode_script) as d, Cluster("mc-dp") as c:
+        r = c.router("--threads", "1", *ONE_SHOT)
+        pid = register(r.port, p.url, "prefill", pd_protocol="vllm-mooncake", engine_id="eng-A",
+                       bootstrap_addr="http://10.1.2.3:8998", dp_size=2)
+        register(r.port, d.url, "decode", pd_protocol="vllm-mooncake")
+        seen = set()
+        for i in range(4):
+            assert post(r.port, "/v1/completions", COMP).status == 200
+            pr, dr = p.wait_requests(i + 1)[i], d.wait_requests(i + 1)[i]
+            rank = int(pr.headers["x-data-parallel-rank"])
+            ktp = dr.json()["kv_transfer_params"]
+            assert ktp["remote_engine_id"] == f"eng-A_dp{rank}", (rank, ktp)
+            assert ktp["remote_bootstrap_addr"] == "http://10.1.2.3:8998", ktp
+            assert "x-data-parallel-rank" not in dr.headers, dr.headers
+            seen.add(rank)
+        assert seen == {0, 1}, seen
+        w = get(r.port, f"/workers/{pid}").json()
+        assert w["dp_size"] == 2 and w["dp_in_flight"] == [0, 0], w
+
+
 if __name__ == "__main__":
     t = TestRunner()
     for fn in (test_nixl_two_phase_fields, test_nixl_prefill_without_params,
                test_nixl_stranded_release, test_nixl_release_refused_counted,
                test_nixl_retry_releases_first_prefill, test_mooncake_transfer_id,
                test_mooncake_failures, test_registration_and_pairing, test_mixed_pools,
-               test_pd_protocol_flag, test_dp_attention_ranks):
+               test_pd_protocol_flag, test_dp_attention_ranks, test_dp_least_loaded_ranks,
+               test_mooncake_dp_rank):
         t.run(fn)
     t.finish()
