@@ -86,7 +86,8 @@ static void on_hold_ready(void *data, int status)
     } else {
         h->exported = 1;
     }
-    ready(d, status);
+    if (ready)
+        ready(d, status);
 }
 
 static void on_hold_end(void *data, int status)

@@ -1,8 +1,8 @@
 /* test_kvxfer.c — the worker's KV hand-off between a real prefill and a real decode wk_kv_t
  * (libbaton engines on one loop, loopback tcp or shm): the send and receive phase tables, the
  * DONE payload, and every way a room ends (written and verified, mismatch, corruption, either
- * side letting go, a refused room), checked on the received bytes, the callbacks, the phases,
- * the metrics and the page pools. */
+ * side letting go, a refused room; a held room exported and pulled, timed out or released),
+ * checked on the received bytes, the callbacks, the phases, the metrics and the page pools. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -616,6 +616,128 @@ static void test_unreachable(void **state)
     engines_down();
 }
 
+/* ---- pull mode: the holder's export (vllm-nixl prefill) and the decode's pull ---- */
+
+static struct {
+    int ready, ready_status, ended, end_status;
+} X;
+
+static void on_export_ready(void *data, int status)
+{
+    (void)data;
+    X.ready++;
+    X.ready_status = status;
+}
+
+static void on_export_end(void *data, int status)
+{
+    (void)data;
+    X.ended++;
+    X.end_status = status;
+}
+
+/* Reserves the holder's pages for rm and exports them; returns the handle once ready. */
+static wk_kv_export_t *export_room(const room_t *rm, uint32_t timeout_ms)
+{
+    uint32_t src[MAX_TOKENS / PAGE_TOKENS];
+    wk_kv_resv_t resv;
+    assert_int_equal(wk_kv_reserve(E.p, &resv, wk_kv_slots_for(E.p, rm->n_tokens), src, NULL, NULL),
+                     0);
+    wk_kv_prompt_t pr = prompt_of(rm);
+    wk_kv_export_t *ex = NULL;
+    memset(&X, 0, sizeof(X));
+    assert_int_equal(wk_kv_export_start(E.p, rm->id, &pr, src, wk_sim_token(rm->seed, 0),
+                                        timeout_ms, on_export_ready, on_export_end, NULL, &ex),
+                     0);
+    assert_int_equal(X.ready, 0); /* never inside the call */
+    return ex;
+}
+
+static void pull_start(room_t *rm)
+{
+    wk_kv_prompt_t pr = prompt_of(rm);
+    pr.pull = 1;
+    wk_kv_resv_t resv;
+    uint32_t n = wk_kv_slots_for(E.d, rm->n_tokens);
+    assert_int_equal(wk_kv_reserve(E.d, &resv, n, rm->slots, NULL, NULL), 0);
+    assert_int_equal(wk_kv_recv_start(E.d, "127.0.0.1", wk_kv_listen_port(E.p), rm->id, &pr,
+                                      rm->slots, on_received, rm, &rm->r),
+                     0);
+}
+
+static void export_pull(baton_xfer_transport_t tp)
+{
+    engines_up(tp, 0);
+    room_t rm;
+    room_init(&rm, 77, 37);
+    rm.cached = 32; /* a pull ignores the decode's cache: every page comes from the export */
+    export_room(&rm, 5000);
+    RUN_UNTIL(X.ready);
+    assert_int_equal(X.ready_status, 0);
+    assert_int_equal(X.ended, 0);
+    pull_start(&rm);
+    RUN_UNTIL(rm.got && X.ended);
+    assert_int_equal(rm.got_status, 0);
+    assert_int_equal(X.end_status, 0);
+    assert_int_equal(rm.g.seed, rm.seed);
+    assert_int_equal(rm.g.first_token, wk_sim_token(rm.seed, 0));
+    assert_pages_hold(&rm);
+    assert_int_equal(loop_test_metric(E.pm, "baton_kv_rooms_total{result=\"ok\"}"), 1);
+    assert_int_equal(loop_test_metric(E.dm, "baton_kv_pages_skipped_total"), 0);
+    RUN_UNTIL(E.p->pool.n_free == E.p->n_slots); /* the export's pages are back */
+    wk_kv_recv_drop(rm.r, "done");
+    engines_down();
+}
+
+static void test_export_pull_tcp(void **state)
+{
+    (void)state;
+    export_pull(BATON_XFER_TRANSPORT_TCP);
+}
+
+static void test_export_pull_shm(void **state)
+{
+    (void)state;
+    export_pull(BATON_XFER_TRANSPORT_SHM);
+}
+
+/* An export ends by its timeout or a release (before or after it is ready); each time the pages
+ * come back and a later pull of the key is refused at once. */
+static void test_export_timeout_and_release(void **state)
+{
+    (void)state;
+    engines_up(BATON_XFER_TRANSPORT_TCP, 0);
+    room_t rm;
+    room_init(&rm, 78, 20);
+    export_room(&rm, 30);
+    RUN_UNTIL(X.ended);
+    assert_int_equal(X.ready_status, 0);
+    assert_int_equal(X.end_status, BATON_ETIMEOUT);
+    assert_int_equal(loop_test_metric(E.pm, "baton_kv_room_failures_total{reason=\"timeout\"}"), 1);
+    pull_start(&rm);
+    RUN_UNTIL(rm.got);
+    assert_int_equal(rm.got_status, BATON_EABORTED);
+
+    room_init(&rm, 79, 20);
+    wk_kv_export_t *ex = export_room(&rm, 0);
+    RUN_UNTIL(X.ready);
+    /* (the refused late pull above counted one "aborted" room already) */
+    double aborted = loop_test_metric(E.pm, "baton_kv_room_failures_total{reason=\"aborted\"}");
+    assert_int_equal(wk_kv_export_release(ex, 0, "aborted"), 0);
+    assert_int_equal(loop_test_metric(E.pm, "baton_kv_room_failures_total{reason=\"aborted\"}"),
+                     aborted + 1);
+    pull_start(&rm);
+    RUN_UNTIL(rm.got);
+    assert_int_equal(rm.got_status, BATON_EABORTED);
+
+    room_init(&rm, 80, 20);
+    ex = export_room(&rm, 0);
+    assert_int_equal(wk_kv_export_release(ex, 1, "failed"), 0); /* still filling */
+    RUN_UNTIL(E.p->pool.n_free == E.p->n_slots);
+    assert_int_equal(X.ready + X.ended, 0); /* no callback after a release */
+    engines_down();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -636,6 +758,9 @@ int main(void)
         cmocka_unit_test(test_prefill_drops_after_match),
         cmocka_unit_test(test_room_in_use),
         cmocka_unit_test(test_unreachable),
+        cmocka_unit_test(test_export_pull_tcp),
+        cmocka_unit_test(test_export_pull_shm),
+        cmocka_unit_test(test_export_timeout_and_release),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
