@@ -7,6 +7,13 @@ memcpy baseline in the same run) and, next to it, iperf3 on loopback with one st
 as many streams as the engine has tcp lanes. With --repeat N the whole set runs N times,
 interleaved, and every figure is the median over the repeats (each bench figure is itself a
 median over its runs). Targets: tcp >= 90% of iperf3, shm >= 80% of memcpy.
+
+Then pull vs push (libbaton's pull mode, issue 12; --pull-rounds 0 skips it): the same sizes in
+both modes on tcp and shm. A holder process (baton-xfer-pull --hold) either EXPORTS its keys
+(pull: its engine serves each pull on its own) or, with --push, has its application write each
+offered key (the SGLang flow's write path); the same puller process fetches them and verifies
+every byte after the clock stops. Rounds alternate pull and push; medians. Goal: pull within
+10% of push.
 """
 
 import json
@@ -21,6 +28,7 @@ import scenlib
 
 TCP_TARGET = 0.90
 SHM_TARGET = 0.80
+PULL_TARGET = 0.90  # pull within 10% of push
 
 
 def find_iperf3():
@@ -96,6 +104,58 @@ def iperf_cpu_per_gb(x):
     return (x["cpu_pct_sender"] + x["cpu_pct_receiver"]) / 100 / x["gbps"]
 
 
+def pull_one(lab, args, tp, mode):
+    """One holder/puller pair moving --pull-keys keys; returns the puller's Gbit/s."""
+    shape = ["--keys", args.pull_keys, "--layers", args.pull_layers, "--ppl", args.pull_ppl,
+             "--page", args.pull_page, "--transport", tp]
+    shape = [str(x) for x in shape]
+    extra = ["--push"] if mode == "push" else []
+    # libbaton logs "bootstrap_listening addr=H:P" once the holder listens
+    h = lab.start(f"hold-{tp}-{mode}", [lab.bin("baton-xfer-pull"), "--hold", *extra, *shape],
+                  keys=("bootstrap",))
+    argv = [lab.bin("baton-xfer-pull"), "--pull", f"{scenlib.HOST}:{h.ports['bootstrap']}",
+            *shape]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    h.stop()
+    done = [ln for ln in r.stdout.splitlines() if ln.startswith("done ")]
+    if r.returncode != 0 or not done or "failures=0" not in done[0]:
+        raise RuntimeError(f"puller failed ({r.returncode}): {' '.join(argv)}\n"
+                           f"{r.stdout[-400:]}{r.stderr[-400:]}")
+    return float(done[0].split("gbps=")[1].split()[0]), " ".join(argv)
+
+
+def pull_vs_push(lab, args, tps, figures):
+    """Pull and push, the same sizes, alternating rounds; returns a printer of its table and the
+    verdicts."""
+    size = args.pull_keys * args.pull_layers * args.pull_ppl * args.pull_page
+    got, rows, verdicts, command = {}, [], [], None
+    for tp in tps:
+        got[tp] = {"pull": [], "push": []}
+        for _ in range(args.pull_rounds):
+            for mode in ("pull", "push"):
+                gbps, command = pull_one(lab, args, tp, mode)
+                got[tp][mode].append(gbps)
+        pl, pu = statistics.median(got[tp]["pull"]), statistics.median(got[tp]["push"])
+        ok = pl >= PULL_TARGET * pu
+        verdicts.append((tp, ok))
+        rows.append([tp, pl, min(got[tp]["pull"]), max(got[tp]["pull"]), pu,
+                     min(got[tp]["push"]), max(got[tp]["push"]), scenlib.ratio(pl, pu),
+                     "met" if ok else "BELOW"])
+    figures["pull_vs_push"] = {"gbps": got, "bytes_per_run": size, "command": command}
+
+    def show():
+        scenlib.print_table(
+            "pull vs push (libbaton pull mode), the same sizes",
+            ["transport", "pull Gbit/s", "min", "max", "push Gbit/s", "min", "max", "pull/push",
+             "goal"], rows,
+            note=f"{args.pull_keys} keys of {args.pull_layers} layers x {args.pull_ppl} pages x "
+                 f"{args.pull_page} B ({size >> 20} MiB) per run, {args.pull_rounds} rounds, "
+                 f"pull and push alternating; medians over the rounds; every byte verified by "
+                 f"the puller after the clock stops; goal: pull >= {PULL_TARGET:.0%} of push. "
+                 f"Puller: {command} (the holder: baton-xfer-pull --hold [--push], same shape)")
+    return show, verdicts
+
+
 def main():
     ap = scenlib.arg_parser(__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=1,
@@ -111,10 +171,18 @@ def main():
     ap.add_argument("--slice", help="engine slice size, passed on (default 64K)")
     ap.add_argument("--lanes", type=int, help="tcp lanes, passed on (default 4)")
     ap.add_argument("--iperf-seconds", type=int, default=5, help="per iperf3 run (5)")
+    ap.add_argument("--pull-rounds", type=int, default=6,
+                    help="pull vs push: alternating rounds per transport (0: skip; 6)")
+    ap.add_argument("--pull-keys", type=int, default=16, help="pull vs push: keys per run (16)")
+    ap.add_argument("--pull-layers", type=int, default=16, help="... layers per key (16)")
+    ap.add_argument("--pull-ppl", type=int, default=16, help="... pages per layer (16)")
+    ap.add_argument("--pull-page", type=int, default=65536, help="... bytes per page (64 KiB)")
     args = ap.parse_args()
     if args.smoke:
         args.iperf_seconds = 1
         args.repeat = 1
+        args.pull_rounds = min(args.pull_rounds, 1)
+        args.pull_keys, args.pull_layers, args.pull_ppl = 2, 4, 4
     lanes = args.lanes or 4
     tps = [t for t in args.transports.split(",") if t]
     others = ",".join(t for t in tps if t != "tcp")
@@ -156,6 +224,11 @@ def main():
                   f"-> {one['load_end']:.2f})", flush=True)
             if one["exit"] != 0:
                 break
+        # pull vs push: tcp and shm (rdma has no pull figure of its own: a pull is served with
+        # RDMA WRITE, the push path)
+        pull_tps = [t for t in tps if t in ("tcp", "shm")]
+        pull_show, pull_verdicts = pull_vs_push(lab, args, pull_tps, figures) \
+            if args.pull_rounds > 0 and pull_tps else (None, [])
 
     reps = figures["repeats"]
     print(f"commands: {reps[0].get('command')} (per group of transports; x{len(reps)}, "
@@ -263,6 +336,8 @@ def main():
                  "(kv: the hand-off itself), offer to completion on the decode side. GB/s ratio: "
                  "median over repeats of engine / baseline of the same repeat. CPU ratio: "
                  "baseline CPU s/GB / engine CPU s/GB (both processes), 100% = same CPU per byte.")
+    if pull_show:
+        pull_show()
     bad = sum(rp.get("corrupt_rooms", 0) for rp in reps)
     vbytes = sum(rp.get("verified_bytes", 0) for rp in reps)
     print(f"\nbytes verified: {vbytes / 2**20:.1f} MiB, corrupt rooms: {bad}")
@@ -271,6 +346,11 @@ def main():
         print(f"targets (tcp >= {TCP_TARGET:.0%} of iperf3, shm >= {SHM_TARGET:.0%} of memcpy, "
               f"rooms >= 1 MiB and KV hand-offs): {len(verdicts) - len(missed)}/{len(verdicts)} "
               f"met" + (f"; below: {', '.join(missed)}" if missed else ""))
+    if pull_verdicts:
+        below = [t for t, ok in pull_verdicts if not ok]
+        print(f"pull vs push (pull >= {PULL_TARGET:.0%} of push): "
+              f"{len(pull_verdicts) - len(below)}/{len(pull_verdicts)} met"
+              + (f"; below: {', '.join(below)}" if below else ""))
     print(scenlib.load_now())
     scenlib.write_json(args.json, figures)
     worst = max(rp["exit"] for rp in reps)

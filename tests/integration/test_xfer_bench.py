@@ -1,6 +1,6 @@
 """test_xfer_bench.py — smoke runs of baton-xfer-bench (loadtest/xfer/) and of its scenario
 (loadtest/scenarios/transfer.py, transfer_layerwise.py): a second or two of small rooms over tcp and shm between two
-processes, every received byte checked; the JSON parses and says so; a server whose pattern
+processes, every received byte checked, and the scenario's pull vs push rows; the JSON parses and says so; a server whose pattern
 differs is caught as corruption; bad options are refused cleanly.
 """
 
@@ -110,6 +110,11 @@ def test_scenario_smoke():
     assert "corrupt rooms: 0" in out, out
     if "iperf3 is not installed" not in out:
         assert "### iperf3 on loopback" in out, out
+    # pull vs push (libbaton pull mode): both modes moved and verified every byte on each
+    assert "### pull vs push" in out, out
+    for tp in ("tcp", "shm"):
+        assert re.search(rf"^\| {tp} +\|.*\| +[0-9.]+x \| +(met|BELOW) \|$", out, re.M), out
+    assert re.search(r"pull vs push \(pull >= 90% of push\): \d/2 met", out), out
 
 
 def test_layerwise_scenario_smoke():
