@@ -424,6 +424,11 @@ void wk__job_complete(wk_job_t *job)
         }
         if (rc == 0)
             baton_http_respond(job->http, 200, "application/json", NULL, 0, b.data, b.len);
+        else if (rc == BATON_ETIMEOUT)
+            baton_http_respond_error(job->http, 503,
+                                     "the held KV pages expired before the answer "
+                                     "(--kv-hold-timeout-ms is shorter than the request)",
+                                     "server_error", NULL, "kv_hold_expired");
         else
             baton_http_respond_error(job->http, 500, "out of memory", "server_error", NULL,
                                      "internal_error");
@@ -435,7 +440,7 @@ void wk__job_complete(wk_job_t *job)
               "request_done id=%s route=%s items=%zu prompt_tokens=%llu "
               "completion_tokens=%llu",
               job->id, job->route, job->req.n_items, (unsigned long long)p, (unsigned long long)c);
-    wk_worker_count_request(w, job->route, rc == 0 ? 200 : 500);
+    wk_worker_count_request(w, job->route, rc == 0 ? 200 : rc == BATON_ETIMEOUT ? 503 : 500);
     observe_duration(w, job->route, job->start_ns);
     job_end(job, WK_JOB_DONE, "done"); /* nothing is left open by now; this only tidies */
     job_unlink_free(job);

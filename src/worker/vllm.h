@@ -86,7 +86,9 @@ int wk_vllm_hold_start(wk_vllm_t *v, const char *id, const wk_request_t *req, si
  * no callback follows. */
 void wk_vllm_hold_drop(wk_vllm_hold_t *h, const char *result);
 /* Adds the top-level kv_transfer_params naming the n holds of request `id` (every one exported)
- * to the answer `body` (the rendered JSON object) and hands the holds over. 0 or BATON_ENOMEM. */
+ * to the answer `body` (the rendered JSON object) and hands the holds over. 0, BATON_ETIMEOUT (a
+ * hold's export timed out before the answer: nothing is handed over, the request drops them),
+ * or BATON_ENOMEM. */
 int wk_vllm_answer(wk_vllm_t *v, const char *id, size_t n, baton_buf_t *body);
 
 /* POST /abort_requests {"request_ids": [...]}: releases the holds of those ids. */

@@ -33,6 +33,7 @@ struct wk_vllm_hold_s {
     wk_kv_export_t *ex;       /* the pages, exported once ready; NULL once the hold ended */
     uint32_t *slots, n_slots; /* their ids: the answer's remote_block_ids */
     int exported;             /* ready fired with 0 */
+    int ended;                /* counted as released; still the request's until it lets go */
     wk_vllm_ready_cb ready;   /* the request's, until the answer */
     void *data;
 };
@@ -61,7 +62,7 @@ int wk_vllm_create(wk_vllm_t **v_p, wk_worker_t *w, uint64_t hold_timeout_ms)
 
 /* The hold is over (its export's last word came, or it was let go): counted, then freed. The
  * pages are the export's to give back (kvxfer.h: only libbaton's end or an accepted release). */
-static void hold_end(wk_vllm_hold_t *h, const char *result)
+static void hold_count_end(wk_vllm_hold_t *h, const char *result)
 {
     wk_vllm_t *v = h->v;
     const char *lv[] = {result};
@@ -71,6 +72,13 @@ static void hold_end(wk_vllm_hold_t *h, const char *result)
         baton_gauge_add(v->m_held, -1);
     log_info(COMP, "kv_hold_released id=%s seq=%zu result=%s", h->id, h->index, result);
     baton_list_remove(&h->link);
+    h->ended = 1;
+}
+
+static void hold_end(wk_vllm_hold_t *h, const char *result)
+{
+    if (!h->ended)
+        hold_count_end(h, result);
     free(h->slots);
     free(h);
 }
@@ -97,7 +105,11 @@ static void on_hold_end(void *data, int status)
     if (status != 0 && status != BATON_ETIMEOUT)
         log_warn(COMP, "kv_hold_pull_failed id=%s seq=%zu err=%s", h->id, h->index,
                  baton_err_name(status));
-    hold_end(h, status == 0 ? "pulled" : status == BATON_ETIMEOUT ? "timeout" : "failed");
+    const char *result = status == 0 ? "pulled" : status == BATON_ETIMEOUT ? "timeout" : "failed";
+    if (h->ready) /* not answered yet (another sequence outlasted the timeout): the request */
+        hold_count_end(h, result); /* still holds h; its answer fails, its end frees h */
+    else
+        hold_end(h, result);
 }
 
 int wk_vllm_hold_start(wk_vllm_t *v, const char *id, const wk_request_t *req, size_t i,
@@ -153,7 +165,7 @@ int wk_vllm_hold_start(wk_vllm_t *v, const char *id, const wk_request_t *req, si
  * its own rules: reported by on_hold_end unless `detach`). */
 static int hold_release(wk_vllm_hold_t *h, int detach, const char *result)
 {
-    int rc = h->ex ? wk_kv_export_release(h->ex, detach, result) : 0;
+    int rc = h->ex && !h->ended ? wk_kv_export_release(h->ex, detach, result) : 0;
     if (rc == 0 || detach)
         hold_end(h, result);
     return rc;
@@ -170,17 +182,29 @@ int wk_vllm_answer(wk_vllm_t *v, const char *id, size_t n, baton_buf_t *body)
     json_t *blocks = json_array();
     json_t *ans = json_loadb(body->data, body->len, 0, NULL);
     int rc = blocks && json_is_object(ans) ? 0 : BATON_ENOMEM;
-    /* every sequence's pages, in sequence order (the decode pulls sequence i from key i) */
+    /* every sequence's pages, in sequence order (the decode pulls sequence i from key i); a hold
+     * that ended already (its export timed out) is not in the list any more */
+    wk_vllm_hold_t *found[64], **hs = n <= 64 ? found : calloc(n, sizeof(*hs));
+    size_t n_found = 0;
+    if (!hs)
+        rc = BATON_ENOMEM;
     for (size_t i = 0; rc == 0 && i < n; i++)
         for (baton_list_t *l = v->holds.next; l != &v->holds; l = l->next) {
             wk_vllm_hold_t *h = container_of(l, wk_vllm_hold_t, link);
-            if (h->index != i || strcmp(h->id, id) != 0)
-                continue;
-            h->ready = NULL; /* the holds live on by themselves from here */
-            for (uint32_t k = 0; k < h->n_slots; k++)
-                json_array_append_new(blocks, json_integer(h->slots[k]));
-            break;
+            if (h->index == i && strcmp(h->id, id) == 0) {
+                hs[n_found++] = h;
+                break;
+            }
         }
+    if (rc == 0 && n_found != n)
+        rc = BATON_ETIMEOUT;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        hs[i]->ready = NULL; /* the holds live on by themselves from here */
+        for (uint32_t k = 0; k < hs[i]->n_slots; k++)
+            json_array_append_new(blocks, json_integer(hs[i]->slots[k]));
+    }
+    if (hs != found)
+        free(hs);
     /* remote_host / remote_port: libbaton's bootstrap address, where the pull goes */
     json_t *ktp =
         rc ? NULL
@@ -194,7 +218,7 @@ int wk_vllm_answer(wk_vllm_t *v, const char *id, size_t n, baton_buf_t *body)
     json_decref(blocks);
     json_decref(ans);
     if (!text)
-        return BATON_ENOMEM; /* the holds time out on their own */
+        return rc ? rc : BATON_ENOMEM; /* handed over: the holds time out on their own */
     baton_buf_reset(body);
     rc = baton_buf_append(body, text, strlen(text)) ? BATON_ENOMEM : 0;
     free(text);

@@ -179,6 +179,26 @@ def test_nixl_export_and_pull():
         assert metric(p.port, "baton_worker_kv_holds") == 0
 
 
+def test_nixl_hold_expires_before_answer():
+    """A sequence's export times out while another sequence of the same request still computes
+    (one at a time, the second 3000 tokens long): the answer is a clean 503 kv_hold_expired, the
+    expired hold counts as "timeout", the other as "failed", and every page comes back."""
+    with Cluster("vllm-expire") as c:
+        p = c.worker("prefill", "--protocol", "vllm-nixl", "--kv-hold-timeout-ms", "50",
+                     "--prefill-us-per-token", "100", "--max-batch", "1")
+        res = post(p.port, "/v1/completions",
+                   {"prompt": ["short one", " ".join(["word"] * 3000)], "max_tokens": 3,
+                    "stream": False,
+                    "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}},
+                   timeout=30)
+        assert res.status == 503 and res.json()["error"]["code"] == "kv_hold_expired", res.text
+        assert metric(p.port, "baton_worker_kv_holds_released_total", {"result": "timeout"}) == 1
+        assert metric(p.port, "baton_worker_kv_holds_released_total", {"result": "failed"}) == 1
+        assert metric(p.port, "baton_worker_kv_holds") == 0
+        wait_until(lambda: metric(p.port, "baton_kv_pool_slots", {"state": "used"}) == 0, 10,
+                   what="pages back")
+
+
 def test_router_releases_stranded_blocks():
     """The decode dies after phase 1: the router's release frees the prefill's held pages at
     once (not at the prefill's own timeout), counted on both sides."""
@@ -284,7 +304,8 @@ def test_ttft_scenario_smoke():
 if __name__ == "__main__":
     t = TestRunner()
     for fn in (test_nixl_end_to_end, test_nixl_prefill_answer_and_release,
-               test_nixl_export_and_pull, test_router_releases_stranded_blocks, test_nixl_holder_killed,
+               test_nixl_export_and_pull, test_nixl_hold_expires_before_answer,
+               test_router_releases_stranded_blocks, test_nixl_holder_killed,
                test_mooncake_end_to_end, test_wrong_protocol_refused, test_ttft_scenario_smoke):
         t.run(fn)
     t.finish()
