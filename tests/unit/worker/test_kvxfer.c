@@ -255,9 +255,11 @@ static void send_open(room_t *rm)
     assert_int_equal(rm->matched, 0); /* never inside the call */
 }
 
-static void recv_start(room_t *rm)
+/* The decode's pages for rm, offered to the prefill (or pulled from its export). */
+static void recv_begin(room_t *rm, int pull)
 {
     wk_kv_prompt_t pr = prompt_of(rm);
+    pr.pull = pull;
     wk_kv_resv_t resv;
     uint32_t n = wk_kv_slots_for(E.d, rm->n_tokens);
     assert_int_equal(wk_kv_reserve(E.d, &resv, n, rm->slots, NULL, NULL), 0);
@@ -266,6 +268,11 @@ static void recv_start(room_t *rm)
                      0);
     assert_int_equal(rm->r->phase, WK_RECV_OFFERED);
     assert_int_equal(rm->got, 0);
+}
+
+static void recv_start(room_t *rm)
+{
+    recv_begin(rm, 0);
 }
 
 /* After the match: the prefill's pages, then every layer computed (written as it is, when
@@ -655,14 +662,7 @@ static wk_kv_export_t *export_room(const room_t *rm, uint32_t timeout_ms)
 
 static void pull_start(room_t *rm)
 {
-    wk_kv_prompt_t pr = prompt_of(rm);
-    pr.pull = 1;
-    wk_kv_resv_t resv;
-    uint32_t n = wk_kv_slots_for(E.d, rm->n_tokens);
-    assert_int_equal(wk_kv_reserve(E.d, &resv, n, rm->slots, NULL, NULL), 0);
-    assert_int_equal(wk_kv_recv_start(E.d, "127.0.0.1", wk_kv_listen_port(E.p), rm->id, &pr,
-                                      rm->slots, on_received, rm, &rm->r),
-                     0);
+    recv_begin(rm, 1);
 }
 
 static void export_pull(baton_xfer_transport_t tp)
