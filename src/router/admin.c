@@ -115,6 +115,16 @@ static void method_not_allowed(baton_http_req_t *req, const char *allow)
                  1);
 }
 
+/* The PD protocol fields (issue 12): in GET /workers and in the spec shared through etcd, so a
+ * replica registers a vLLM or DP worker as what it is. */
+static json_t *pd_fields_json(const baton_worker_t *w)
+{
+    return json_pack(
+        "{s:s, s:o, s:o, s:i}", "pd_protocol", baton_pd_protocol_name(w->pd_protocol), "engine_id",
+        w->engine_id ? json_string(w->engine_id) : json_null(), "bootstrap_addr",
+        w->bootstrap_addr ? json_string(w->bootstrap_addr) : json_null(), "dp_size", w->dp_size);
+}
+
 json_t *baton_admin_worker_json(const baton_worker_t *w)
 {
     json_t *labels = json_loads(w->labels_json, 0, NULL);
@@ -131,14 +141,8 @@ json_t *baton_admin_worker_json(const baton_worker_t *w)
         "healthy", baton_worker_health(w) == BATON_HEALTH_HEALTHY);
     if (j)
         json_object_set_new(j, "cache", baton_policy_worker_json(w)); /* issue 13 */
-    /* PD protocol fields (issue 12). */
     if (j)
-        json_object_update_new(
-            j, json_pack("{s:s, s:o, s:o, s:i}", "pd_protocol",
-                         baton_pd_protocol_name(w->pd_protocol), "engine_id",
-                         w->engine_id ? json_string(w->engine_id) : json_null(), "bootstrap_addr",
-                         w->bootstrap_addr ? json_string(w->bootstrap_addr) : json_null(),
-                         "dp_size", w->dp_size));
+        json_object_update_new(j, pd_fields_json(w));
     if (j && w->dp_size > 1) { /* this router's requests in flight per DP rank (dp_rank.h) */
         json_t *a = json_array();
         for (int r = 0; a && r < w->dp_size; r++)
@@ -153,12 +157,15 @@ json_t *baton_admin_spec_json(const baton_worker_t *w)
     json_t *labels = json_loads(w->labels_json, 0, NULL);
     if (labels == NULL)
         labels = json_object();
-    return json_pack("{s:s, s:s, s:o, s:o, s:o, s:i, s:f, s:o}", "url", w->url, "worker_type",
-                     baton_worker_role_name(w->role), "bootstrap_port",
-                     w->bootstrap_port >= 0 ? json_integer(w->bootstrap_port) : json_null(),
-                     "api_key", w->api_key ? json_string(w->api_key) : json_null(), "model_id",
-                     w->model_id ? json_string(w->model_id) : json_null(), "priority", w->priority,
-                     "cost", w->cost, "labels", labels);
+    json_t *j = json_pack("{s:s, s:s, s:o, s:o, s:o, s:i, s:f, s:o}", "url", w->url, "worker_type",
+                          baton_worker_role_name(w->role), "bootstrap_port",
+                          w->bootstrap_port >= 0 ? json_integer(w->bootstrap_port) : json_null(),
+                          "api_key", w->api_key ? json_string(w->api_key) : json_null(), "model_id",
+                          w->model_id ? json_string(w->model_id) : json_null(), "priority",
+                          w->priority, "cost", w->cost, "labels", labels);
+    if (j)
+        json_object_update_new(j, pd_fields_json(w));
+    return j;
 }
 
 /* ---- handlers ---- */

@@ -155,7 +155,10 @@ static void apply_put(baton_etcd_sync_t *s, const char *key, size_t klen, json_t
     if (cur != NULL) {
         int same = spec.role == cur->role && spec.bootstrap_port == cur->bootstrap_port &&
                    spec.priority == cur->priority && spec.cost == cur->cost &&
-                   same_str(spec.api_key, cur->api_key) && same_str(spec.model_id, cur->model_id);
+                   same_str(spec.api_key, cur->api_key) && same_str(spec.model_id, cur->model_id) &&
+                   (spec.pd_protocol == BATON_PD_UNSET || spec.pd_protocol == cur->pd_protocol) &&
+                   spec.dp_size == cur->dp_size && same_str(spec.engine_id, cur->engine_id) &&
+                   same_str(spec.bootstrap_addr, cur->bootstrap_addr);
         if (same) {
             json_t *a = json_loads(cur->labels_json, 0, NULL);
             json_t *b = json_loads(labels ? labels : "{}", 0, NULL);

@@ -392,6 +392,24 @@ def test_auth_user_password():
         os.unlink(pw)
 
 
+def test_pd_protocol_fields_shared(etcd):
+    """A vLLM Mooncake DP prefill registered through A reaches B with its protocol, engine id,
+    bootstrap address and dp_size (a replica must not see it as a plain SGLang worker)."""
+    prefix = "/t-proto"
+    with Cluster("etcd-proto") as c:
+        w = c.worker("regular")
+        a, b = two_routers(c, etcd.url(prefix))
+        spec = {"url": url(w.port), "worker_type": "prefill", "pd_protocol": "vllm-mooncake",
+                "engine_id": "eng-A", "bootstrap_addr": "http://127.0.0.1:8998", "dp_size": 2}
+        res = post(a.port, "/workers", spec)
+        assert res.status == 202, res.text
+        converge([b], lambda u: url(w.port) in u, "B sees A's vLLM prefill")
+        seen = [x for x in get(b.port, "/workers").json()["workers"] if x["url"] == url(w.port)]
+        assert len(seen) == 1, seen
+        for k in ("pd_protocol", "engine_id", "bootstrap_addr", "dp_size", "worker_type"):
+            assert seen[0][k] == spec[k], (k, seen[0])
+
+
 def test_convergence_scenario_smoke():
     """loadtest/scenarios/registry_convergence.py --smoke runs and reports every table."""
     import subprocess
@@ -419,6 +437,7 @@ def main():
         t.run(test_hung_member_watch_moves, etcd)
         t.run(test_all_members_down_keep_serving_then_resync, etcd)
         t.run(test_lease_expiry_removes_killed_worker, etcd)
+        t.run(test_pd_protocol_fields_shared, etcd)
     t.run(test_compacted_revision_resyncs)
     t.run(test_auth_user_password)
     t.run(test_convergence_scenario_smoke)
