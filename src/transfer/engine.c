@@ -1,6 +1,8 @@
 /* transfer/engine.c — engine lifecycle, the progress thread, and the command/event queues that
  * connect it to the caller's loop. */
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -390,6 +392,15 @@ static void progress_main(void *arg)
     baton_xfer_engine_t *eng = arg;
     if (eng->has_log)
         baton_log_sink_swap(&eng->log); /* this thread logs for this engine only */
+    /* Every socket write of the engine happens on this thread. A peer killed mid-write makes
+     * the kernel raise SIGPIPE in the writing thread, and its default action ends the HOST
+     * process (a library must not impose SIG_IGN on its host): blocked here, it stays pending
+     * on this thread only, the write fails with EPIPE and the lane / connection fails as it
+     * should (issue 12: a holder killed silently by its puller's death). */
+    sigset_t pipe_set;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, NULL);
     uv_run(&eng->ploop, UV_RUN_DEFAULT);
     int rc = uv_loop_close(&eng->ploop);
     if (rc != 0)
