@@ -64,6 +64,10 @@ extern "C" {
  *   thread, inside that call. Spurious wake-ups are possible: dispatch then runs nothing.
  *   A host that wants callbacks on another thread only has to poll the fd there.
  *
+ * Signals: every socket write of the engine is made on its progress thread, which blocks SIGPIPE
+ * (a peer killed mid-write makes the write fail with EPIPE and fails that peer, instead of ending
+ * the host process); the host's own signal dispositions are left alone.
+ *
  * In both modes callbacks never fire inside the call that started the work (a call that
  * returns an error fires no callback; a call that returns 0 fires its callback exactly once,
  * later), and "the caller thread" below means: the caller loop's thread (loop mode) or
@@ -599,8 +603,12 @@ BATON_API int baton_xfer_room_abort(baton_xfer_room_t *room, int reason);
  * Data path, honestly: the bytes move with the holder's writes on the negotiated transport
  * (RDMA WRITE, tcp lanes, shm copy), started by the pull; libbaton issues no RDMA READ.
  *
- * Threads: as the rest of the API. timeout_ms needs loop mode (a timer on the caller loop); in
- * own-progress mode it must be 0 (BATON_XFER_ENOTSUP otherwise): release on your own clock.
+ * Threads: as the rest of the API. timeout_ms works in both modes: in loop mode a timer on the
+ * caller loop ends the export; in own-progress mode the engine's progress thread checks the
+ * deadlines on its tick (every heartbeat_interval_ms / 5, 5..50 ms) and makes the engine fd
+ * readable once one is due, and baton_xfer_engine_dispatch runs the export's callback with
+ * BATON_XFER_ETIMEOUT (so it fires up to one tick late, never early). An export whose pull is
+ * being served when its timeout falls due is not timed out: the pull ends it by its own rules.
  * baton_xfer_engine_destroy drops exports still waiting, without their callbacks.
  */
 typedef struct {
@@ -608,7 +616,7 @@ typedef struct {
     uint32_t n_layers;           /* >= 1 */
     uint32_t pages_per_layer;    /* >= 1 */
     const baton_xfer_iov_t *src; /* n_layers * pages_per_layer sources, layer-major; copied */
-    uint32_t timeout_ms;         /* 0: none (see Threads above) */
+    uint32_t timeout_ms;         /* 0: none (see Threads above; both modes) */
     baton_xfer_done_t done;      /* sent with DONE (copied; payload <= DONE_PAYLOAD_MAX) */
 } baton_xfer_export_t;
 
@@ -616,8 +624,8 @@ typedef void (*baton_xfer_export_cb)(baton_xfer_engine_t *engine, uint64_t key, 
                                      void *data);
 
 /* Holder: 0, or BATON_XFER_EINVAL (bad shape, no sources, payload too long), BATON_XFER_EEXIST
- * (key already exported here), BATON_XFER_ENOTSUP (timeout in own-progress mode),
- * BATON_XFER_ESHUTDOWN, BATON_XFER_ENOMEM. */
+ * (key already exported here), BATON_XFER_ESHUTDOWN, BATON_XFER_ENOMEM. (Earlier builds refused a
+ * timeout in own-progress mode with BATON_XFER_ENOTSUP; it is accepted now.) */
 BATON_API int baton_xfer_export(baton_xfer_engine_t *engine, const baton_xfer_export_t *ex,
                                 baton_xfer_export_cb cb, void *data);
 

@@ -362,6 +362,11 @@ static void on_tick(uv_timer_t *t)
     }
     baton__droom_tick(eng, now);
     baton__proom_cuda_tick(eng);
+    /* Own-progress mode: an export deadline is due; wake the host through the engine fd. */
+    uint64_t due = atomic_load(&eng->pull_due_ms);
+    int idle = 0;
+    if (due != 0 && now >= due && atomic_compare_exchange_strong(&eng->wake_posted, &idle, 1))
+        baton__ev_post(eng, &eng->wake_ev);
 }
 
 void baton__maybe_finish_shutdown(baton_xfer_engine_t *eng)
@@ -494,6 +499,11 @@ static int dispatch_events(baton_xfer_engine_t *eng, int *closed_p)
             free_droom(dr);
             break;
         }
+        case BATON__EV_WAKE:
+            /* Cleared before the scan: a deadline that falls due meanwhile posts it again. */
+            atomic_store(&eng->wake_posted, 0);
+            baton__pull_on_wake(eng);
+            break;
         case BATON__EV_LAYER: {
             /* Queued before the room's OFFER_DONE (same FIFO), so dr is still alive. */
             baton__droom_t *dr = ev->u.droom;
@@ -753,6 +763,8 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
         eng->tick_ms = 50;
     baton_u64map_init(&eng->caller_rooms);
     baton_u64map_init(&eng->exports);
+    eng->wake_ev.type = BATON__EV_WAKE;
+    eng->wake_ev.embedded = 1;
     baton_u64map_init(&eng->drooms);
     baton_list_init(&eng->cmdq);
     baton_list_init(&eng->evq);

@@ -96,6 +96,7 @@ typedef enum {
     BATON__EV_PEER,
     BATON__EV_CLOSED,
     BATON__EV_LAYER, /* u.droom; the layer is the event's index in droom->layer_evs */
+    BATON__EV_WAKE,  /* own-progress mode: an export deadline is due (eng->wake_ev, embedded) */
 } baton__ev_type_t;
 
 typedef struct {
@@ -353,6 +354,14 @@ struct baton_xfer_engine_s {
     uint32_t next_mem_id;
     baton_u64map_t caller_rooms; /* open decode room ids */
     baton_u64map_t exports;      /* pull mode: key -> export (room_pull.c), caller thread */
+    /* Own-progress mode has no caller loop to run export timers: the caller thread publishes the
+     * earliest export deadline (baton_now_ms, 0: none) and the progress thread's tick posts
+     * wake_ev once it is due, which makes the engine fd readable; dispatch then expires the
+     * exports (room_pull.c). wake_posted: wake_ev is queued (set by progress, cleared by the
+     * dispatch that takes it), so the embedded event is never queued twice. */
+    atomic_uint_fast64_t pull_due_ms;
+    atomic_int wake_posted;
+    baton__ev_t wake_ev;
     int destroying;
     baton_xfer_close_cb close_cb;
     void *close_data;
@@ -508,6 +517,9 @@ int baton__pull_on_room(baton_xfer_engine_t *eng, baton_xfer_room_t *room);
 int baton__pull_on_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, int status);
 /* Destroy: exports still waiting are dropped without their callbacks. */
 void baton__pull_drop_all(baton_xfer_engine_t *eng);
+/* Own-progress mode, from dispatch (EV_WAKE): ends the exports whose deadline passed with
+ * BATON_ETIMEOUT and publishes the next deadline. */
+void baton__pull_on_wake(baton_xfer_engine_t *eng);
 
 /* ---- KV bootstrap authentication (ctrl_auth.c) ------------------------------------------- */
 

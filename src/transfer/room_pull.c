@@ -20,8 +20,9 @@ typedef struct export_s {
     baton_xfer_export_cb cb;
     void *data;
     baton_xfer_room_t *serving; /* the pull being served, NULL while waiting */
-    int has_timer;
+    int has_timer;              /* loop mode: the timeout runs on the caller loop */
     uv_timer_t timer;
+    uint64_t deadline_ms; /* own-progress mode: baton_now_ms() of the timeout, 0: none */
 } export_t;
 
 static void export_free(export_t *ex)
@@ -76,8 +77,6 @@ static int export_locked(baton_xfer_engine_t *eng, const baton_xfer_export_t *x,
         return BATON_EINVAL;
     if (eng->destroying)
         return BATON_ESHUTDOWN;
-    if (x->timeout_ms && eng->caller_loop == NULL)
-        return BATON_ENOTSUP;
     if (baton_u64map_get(&eng->exports, x->key) != NULL)
         return BATON_EEXIST;
     size_t n = (size_t)x->n_layers * x->pages_per_layer;
@@ -105,7 +104,12 @@ static int export_locked(baton_xfer_engine_t *eng, const baton_xfer_export_t *x,
         export_free(ex);
         return BATON_ENOMEM;
     }
-    if (x->timeout_ms) {
+    if (x->timeout_ms && eng->caller_loop == NULL) {
+        ex->deadline_ms = baton_now_ms() + x->timeout_ms;
+        uint64_t due = atomic_load(&eng->pull_due_ms);
+        if (due == 0 || ex->deadline_ms < due)
+            atomic_store(&eng->pull_due_ms, ex->deadline_ms);
+    } else if (x->timeout_ms) {
         uv_timer_init(eng->caller_loop, &ex->timer);
         ex->timer.data = ex;
         ex->has_timer = 1;
@@ -196,6 +200,45 @@ int baton__pull_on_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, int
     if (ex != NULL && ex->serving == room)
         export_end(ex, status);
     return 1; /* a refused pull's end is ours too */
+}
+
+void baton__pull_on_wake(baton_xfer_engine_t *eng)
+{
+    uint64_t now = baton_now_ms(), next = 0;
+    size_t it = 0;
+    export_t *ex;
+    /* Collect first: ending an export runs its callback, which may export or release keys
+     * (changing the table under the iteration). */
+    uint64_t *due = NULL;
+    size_t n_due = 0, cap = 0;
+    while ((ex = baton_u64map_next(&eng->exports, &it, NULL)) != NULL) {
+        if (ex->deadline_ms == 0 || ex->serving != NULL)
+            continue; /* a pull under way ends by its own rules, as in loop mode */
+        if (ex->deadline_ms > now) {
+            next = next == 0 || ex->deadline_ms < next ? ex->deadline_ms : next;
+            continue;
+        }
+        if (n_due == cap) {
+            size_t ncap = cap ? cap * 2 : 8;
+            uint64_t *nd = realloc(due, ncap * sizeof(*nd));
+            if (nd == NULL) { /* retried at the next tick */
+                next = now;
+                break;
+            }
+            due = nd;
+            cap = ncap;
+        }
+        due[n_due++] = ex->key;
+    }
+    /* Published before the callbacks: an export they make lowers it again. */
+    atomic_store(&eng->pull_due_ms, next);
+    for (size_t i = 0; i < n_due; i++) {
+        ex = baton_u64map_get(&eng->exports, due[i]);
+        /* still the expired export (a callback may have released it, or re-exported the key) */
+        if (ex != NULL && ex->serving == NULL && ex->deadline_ms != 0 && ex->deadline_ms <= now)
+            export_end(ex, BATON_ETIMEOUT);
+    }
+    free(due);
 }
 
 void baton__pull_drop_all(baton_xfer_engine_t *eng)
