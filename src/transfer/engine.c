@@ -145,6 +145,13 @@ int baton__tp_notsup_mem_add(baton__tp_peer_t *peer, uint32_t mem_id, uint64_t b
     return BATON_ENOTSUP;
 }
 
+int baton__tp_notsup_read(baton__tp_peer_t *peer, baton__tp_write_t *w)
+{
+    (void)peer;
+    (void)w;
+    return BATON_ENOTSUP;
+}
+
 int baton__tp_notsup_mem_del(baton__tp_peer_t *peer, uint32_t mem_id)
 {
     return BATON_ENOTSUP;

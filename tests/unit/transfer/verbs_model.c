@@ -132,6 +132,7 @@ struct vm_qp {
     uint64_t next_seq;    /* seq of the next posted WR */
     uint64_t retired_seq; /* WRs below this have had a covering CQE polled */
     int queued;           /* WRs not yet run or flushed */
+    int reads_queued;     /* RDMA READs among them */
     uint64_t events_gotten, events_acked;
 };
 
@@ -269,6 +270,7 @@ void vm_dev_cfg_default(vm_dev_cfg_t *cfg, int index)
     cfg->subnet = index;
     cfg->max_inline = VM_MAX_INLINE;
     cfg->max_msg_sz = 1u << 30;
+    cfg->max_rd_atom = 16;
 }
 
 /* Builds a port's GID table the way a ConnectX port shows it. */
@@ -602,6 +604,8 @@ static void wr_unlink(vm_wr_t *w)
     else
         M.wr_tail = w->prev;
     w->qp->queued--;
+    if (w->opcode == IBV_WR_RDMA_READ)
+        w->qp->reads_queued--;
     M.nqueued--;
 }
 
@@ -767,8 +771,8 @@ int __wrap_ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
     a->max_cqe = cfg->max_cqe;
     a->max_mr = 1 << 20;
     a->max_pd = 1 << 16;
-    a->max_qp_rd_atom = 16;
-    a->max_qp_init_rd_atom = 16;
+    a->max_qp_rd_atom = cfg->max_rd_atom;
+    a->max_qp_init_rd_atom = cfg->max_rd_atom;
     a->phys_port_cnt = cfg->nports;
     return 0;
 }
@@ -1407,9 +1411,9 @@ static int modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
         if (a->ah_attr.port_num && a->ah_attr.port_num != qp->info.port_num)
             return EINVAL;
     }
-    if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a->max_dest_rd_atomic > 16)
+    if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a->max_dest_rd_atomic > d->cfg.max_rd_atom)
         return EINVAL;
-    if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a->max_rd_atomic > 16)
+    if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a->max_rd_atomic > d->cfg.max_rd_atom)
         return EINVAL;
     if ((mask & IBV_QP_MIN_RNR_TIMER) && a->min_rnr_timer > 31)
         return EINVAL;
@@ -1606,6 +1610,14 @@ static int vm_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
             free(w);
             continue;
         }
+        if (w->opcode == IBV_WR_RDMA_READ) {
+            if (qp->reads_queued >= qp->info.max_rd_atomic)
+                misuse("RDMA READ beyond the initiator depth: %d queued, max_rd_atomic %d",
+                       qp->reads_queued, (int)qp->info.max_rd_atomic);
+            qp->reads_queued++;
+            if ((uint64_t)qp->reads_queued > M.st.max_reads_queued)
+                M.st.max_reads_queued = (uint64_t)qp->reads_queued;
+        }
         w->prev = M.wr_tail;
         if (M.wr_tail)
             M.wr_tail->next = w;
@@ -1703,6 +1715,8 @@ static enum ibv_wc_status wr_execute(vm_wr_t *w)
     if (pd->port_state[pport - 1] != IBV_PORT_ACTIVE ||
         ld->port_state[lport - 1] != IBV_PORT_ACTIVE)
         return IBV_WC_RETRY_EXC_ERR;
+    if (w->opcode == IBV_WR_RDMA_READ && qp->info.max_rd_atomic > peer->info.max_dest_rd_atomic)
+        return IBV_WC_REM_INV_REQ_ERR; /* more READs than the responder has resources for */
     unsigned need =
         w->opcode == IBV_WR_RDMA_READ ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
     if (!(peer->info.access_flags & need))
