@@ -287,6 +287,9 @@ static void run_cmd(baton_xfer_engine_t *eng, baton__cmd_t *cmd)
         }
         break;
     }
+    case BATON__CMD_GRANT:
+        baton__proom_grant(eng, cmd->u.grant);
+        break;
     case BATON__CMD_MEM_DEL:
         for (baton_list_t *it = eng->lmems.next; it != &eng->lmems; it = it->next) {
             baton__lmem_t *m = container_of(it, baton__lmem_t, link);
@@ -298,7 +301,10 @@ static void run_cmd(baton_xfer_engine_t *eng, baton__cmd_t *cmd)
         }
         for (baton_list_t *it = eng->conns.next; it != &eng->conns; it = it->next) {
             baton__conn_t *c = container_of(it, baton__conn_t, link);
-            if (c->role != BATON__ROLE_DECODE || c->state != BATON__CONN_UP)
+            /* decode-role connections hold our pages' keys; pullers (prefill role) hold our
+             * source regions' keys when a grant announced them (pull by RDMA READ) */
+            if (c->state != BATON__CONN_UP || (c->role != BATON__ROLE_DECODE &&
+                                               baton_u64map_del(&c->smems, cmd->u.mem_del) == NULL))
                 continue;
             baton_buf_t b = BATON_BUF_INIT;
             if (baton__enc_mem_del(&b, cmd->u.mem_del) == 0)
@@ -436,6 +442,7 @@ static void free_droom(baton__droom_t *dr)
     free(dr->pages);
     free(dr->layer_seen);
     free(dr->layer_evs);
+    free(dr->rd_sges);
     free(dr);
 }
 
