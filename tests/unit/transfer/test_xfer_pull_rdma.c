@@ -33,6 +33,7 @@ typedef struct {
     int64_t first_token;
     char payload[16];
     int closed;
+    int drive; /* the model runs WRs only when the test says so (vm_run in run_until) */
 } rt_t;
 
 static rt_t T;
@@ -95,7 +96,55 @@ static void run_until(int *counter, int want)
     while (*counter < want) {
         if (uv_hrtime() / 1000000 > deadline)
             fail_msg("timed out");
-        uv_run(&T.loop, UV_RUN_ONCE);
+        if (T.drive) {
+            vm_run();
+            uv_run(&T.loop, UV_RUN_NOWAIT);
+            uv_sleep(1);
+        } else {
+            uv_run(&T.loop, UV_RUN_ONCE);
+        }
+    }
+}
+
+/* Drive mode: runs the loop until the model holds at least one posted READ not yet run. */
+static void run_until_reads_queued(void)
+{
+    uint64_t deadline = uv_hrtime() / 1000000 + WAIT_MS;
+    while (vm_queued() == 0) {
+        if (uv_hrtime() / 1000000 > deadline)
+            fail_msg("no READ was posted");
+        uv_run(&T.loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+}
+
+/* Drive mode: loop turns until every QP on the holder's NICs (0, 1) has left RTS. */
+static void run_until_holder_qps_down(void)
+{
+    uint64_t deadline = uv_hrtime() / 1000000 + WAIT_MS;
+    for (;;) {
+        uint32_t qpns[64];
+        int n = vm_qp_list(qpns, 64), up = 0;
+        for (int i = 0; i < n && i < 64; i++) {
+            vm_qp_info_t qi;
+            vm_qp_info(qpns[i], &qi);
+            up += qi.dev < 2 && !qi.destroyed && qi.state == IBV_QPS_RTS;
+        }
+        if (up == 0)
+            return;
+        if (uv_hrtime() / 1000000 > deadline)
+            fail_msg("the holder's QPs stayed up");
+        uv_run(&T.loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+}
+
+/* Drive mode: a few loop turns while the model runs nothing (what must not happen yet). */
+static void idle_turns(void)
+{
+    for (int i = 0; i < 50; i++) {
+        uv_run(&T.loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
     }
 }
 
@@ -138,6 +187,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
+    T.drive = 1; /* whatever the test left queued runs (or flushes) */
+    vm_set_auto_execute(1);
     assert_int_equal(baton_xfer_mem_deregister(T.holder, T.src), 0);
     assert_int_equal(baton_xfer_mem_deregister(T.puller, T.dst), 0);
     baton_xfer_engine_destroy(T.holder, on_closed, NULL);
@@ -265,11 +316,70 @@ static void test_pull_read_fails_mid_way(void **state)
     assert_memory_equal(baton_xfer_mem_addr(T.dst), baton_xfer_mem_addr(T.src), LEN);
 }
 
+/* An abort while the READs are posted cannot recall them: the room waits for them (the pages
+ * are still being written by our own NIC), then ends with EABORTED, and READ_DONE makes the
+ * holder's export end with EABORTED too. Meanwhile the holder's region cannot be deregistered. */
+static void test_abort_while_reading(void **state)
+{
+    (void)state;
+    fill(0x44);
+    vm_set_auto_execute(0);
+    T.drive = 0;
+    assert_int_equal(do_export(11), 0);
+    assert_int_equal(do_pull(11), 0);
+    run_until_reads_queued(); /* the grant arrived, READs are posted, none ran */
+    assert_int_equal(baton_xfer_abort(T.puller, 11), 0);
+    idle_turns();
+    assert_int_equal(T.offer_cbs, 0); /* not while READs may still land */
+    assert_int_equal(T.export_cbs, 0);
+    assert_int_equal(baton_xfer_mem_deregister(T.holder, T.src), BATON_XFER_EBUSY);
+    assert_int_equal(baton_xfer_export_release(T.holder, 11), BATON_XFER_EBUSY);
+    T.drive = 1;
+    run_until(&T.offer_cbs, 1);
+    run_until(&T.export_cbs, 1);
+    assert_int_equal(T.offer_status, BATON_XFER_EABORTED);
+    assert_int_equal(T.export_status, BATON_XFER_EABORTED);
+    assert_int_equal(vm_queued(), 0);
+}
+
+/* The holder's engine goes away while the puller's READs are posted (as when its process dies):
+ * its connection is fenced (QPs to ERROR), the READs fail at its NIC, the puller's connection
+ * fails and fences, and the pull ends once with peer-down. */
+static void test_holder_gone_mid_read(void **state)
+{
+    (void)state;
+    fill(0x21);
+    vm_set_auto_execute(0);
+    T.drive = 0;
+    assert_int_equal(do_export(12), 0);
+    assert_int_equal(do_pull(12), 0);
+    run_until_reads_queued();
+    baton_xfer_engine_destroy(T.holder, on_closed, NULL); /* drops nothing: the pull is served */
+    run_until_holder_qps_down(); /* fenced before any of the puller's READs reached it */
+    assert_int_equal(T.offer_cbs, 0);
+    T.drive = 1;
+    run_until(&T.offer_cbs, 1);
+    assert_int_equal(T.offer_status, BATON_XFER_EPEERDOWN);
+    run_until(&T.closed, 1);
+    assert_int_equal(T.export_cbs, 1); /* the served pull ended with the engine */
+    assert_int_equal(T.export_status, BATON_XFER_ESHUTDOWN);
+    assert_int_equal(baton_xfer_mem_deregister(T.puller, T.dst), 0);
+    baton_xfer_engine_destroy(T.puller, on_closed, NULL);
+    run_until(&T.closed, 2);
+    assert_int_equal(uv_loop_close(&T.loop), 0);
+    vm_stats_t st;
+    vm_stats(&st);
+    assert_int_equal(st.misuse, 0);
+    assert_int_equal(vm_live_objects(), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_pull_by_rdma_read, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pull_read_fails_mid_way, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_abort_while_reading, setup, teardown),
+        cmocka_unit_test_setup(test_holder_gone_mid_read, setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
