@@ -182,11 +182,15 @@ int baton__proom_on_abort(baton__conn_t *c, uint64_t room_id, int reason)
 
 /* Appends a MEM frame for each source region of g the puller has not been told about on this
  * connection (its transport needs the rkeys); the keys die with the connection, and a region
- * deregistered later is withdrawn with MEM_DEL (engine.c). */
+ * deregistered later is withdrawn with MEM_DEL (engine.c). On failure the regions noted here are
+ * forgotten again (their frames are not sent): the puller refuses a region announced twice. */
 static int enc_source_mems(baton__conn_t *c, const baton__grant_cmd_t *g, baton_buf_t *b)
 {
+    uint32_t added[64];
+    size_t n_added = 0;
+    int rc = 0;
     baton_xfer_engine_t *eng = c->eng;
-    for (uint32_t i = 0; i < g->n_pages; i++) {
+    for (uint32_t i = 0; rc == 0 && i < g->n_pages; i++) {
         uint32_t id = g->pages[i].mem_id;
         if (baton_u64map_get(&c->smems, id) != NULL)
             continue;
