@@ -200,8 +200,10 @@ static int enc_source_mems(baton__conn_t *c, const baton__grant_cmd_t *g, baton_
             if (x->id == id)
                 m = x;
         }
-        if (m == NULL || !m->reg[c->tp_index])
-            return BATON_EINVAL; /* not registered with this transport (or withdrawn) */
+        if (m == NULL || !m->reg[c->tp_index] || n_added == sizeof(added) / sizeof(added[0])) {
+            rc = BATON_EINVAL; /* not registered with this transport (withdrawn), or too many */
+            break;
+        }
         baton__mem_t f = {m->id,
                           (uint8_t)m->kind,
                           m->base,
@@ -209,13 +211,16 @@ static int enc_source_mems(baton__conn_t *c, const baton__grant_cmd_t *g, baton_
                           (uint8_t)eng->tp_ids[c->tp_index],
                           m->blob_len[c->tp_index],
                           m->blob[c->tp_index]};
-        int rc = baton__enc_mem(b, &f);
+        rc = baton__enc_mem(b, &f);
         if (rc == 0)
             rc = baton_u64map_put(&c->smems, id, c);
-        if (rc != 0)
-            return rc;
+        if (rc == 0)
+            added[n_added++] = id;
     }
-    return 0;
+    if (rc != 0)
+        for (size_t k = 0; k < n_added; k++)
+            baton_u64map_del(&c->smems, added[k]);
+    return rc;
 }
 
 void baton__proom_grant(baton_xfer_engine_t *eng, baton__grant_cmd_t *g)
