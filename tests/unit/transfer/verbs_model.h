@@ -61,9 +61,11 @@
  * Timing: WRs are queued at post time and run only when the test calls vm_step()/vm_run()
  * (or at once with vm_set_auto_execute(1)), so a test decides exactly what has landed when.
  *
- * Threading: single-threaded like the tests, except that QP creation, modification and
- * destruction (ibv_create_qp / ibv_modify_qp / ibv_destroy_qp) take one model lock so that
- * two transports may create QPs from two threads at once.
+ * Threading: every entry point (the wrapped verbs, the provider ops post_send / poll_cq /
+ * req_notify_cq, and the vm_* calls) takes one recursive model lock, so two transports may
+ * create QPs from two threads at once, and whole engines may run on their progress threads
+ * (test_xfer_pull_rdma: WRs then run inside the posting thread's post_send with
+ * vm_set_auto_execute(1), or when the test thread calls vm_run).
  */
 
 #include <infiniband/verbs.h>
