@@ -330,7 +330,9 @@ void baton__droom_tick(baton_xfer_engine_t *eng, uint64_t now)
     size_t it = 0;
     baton__droom_t *dr;
     while ((dr = baton_u64map_next(&eng->drooms, &it, NULL)) != NULL) {
-        if ((dr->state == BATON__DR_SENT || dr->state == BATON__DR_QUEUED) &&
+        /* a pull whose READs are posted records the timeout and ends when they do */
+        if ((dr->state == BATON__DR_SENT || dr->state == BATON__DR_QUEUED ||
+             (dr->state == BATON__DR_READING && dr->read_abort == 0)) &&
             now - dr->t_offer_ms > limit) {
             log_warn(BATON__LOG, "room_timeout room=%" PRIu64 " after_ms=%" PRIu64, dr->room_id,
                      now - dr->t_offer_ms);

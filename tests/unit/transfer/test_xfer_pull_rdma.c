@@ -37,6 +37,7 @@ typedef struct {
 } rt_t;
 
 static rt_t T;
+static uint32_t g_puller_timeout_ms; /* the puller's room_timeout_ms (setup_timeout) */
 
 static uint8_t pattern(size_t i, unsigned salt)
 {
@@ -175,6 +176,7 @@ static int setup(void **state)
     assert_int_equal(baton_xfer_engine_create(&T.loop, &cfg, &cbs, &T.holder), 0);
     cfg.engine_id = "puller";
     cfg.listen_host = NULL;
+    cfg.room_timeout_ms = g_puller_timeout_ms;
     baton_xfer_callbacks_t none = {NULL, NULL, NULL, NULL};
     vm_set_visible(2, 2); /* the puller's */
     assert_int_equal(baton_xfer_engine_create(&T.loop, &cfg, &none, &T.puller), 0);
@@ -182,6 +184,14 @@ static int setup(void **state)
     assert_int_equal(baton_xfer_mem_alloc(T.holder, LEN, &T.src), 0);
     assert_int_equal(baton_xfer_mem_alloc(T.puller, LEN, &T.dst), 0);
     return 0;
+}
+
+static int setup_timeout(void **state)
+{
+    g_puller_timeout_ms = 1500; /* long enough for the grant to arrive on a loaded machine */
+    int rc = setup(state);
+    g_puller_timeout_ms = 0;
+    return rc;
 }
 
 static int teardown(void **state)
@@ -342,6 +352,27 @@ static void test_abort_while_reading(void **state)
     assert_int_equal(vm_queued(), 0);
 }
 
+/* room_timeout_ms passing while the READs are posted: the timeout is recorded, the room ends
+ * when they complete, with ETIMEOUT on both sides (READ_DONE carries it). */
+static void test_timeout_while_reading(void **state)
+{
+    (void)state;
+    fill(0x66);
+    vm_set_auto_execute(0);
+    T.drive = 0;
+    assert_int_equal(do_export(13), 0);
+    assert_int_equal(do_pull(13), 0);
+    run_until_reads_queued();
+    for (int i = 0; i < 50; i++) /* >= 2.5 s: well past the 1.5 s room timeout */
+        idle_turns();
+    assert_int_equal(T.offer_cbs, 0); /* not while READs may still land */
+    T.drive = 1;
+    run_until(&T.offer_cbs, 1);
+    run_until(&T.export_cbs, 1);
+    assert_int_equal(T.offer_status, BATON_XFER_ETIMEOUT);
+    assert_int_equal(T.export_status, BATON_XFER_ETIMEOUT);
+}
+
 /* The holder's engine goes away while the puller's READs are posted (as when its process dies):
  * its connection is fenced (QPs to ERROR), the READs fail at its NIC, the puller's connection
  * fails and fences, and the pull ends once with peer-down. */
@@ -379,6 +410,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_pull_by_rdma_read, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pull_read_fails_mid_way, setup, teardown),
         cmocka_unit_test_setup_teardown(test_abort_while_reading, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_timeout_while_reading, setup_timeout, teardown),
         cmocka_unit_test_setup(test_holder_gone_mid_read, setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
