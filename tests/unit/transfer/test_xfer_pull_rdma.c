@@ -2,7 +2,8 @@
  * process, their rdma transport on the verbs model): the puller READs the holder's exported pages
  * (no RDMA WRITE moves a byte), DONE's payload arrives with the grant, the holder's export ends
  * when the puller says READ_DONE; a released export is not readable; a READ failing mid-pull ends
- * the pull on both sides with peer-down, and the engines pull again after the reconnect. */
+ * the pull on both sides with peer-down and the engines pull again after the reconnect; an abort
+ * or a room timeout while READs are posted waits for them; the holder gone mid-read. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
