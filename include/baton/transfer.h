@@ -64,6 +64,10 @@ extern "C" {
  *   thread, inside that call. Spurious wake-ups are possible: dispatch then runs nothing.
  *   A host that wants callbacks on another thread only has to poll the fd there.
  *
+ * Signals: every socket write of the engine is made on its progress thread, which blocks SIGPIPE
+ * (a peer killed mid-write makes the write fail with EPIPE and fails that peer, instead of ending
+ * the host process); the host's own signal dispositions are left alone.
+ *
  * In both modes callbacks never fire inside the call that started the work (a call that
  * returns an error fires no callback; a call that returns 0 fires its callback exactly once,
  * later), and "the caller thread" below means: the caller loop's thread (loop mode) or
@@ -116,7 +120,7 @@ typedef struct baton_xfer_room_s baton_xfer_room_t; /* a room, as seen by the pr
 
 typedef enum {
     BATON_XFER_TRANSPORT_NONE = 0,
-    BATON_XFER_TRANSPORT_RDMA = 1, /* rdma-core verbs, RDMA WRITE */
+    BATON_XFER_TRANSPORT_RDMA = 1, /* rdma-core verbs, RDMA WRITE (pull mode: RDMA READ) */
     BATON_XFER_TRANSPORT_TCP = 2,  /* lanes of TCP connections, direct placement */
     BATON_XFER_TRANSPORT_SHM = 3,  /* same host: writer copies into the reader's memfd pages */
 } baton_xfer_transport_t;
@@ -588,7 +592,8 @@ BATON_API int baton_xfer_room_abort(baton_xfer_room_t *room, int reason);
  * serves one pull; a second pull while one is served is refused.
  *
  * Completion (export_cb, exactly once per export that returned 0, never inside a call; on the
- * caller thread): 0: the pull is done (every byte was acknowledged in place before DONE went);
+ * caller thread): 0: the pull is done (every byte was acknowledged in place before DONE went;
+ * over rdma READ: the puller's READ_DONE arrived, see below);
  * BATON_XFER_ETIMEOUT: no pull came within timeout_ms; otherwise the pull failed
  * (BATON_XFER_EPEERDOWN when the puller died or its connection broke mid-read,
  * BATON_XFER_EABORTED when it aborted, ...). Either way the export is over and, like a room's
@@ -596,11 +601,65 @@ BATON_API int baton_xfer_room_abort(baton_xfer_room_t *room, int reason);
  * incarnation rules of the write path apply unchanged (a restarted puller is a new
  * incarnation; its predecessor's pull failed with its connection).
  *
- * Data path, honestly: the bytes move with the holder's writes on the negotiated transport
- * (RDMA WRITE, tcp lanes, shm copy), started by the pull; libbaton issues no RDMA READ.
+ * Data path. tcp and shm: the holder's engine writes the sources into the pulled pages (tcp
+ * lanes, shm copy) and sends DONE, exactly as the write path above. rdma (both engines of
+ * control proto 4 or later; an older puller is served by RDMA WRITE as before): the PULLER
+ * reads. The holder answers the pull with GRANT on the control connection: the source pages'
+ * addresses and region ids, the rkeys of those regions (MEM frames, sent once per connection
+ * and region, withdrawn with MEM_DEL when the region is deregistered) and the export's `done`.
+ * The puller posts RDMA READs over the same RC queue pairs as the write path (slices of
+ * slice_size, striped over its QPs), never more READs outstanding on a QP than its initiator
+ * depth: max_rd_atomic at RTS = min(its device's max_qp_init_rd_atom, the holder's
+ * max_dest_rd_atomic as announced in the handshake, 16); the holder's QPs take up to
+ * min(max_qp_rd_atom, 16) as responder resources and grant IBV_ACCESS_REMOTE_READ, as do its
+ * memory registrations.
  *
- * Threads: as the rest of the API. timeout_ms needs loop mode (a timer on the caller loop); in
- * own-progress mode it must be 0 (BATON_XFER_ENOTSUP otherwise): release on your own clock.
+ * Completion over rdma READ. The puller's offer callback fires with 0 once the completion of
+ * its last READ has arrived (every READ of a QP is covered by a later signalled completion, the
+ * last WR on each QP is always signalled): the bytes are then in its pages, and the `done`
+ * passed is the one the GRANT carried. The puller then sends READ_DONE; the holder's export
+ * callback fires with 0 on it (its sources are the caller's again: no READ of the pull is in
+ * flight once the puller said so). A READ that completes in error (remote access error: bad
+ * rkey or a deregistered region; retry exceeded; the QP went to error) fails the puller's
+ * connection: its QPs go to ERROR and drain (fence), the pull's offer callback fires after the
+ * fence with BATON_XFER_EPEERDOWN, and the holder, seeing the connection close, fences its own
+ * side and ends the export with BATON_XFER_EPEERDOWN. A grant whose shape does not match the
+ * pulled pages, or that names a region this connection does not know, is refused before any
+ * READ is posted: READ_DONE carries the error (BATON_XFER_EPROTO / BATON_XFER_ERKEY), both
+ * callbacks get it.
+ *
+ * Abort over rdma READ. baton_xfer_abort (or room_timeout_ms) on a pull whose GRANT has not
+ * arrived sends ABORT as for any room (the holder answers ABORT_ACK, the export ends with
+ * BATON_XFER_EABORTED; a GRANT that crosses the ABORT is ignored, nothing is read). Once the
+ * READs are posted they cannot be recalled one by one: the abort is recorded, the room ends
+ * when they complete (or the connection fails and is fenced), with BATON_XFER_EABORTED (or
+ * ETIMEOUT), and READ_DONE tells the holder the same status. The holder never ends a granted
+ * pull on its own except by fencing the connection (engine destroy, peer down).
+ *
+ * Keys and fencing over rdma READ (what can still be read, and when). An rkey protects a whole
+ * registered region, not one export: the holder's NIC serves any READ on a live connection that
+ * carries the region's rkey and stays inside it. libbaton therefore (1) sends a region's keys
+ * only in answer to a pull of a live export, and only on that puller's current connection: a
+ * restarted puller (new incarnation) or a reconnect gets a new connection whose transport knows
+ * none of the old keys (they are refused locally, BATON_XFER_ERKEY, before anything is posted),
+ * and the old connection's QPs were moved to ERROR and destroyed, so no READ from them can be
+ * served; (2) holds the export's source regions (baton_xfer_mem_deregister returns
+ * BATON_XFER_EBUSY) until READ_DONE or the fence; (3) never releases a granted export early
+ * (baton_xfer_export_release returns BATON_XFER_EBUSY while a pull is served). What it does NOT
+ * do: revoke the rkey of a region whose export was released or ended while the region stays
+ * registered. A peer that keeps the keys of an earlier grant on the same live connection could
+ * still read that region (the libbaton puller never does: it reads only within a grant). Pages
+ * that must become unreadable to a connected peer after their export: deregister the region
+ * (its MRs are destroyed; a later READ ends in a remote access error) or put exports in their
+ * own regions. Per-export revocation (memory windows bound per grant and invalidated at the
+ * end) is not implemented. Authenticate peers (secret) so that only your engines connect.
+ *
+ * Threads: as the rest of the API. timeout_ms works in both modes: in loop mode a timer on the
+ * caller loop ends the export; in own-progress mode the engine's progress thread checks the
+ * deadlines on its tick (every heartbeat_interval_ms / 5, 5..50 ms) and makes the engine fd
+ * readable once one is due, and baton_xfer_engine_dispatch runs the export's callback with
+ * BATON_XFER_ETIMEOUT (so it fires up to one tick late, never early). An export whose pull is
+ * being served when its timeout falls due is not timed out: the pull ends it by its own rules.
  * baton_xfer_engine_destroy drops exports still waiting, without their callbacks.
  */
 typedef struct {
@@ -608,7 +667,7 @@ typedef struct {
     uint32_t n_layers;           /* >= 1 */
     uint32_t pages_per_layer;    /* >= 1 */
     const baton_xfer_iov_t *src; /* n_layers * pages_per_layer sources, layer-major; copied */
-    uint32_t timeout_ms;         /* 0: none (see Threads above) */
+    uint32_t timeout_ms;         /* 0: none (see Threads above; both modes) */
     baton_xfer_done_t done;      /* sent with DONE (copied; payload <= DONE_PAYLOAD_MAX) */
 } baton_xfer_export_t;
 
@@ -616,8 +675,8 @@ typedef void (*baton_xfer_export_cb)(baton_xfer_engine_t *engine, uint64_t key, 
                                      void *data);
 
 /* Holder: 0, or BATON_XFER_EINVAL (bad shape, no sources, payload too long), BATON_XFER_EEXIST
- * (key already exported here), BATON_XFER_ENOTSUP (timeout in own-progress mode),
- * BATON_XFER_ESHUTDOWN, BATON_XFER_ENOMEM. */
+ * (key already exported here), BATON_XFER_ESHUTDOWN, BATON_XFER_ENOMEM. (Earlier builds refused a
+ * timeout in own-progress mode with BATON_XFER_ENOTSUP; it is accepted now.) */
 BATON_API int baton_xfer_export(baton_xfer_engine_t *engine, const baton_xfer_export_t *ex,
                                 baton_xfer_export_cb cb, void *data);
 

@@ -32,6 +32,7 @@ baton__conn_t *baton__conn_new(baton_xfer_engine_t *eng, int role)
     c->t_start_ms = baton_now_ms();
     baton_u64map_init(&c->rooms);
     baton_u64map_init(&c->rmems);
+    baton_u64map_init(&c->smems);
     baton_heartbeat_init(&c->hb, eng->cfg.heartbeat_interval_ms, eng->cfg.heartbeat_misses,
                          c->t_start_ms);
     snprintf(c->addr, sizeof(c->addr), "?");
@@ -130,6 +131,7 @@ static void conn_finish(baton__conn_t *c)
     while ((rm = baton_u64map_next(&c->rmems, &it, NULL)) != NULL)
         free(rm);
     baton_u64map_free(&c->rmems);
+    baton_u64map_free(&c->smems);
     baton_u64map_free(&c->rooms);
     baton_buf_free(&c->rbuf);
     free(c->peer_hello);
@@ -269,7 +271,9 @@ static int allowed(const baton__conn_t *c, int type)
             return type == BATON__F_HEARTBEAT;
         case BATON__CONN_UP:
             return type == BATON__F_DONE || type == BATON__F_ABORT || type == BATON__F_ABORT_ACK ||
-                   type == BATON__F_HEARTBEAT || type == BATON__F_LAYER_DONE;
+                   type == BATON__F_HEARTBEAT || type == BATON__F_LAYER_DONE ||
+                   /* pull by RDMA READ: the holder's source regions and its grants */
+                   type == BATON__F_GRANT || type == BATON__F_MEM || type == BATON__F_MEM_DEL;
         default:
             return 0;
         }
@@ -279,7 +283,8 @@ static int allowed(const baton__conn_t *c, int type)
         return type == BATON__F_HEARTBEAT;
     case BATON__CONN_UP:
         return type == BATON__F_OFFER || type == BATON__F_ABORT || type == BATON__F_ABORT_ACK ||
-               type == BATON__F_HEARTBEAT || type == BATON__F_MEM || type == BATON__F_MEM_DEL;
+               type == BATON__F_HEARTBEAT || type == BATON__F_MEM || type == BATON__F_MEM_DEL ||
+               type == BATON__F_READ_DONE;
     default:
         return 0;
     }
@@ -321,6 +326,12 @@ static int dispatch(baton__conn_t *c, const baton__frame_t *f, const uint8_t *re
     case BATON__F_LAYER_DONE:
         *why = "bad LAYER_DONE";
         return baton__droom_on_layer_done(c, f->u.layer_done.room, f->u.layer_done.layer);
+    case BATON__F_GRANT:
+        *why = "bad GRANT";
+        return baton__droom_on_grant(c, &f->u.grant);
+    case BATON__F_READ_DONE:
+        *why = "bad READ_DONE";
+        return baton__proom_on_read_done(c, f->u.read_done.room, f->u.read_done.status);
     case BATON__F_ABORT_ACK:
         if (c->role == BATON__ROLE_DECODE)
             return baton__droom_on_abort_ack(c, f->u.abort_ack.room);

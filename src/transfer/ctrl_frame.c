@@ -125,6 +125,13 @@ static int body_bounds(int type, uint32_t *min_p, uint32_t *max_p)
         lo = AUTH_FIXED + 1;
         hi = AUTH_FIXED + BATON__ID_MAX;
         break;
+    case BATON__F_GRANT:
+        lo = DONE_FIXED + 4 + BATON__OFFER_PAGE_BYTES;
+        hi = DONE_FIXED + BATON__DONE_MAX + 4 + BATON__OFFER_MAX_PAGES * BATON__OFFER_PAGE_BYTES;
+        break;
+    case BATON__F_READ_DONE:
+        lo = hi = 12;
+        break;
     default:
         return -1;
     }
@@ -421,6 +428,34 @@ int baton__frame_decode(const uint8_t *buf, size_t len, baton__frame_t *f, size_
         f->u.layer_done.layer = get32(&r);
         /* n_layers of an OFFER is a u32 too; whether the layer exists is the room's check. */
         break;
+    case BATON__F_GRANT: {
+        baton__grant_t *g = &f->u.grant;
+        g->done.room = get64(&r);
+        g->done.status = (int32_t)get32(&r);
+        g->done.first_token = (int64_t)get64(&r);
+        g->done.payload_len = get16(&r);
+        if (r.bad || g->done.payload_len > BATON__DONE_MAX || r.left < g->done.payload_len + 4u)
+            FAIL(BATON_EPROTO, "grant: payload length mismatch");
+        g->done.payload = get_bytes(&r, g->done.payload_len);
+        g->n_pages = get32(&r);
+        if (g->n_pages == 0 || g->n_pages > BATON__OFFER_MAX_PAGES ||
+            r.left != (size_t)g->n_pages * BATON__OFFER_PAGE_BYTES)
+            FAIL(BATON_EPROTO, "grant: page count mismatch");
+        g->pages_raw = get_bytes(&r, r.left);
+        for (uint32_t i = 0; i < g->n_pages; i++) {
+            baton__offer_page_t pg;
+            baton__grant_page(g, i, &pg);
+            if (pg.addr == 0 || pg.len == 0 || pg.mem_id == 0 || pg.addr > UINT64_MAX - pg.len)
+                FAIL(BATON_EPROTO, "grant: bad page");
+        }
+        break;
+    }
+    case BATON__F_READ_DONE:
+        f->u.read_done.room = get64(&r);
+        f->u.read_done.status = (int32_t)get32(&r);
+        if (f->u.read_done.status > 0)
+            FAIL(BATON_EPROTO, "read_done: positive status");
+        break;
     }
     if (rc != 0)
         return rc;
@@ -428,6 +463,14 @@ int baton__frame_decode(const uint8_t *buf, size_t len, baton__frame_t *f, size_
         FAIL(BATON_EPROTO, "body length mismatch");
     *consumed = BATON__FRAME_HDR + body;
     return 0;
+}
+
+void baton__grant_page(const baton__grant_t *g, uint32_t i, baton__offer_page_t *page)
+{
+    rd_t r = {g->pages_raw + (size_t)i * BATON__OFFER_PAGE_BYTES, BATON__OFFER_PAGE_BYTES, 0};
+    page->addr = get64(&r);
+    page->len = get32(&r);
+    page->mem_id = get32(&r);
 }
 
 void baton__offer_page(const baton__offer_t *o, uint32_t i, baton__offer_page_t *page)
@@ -575,6 +618,43 @@ int baton__enc_done(baton_buf_t *out, uint64_t room, int32_t status, int64_t fir
     w64(&w, (uint64_t)first_token);
     w16(&w, payload_len);
     wbytes(&w, payload, payload_len);
+    return 0;
+}
+
+int baton__enc_grant(baton_buf_t *out, uint64_t room, int32_t status, int64_t first_token,
+                     const uint8_t *payload, uint16_t payload_len, uint32_t n_pages,
+                     const baton__offer_page_t *pages)
+{
+    if (payload_len > BATON__DONE_MAX || n_pages == 0 || n_pages > BATON__OFFER_MAX_PAGES)
+        return BATON_EINVAL;
+    uint8_t *p =
+        frame_begin(out, BATON__F_GRANT,
+                    DONE_FIXED + payload_len + 4 + (uint64_t)n_pages * BATON__OFFER_PAGE_BYTES);
+    if (p == NULL)
+        return BATON_ENOMEM;
+    wr_t w = {p};
+    w64(&w, room);
+    w32(&w, (uint32_t)status);
+    w64(&w, (uint64_t)first_token);
+    w16(&w, payload_len);
+    wbytes(&w, payload, payload_len);
+    w32(&w, n_pages);
+    for (uint32_t i = 0; i < n_pages; i++) {
+        w64(&w, pages[i].addr);
+        w32(&w, pages[i].len);
+        w32(&w, pages[i].mem_id);
+    }
+    return 0;
+}
+
+int baton__enc_read_done(baton_buf_t *out, uint64_t room, int32_t status)
+{
+    uint8_t *p = frame_begin(out, BATON__F_READ_DONE, 12);
+    if (p == NULL)
+        return BATON_ENOMEM;
+    wr_t w = {p};
+    w64(&w, room);
+    w32(&w, (uint32_t)(status > 0 ? -status : status));
     return 0;
 }
 
@@ -726,8 +806,9 @@ void baton__enc_wack_fixed(uint8_t out[BATON__WACK_SIZE], uint32_t seq, int32_t 
 const char *baton__ftype_name(int type)
 {
     static const char *const names[] = {
-        "?",       "HELLO",      "OFFER",    "DONE",  "ABORT", "ABORT_ACK",  "HEARTBEAT", "MEM",
-        "MEM_DEL", "LANE_HELLO", "LANE_ACK", "WRITE", "WACK",  "LAYER_DONE", "AUTH"};
+        "?",         "HELLO",      "OFFER",   "DONE",       "ABORT",    "ABORT_ACK",
+        "HEARTBEAT", "MEM",        "MEM_DEL", "LANE_HELLO", "LANE_ACK", "WRITE",
+        "WACK",      "LAYER_DONE", "AUTH",    "GRANT",      "READ_DONE"};
     if (type < 1 || type > BATON__F_MAX_TYPE)
         return "?";
     return names[type];

@@ -51,6 +51,14 @@
  *   3  + OFFER's trailing first_page: pages below it (in every layer) are cached on the decode
  *      side and not offered. A decode engine sends it only to a prefill of proto >= 3 (an
  *      older one would refuse the length); without it the OFFER is byte for byte proto 1's.
+ *   4  + pull mode by RDMA READ (room_pull.c): on an rdma connection, a holder answers a pull
+ *      (an OFFER for an exported key) with MEM frames for its source regions (prefill ->
+ *      decode: the puller's transport learns their rkeys) and GRANT, instead of writing; the
+ *      puller READs the pages and answers READ_DONE. Only to / from peers of proto >= 4.
+ *   GRANT      u64 room, i32 status, i64 first_token, u16 payload_len, payload (DONE's fields),
+ *              u32 n_pages, n_pages x (u64 addr, u32 len, u32 mem_id)   (prefill -> decode)
+ *   READ_DONE  u64 room, i32 status: the puller's READs of the room are over: 0 all in place,
+ *              else why it stopped; none of them is in flight anymore     (decode -> prefill)
  *
  * WRITE is the one frame whose body is not buffered: the decoder returns its 24 fixed bytes and
  * the data length, and the receiver reads the data straight into the destination page.
@@ -58,9 +66,10 @@
 
 #define BATON__WIRE_MAGIC       0x4E544142u
 #define BATON__WIRE_VERSION     1
-#define BATON__PROTO_VERSION    3
+#define BATON__PROTO_VERSION    4
 #define BATON__PROTO_LAYER_DONE 2 /* first proto with LAYER_DONE */
 #define BATON__PROTO_FIRST_PAGE 3 /* first proto with OFFER's first_page */
+#define BATON__PROTO_PULL_READ  4 /* first proto with GRANT / READ_DONE (pull by RDMA READ) */
 #define BATON__FRAME_HDR        16
 #define BATON__FRAME_MAX        (4u << 20) /* largest body of a buffered frame */
 #define BATON__WRITE_FIXED      24
@@ -88,8 +97,10 @@ typedef enum {
     BATON__F_WACK = 12,
     BATON__F_LAYER_DONE = 13,
     BATON__F_AUTH = 14,
+    BATON__F_GRANT = 15,
+    BATON__F_READ_DONE = 16,
 } baton__ftype_t;
-#define BATON__F_MAX_TYPE 14
+#define BATON__F_MAX_TYPE 16
 
 enum { BATON__ROLE_DECODE = 1, BATON__ROLE_PREFILL = 2 };
 
@@ -148,6 +159,13 @@ typedef struct {
     uint16_t payload_len;
     const uint8_t *payload;
 } baton__done_t;
+
+/* GRANT: the holder's answer to a pull on rdma (DONE's fields, then the source pages). */
+typedef struct {
+    baton__done_t done;
+    uint32_t n_pages;
+    const uint8_t *pages_raw; /* n_pages x 16 bytes, read with baton__grant_page */
+} baton__grant_t;
 
 typedef struct {
     uint32_t mem_id;
@@ -208,6 +226,11 @@ typedef struct {
             uint32_t layer;
         } layer_done;
         baton__auth_t auth;
+        baton__grant_t grant;
+        struct {
+            uint64_t room;
+            int32_t status;
+        } read_done;
     } u;
 } baton__frame_t;
 
@@ -225,6 +248,8 @@ int baton__frame_decode(const uint8_t *buf, size_t len, baton__frame_t *f, size_
 
 /* Page i (< n_pages) of a decoded OFFER. */
 void baton__offer_page(const baton__offer_t *o, uint32_t i, baton__offer_page_t *page);
+/* Page i (< n_pages) of a decoded GRANT (the holder's source page). */
+void baton__grant_page(const baton__grant_t *g, uint32_t i, baton__offer_page_t *page);
 
 /* Encoders append one frame to out. 0 or BATON_ENOMEM / BATON_EINVAL (a field out of range). */
 int baton__enc_hello(baton_buf_t *out, const baton__hello_t *h);
@@ -249,6 +274,10 @@ int baton__enc_lane_ack(baton_buf_t *out, uint32_t lane, int32_t status);
 int baton__enc_wack(baton_buf_t *out, uint32_t seq, int32_t status);
 int baton__enc_layer_done(baton_buf_t *out, uint64_t room, uint32_t layer);
 int baton__enc_auth(baton_buf_t *out, const baton__auth_t *a);
+int baton__enc_grant(baton_buf_t *out, uint64_t room, int32_t status, int64_t first_token,
+                     const uint8_t *payload, uint16_t payload_len, uint32_t n_pages,
+                     const baton__offer_page_t *pages);
+int baton__enc_read_done(baton_buf_t *out, uint64_t room, int32_t status);
 
 /* Fixed-size encoders for the lane hot path (no allocation). */
 void baton__enc_write_hdr(uint8_t out[BATON__WRITE_HDR], uint64_t room, uint64_t addr,

@@ -1,6 +1,8 @@
 /* transfer/engine.c — engine lifecycle, the progress thread, and the command/event queues that
  * connect it to the caller's loop. */
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,6 +145,13 @@ int baton__tp_notsup_mem_add(baton__tp_peer_t *peer, uint32_t mem_id, uint64_t b
     return BATON_ENOTSUP;
 }
 
+int baton__tp_notsup_read(baton__tp_peer_t *peer, baton__tp_write_t *w)
+{
+    (void)peer;
+    (void)w;
+    return BATON_ENOTSUP;
+}
+
 int baton__tp_notsup_mem_del(baton__tp_peer_t *peer, uint32_t mem_id)
 {
     return BATON_ENOTSUP;
@@ -278,6 +287,9 @@ static void run_cmd(baton_xfer_engine_t *eng, baton__cmd_t *cmd)
         }
         break;
     }
+    case BATON__CMD_GRANT:
+        baton__proom_grant(eng, cmd->u.grant);
+        break;
     case BATON__CMD_MEM_DEL:
         for (baton_list_t *it = eng->lmems.next; it != &eng->lmems; it = it->next) {
             baton__lmem_t *m = container_of(it, baton__lmem_t, link);
@@ -289,7 +301,10 @@ static void run_cmd(baton_xfer_engine_t *eng, baton__cmd_t *cmd)
         }
         for (baton_list_t *it = eng->conns.next; it != &eng->conns; it = it->next) {
             baton__conn_t *c = container_of(it, baton__conn_t, link);
-            if (c->role != BATON__ROLE_DECODE || c->state != BATON__CONN_UP)
+            /* decode-role connections hold our pages' keys; pullers (prefill role) hold our
+             * source regions' keys when a grant announced them (pull by RDMA READ) */
+            if (c->state != BATON__CONN_UP || (c->role != BATON__ROLE_DECODE &&
+                                               baton_u64map_del(&c->smems, cmd->u.mem_del) == NULL))
                 continue;
             baton_buf_t b = BATON_BUF_INIT;
             if (baton__enc_mem_del(&b, cmd->u.mem_del) == 0)
@@ -360,6 +375,11 @@ static void on_tick(uv_timer_t *t)
     }
     baton__droom_tick(eng, now);
     baton__proom_cuda_tick(eng);
+    /* Own-progress mode: an export deadline is due; wake the host through the engine fd. */
+    uint64_t due = atomic_load(&eng->pull_due_ms);
+    int idle = 0;
+    if (due != 0 && now >= due && atomic_compare_exchange_strong(&eng->wake_posted, &idle, 1))
+        baton__ev_post(eng, &eng->wake_ev);
 }
 
 void baton__maybe_finish_shutdown(baton_xfer_engine_t *eng)
@@ -390,6 +410,15 @@ static void progress_main(void *arg)
     baton_xfer_engine_t *eng = arg;
     if (eng->has_log)
         baton_log_sink_swap(&eng->log); /* this thread logs for this engine only */
+    /* Every socket write of the engine happens on this thread. A peer killed mid-write makes
+     * the kernel raise SIGPIPE in the writing thread, and its default action ends the HOST
+     * process (a library must not impose SIG_IGN on its host): blocked here, it stays pending
+     * on this thread only, the write fails with EPIPE and the lane / connection fails as it
+     * should (issue 12: a holder killed silently by its puller's death). */
+    sigset_t pipe_set;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, NULL);
     uv_run(&eng->ploop, UV_RUN_DEFAULT);
     int rc = uv_loop_close(&eng->ploop);
     if (rc != 0)
@@ -413,6 +442,7 @@ static void free_droom(baton__droom_t *dr)
     free(dr->pages);
     free(dr->layer_seen);
     free(dr->layer_evs);
+    free(dr->rd_sges);
     free(dr);
 }
 
@@ -483,6 +513,11 @@ static int dispatch_events(baton_xfer_engine_t *eng, int *closed_p)
             free_droom(dr);
             break;
         }
+        case BATON__EV_WAKE:
+            /* Cleared before the scan: a deadline that falls due meanwhile posts it again. */
+            atomic_store(&eng->wake_posted, 0);
+            baton__pull_on_wake(eng);
+            break;
         case BATON__EV_LAYER: {
             /* Queued before the room's OFFER_DONE (same FIFO), so dr is still alive. */
             baton__droom_t *dr = ev->u.droom;
@@ -742,6 +777,8 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
         eng->tick_ms = 50;
     baton_u64map_init(&eng->caller_rooms);
     baton_u64map_init(&eng->exports);
+    eng->wake_ev.type = BATON__EV_WAKE;
+    eng->wake_ev.embedded = 1;
     baton_u64map_init(&eng->drooms);
     baton_list_init(&eng->cmdq);
     baton_list_init(&eng->evq);

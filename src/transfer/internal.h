@@ -48,6 +48,7 @@ typedef enum {
     BATON__CMD_MEM_ADD,
     BATON__CMD_MEM_DEL,
     BATON__CMD_SHUTDOWN,
+    BATON__CMD_GRANT, /* pull by RDMA READ: u.grant (room_pull.c -> room_prefill.c) */
 } baton__cmd_type_t;
 
 typedef struct baton__droom_s baton__droom_t;
@@ -62,6 +63,14 @@ typedef struct {
     uint16_t len;
     uint8_t payload[BATON_XFER_DONE_PAYLOAD_MAX];
 } baton__done_copy_t;
+
+/* A holder's grant of its source pages to a puller (pull by RDMA READ), caller -> progress. */
+typedef struct {
+    baton_xfer_room_t *room; /* ref held */
+    baton__done_copy_t done;
+    uint32_t n_pages;
+    baton__offer_page_t pages[]; /* the sources, layer-major; mem_id: the holder's region */
+} baton__grant_cmd_t;
 
 typedef struct baton__cmd_s {
     baton_list_t link;
@@ -85,6 +94,7 @@ typedef struct baton__cmd_s {
         } pabort;
         baton__lmem_t *mem_add;
         uint32_t mem_del;
+        baton__grant_cmd_t *grant;
     } u;
 } baton__cmd_t;
 
@@ -96,6 +106,7 @@ typedef enum {
     BATON__EV_PEER,
     BATON__EV_CLOSED,
     BATON__EV_LAYER, /* u.droom; the layer is the event's index in droom->layer_evs */
+    BATON__EV_WAKE,  /* own-progress mode: an export deadline is due (eng->wake_ev, embedded) */
 } baton__ev_type_t;
 
 typedef struct {
@@ -164,6 +175,7 @@ typedef enum {
     BATON__DR_SENT,       /* OFFER sent */
     BATON__DR_ABORTING,   /* ABORT sent, waiting for ABORT_ACK / DONE / fence */
     BATON__DR_FAILING,    /* its connection failed; completes after the fence */
+    BATON__DR_READING,    /* pull by RDMA READ: GRANT arrived, our READs are in flight */
 } baton__droom_state_t;
 
 typedef struct {
@@ -200,6 +212,11 @@ struct baton__droom_s {
     baton__droom_state_t state;
     int abort_status; /* what an abort reports (EABORTED, ETIMEOUT) */
     uint64_t t_offer_ms;
+    /* pull by RDMA READ (progress thread): the READ request over the holder's granted pages,
+     * and the status an abort / timeout asked for while it ran (it ends with the READs) */
+    baton__tp_write_t rd;
+    baton__tp_sge_t *rd_sges;
+    int read_abort;
     /* result, read by the caller with the event */
     int status;
     baton__done_copy_t done;
@@ -211,6 +228,7 @@ typedef enum {
     BATON__PR_ABORT_LOCAL, /* our abort: ABORT waits for in-flight writes */
     BATON__PR_ABORT_PEER,  /* peer's ABORT: ABORT_ACK waits for in-flight writes */
     BATON__PR_CLOSED,
+    BATON__PR_GRANTED, /* pull by RDMA READ: GRANT sent, the puller reads until READ_DONE */
 } baton__proom_state_t;
 
 struct baton_xfer_room_s {
@@ -231,7 +249,9 @@ struct baton_xfer_room_s {
     int caller_writes;  /* write calls whose callback has not run yet */
     int closed_pending; /* ROOM_CLOSED arrived while writes were outstanding */
     int closed_status;
-    int pull; /* served (or refused) by pull mode, not the application's (room_pull.c) */
+    int pull;            /* served (or refused) by pull mode, not the application's (room_pull.c) */
+    uint16_t peer_proto; /* the decode peer's HELLO proto (GRANT only to >= 4) */
+    uint64_t granted_bytes; /* progress thread: bytes a GRANT offered (stats at READ_DONE) */
     /* progress thread */
     baton__conn_t *conn;
     baton__proom_state_t state;
@@ -298,7 +318,8 @@ struct baton__conn_s {
     baton__hello_t *peer_hello;            /* prefill: copy kept while trying transports */
     uint8_t *peer_hello_buf;
     baton_u64map_t rooms; /* room id -> droom (decode) or room (prefill) */
-    baton_u64map_t rmems; /* prefill: mem id -> rmem */
+    baton_u64map_t rmems; /* prefill: mem id -> rmem; decode: the holder's source regions */
+    baton_u64map_t smems; /* prefill: our regions announced to this puller (MEM), id -> 1 */
     baton_heartbeat_t hb;
     uint64_t hb_seq;
     int fail_status;
@@ -353,6 +374,14 @@ struct baton_xfer_engine_s {
     uint32_t next_mem_id;
     baton_u64map_t caller_rooms; /* open decode room ids */
     baton_u64map_t exports;      /* pull mode: key -> export (room_pull.c), caller thread */
+    /* Own-progress mode has no caller loop to run export timers: the caller thread publishes the
+     * earliest export deadline (baton_now_ms, 0: none) and the progress thread's tick posts
+     * wake_ev once it is due, which makes the engine fd readable; dispatch then expires the
+     * exports (room_pull.c). wake_posted: wake_ev is queued (set by progress, cleared by the
+     * dispatch that takes it), so the embedded event is never queued twice. */
+    atomic_uint_fast64_t pull_due_ms;
+    atomic_int wake_posted;
+    baton__ev_t wake_ev;
     int destroying;
     baton_xfer_close_cb close_cb;
     void *close_data;
@@ -475,6 +504,8 @@ int baton__droom_on_done(baton__conn_t *conn, const baton__done_t *d);
 int baton__droom_on_abort(baton__conn_t *conn, uint64_t room_id, int reason);
 int baton__droom_on_abort_ack(baton__conn_t *conn, uint64_t room_id);
 int baton__droom_on_layer_done(baton__conn_t *conn, uint64_t room_id, uint32_t layer);
+/* Pull by RDMA READ: the holder granted its pages; READ them (room_decode.c). */
+int baton__droom_on_grant(baton__conn_t *conn, const baton__grant_t *g);
 void baton__droom_tick(baton_xfer_engine_t *eng, uint64_t now);
 int baton__resolve_dst(baton__tp_peer_t *tpp, uint64_t room_id, uint32_t page, uint64_t addr,
                        uint64_t len, void **dst_p);
@@ -483,6 +514,9 @@ void baton__placed(baton__tp_peer_t *tpp, uint64_t room_id, uint64_t len);
 /* ---- room_prefill.c ----------------------------------------------------------------------- */
 int baton__proom_on_offer(baton__conn_t *conn, const baton__offer_t *o);
 int baton__proom_on_abort(baton__conn_t *conn, uint64_t room_id, int reason);
+/* Pull by RDMA READ: sends the source regions' MEM frames and GRANT (takes g). */
+void baton__proom_grant(baton_xfer_engine_t *eng, baton__grant_cmd_t *g);
+int baton__proom_on_read_done(baton__conn_t *conn, uint64_t room_id, int status);
 void baton__proom_write(baton_xfer_engine_t *eng, baton__wreq_t *wr);
 void baton__proom_complete(baton_xfer_engine_t *eng, baton_xfer_room_t *room,
                            const baton__done_copy_t *done);
@@ -508,6 +542,9 @@ int baton__pull_on_room(baton_xfer_engine_t *eng, baton_xfer_room_t *room);
 int baton__pull_on_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, int status);
 /* Destroy: exports still waiting are dropped without their callbacks. */
 void baton__pull_drop_all(baton_xfer_engine_t *eng);
+/* Own-progress mode, from dispatch (EV_WAKE): ends the exports whose deadline passed with
+ * BATON_ETIMEOUT and publishes the next deadline. */
+void baton__pull_on_wake(baton_xfer_engine_t *eng);
 
 /* ---- KV bootstrap authentication (ctrl_auth.c) ------------------------------------------- */
 

@@ -352,6 +352,7 @@ const baton__tp_ops_t baton__tp_rdma_ops = {
     .mem_add = baton__rdma_mem_add,
     .mem_del = baton__rdma_mem_del,
     .write = baton__rdma_write,
+    .read = baton__rdma_read,
     .flush = baton__rdma_flush,
     .peer_fence = baton__rdma_peer_fence,
     .peer_destroy = rdma_peer_destroy,

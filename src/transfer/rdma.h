@@ -11,8 +11,8 @@
  *   rdma_mr.c     local registrations (every HCA, split at max_mr_size, CUDA dmabuf) and the
  *                 peer's remote regions (rkeys per NIC per chunk)
  *   rdma_qp.c     QP state machine RESET→INIT→RTR→RTS→ERR, the handshake blob, NIC pairing
- *   rdma_post.c   writes: slicing, striping over NICs and QPs, selective signalling, the
- *                 outstanding-WR accounting, completion of writes, peer failure and fencing
+ *   rdma_post.c   writes and (pull mode) reads: slicing, striping over NICs and QPs, selective
+ * signalling, the outstanding-WR accounting, completion of writes, peer failure and fencing
  *   rdma_poll.c   completion channel + async event fd on the progress loop (uv_poll); port and
  *                 device events (by port number), dead devices
  *
@@ -146,6 +146,7 @@ struct rdma_tp_s {
 typedef struct {
     rdma_op_t *op; /* NULL: a drain marker */
     uint32_t len;
+    uint8_t is_read; /* an RDMA READ: counted in its QP's reads_out until covered */
 } rdma_wr_rec_t;
 
 /* A (QP, GPU region) pair an op wrote through: it is read back once per pair. */
@@ -184,6 +185,12 @@ struct rdma_qp_s {
     uint32_t since_signal;
     int last_signalled; /* the newest posted WR asked for a completion */
     uint32_t max_sge;   /* as the provider granted (written back by ibv_create_qp), capped */
+    /* RDMA READs: max_rd is the initiator depth set at RTS (max_rd_atomic: our device's
+     * max_qp_init_rd_atom, the peer's responder resources from its blob, 16, whichever is
+     * least); reads_out counts READ WRs posted and not yet covered by a polled completion, an
+     * upper bound of the READs on the wire, never allowed above max_rd */
+    uint8_t max_rd;
+    uint32_t reads_out;
 };
 
 /* A region of the peer's memory (its MEM frame): rkeys per peer NIC per chunk. */
@@ -234,6 +241,7 @@ struct rdma_peer_s {
     int nqps;
     uint32_t rr; /* next QP for round-robin */
     uint64_t remote_generation;
+    uint8_t remote_rd; /* the peer's responder resources (its blob; 0: an older peer, unknown) */
     int nrnic;
     uint16_t rnic_dev[BATON__RDMA_MAX_DEVS]; /* distinct peer devices this connection reaches */
     rdma_rmem_t *rmems;
@@ -272,6 +280,7 @@ struct rdma_peer_s {
 struct rdma_op_s {
     rdma_op_t *next;
     baton__tp_write_t *w;
+    int is_read; /* pull mode: RDMA READs from the peer's region into the local buffers */
     rdma_peer_t *peer;
     uint64_t seq;
     size_t sge_idx; /* next byte to post: sges[sge_idx] + sge_off */
@@ -376,6 +385,8 @@ void baton__rdma_peer_release(rdma_peer_t *peer);
 /* ---- rdma_post.c ------------------------------------------------------------------------ */
 
 int baton__rdma_write(baton__tp_peer_t *peer, baton__tp_write_t *w);
+/* Pull mode: the same op with RDMA READs (transport.h, read). */
+int baton__rdma_read(baton__tp_peer_t *peer, baton__tp_write_t *w);
 int baton__rdma_flush(baton__tp_peer_t *peer, baton__tp_done_cb cb, void *arg);
 /* Posts what fits (QP depth, CQ room) of the queued writes. */
 void baton__rdma_pump(rdma_peer_t *peer);

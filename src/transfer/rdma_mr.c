@@ -307,8 +307,9 @@ int baton__rdma_mem_add(baton__tp_peer_t *bp, uint32_t mem_id, uint64_t base, ui
                         baton_xfer_mem_kind_t kind, const uint8_t *b, size_t blen)
 {
     rdma_peer_t *peer = container_of(bp, rdma_peer_t, base);
-    if (bp->role != BATON__TP_ROLE_INITIATOR || peer->nrnic == 0)
-        return BATON_EINVAL; /* regions arrive after the handshake, on the writing side */
+    if (peer->nrnic == 0)
+        return BATON_EINVAL; /* regions arrive after the handshake: on the writing side, and on
+                              * a puller for the holder's source regions (RDMA READ) */
     if (baton__rdma_rmem_find(peer, mem_id))
         return BATON_EEXIST;
     if (!b || blen < KEY_HDR || baton__le_get32(b) != KEY_MAGIC ||

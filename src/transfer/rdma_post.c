@@ -1,4 +1,5 @@
-/* transfer/rdma_post.c — RDMA WRITE: slices, stripes, signalling, completions, failure, fence. */
+/* transfer/rdma_post.c — RDMA WRITE and READ (pull mode): slices, stripes, signalling,
+ * completions, failure, fence. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,19 +35,30 @@ static int validate(rdma_peer_t *peer, const baton__tp_write_t *w)
     return 0;
 }
 
-int baton__rdma_write(baton__tp_peer_t *bp, baton__tp_write_t *w)
+/* Queues a write or a read (same op, same accounting) and posts what fits. */
+static int start_op(rdma_peer_t *peer, baton__tp_write_t *w, int is_read)
 {
-    rdma_peer_t *peer = container_of(bp, rdma_peer_t, base);
-    if (!w || !w->cb || !w->sges || w->n_sges == 0 || bp->role != BATON__TP_ROLE_INITIATOR)
+    if (!w || !w->cb || !w->sges || w->n_sges == 0)
         return BATON_EINVAL;
     if (peer->state != RDMA_PEER_UP || peer->fail_err || peer->fencing)
         return BATON_EPEERDOWN;
     int err = validate(peer, w);
     if (err)
         return err;
+    if (is_read) {
+        int can = 0;
+        for (int i = 0; i < peer->nqps; i++)
+            can |= peer->qps[i].max_rd > 0;
+        if (!can) {
+            log_error("rdma", "read_rejected room=%llu reason=no_initiator_depth",
+                      (unsigned long long)w->room_id);
+            return BATON_ENOTSUP; /* a device (or peer) that takes no RDMA READ at all */
+        }
+    }
     rdma_op_t *op = calloc(1, sizeof(*op));
     if (!op)
         return BATON_ENOMEM;
+    op->is_read = is_read;
     op->w = w;
     op->peer = peer;
     op->seq = peer->op_seq++;
@@ -61,6 +73,19 @@ int baton__rdma_write(baton__tp_peer_t *bp, baton__tp_write_t *w)
     /* posting here is fine: completions (and so callbacks) only come from the CQ later */
     baton__rdma_pump(peer);
     return 0;
+}
+
+int baton__rdma_write(baton__tp_peer_t *bp, baton__tp_write_t *w)
+{
+    if (bp->role != BATON__TP_ROLE_INITIATOR)
+        return BATON_EINVAL;
+    return start_op(container_of(bp, rdma_peer_t, base), w, 0);
+}
+
+int baton__rdma_read(baton__tp_peer_t *bp, baton__tp_write_t *w)
+{
+    /* either role: the puller connected the control channel (TARGET) in Baton's pull mode */
+    return start_op(container_of(bp, rdma_peer_t, base), w, 1);
 }
 
 static uint32_t outstanding(const rdma_qp_t *qp)
@@ -90,8 +115,9 @@ static uint32_t slice_devs(const rdma_peer_t *peer, const rdma_op_t *op)
     return UINT32_MAX;
 }
 
-/* The next QP, round-robin, on one of `devs`, that can take one more WR in this pump. */
-static int pick_qp(rdma_peer_t *peer, uint32_t batch, uint32_t devs)
+/* The next QP, round-robin, on one of `devs`, that can take one more WR in this pump (a READ
+ * also needs one of the QP's max_rd slots). */
+static int pick_qp(rdma_peer_t *peer, uint32_t batch, uint32_t devs, int is_read)
 {
     for (int t = 0; t < peer->nqps; t++) {
         int qi = (int)((peer->rr + (uint32_t)t) % (uint32_t)peer->nqps);
@@ -100,6 +126,8 @@ static int pick_qp(rdma_peer_t *peer, uint32_t batch, uint32_t devs)
             continue;
         if (peer->clen[qi] >= batch || outstanding(qp) + peer->clen[qi] >= qp->max_wr)
             continue;
+        if (is_read && qp->reads_out >= qp->max_rd)
+            continue; /* the initiator depth: more READs would wait in the NIC (or be refused) */
         if (qp->dev->cq_used >= cq_budget(qp->dev)) {
             qp->dev->starved = 1; /* another peer's completions must pump us */
             continue;
@@ -167,19 +195,22 @@ static void add_slice(rdma_peer_t *peer, rdma_op_t *op, int qi, uint32_t batch)
     memset(wr, 0, sizeof(*wr));
     wr->sg_list = sg;
     wr->num_sge = 1;
-    wr->opcode = IBV_WR_RDMA_WRITE;
+    wr->opcode = op->is_read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
     /* the provider copies inline data with the CPU at post time: only host memory may go
-     * inline, a device pointer would be dereferenced on the host */
-    wr->send_flags =
-        (len <= qp->max_inline && mr->base.kind == BATON_XFER_MEM_HOST) ? IBV_SEND_INLINE : 0;
+     * inline, a device pointer would be dereferenced on the host; a READ sends no data */
+    wr->send_flags = (!op->is_read && len <= qp->max_inline && mr->base.kind == BATON_XFER_MEM_HOST)
+                         ? IBV_SEND_INLINE
+                         : 0;
     wr->wr.rdma.remote_addr = dst;
     wr->wr.rdma.rkey = rkey;
     rdma_wr_rec_t *rec = &qp->ring[(qp->next_seq + j) % qp->max_wr];
     rec->op = op;
     rec->len = (uint32_t)len;
+    rec->is_read = (uint8_t)op->is_read;
+    qp->reads_out += (uint32_t)op->is_read;
     op->inflight++;
     qp->dev->cq_used++;
-    if (rm->readback)
+    if (rm->readback && !op->is_read)
         note_readback(op, qi, s->dst_mem);
 
     op->sge_off += len;
@@ -198,6 +229,8 @@ static void unwind_chain(rdma_peer_t *peer, int qi, uint32_t from, uint32_t n, i
     rdma_qp_t *qp = &peer->qps[qi];
     for (uint32_t j = from; j < n; j++) {
         rdma_wr_rec_t *rec = &qp->ring[(qp->next_seq + j - from) % qp->max_wr];
+        qp->reads_out -= rec->is_read;
+        rec->is_read = 0;
         rec->op->inflight--;
         if (!rec->op->status)
             rec->op->status = err;
@@ -248,7 +281,7 @@ void baton__rdma_pump(rdma_peer_t *peer)
         rdma_op_t *op = peer->post_cursor;
         int added = 0;
         while (op) {
-            int qi = pick_qp(peer, batch, slice_devs(peer, op));
+            int qi = pick_qp(peer, batch, slice_devs(peer, op), op->is_read);
             if (qi < 0)
                 break; /* every QP full: completions will pump again */
             add_slice(peer, op, qi, batch);
@@ -313,6 +346,8 @@ rdma_peer_t *baton__rdma_on_wc(rdma_dev_t *dev, const struct ibv_wc *wc)
     for (uint64_t q = qp->tail_seq; q <= s; q++) {
         rdma_wr_rec_t *rec = &qp->ring[q % qp->max_wr];
         dev->cq_used--;
+        qp->reads_out -= rec->is_read;
+        rec->is_read = 0;
         if (rec->op) {
             rec->op->inflight--;
             if (err && !rec->op->status)
@@ -346,7 +381,8 @@ static int readback(rdma_peer_t *peer, rdma_op_t *op)
     for (int qi = 0; qi < peer->nqps; qi++) {
         rdma_qp_t *qp = &peer->qps[qi];
         if (need[qi] && (outstanding(qp) + need[qi] > qp->max_wr ||
-                         qp->dev->cq_used + need[qi] > qp->dev->cq_size))
+                         qp->dev->cq_used + need[qi] > qp->dev->cq_size ||
+                         (qp->reads_out > 0 && qp->reads_out + need[qi] > qp->max_rd)))
             return 1; /* this QP's completions will settle (and bring us back) */
     }
     for (uint32_t i = 0; i < op->n_rb && !op->status; i++) {
@@ -381,6 +417,8 @@ static int readback(rdma_peer_t *peer, rdma_op_t *op)
         rdma_wr_rec_t *rec = &qp->ring[qp->next_seq % qp->max_wr];
         rec->op = op;
         rec->len = 0;
+        rec->is_read = 1;
+        qp->reads_out++;
         op->inflight++;
         qp->next_seq++;
         qp->since_signal = 0;
@@ -511,6 +549,8 @@ void baton__rdma_qp_abandon(rdma_qp_t *qp)
     for (uint64_t q = qp->tail_seq; q < qp->next_seq; q++) {
         rdma_wr_rec_t *rec = &qp->ring[q % qp->max_wr];
         qp->dev->cq_used--;
+        qp->reads_out -= rec->is_read;
+        rec->is_read = 0;
         if (rec->op) {
             rec->op->inflight--;
             if (!rec->op->status)
@@ -578,6 +618,7 @@ void baton__rdma_peer_fail(rdma_peer_t *peer, int err)
             wr.opcode = IBV_WR_RDMA_WRITE;
             wr.send_flags = IBV_SEND_SIGNALED;
             qp->ring[qp->next_seq % qp->max_wr].op = NULL;
+            qp->ring[qp->next_seq % qp->max_wr].is_read = 0;
             if (ibv_post_send(qp->qp, &wr, &bad) == 0) {
                 qp->next_seq++;
                 qp->last_signalled = 1;

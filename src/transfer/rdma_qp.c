@@ -162,7 +162,13 @@ int baton__rdma_qp_connect(rdma_qp_t *qp, uint32_t remote_qpn, uint32_t remote_p
     a.retry_cnt = QP_RETRY_CNT;
     a.rnr_retry = QP_RNR_RETRY;
     a.sq_psn = qp->psn;
-    a.max_rd_atomic = dev->max_init_rd_atom < QP_RD_ATOMIC ? dev->max_init_rd_atom : QP_RD_ATOMIC;
+    /* The initiator depth: RDMA READs (pull mode, GPU read-back) this QP may have on the wire.
+     * Above the responder's max_dest_rd_atomic the peer NIC would refuse them (remote invalid
+     * request), so it is the least of our device's limit, the peer's (its blob) and 16. */
+    uint8_t rd = dev->max_init_rd_atom < QP_RD_ATOMIC ? dev->max_init_rd_atom : QP_RD_ATOMIC;
+    if (qp->peer->remote_rd && qp->peer->remote_rd < rd)
+        rd = qp->peer->remote_rd;
+    a.max_rd_atomic = rd;
     err = baton__rdma_err_ret(ibv_modify_qp(qp->qp, &a,
                                             IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                                                 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
@@ -173,6 +179,8 @@ int baton__rdma_qp_connect(rdma_qp_t *qp, uint32_t remote_qpn, uint32_t remote_p
         return err;
     }
     qp->state = RDMA_QP_RTS;
+    qp->max_rd = rd;
+    qp->reads_out = 0;
     return 0;
 }
 
@@ -212,7 +220,10 @@ void baton__rdma_qp_destroy(rdma_qp_t *qp)
 
 /* ---- handshake blob ----------------------------------------------------------------------
  * header, 40 bytes, little endian:
- *   0 u32 magic "BRDM"   4 u16 version   6 u8 role (1 target, 2 initiator)   7 u8 0
+ *   0 u32 magic "BRDM"   4 u16 version   6 u8 role (1 target, 2 initiator)
+ *   7 u8 responder resources: the max_dest_rd_atomic every QP of the sender accepts (the least
+ *        over its devices, at most 16); the receiver keeps its max_rd_atomic at or below it.
+ *        0 in blobs of older senders: unknown (the receiver then uses its own limit, as before)
  *   8 u16 n_qps         10 u16 0        12 u32 0
  *  16 u64 generation (the sender's connection)
  *  24 u64 echo: the generation of the blob this one answers (0 in the target's)
@@ -249,6 +260,11 @@ int baton__rdma_peer_info(baton__tp_peer_t *bp, uint8_t *buf, size_t cap, size_t
     baton__le_put32(buf, BLOB_MAGIC);
     baton__le_put16(buf + 4, BLOB_VERSION);
     buf[6] = bp->role == BATON__TP_ROLE_TARGET ? 1 : 2;
+    uint8_t rd = QP_RD_ATOMIC;
+    for (int i = 0; i < peer->nqps; i++)
+        if (peer->qps[i].dev->max_rd_atom < rd)
+            rd = peer->qps[i].dev->max_rd_atom;
+    buf[7] = rd;
     baton__le_put16(buf + 8, (uint16_t)peer->nqps);
     baton__le_put64(buf + 16, bp->generation);
     baton__le_put64(buf + 24, bp->role == BATON__TP_ROLE_TARGET ? 0 : peer->remote_generation);
@@ -285,7 +301,7 @@ typedef struct {
 
 /* Every field came from the network: check them all before touching a QP. */
 static int blob_parse(const uint8_t *b, size_t len, int *role_p, uint64_t *gen_p, uint64_t *echo_p,
-                      int *n_p, blob_ent_t *ents)
+                      int *n_p, uint8_t *rd_p, blob_ent_t *ents)
 {
     if (!b || len < BLOB_HDR || baton__le_get32(b) != BLOB_MAGIC)
         return BATON_EPROTO;
@@ -315,6 +331,7 @@ static int blob_parse(const uint8_t *b, size_t len, int *role_p, uint64_t *gen_p
             return BATON_EPROTO;
     }
     *role_p = role;
+    *rd_p = b[7] > QP_RD_ATOMIC ? QP_RD_ATOMIC : b[7];
     *gen_p = baton__le_get64(b + 16);
     *echo_p = baton__le_get64(b + 24);
     *n_p = n;
@@ -386,8 +403,9 @@ int baton__rdma_peer_handshake(rdma_peer_t *peer, const uint8_t *blob, size_t le
     blob_ent_t ents[BATON__RDMA_MAX_QPS];
     int role, n, err;
     uint64_t gen, echo;
+    uint8_t rd;
 
-    err = blob_parse(blob, len, &role, &gen, &echo, &n, ents);
+    err = blob_parse(blob, len, &role, &gen, &echo, &n, &rd, ents);
     if (err) {
         log_error("rdma", "handshake_rejected generation=%llu reason=malformed_blob len=%zu",
                   (unsigned long long)bp->generation, len);
@@ -456,6 +474,7 @@ int baton__rdma_peer_handshake(rdma_peer_t *peer, const uint8_t *blob, size_t le
         }
         peer->remote_generation = gen;
     }
+    peer->remote_rd = rd;
     for (int i = 0; i < n; i++) {
         rdma_qp_t *qp = &peer->qps[i];
         note_rnic(peer, qp, ents[i].dev);

@@ -1,5 +1,6 @@
-/* transfer/room_decode.c — decode-side rooms: OFFER, DONE, ABORT / ABORT_ACK, room timeouts, and
- * the receiver's bounds check for transports that place bytes themselves (tcp). */
+/* transfer/room_decode.c — decode-side rooms: OFFER, DONE, ABORT / ABORT_ACK, room timeouts, the
+ * puller's RDMA READs of a GRANT, and the receiver's bounds check for transports that place bytes
+ * themselves (tcp). */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,9 +136,113 @@ void baton__droom_abort(baton_xfer_engine_t *eng, uint64_t room_id, int status)
         baton_buf_free(&b);
         break;
     }
+    case BATON__DR_READING:
+        /* Our own READs are landing in the pages: they cannot be recalled one by one, so the
+         * room ends when they do (bounded: they complete, or the connection fails and is
+         * fenced), with this status, and the holder hears READ_DONE with it. */
+        if (dr->read_abort == 0)
+            dr->read_abort = status;
+        break;
     default:
         break; /* aborting or failing already: it completes after its fence */
     }
+}
+
+/* ---- pull by RDMA READ (the puller's side) ------------------------------------------------ */
+
+static void send_read_done(baton__conn_t *c, uint64_t room_id, int status)
+{
+    baton_buf_t b = BATON_BUF_INIT;
+    if (baton__enc_read_done(&b, room_id, status) == 0)
+        baton__conn_send(c, &b);
+    else
+        baton__conn_fail(c, BATON_ENOMEM, "cannot encode READ_DONE");
+    baton_buf_free(&b);
+}
+
+static void on_tp_read(baton__tp_write_t *w, int status)
+{
+    baton__droom_t *dr = w->data;
+    if (dr->state != BATON__DR_READING)
+        return; /* the connection failed: the room completes after its fence */
+    if (status != 0) {
+        /* The transport failed the connection (a READ completed in error: the peer is told
+         * through peer_failed); the room completes after the fence, like a write's. */
+        dr->state = BATON__DR_FAILING;
+        return;
+    }
+    /* Every READ completed: the bytes are in place and nothing more lands in the pages. */
+    int st = dr->read_abort;
+    send_read_done(dr->conn, dr->room_id, st);
+    baton__droom_finish(dr, st);
+}
+
+/* The holder's answer to our pull on rdma: its source pages (same shape as ours) and DONE's
+ * fields. The READs go over this connection's QPs only: keys from another connection (a stale
+ * incarnation) are unknown to its transport and refused there. */
+int baton__droom_on_grant(baton__conn_t *c, const baton__grant_t *g)
+{
+    baton_xfer_engine_t *eng = c->eng;
+    baton__droom_t *dr = baton_u64map_get(&c->rooms, g->done.room);
+    if (dr == NULL || dr->state != BATON__DR_SENT) {
+        /* Aborted before the grant arrived (our ABORT crossed it): we read nothing, and the
+         * holder answers that ABORT with ABORT_ACK. */
+        log_debug(BATON__LOG, "stale_grant_ignored room=%" PRIu64, g->done.room);
+        return 0;
+    }
+    int rc = 0;
+    if (g->n_pages != dr->n_pages)
+        rc = BATON_EPROTO;
+    baton__tp_sge_t *sg = rc ? NULL : calloc(dr->n_pages, sizeof(*sg));
+    if (rc == 0 && sg == NULL)
+        rc = BATON_ENOMEM;
+    for (uint32_t i = 0; rc == 0 && i < dr->n_pages; i++) {
+        baton__offer_page_t src;
+        baton__grant_page(g, i, &src);
+        const baton__dpage_t *pg = &dr->pages[i];
+        baton_xfer_mem_t *mem = NULL;
+        for (size_t k = 0; k < dr->n_mems && mem == NULL; k++)
+            if (dr->mems[k]->id == pg->mem_id)
+                mem = dr->mems[k];
+        if (src.len != pg->len || mem == NULL || mem->mr[c->tp_index] == NULL) {
+            rc = BATON_EPROTO;
+            break;
+        }
+        sg[i].src = (const void *)(uintptr_t)pg->addr; /* local: where the bytes land */
+        sg[i].src_mr = mem->mr[c->tp_index];
+        sg[i].dst = src.addr; /* remote: the holder's source page */
+        sg[i].dst_mem = src.mem_id;
+        sg[i].dst_page = i;
+        sg[i].len = pg->len;
+    }
+    if (rc == 0) {
+        dr->rd_sges = sg;
+        dr->rd.room_id = dr->room_id;
+        dr->rd.sges = sg;
+        dr->rd.n_sges = dr->n_pages;
+        dr->rd.cb = on_tp_read;
+        dr->rd.data = dr;
+        dr->done.status = g->done.status;
+        dr->done.first_token = g->done.first_token;
+        dr->done.len = g->done.payload_len;
+        memcpy(dr->done.payload, g->done.payload, g->done.payload_len);
+        dr->state = BATON__DR_READING;
+        rc = c->tp_peer->tp->ops->read(c->tp_peer, &dr->rd);
+        if (rc != 0)
+            dr->state = BATON__DR_SENT;
+    } else {
+        free(sg);
+    }
+    if (rc != 0) {
+        /* Nothing was posted: the pages are untouched. Tell the holder (it releases the
+         * export with that error) and end the room. */
+        log_warn(BATON__LOG, "grant_refused room=%" PRIu64 " peer=%s err=%s", dr->room_id, c->addr,
+                 baton_err_name(rc));
+        atomic_fetch_add(&eng->st_writes_rejected, 1);
+        send_read_done(c, dr->room_id, rc);
+        baton__droom_finish(dr, rc);
+    }
+    return 0;
 }
 
 int baton__droom_on_done(baton__conn_t *c, const baton__done_t *d)
@@ -147,6 +252,8 @@ int baton__droom_on_done(baton__conn_t *c, const baton__done_t *d)
         log_debug(BATON__LOG, "stale_done_ignored room=%" PRIu64, d->room);
         return 0;
     }
+    if (dr->state == BATON__DR_READING)
+        return BATON_EPROTO; /* a granted room ends with our READ_DONE, never with DONE */
     if (dr->state == BATON__DR_ABORTING) {
         /* DONE was on its way before our ABORT; it proves the writes are over. */
         baton__droom_finish(dr, dr->abort_status);
@@ -184,6 +291,8 @@ int baton__droom_on_layer_done(baton__conn_t *c, uint64_t room_id, uint32_t laye
 int baton__droom_on_abort(baton__conn_t *c, uint64_t room_id, int reason)
 {
     baton__droom_t *dr = baton_u64map_get(&c->rooms, room_id);
+    if (dr != NULL && dr->state == BATON__DR_READING)
+        return BATON_EPROTO; /* our READs are in flight: only the fence may end the room now */
     baton_buf_t b = BATON_BUF_INIT;
     if (baton__enc_abort_ack(&b, room_id) == 0)
         baton__conn_send(c, &b);
@@ -221,7 +330,9 @@ void baton__droom_tick(baton_xfer_engine_t *eng, uint64_t now)
     size_t it = 0;
     baton__droom_t *dr;
     while ((dr = baton_u64map_next(&eng->drooms, &it, NULL)) != NULL) {
-        if ((dr->state == BATON__DR_SENT || dr->state == BATON__DR_QUEUED) &&
+        /* a pull whose READs are posted records the timeout and ends when they do */
+        if ((dr->state == BATON__DR_SENT || dr->state == BATON__DR_QUEUED ||
+             (dr->state == BATON__DR_READING && dr->read_abort == 0)) &&
             now - dr->t_offer_ms > limit) {
             log_warn(BATON__LOG, "room_timeout room=%" PRIu64 " after_ms=%" PRIu64, dr->room_id,
                      now - dr->t_offer_ms);

@@ -139,6 +139,7 @@ int baton__proom_on_offer(baton__conn_t *c, const baton__offer_t *o)
     snprintf(room->peer_id, sizeof(room->peer_id), "%s", c->remote_id);
     room->transport = eng->tp_ids[c->tp_index];
     room->tp_index = c->tp_index;
+    room->peer_proto = c->remote_proto;
     room->conn = c;
     room->state = BATON__PR_OPEN;
     room->ev_room.type = BATON__EV_ROOM;
@@ -174,6 +175,98 @@ int baton__proom_on_abort(baton__conn_t *c, uint64_t room_id, int reason)
     room->state = BATON__PR_ABORT_PEER;
     room->abort_reason = reason;
     room_progress(room);
+    return 0;
+}
+
+/* ---- pull by RDMA READ (the holder's side) ---------------------------------------------- */
+
+/* Appends a MEM frame for each source region of g the puller has not been told about on this
+ * connection (its transport needs the rkeys); the keys die with the connection, and a region
+ * deregistered later is withdrawn with MEM_DEL (engine.c). On failure the regions noted here are
+ * forgotten again (their frames are not sent): the puller refuses a region announced twice. */
+static int enc_source_mems(baton__conn_t *c, const baton__grant_cmd_t *g, baton_buf_t *b)
+{
+    uint32_t added[64];
+    size_t n_added = 0;
+    int rc = 0;
+    baton_xfer_engine_t *eng = c->eng;
+    for (uint32_t i = 0; rc == 0 && i < g->n_pages; i++) {
+        uint32_t id = g->pages[i].mem_id;
+        if (baton_u64map_get(&c->smems, id) != NULL)
+            continue;
+        const baton__lmem_t *m = NULL;
+        for (baton_list_t *it = eng->lmems.next; it != &eng->lmems && m == NULL; it = it->next) {
+            const baton__lmem_t *x = container_of(it, baton__lmem_t, link);
+            if (x->id == id)
+                m = x;
+        }
+        if (m == NULL || !m->reg[c->tp_index] || n_added == sizeof(added) / sizeof(added[0])) {
+            rc = BATON_EINVAL; /* not registered with this transport (withdrawn), or too many */
+            break;
+        }
+        baton__mem_t f = {m->id,
+                          (uint8_t)m->kind,
+                          m->base,
+                          m->len,
+                          (uint8_t)eng->tp_ids[c->tp_index],
+                          m->blob_len[c->tp_index],
+                          m->blob[c->tp_index]};
+        rc = baton__enc_mem(b, &f);
+        if (rc == 0)
+            rc = baton_u64map_put(&c->smems, id, c);
+        if (rc == 0)
+            added[n_added++] = id;
+    }
+    if (rc != 0)
+        for (size_t k = 0; k < n_added; k++)
+            baton_u64map_del(&c->smems, added[k]);
+    return rc;
+}
+
+void baton__proom_grant(baton_xfer_engine_t *eng, baton__grant_cmd_t *g)
+{
+    (void)eng;
+    baton_xfer_room_t *room = g->room;
+    baton__conn_t *c = room->conn;
+    if (room->state == BATON__PR_OPEN && c != NULL && c->state == BATON__CONN_UP) {
+        baton_buf_t b = BATON_BUF_INIT;
+        int rc = enc_source_mems(c, g, &b);
+        if (rc == 0)
+            rc = baton__enc_grant(&b, room->room_id, g->done.status, g->done.first_token,
+                                  g->done.payload, g->done.len, g->n_pages, g->pages);
+        if (rc == 0) {
+            room->granted_bytes = 0;
+            for (uint32_t i = 0; i < g->n_pages; i++)
+                room->granted_bytes += g->pages[i].len;
+            /* From here the puller's NIC may read the sources until READ_DONE or the fence. */
+            room->state = BATON__PR_GRANTED;
+            baton__conn_send(c, &b);
+        } else {
+            log_warn(BATON__LOG, "grant_failed room=%" PRIu64 " err=%s", room->room_id,
+                     baton_err_name(rc));
+            room->state = BATON__PR_ABORT_LOCAL;
+            room->abort_reason = rc;
+            room_progress(room);
+        }
+        baton_buf_free(&b);
+    }
+    /* else: aborted or closed meanwhile, its closing event says so */
+    baton__room_unref(room);
+    free(g);
+}
+
+int baton__proom_on_read_done(baton__conn_t *c, uint64_t room_id, int status)
+{
+    baton_xfer_room_t *room = baton_u64map_get(&c->rooms, room_id);
+    if (room == NULL || room->state != BATON__PR_GRANTED) {
+        log_debug(BATON__LOG, "stale_read_done_ignored room=%" PRIu64, room_id);
+        return 0;
+    }
+    /* The puller's READs are over (it sends READ_DONE only once all completed): the sources
+     * are ours again. */
+    if (status == 0)
+        atomic_fetch_add(&room->eng->st_bytes_written, room->granted_bytes);
+    room_close(room, status);
     return 0;
 }
 

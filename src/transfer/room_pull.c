@@ -1,6 +1,7 @@
 /* transfer/room_pull.c — pull mode on the holder's caller thread: exports (key → held source
- * pages), serving a pull (an offer for an exported key) with the write path, export timeouts and
- * releases (see baton/transfer.h, "pull mode"). */
+ * pages), serving a pull (an offer for an exported key) with the write path (tcp, shm) or a grant
+ * the puller reads with RDMA READ (rdma), export timeouts and releases (baton/transfer.h,
+ * "pull mode"). */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,12 +21,20 @@ typedef struct export_s {
     baton_xfer_export_cb cb;
     void *data;
     baton_xfer_room_t *serving; /* the pull being served, NULL while waiting */
-    int has_timer;
+    int has_timer;              /* loop mode: the timeout runs on the caller loop */
     uv_timer_t timer;
+    uint64_t deadline_ms; /* own-progress mode: baton_now_ms() of the timeout, 0: none */
+    /* a granted pull (RDMA READ): the source regions, held (refs) until the pull ended, so
+     * that none is deregistered while the puller's NIC may read it */
+    baton_xfer_mem_t **mems;
+    size_t n_mems;
 } export_t;
 
 static void export_free(export_t *ex)
 {
+    for (size_t i = 0; i < ex->n_mems; i++)
+        atomic_fetch_sub(&ex->mems[i]->refs, 1);
+    free(ex->mems);
     free(ex->src);
     free(ex);
 }
@@ -76,8 +85,6 @@ static int export_locked(baton_xfer_engine_t *eng, const baton_xfer_export_t *x,
         return BATON_EINVAL;
     if (eng->destroying)
         return BATON_ESHUTDOWN;
-    if (x->timeout_ms && eng->caller_loop == NULL)
-        return BATON_ENOTSUP;
     if (baton_u64map_get(&eng->exports, x->key) != NULL)
         return BATON_EEXIST;
     size_t n = (size_t)x->n_layers * x->pages_per_layer;
@@ -105,7 +112,12 @@ static int export_locked(baton_xfer_engine_t *eng, const baton_xfer_export_t *x,
         export_free(ex);
         return BATON_ENOMEM;
     }
-    if (x->timeout_ms) {
+    if (x->timeout_ms && eng->caller_loop == NULL) {
+        ex->deadline_ms = baton_now_ms() + x->timeout_ms;
+        uint64_t due = atomic_load(&eng->pull_due_ms);
+        if (due == 0 || ex->deadline_ms < due)
+            atomic_store(&eng->pull_due_ms, ex->deadline_ms);
+    } else if (x->timeout_ms) {
         uv_timer_init(eng->caller_loop, &ex->timer);
         ex->timer.data = ex;
         ex->has_timer = 1;
@@ -157,6 +169,60 @@ static void on_pull_written(baton_xfer_room_t *room, uint32_t layer, int status,
     (void)data;
 }
 
+/* rdma, and a puller that knows GRANT: the puller's NIC reads the sources (RDMA READ) instead of
+ * ours writing them. The export holds its source regions until the pull ends. */
+static int grant(export_t *ex, baton_xfer_room_t *room)
+{
+    baton_xfer_engine_t *eng = ex->eng;
+    uint32_t n = ex->n_layers * ex->ppl;
+    baton__grant_cmd_t *g = calloc(1, sizeof(*g) + (size_t)n * sizeof(g->pages[0]));
+    baton__cmd_t *cmd = calloc(1, sizeof(*cmd));
+    baton_xfer_mem_t **mems = calloc(n, sizeof(*mems));
+    int rc = g && cmd && mems ? 0 : BATON_ENOMEM;
+    size_t n_mems = 0;
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        baton_xfer_mem_t *m = baton__mem_find(eng, ex->src[i].addr, ex->src[i].len);
+        if (m == NULL)
+            rc = BATON_EINVAL; /* a source outside registered memory */
+        else if (m->mr[room->tp_index] == NULL)
+            rc = BATON_ENOTSUP; /* not registered with rdma */
+        if (rc != 0)
+            break;
+        g->pages[i].addr = (uintptr_t)ex->src[i].addr;
+        g->pages[i].len = (uint32_t)ex->src[i].len;
+        g->pages[i].mem_id = m->id;
+        size_t k = 0;
+        while (k < n_mems && mems[k] != m)
+            k++;
+        if (k == n_mems)
+            mems[n_mems++] = m;
+    }
+    if (rc != 0) {
+        free(g);
+        free(cmd);
+        free(mems);
+        return rc;
+    }
+    for (size_t k = 0; k < n_mems; k++)
+        atomic_fetch_add(&mems[k]->refs, 1);
+    ex->mems = mems;
+    ex->n_mems = n_mems;
+    g->room = room;
+    g->n_pages = n;
+    g->done.status = ex->done_status;
+    g->done.first_token = ex->first_token;
+    g->done.len = (uint16_t)ex->payload_len;
+    memcpy(g->done.payload, ex->payload, ex->payload_len);
+    room->caller_ended = 1; /* the room is the engine's from here on */
+    atomic_fetch_add(&room->refs, 1);
+    cmd->type = BATON__CMD_GRANT;
+    cmd->u.grant = g;
+    baton__cmd_post(eng, cmd);
+    log_debug(BATON__LOG, "pull_granted key=%" PRIu64 " peer=%s pages=%" PRIu32, room->room_id,
+              room->peer_id, n);
+    return 0;
+}
+
 int baton__pull_on_room(baton_xfer_engine_t *eng, baton_xfer_room_t *room)
 {
     export_t *ex = baton_u64map_get(&eng->exports, room->room_id);
@@ -174,10 +240,16 @@ int baton__pull_on_room(baton_xfer_engine_t *eng, baton_xfer_room_t *room)
     }
     ex->serving = room;
     baton_xfer_done_t done = {ex->done_status, ex->first_token, ex->payload, ex->payload_len};
-    int rc =
-        baton_xfer_write_room(room, ex->src, (size_t)ex->n_layers * ex->ppl, on_pull_written, NULL);
-    if (rc == 0)
-        rc = baton_xfer_room_complete(room, &done); /* DONE after every write is acknowledged */
+    int rc;
+    if (room->transport == BATON_XFER_TRANSPORT_RDMA &&
+        room->peer_proto >= BATON__PROTO_PULL_READ && room->first_page == 0) {
+        rc = grant(ex, room);
+    } else {
+        rc = baton_xfer_write_room(room, ex->src, (size_t)ex->n_layers * ex->ppl, on_pull_written,
+                                   NULL);
+        if (rc == 0)
+            rc = baton_xfer_room_complete(room, &done); /* DONE after every write is acked */
+    }
     if (rc != 0) {
         log_warn(BATON__LOG, "pull_failed key=%" PRIu64 " err=%s", room->room_id,
                  baton_err_name(rc));
@@ -196,6 +268,45 @@ int baton__pull_on_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, int
     if (ex != NULL && ex->serving == room)
         export_end(ex, status);
     return 1; /* a refused pull's end is ours too */
+}
+
+void baton__pull_on_wake(baton_xfer_engine_t *eng)
+{
+    uint64_t now = baton_now_ms(), next = 0;
+    size_t it = 0;
+    export_t *ex;
+    /* Collect first: ending an export runs its callback, which may export or release keys
+     * (changing the table under the iteration). */
+    uint64_t *due = NULL;
+    size_t n_due = 0, cap = 0;
+    while ((ex = baton_u64map_next(&eng->exports, &it, NULL)) != NULL) {
+        if (ex->deadline_ms == 0 || ex->serving != NULL)
+            continue; /* a pull under way ends by its own rules, as in loop mode */
+        if (ex->deadline_ms > now) {
+            next = next == 0 || ex->deadline_ms < next ? ex->deadline_ms : next;
+            continue;
+        }
+        if (n_due == cap) {
+            size_t ncap = cap ? cap * 2 : 8;
+            uint64_t *nd = realloc(due, ncap * sizeof(*nd));
+            if (nd == NULL) { /* retried at the next tick */
+                next = now;
+                break;
+            }
+            due = nd;
+            cap = ncap;
+        }
+        due[n_due++] = ex->key;
+    }
+    /* Published before the callbacks: an export they make lowers it again. */
+    atomic_store(&eng->pull_due_ms, next);
+    for (size_t i = 0; i < n_due; i++) {
+        ex = baton_u64map_get(&eng->exports, due[i]);
+        /* still the expired export (a callback may have released it, or re-exported the key) */
+        if (ex != NULL && ex->serving == NULL && ex->deadline_ms != 0 && ex->deadline_ms <= now)
+            export_end(ex, BATON_ETIMEOUT);
+    }
+    free(due);
 }
 
 void baton__pull_drop_all(baton_xfer_engine_t *eng)

@@ -115,7 +115,6 @@ struct shm_peer_s {
     int cb_status;
 };
 
-
 static int read_host_id(host_id_t *h)
 {
     memset(h, 0, sizeof(*h));
@@ -798,6 +797,7 @@ const baton__tp_ops_t baton__tp_shm_ops = {
     .mem_add = shm_mem_add,
     .mem_del = shm_mem_del,
     .write = shm_write,
+    .read = baton__tp_notsup_read, /* shm pulls are served by the holder's copies */
     .flush = baton__tp_notsup_flush,
     .peer_fence = shm_peer_fence,
     .peer_destroy = shm_peer_destroy,

@@ -872,6 +872,7 @@ const baton__tp_ops_t baton__tp_tcp_ops = {
     .mem_add = tcp_mem_add,
     .mem_del = tcp_mem_del,
     .write = tcp_write,
+    .read = baton__tp_notsup_read, /* tcp pulls are served by the holder's writes */
     .flush = baton__tp_notsup_flush,
     .peer_fence = tcp_peer_fence,
     .peer_destroy = tcp_peer_destroy,

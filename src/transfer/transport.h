@@ -215,6 +215,19 @@ struct baton__tp_ops_s {
     /* INITIATOR: starts a write. 0: cb will fire. Error: cb never fires (e.g. BATON_ERKEY for
      * a destination outside the announced region, BATON_EPEERDOWN once the peer failed). */
     int (*write)(baton__tp_peer_t *peer, baton__tp_write_t *w);
+    /*
+     * Pull mode (RDMA READ): the reverse of write, on either role of an UP peer. Each sge names a
+     * LOCAL buffer (src, inside src_mr: the bytes land there) and a REMOTE range (dst, len) of
+     * the peer's region dst_mem, announced to THIS side with mem_add (the holder's source pages;
+     * mem_add is then called on the puller's peer, whatever its role). cb(w, 0): every byte of
+     * every range is in the local buffers (all READ completions arrived). cb(w, err): a READ
+     * failed (the connection is then down: QPs in ERROR, the peer told through peer_failed) or
+     * peer_fence cancelled it; the local buffers hold partial data and the transport writes
+     * nothing more into them. Synchronous errors as write (BATON_ERKEY for a range outside the
+     * announced region or an unknown region, BATON_EPEERDOWN once the peer failed or is not UP,
+     * BATON_ENOTSUP where the transport cannot read: baton__tp_notsup_read).
+     */
+    int (*read)(baton__tp_peer_t *peer, baton__tp_write_t *w);
     /* cb once every write started before this call has completed (fired its cb). Optional. */
     int (*flush)(baton__tp_peer_t *peer, baton__tp_done_cb cb, void *arg);
     /*
@@ -244,6 +257,7 @@ int baton__tp_notsup_adopt_lane(baton__tp_peer_t *peer, uv_tcp_t *stream, uint32
 int baton__tp_notsup_mem_add(baton__tp_peer_t *peer, uint32_t mem_id, uint64_t base, uint64_t len,
                              baton_xfer_mem_kind_t kind, const uint8_t *blob, size_t blob_len);
 int baton__tp_notsup_mem_del(baton__tp_peer_t *peer, uint32_t mem_id);
+int baton__tp_notsup_read(baton__tp_peer_t *peer, baton__tp_write_t *w);
 
 /* Runs fn(arg) on the progress loop on a later iteration (never inside the caller). Progress
  * thread only. Returns 0 or BATON_ENOMEM. */

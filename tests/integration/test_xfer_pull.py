@@ -1,13 +1,14 @@
 """test_xfer_pull.py — libbaton's pull mode between real processes on loopback (issue 12), through
 baton-xfer-pull: keys exported by a holder process and pulled by another over tcp and shm with
 every byte verified; an export released after its timeout (a later pull is refused at once);
-kill -9 of the holder in the middle of a pull (the puller's pull fails once, promptly). (kill -9
-of the PULLER mid-pull is not here: the holder was seen not to notice the dead peer while the
-pull's writes were in flight over tcp; reported, not fixed.)"""
+kill -9 of the holder in the middle of a pull (the puller's pull fails once, promptly); kill -9 of
+the PULLER (pull) or of the decode side (push) while the holder's writes are in flight: the holder
+survives (no SIGPIPE), logs peer_down and ends the export / room with peer-down, promptly."""
 
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -19,15 +20,20 @@ from harness import TestRunner  # noqa: E402
 BOUND_S = 15.0
 # A slow pull: 64 MiB in 4 KiB slices over one lane, so a kill lands in the middle of it.
 BIG = ("--layers", "16", "--ppl", "16", "--page", "262144", "--slice", "4096", "--lanes", "1")
+# Larger still (256 MiB) where the RECEIVER is killed: the holder must still be writing then.
+HUGE = ("--layers", "64", "--ppl", "16", "--page", "262144", "--slice", "4096", "--lanes", "1")
 
 
 class Peer:
     """A baton-xfer-pull process whose stdout lines are collected."""
 
-    def __init__(self, *args):
+    def __init__(self, *args, log=None):
+        # log: an open file that receives the engine's log lines (stderr), else they are dropped
         self.p = subprocess.Popen([harness.binary("baton-xfer-pull"), *args],
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                  stdout=subprocess.PIPE,
+                                  stderr=log if log is not None else subprocess.DEVNULL, text=True)
         self.lines = []
+        self.eof = False  # stdout closed: the process is gone, no line will come
         self.cond = threading.Condition()
         self.t = threading.Thread(target=self._read, daemon=True)
         self.t.start()
@@ -38,6 +44,7 @@ class Peer:
                 self.lines.append(ln.strip())
                 self.cond.notify_all()
         with self.cond:
+            self.eof = True
             self.cond.notify_all()
 
     def wait_line(self, prefix, timeout=BOUND_S):
@@ -48,7 +55,7 @@ class Peer:
                     if ln.startswith(prefix):
                         return ln
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or self.eof:
                     raise AssertionError(f"no line {prefix!r} in {self.lines}")
                 self.cond.wait(left)
 
@@ -124,9 +131,53 @@ def test_kill_holder_mid_read():
     assert took < BOUND_S, took
 
 
+def kill_receiver_mid_write(mode):
+    """kill -9 of the receiving side while the holder's writes of a 256 MiB key are in flight
+    over tcp (mode "pull": an export served to a puller; "push": the application writes an
+    ordinary offer). Before the fix the holder died of SIGPIPE on its next lane write (exit
+    141) right after logging lane_failed, so it never logged peer_down and its room never
+    ended."""
+    with tempfile.TemporaryFile(mode="w+") as log:
+        h = Peer("--hold", "--keys", "1", *HUGE, *(("--push",) if mode == "push" else ()),
+                 log=log)
+        try:
+            pu = Peer("--pull", f"127.0.0.1:{port_of(h)}", "--keys", "1", *HUGE)
+            pu.wait_line("progress")  # the holder's bytes are landing in the receiver's pages
+            t_kill = time.monotonic()
+            pu.kill()
+            end = h.wait_line("export_end")
+            took = time.monotonic() - t_kill
+            rc = h.finish()
+        finally:
+            if h.p.poll() is None:
+                h.kill()
+        log.seek(0)
+        logs = log.read()
+    if end == "export_end key=1 status=pulled":
+        # the write beat the kill (a fast machine): nothing more to see
+        print(f"    {mode}: the holder finished writing before the kill landed", flush=True)
+        assert rc == 0, (rc, h.lines)
+        return
+    assert rc == 0, f"holder exit {rc} (-13 / 141: SIGPIPE) {h.lines}"
+    assert end == "export_end key=1 status=BATON_XFER_EPEERDOWN", h.lines
+    assert h.count("export_end") == 1, h.lines  # exactly one end
+    assert "peer_down role=prefill" in logs and "rooms=1" in logs, logs
+    assert took < BOUND_S, took
+    print(f"    {mode}: receiver killed mid-write, holder ended the room after {took:.2f}s",
+          flush=True)
+
+
+def test_kill_puller_mid_read():
+    kill_receiver_mid_write("pull")
+
+
+def test_kill_decode_mid_write():
+    kill_receiver_mid_write("push")
+
+
 if __name__ == "__main__":
     t = TestRunner()
     for fn in (test_pull_tcp_shm, test_release_after_timeout, test_kill_holder_mid_read,
-               ):
+               test_kill_puller_mid_read, test_kill_decode_mid_write):
         t.run(fn)
     t.finish()

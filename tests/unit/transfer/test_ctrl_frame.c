@@ -263,6 +263,21 @@ static void mk_layer_done(baton_buf_t *b)
     assert_int_equal(baton__enc_layer_done(b, 0x1122334455667788ull, 63), 0);
 }
 
+static const baton__offer_page_t grant_pages[2] = {{0x10000, 4096, 3},
+                                                   {0x7f0000001000ull, 65536, 4}};
+
+static void mk_grant(baton_buf_t *b)
+{
+    assert_int_equal(baton__enc_grant(b, 0x0102030405060708ull, -7, 4242, (const uint8_t *)"kv", 2,
+                                      2, grant_pages),
+                     0);
+}
+
+static void mk_read_done(baton_buf_t *b)
+{
+    assert_int_equal(baton__enc_read_done(b, 99, BATON_EABORTED), 0);
+}
+
 static void expect_refused(make_fn mk, size_t off, int width, uint64_t value)
 {
     baton_buf_t b = BATON_BUF_INIT;
@@ -430,9 +445,10 @@ static void check_any(const uint8_t *p, size_t len)
 
 static void test_fuzz(void **state)
 {
-    baton_buf_t seeds[7];
-    make_fn mk[] = {mk_hello, mk_offer, mk_done, mk_mem, mk_lane_hello, mk_write, mk_layer_done};
-    for (int i = 0; i < 7; i++) {
+    baton_buf_t seeds[9];
+    make_fn mk[] = {mk_hello, mk_offer,      mk_done,  mk_mem,      mk_lane_hello,
+                    mk_write, mk_layer_done, mk_grant, mk_read_done};
+    for (int i = 0; i < 9; i++) {
         seeds[i] = (baton_buf_t)BATON_BUF_INIT;
         mk[i](&seeds[i]);
     }
@@ -455,7 +471,7 @@ static void test_fuzz(void **state)
                 scratch[7] = 0;
             }
         } else { /* mutate a valid frame: flip bytes, truncate, or extend */
-            baton_buf_t *s = &seeds[rnd() % 7];
+            baton_buf_t *s = &seeds[rnd() % 9];
             len = s->len;
             memcpy(scratch, s->data, len);
             int flips = 1 + (int)(rnd() % 4);
@@ -478,7 +494,7 @@ static void test_fuzz(void **state)
     print_message("fuzz: %d iterations, %d accepted, %.2fs\n", iters, accepted, now_s() - t0);
     assert_true(iters >= 1000);
     free(scratch);
-    for (int i = 0; i < 7; i++)
+    for (int i = 0; i < 9; i++)
         baton_buf_free(&seeds[i]);
 }
 
@@ -658,6 +674,61 @@ static void test_stream_reassembly(void **state)
     baton_buf_free(&stream);
 }
 
+/* GRANT and READ_DONE (proto 4, pull by RDMA READ): round trips, every prefix incomplete, and
+ * the fields a broken peer could send refused (no page, a count that does not match the body, a
+ * page without address / length / region, a payload past the body, a positive status). */
+static void test_grant_read_done(void **state)
+{
+    (void)state;
+    baton_buf_t b = BATON_BUF_INIT;
+    mk_grant(&b);
+    mk_read_done(&b);
+    baton__frame_t f;
+    size_t c;
+    const uint8_t *p = (const uint8_t *)b.data;
+    assert_int_equal(baton__frame_decode(p, b.len, &f, &c, NULL), 0);
+    assert_int_equal(f.type, BATON__F_GRANT);
+    assert_true(f.u.grant.done.room == 0x0102030405060708ull);
+    assert_int_equal(f.u.grant.done.status, -7);
+    assert_int_equal(f.u.grant.done.first_token, 4242);
+    assert_int_equal(f.u.grant.done.payload_len, 2);
+    assert_memory_equal(f.u.grant.done.payload, "kv", 2);
+    assert_int_equal(f.u.grant.n_pages, 2);
+    for (uint32_t i = 0; i < 2; i++) {
+        baton__offer_page_t pg;
+        baton__grant_page(&f.u.grant, i, &pg);
+        assert_true(pg.addr == grant_pages[i].addr);
+        assert_int_equal(pg.len, grant_pages[i].len);
+        assert_int_equal(pg.mem_id, grant_pages[i].mem_id);
+    }
+    for (size_t n = 0; n < c; n++)
+        assert_int_equal(baton__frame_decode(p, n, &f, &c, NULL), 1);
+    size_t first = BATON__FRAME_HDR + 22 + 2 + 4 + 2 * 16;
+    assert_int_equal(baton__frame_decode(p, first, &f, &c, NULL), 0);
+    assert_int_equal(c, first);
+    assert_int_equal(baton__frame_decode(p + first, b.len - first, &f, &c, NULL), 0);
+    assert_int_equal(f.type, BATON__F_READ_DONE);
+    assert_true(f.u.read_done.room == 99);
+    assert_int_equal(f.u.read_done.status, BATON_EABORTED);
+    assert_string_equal(baton__ftype_name(BATON__F_GRANT), "GRANT");
+    assert_string_equal(baton__ftype_name(BATON__F_READ_DONE), "READ_DONE");
+    baton_buf_free(&b);
+
+    const size_t body = BATON__FRAME_HDR;
+    expect_refused(mk_grant, body + 20, 2, 3);          /* payload length past the pages */
+    expect_refused(mk_grant, body + 24, 4, 0);          /* no page */
+    expect_refused(mk_grant, body + 24, 4, 3);          /* more pages than the body holds */
+    expect_refused(mk_grant, body + 24, 4, 200000);     /* over the page limit */
+    expect_refused(mk_grant, body + 28, 8, 0);          /* page address 0 */
+    expect_refused(mk_grant, body + 36, 4, 0);          /* page length 0 */
+    expect_refused(mk_grant, body + 40, 4, 0);          /* page region 0 */
+    expect_refused(mk_grant, body + 44, 8, UINT64_MAX); /* page past the address space */
+    expect_refused(mk_read_done, body + 8, 4, 5);       /* positive status */
+    expect_refused(mk_read_done, 8, 4, 13);             /* length */
+    assert_int_equal(baton__enc_grant(&b, 1, 0, 0, NULL, 0, 0, grant_pages), BATON_EINVAL);
+    baton_buf_free(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -670,6 +741,7 @@ int main(void)
         cmocka_unit_test(test_stream_reassembly),
         cmocka_unit_test(test_layer_done),
         cmocka_unit_test(test_auth),
+        cmocka_unit_test(test_grant_read_done),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -874,6 +874,264 @@ static void test_remote_access_errors(void **state)
     assert_true(st.wrs_failed >= 1);
 }
 
+/* ---- pull mode: RDMA READ by the decode side (the puller) from the prefill side's pages ---- */
+
+#define SRC_ID 21 /* the holder's region as announced to the puller */
+
+/* The puller learns the holder's source region (its rkeys per NIC), as a pull grant carries it. */
+static void fx_announce_src(void)
+{
+    uint8_t key[BATON__TP_BLOB_MAX];
+    size_t klen = 0;
+    assert_int_equal(ops->mem_key(F.src_mr, key, sizeof(key), &klen), 0);
+    assert_int_equal(
+        ops->mem_add(F.pd, SRC_ID, (uintptr_t)F.src, F.size, BATON_XFER_MEM_HOST, key, klen), 0);
+}
+
+/* The puller reads [remote_off, +len) of the holder's region into its own pages at local_off. */
+static int fx_read(wreq_t *x, size_t local_off, size_t remote_off, size_t len)
+{
+    memset(x, 0, sizeof(*x));
+    x->sge[0].src = F.dst + local_off;
+    x->sge[0].src_mr = F.dst_mr;
+    x->sge[0].dst = (uintptr_t)F.src + remote_off;
+    x->sge[0].dst_mem = SRC_ID;
+    x->sge[0].len = len;
+    x->w.room_id = 77;
+    x->w.sges = x->sge;
+    x->w.n_sges = 1;
+    x->w.cb = on_write;
+    return ops->read(F.pd, &x->w);
+}
+
+/* Holder NICs with 4 responder resources, puller NICs with 16: the handshake carries the holder's
+ * limit, the puller's QPs go to RTS with max_rd_atomic 4 and never have more than 4 READs queued;
+ * the bytes arrive only through READs, the callback only after the last one completed. */
+static void test_read_pulls_holder_pages(void **state)
+{
+    (void)state;
+    base_setup();
+    F.npre = 2;
+    F.ndec = 2;
+    for (int i = 0; i < 4; i++) {
+        vm_dev_cfg_t c;
+        vm_dev_cfg_default(&c, i);
+        c.max_rd_atom = i < 2 ? 4 : 16;
+        assert_int_equal(vm_add_device(&c), i);
+    }
+    init_sides(2, 2);
+    const size_t len = 4u << 20; /* 64 slices of 64 KiB over 4 QPs: 16 each, above the depth */
+    fx_connect();
+    fx_mem(len);
+    fx_announce_src();
+    uint32_t dq[8], pq[8];
+    assert_int_equal(side_qps(0, dq, 8, 1), 4);
+    assert_int_equal(side_qps(1, pq, 8, 1), 4);
+    for (int i = 0; i < 4; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(dq[i], &a);
+        assert_int_equal(a.max_rd_atomic, 4); /* the holder's responder resources */
+        vm_qp_info(pq[i], &a);
+        assert_int_equal(a.max_dest_rd_atomic, 4);
+        assert_true(a.access_flags & IBV_ACCESS_REMOTE_READ); /* the responder allows READs */
+    }
+    wreq_t x;
+    assert_int_equal(fx_read(&x, 0, 0, len), 0);
+    assert_int_equal(x.done, 0); /* never inside the call */
+    vm_step(40);
+    spin();
+    assert_int_equal(x.done, 0); /* not before the last READ */
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst, F.src, len));
+    vm_stats_t st;
+    vm_stats(&st);
+    assert_true(st.reads_run >= len / F.cfg.slice_size);
+    assert_int_equal(st.reads_run, st.wrs_run); /* nothing but READs moved the bytes */
+    assert_int_equal(st.bytes_landed, 0);       /* no WRITE landed anywhere */
+    assert_int_equal(st.max_reads_queued, 4);   /* the depth was used, never exceeded */
+    assert_int_equal(st.misuse, 0);
+    for (size_t i = 0; i < len; i++) /* the holder's pages are untouched */
+        if (F.src[i] != (uint8_t)(i * 131 + (i >> 12) + 7))
+            fail_msg("holder byte %zu changed", i);
+    /* a second read of a sub-range on the same connection, at an offset */
+    memset(F.dst, 0, len);
+    assert_int_equal(fx_read(&x, 4096, 8192, 100000), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0);
+    assert_true(bytes_equal(F.dst + 4096, F.src + 8192, 100000));
+    assert_true(all_bytes(F.dst, 0, 4096));
+    assert_int_equal(F.rd.failed, 0);
+    assert_int_equal(F.rp.failed, 0);
+}
+
+/* Refused before anything is posted: an unknown region, a range outside the holder's region, a
+ * local buffer outside its registration, a peer that is not up. Refused by the responder NIC: a
+ * bad rkey (the READ completes with a remote access error, the connection fails once, nothing is
+ * written into the puller's pages). */
+static void test_read_refusals(void **state)
+{
+    (void)state;
+    const size_t len = 256 * 1024;
+    fx_connect();
+    fx_mem(len);
+    fx_announce_src();
+    wreq_t x;
+    assert_int_equal(fx_read(&x, 0, 4096, len), BATON_ERKEY); /* past the region's end */
+    x.sge[0].dst_mem = 99;
+    x.sge[0].dst = (uintptr_t)F.src;
+    x.sge[0].len = 4096;
+    assert_int_equal(ops->read(F.pd, &x.w), BATON_ERKEY);            /* a region never announced */
+    assert_int_equal(fx_read(&x, len - 100, 0, 4096), BATON_EINVAL); /* local buffer outside */
+    /* a connection not up yet */
+    baton__tp_peer_t *fresh = NULL;
+    assert_int_equal(ops->peer_create(F.dec, BATON__TP_ROLE_TARGET, ++F.gen, &fresh), 0);
+    assert_int_equal(ops->read(fresh, &x.w), BATON_EPEERDOWN);
+    ops->peer_destroy(fresh);
+    vm_stats_t st;
+    vm_stats(&st);
+    assert_int_equal(st.wrs_posted, 0);
+
+    /* a corrupted rkey reaches the holder's NIC */
+    uint8_t key[BATON__TP_BLOB_MAX];
+    size_t klen = 0;
+    assert_int_equal(ops->mem_key(F.src_mr, key, sizeof(key), &klen), 0);
+    for (size_t off = 40; off + 8 <= klen; off += 8)
+        key[off + 4] ^= 0x5a; /* first rkey of each device */
+    assert_int_equal(ops->mem_add(F.pd, 22, (uintptr_t)F.src, len, BATON_XFER_MEM_HOST, key, klen),
+                     0);
+    memset(F.dst, 0xEE, len);
+    assert_int_equal(fx_read(&x, 0, 0, len), 0);
+    x.sge[0].dst_mem = 22; /* (read only at post time: the op was queued with SRC_ID) */
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, 0); /* SRC_ID's keys are good */
+    memset(F.dst, 0xEE, len);
+    wreq_t y;
+    memset(&y, 0, sizeof(y));
+    y.sge[0].src = F.dst;
+    y.sge[0].src_mr = F.dst_mr;
+    y.sge[0].dst = (uintptr_t)F.src;
+    y.sge[0].dst_mem = 22;
+    y.sge[0].len = len;
+    y.w.room_id = 78;
+    y.w.sges = y.sge;
+    y.w.n_sges = 1;
+    y.w.cb = on_write;
+    assert_int_equal(ops->read(F.pd, &y.w), 0);
+    run_all();
+    assert_int_equal(y.done, 1);
+    assert_int_equal(y.status, BATON_ERKEY);
+    assert_int_equal(F.rd.failed, 1); /* the puller's connection failed, once */
+    assert_int_equal(F.rd.fail_err, BATON_ERKEY);
+    assert_true(all_bytes(F.dst, 0xEE, len));
+    vm_stats(&st);
+    assert_true(st.wrs_failed >= 1);
+    /* the failed connection takes no more reads */
+    assert_int_equal(fx_read(&x, 0, 0, 4096), BATON_EPEERDOWN);
+}
+
+/* A stale connection's grant is worthless on the next one, a withdrawn region is refused, and a
+ * region the holder deregistered (its export released) is not readable: the NIC refuses it. */
+static void test_read_stale_and_released(void **state)
+{
+    (void)state;
+    const size_t len = 128 * 1024;
+    fx_connect();
+    fx_mem(len);
+    fx_announce_src();
+    wreq_t x;
+    assert_int_equal(fx_read(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.status, 0);
+    /* the connection is retired (a new incarnation / generation follows): its keys went with it */
+    fence_destroy(&F.pp, &F.rp);
+    fence_destroy(&F.pd, &F.rd);
+    fx_connect();
+    memset(F.dst, 0, len);
+    assert_int_equal(fx_read(&x, 0, 0, len), BATON_ERKEY); /* SRC_ID unknown on this one */
+    fx_announce_src();
+    assert_int_equal(ops->mem_del(F.pd, SRC_ID), 0); /* the holder withdrew it */
+    assert_int_equal(fx_read(&x, 0, 0, len), BATON_ERKEY);
+    fx_announce_src();
+    /* the holder deregisters the region: a READ with its old rkeys fails at the NIC */
+    assert_int_equal(ops->mem_dereg(F.src_mr), 0);
+    F.src_mr = NULL;
+    assert_int_equal(fx_read(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, BATON_ERKEY);
+    assert_true(all_bytes(F.dst, 0, len));
+    assert_int_equal(F.rd.failed, 1);
+}
+
+/* Faults in the middle of a read: a READ completing with an error, the QP going to error, the
+ * engine fencing the connection. Each ends the read exactly once with the documented error, the
+ * connection's failure is told once (not for the engine's own fence) and the fence completes only
+ * after the read's callback (the local pages are the caller's again). */
+static void test_read_faults(void **state)
+{
+    (void)state;
+    const size_t len = 2u << 20;
+    fx_connect();
+    fx_mem(len);
+    fx_announce_src();
+    wreq_t x;
+
+    /* 1. the 5th READ to run completes with "retry exceeded": peer down */
+    vm_fail_wr(5, IBV_WC_RETRY_EXC_ERR);
+    assert_int_equal(fx_read(&x, 0, 0, len), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, BATON_EPEERDOWN);
+    assert_int_equal(F.rd.failed, 1);
+    assert_int_equal(F.rd.fail_err, BATON_EPEERDOWN);
+    fence_destroy(&F.pd, &F.rd);
+    fence_destroy(&F.pp, &F.rp);
+
+    /* 2. a puller QP goes to error mid-read (QP_FATAL) */
+    fx_connect();
+    fx_announce_src();
+    uint32_t dq[16];
+    int n = side_qps(0, dq, 16, 1);
+    assert_int_equal(n, 4);
+    assert_int_equal(fx_read(&x, 0, 0, len), 0);
+    vm_step(6);
+    spin();
+    assert_int_equal(x.done, 0);
+    assert_int_equal(vm_inject_qp_fatal(dq[2]), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_int_equal(x.status, BATON_EPEERDOWN);
+    assert_int_equal(F.rd.failed, 1);
+    for (int i = 0; i < n; i++) {
+        vm_qp_info_t a;
+        vm_qp_info(dq[i], &a);
+        assert_true(had_state(&a, IBV_QPS_ERR)); /* every QP of the connection, not only one */
+        assert_true(a.destroyed);
+    }
+    fence_destroy(&F.pd, &F.rd);
+    fence_destroy(&F.pp, &F.rp);
+
+    /* 3. the engine fences the puller's connection while READs are queued (an abort) */
+    fx_connect();
+    fx_announce_src();
+    assert_int_equal(fx_read(&x, 0, 0, len), 0);
+    vm_step(3);
+    spin();
+    assert_int_equal(ops->peer_fence(F.pd, on_fenced, &F.rd), 0);
+    run_all();
+    assert_int_equal(x.done, 1);
+    assert_true(x.status != 0);
+    assert_int_equal(F.rd.fenced, 1);
+    assert_int_equal(F.rd.failed, 0); /* the engine's own fence is not reported back */
+    vm_stats_t st;
+    vm_stats(&st);
+    assert_true(st.wrs_flushed > 0); /* the queued READs flushed, none ran after the fence */
+}
+
 static void test_deregistered_target_memory(void **state)
 {
     const size_t len = 128 * 1024;
@@ -2178,6 +2436,10 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_remote_access_errors, setup_default, teardown),
         cmocka_unit_test_setup_teardown(test_deregistered_target_memory, setup_default, teardown),
+        cmocka_unit_test_teardown(test_read_pulls_holder_pages, teardown),
+        cmocka_unit_test_setup_teardown(test_read_refusals, setup_default, teardown),
+        cmocka_unit_test_setup_teardown(test_read_stale_and_released, setup_default, teardown),
+        cmocka_unit_test_setup_teardown(test_read_faults, setup_default, teardown),
         cmocka_unit_test_setup_teardown(test_qp_fatal_event, setup_default, teardown),
         cmocka_unit_test_setup_teardown(test_port_error_disconnects_all, setup_default, teardown),
         cmocka_unit_test_teardown(test_outstanding_bounded_by_max_wr, teardown),

@@ -1249,6 +1249,71 @@ static void test_fake_prefill_layer_done(void **state)
     close(G.lfd);
 }
 
+/* A fake proto-4 holder answers pulls with GRANT over tcp (it never would: tcp pulls are
+ * written), which lets the puller's refusals of a grant be seen without a NIC: a grant for a
+ * room it does not have is ignored; a grant of the wrong shape is refused (EPROTO) and one its
+ * transport cannot read is refused (ENOTSUP), before anything is read, each with READ_DONE
+ * carrying that status. The fake records the READ_DONE statuses. */
+static int32_t g_read_done[2] = {1, 1};
+
+static void *fake_granting_holder(void *arg)
+{
+    static uint8_t buf[1 << 20];
+    int c, lane;
+    baton__frame_t f;
+    baton__offer_page_t pg;
+    if (fake_handshake(&c, &lane, buf, sizeof(buf)) != 0)
+        return NULL;
+    for (int k = 0; k < 2; k++) {
+        if (fake_next_offer(c, buf, sizeof(buf), &pg, k ? &G.room2 : &G.room1) != 0)
+            return NULL;
+        /* room 1: the shape of the offer (1 page); room 2: one page too many */
+        baton__offer_page_t gsrc[2] = {{0x100000, pg.len, 5}, {0x200000, pg.len, 5}};
+        baton_buf_t b = BATON_BUF_INIT;
+        baton__enc_grant(&b, 424242, 0, 1, NULL, 0, 1, gsrc); /* no such room: ignored */
+        baton__enc_grant(&b, k ? G.room2 : G.room1, 0, 7, (const uint8_t *)"x", 1, k ? 2 : 1, gsrc);
+        send_buf(c, &b);
+        baton_buf_free(&b);
+        for (;;) {
+            if (read_frame(c, buf, sizeof(buf), &f) != 0)
+                return NULL;
+            if (f.type == BATON__F_READ_DONE) {
+                g_read_done[k] = f.u.read_done.status;
+                break;
+            }
+        }
+    }
+    G.ok = 1;
+    close(lane);
+    close(c);
+    return NULL;
+}
+
+static void test_puller_refuses_bad_grants(void **state)
+{
+    memset(&G, 0, sizeof(G));
+    pthread_t th;
+    fake_listen(&G.lfd, &G.port);
+    assert_int_equal(pthread_create(&th, NULL, fake_granting_holder, NULL), 0);
+    start_engines(BATON_XFER_TRANSPORT_TCP, BATON_XFER_TRANSPORT_TCP, 0);
+    droom_t r[2] = {{.id = 701, .layers = 1, .ppl = 1, .page_len = 4096, .slot = 8192},
+                    {.id = 702, .layers = 1, .ppl = 1, .page_len = 4096, .slot = 8192}};
+    memset(T.pool, 0x11, 16384);
+    assert_int_equal(offer_room(&r[0], G.port, T.pool), 0);
+    WAIT_INT(T.offers_done, 1, 10000);
+    assert_int_equal(r[0].status, BATON_XFER_ENOTSUP); /* tcp cannot READ: refused, unread */
+    assert_int_equal(offer_room(&r[1], G.port, T.pool + 8192), 0);
+    WAIT_INT(T.offers_done, 2, 10000);
+    assert_int_equal(r[1].status, BATON_XFER_EPROTO); /* two source pages for one page */
+    pthread_join(th, NULL);
+    assert_int_equal(G.ok, 1);
+    assert_int_equal(g_read_done[0], BATON_XFER_ENOTSUP);
+    assert_int_equal(g_read_done[1], BATON_XFER_EPROTO);
+    for (size_t i = 0; i < 16384; i++) /* nothing was placed in the pages */
+        assert_int_equal(T.pool[i], 0x11);
+    close(G.lfd);
+}
+
 /* A proto-2 prefill cannot skip pages: it records the first OFFER it gets, then hangs up. */
 static uint32_t g_old_first_page = UINT32_MAX;
 
@@ -1777,6 +1842,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fake_prefill_layer_done, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prefill_refuses_bad_frames, setup, teardown),
         cmocka_unit_test_setup_teardown(test_partial_offer_to_old_prefill, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_puller_refuses_bad_grants, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cuda_device_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kv_auth_rogues, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kv_auth_mismatch, setup, teardown),

@@ -221,7 +221,22 @@ static void test_pull_shm(void **state)
     pull_mode(BATON_XFER_TRANSPORT_SHM);
 }
 
-/* Own-progress mode has no caller loop for a timer: a timeout is refused, none is fine. */
+/* Own-progress mode: polls the engine fd and dispatches until *counter reaches want. */
+static void dispatch_until(baton_xfer_engine_t *eng, int *counter, int want)
+{
+    uint64_t deadline = uv_hrtime() / 1000000 + WAIT_MS;
+    while (*counter < want) {
+        if (uv_hrtime() / 1000000 > deadline)
+            fail_msg("timed out");
+        struct pollfd pfd = {.fd = baton_xfer_engine_fd(eng), .events = POLLIN};
+        assert_true(poll(&pfd, 1, 200) >= 0);
+        assert_true(baton_xfer_engine_dispatch(eng) >= 0);
+    }
+}
+
+/* Own-progress mode has no caller loop for a timer: the engine's progress thread makes the fd
+ * readable once an export's timeout is due, and dispatch ends it with ETIMEOUT (exactly once,
+ * never inside a call). A released export and one still waiting at destroy get no callback. */
 static void test_pull_own_progress_timeout(void **state)
 {
     (void)state;
@@ -234,24 +249,43 @@ static void test_pull_own_progress_timeout(void **state)
     baton_xfer_mem_t *mem;
     assert_int_equal(baton_xfer_mem_register(eng, buf, sizeof(buf), BATON_XFER_MEM_HOST, 0, &mem),
                      0);
+    pt_t t = {0};
+    t.holder = eng;
     baton_xfer_iov_t src = {buf, sizeof(buf)};
     baton_xfer_export_t ex = {1, 1, 1, &src, 100, {0, -1, NULL, 0}};
-    assert_int_equal(baton_xfer_export(eng, &ex, on_export, NULL), BATON_XFER_ENOTSUP);
+    uint64_t t0 = uv_hrtime(); /* before the export: its deadline counts from the call */
+    assert_int_equal(baton_xfer_export(eng, &ex, on_export, &t), 0); /* key 1: 100 ms */
+    ex.key = 2;
+    ex.timeout_ms = 50;
+    assert_int_equal(baton_xfer_export(eng, &ex, on_export, &t), 0); /* key 2: released */
+    assert_int_equal(baton_xfer_export_release(eng, 2), 0);
+    ex.key = 3;
     ex.timeout_ms = 0;
-    assert_int_equal(baton_xfer_export(eng, &ex, on_export, NULL), 0);
-    assert_int_equal(baton_xfer_export_release(eng, 1), 0);
+    assert_int_equal(baton_xfer_export(eng, &ex, on_export, &t), 0); /* key 3: no timeout */
+    ex.key = 4;
+    ex.timeout_ms = 3600 * 1000;
+    assert_int_equal(baton_xfer_export(eng, &ex, on_export, &t), 0); /* key 4: not due here */
+    assert_int_equal(t.export_cbs, 0);
+    dispatch_until(eng, &t.export_cbs, 1);
+    assert_int_equal(t.export_status, BATON_XFER_ETIMEOUT);
+    assert_int_equal(t.export_key, 1);
+    assert_true(uv_hrtime() - t0 >= 100ull * 1000000); /* never early (a lower bound only) */
+    /* the expired export is over: its key is free; the others are still held */
+    assert_int_equal(baton_xfer_export_release(eng, 1), BATON_XFER_ENOTFOUND);
+    assert_int_equal(baton_xfer_export_release(eng, 3), 0);
+    /* an export made after the first wake gets its own */
+    ex.key = 5;
+    ex.timeout_ms = 20;
+    assert_int_equal(baton_xfer_export(eng, &ex, on_export, &t), 0);
+    dispatch_until(eng, &t.export_cbs, 2);
+    assert_int_equal(t.export_status, BATON_XFER_ETIMEOUT);
+    assert_int_equal(t.export_key, 5);
     assert_int_equal(baton_xfer_mem_deregister(eng, mem), 0);
-    pt_t t = {0};
     baton_xfer_engine_destroy(eng, on_closed, &t);
-    /* own-progress: the close callback runs inside dispatch once the thread is gone */
-    uint64_t deadline = uv_hrtime() / 1000000 + WAIT_MS;
-    while (!t.closed) {
-        if (uv_hrtime() / 1000000 > deadline)
-            fail_msg("timed out");
-        struct pollfd pfd = {.fd = baton_xfer_engine_fd(eng), .events = POLLIN};
-        assert_true(poll(&pfd, 1, 200) >= 0);
-        assert_true(baton_xfer_engine_dispatch(eng) >= 0);
-    }
+    /* own-progress: the close callback runs inside dispatch once the thread is gone; key 4 is
+     * dropped without its callback */
+    dispatch_until(eng, &t.closed, 1);
+    assert_int_equal(t.export_cbs, 2);
 }
 
 int main(void)

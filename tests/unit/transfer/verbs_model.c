@@ -20,8 +20,24 @@
 #define VM_MAX_DEVMEM  16
 #define VM_MAX_EXPORTS 64
 
-/* QP creation / modification may come from two threads (two transports); see the header. */
-static pthread_mutex_t vm_lock = PTHREAD_MUTEX_INITIALIZER;
+/* One recursive lock around every entry point (verbs, the provider ops and the vm_* calls): two
+ * transports may call in from two threads (QP setup), and whole engines from their progress
+ * threads (test_xfer_pull_rdma); see the header. */
+static pthread_mutex_t vm_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+
+static pthread_mutex_t *vm_guard_lock(void)
+{
+    pthread_mutex_lock(&vm_lock);
+    return &vm_lock;
+}
+
+static void vm_guard_unlock(pthread_mutex_t **m)
+{
+    pthread_mutex_unlock(*m);
+}
+
+#define VM_GUARD()                                                                                 \
+    pthread_mutex_t *vm_guard_ __attribute__((cleanup(vm_guard_unlock), unused)) = vm_guard_lock()
 
 /* Every model object is on one list so vm_reset frees it and vm_live_objects counts it. */
 typedef enum { K_DEVLIST, K_CTX, K_PD, K_MR, K_CHAN, K_CQ, K_QP } vm_kind_t;
@@ -132,6 +148,7 @@ struct vm_qp {
     uint64_t next_seq;    /* seq of the next posted WR */
     uint64_t retired_seq; /* WRs below this have had a covering CQE polled */
     int queued;           /* WRs not yet run or flushed */
+    int reads_queued;     /* RDMA READs among them */
     uint64_t events_gotten, events_acked;
 };
 
@@ -249,6 +266,7 @@ static void pipe_nb_write(int fd)
 
 void vm_dev_cfg_default(vm_dev_cfg_t *cfg, int index)
 {
+    VM_GUARD();
     memset(cfg, 0, sizeof(*cfg));
     snprintf(cfg->name, sizeof(cfg->name), "vm_%d", index);
     cfg->nports = 1;
@@ -269,6 +287,7 @@ void vm_dev_cfg_default(vm_dev_cfg_t *cfg, int index)
     cfg->subnet = index;
     cfg->max_inline = VM_MAX_INLINE;
     cfg->max_msg_sz = 1u << 30;
+    cfg->max_rd_atom = 16;
 }
 
 /* Builds a port's GID table the way a ConnectX port shows it. */
@@ -325,6 +344,7 @@ static const vm_gid_t *gid_at(const vm_dev_t *d, int port, int index)
 
 void vm_reset(void)
 {
+    VM_GUARD();
     vm_hdr_t *h = M.all;
     while (h) {
         vm_hdr_t *next = h->next_all;
@@ -374,6 +394,7 @@ void vm_reset(void)
 
 int vm_add_device(const vm_dev_cfg_t *cfg)
 {
+    VM_GUARD();
     if (M.ndevs >= VM_MAX_DEVS)
         return -1;
     vm_dev_t *d = &M.devs[M.ndevs];
@@ -394,22 +415,26 @@ int vm_add_device(const vm_dev_cfg_t *cfg)
 
 void vm_set_visible(int first, int count)
 {
+    VM_GUARD();
     M.vis_first = first;
     M.vis_count = count;
 }
 
 void vm_set_no_kernel_support(int on)
 {
+    VM_GUARD();
     M.no_kernel = on;
 }
 
 void vm_set_auto_execute(int on)
 {
+    VM_GUARD();
     M.auto_exec = on;
 }
 
 void vm_fail_op(vm_op_t op, int nth, int err)
 {
+    VM_GUARD();
     if (op < 0 || op >= VM_OP_COUNT_)
         return;
     M.faults[op].countdown = nth;
@@ -418,6 +443,7 @@ void vm_fail_op(vm_op_t op, int nth, int err)
 
 void vm_fail_wr(int nth, enum ibv_wc_status status)
 {
+    VM_GUARD();
     M.wr_fail_countdown = nth;
     M.wr_fail_status = status;
 }
@@ -448,6 +474,7 @@ static vm_devmem_t *devmem_of(uintptr_t a, size_t len)
 
 void *vm_devmem_alloc(size_t size)
 {
+    VM_GUARD();
     long pg = sysconf(_SC_PAGESIZE);
     size_t maplen = (size + (size_t)pg - 1) & ~((size_t)pg - 1);
     for (int i = 0; i < VM_MAX_DEVMEM; i++) {
@@ -466,6 +493,7 @@ void *vm_devmem_alloc(size_t size)
 
 void vm_devmem_free(void *p)
 {
+    VM_GUARD();
     for (int i = 0; i < VM_MAX_DEVMEM; i++) {
         if (M.devmem[i].base == p) {
             munmap(p, M.devmem[i].maplen);
@@ -478,6 +506,7 @@ void vm_devmem_free(void *p)
 
 int vm_devmem_range(const void *p, void **base_p, size_t *size_p)
 {
+    VM_GUARD();
     vm_devmem_t *m = devmem_of((uintptr_t)p, 0);
     if (!m || (uintptr_t)p >= (uintptr_t)m->base + m->size)
         return 0;
@@ -488,6 +517,7 @@ int vm_devmem_range(const void *p, void **base_p, size_t *size_p)
 
 int vm_devmem_export(const void *base, size_t size)
 {
+    VM_GUARD();
     vm_devmem_t *m = devmem_of((uintptr_t)base, size);
     if (!m || size == 0 || M.nexports == VM_MAX_EXPORTS)
         return -1;
@@ -518,16 +548,19 @@ static void dma_copy(void *dst, const void *src, size_t len)
 
 void vm_devmem_write(void *dst, const void *src, size_t len)
 {
+    VM_GUARD();
     dma_copy(dst, src, len);
 }
 
 void vm_devmem_read(void *dst, const void *src, size_t len)
 {
+    VM_GUARD();
     dma_copy(dst, src, len);
 }
 
 int vm_devmem_unflushed(void)
 {
+    VM_GUARD();
     int n = 0;
     for (size_t i = 0; i < M.nlandings; i++)
         n += M.landings[i].unflushed;
@@ -536,6 +569,7 @@ int vm_devmem_unflushed(void)
 
 void vm_set_peermem(int on)
 {
+    VM_GUARD();
     M.peermem = on;
 }
 
@@ -602,6 +636,8 @@ static void wr_unlink(vm_wr_t *w)
     else
         M.wr_tail = w->prev;
     w->qp->queued--;
+    if (w->opcode == IBV_WR_RDMA_READ)
+        w->qp->reads_queued--;
     M.nqueued--;
 }
 
@@ -637,6 +673,7 @@ static void qp_to_err(vm_qp_t *qp)
 
 struct ibv_device **__wrap_ibv_get_device_list(int *num_devices)
 {
+    VM_GUARD();
     int err = fault(VM_OP_GET_DEVICE_LIST);
     if (M.no_kernel)
         err = ENOSYS;
@@ -670,6 +707,7 @@ struct ibv_device **__wrap_ibv_get_device_list(int *num_devices)
 
 void __wrap_ibv_free_device_list(struct ibv_device **list)
 {
+    VM_GUARD();
     for (vm_hdr_t *h = M.all; h; h = h->next_all) {
         if (h->kind != K_DEVLIST || !h->live)
             continue;
@@ -688,6 +726,7 @@ void __wrap_ibv_free_device_list(struct ibv_device **list)
 
 const char *__wrap_ibv_get_device_name(struct ibv_device *device)
 {
+    VM_GUARD();
     return device ? device->name : NULL;
 }
 
@@ -697,6 +736,7 @@ static int vm_req_notify_cq(struct ibv_cq *ibcq, int solicited_only);
 
 struct ibv_context *__wrap_ibv_open_device(struct ibv_device *device)
 {
+    VM_GUARD();
     int d = dev_index(device);
     if (d < 0) {
         misuse("ibv_open_device on an unknown device");
@@ -729,6 +769,7 @@ struct ibv_context *__wrap_ibv_open_device(struct ibv_device *device)
 
 int __wrap_ibv_close_device(struct ibv_context *ctx)
 {
+    VM_GUARD();
     vm_ctx_t *c = container_of(ctx, vm_ctx_t, ctx);
     if (!c->hdr.live) {
         misuse("ibv_close_device twice");
@@ -749,6 +790,7 @@ int __wrap_ibv_close_device(struct ibv_context *ctx)
 
 int __wrap_ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
 {
+    VM_GUARD();
     vm_ctx_t *c = container_of(ctx, vm_ctx_t, ctx);
     int err = fault(VM_OP_QUERY_DEVICE);
     if (err)
@@ -767,14 +809,15 @@ int __wrap_ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
     a->max_cqe = cfg->max_cqe;
     a->max_mr = 1 << 20;
     a->max_pd = 1 << 16;
-    a->max_qp_rd_atom = 16;
-    a->max_qp_init_rd_atom = 16;
+    a->max_qp_rd_atom = cfg->max_rd_atom;
+    a->max_qp_init_rd_atom = cfg->max_rd_atom;
     a->phys_port_cnt = cfg->nports;
     return 0;
 }
 
 int __wrap_ibv_query_port(struct ibv_context *ctx, uint8_t port, struct _compat_ibv_port_attr *out)
 {
+    VM_GUARD();
     vm_ctx_t *c = container_of(ctx, vm_ctx_t, ctx);
     int err = fault(VM_OP_QUERY_PORT);
     if (err)
@@ -800,6 +843,7 @@ int __wrap_ibv_query_port(struct ibv_context *ctx, uint8_t port, struct _compat_
 int __wrap__ibv_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index,
                              struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size)
 {
+    VM_GUARD();
     vm_ctx_t *c = container_of(ctx, vm_ctx_t, ctx);
     int err = fault(VM_OP_QUERY_GID);
     if (err)
@@ -825,17 +869,20 @@ int __wrap__ibv_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t in
 
 int __wrap_ibv_fork_init(void)
 {
+    VM_GUARD();
     M.fork_inits++;
     return 0;
 }
 
 int vm_fork_inits(void)
 {
+    VM_GUARD();
     return M.fork_inits;
 }
 
 int __wrap_ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid)
 {
+    VM_GUARD();
     vm_ctx_t *c = container_of(ctx, vm_ctx_t, ctx);
     int err = fault(VM_OP_QUERY_GID);
     if (err) {
@@ -857,6 +904,7 @@ int __wrap_ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union
 
 int __wrap_ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev)
 {
+    VM_GUARD();
     vm_ctx_t *c = container_of(ctx, vm_ctx_t, ctx);
     if (c->nevents == 0 && !(fcntl(ctx->async_fd, F_GETFL) & O_NONBLOCK)) {
         misuse("blocking ibv_get_async_event with nothing queued would hang");
@@ -878,6 +926,7 @@ int __wrap_ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *
 
 void __wrap_ibv_ack_async_event(struct ibv_async_event *ev)
 {
+    VM_GUARD();
     /* the element tells which context; the model keeps counts on the QP when there is one */
     if (ev->event_type == IBV_EVENT_QP_FATAL || ev->event_type == IBV_EVENT_QP_REQ_ERR ||
         ev->event_type == IBV_EVENT_QP_ACCESS_ERR || ev->event_type == IBV_EVENT_COMM_EST ||
@@ -909,6 +958,7 @@ void __wrap_ibv_ack_async_event(struct ibv_async_event *ev)
 
 struct ibv_pd *__wrap_ibv_alloc_pd(struct ibv_context *ctx)
 {
+    VM_GUARD();
     vm_ctx_t *c = container_of(ctx, vm_ctx_t, ctx);
     int err = fault(VM_OP_ALLOC_PD);
     if (err) {
@@ -925,6 +975,7 @@ struct ibv_pd *__wrap_ibv_alloc_pd(struct ibv_context *ctx)
 
 int __wrap_ibv_dealloc_pd(struct ibv_pd *pd)
 {
+    VM_GUARD();
     vm_pd_t *p = container_of(pd, vm_pd_t, pd);
     if (!p->hdr.live) {
         misuse("ibv_dealloc_pd twice");
@@ -989,12 +1040,14 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, unsig
 
 struct ibv_mr *__wrap_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
 {
+    VM_GUARD();
     return reg_mr(pd, addr, length, (unsigned int)access, VM_OP_REG_MR);
 }
 
 struct ibv_mr *__wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
                                        unsigned int access)
 {
+    VM_GUARD();
     if (iova != (uintptr_t)addr)
         misuse("reg_mr_iova2 with iova != addr is not modelled");
     return reg_mr(pd, addr, length, access, VM_OP_REG_MR);
@@ -1003,6 +1056,7 @@ struct ibv_mr *__wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len
 struct ibv_mr *__wrap_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
                                         uint64_t iova, int fd, int access)
 {
+    VM_GUARD();
     /* the dma-buf is an exported device range; WRs address it by iova */
     vm_export_t *x = NULL;
     for (int i = 0; i < M.nexports; i++)
@@ -1024,6 +1078,7 @@ struct ibv_mr *__wrap_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size
 
 int __wrap_ibv_dereg_mr(struct ibv_mr *mr)
 {
+    VM_GUARD();
     vm_mr_t *m = container_of(mr, vm_mr_t, mr);
     if (!m->hdr.live) {
         misuse("ibv_dereg_mr twice");
@@ -1052,6 +1107,7 @@ static vm_mr_t *mr_find(int dev, vm_pd_t *pd, uint32_t key, int remote)
 
 struct ibv_comp_channel *__wrap_ibv_create_comp_channel(struct ibv_context *ctx)
 {
+    VM_GUARD();
     vm_ctx_t *c = container_of(ctx, vm_ctx_t, ctx);
     int err = fault(VM_OP_CREATE_COMP_CHANNEL);
     if (err) {
@@ -1073,6 +1129,7 @@ struct ibv_comp_channel *__wrap_ibv_create_comp_channel(struct ibv_context *ctx)
 
 int __wrap_ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
 {
+    VM_GUARD();
     vm_chan_t *ch = container_of(channel, vm_chan_t, ch);
     if (!ch->hdr.live) {
         misuse("ibv_destroy_comp_channel twice");
@@ -1092,6 +1149,7 @@ int __wrap_ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
 struct ibv_cq *__wrap_ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
                                     struct ibv_comp_channel *channel, int comp_vector)
 {
+    VM_GUARD();
     vm_ctx_t *c = container_of(ctx, vm_ctx_t, ctx);
     int err = fault(VM_OP_CREATE_CQ);
     if (!err && (cqe < 1 || cqe > M.devs[c->dev].cfg.max_cqe))
@@ -1125,6 +1183,7 @@ struct ibv_cq *__wrap_ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_c
 
 int __wrap_ibv_destroy_cq(struct ibv_cq *ibcq)
 {
+    VM_GUARD();
     vm_cq_t *cq = container_of(ibcq, vm_cq_t, cq);
     if (!cq->hdr.live) {
         misuse("ibv_destroy_cq twice");
@@ -1151,6 +1210,7 @@ int __wrap_ibv_destroy_cq(struct ibv_cq *ibcq)
 
 int __wrap_ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq_p, void **ctx_p)
 {
+    VM_GUARD();
     vm_chan_t *ch = container_of(channel, vm_chan_t, ch);
     for (;;) {
         if (ch->nq == 0 && !(fcntl(channel->fd, F_GETFL) & O_NONBLOCK)) {
@@ -1174,6 +1234,7 @@ int __wrap_ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq
 
 void __wrap_ibv_ack_cq_events(struct ibv_cq *ibcq, unsigned int nevents)
 {
+    VM_GUARD();
     vm_cq_t *cq = container_of(ibcq, vm_cq_t, cq);
     cq->events_acked += nevents;
     if (cq->events_acked > cq->events_gotten)
@@ -1182,6 +1243,7 @@ void __wrap_ibv_ack_cq_events(struct ibv_cq *ibcq, unsigned int nevents)
 
 static int vm_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 {
+    VM_GUARD();
     vm_cq_t *cq = container_of(ibcq, vm_cq_t, cq);
     int err = fault(VM_OP_REQ_NOTIFY_CQ);
     if (err)
@@ -1196,6 +1258,7 @@ static int vm_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 
 static int vm_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 {
+    VM_GUARD();
     vm_cq_t *cq = container_of(ibcq, vm_cq_t, cq);
     if (!cq->hdr.live) {
         misuse("poll_cq on a destroyed CQ");
@@ -1223,6 +1286,7 @@ static struct ibv_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia);
 
 struct ibv_qp *__wrap_ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia)
 {
+    VM_GUARD();
     pthread_mutex_lock(&vm_lock);
     struct ibv_qp *qp = create_qp(pd, ia);
     int e = errno;
@@ -1356,6 +1420,7 @@ static int modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask);
 
 int __wrap_ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
 {
+    VM_GUARD();
     pthread_mutex_lock(&vm_lock);
     int rc = modify_qp(ibqp, a, mask);
     pthread_mutex_unlock(&vm_lock);
@@ -1407,9 +1472,9 @@ static int modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask)
         if (a->ah_attr.port_num && a->ah_attr.port_num != qp->info.port_num)
             return EINVAL;
     }
-    if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a->max_dest_rd_atomic > 16)
+    if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a->max_dest_rd_atomic > d->cfg.max_rd_atom)
         return EINVAL;
-    if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a->max_rd_atomic > 16)
+    if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a->max_rd_atomic > d->cfg.max_rd_atom)
         return EINVAL;
     if ((mask & IBV_QP_MIN_RNR_TIMER) && a->min_rnr_timer > 31)
         return EINVAL;
@@ -1488,6 +1553,7 @@ static int destroy_qp(struct ibv_qp *ibqp);
 
 int __wrap_ibv_destroy_qp(struct ibv_qp *ibqp)
 {
+    VM_GUARD();
     pthread_mutex_lock(&vm_lock);
     int rc = destroy_qp(ibqp);
     pthread_mutex_unlock(&vm_lock);
@@ -1538,6 +1604,7 @@ static int destroy_qp(struct ibv_qp *ibqp)
 
 static int vm_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
+    VM_GUARD();
     vm_qp_t *qp = container_of(ibqp, vm_qp_t, qp);
     int err = 0;
     for (; wr; wr = wr->next) {
@@ -1605,6 +1672,14 @@ static int vm_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_
             M.st.wrs_flushed++;
             free(w);
             continue;
+        }
+        if (w->opcode == IBV_WR_RDMA_READ) {
+            if (qp->reads_queued >= qp->info.max_rd_atomic)
+                misuse("RDMA READ beyond the initiator depth: %d queued, max_rd_atomic %d",
+                       qp->reads_queued, (int)qp->info.max_rd_atomic);
+            qp->reads_queued++;
+            if ((uint64_t)qp->reads_queued > M.st.max_reads_queued)
+                M.st.max_reads_queued = (uint64_t)qp->reads_queued;
         }
         w->prev = M.wr_tail;
         if (M.wr_tail)
@@ -1703,6 +1778,8 @@ static enum ibv_wc_status wr_execute(vm_wr_t *w)
     if (pd->port_state[pport - 1] != IBV_PORT_ACTIVE ||
         ld->port_state[lport - 1] != IBV_PORT_ACTIVE)
         return IBV_WC_RETRY_EXC_ERR;
+    if (w->opcode == IBV_WR_RDMA_READ && qp->info.max_rd_atomic > peer->info.max_dest_rd_atomic)
+        return IBV_WC_REM_INV_REQ_ERR; /* more READs than the responder has resources for */
     unsigned need =
         w->opcode == IBV_WR_RDMA_READ ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
     if (!(peer->info.access_flags & need))
@@ -1775,6 +1852,7 @@ static void wr_run(vm_wr_t *w)
 
 int vm_step(int n)
 {
+    VM_GUARD();
     int ran = 0;
     vm_wr_t *w = M.wr_head;
     while (w && ran < n) {
@@ -1794,16 +1872,19 @@ int vm_step(int n)
 
 int vm_run(void)
 {
+    VM_GUARD();
     return vm_step(1 << 30);
 }
 
 int vm_queued(void)
 {
+    VM_GUARD();
     return M.nqueued;
 }
 
 void vm_hold_qp(uint32_t qpn, int hold)
 {
+    VM_GUARD();
     vm_qp_t *qp = qp_find(qpn);
     if (qp)
         qp->held = hold;
@@ -1814,6 +1895,7 @@ void vm_hold_qp(uint32_t qpn, int hold)
 
 int vm_inject_qp_fatal(uint32_t qpn)
 {
+    VM_GUARD();
     vm_qp_t *qp = qp_find(qpn);
     if (!qp || !qp->hdr.live)
         return -1;
@@ -1843,6 +1925,7 @@ static int push_dev_event(int dev, enum ibv_event_type type, int port)
 
 int vm_inject_port_event(int dev, int port, enum ibv_event_type type)
 {
+    VM_GUARD();
     if (dev < 0 || dev >= M.ndevs || port < 1 || port > M.devs[dev].cfg.nports)
         return -1;
     if (type == IBV_EVENT_PORT_ERR)
@@ -1854,11 +1937,13 @@ int vm_inject_port_event(int dev, int port, enum ibv_event_type type)
 
 int vm_inject_port_err(int dev)
 {
+    VM_GUARD();
     return vm_inject_port_event(dev, 1, IBV_EVENT_PORT_ERR);
 }
 
 int vm_set_device_fatal(int dev, int event)
 {
+    VM_GUARD();
     if (dev < 0 || dev >= M.ndevs)
         return -1;
     M.devs[dev].fatal = 1;
@@ -1885,11 +1970,13 @@ int vm_set_device_fatal(int dev, int event)
 
 int vm_inject_device_fatal(int dev)
 {
+    VM_GUARD();
     return vm_set_device_fatal(dev, 1);
 }
 
 int vm_inject_cq_err(int dev)
 {
+    VM_GUARD();
     if (dev < 0 || dev >= M.ndevs)
         return -1;
     int n = 0;
@@ -1911,6 +1998,7 @@ int vm_inject_cq_err(int dev)
 
 void vm_set_port_ipv4(int dev, int port, const uint8_t ip[4])
 {
+    VM_GUARD();
     if (dev < 0 || dev >= M.ndevs || port < 1 || port > 2)
         return;
     vm_gid_t *t = M.devs[dev].gids[port - 1];
@@ -1922,11 +2010,13 @@ void vm_set_port_ipv4(int dev, int port, const uint8_t ip[4])
 
 void vm_stats(vm_stats_t *s)
 {
+    VM_GUARD();
     *s = M.st;
 }
 
 void vm_qp_info(uint32_t qpn, vm_qp_info_t *info)
 {
+    VM_GUARD();
     vm_qp_t *qp = qp_find(qpn);
     if (!qp) {
         memset(info, 0, sizeof(*info));
@@ -1937,6 +2027,7 @@ void vm_qp_info(uint32_t qpn, vm_qp_info_t *info)
 
 int vm_qp_list(uint32_t *qpns, int max)
 {
+    VM_GUARD();
     for (int i = 0; i < M.nqps && i < max; i++)
         qpns[i] = M.qps[i]->qp.qp_num;
     return M.nqps;
@@ -1944,6 +2035,7 @@ int vm_qp_list(uint32_t *qpns, int max)
 
 void vm_mr_info(uint32_t rkey, vm_mr_info_t *info)
 {
+    VM_GUARD();
     for (int i = 0; i < M.nmrs; i++) {
         if (M.mrs[i]->mr.rkey == rkey) {
             *info = M.mrs[i]->info;
@@ -1955,6 +2047,7 @@ void vm_mr_info(uint32_t rkey, vm_mr_info_t *info)
 
 uint64_t vm_bytes_landed_in(const void *addr, size_t len)
 {
+    VM_GUARD();
     uintptr_t a = (uintptr_t)addr, b = a + len;
     uint64_t n = 0;
     for (size_t i = 0; i < M.nlandings; i++) {
@@ -1968,6 +2061,7 @@ uint64_t vm_bytes_landed_in(const void *addr, size_t len)
 
 int vm_live_objects(void)
 {
+    VM_GUARD();
     int n = 0;
     for (vm_hdr_t *h = M.all; h; h = h->next_all)
         n += h->live;

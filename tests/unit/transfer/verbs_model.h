@@ -23,7 +23,15 @@
  *    required on RoCE ports).
  *  - post_send: QP must be RTS (ERR: accepted and flushed), num_sge <= max_send_sge, no more
  *    than max_send_wr WRs outstanding (a slot frees when a CQE covering it is *polled*),
- *    inline data <= max_inline_data, opcode RDMA_WRITE only.
+ *    inline data <= max_inline_data, opcodes RDMA_WRITE and RDMA_READ (never inline); at most
+ *    max_rd_atomic READs of a QP queued at once (more is counted as misuse: the NIC would
+ *    stall them, and Baton promises to respect its initiator depth).
+ *  - modify_qp: max_dest_rd_atomic <= the device's max_qp_rd_atom, max_rd_atomic <= its
+ *    max_qp_init_rd_atom (else EINVAL).
+ *  - executing a READ: the initiator's max_rd_atomic above the responder QP's
+ *    max_dest_rd_atomic ends in IBV_WC_REM_INV_REQ_ERR (the responder has no resources for
+ *    it); rkey, bounds and REMOTE_READ access (QP and MR) as for writes; the bytes land in the
+ *    local SGEs, whose MR needs LOCAL_WRITE.
  *  - executing a WR: lkey/bounds on the local device and PD (else IBV_WC_LOC_PROT_ERR), the
  *    peer QP found by the dest QPN recorded at RTR, connected back to this QP, same PSN
  *    (sq_psn == peer rq_psn), GID matching the peer's device, path MTU within the peer's port
@@ -53,9 +61,11 @@
  * Timing: WRs are queued at post time and run only when the test calls vm_step()/vm_run()
  * (or at once with vm_set_auto_execute(1)), so a test decides exactly what has landed when.
  *
- * Threading: single-threaded like the tests, except that QP creation, modification and
- * destruction (ibv_create_qp / ibv_modify_qp / ibv_destroy_qp) take one model lock so that
- * two transports may create QPs from two threads at once.
+ * Threading: every entry point (the wrapped verbs, the provider ops post_send / poll_cq /
+ * req_notify_cq, and the vm_* calls) takes one recursive model lock, so two transports may
+ * create QPs from two threads at once, and whole engines may run on their progress threads
+ * (test_xfer_pull_rdma: WRs then run inside the posting thread's post_send with
+ * vm_set_auto_execute(1), or when the test thread calls vm_run).
  */
 
 #include <infiniband/verbs.h>
@@ -81,6 +91,7 @@ typedef struct {
     int max_qp_wr;
     int max_sge;
     int max_cqe;
+    int max_rd_atom; /* max_qp_rd_atom and max_qp_init_rd_atom (default 16) */
 } vm_dev_cfg_t;
 
 /* Defaults for device number `index`: RoCE, MTU 4096, unique LID and GID, 1 TiB max_mr_size. */
@@ -174,10 +185,11 @@ int vm_fork_inits(void);
 
 typedef struct {
     uint64_t wrs_posted;
-    uint64_t wrs_run;     /* landed successfully (writes and reads) */
-    uint64_t reads_run;   /* RDMA READs among them */
-    uint64_t wrs_failed;  /* completed with an error other than flush */
-    uint64_t wrs_flushed; /* completed with IBV_WC_WR_FLUSH_ERR */
+    uint64_t wrs_run;          /* landed successfully (writes and reads) */
+    uint64_t reads_run;        /* RDMA READs among them */
+    uint64_t max_reads_queued; /* the most READs ever queued on one QP at once */
+    uint64_t wrs_failed;       /* completed with an error other than flush */
+    uint64_t wrs_flushed;      /* completed with IBV_WC_WR_FLUSH_ERR */
     uint64_t bytes_landed;
     uint64_t max_wr_bytes;  /* the largest WR that landed */
     uint64_t post_rejected; /* post_send calls that returned an error */
