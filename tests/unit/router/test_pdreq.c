@@ -33,7 +33,7 @@ static void expect_bad(baton_api_t api, const char *body, const char *param, con
     if (rc != BATON_EINVAL)
         fail_msg("accepted: %s", body);
     assert_int_equal(err.status, 400);
-    assert_null(r.root);
+    assert_null(r.body); /* r holds nothing */
     assert_true(err.message[0] != '\0');
     if (param)
         assert_string_equal(err.param, param);
