@@ -56,7 +56,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         return 0;
     }
-    CHECK(json_is_object(r.root));
+    CHECK(r.body != NULL && r.scan.root.type == BATON_JSON_OBJECT);
     CHECK(r.batch <= BATON_PDREQ_MAX_BATCH);
     size_t n = baton_pdreq_n_rooms(&r);
     static uint64_t rooms[BATON_PDREQ_MAX_BATCH];

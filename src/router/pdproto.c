@@ -5,58 +5,77 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "baton/error.h"
-#include "router/pdreq.h"
+#include <jansson.h>
 
-/* Serializes root with `key` set to `val` (stolen), then takes the key out again (or puts the
- * client's own value back) so root stays the client's body. */
-static int dump_with(json_t *root, const char *key, json_t *val, baton_buf_t *out)
+#include "baton/error.h"
+
+/* out = the client's body without drop[] plus tail (",\"k\":v,...}"), one copy. */
+static int splice_into(const baton_pdreq_t *r, const char *const *drop, size_t n_drop,
+                       const baton_buf_t *tail, baton_buf_t *out)
 {
-    json_t *old = json_object_get(root, key);
-    json_incref(old);
-    int rc = val && json_object_set_new(root, key, val) == 0 ? baton_pdreq_dump(root, out)
-                                                             : BATON_ENOMEM;
-    if (old)
-        json_object_set_new(root, key, old);
-    else
-        json_object_del(root, key);
+    baton_json_splice_t sp;
+    int rc = baton_pdreq_splice(r, drop, n_drop, tail->data, tail->len, &sp);
+    if (!rc)
+        rc = baton_json_splice_flatten(&sp, out);
+    baton_json_splice_free(&sp);
     return rc;
 }
 
-int baton_pdproto_prefill_body(const json_t *root, json_t *kv_transfer_params, baton_buf_t *out)
+int baton_pdproto_prefill_body(const baton_pdreq_t *r, const char *ktp, size_t len,
+                               baton_buf_t *out)
 {
-    json_t *c = json_copy((json_t *)root); /* shallow: only top-level keys change */
-    int rc = BATON_ENOMEM;
-    if (!c || !kv_transfer_params)
-        goto out;
     /* The prefill computes the prompt's KV and one token; streaming and minimum lengths would
      * only delay its answer (vLLM's own proxies do the same). */
-    json_object_del(c, "stream_options");
-    json_object_del(c, "min_tokens");
-    json_object_del(c, "min_completion_tokens");
-    if (json_object_set_new(c, "stream", json_false()) ||
-        json_object_set_new(c, "max_tokens", json_integer(1)) ||
-        (json_object_get(c, "max_completion_tokens") &&
-         json_object_set_new(c, "max_completion_tokens", json_integer(1))))
-        goto out;
-    rc = json_object_set(c, "kv_transfer_params", kv_transfer_params) ? BATON_ENOMEM
-                                                                      : baton_pdreq_dump(c, out);
-out:
-    json_decref(kv_transfer_params);
-    json_decref(c);
-    return rc;
+    static const char *const drop[] = {"stream_options",
+                                       "min_tokens",
+                                       "min_completion_tokens",
+                                       "stream",
+                                       "max_tokens",
+                                       "max_completion_tokens",
+                                       "kv_transfer_params"};
+    baton_buf_t tail = BATON_BUF_INIT;
+    int rc = baton_buf_append_str(&tail, ",\"stream\":false,\"max_tokens\":1");
+    if (!rc && baton_json_scan_get(&r->scan, "max_completion_tokens"))
+        rc = baton_buf_append_str(&tail, ",\"max_completion_tokens\":1");
+    if (!rc)
+        rc = baton_buf_append_str(&tail, ",\"kv_transfer_params\":");
+    if (!rc)
+        rc = baton_buf_append(&tail, ktp, len);
+    if (!rc)
+        rc = baton_buf_append(&tail, "}", 1);
+    if (!rc)
+        rc = splice_into(r, drop, sizeof(drop) / sizeof(*drop), &tail, out);
+    baton_buf_free(&tail);
+    return rc ? BATON_ENOMEM : 0;
 }
 
-int baton_pdproto_nixl_prefill(const json_t *root, baton_buf_t *out)
+int baton_pdproto_nixl_prefill(const baton_pdreq_t *r, baton_buf_t *out)
 {
-    json_t *ktp =
-        json_pack("{s:b, s:b, s:n, s:n, s:n, s:n}", "do_remote_decode", 1, "do_remote_prefill", 0,
-                  "remote_engine_id", "remote_block_ids", "remote_host", "remote_port");
-    return baton_pdproto_prefill_body(root, ktp, out);
+    static const char ktp[] =
+        "{\"do_remote_decode\":true,\"do_remote_prefill\":false,\"remote_engine_id\":null,"
+        "\"remote_block_ids\":null,\"remote_host\":null,\"remote_port\":null}";
+    return baton_pdproto_prefill_body(r, ktp, sizeof(ktp) - 1, out);
 }
 
-int baton_pdproto_nixl_decode(json_t *root, const char *body, size_t len, baton_buf_t *out,
-                              char *rid, size_t ridlen, char *why, size_t whylen)
+static const char *const ktp_key[] = {"kv_transfer_params"};
+
+/* out = the client's body with kv_transfer_params set to the JSON text in `ktp` ("{...}"). */
+static int with_ktp(const baton_pdreq_t *r, const baton_buf_t *ktp, baton_buf_t *out)
+{
+    baton_buf_t tail = BATON_BUF_INIT;
+    int rc = baton_buf_append_str(&tail, ",\"kv_transfer_params\":");
+    if (!rc)
+        rc = baton_buf_append(&tail, ktp->data, ktp->len);
+    if (!rc)
+        rc = baton_buf_append(&tail, "}", 1);
+    if (!rc)
+        rc = splice_into(r, ktp_key, 1, &tail, out);
+    baton_buf_free(&tail);
+    return rc ? BATON_ENOMEM : 0;
+}
+
+int baton_pdproto_nixl_decode(const baton_pdreq_t *r, const char *body, size_t len,
+                              baton_buf_t *out, char *rid, size_t ridlen, char *why, size_t whylen)
 {
     json_error_t jerr;
     json_t *ans = json_loadb(body, len, 0, &jerr);
@@ -71,28 +90,46 @@ int baton_pdproto_nixl_decode(json_t *root, const char *body, size_t len, baton_
         json_decref(ans);
         return BATON_EUPSTREAM;
     }
-    const char *r = json_string_value(json_object_get(ktp, "remote_request_id"));
+    const char *id = json_string_value(json_object_get(ktp, "remote_request_id"));
     rid[0] = '\0';
-    if (r && strlen(r) < ridlen)
-        memcpy(rid, r, strlen(r) + 1);
-    int rc = dump_with(root, "kv_transfer_params", json_incref(ktp), out);
+    if (id && strlen(id) < ridlen)
+        memcpy(rid, id, strlen(id) + 1);
+    baton_buf_t text = BATON_BUF_INIT;
+    int rc = baton_pdreq_dump(ktp, &text);
+    if (!rc)
+        rc = with_ktp(r, &text, out);
+    baton_buf_free(&text);
     json_decref(ans);
     return rc;
 }
 
-int baton_pdproto_mooncake(json_t *root, const char *transfer_id, const char *engine_id,
+/* Appends ,"key":"value" (value escaped). */
+static int put_str(baton_buf_t *b, const char *key, const char *value)
+{
+    if (baton_buf_printf(b, ",\"%s\":", key))
+        return BATON_ENOMEM;
+    return baton_buf_append_json_string(b, value, strlen(value));
+}
+
+int baton_pdproto_mooncake(const baton_pdreq_t *r, const char *transfer_id, const char *engine_id,
                            const char *bootstrap_addr, baton_buf_t *prefill_out,
                            baton_buf_t *decode_out)
 {
-    json_t *pk = json_pack("{s:b, s:b, s:s}", "do_remote_decode", 1, "do_remote_prefill", 0,
-                           "transfer_id", transfer_id);
-    int rc = baton_pdproto_prefill_body(root, pk, prefill_out);
-    if (rc)
-        return rc;
-    json_t *dk = json_pack("{s:b, s:b, s:s, s:s, s:s}", "do_remote_decode", 0, "do_remote_prefill",
-                           1, "transfer_id", transfer_id, "remote_engine_id", engine_id,
-                           "remote_bootstrap_addr", bootstrap_addr);
-    return dump_with(root, "kv_transfer_params", dk, decode_out);
+    baton_buf_t k = BATON_BUF_INIT;
+    int rc = baton_buf_append_str(&k, "{\"do_remote_decode\":true,\"do_remote_prefill\":false");
+    if (!rc && !(rc = put_str(&k, "transfer_id", transfer_id)) &&
+        !(rc = baton_buf_append(&k, "}", 1)))
+        rc = baton_pdproto_prefill_body(r, k.data, k.len, prefill_out);
+    baton_buf_reset(&k);
+    if (!rc)
+        rc = baton_buf_append_str(&k, "{\"do_remote_decode\":false,\"do_remote_prefill\":true");
+    if (!rc && !(rc = put_str(&k, "transfer_id", transfer_id)) &&
+        !(rc = put_str(&k, "remote_engine_id", engine_id)) &&
+        !(rc = put_str(&k, "remote_bootstrap_addr", bootstrap_addr)) &&
+        !(rc = baton_buf_append(&k, "}", 1)))
+        rc = with_ktp(r, &k, decode_out);
+    baton_buf_free(&k);
+    return rc ? BATON_ENOMEM : 0;
 }
 
 /* ---- SGLang DP attention ---- */
@@ -136,14 +173,22 @@ uint64_t baton_pdproto_dp_room(uint64_t random, int dp_p, int rank_p, int dp_d, 
     return room;
 }
 
-int baton_pdproto_dp_body(json_t *root, int routed_rank, int prefill_rank, baton_buf_t *out)
+int baton_pdproto_dp_body(const baton_pdreq_t *r, const char *bootstrap, int routed_rank,
+                          int prefill_rank, baton_buf_t *out)
 {
-    if (json_object_set_new(root, "routed_dp_rank", json_integer(routed_rank)) ||
-        (prefill_rank >= 0 &&
-         json_object_set_new(root, "disagg_prefill_dp_rank", json_integer(prefill_rank))))
-        return BATON_ENOMEM;
-    int rc = baton_pdreq_dump(root, out);
-    json_object_del(root, "routed_dp_rank");
-    json_object_del(root, "disagg_prefill_dp_rank");
-    return rc;
+    static const char *const drop[] = {"routed_dp_rank", "disagg_prefill_dp_rank", "bootstrap_host",
+                                       "bootstrap_port", "bootstrap_room"};
+    baton_buf_t tail = BATON_BUF_INIT;
+    int rc =
+        bootstrap ? baton_buf_append(&tail, ",", 1) || baton_buf_append_str(&tail, bootstrap) : 0;
+    if (!rc)
+        rc = baton_buf_printf(&tail, ",\"routed_dp_rank\":%d", routed_rank);
+    if (!rc && prefill_rank >= 0)
+        rc = baton_buf_printf(&tail, ",\"disagg_prefill_dp_rank\":%d", prefill_rank);
+    if (!rc)
+        rc = baton_buf_append(&tail, "}", 1);
+    if (!rc)
+        rc = splice_into(r, drop, bootstrap ? 5 : 2, &tail, out);
+    baton_buf_free(&tail);
+    return rc ? BATON_ENOMEM : 0;
 }

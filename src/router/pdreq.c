@@ -2,6 +2,7 @@
  * for the PD router. */
 #include "router/pdreq.h"
 
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,11 +39,44 @@ static int fail(baton_pdreq_error_t *err, const char *param, const char *code, c
     return BATON_EINVAL;
 }
 
+typedef baton_json_val_t val_t;
+
 /* null counts as absent everywhere: OpenAI clients send "stop": null and the like. */
-static json_t *opt(json_t *obj, const char *key)
+static const val_t *opt(const baton_pdreq_t *r, const char *key)
 {
-    json_t *v = json_object_get(obj, key);
-    return json_is_null(v) ? NULL : v;
+    const baton_json_member_t *m = baton_json_scan_get(&r->scan, key);
+    return m && m->val.type != BATON_JSON_NULL ? &m->val : NULL;
+}
+
+/* The same inside a nested object: 1 and *out when present and not null. */
+static int opt_in(const val_t *obj, const char *key, val_t *out)
+{
+    return baton_json_object_get(obj, key, out) && out->type != BATON_JSON_NULL;
+}
+
+static int is_type(const val_t *v, baton_json_type_t t)
+{
+    return v && v->type == t;
+}
+
+static int is_bool(const val_t *v)
+{
+    return is_type(v, BATON_JSON_TRUE) || is_type(v, BATON_JSON_FALSE);
+}
+
+static int is_int(const val_t *v)
+{
+    return is_type(v, BATON_JSON_INTEGER);
+}
+
+static int is_array(const val_t *v)
+{
+    return is_type(v, BATON_JSON_ARRAY);
+}
+
+static int is_string(const val_t *v)
+{
+    return is_type(v, BATON_JSON_STRING);
 }
 
 enum kind { K_BOOL, K_NUMBER, K_INT, K_UINT, K_POS, K_STRING, K_STOP, K_OBJECT, K_LOGPROBS };
@@ -73,56 +107,45 @@ static const char *kind_desc(enum kind k)
 }
 
 /* v is an array and every element passes ok (an empty array does). */
-static int array_all(const json_t *v, int (*ok)(const json_t *e))
+static int array_all(const val_t *v, int (*ok)(const val_t *e))
 {
-    size_t i;
-    json_t *e;
-    if (!json_is_array(v))
+    baton_json_iter_t it;
+    val_t e;
+    if (!is_array(v))
         return 0;
-    json_array_foreach(v, i, e)
-    {
-        if (!ok(e))
+    baton_json_iter_init(&it, v);
+    while (baton_json_array_next(&it, &e))
+        if (!ok(&e))
             return 0;
-    }
     return 1;
 }
 
-static int is_string(const json_t *v)
-{
-    return json_is_string(v);
-}
-
-static int is_integer(const json_t *v)
-{
-    return json_is_integer(v);
-}
-
-static int is_string_array(const json_t *v)
+static int is_string_array(const val_t *v)
 {
     return array_all(v, is_string);
 }
 
-static int kind_ok(const json_t *v, enum kind k)
+static int kind_ok(const val_t *v, enum kind k)
 {
     switch (k) {
     case K_BOOL:
-        return json_is_boolean(v);
+        return is_bool(v);
     case K_NUMBER:
-        return json_is_number(v);
+        return is_int(v) || is_type(v, BATON_JSON_REAL);
     case K_INT:
-        return json_is_integer(v);
+        return is_int(v);
     case K_UINT:
-        return json_is_integer(v) && json_integer_value(v) >= 0;
+        return is_int(v) && baton_json_int(v) >= 0;
     case K_POS:
-        return json_is_integer(v) && json_integer_value(v) >= 1;
+        return is_int(v) && baton_json_int(v) >= 1;
     case K_STRING:
-        return json_is_string(v);
+        return is_string(v);
     case K_STOP:
-        return json_is_string(v) || is_string_array(v);
+        return is_string(v) || is_string_array(v);
     case K_OBJECT:
-        return json_is_object(v);
+        return is_type(v, BATON_JSON_OBJECT);
     case K_LOGPROBS:
-        return json_is_boolean(v) || (json_is_integer(v) && json_integer_value(v) >= 0);
+        return is_bool(v) || (is_int(v) && baton_json_int(v) >= 0);
     }
     return 0;
 }
@@ -172,41 +195,55 @@ static const field_t sampling_fields[] = {
 };
 
 #define N_SAMPLING_FIELDS (sizeof(sampling_fields) / sizeof(*sampling_fields))
+#define N_COMMON_FIELDS   (sizeof(common_fields) / sizeof(*common_fields))
 
-static int check_fields(json_t *obj, const field_t *f, size_t n, const char *prefix,
-                        baton_pdreq_error_t *err)
+static int field_fail(baton_pdreq_error_t *err, const char *prefix, const field_t *f)
 {
-    for (size_t i = 0; i < n; i++) {
-        json_t *v = opt(obj, f[i].name);
-        if (v && !kind_ok(v, f[i].kind)) {
-            char param[64];
-            snprintf(param, sizeof(param), "%s%s", prefix, f[i].name);
-            return fail(err, param, "invalid_type", "'%s' must be %s", param, kind_desc(f[i].kind));
-        }
+    char param[64];
+    snprintf(param, sizeof(param), "%s%s", prefix, f->name);
+    return fail(err, param, "invalid_type", "'%s' must be %s", param, kind_desc(f->kind));
+}
+
+/* The top-level fields: one look-up each in the member index. */
+static int check_top_fields(const baton_pdreq_t *r, baton_pdreq_error_t *err)
+{
+    for (size_t i = 0; i < N_COMMON_FIELDS; i++) {
+        const val_t *v = opt(r, common_fields[i].name);
+        if (v && !kind_ok(v, common_fields[i].kind))
+            return field_fail(err, "", &common_fields[i]);
     }
     return 0;
 }
 
-static int is_int_array(const json_t *v)
+static int check_sampling_fields(const val_t *obj, baton_pdreq_error_t *err)
 {
-    return array_all(v, is_integer);
+    val_t v;
+    for (size_t i = 0; i < N_SAMPLING_FIELDS; i++)
+        if (opt_in(obj, sampling_fields[i].name, &v) && !kind_ok(&v, sampling_fields[i].kind))
+            return field_fail(err, "sampling_params.", &sampling_fields[i]);
+    return 0;
 }
 
-static int is_nonempty_int_array(const json_t *v)
+static int is_int_array(const val_t *v)
 {
-    return json_array_size(v) > 0 && is_int_array(v);
+    return array_all(v, is_int);
+}
+
+static int is_nonempty_int_array(const val_t *v)
+{
+    return baton_json_array_size(v) > 0 && is_int_array(v);
 }
 
 /* A non-empty array of non-empty integer arrays (a batch of token-id prompts). */
-static int is_int_array_array(const json_t *v)
+static int is_int_array_array(const val_t *v)
 {
-    return json_array_size(v) > 0 && array_all(v, is_nonempty_int_array);
+    return baton_json_array_size(v) > 0 && array_all(v, is_nonempty_int_array);
 }
 
 /* Sequences = prompts (0: one prompt, not a list) × n; each gets its own room. */
-static int set_batch(baton_pdreq_t *r, size_t prompts, json_t *n, baton_pdreq_error_t *err)
+static int set_batch(baton_pdreq_t *r, size_t prompts, const val_t *n, baton_pdreq_error_t *err)
 {
-    json_int_t nv = n ? json_integer_value(n) : 1; /* validated: >= 1 */
+    int64_t nv = n ? baton_json_int(n) : 1; /* validated: >= 1 */
     if (prompts == 0 && nv <= 1) {
         r->batch = 0;
         return 0;
@@ -221,145 +258,183 @@ static int set_batch(baton_pdreq_t *r, size_t prompts, json_t *n, baton_pdreq_er
     return 0;
 }
 
+static int logprobs_asked(const baton_pdreq_t *r)
+{
+    const val_t *lp = opt(r, "logprobs");
+    return lp && lp->type != BATON_JSON_FALSE;
+}
+
 static int validate_chat(baton_pdreq_t *r, baton_pdreq_error_t *err)
 {
-    json_t *msgs = opt(r->root, "messages"), *m;
-    size_t i;
+    const val_t *msgs = opt(r, "messages");
+    baton_json_iter_t it;
+    val_t m, role;
+    size_t i = 0;
     if (!msgs)
         return fail(err, "messages", "missing_parameter", "'messages' is required");
-    if (!json_is_array(msgs))
+    if (!is_array(msgs))
         return fail(err, "messages", "invalid_type", "'messages' must be an array");
-    if (json_array_size(msgs) == 0)
-        return fail(err, "messages", "invalid_value", "'messages' must not be empty");
-    json_array_foreach(msgs, i, m)
-    {
-        if (!json_is_object(m))
+    baton_json_iter_init(&it, msgs);
+    for (; baton_json_array_next(&it, &m); i++) {
+        if (m.type != BATON_JSON_OBJECT)
             return fail(err, "messages", "invalid_type", "'messages[%zu]' must be an object", i);
-        if (!json_is_string(json_object_get(m, "role")))
+        if (!baton_json_object_get(&m, "role", &role) || role.type != BATON_JSON_STRING)
             return fail(err, "messages", "invalid_type", "'messages[%zu].role' must be a string",
                         i);
     }
-    json_t *lp = opt(r->root, "logprobs");
-    r->logprobs = lp && !json_is_false(lp);
-    return set_batch(r, 0, opt(r->root, "n"), err);
+    if (i == 0)
+        return fail(err, "messages", "invalid_value", "'messages' must not be empty");
+    r->logprobs = logprobs_asked(r);
+    return set_batch(r, 0, opt(r, "n"), err);
 }
 
 static int validate_completions(baton_pdreq_t *r, baton_pdreq_error_t *err)
 {
-    json_t *p = opt(r->root, "prompt");
+    const val_t *p = opt(r, "prompt");
     size_t prompts = 0;
     if (!p)
         return fail(err, "prompt", "missing_parameter", "'prompt' is required");
-    if (json_is_array(p) && json_array_size(p) == 0)
+    size_t np = baton_json_array_size(p);
+    if (is_array(p) && np == 0)
         return fail(err, "prompt", "invalid_value", "'prompt' must not be empty");
     if (is_string_array(p) || is_int_array_array(p))
-        prompts = json_array_size(p);
-    else if (!json_is_string(p) && !is_int_array(p)) /* a string or a flat int array: one */
+        prompts = np;
+    else if (!is_string(p) && !is_int_array(p)) /* a string or a flat int array: one */
         return fail(err, "prompt", "invalid_type",
                     "'prompt' must be a string, an array of strings, an array of integers or "
                     "an array of non-empty integer arrays");
-    json_t *lp = opt(r->root, "logprobs");
-    r->logprobs = lp && !json_is_false(lp);
-    return set_batch(r, prompts, opt(r->root, "n"), err);
+    r->logprobs = logprobs_asked(r);
+    return set_batch(r, prompts, opt(r, "n"), err);
+}
+
+static int validate_sampling(const val_t *sp, val_t *n, int *has_n, baton_pdreq_error_t *err)
+{
+    if (sp->type == BATON_JSON_OBJECT) {
+        int rc = check_sampling_fields(sp, err);
+        if (rc)
+            return rc;
+        *has_n = opt_in(sp, "n", n);
+        return 0;
+    }
+    if (sp->type == BATON_JSON_ARRAY) {
+        baton_json_iter_t it;
+        val_t e;
+        baton_json_iter_init(&it, sp);
+        while (baton_json_array_next(&it, &e)) {
+            if (e.type != BATON_JSON_OBJECT)
+                return fail(err, "sampling_params", "invalid_type",
+                            "'sampling_params' must be an object or an array of objects");
+            int rc = check_sampling_fields(&e, err);
+            if (rc)
+                return rc;
+        }
+        return 0;
+    }
+    return fail(err, "sampling_params", "invalid_type",
+                "'sampling_params' must be an object or an array of objects");
+}
+
+static int validate_return_logprob(baton_pdreq_t *r, const val_t *rl, baton_pdreq_error_t *err)
+{
+    if (is_bool(rl)) {
+        r->logprobs = rl->type == BATON_JSON_TRUE;
+        return 0;
+    }
+    if (is_array(rl)) {
+        baton_json_iter_t it;
+        val_t e;
+        baton_json_iter_init(&it, rl);
+        while (baton_json_array_next(&it, &e)) {
+            if (!is_bool(&e))
+                return fail(err, "return_logprob", "invalid_type",
+                            "'return_logprob' must be a boolean or an array of booleans");
+            r->logprobs |= e.type == BATON_JSON_TRUE;
+        }
+        return 0;
+    }
+    return fail(err, "return_logprob", "invalid_type",
+                "'return_logprob' must be a boolean or an array of booleans");
 }
 
 static int validate_generate(baton_pdreq_t *r, baton_pdreq_error_t *err)
 {
-    json_t *text = opt(r->root, "text"), *ids = opt(r->root, "input_ids"), *n = NULL;
+    const val_t *text = opt(r, "text"), *ids = opt(r, "input_ids");
+    val_t n;
+    int has_n = 0, rc;
     size_t prompts = 0;
     if (!text && !ids)
         return fail(err, "text", "missing_parameter", "'text' or 'input_ids' is required");
-    if (text && !json_is_string(text) && (json_array_size(text) == 0 || !is_string_array(text)))
+    if (text && !is_string(text) && (baton_json_array_size(text) == 0 || !is_string_array(text)))
         return fail(err, "text", "invalid_type",
                     "'text' must be a string or a non-empty array of strings");
-    if (json_is_array(text))
-        prompts = json_array_size(text);
+    if (is_array(text))
+        prompts = baton_json_array_size(text);
     if (ids) {
         if (is_int_array_array(ids)) {
-            if (prompts && prompts != json_array_size(ids))
+            size_t nids = baton_json_array_size(ids);
+            if (prompts && prompts != nids)
                 return fail(err, "input_ids", "invalid_value",
                             "'input_ids' and 'text' batch sizes differ");
-            prompts = json_array_size(ids);
-        } else if (!is_int_array(ids) || json_array_size(ids) == 0) {
+            prompts = nids;
+        } else if (!is_int_array(ids) || baton_json_array_size(ids) == 0) {
             return fail(err, "input_ids", "invalid_type",
                         "'input_ids' must be a non-empty array of integers or of non-empty "
                         "integer arrays");
         }
     }
     /* sampling_params: one object, or one per batch element */
-    json_t *sp = opt(r->root, "sampling_params");
-    if (sp && json_is_object(sp)) {
-        int rc = check_fields(sp, sampling_fields, N_SAMPLING_FIELDS, "sampling_params.", err);
-        if (rc)
-            return rc;
-        n = opt(sp, "n");
-    } else if (sp && json_is_array(sp)) {
-        size_t i;
-        json_t *e;
-        json_array_foreach(sp, i, e)
-        {
-            if (!json_is_object(e))
-                return fail(err, "sampling_params", "invalid_type",
-                            "'sampling_params' must be an object or an array of objects");
-            int rc = check_fields(e, sampling_fields, N_SAMPLING_FIELDS, "sampling_params.", err);
-            if (rc)
-                return rc;
-        }
-    } else if (sp) {
-        return fail(err, "sampling_params", "invalid_type",
-                    "'sampling_params' must be an object or an array of objects");
+    const val_t *sp = opt(r, "sampling_params");
+    if (sp && (rc = validate_sampling(sp, &n, &has_n, err)) != 0)
+        return rc;
+    const val_t *rl = opt(r, "return_logprob");
+    if (rl && (rc = validate_return_logprob(r, rl, err)) != 0)
+        return rc;
+    return set_batch(r, prompts, has_n ? &n : NULL, err);
+}
+
+/* The rare bad body: jansson words the error as the router always did (line, column, text). */
+static int json_fail(const baton_pdreq_t *r, const char *body, size_t len, baton_pdreq_error_t *err)
+{
+    json_error_t jerr;
+    json_t *j = json_loadb(body, len, JSON_DECODE_ANY, &jerr);
+    if (j) { /* the two disagree: the fuzz harness exists so that this never happens */
+        json_decref(j);
+        return fail(err, NULL, "invalid_json", "invalid JSON at byte %zu: %s", r->scan.err_pos,
+                    r->scan.err_text);
     }
-    json_t *rl = opt(r->root, "return_logprob");
-    if (rl) {
-        if (json_is_boolean(rl)) {
-            r->logprobs = json_is_true(rl);
-        } else if (json_is_array(rl)) {
-            size_t i;
-            json_t *e;
-            json_array_foreach(rl, i, e)
-            {
-                if (!json_is_boolean(e))
-                    return fail(err, "return_logprob", "invalid_type",
-                                "'return_logprob' must be a boolean or an array of booleans");
-                r->logprobs |= json_is_true(e);
-            }
-        } else {
-            return fail(err, "return_logprob", "invalid_type",
-                        "'return_logprob' must be a boolean or an array of booleans");
-        }
-    }
-    return set_batch(r, prompts, n, err);
+    if (json_error_code(&jerr) == json_error_out_of_memory)
+        return BATON_ENOMEM;
+    return fail(err, NULL, "invalid_json", "invalid JSON at line %d column %d: %s", jerr.line,
+                jerr.column, jerr.text);
 }
 
 int baton_pdreq_parse(baton_pdreq_t *r, baton_api_t api, const char *body, size_t len,
                       baton_pdreq_error_t *err)
 {
-    json_error_t jerr;
     int rc;
 
     memset(r, 0, sizeof(*r));
     r->api = api;
+    baton_json_scan_init(&r->scan, r->members, BATON_PDREQ_INLINE_MEMBERS);
+    baton_json_splice_free(&r->segs); /* empty, inline */
     if ((unsigned)api >= BATON_API__COUNT)
         return fail(err, NULL, "invalid_value", "unknown API");
     if (len == 0)
         return fail(err, NULL, "invalid_json", "request body is empty; expected a JSON object");
-    r->root = json_loadb(body, len, JSON_DECODE_ANY, &jerr);
-    if (!r->root) {
-        if (json_error_code(&jerr) == json_error_out_of_memory)
-            return BATON_ENOMEM;
-        return fail(err, NULL, "invalid_json", "invalid JSON at line %d column %d: %s", jerr.line,
-                    jerr.column, jerr.text);
-    }
-    if (!json_is_object(r->root)) {
+    rc = baton_json_scan(&r->scan, body, len);
+    if (rc == BATON_EINVAL)
+        rc = json_fail(r, body, len, err);
+    if (rc)
+        goto bad;
+    if (r->scan.root.type != BATON_JSON_OBJECT) {
         rc = fail(err, NULL, "invalid_type", "request body must be a JSON object");
         goto bad;
     }
-    rc = check_fields(r->root, common_fields, sizeof(common_fields) / sizeof(*common_fields), "",
-                      err);
-    if (rc)
+    r->body = body;
+    r->body_len = len;
+    if ((rc = check_top_fields(r, err)) != 0)
         goto bad;
-    json_t *st = opt(r->root, "stream");
-    r->stream = st && json_is_true(st);
+    r->stream = is_type(opt(r, "stream"), BATON_JSON_TRUE);
     switch (api) {
     case BATON_API_CHAT:
         rc = validate_chat(r, err);
@@ -380,17 +455,37 @@ int baton_pdreq_parse(baton_pdreq_t *r, baton_api_t api, const char *body, size_
     }
     return 0;
 bad:
-    json_decref(r->root);
-    r->root = NULL;
+    baton_json_scan_free(&r->scan);
+    r->body = NULL;
+    r->body_len = 0;
     return rc;
+}
+
+void baton_pdreq_move(baton_pdreq_t *dst, baton_pdreq_t *src)
+{
+    *dst = *src;
+    if (src->scan.members == src->members)
+        dst->scan.members = dst->members;
+    if (src->segs.iov == src->segs.inline_iov)
+        dst->segs.iov = dst->segs.inline_iov;
+    memset(src, 0, sizeof(*src));
+    baton_json_splice_free(&src->segs);
+}
+
+const baton_json_val_t *baton_pdreq_get(const baton_pdreq_t *r, const char *key)
+{
+    const baton_json_member_t *m = r->body ? baton_json_scan_get(&r->scan, key) : NULL;
+    return m ? &m->val : NULL;
 }
 
 void baton_pdreq_free(baton_pdreq_t *r)
 {
     if (!r)
         return;
-    json_decref(r->root);
-    r->root = NULL;
+    baton_json_scan_free(&r->scan);
+    baton_json_splice_free(&r->segs);
+    r->body = NULL;
+    baton_buf_free(&r->tail);
     baton_buf_free(&r->out);
 }
 
@@ -412,53 +507,77 @@ int baton_pdreq_dump(const json_t *j, baton_buf_t *out)
     return 0;
 }
 
-static json_t *port_value(int port)
+const char *const baton_pdreq_bootstrap_keys[3] = {"bootstrap_host", "bootstrap_port",
+                                                   "bootstrap_room"};
+
+/* `n` copies of one value (an array when batch), separated by commas. */
+static int put_repeated(baton_buf_t *out, int batch, size_t n, const char *v, size_t len)
 {
-    return port < 0 ? json_null() : json_integer(port);
+    int rc = batch ? baton_buf_append(out, "[", 1) : 0;
+    for (size_t i = 0; !rc && i < n; i++) {
+        if (i)
+            rc = baton_buf_append(out, ",", 1);
+        if (!rc)
+            rc = baton_buf_append(out, v, len);
+    }
+    if (!rc && batch)
+        rc = baton_buf_append(out, "]", 1);
+    return rc ? BATON_ENOMEM : 0;
+}
+
+int baton_pdreq_bootstrap_members(const baton_pdreq_t *r, const char *host, int bootstrap_port,
+                                  const uint64_t *rooms, baton_buf_t *out)
+{
+    baton_buf_t h = BATON_BUF_INIT;
+    char port[16];
+    size_t n = baton_pdreq_n_rooms(r);
+    int batch = r->batch != 0, rc;
+    int plen = bootstrap_port < 0 ? snprintf(port, sizeof(port), "null")
+                                  : snprintf(port, sizeof(port), "%d", bootstrap_port);
+    rc = baton_buf_append_json_string(&h, host, strlen(host));
+    if (!rc)
+        rc = baton_buf_append_str(out, "\"bootstrap_host\":");
+    if (!rc)
+        rc = put_repeated(out, batch, n, h.data, h.len);
+    if (!rc)
+        rc = baton_buf_append_str(out, ",\"bootstrap_port\":");
+    if (!rc)
+        rc = put_repeated(out, batch, n, port, (size_t)plen);
+    if (!rc)
+        rc = baton_buf_append_str(out, batch ? ",\"bootstrap_room\":[" : ",\"bootstrap_room\":");
+    for (size_t i = 0; !rc && i < n; i++)
+        rc = baton_buf_printf(out, "%s%" PRIu64, i ? "," : "", rooms[i] & INT64_MAX);
+    if (!rc && batch)
+        rc = baton_buf_append(out, "]", 1);
+    baton_buf_free(&h);
+    return rc ? BATON_ENOMEM : 0;
+}
+
+int baton_pdreq_splice(const baton_pdreq_t *r, const char *const *drop, size_t n_drop,
+                       const char *tail, size_t tail_len, baton_json_splice_t *sp)
+{
+    int rc = baton_json_splice(&r->scan, drop, n_drop, tail, tail_len, sp);
+    return rc == BATON_EINVAL ? BATON_ENOMEM : rc; /* a parsed request is always an object */
+}
+
+int baton_pdreq_inject_segs(baton_pdreq_t *r, const char *host, int bootstrap_port,
+                            const uint64_t *rooms)
+{
+    baton_buf_reset(&r->tail);
+    baton_json_splice_free(&r->segs);
+    if (baton_buf_append(&r->tail, ",", 1) ||
+        baton_pdreq_bootstrap_members(r, host, bootstrap_port, rooms, &r->tail) ||
+        baton_buf_append(&r->tail, "}", 1))
+        return BATON_ENOMEM;
+    return baton_pdreq_splice(r, baton_pdreq_bootstrap_keys, 3, r->tail.data, r->tail.len,
+                              &r->segs);
 }
 
 int baton_pdreq_inject(baton_pdreq_t *r, const char *host, int bootstrap_port,
                        const uint64_t *rooms)
 {
-    json_t *h, *p, *rm;
-    if (!r->batch) {
-        h = json_string(host);
-        p = port_value(bootstrap_port);
-        rm = json_integer((json_int_t)(rooms[0] & INT64_MAX));
-    } else {
-        h = json_array();
-        p = json_array();
-        rm = json_array();
-        for (size_t i = 0; h && p && rm && i < r->batch; i++) {
-            if (json_array_append_new(h, json_string(host)) ||
-                json_array_append_new(p, port_value(bootstrap_port)) ||
-                json_array_append_new(rm, json_integer((json_int_t)(rooms[i] & INT64_MAX))))
-                break;
-            if (i + 1 == r->batch)
-                goto built;
-        }
-        goto nomem;
-    }
-built:
-    if (!h || !p || !rm)
-        goto nomem;
-    /* json_object_set_new consumes its value, also when it fails. */
-    if (json_object_set_new(r->root, "bootstrap_host", h)) {
-        h = NULL;
-        goto nomem;
-    }
-    if (json_object_set_new(r->root, "bootstrap_port", p)) {
-        h = p = NULL;
-        goto nomem;
-    }
-    if (json_object_set_new(r->root, "bootstrap_room", rm))
-        return BATON_ENOMEM;
-    return baton_pdreq_dump(r->root, &r->out);
-nomem:
-    json_decref(h);
-    json_decref(p);
-    json_decref(rm);
-    return BATON_ENOMEM;
+    int rc = baton_pdreq_inject_segs(r, host, bootstrap_port, rooms);
+    return rc ? rc : baton_json_splice_flatten(&r->segs, &r->out);
 }
 
 /* ---- logprob merging ---- */

@@ -1,5 +1,5 @@
 /* pdreq.h — a client request body for the PD router: validation, batch size, bootstrap
- * injection, one compact serialization, and prefill→decode logprob merging. */
+ * injection as a splice of the client's bytes, and prefill→decode logprob merging. */
 #ifndef BATON_ROUTER_PDREQ_H
 #define BATON_ROUTER_PDREQ_H
 
@@ -9,11 +9,16 @@
 #include <jansson.h>
 
 #include "common/buf.h"
+#include "common/json_scan.h"
 
 /*
- * The body is parsed once (jansson), validated for its API, and kept as a tree so a retry can
- * inject new bootstrap values and serialize again. Everything here is plain data: no loop, no
- * locks; a baton_pdreq_t belongs to the one request (and thread) that parsed it.
+ * The body is scanned once (common/json_scan.h: validated exactly as jansson would, no tree, no
+ * per-value allocation), validated for its API, and its top-level members indexed, so every
+ * attempt's body is a splice of the client's own bytes: some top-level members left out, a few
+ * appended. The body bytes are BORROWED: they must stay valid and unchanged while the
+ * baton_pdreq_t builds bodies (the router's request owns them until it is finished). Everything
+ * here is plain data: no loop, no locks; a baton_pdreq_t belongs to the one request (and thread)
+ * that parsed it.
  *
  * Batch rule (what makes bootstrap_host/port/room arrays): one room per generated sequence,
  * i.e. prompts × n, where "prompts" counts the elements of a prompt list:
@@ -49,22 +54,37 @@ typedef struct baton_pdreq_error_s {
 /* Largest batch accepted (bounds the injected arrays). */
 #define BATON_PDREQ_MAX_BATCH 4096
 
+/* Top-level members indexed without a heap allocation (more go to the heap). */
+#define BATON_PDREQ_INLINE_MEMBERS 32
+
 typedef struct baton_pdreq_s {
     baton_api_t api;
-    json_t *root;    /* the parsed body (an object); owned */
-    size_t batch;    /* 0 for a single request, else the batch length (>= 1) */
-    int stream;      /* "stream": true */
-    int logprobs;    /* logprobs asked: merge prefill's input_token_logprobs */
-    baton_buf_t out; /* the serialized body after baton_pdreq_inject() */
+    const char *body; /* the client's bytes (borrowed); NULL when nothing was parsed */
+    size_t body_len;
+    baton_json_scan_t scan; /* the body's top-level members (an object) */
+    baton_json_member_t members[BATON_PDREQ_INLINE_MEMBERS];
+    size_t batch;             /* 0 for a single request, else the batch length (>= 1) */
+    int stream;               /* "stream": true */
+    int logprobs;             /* logprobs asked: merge prefill's input_token_logprobs */
+    baton_buf_t tail;         /* the injected members and the closing brace */
+    baton_json_splice_t segs; /* after an injection: the body to send, as segments */
+    baton_buf_t out;          /* the body after baton_pdreq_inject(): segs flattened */
 } baton_pdreq_t;
 
 /*
- * Parses and validates body[0..len). On success returns 0 and fills *r (free it with
- * baton_pdreq_free). On bad input returns BATON_EINVAL and fills *err (r holds nothing).
- * BATON_ENOMEM on allocation failure.
+ * Parses and validates body[0..len) (borrowed: see above). On success returns 0 and fills *r
+ * (free it with baton_pdreq_free). On bad input returns BATON_EINVAL and fills *err (r holds
+ * nothing: r->body is NULL). BATON_ENOMEM on allocation failure. The error for bad JSON carries
+ * jansson's own wording (line, column, text): only that rare path builds a jansson tree.
  */
 int baton_pdreq_parse(baton_pdreq_t *r, baton_api_t api, const char *body, size_t len,
                       baton_pdreq_error_t *err);
+
+/* Moves a parsed request to another place (it points into itself); src is left empty. */
+void baton_pdreq_move(baton_pdreq_t *dst, baton_pdreq_t *src);
+
+/* The last top-level member named `key` (decoded), or NULL. */
+const baton_json_val_t *baton_pdreq_get(const baton_pdreq_t *r, const char *key);
 
 /* Rooms needed for one injection: max(batch, 1). */
 static inline size_t baton_pdreq_n_rooms(const baton_pdreq_t *r)
@@ -72,12 +92,36 @@ static inline size_t baton_pdreq_n_rooms(const baton_pdreq_t *r)
     return r->batch ? r->batch : 1;
 }
 
+/* The members every injection replaces: bootstrap_host, bootstrap_port, bootstrap_room. */
+extern const char *const baton_pdreq_bootstrap_keys[3];
+
 /*
- * Sets bootstrap_host, bootstrap_port (bootstrap_port < 0 → null) and bootstrap_room (rooms:
- * baton_pdreq_n_rooms() values, drawn with baton_bootstrap_room()) — arrays of the batch length for
- * a batch — replacing any the client sent, then serializes the whole body compactly into r->out
- * (replacing what was there). Safe to call again for a retry with a new pair. 0 or BATON_ENOMEM.
+ * Appends `"bootstrap_host":H,"bootstrap_port":P,"bootstrap_room":R` to out — arrays of the
+ * batch length for a batch — with bootstrap_port < 0 written as null and rooms[0..n_rooms) (drawn
+ * with baton_bootstrap_room()) masked to [0, 2^63-1]. 0 or BATON_ENOMEM.
  */
+int baton_pdreq_bootstrap_members(const baton_pdreq_t *r, const char *host, int bootstrap_port,
+                                  const uint64_t *rooms, baton_buf_t *out);
+
+/*
+ * The client's body as segments (json_scan.h's splice): every top-level member whose decoded key
+ * is in drop[0..n_drop) left out, all duplicates of it, then `tail` (","k":v,...}" or "}"),
+ * which must outlive sp. 0, BATON_ENOMEM.
+ */
+int baton_pdreq_splice(const baton_pdreq_t *r, const char *const *drop, size_t n_drop,
+                       const char *tail, size_t tail_len, baton_json_splice_t *sp);
+
+/*
+ * Injects bootstrap_host, bootstrap_port and bootstrap_room (baton_pdreq_bootstrap_members),
+ * replacing every one the client sent, as a splice: r->segs is the client's bytes without those
+ * members plus the injected tail (r->tail). The same bytes go to both legs. Safe to call again
+ * for a retry with a new pair. 0 or BATON_ENOMEM.
+ */
+int baton_pdreq_inject_segs(baton_pdreq_t *r, const char *host, int bootstrap_port,
+                            const uint64_t *rooms);
+
+/* baton_pdreq_inject_segs, then r->segs flattened into r->out (replacing what was there): one
+ * memcpy per segment, for senders without scatter-gather writes. 0 or BATON_ENOMEM. */
 int baton_pdreq_inject(baton_pdreq_t *r, const char *host, int bootstrap_port,
                        const uint64_t *rooms);
 

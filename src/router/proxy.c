@@ -389,7 +389,7 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
                              "internal_error");
         return;
     }
-    pr->pd = pd;
+    baton_pdreq_move(&pr->pd, &pd); /* it points into itself: never a plain copy */
     if (baton__try_start(pr, 1) == ST_WAIT) {
         if (baton__queue_add(pr) != 0) {
             baton_resil_metrics_rejected(r->resil, "queue_full");

@@ -79,7 +79,7 @@ static int nixl_dispatch(baton__preq_t *pr)
 {
     baton__upstream_t *p = pr->up[UP_PREFILL];
     baton_buf_t buf = BATON_BUF_INIT;
-    int rc = baton_pdproto_nixl_prefill(pr->pd.root, &buf);
+    int rc = baton_pdproto_nixl_prefill(&pr->pd, &buf);
     if (rc || !(p->body = body_new(&buf, 1))) {
         baton_buf_free(&buf);
         return rc ? rc : BATON_ENOMEM;
@@ -135,7 +135,7 @@ static int mooncake_dispatch(baton__preq_t *pr)
         snprintf(engine, sizeof(engine), "%.300s_dp%d", p->w->engine_id, rank);
     }
     baton_buf_t pb = BATON_BUF_INIT, db = BATON_BUF_INIT;
-    int rc = baton_pdproto_mooncake(pr->pd.root, xfer, engine, p->w->bootstrap_addr, &pb, &db);
+    int rc = baton_pdproto_mooncake(&pr->pd, xfer, engine, p->w->bootstrap_addr, &pb, &db);
     if (!rc)
         rc = send_pair(pr, &pb, &db, "mooncake_dispatch");
     baton_buf_free(&pb);
@@ -175,14 +175,18 @@ int baton__pd_dispatch_dp(baton__preq_t *pr)
         return BATON_ENOMEM;
     for (size_t i = 0; i < n; i++)
         rooms[i] = baton_pdproto_dp_room(baton_bootstrap_room(), dp_p, rank_p, dp_d, rank_d);
-    int rc = baton_pdreq_inject(&pr->pd, p->w->parsed.host, p->w->bootstrap_port, rooms);
+    /* The bootstrap members once, then each leg its own splice with its ranks. */
+    baton_buf_t bs = BATON_BUF_INIT;
+    int rc =
+        baton_pdreq_bootstrap_members(&pr->pd, p->w->parsed.host, p->w->bootstrap_port, rooms, &bs);
     if (rooms != rooms_stack)
         free(rooms);
     baton_buf_t pb = BATON_BUF_INIT, db = BATON_BUF_INIT;
     if (!rc)
-        rc = baton_pdproto_dp_body(pr->pd.root, rank_p, -1, &pb);
+        rc = baton_pdproto_dp_body(&pr->pd, bs.data, rank_p, -1, &pb);
     if (!rc)
-        rc = baton_pdproto_dp_body(pr->pd.root, rank_d, rank_p, &db);
+        rc = baton_pdproto_dp_body(&pr->pd, bs.data, rank_d, rank_p, &db);
+    baton_buf_free(&bs);
     p->buffer = pr->pd.logprobs;
     if (!rc)
         rc = send_pair(pr, &pb, &db, "pd_dispatch_dp");
@@ -207,7 +211,7 @@ void baton__nixl_prefill_done(baton__preq_t *pr, baton__upstream_t *p)
     baton__upstream_t *d = pr->up[UP_MAIN];
     baton_buf_t buf = BATON_BUF_INIT;
     char why[128];
-    int rc = baton_pdproto_nixl_decode(pr->pd.root, p->resp.data, p->resp.len, &buf, p->remote_rid,
+    int rc = baton_pdproto_nixl_decode(&pr->pd, p->resp.data, p->resp.len, &buf, p->remote_rid,
                                        sizeof(p->remote_rid), why, sizeof(why));
     baton_buf_free(&p->resp);
     if (rc == BATON_EUPSTREAM) {

@@ -9,45 +9,53 @@
 #include "common/log.h"
 #include "router/auth.h"
 
-/* Appends s to the growing text (a '\n' between pieces). 0 or BATON_ENOMEM. */
-static int add(baton_buf_t *b, const char *s, size_t len)
+typedef baton_json_val_t val_t;
+
+/* Appends a decoded string value to the growing text (a '\n' between pieces). */
+static int add_str(baton_buf_t *b, const val_t *s)
 {
     if (b->len && baton_buf_append(b, "\n", 1))
         return BATON_ENOMEM;
-    return baton_buf_append(b, s, len);
+    return baton_json_str_append(s, b);
 }
 
 /* Chat content: a string, or a list of parts whose "text" fields count. */
-static int add_content(baton_buf_t *b, json_t *content)
+static int add_content(baton_buf_t *b, const val_t *content)
 {
-    if (json_is_string(content))
-        return add(b, json_string_value(content), json_string_length(content));
-    size_t i;
-    json_t *part;
-    json_array_foreach(content, i, part)
-    {
-        json_t *t = json_object_get(part, "text");
-        if (json_is_string(t) && add(b, json_string_value(t), json_string_length(t)))
+    if (content->type == BATON_JSON_STRING)
+        return add_str(b, content);
+    if (content->type != BATON_JSON_ARRAY)
+        return 0;
+    baton_json_iter_t it;
+    val_t part, t;
+    baton_json_iter_init(&it, content);
+    while (baton_json_array_next(&it, &part))
+        if (baton_json_object_get(&part, "text", &t) && t.type == BATON_JSON_STRING &&
+            add_str(b, &t))
             return BATON_ENOMEM;
-    }
     return 0;
 }
 
 /* A prompt field: a string, a list (its first element: a batch shares no single prefix), or
  * token ids (each id is a word). */
-static int add_prompt(baton_buf_t *b, json_t *p)
+static int add_prompt(baton_buf_t *b, const val_t *prompt)
 {
-    if (json_is_array(p) && json_array_size(p) > 0 && !json_is_integer(json_array_get(p, 0)))
-        p = json_array_get(p, 0);
-    if (json_is_string(p))
-        return add(b, json_string_value(p), json_string_length(p));
-    if (json_is_array(p)) {
-        size_t i;
-        json_t *id;
-        json_array_foreach(p, i, id)
-        {
+    baton_json_iter_t it;
+    val_t first, id, p = *prompt;
+    if (p.type == BATON_JSON_ARRAY) {
+        baton_json_iter_init(&it, &p);
+        if (baton_json_array_next(&it, &first) && first.type != BATON_JSON_INTEGER)
+            p = first;
+    }
+    if (p.type == BATON_JSON_STRING)
+        return add_str(b, &p);
+    if (p.type == BATON_JSON_ARRAY) {
+        baton_json_iter_init(&it, &p);
+        while (baton_json_array_next(&it, &id)) {
             char w[32];
-            int n = snprintf(w, sizeof(w), "%lld ", (long long)json_integer_value(id));
+            /* json_integer_value() of a non-integer was 0: the same here */
+            long long v = id.type == BATON_JSON_INTEGER ? (long long)baton_json_int(&id) : 0;
+            int n = snprintf(w, sizeof(w), "%lld ", v);
             if (baton_buf_append(b, w, (size_t)n))
                 return BATON_ENOMEM;
         }
@@ -59,24 +67,27 @@ static int add_prompt(baton_buf_t *b, json_t *p)
  * the previous turn's, which is what makes prefixes match across a session. */
 static int prompt_text(const baton_pdreq_t *pd, baton_buf_t *b)
 {
-    json_t *root = pd->root;
+    const val_t *v;
     if (pd->api == BATON_API_CHAT) {
-        size_t i;
-        json_t *m;
-        json_array_foreach(json_object_get(root, "messages"), i, m)
-        {
-            json_t *role = json_object_get(m, "role");
-            if (json_is_string(role) && add(b, json_string_value(role), json_string_length(role)))
+        baton_json_iter_t it;
+        val_t m, role, content;
+        if (!(v = baton_pdreq_get(pd, "messages")) || v->type != BATON_JSON_ARRAY)
+            return 0;
+        baton_json_iter_init(&it, v);
+        while (baton_json_array_next(&it, &m)) {
+            if (baton_json_object_get(&m, "role", &role) && role.type == BATON_JSON_STRING &&
+                add_str(b, &role))
                 return BATON_ENOMEM;
-            if (add_content(b, json_object_get(m, "content")))
+            if (baton_json_object_get(&m, "content", &content) && add_content(b, &content))
                 return BATON_ENOMEM;
         }
         return 0;
     }
     if (pd->api == BATON_API_COMPLETIONS)
-        return add_prompt(b, json_object_get(root, "prompt"));
-    json_t *t = json_object_get(root, "text");
-    return add_prompt(b, t ? t : json_object_get(root, "input_ids"));
+        v = baton_pdreq_get(pd, "prompt");
+    else if (!(v = baton_pdreq_get(pd, "text")))
+        v = baton_pdreq_get(pd, "input_ids");
+    return v ? add_prompt(b, v) : 0;
 }
 
 int baton__pin_allowed(const baton_router_t *r, const baton_http_req_t *req)
@@ -116,13 +127,10 @@ int baton__route_ctx_build(baton__preq_t *pr)
         baton_buf_free(&b);
         return BATON_ENOMEM;
     }
-    if (b.len && baton_buf_append(&b, "", 1) == 0) {
-        ctx->owned = b.data; /* NUL-terminated, owned by the context */
-        ctx->text = b.data;
-        ctx->text_len = b.len - 1;
-        ctx->words = baton_ptree_words(ctx->text, ctx->text_len);
-    } else {
+    size_t text_len = b.len;
+    if (b.len && baton_buf_append(&b, "", 1)) {
         baton_buf_free(&b);
+        return BATON_ENOMEM;
     }
 
     /* Session key: headers first (SGLang's x-session-affinity, the common X-Session-ID), then
@@ -135,12 +143,30 @@ int baton__route_ctx_build(baton__preq_t *pr)
             ctx->session_len = strlen(h->value);
         }
     }
+    /* A body field is decoded into the context's own buffer, after the text (and its NUL). */
+    size_t session_at = 0, session_len = 0;
     const char *fields[] = {"user", r->cfg->session_key_field};
-    for (size_t i = 0; i < 2 && !ctx->session; i++) {
-        json_t *v = fields[i] ? json_object_get(pr->pd.root, fields[i]) : NULL;
-        if (json_is_string(v) && json_string_length(v)) {
-            ctx->session = json_string_value(v);
-            ctx->session_len = json_string_length(v);
+    for (size_t i = 0; i < 2 && !ctx->session && !session_len; i++) {
+        const baton_json_val_t *v = fields[i] ? baton_pdreq_get(&pr->pd, fields[i]) : NULL;
+        if (v && v->type == BATON_JSON_STRING && baton_json_str_len(v)) {
+            session_at = b.len;
+            if (baton_json_str_append(v, &b) || baton_buf_append(&b, "", 1)) {
+                baton_buf_free(&b);
+                return BATON_ENOMEM;
+            }
+            session_len = b.len - 1 - session_at;
+        }
+    }
+    if (b.data) {
+        ctx->owned = b.data; /* NUL-terminated pieces, owned by the context */
+        if (text_len) {
+            ctx->text = b.data;
+            ctx->text_len = text_len;
+            ctx->words = baton_ptree_words(ctx->text, ctx->text_len);
+        }
+        if (session_len) {
+            ctx->session = b.data + session_at;
+            ctx->session_len = session_len;
         }
     }
     const baton_http_header_t *pin = baton_http_req_header(req, "X-Baton-Target-Worker");

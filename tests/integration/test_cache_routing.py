@@ -4,6 +4,7 @@ Scripted sessions assert where each turn went through what the workers report: a
 turn on the worker that served the earlier one reports exactly the earlier prompt's whole pages
 as cached_tokens (workers' caches are separate, so any other worker reports 0)."""
 
+import json
 import os
 import re
 import sys
@@ -118,6 +119,18 @@ def test_regular_consistent_hash_and_least_load():
             t = session_text(200 + s, 30) + " " + session_text(200 + s + 1000, 10) + " more"
             u = complete(r2.port, t, user=f"user-{s}")
             assert u["prompt_tokens_details"]["cached_tokens"] == 40, (s, u)
+
+        # the `user` key is read decoded (issue 15's scanner): turns 1-2 send it \u-escaped
+        # (json.dumps), turn 3 as raw UTF-8, and turn 3 still meets their cache
+        for s in range(5):
+            two_turns(rp, 500 + s, user=f"us\u00e9r-{s}")
+            t = session_text(500 + s, 30) + " " + session_text(500 + s + 1000, 10) + " more"
+            raw = json.dumps({"model": "m", "prompt": t, "max_tokens": 2, "user": f"us\u00e9r-{s}"},
+                             ensure_ascii=False).encode()
+            assert b"\\u" not in raw and "\u00e9".encode() in raw
+            r = post(rp, "/v1/completions", raw, headers={"Content-Type": "application/json"})
+            assert r.status == 200, r.text
+            assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 40, (s, r.text)
 
         # least_load spreads sequential requests' first turns by the router's own counts and
         # picks every worker (ties at random) — only load decides

@@ -33,7 +33,7 @@ static void expect_bad(baton_api_t api, const char *body, const char *param, con
     if (rc != BATON_EINVAL)
         fail_msg("accepted: %s", body);
     assert_int_equal(err.status, 400);
-    assert_null(r.root);
+    assert_null(r.body); /* r holds nothing */
     assert_true(err.message[0] != '\0');
     if (param)
         assert_string_equal(err.param, param);
@@ -316,6 +316,76 @@ static void test_inject_batches(void **state)
     check_batch_inject(BATON_API_GENERATE, "{\"input_ids\":[[1],[2]]}", 2);
 }
 
+/* The injection is a splice: the client's bytes as sent (spacing, number spelling, escapes,
+ * key order) minus every client bootstrap member, compared by decoded key, plus the tail. */
+static void test_inject_splice(void **state)
+{
+    (void)state;
+    baton_pdreq_t r, moved;
+    baton_pdreq_error_t err;
+    const char *body = "{ \"prompt\" : \"caf\\u00e9\", \"bootstrap_room\":1, \"temperature\":1.0E0,"
+                       "\"bootstrap_\\u0072oom\":[2], \"bootstrap_host\":\"x\",\"top_k\":5 }  ";
+    assert_int_equal(parse(&r, BATON_API_COMPLETIONS, body, &err), 0);
+    baton_pdreq_move(&moved, &r); /* as the router does; r is left empty */
+    assert_null(r.body);
+    uint64_t room = 42 | (1ull << 63); /* masked to 63 bits */
+    assert_int_equal(baton_pdreq_inject(&moved, "h\"1", 7, &room), 0);
+    assert_string_equal(
+        moved.out.data,
+        "{ \"prompt\" : \"caf\\u00e9\", \"temperature\":1.0E0,\"top_k\":5,"
+        "\"bootstrap_host\":\"h\\\"1\",\"bootstrap_port\":7,\"bootstrap_room\":42}");
+    /* the segments are the same bytes, without a copy of the client's */
+    size_t at = 0;
+    for (size_t i = 0; i < moved.segs.n; i++) {
+        assert_memory_equal(moved.out.data + at, moved.segs.iov[i].iov_base,
+                            moved.segs.iov[i].iov_len);
+        at += moved.segs.iov[i].iov_len;
+    }
+    assert_int_equal(at, moved.out.len);
+    assert_int_equal(at, moved.segs.total);
+    assert_true((const char *)moved.segs.iov[0].iov_base == body); /* borrowed */
+    baton_pdreq_free(&moved);
+
+    /* no client bootstrap member: two segments, the body to its last value and the tail */
+    body = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":2}";
+    assert_int_equal(parse(&r, BATON_API_CHAT, body, &err), 0);
+    uint64_t rooms[2] = {1, 2};
+    assert_int_equal(baton_pdreq_inject_segs(&r, "10.0.0.1", -1, rooms), 0);
+    assert_int_equal(r.segs.n, 2);
+    assert_int_equal(r.segs.iov[0].iov_len, strlen(body) - 1);
+    assert_int_equal(baton_json_splice_flatten(&r.segs, &r.out), 0);
+    assert_string_equal(
+        r.out.data, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":2,"
+                    "\"bootstrap_host\":[\"10.0.0.1\",\"10.0.0.1\"],\"bootstrap_port\":[null,null],"
+                    "\"bootstrap_room\":[1,2]}");
+    baton_pdreq_free(&r);
+}
+
+/* Keys are compared decoded and the last duplicate wins, as in jansson's tree. */
+static void test_escaped_and_duplicate_keys(void **state)
+{
+    (void)state;
+    expect_ok(BATON_API_CHAT, "{\"messages\":[{\"role\":\"user\"}],\"\\u0073tream\":true}", 0, 1,
+              0);
+    expect_ok(BATON_API_CHAT,
+              "{\"messages\":[{\"role\":\"user\"}],\"stream\":\"x\",\"stream\":false}", 0, 0, 0);
+    expect_bad(BATON_API_CHAT, "{\"messages\":[{\"role\":\"user\"}],\"stream\":true,\"stream\":1}",
+               "stream", "invalid_type");
+    expect_ok(BATON_API_CHAT, "{\"messages\":[{\"role\":1,\"role\":\"user\"}]}", 0, 0, 0);
+    expect_bad(BATON_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"r\\u006fle\":1}]}", "messages",
+               "invalid_type");
+    expect_bad(BATON_API_CHAT, "{\"messages\":[],\"messages\":null}", "messages",
+               "missing_parameter");
+    /* invalid JSON keeps jansson's wording, line and column */
+    baton_pdreq_t r;
+    baton_pdreq_error_t err;
+    assert_int_equal(parse(&r, BATON_API_CHAT, "{\"a\":\n 01}", &err), BATON_EINVAL);
+    assert_string_equal(err.code, "invalid_json");
+    assert_non_null(strstr(err.message, "invalid JSON at line 2 column"));
+    assert_int_equal(parse(&r, BATON_API_CHAT, "{\"a\":\"\\ud800\"}", &err), BATON_EINVAL);
+    assert_string_equal(err.code, "invalid_json");
+}
+
 static void test_rooms_in_range(void **state)
 {
     (void)state;
@@ -548,6 +618,8 @@ int main(void)
         cmocka_unit_test(test_batch_sizes),
         cmocka_unit_test(test_inject_single),
         cmocka_unit_test(test_inject_batches),
+        cmocka_unit_test(test_inject_splice),
+        cmocka_unit_test(test_escaped_and_duplicate_keys),
         cmocka_unit_test(test_rooms_in_range),
         cmocka_unit_test(test_merge_body_single),
         cmocka_unit_test(test_merge_body_batch),
