@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""allocs.py — heap calls (and optionally syscalls) per request of the ROUTER process (issue 15).
+
+The router runs under libbaton_allocs.so (loadtest/allocs/, LD_PRELOAD), which counts malloc,
+calloc, realloc, the aligned allocators and free of every thread into a shared file mapping; the
+workers (zero-cost baton-workers: one regular, one prefill + one decode) run plainly. For each
+topology (regular, pd) and mode (json, stream) with a short prompt: a warm-up (pools, buffers and
+caches fill), then N requests with baton-bench at a fixed concurrency; the counter deltas over
+the measured run divided by the completed requests are the figures. The router's idle work over
+that time (its ticks) is counted too, so figures are slightly above the pure per-request cost.
+
+--syscalls also attaches `strace -c -f` to the router for the measured run and reports syscalls
+per request (strace slows the router; counts, not times, are what it is good for here).
+"""
+
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import time
+
+import scenlib
+
+FIELDS = ("magic", "malloc", "calloc", "realloc", "memalign", "free", "bytes")
+MAGIC = 0x31434F4C4C41
+
+
+def read_counters(path):
+    with open(path, "rb") as f:
+        vals = struct.unpack(f"={len(FIELDS)}Q", f.read(8 * len(FIELDS)))
+    c = dict(zip(FIELDS, vals))
+    if c["magic"] != MAGIC:
+        raise RuntimeError(f"{path}: not a libbaton_allocs counter file")
+    c["allocs"] = c["malloc"] + c["calloc"] + c["realloc"] + c["memalign"]
+    return c
+
+
+def strace_start(pid, out):
+    p = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", out],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # strace attaches to every thread before the run starts
+    return p
+
+
+def strace_stop(p, out):
+    """{syscall: calls} from strace -c's table, 'total' included."""
+    p.send_signal(signal.SIGINT)
+    p.wait(timeout=30)
+    calls = {}
+    with open(out) as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) < 5 or not fields[0].replace(".", "").isdigit():
+                continue
+            # % time, seconds, usecs/call, calls, [errors], syscall
+            calls[fields[-1]] = int(fields[3])
+    return calls
+
+
+def main():
+    ap = scenlib.arg_parser(__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=4000, help="measured requests per run")
+    ap.add_argument("--warmup", type=int, default=500, help="warm-up requests per run")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--input-len", type=int, default=16, help="prompt words (a short body)")
+    ap.add_argument("--syscalls", action="store_true", help="also count syscalls with strace")
+    args = ap.parse_args()
+    if args.smoke:
+        args.requests, args.warmup = 200, 50
+    if args.syscalls and not shutil.which("strace"):
+        scenlib.skip_note("--syscalls: strace is not installed")
+        args.syscalls = False
+    print("== heap calls per request of the router ==")
+    print(scenlib.machine_line())
+    failed = 0
+    rows = []
+    zero = ["--prefill-us-per-token", 0, "--decode-us-per-token", 0, "--max-queue", 100000]
+    with scenlib.Lab(args, "allocs") as lab:
+        shim = os.path.join(lab.build, "libbaton_allocs.so")
+        if not os.path.exists(shim):
+            raise SystemExit(f"allocs: {shim} is not built (cmake --build {lab.build} "
+                             "--target baton_allocs)")
+        p = lab.worker("prefill", *zero, name="prefill")
+        d = lab.worker("decode", *zero, name="decode")
+        g = lab.worker("regular", *zero, name="regular")
+        routers = {}
+        for topo, extra in (("pd", ["--prefill", p.url, p.ports["bootstrap"], "--decode", d.url]),
+                            ("regular", ["--worker", g.url])):
+            cfile = os.path.join(lab.dir, f"allocs-{topo}.bin")
+            argv = [lab.bin("baton"), "--host", scenlib.HOST, "--port", "0", "--log-level",
+                    "info"] + [str(x) for x in extra]
+            r = lab.start(f"baton-{topo}", argv,
+                          env={"LD_PRELOAD": shim, "BATON_ALLOCS_FILE": cfile})
+            routers[topo] = (r, cfile)
+        for topo, (r, cfile) in routers.items():
+            for mode in ("json", "stream"):
+                common = ["--endpoint", "chat", "--concurrency", args.concurrency, "--input-len",
+                          args.input_len, "--output-len", 16] + (["--stream"] if mode == "stream"
+                                                                 else [])
+                w = lab.bench(r.url, *common, "--num-requests", args.warmup)
+                failed += w["failed"]
+                st = None
+                if args.syscalls:
+                    sfile = os.path.join(lab.dir, f"strace-{topo}-{mode}.txt")
+                    st = strace_start(r.pid, sfile)
+                c0, t0 = read_counters(cfile), scenlib.cpu_seconds(r.pid)
+                out = lab.bench(r.url, *common, "--num-requests", args.requests)
+                c1, t1 = read_counters(cfile), scenlib.cpu_seconds(r.pid)
+                sc = strace_stop(st, sfile) if st else None
+                failed += out["failed"]
+                n = max(out["completed"], 1)
+                per = {k: (c1[k] - c0[k]) / n for k in ("allocs", "malloc", "calloc", "realloc",
+                                                        "free", "bytes")}
+                row = [topo, mode, n, per["allocs"], per["malloc"], per["calloc"],
+                       per["realloc"], per["free"], per["bytes"]]
+                row.append((t1 - t0) * 1e6 / n if not st else "-")
+                row.append(sc.get("total", 0) / n if sc else "-")
+                rows.append(row)
+                if sc:
+                    top = sorted(((v, k) for k, v in sc.items() if k != "total"), reverse=True)
+                    print(f"{topo} {mode} syscalls/request: " +
+                          ", ".join(f"{k} {v / n:.2f}" for v, k in top[:8]))
+    scenlib.print_table("router heap calls per request",
+                        ["topology", "mode", "requests", "allocs/req", "malloc", "calloc",
+                         "realloc", "free/req", "bytes/req", "cpu us/req", "syscalls/req"], rows,
+                        note="allocs = malloc + calloc + realloc + aligned; cpu us/req under the "
+                             "shim (and without strace) is indicative only; router_cpu.py is the "
+                             "CPU benchmark.")
+    print(f"allocs done: {failed} failed requests")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
