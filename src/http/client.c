@@ -20,6 +20,9 @@
 #define MAX_RESP_HEADER_BYTES (1024 * 1024)
 #define MAX_RESP_HEADERS      1000
 #define NO_VALUE              UINT32_MAX
+/* Body segments held in the request itself; more take one allocation (rare: the router sends
+ * one or two). */
+#define BODY_SEGS_INLINE 3
 
 typedef struct cconn_s cconn_t;
 typedef struct creq_s creq_t;
@@ -80,7 +83,9 @@ struct creq_s {
     uv_timer_t timer; /* one per request, switched per phase */
     baton_http_client_cb_t cb;
     baton_http_timeouts_t to;
-    const char *body;
+    uv_buf_t *wbufs; /* [0] the head, then the body's segments: one uv_write */
+    unsigned n_wbufs;
+    uv_buf_t wbufs_inline[1 + BODY_SEGS_INLINE];
     size_t body_len;
     char *head;
     size_t head_len;
@@ -172,6 +177,8 @@ static void on_creq_close(uv_handle_t *h)
     creq_t *r = h->data;
     baton_http_pool_t *pool = r->pool;
     free(r->head);
+    if (r->wbufs != r->wbufs_inline)
+        free(r->wbufs);
     baton_buf_free(&r->arena);
     baton_buf_free(&r->hdrs);
     baton_buf_free(&r->held);
@@ -352,21 +359,21 @@ static int tls_write_out(cconn_t *conn, baton_buf_t *out, int is_request)
     return err;
 }
 
-/* Head and body go out in one uv_write; the body is not copied (over TLS: encrypted once). */
+/* Head and body segments go out in one uv_write (one writev); the body is not copied (over
+ * TLS: encrypted straight from the segments, small ones joined into one record). */
 static int send_request(creq_t *r)
 {
     cconn_t *conn = r->conn;
-    uv_buf_t bufs[2] = {uv_buf_init(r->head, (unsigned)r->head_len),
-                        uv_buf_init((char *)r->body, (unsigned)r->body_len)};
     int err;
+    r->wbufs[0] = uv_buf_init(r->head, (unsigned)r->head_len);
     if (conn->tls) {
         baton_buf_t out = BATON_BUF_INIT;
-        err = baton_tls_conn_encrypt(conn->tls, bufs, r->body_len ? 2 : 1, &out);
+        err = baton_tls_conn_encrypt(conn->tls, r->wbufs, r->n_wbufs, &out);
         err = err ? err : tls_write_out(conn, &out, 1);
         baton_buf_free(&out);
     } else {
         conn->wreq.data = conn;
-        err = uv_write(&conn->wreq, (uv_stream_t *)&conn->tcp, bufs, r->body_len ? 2 : 1, on_write);
+        err = uv_write(&conn->wreq, (uv_stream_t *)&conn->tcp, r->wbufs, r->n_wbufs, on_write);
     }
     if (err)
         return err;
@@ -958,14 +965,41 @@ static int has_bad_chars(const char *s)
     return 0;
 }
 
-int baton_http_request(baton_http_creq_t **req_p, baton_http_pool_t *pool, const char *method,
-                       const char *path, const baton_http_header_t *headers, size_t n_headers,
-                       const char *body, size_t body_len, const baton_http_timeouts_t *timeouts,
-                       const baton_http_client_cb_t *cb, void *data)
+/* The segments to write after the head (empty ones left out); 0 or an error. */
+static int set_body(creq_t *r, const uv_buf_t *body, unsigned n_body)
+{
+    unsigned n = 0;
+    for (unsigned i = 0; i < n_body; i++)
+        n += body[i].len > 0;
+    r->wbufs = r->wbufs_inline;
+    if (n > BODY_SEGS_INLINE && !(r->wbufs = malloc((1 + (size_t)n) * sizeof(uv_buf_t))))
+        return BATON_ENOMEM;
+    r->n_wbufs = 1;
+    r->body_len = 0;
+    for (unsigned i = 0; i < n_body; i++) {
+        if (body[i].len == 0)
+            continue;
+        r->wbufs[r->n_wbufs++] = body[i];
+        r->body_len += body[i].len;
+    }
+    return 0;
+}
+
+int baton_http_requestv(baton_http_creq_t **req_p, baton_http_pool_t *pool, const char *method,
+                        const char *path, const baton_http_header_t *headers, size_t n_headers,
+                        const uv_buf_t *body, unsigned n_body,
+                        const baton_http_timeouts_t *timeouts, const baton_http_client_cb_t *cb,
+                        void *data)
 {
     if (req_p == NULL || pool == NULL || method == NULL || path == NULL || cb == NULL ||
-        cb->on_done == NULL || (body == NULL && body_len > 0) || (n_headers && !headers))
+        cb->on_done == NULL || (body == NULL && n_body > 0) || (n_headers && !headers))
         return BATON_EINVAL;
+    size_t total = 0;
+    for (unsigned i = 0; i < n_body; i++) {
+        if ((body[i].base == NULL && body[i].len > 0) || body[i].len > SIZE_MAX - total)
+            return BATON_EINVAL;
+        total += body[i].len;
+    }
     if (pool->destroyed)
         return BATON_ESHUTDOWN;
     /* Header injection through a path or header would desynchronise the connection. */
@@ -983,11 +1017,12 @@ int baton_http_request(baton_http_creq_t **req_p, baton_http_pool_t *pool, const
     r->cb = *cb;
     if (timeouts)
         r->to = *timeouts;
-    r->body = body;
-    r->body_len = body_len;
     r->is_head = strcmp(method, "HEAD") == 0;
-    int err = build_request_head(r, method, path, headers, n_headers);
+    int err = set_body(r, body, n_body);
+    err = err ? err : build_request_head(r, method, path, headers, n_headers);
     if (err) {
+        if (r->wbufs != r->wbufs_inline)
+            free(r->wbufs);
         free(r);
         return err;
     }
@@ -1013,6 +1048,18 @@ int baton_http_request(baton_http_creq_t **req_p, baton_http_pool_t *pool, const
     if (err)
         defer_finish(r, BATON_ECONNECT);
     return 0;
+}
+
+int baton_http_request(baton_http_creq_t **req_p, baton_http_pool_t *pool, const char *method,
+                       const char *path, const baton_http_header_t *headers, size_t n_headers,
+                       const char *body, size_t body_len, const baton_http_timeouts_t *timeouts,
+                       const baton_http_client_cb_t *cb, void *data)
+{
+    if (body == NULL && body_len > 0)
+        return BATON_EINVAL;
+    uv_buf_t seg = {.base = (char *)body, .len = body_len};
+    return baton_http_requestv(req_p, pool, method, path, headers, n_headers, &seg, body ? 1 : 0,
+                               timeouts, cb, data);
 }
 
 void baton_http_request_pause(baton_http_creq_t *req, int paused)
@@ -1059,6 +1106,7 @@ const baton_http_client_ops_t baton_http_client_ops = {
     .pool_create = baton_http_pool_create,
     .pool_destroy = baton_http_pool_destroy,
     .request = baton_http_request,
+    .requestv = baton_http_requestv,
     .pause = baton_http_request_pause,
     .cancel = baton_http_request_cancel,
     .set_tls = baton_http_pool_set_tls,

@@ -130,12 +130,7 @@ typedef struct upstream_s {
     baton_whealth_ticket_t ticket; /* 0 once its outcome was reported (or no health layer) */
     baton_http_creq_t *creq;       /* non-NULL while in flight */
     baton__body_t *body;           /* PD: the attempt's body */
-    char *path;                    /* owned when the worker has a prefix or there is a query */
-    const char *path_use;
-    char *auth; /* "Bearer <api_key>", owned */
-    baton_http_header_t hdrs[3];
-    size_t n_hdrs;
-    int status; /* 0 until on_head */
+    int status;                    /* 0 until on_head */
     /* Per upstream request, not the request's phase: */
     unsigned reserved : 1;  /* holds one of w's in-flight slots */
     uint32_t tokens;        /* ... and these prompt words of its in-flight count (pick.h) */
