@@ -16,6 +16,11 @@
 
 #define MAX_SEGS 12
 #define BIG_LEN  (100 * 1024) /* past the TLS layer's 4 KiB staging and one 64 KiB read */
+/* Past what a loopback socket takes at once: the client queues the rest of a partial write. */
+#define HUGE_LEN (8 * 1024 * 1024)
+
+/* Stands for the huge segment in a case's list of texts. */
+static const char HUGE_SEG[] = "huge";
 
 /* One request to send: its segments, and what the server must have received. */
 typedef struct sg_case_s {
@@ -30,13 +35,14 @@ typedef struct sgfx_s {
     baton_http_server_t *srv;
     baton_http_pool_t *pool;
     baton_tls_t *st, *ct;
-    sg_case_t cases[4];
+    sg_case_t cases[5];
     int n_cases;
     int next;
     int done_ok;
     int in_api;
     int cb_in_api;
     char *big;
+    char *huge;
     baton_buf_t got; /* the echoed body of the request in flight */
     char got_len_hdr[32];
 } sgfx_t;
@@ -120,8 +126,9 @@ static void add_case(sgfx_t *fx, const char *const *texts, unsigned n)
     sg_case_t *c = &fx->cases[fx->n_cases++];
     c->want = (baton_buf_t)BATON_BUF_INIT;
     for (unsigned i = 0; i < n; i++) {
-        const char *t = texts[i] ? texts[i] : fx->big; /* NULL: the big segment */
-        size_t len = texts[i] ? strlen(t) : BIG_LEN;
+        /* NULL: the big segment, HUGE_SEG: the huge one */
+        const char *t = !texts[i] ? fx->big : texts[i] == HUGE_SEG ? fx->huge : texts[i];
+        size_t len = !texts[i] ? BIG_LEN : texts[i] == HUGE_SEG ? HUGE_LEN : strlen(t);
         c->segs[i] = uv_buf_init((char *)t, (unsigned)len);
         assert_int_equal(baton_buf_append(&c->want, t, len), 0);
     }
@@ -136,6 +143,10 @@ static void run_cases(int tls)
     assert_non_null(fx->big);
     for (size_t i = 0; i < BIG_LEN; i++)
         fx->big[i] = (char)('a' + (i * 7) % 26);
+    fx->huge = malloc(HUGE_LEN);
+    assert_non_null(fx->huge);
+    for (size_t i = 0; i < HUGE_LEN; i++)
+        fx->huge[i] = (char)('A' + (i * 11) % 26);
 
     static const char *one[] = {"{\"model\":\"m\",\"prompt\":\"hi\"}"};
     static const char *two[] = {"{\"model\":\"m\",\"prompt\":\"hi\"", ",\"bootstrap_room\":42}"};
@@ -144,10 +155,12 @@ static void run_cases(int tls)
     static const char *many[] = {
         "{", "\"a\":1,", "", "\"b\":\"", NULL, "\",", "\"c\":[1,2,3]", ",\"d\":", "true", "", "}"};
     static const char *big_only[] = {NULL};
+    static const char *huge[] = {"[", HUGE_SEG, "]"};
     add_case(fx, one, 1);
     add_case(fx, two, 2);
     add_case(fx, many, sizeof(many) / sizeof(many[0]));
     add_case(fx, big_only, 1);
+    add_case(fx, huge, 3);
 
     assert_int_equal(uv_loop_init(&fx->loop), 0);
     uv_timer_init(&fx->loop, &fx->guard);
@@ -180,6 +193,7 @@ static void run_cases(int tls)
     baton_tls_destroy(fx->st);
     baton_tls_destroy(fx->ct);
     free(fx->big);
+    free(fx->huge);
     free(fx);
 }
 
