@@ -36,6 +36,11 @@
 #define BUDGET_POLL_MS 20
 /* Bodies this small (and at most max/64) may use the budget's reserve of max/8. */
 #define SMALL_BODY_MAX (1024 * 1024)
+/* Request buffers (head arena, header offsets, body) a finished request hands back to its server
+ * for the next one, so a request on a busy loop allocates none while idle keep-alive
+ * connections still own no buffer. Bounded in count and size (a larger one is freed). */
+#define SPARE_BUFS    64
+#define SPARE_BUF_MAX (64 * 1024)
 
 enum timer_mode {
     TM_NONE,
@@ -53,6 +58,11 @@ typedef struct hdr_off_s {
 } hdr_off_t;
 
 typedef struct conn_s conn_t;
+
+typedef struct spare_s {
+    baton_buf_t b[SPARE_BUFS];
+    unsigned n;
+} spare_t;
 
 struct baton_http_server_s {
     uv_loop_t *loop;
@@ -73,6 +83,7 @@ struct baton_http_server_s {
     baton_tls_t *tls; /* not owned; NULL: plain TCP */
     llhttp_settings_t settings;
     char *rbuf;
+    spare_t spare_arena, spare_hdrs, spare_body; /* see SPARE_BUFS */
     baton_list_t conns; /* of conn_t.link: every connection until its memory is freed */
     unsigned n_conns;   /* open, counted against max_connections */
     unsigned n_live;    /* listener + connection structs not yet freed */
@@ -557,11 +568,37 @@ static char *build_head(conn_t *c, char *stack, size_t stack_cap, char **heap_p,
 /* ---------------------------------------------------------------------------------------- */
 /* Request life                                                                              */
 
+/* Hands a request buffer back to the server's spares (emptied) or frees it. */
+static void buf_give(spare_t *s, baton_buf_t *b)
+{
+    if (b->data && b->cap <= SPARE_BUF_MAX && s->n < SPARE_BUFS) {
+        baton_buf_reset(b);
+        s->b[s->n++] = *b;
+        *b = (baton_buf_t)BATON_BUF_INIT;
+    } else {
+        baton_buf_free(b);
+    }
+}
+
+/* An empty buffer gets a spare's storage when there is one. */
+static void buf_take(spare_t *s, baton_buf_t *b)
+{
+    if (b->data == NULL && s->n > 0)
+        *b = s->b[--s->n];
+}
+
+static void spare_free(spare_t *s)
+{
+    while (s->n > 0)
+        baton_buf_free(&s->b[--s->n]);
+}
+
 static void req_reset(conn_t *c)
 {
-    baton_buf_free(&c->arena);
-    baton_buf_free(&c->hdrs);
-    baton_buf_free(&c->body);
+    baton_http_server_t *srv = c->srv;
+    buf_give(&srv->spare_arena, &c->arena);
+    buf_give(&srv->spare_hdrs, &c->hdrs);
+    buf_give(&srv->spare_body, &c->body);
     body_release(c);
     c->in_body = 0;
     c->small_body = 0;
@@ -669,6 +706,8 @@ static int on_message_begin(llhttp_t *p)
     c->head_done = 0;
     req_reset(c);
     c->req.start_ns = uv_hrtime();
+    buf_take(&c->srv->spare_arena, &c->arena);
+    buf_take(&c->srv->spare_hdrs, &c->hdrs);
     /* Room for 16 headers' offsets and pointers: no realloc for a typical request. */
     if (baton_buf_reserve(&c->arena, ARENA_INIT) != 0 || baton_buf_reserve(&c->hdrs, 512) != 0)
         return fail_cb(c, 500, "out of memory");
@@ -793,6 +832,8 @@ static int on_headers_complete(llhttp_t *p)
     if (has_len && p->content_length > srv->limits.max_body_bytes)
         return fail_cb(c, 413, "request body is too large");
     int want_body = chunked || (has_len && p->content_length > 0);
+    if (want_body)
+        buf_take(&srv->spare_body, &c->body);
     if (has_len && p->content_length > 0 &&
         baton_buf_reserve(&c->body, (size_t)p->content_length) != 0)
         return fail_cb(c, 500, "out of memory");
@@ -1088,9 +1129,9 @@ static void on_timer_close(uv_handle_t *h)
     conn_t *c = h->data;
     baton_http_server_t *srv = c->srv;
     baton_list_remove(&c->link);
-    baton_buf_free(&c->arena);
-    baton_buf_free(&c->hdrs);
-    baton_buf_free(&c->body);
+    buf_give(&srv->spare_arena, &c->arena);
+    buf_give(&srv->spare_hdrs, &c->hdrs);
+    buf_give(&srv->spare_body, &c->body);
     body_release(c);
     baton_buf_free(&c->pending);
     baton_tls_conn_free(c->tls);
@@ -1640,6 +1681,9 @@ static void server_maybe_done(baton_http_server_t *srv)
         return;
     if (srv->close_cb)
         srv->close_cb(srv);
+    spare_free(&srv->spare_arena);
+    spare_free(&srv->spare_hdrs);
+    spare_free(&srv->spare_body);
     free(srv->rbuf);
     free(srv);
 }
