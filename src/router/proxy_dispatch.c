@@ -75,12 +75,12 @@ void baton__up_free(baton__upstream_t *u)
     baton_worker_unref(u->w);
     baton_buf_free(&u->resp);
     body_unref(u->body);
-    free(u);
+    baton__pl_free(u->pr->pl, BATON__SPARE_UP, u);
 }
 
 baton__upstream_t *baton__up_new(baton__preq_t *pr, int side, baton_pick_t *p)
 {
-    baton__upstream_t *u = calloc(1, sizeof(*u));
+    baton__upstream_t *u = baton__pl_calloc(pr->pl, BATON__SPARE_UP);
     if (!u)
         return NULL;
     u->pr = pr;

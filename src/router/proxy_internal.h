@@ -71,6 +71,9 @@ typedef enum baton__proxy_phase_e {
 int baton__proxy_phase_allowed(baton__proxy_phase_t from, baton__proxy_phase_t to);
 const char *baton__proxy_phase_name(baton__proxy_phase_t ph);
 
+enum { BATON__SPARE_PREQ, BATON__SPARE_UP, BATON__SPARE_KINDS };
+#define BATON__SPARE_MAX 64
+
 typedef struct pool_entry_s {
     baton_worker_t *w; /* referenced while cached */
     baton_http_pool_t *pool;
@@ -92,7 +95,16 @@ struct baton_proxy_loop_s {
     baton_admission_waker_t waker;
     int started;
     unsigned open_handles; /* pl is freed when the last one closed */
+    /* Freed per-request structs kept for the next request (baton__pl_calloc). */
+    void *spare[BATON__SPARE_KINDS][BATON__SPARE_MAX];
+    unsigned n_spare[BATON__SPARE_KINDS];
 };
+
+/* Per-loop recycling of the per-request structs: a request on a warm loop allocates neither its
+ * preq nor its upstreams. baton__pl_calloc gives a zeroed block of the kind's size (a spare or a
+ * new one; NULL when out of memory); baton__pl_free keeps up to BATON__SPARE_MAX of each kind. */
+void *baton__pl_calloc(baton_proxy_loop_t *pl, int kind);
+void baton__pl_free(baton_proxy_loop_t *pl, int kind, void *p);
 
 enum baton__proxy_mode { MODE_PD, MODE_REGULAR, MODE_FORWARD };
 enum { UP_PREFILL = 0, UP_MAIN = 1 }; /* MAIN: decode in PD mode, the only worker otherwise */
