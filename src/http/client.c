@@ -42,6 +42,7 @@ struct baton_http_pool_s {
     char *rbuf;
     baton_tls_t *tls;             /* not owned; NULL: plain TCP */
     baton_tls_session_t *session; /* the last TLS session, offered by new connections */
+    baton_buf_t tls_scratch;      /* ciphertext of one request (send_request) */
     llhttp_settings_t settings;
     baton_list_t idle; /* of cconn_t.link, LIFO: the most recently used is the warmest */
     unsigned n_idle;
@@ -393,7 +394,8 @@ static size_t try_write(cconn_t *conn, const uv_buf_t *bufs, unsigned n)
     return w > 0 ? (size_t)w : 0;
 }
 
-/* Writes (and takes) the ciphertext in *out; an empty buffer is just freed. */
+/* Writes the ciphertext in *out: what the socket takes at once (then *out is emptied, its storage
+ * kept), else the rest is queued and takes *out's storage along. */
 static int tls_write_out(cconn_t *conn, baton_buf_t *out, int is_request)
 {
     size_t done = 0;
@@ -402,7 +404,7 @@ static int tls_write_out(cconn_t *conn, baton_buf_t *out, int is_request)
         done = try_write(conn, &all, 1);
     }
     if (done == out->len) {
-        baton_buf_free(out);
+        baton_buf_reset(out); /* the caller's buffer: it frees or reuses it */
         return 0;
     }
     twrite_t *tw = malloc(sizeof(*tw));
@@ -453,10 +455,13 @@ static int send_request(creq_t *r)
     int err = 0;
     r->wbufs[0] = uv_buf_init(r->head.data, (unsigned)r->head.len);
     if (conn->tls) {
-        baton_buf_t out = BATON_BUF_INIT;
-        err = baton_tls_conn_encrypt(conn->tls, r->wbufs, r->n_wbufs, &out);
-        err = err ? err : tls_write_out(conn, &out, 1);
-        baton_buf_free(&out);
+        /* The pool's scratch buffer (a partial write takes its storage along). */
+        baton_buf_t *out = &conn->pool->tls_scratch;
+        baton_buf_reset(out);
+        err = baton_tls_conn_encrypt(conn->tls, r->wbufs, r->n_wbufs, out);
+        err = err ? err : tls_write_out(conn, out, 1);
+        if (err || out->cap > FREE_BUF_MAX)
+            baton_buf_free(out);
     } else {
         size_t done = try_write(conn, r->wbufs, r->n_wbufs);
         if (done < r->head.len + r->body_len)
@@ -986,6 +991,7 @@ static void pool_maybe_free(baton_http_pool_t *pool)
         creq_free(container_of(l, creq_t, free_link));
     }
     baton_tls_session_free(pool->session);
+    baton_buf_free(&pool->tls_scratch);
     free(pool->rbuf);
     free(pool);
 }

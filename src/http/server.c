@@ -84,6 +84,8 @@ struct baton_http_server_s {
     llhttp_settings_t settings;
     char *rbuf;
     spare_t spare_arena, spare_hdrs, spare_body; /* see SPARE_BUFS */
+    baton_buf_t tls_scratch;                     /* ciphertext of one write (conn_write) */
+    int tls_scratch_busy;
     baton_list_t conns; /* of conn_t.link: every connection until its memory is freed */
     unsigned n_conns;   /* open, counted against max_connections */
     unsigned n_live;    /* listener + connection structs not yet freed */
@@ -486,20 +488,43 @@ static int conn_write_out(conn_t *c, baton_buf_t *out)
     return rc;
 }
 
-/* Plaintext out: through the TLS layer when the listener has one. */
+/*
+ * Plaintext out: through the TLS layer when the listener has one. The ciphertext goes through
+ * the server's scratch buffer, which conn_write_raw has written or copied before it returns, so
+ * an encrypted write allocates nothing; a write nested in another (from a callback) gets its own.
+ */
 static int conn_write(conn_t *c, const uv_buf_t *bufs, unsigned n)
 {
     if (c->tls == NULL)
         return conn_write_raw(c, bufs, n);
     if (c->tcp_closing)
         return BATON_ECLOSED;
-    baton_buf_t out = BATON_BUF_INIT;
-    if (baton_tls_conn_encrypt(c->tls, bufs, n, &out) != 0) {
-        baton_buf_free(&out);
-        conn_close_hard(c);
-        return BATON_ECLOSED;
+    baton_http_server_t *srv = c->srv;
+    if (srv->tls_scratch_busy) {
+        baton_buf_t out = BATON_BUF_INIT;
+        if (baton_tls_conn_encrypt(c->tls, bufs, n, &out) != 0) {
+            baton_buf_free(&out);
+            conn_close_hard(c);
+            return BATON_ECLOSED;
+        }
+        return conn_write_out(c, &out);
     }
-    return conn_write_out(c, &out);
+    baton_buf_t *out = &srv->tls_scratch;
+    int rc = 0;
+    srv->tls_scratch_busy = 1;
+    if (baton_tls_conn_encrypt(c->tls, bufs, n, out) != 0) {
+        conn_close_hard(c);
+        rc = BATON_ECLOSED;
+    } else if (out->len > 0) {
+        uv_buf_t b = uv_buf_init(out->data, (unsigned)out->len);
+        rc = conn_write_raw(c, &b, 1);
+    }
+    srv->tls_scratch_busy = 0;
+    if (out->cap > SPARE_BUF_MAX)
+        baton_buf_free(out);
+    else
+        baton_buf_reset(out);
+    return rc;
 }
 
 /*
@@ -1684,6 +1709,7 @@ static void server_maybe_done(baton_http_server_t *srv)
     spare_free(&srv->spare_arena);
     spare_free(&srv->spare_hdrs);
     spare_free(&srv->spare_body);
+    baton_buf_free(&srv->tls_scratch);
     free(srv->rbuf);
     free(srv);
 }
