@@ -9,6 +9,9 @@ caches fill), then N requests with baton-bench at a fixed concurrency; the count
 the measured run divided by the completed requests are the figures. The router's idle work over
 that time (its ticks) is counted too, so figures are slightly above the pure per-request cost.
 
+A third router serves the regular topology over HTTPS on its client port (regular-tls; the
+certificate is made with the openssl CLI as tls.py does; skipped without openssl).
+
 --syscalls also attaches `strace -c -f` to the router for the measured run and reports syscalls
 per request (strace slows the router; counts, not times, are what it is good for here).
 """
@@ -21,6 +24,7 @@ import subprocess
 import time
 
 import scenlib
+import tls as tls_scenario
 
 FIELDS = ("magic", "malloc", "calloc", "realloc", "memalign", "free", "bytes")
 MAGIC = 0x31434F4C4C41
@@ -85,8 +89,15 @@ def main():
         d = lab.worker("decode", *zero, name="decode")
         g = lab.worker("regular", *zero, name="regular")
         routers = {}
-        for topo, extra in (("pd", ["--prefill", p.url, p.ports["bootstrap"], "--decode", d.url]),
-                            ("regular", ["--worker", g.url])):
+        topos = [("pd", ["--prefill", p.url, p.ports["bootstrap"], "--decode", d.url]),
+                 ("regular", ["--worker", g.url])]
+        ca = None
+        if shutil.which("openssl"):
+            ca, cert, key = tls_scenario.make_cert(lab.dir)
+            topos.append(("regular-tls", ["--worker", g.url, "--tls-cert", cert, "--tls-key", key]))
+        else:
+            scenlib.skip_note("regular-tls: openssl is not installed")
+        for topo, extra in topos:
             cfile = os.path.join(lab.dir, f"allocs-{topo}.bin")
             argv = [lab.bin("baton"), "--host", scenlib.HOST, "--port", "0", "--log-level",
                     "info"] + [str(x) for x in extra]
@@ -94,18 +105,22 @@ def main():
                           env={"LD_PRELOAD": shim, "BATON_ALLOCS_FILE": cfile})
             routers[topo] = (r, cfile)
         for topo, (r, cfile) in routers.items():
+            url = r.url
+            tls_args = []
+            if topo == "regular-tls":
+                url, tls_args = f"https://{scenlib.HOST}:{r.port}", ["--ca", ca]
             for mode in ("json", "stream"):
-                common = ["--endpoint", "chat", "--concurrency", args.concurrency, "--input-len",
+                common = tls_args + ["--endpoint", "chat", "--concurrency", args.concurrency, "--input-len",
                           args.input_len, "--output-len", 16] + (["--stream"] if mode == "stream"
                                                                  else [])
-                w = lab.bench(r.url, *common, "--num-requests", args.warmup)
+                w = lab.bench(url, *common, "--num-requests", args.warmup)
                 failed += w["failed"]
                 st = None
                 if args.syscalls:
                     sfile = os.path.join(lab.dir, f"strace-{topo}-{mode}.txt")
                     st = strace_start(r.pid, sfile)
                 c0, t0 = read_counters(cfile), scenlib.cpu_seconds(r.pid)
-                out = lab.bench(r.url, *common, "--num-requests", args.requests)
+                out = lab.bench(url, *common, "--num-requests", args.requests)
                 c1, t1 = read_counters(cfile), scenlib.cpu_seconds(r.pid)
                 sc = strace_stop(st, sfile) if st else None
                 failed += out["failed"]
@@ -126,7 +141,9 @@ def main():
                          "realloc", "free/req", "bytes/req", "cpu us/req", "syscalls/req"], rows,
                         note="allocs = malloc + calloc + realloc + aligned; cpu us/req under the "
                              "shim (and without strace) is indicative only; router_cpu.py is the "
-                             "CPU benchmark.")
+                             "CPU benchmark. regular-tls includes the full TLS handshakes of the "
+                             "measured run's own connections (baton-bench connects anew: "
+                             "--concurrency handshakes of ~12k callocs each, mbedTLS bignums).")
     print(f"allocs done: {failed} failed requests")
     return 1 if failed else 0
 
