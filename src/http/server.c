@@ -41,6 +41,11 @@
  * connections still own no buffer. Bounded in count and size (a larger one is freed). */
 #define SPARE_BUFS    64
 #define SPARE_BUF_MAX (64 * 1024)
+/* A streamed response's head and chunks written during one loop turn are gathered and sent in
+ * one write when the turn's I/O callbacks are done (a uv_check handle), not one syscall each:
+ * an upstream read carrying several SSE events costs one write to the client. Past this many
+ * bytes they go out at once. */
+#define CORK_MAX (64 * 1024)
 
 enum timer_mode {
     TM_NONE,
@@ -86,9 +91,11 @@ struct baton_http_server_s {
     spare_t spare_arena, spare_hdrs, spare_body; /* see SPARE_BUFS */
     baton_buf_t tls_scratch;                     /* ciphertext of one write (conn_write) */
     int tls_scratch_busy;
-    baton_list_t conns; /* of conn_t.link: every connection until its memory is freed */
-    unsigned n_conns;   /* open, counted against max_connections */
-    unsigned n_live;    /* listener + connection structs not yet freed */
+    uv_check_t flush_check; /* runs while a connection has corked bytes (CORK_MAX) */
+    baton_list_t corked;    /* of conn_t.cork_link */
+    baton_list_t conns;     /* of conn_t.link: every connection until its memory is freed */
+    unsigned n_conns;       /* open, counted against max_connections */
+    unsigned n_live;        /* listener + connection structs not yet freed */
     int port;
     unsigned listening : 1;
     unsigned listener_inited : 1;
@@ -120,7 +127,9 @@ struct conn_s {
     baton_buf_t arena;     /* url, header names and values, each NUL-terminated */
     baton_buf_t hdrs;      /* hdr_off_t[] while parsing, then baton_http_header_t[] after them */
     baton_buf_t body;
-    baton_buf_t pending; /* bytes read while a request is with the handler (pipelining) */
+    baton_buf_t pending;    /* bytes read while a request is with the handler (pipelining) */
+    baton_buf_t cork;       /* streamed bytes of this loop turn, not written yet (CORK_MAX) */
+    baton_list_t cork_link; /* in srv->corked while cork holds bytes */
     size_t head_bytes;
     size_t n_hdrs;
     size_t wq_bytes; /* bytes in our write requests that the socket has not taken yet */
@@ -493,7 +502,7 @@ static int conn_write_out(conn_t *c, baton_buf_t *out)
  * the server's scratch buffer, which conn_write_raw has written or copied before it returns, so
  * an encrypted write allocates nothing; a write nested in another (from a callback) gets its own.
  */
-static int conn_write(conn_t *c, const uv_buf_t *bufs, unsigned n)
+static int conn_write_now(conn_t *c, const uv_buf_t *bufs, unsigned n)
 {
     if (c->tls == NULL)
         return conn_write_raw(c, bufs, n);
@@ -525,6 +534,67 @@ static int conn_write(conn_t *c, const uv_buf_t *bufs, unsigned n)
     else
         baton_buf_reset(out);
     return rc;
+}
+
+static void cork_unlink(conn_t *c)
+{
+    if (c->cork.len > 0) {
+        baton_list_remove(&c->cork_link);
+        baton_buf_reset(&c->cork);
+    }
+    if (c->cork.cap > CORK_MAX)
+        baton_buf_free(&c->cork);
+}
+
+/* Every write goes through here: corked bytes first, in the same write, so order is kept.
+ * n <= 3 (the most any caller here passes). */
+static int conn_write(conn_t *c, const uv_buf_t *bufs, unsigned n)
+{
+    if (c->cork.len == 0)
+        return n ? conn_write_now(c, bufs, n) : 0;
+    uv_buf_t all[4];
+    unsigned k = 0;
+    all[k++] = uv_buf_init(c->cork.data, (unsigned)c->cork.len);
+    for (unsigned i = 0; i < n; i++)
+        all[k++] = bufs[i];
+    int rc = conn_write_now(c, all, k);
+    cork_unlink(c);
+    return rc;
+}
+
+static void on_flush_check(uv_check_t *h)
+{
+    baton_http_server_t *srv = h->data;
+    baton_list_t *l;
+    while ((l = baton_list_first(&srv->corked)) != NULL)
+        conn_write(container_of(l, conn_t, cork_link), NULL, 0);
+    uv_check_stop(h);
+}
+
+/* Adds bytes to the connection's cork (flushed at the end of this loop turn, or now when it is
+ * full). 0, or BATON_ECLOSED after closing the connection. */
+static int cork_add(conn_t *c, const uv_buf_t *bufs, unsigned n)
+{
+    baton_http_server_t *srv = c->srv;
+    size_t before = c->cork.len, total = 0;
+    for (unsigned i = 0; i < n; i++)
+        total += bufs[i].len;
+    if (before + total >= CORK_MAX)
+        return conn_write(c, bufs, n); /* the corked bytes and these, without copying these */
+    for (unsigned i = 0; i < n; i++) {
+        if (baton_buf_append(&c->cork, bufs[i].base, bufs[i].len) != 0) {
+            c->cork.len = before; /* out of memory: what is corked, then these, now */
+            if (before > 0)
+                c->cork.data[before] = '\0';
+            return conn_write(c, bufs, n);
+        }
+    }
+    if (before == 0 && c->cork.len > 0) {
+        baton_list_push(&srv->corked, &c->cork_link);
+        if (!uv_is_active((uv_handle_t *)&srv->flush_check))
+            uv_check_start(&srv->flush_check, on_flush_check);
+    }
+    return 0;
 }
 
 /*
@@ -1159,6 +1229,8 @@ static void on_timer_close(uv_handle_t *h)
     buf_give(&srv->spare_body, &c->body);
     body_release(c);
     baton_buf_free(&c->pending);
+    cork_unlink(c);
+    baton_buf_free(&c->cork);
     baton_tls_conn_free(c->tls);
     free(c);
     srv->n_live--;
@@ -1192,6 +1264,8 @@ static void conn_close_hard(conn_t *c)
     }
     uv_close((uv_handle_t *)&c->tcp, on_tcp_close);
     baton_buf_free(&c->pending);
+    cork_unlink(c); /* unsent stream bytes are dropped with the connection */
+    baton_buf_free(&c->cork);
     /* on_abort must not run inside whatever call got us here. */
     if (c->req_active && !c->abort_sent)
         timer_start(c, TM_ABORT, 0);
@@ -1358,7 +1432,7 @@ int baton_http_stream_start(baton_http_req_t *req, int status, const char *conte
         return BATON_ENOMEM;
     }
     uv_buf_t b = uv_buf_init(head, (unsigned)hlen);
-    int rc = conn_write(c, &b, 1);
+    int rc = cork_add(c, &b, 1); /* goes out with the first chunk when it comes this turn */
     free(heap);
     return rc;
 }
@@ -1374,13 +1448,13 @@ int baton_http_stream_write(baton_http_req_t *req, const char *data, size_t len)
         return 0;
     if (!c->chunked_out) {
         uv_buf_t b = uv_buf_init((char *)data, (unsigned)len);
-        return conn_write(c, &b, 1);
+        return cork_add(c, &b, 1);
     }
     char size_line[24];
     int sl = snprintf(size_line, sizeof(size_line), "%zx\r\n", len);
     uv_buf_t bufs[3] = {uv_buf_init(size_line, (unsigned)sl),
                         uv_buf_init((char *)data, (unsigned)len), uv_buf_init((char *)"\r\n", 2)};
-    return conn_write(c, bufs, 3);
+    return cork_add(c, bufs, 3);
 }
 
 size_t baton_http_write_queue_size(const baton_http_req_t *req)
@@ -1398,8 +1472,10 @@ int baton_http_stream_end(baton_http_req_t *req)
     if (c->tcp_closing) {
         rc = BATON_ECLOSED;
     } else if (c->chunked_out && !c->no_body_out) {
-        uv_buf_t b = uv_buf_init((char *)"0\r\n\r\n", 5);
+        uv_buf_t b = uv_buf_init((char *)"0\r\n\r\n", 5); /* with the corked bytes */
         rc = conn_write(c, &b, 1);
+    } else {
+        rc = conn_write(c, NULL, 0); /* the corked bytes */
     }
     req_finish(c);
     return rc;
@@ -1577,7 +1653,10 @@ int baton_http_server_create(baton_http_server_t **srv_p, uv_loop_t *loop,
     srv->accept_timer.data = srv;
     uv_timer_init(loop, &srv->budget_timer);
     srv->budget_timer.data = srv;
-    srv->n_live = 3; /* the close token and the two timers; the listener once it exists */
+    uv_check_init(loop, &srv->flush_check);
+    srv->flush_check.data = srv;
+    baton_list_init(&srv->corked);
+    srv->n_live = 4; /* the close token, the two timers and the check; the listener later */
     *srv_p = srv;
     return 0;
 }
@@ -1697,6 +1776,7 @@ void baton_http_server_close(baton_http_server_t *srv, baton_http_server_close_c
         conn_close_hard(container_of(it, conn_t, link));
     uv_close((uv_handle_t *)&srv->accept_timer, on_listener_close);
     uv_close((uv_handle_t *)&srv->budget_timer, on_listener_close);
+    uv_close((uv_handle_t *)&srv->flush_check, on_listener_close);
     uv_close((uv_handle_t *)&srv->close_token, on_listener_close);
 }
 
