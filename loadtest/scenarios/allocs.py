@@ -12,10 +12,16 @@ that time (its ticks) is counted too, so figures are slightly above the pure per
 A third router serves the regular topology over HTTPS on its client port (regular-tls; the
 certificate is made with the openssl CLI as tls.py does; skipped without openssl).
 
+--callgrind runs the routers under valgrind's callgrind instead (no shim) and reports the
+router's user-space instructions per request (collection switched on for the measured run only
+with callgrind_control): a count of the work done that, unlike CPU time, a loaded machine does
+not blur; kernel time (syscalls) is not in it.
+
 --syscalls also attaches `strace -c -f` to the router for the measured run and reports syscalls
 per request (strace slows the router; counts, not times, are what it is good for here).
 """
 
+import glob
 import os
 import shutil
 import signal
@@ -62,6 +68,27 @@ def strace_stop(p, out):
     return calls
 
 
+def callgrind_run(pid, out_base, run):
+    """Runs run() with callgrind collecting in the router; returns (run's result, instructions)."""
+    def ctl(*a):
+        subprocess.run(["callgrind_control", *a, str(pid)], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    ctl("-i", "on")
+    ctl("-z")
+    res = run()
+    ctl("-d")
+    ctl("-i", "off")
+    dumps = sorted(glob.glob(out_base + ".*"), key=lambda f: int(f.rsplit(".", 1)[1]))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the dump is written by the router, asynchronously
+        with open(dumps[-1]) as f:
+            for line in f:
+                if line.startswith("totals:"):
+                    return res, int(line.split()[1])
+        time.sleep(0.2)
+    raise RuntimeError(f"no totals in {dumps[-1]}")
+
+
 def main():
     ap = scenlib.arg_parser(__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=4000, help="measured requests per run")
@@ -69,6 +96,8 @@ def main():
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--input-len", type=int, default=16, help="prompt words (a short body)")
     ap.add_argument("--syscalls", action="store_true", help="also count syscalls with strace")
+    ap.add_argument("--callgrind", action="store_true",
+                    help="instead: user-space instructions per request (valgrind callgrind)")
     args = ap.parse_args()
     if args.smoke:
         args.requests, args.warmup = 200, 50
@@ -80,9 +109,13 @@ def main():
     failed = 0
     rows = []
     zero = ["--prefill-us-per-token", 0, "--decode-us-per-token", 0, "--max-queue", 100000]
+    if args.callgrind and not shutil.which("callgrind_control"):
+        raise SystemExit("allocs: --callgrind needs valgrind (apt-get install valgrind)")
+    if args.callgrind:
+        args.syscalls = False
     with scenlib.Lab(args, "allocs") as lab:
         shim = os.path.join(lab.build, "libbaton_allocs.so")
-        if not os.path.exists(shim):
+        if not args.callgrind and not os.path.exists(shim):
             raise SystemExit(f"allocs: {shim} is not built (cmake --build {lab.build} "
                              "--target baton_allocs)")
         p = lab.worker("prefill", *zero, name="prefill")
@@ -101,8 +134,14 @@ def main():
             cfile = os.path.join(lab.dir, f"allocs-{topo}.bin")
             argv = [lab.bin("baton"), "--host", scenlib.HOST, "--port", "0", "--log-level",
                     "info"] + [str(x) for x in extra]
-            r = lab.start(f"baton-{topo}", argv,
-                          env={"LD_PRELOAD": shim, "BATON_ALLOCS_FILE": cfile})
+            if args.callgrind:
+                cfile = os.path.join(lab.dir, f"callgrind-{topo}.out")
+                argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                        f"--callgrind-out-file={cfile}"] + argv
+                r = lab.start(f"baton-{topo}", argv)
+            else:
+                r = lab.start(f"baton-{topo}", argv,
+                              env={"LD_PRELOAD": shim, "BATON_ALLOCS_FILE": cfile})
             routers[topo] = (r, cfile)
         for topo, (r, cfile) in routers.items():
             url = r.url
@@ -110,11 +149,18 @@ def main():
             if topo == "regular-tls":
                 url, tls_args = f"https://{scenlib.HOST}:{r.port}", ["--ca", ca]
             for mode in ("json", "stream"):
-                common = tls_args + ["--endpoint", "chat", "--concurrency", args.concurrency, "--input-len",
-                          args.input_len, "--output-len", 16] + (["--stream"] if mode == "stream"
-                                                                 else [])
+                common = tls_args + ["--endpoint", "chat", "--concurrency", args.concurrency,
+                                     "--input-len", args.input_len, "--output-len", 16]
+                if mode == "stream":
+                    common.append("--stream")
                 w = lab.bench(url, *common, "--num-requests", args.warmup)
                 failed += w["failed"]
+                if args.callgrind:
+                    out, ins = callgrind_run(r.pid, cfile, lambda: lab.bench(
+                        url, *common, "--num-requests", args.requests))
+                    failed += out["failed"]
+                    rows.append([topo, mode, out["completed"], ins / max(out["completed"], 1)])
+                    continue
                 st = None
                 if args.syscalls:
                     sfile = os.path.join(lab.dir, f"strace-{topo}-{mode}.txt")
@@ -136,6 +182,13 @@ def main():
                     top = sorted(((v, k) for k, v in sc.items() if k != "total"), reverse=True)
                     print(f"{topo} {mode} syscalls/request: " +
                           ", ".join(f"{k} {v / n:.2f}" for v, k in top[:8]))
+    if args.callgrind:
+        scenlib.print_table("router user-space instructions per request (callgrind)",
+                            ["topology", "mode", "requests", "instructions/req"], rows,
+                            note="callgrind counts the router's own instructions (all threads, "
+                                 "libraries included, kernel excluded) during the measured run.")
+        print(f"allocs done: {failed} failed requests")
+        return 1 if failed else 0
     scenlib.print_table("router heap calls per request",
                         ["topology", "mode", "requests", "allocs/req", "malloc", "calloc",
                          "realloc", "free/req", "bytes/req", "cpu us/req", "syscalls/req"], rows,
