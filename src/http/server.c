@@ -88,8 +88,8 @@ struct baton_http_server_s {
     baton_tls_t *tls; /* not owned; NULL: plain TCP */
     llhttp_settings_t settings;
     char *rbuf;
-    spare_t spare_arena, spare_hdrs, spare_body; /* see SPARE_BUFS */
-    baton_buf_t tls_scratch;                     /* ciphertext of one write (conn_write) */
+    spare_t spare_arena, spare_hdrs, spare_body, spare_cork; /* see SPARE_BUFS */
+    baton_buf_t tls_scratch; /* ciphertext of one write (conn_write) */
     int tls_scratch_busy;
     uv_check_t flush_check; /* runs while a connection has corked bytes (CORK_MAX) */
     baton_list_t corked;    /* of conn_t.cork_link */
@@ -163,6 +163,7 @@ struct conn_s {
 };
 
 static void conn_close_hard(conn_t *c);
+static void buf_take(spare_t *s, baton_buf_t *b);
 static void conn_close_graceful(conn_t *c);
 static void conn_send_error(conn_t *c, int status, const char *message, const char *code);
 static void conn_maybe_free(conn_t *c);
@@ -576,6 +577,7 @@ static void on_flush_check(uv_check_t *h)
 static int cork_add(conn_t *c, const uv_buf_t *bufs, unsigned n)
 {
     baton_http_server_t *srv = c->srv;
+    buf_take(&srv->spare_cork, &c->cork);
     size_t before = c->cork.len, total = 0;
     for (unsigned i = 0; i < n; i++)
         total += bufs[i].len;
@@ -745,6 +747,8 @@ static void req_finish(conn_t *c)
     c->req_active = 0;
     c->streaming = 0;
     req_reset(c);
+    cork_unlink(c); /* empty by now (stream_end wrote it); the storage goes back */
+    buf_give(&c->srv->spare_cork, &c->cork);
     if (c->tcp_closing) {
         conn_maybe_free(c);
         return;
@@ -1789,6 +1793,7 @@ static void server_maybe_done(baton_http_server_t *srv)
     spare_free(&srv->spare_arena);
     spare_free(&srv->spare_hdrs);
     spare_free(&srv->spare_body);
+    spare_free(&srv->spare_cork);
     baton_buf_free(&srv->tls_scratch);
     free(srv->rbuf);
     free(srv);
