@@ -148,8 +148,8 @@ static const char *fmt_small(char *buf, size_t size, char **heap_p, const char *
     return *heap_p;
 }
 
-int baton__up_start(baton__preq_t *pr, baton__upstream_t *u, const char *method, const char *path,
-                    const char *body, size_t len)
+int baton__up_startv(baton__preq_t *pr, baton__upstream_t *u, const char *method, const char *path,
+                     const uv_buf_t *body, unsigned n_body)
 {
     static const baton_http_client_cb_t client_cb = {baton__proxy_on_head, baton__proxy_on_data,
                                                      baton__proxy_on_done};
@@ -169,7 +169,7 @@ int baton__up_start(baton__preq_t *pr, baton__upstream_t *u, const char *method,
         if (!path)
             goto out;
     }
-    if (body)
+    if (n_body)
         hdrs[n_hdrs++] = (baton_http_header_t){"Content-Type", "application/json"};
     /* The worker's own key wins, then --worker-api-key; the client's credentials go through
      * only with --forward-authorization (they are the router's API keys, not the workers'). */
@@ -191,8 +191,7 @@ int baton__up_start(baton__preq_t *pr, baton__upstream_t *u, const char *method,
     if (!pool)
         goto out;
     baton_http_timeouts_t to = attempt_timeouts(pr, u->side);
-    uv_buf_t seg = {.base = (char *)body, .len = len};
-    rc = pr->pl->http->requestv(&u->creq, pool, method, path, hdrs, n_hdrs, &seg, body ? 1 : 0, &to,
+    rc = pr->pl->http->requestv(&u->creq, pool, method, path, hdrs, n_hdrs, body, n_body, &to,
                                 &client_cb, u);
     if (rc)
         u->creq = NULL;
@@ -202,6 +201,13 @@ out:
     free(path_heap);
     free(auth_heap);
     return rc;
+}
+
+int baton__up_start(baton__preq_t *pr, baton__upstream_t *u, const char *method, const char *path,
+                    const char *body, size_t len)
+{
+    uv_buf_t seg = {.base = (char *)body, .len = len};
+    return baton__up_startv(pr, u, method, path, &seg, body ? 1 : 0);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -273,6 +273,10 @@ baton__upstream_t *baton__up_new(baton__preq_t *pr, int side, baton_pick_t *p);
 /* Sends the upstream request; 0 (then pr->pending counts it) or an error (nothing sent). */
 int baton__up_start(baton__preq_t *pr, baton__upstream_t *u, const char *method, const char *path,
                     const char *body, size_t len);
+/* The same with the body as segments (http/client.h's baton_http_requestv: written with the head
+ * in one writev, not copied; the bytes live until the upstream's on_done). NULL/0: no body. */
+int baton__up_startv(baton__preq_t *pr, baton__upstream_t *u, const char *method, const char *path,
+                     const uv_buf_t *body, unsigned n_body);
 /* Reports u's breaker outcome once (the in-flight slot stays). */
 void baton__up_report(baton__upstream_t *u, baton_breaker_outcome_t outcome);
 /* Reports the outcome and gives back the in-flight slot. */
