@@ -25,7 +25,10 @@
 #define BODY_SEGS_INLINE 3
 /* Freed request structs a pool keeps for reuse, with their buffers (head, response headers):
  * a request on a warm pool allocates nothing. Buffers grown past FREE_BUF_MAX are let go. */
-#define FREE_REQS_MAX 64
+#ifndef BATON_POOL_REUSE
+#define BATON_POOL_REUSE 1 /* 0 in sanitizer builds (CMakeLists.txt) */
+#endif
+#define FREE_REQS_MAX (BATON_POOL_REUSE ? 64 : 0)
 #define FREE_BUF_MAX  (16 * 1024)
 
 typedef struct cconn_s cconn_t;

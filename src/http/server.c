@@ -39,6 +39,9 @@
 /* Request buffers (head arena, header offsets, body) a finished request hands back to its server
  * for the next one, so a request on a busy loop allocates none while idle keep-alive
  * connections still own no buffer. Bounded in count and size (a larger one is freed). */
+#ifndef BATON_POOL_REUSE
+#define BATON_POOL_REUSE 1 /* 0 in sanitizer builds (CMakeLists.txt) */
+#endif
 #define SPARE_BUFS    64
 #define SPARE_BUF_MAX (64 * 1024)
 /* A streamed response's head and chunks written during one loop turn are gathered and sent in
@@ -668,7 +671,7 @@ static char *build_head(conn_t *c, char *stack, size_t stack_cap, char **heap_p,
 /* Hands a request buffer back to the server's spares (emptied) or frees it. */
 static void buf_give(spare_t *s, baton_buf_t *b)
 {
-    if (b->data && b->cap <= SPARE_BUF_MAX && s->n < SPARE_BUFS) {
+    if (BATON_POOL_REUSE && b->data && b->cap <= SPARE_BUF_MAX && s->n < SPARE_BUFS) {
         baton_buf_reset(b);
         s->b[s->n++] = *b;
         *b = (baton_buf_t)BATON_BUF_INIT;

@@ -72,6 +72,9 @@ int baton__proxy_phase_allowed(baton__proxy_phase_t from, baton__proxy_phase_t t
 const char *baton__proxy_phase_name(baton__proxy_phase_t ph);
 
 enum { BATON__SPARE_PREQ, BATON__SPARE_UP, BATON__SPARE_KINDS };
+#ifndef BATON_POOL_REUSE
+#define BATON_POOL_REUSE 1 /* 0 in sanitizer builds (CMakeLists.txt) */
+#endif
 #define BATON__SPARE_MAX 64
 
 typedef struct pool_entry_s {

@@ -104,7 +104,7 @@ void *baton__pl_calloc(baton_proxy_loop_t *pl, int kind)
 
 void baton__pl_free(baton_proxy_loop_t *pl, int kind, void *p)
 {
-    if (p && pl->n_spare[kind] < BATON__SPARE_MAX)
+    if (BATON_POOL_REUSE && p && pl->n_spare[kind] < BATON__SPARE_MAX)
         pl->spare[kind][pl->n_spare[kind]++] = p;
     else
         free(p);
