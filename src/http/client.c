@@ -20,6 +20,16 @@
 #define MAX_RESP_HEADER_BYTES (1024 * 1024)
 #define MAX_RESP_HEADERS      1000
 #define NO_VALUE              UINT32_MAX
+/* Body segments held in the request itself; more take one allocation (rare: the router sends
+ * one or two). */
+#define BODY_SEGS_INLINE 3
+/* Freed request structs a pool keeps for reuse, with their buffers (head, response headers):
+ * a request on a warm pool allocates nothing. Buffers grown past FREE_BUF_MAX are let go. */
+#ifndef BATON_POOL_REUSE
+#define BATON_POOL_REUSE 1 /* 0 in sanitizer builds (CMakeLists.txt) */
+#endif
+#define FREE_REQS_MAX (BATON_POOL_REUSE ? 64 : 0)
+#define FREE_BUF_MAX  (16 * 1024)
 
 typedef struct cconn_s cconn_t;
 typedef struct creq_s creq_t;
@@ -35,12 +45,15 @@ struct baton_http_pool_s {
     char *rbuf;
     baton_tls_t *tls;             /* not owned; NULL: plain TCP */
     baton_tls_session_t *session; /* the last TLS session, offered by new connections */
+    baton_buf_t tls_scratch;      /* ciphertext of one request (send_request) */
     llhttp_settings_t settings;
     baton_list_t idle; /* of cconn_t.link, LIFO: the most recently used is the warmest */
     unsigned n_idle;
-    unsigned n_conns;   /* idle + busy, not closing */
-    unsigned n_handles; /* connection structs not freed yet */
-    unsigned n_reqs;    /* request structs not freed yet */
+    unsigned n_conns;       /* idle + busy, not closing */
+    unsigned n_handles;     /* connection structs not freed yet */
+    unsigned n_reqs;        /* request structs not freed yet */
+    baton_list_t free_reqs; /* of creq_t.free_link: freed ones kept for reuse */
+    unsigned n_free;
     int destroyed;
 };
 
@@ -80,10 +93,12 @@ struct creq_s {
     uv_timer_t timer; /* one per request, switched per phase */
     baton_http_client_cb_t cb;
     baton_http_timeouts_t to;
-    const char *body;
+    uv_buf_t *wbufs; /* [0] the head, then the body's segments: one uv_write */
+    unsigned n_wbufs;
+    uv_buf_t wbufs_inline[1 + BODY_SEGS_INLINE];
     size_t body_len;
-    char *head;
-    size_t head_len;
+    baton_buf_t head;        /* the request line and headers */
+    baton_list_t free_link;  /* in pool->free_reqs once freed */
     uint64_t total_deadline; /* uv_now() ms; 0 = none */
     uint64_t phase_start;
     uint64_t last_read;
@@ -167,17 +182,60 @@ static void set_phase(creq_t *r, int phase)
 /* ---------------------------------------------------------------------------------------- */
 /* Finishing                                                                                 */
 
-static void on_creq_close(uv_handle_t *h)
+static void creq_free(creq_t *r)
 {
-    creq_t *r = h->data;
-    baton_http_pool_t *pool = r->pool;
-    free(r->head);
+    baton_buf_free(&r->head);
     baton_buf_free(&r->arena);
     baton_buf_free(&r->hdrs);
     baton_buf_free(&r->held);
     free(r);
+}
+
+/* Keeps a buffer's storage for the next request unless it grew unusually large. */
+static void buf_recycle(baton_buf_t *b)
+{
+    if (b->cap > FREE_BUF_MAX)
+        baton_buf_free(b);
+    else
+        baton_buf_reset(b);
+}
+
+static void on_creq_close(uv_handle_t *h)
+{
+    creq_t *r = h->data;
+    baton_http_pool_t *pool = r->pool;
+    if (r->wbufs != r->wbufs_inline)
+        free(r->wbufs);
+    r->wbufs = NULL;
     pool->n_reqs--;
+    if (pool->destroyed || pool->n_free >= FREE_REQS_MAX) {
+        creq_free(r);
+    } else {
+        buf_recycle(&r->head);
+        buf_recycle(&r->arena);
+        buf_recycle(&r->hdrs);
+        baton_buf_free(&r->held); /* rarely used, possibly large */
+        baton_list_push_front(&pool->free_reqs, &r->free_link);
+        pool->n_free++;
+    }
     pool_maybe_free(pool);
+}
+
+/* A zeroed request struct: a freed one of the pool's (its buffers kept, emptied) or a new one. */
+static creq_t *creq_alloc(baton_http_pool_t *pool)
+{
+    baton_list_t *first = baton_list_first(&pool->free_reqs);
+    if (first == NULL)
+        return calloc(1, sizeof(creq_t));
+    baton_list_remove(first);
+    pool->n_free--;
+    creq_t *r = container_of(first, creq_t, free_link);
+    baton_buf_t head = r->head, arena = r->arena, hdrs = r->hdrs;
+    memset(r, 0, sizeof(*r));
+    r->head = head;
+    r->arena = arena;
+    r->hdrs = hdrs;
+    return r;
 }
 
 static void conn_release(cconn_t *conn)
@@ -327,11 +385,29 @@ static void on_tls_write(uv_write_t *w, int status)
     }
 }
 
-/* Writes (and takes) the ciphertext in *out; an empty buffer is just freed. */
+/*
+ * Writes what the socket takes at once (uv_try_write: nothing queued, and no epoll_ctl — libuv
+ * re-registers the fd whenever a queued write completes). Returns the bytes written; an error
+ * counts as 0 and the caller queues everything with uv_write, which reports it the usual way.
+ * libuv keeps the order: it refuses a try_write while writes are queued.
+ */
+static size_t try_write(cconn_t *conn, const uv_buf_t *bufs, unsigned n)
+{
+    int w = uv_try_write((uv_stream_t *)&conn->tcp, bufs, n);
+    return w > 0 ? (size_t)w : 0;
+}
+
+/* Writes the ciphertext in *out: what the socket takes at once (then *out is emptied, its storage
+ * kept), else the rest is queued and takes *out's storage along. */
 static int tls_write_out(cconn_t *conn, baton_buf_t *out, int is_request)
 {
-    if (out->len == 0) {
-        baton_buf_free(out);
+    size_t done = 0;
+    if (out->len > 0) {
+        uv_buf_t all = uv_buf_init(out->data, (unsigned)out->len);
+        done = try_write(conn, &all, 1);
+    }
+    if (done == out->len) {
+        baton_buf_reset(out); /* the caller's buffer: it frees or reuses it */
         return 0;
     }
     twrite_t *tw = malloc(sizeof(*tw));
@@ -343,34 +419,59 @@ static int tls_write_out(cconn_t *conn, baton_buf_t *out, int is_request)
     tw->buf = *out;
     tw->is_request = is_request;
     *out = (baton_buf_t)BATON_BUF_INIT;
-    uv_buf_t b = uv_buf_init(tw->buf.data, (unsigned)tw->buf.len);
+    uv_buf_t b = uv_buf_init(tw->buf.data + done, (unsigned)(tw->buf.len - done));
     int err = uv_write(&tw->req, (uv_stream_t *)&conn->tcp, &b, 1, on_tls_write);
     if (err) {
         baton_buf_free(&tw->buf);
         free(tw);
+    } else if (is_request) {
+        conn->writing = 1;
     }
     return err;
 }
 
-/* Head and body go out in one uv_write; the body is not copied (over TLS: encrypted once). */
+/* Queues what try_write left of the head and body (a partial write) without copying it. */
+static int write_rest(creq_t *r, size_t done)
+{
+    cconn_t *conn = r->conn;
+    unsigned i = 0;
+    while (done >= r->wbufs[i].len) /* done < the total: some bytes are left */
+        done -= r->wbufs[i++].len;
+    uv_buf_t first = r->wbufs[i]; /* restored below: a retry sends the request again */
+    r->wbufs[i].base += done;
+    r->wbufs[i].len -= done;
+    conn->wreq.data = conn;
+    int err =
+        uv_write(&conn->wreq, (uv_stream_t *)&conn->tcp, r->wbufs + i, r->n_wbufs - i, on_write);
+    r->wbufs[i] = first;
+    if (err == 0)
+        conn->writing = 1;
+    return err;
+}
+
+/* Head and body segments go out in one writev, straight from the socket call when the socket
+ * takes them (the usual case), else the rest queued; the body is never copied (over TLS:
+ * encrypted straight from the segments, small ones joined into one record). */
 static int send_request(creq_t *r)
 {
     cconn_t *conn = r->conn;
-    uv_buf_t bufs[2] = {uv_buf_init(r->head, (unsigned)r->head_len),
-                        uv_buf_init((char *)r->body, (unsigned)r->body_len)};
-    int err;
+    int err = 0;
+    r->wbufs[0] = uv_buf_init(r->head.data, (unsigned)r->head.len);
     if (conn->tls) {
-        baton_buf_t out = BATON_BUF_INIT;
-        err = baton_tls_conn_encrypt(conn->tls, bufs, r->body_len ? 2 : 1, &out);
-        err = err ? err : tls_write_out(conn, &out, 1);
-        baton_buf_free(&out);
+        /* The pool's scratch buffer (a partial write takes its storage along). */
+        baton_buf_t *out = &conn->pool->tls_scratch;
+        baton_buf_reset(out);
+        err = baton_tls_conn_encrypt(conn->tls, r->wbufs, r->n_wbufs, out);
+        err = err ? err : tls_write_out(conn, out, 1);
+        if (err || out->cap > FREE_BUF_MAX)
+            baton_buf_free(out);
     } else {
-        conn->wreq.data = conn;
-        err = uv_write(&conn->wreq, (uv_stream_t *)&conn->tcp, bufs, r->body_len ? 2 : 1, on_write);
+        size_t done = try_write(conn, r->wbufs, r->n_wbufs);
+        if (done < r->head.len + r->body_len)
+            err = write_rest(r, done);
     }
     if (err)
         return err;
-    conn->writing = 1;
     set_phase(r, PH_FIRST_BYTE);
     return 0;
 }
@@ -853,6 +954,7 @@ int baton_http_pool_create(baton_http_pool_t **pool_p, uv_loop_t *loop, const ch
     }
     pool->loop = loop;
     baton_list_init(&pool->idle);
+    baton_list_init(&pool->free_reqs);
     memcpy(pool->host, host, hlen + 1);
     pool->port = port;
     pool->max_idle = max_idle;
@@ -886,7 +988,13 @@ static void pool_maybe_free(baton_http_pool_t *pool)
 {
     if (!pool->destroyed || pool->n_handles > 0 || pool->n_reqs > 0)
         return;
+    baton_list_t *l;
+    while ((l = baton_list_first(&pool->free_reqs)) != NULL) {
+        baton_list_remove(l);
+        creq_free(container_of(l, creq_t, free_link));
+    }
     baton_tls_session_free(pool->session);
+    baton_buf_free(&pool->tls_scratch);
     free(pool->rbuf);
     free(pool);
 }
@@ -923,30 +1031,29 @@ static int skip_header(const char *name)
 static int build_request_head(creq_t *r, const char *method, const char *path,
                               const baton_http_header_t *headers, size_t n_headers)
 {
-    baton_buf_t b = BATON_BUF_INIT;
+    baton_buf_t *b = &r->head;
     size_t need = strlen(method) + strlen(path) + strlen(r->pool->host_hdr) + 96;
     for (size_t i = 0; i < n_headers; i++)
         need += strlen(headers[i].name) + strlen(headers[i].value) + 4;
-    if (baton_buf_reserve(&b, need) != 0)
+    if (baton_buf_reserve(b, need) != 0)
         return BATON_ENOMEM;
     int err =
-        baton_buf_printf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\n", method, path, r->pool->host_hdr);
+        baton_buf_printf(b, "%s %s HTTP/1.1\r\nHost: %s\r\n", method, path, r->pool->host_hdr);
     for (size_t i = 0; !err && i < n_headers; i++) {
         if (skip_header(headers[i].name))
             continue;
-        err = baton_buf_printf(&b, "%s: %s\r\n", headers[i].name, headers[i].value);
+        err = baton_buf_printf(b, "%s: %s\r\n", headers[i].name, headers[i].value);
     }
     int wants_len = r->body_len > 0 || strcmp(method, "POST") == 0 || strcmp(method, "PUT") == 0 ||
                     strcmp(method, "PATCH") == 0;
     if (!err && wants_len)
-        err = baton_buf_printf(&b, "Content-Length: %zu\r\n", r->body_len);
+        err = baton_buf_printf(b, "Content-Length: %zu\r\n", r->body_len);
     if (!err)
-        err = baton_buf_append_str(&b, "Connection: keep-alive\r\n\r\n");
+        err = baton_buf_append_str(b, "Connection: keep-alive\r\n\r\n");
     if (err) {
-        baton_buf_free(&b);
+        baton_buf_free(b);
         return BATON_ENOMEM;
     }
-    r->head = baton_buf_steal(&b, &r->head_len);
     return 0;
 }
 
@@ -958,14 +1065,41 @@ static int has_bad_chars(const char *s)
     return 0;
 }
 
-int baton_http_request(baton_http_creq_t **req_p, baton_http_pool_t *pool, const char *method,
-                       const char *path, const baton_http_header_t *headers, size_t n_headers,
-                       const char *body, size_t body_len, const baton_http_timeouts_t *timeouts,
-                       const baton_http_client_cb_t *cb, void *data)
+/* The segments to write after the head (empty ones left out); 0 or an error. */
+static int set_body(creq_t *r, const uv_buf_t *body, unsigned n_body)
+{
+    unsigned n = 0;
+    for (unsigned i = 0; i < n_body; i++)
+        n += body[i].len > 0;
+    r->wbufs = r->wbufs_inline;
+    if (n > BODY_SEGS_INLINE && !(r->wbufs = malloc((1 + (size_t)n) * sizeof(uv_buf_t))))
+        return BATON_ENOMEM;
+    r->n_wbufs = 1;
+    r->body_len = 0;
+    for (unsigned i = 0; i < n_body; i++) {
+        if (body[i].len == 0)
+            continue;
+        r->wbufs[r->n_wbufs++] = body[i];
+        r->body_len += body[i].len;
+    }
+    return 0;
+}
+
+int baton_http_requestv(baton_http_creq_t **req_p, baton_http_pool_t *pool, const char *method,
+                        const char *path, const baton_http_header_t *headers, size_t n_headers,
+                        const uv_buf_t *body, unsigned n_body,
+                        const baton_http_timeouts_t *timeouts, const baton_http_client_cb_t *cb,
+                        void *data)
 {
     if (req_p == NULL || pool == NULL || method == NULL || path == NULL || cb == NULL ||
-        cb->on_done == NULL || (body == NULL && body_len > 0) || (n_headers && !headers))
+        cb->on_done == NULL || (body == NULL && n_body > 0) || (n_headers && !headers))
         return BATON_EINVAL;
+    size_t total = 0;
+    for (unsigned i = 0; i < n_body; i++) {
+        if ((body[i].base == NULL && body[i].len > 0) || body[i].len > SIZE_MAX - total)
+            return BATON_EINVAL;
+        total += body[i].len;
+    }
     if (pool->destroyed)
         return BATON_ESHUTDOWN;
     /* Header injection through a path or header would desynchronise the connection. */
@@ -975,7 +1109,7 @@ int baton_http_request(baton_http_creq_t **req_p, baton_http_pool_t *pool, const
         if (has_bad_chars(headers[i].name) || has_bad_chars(headers[i].value))
             return BATON_EINVAL;
 
-    creq_t *r = calloc(1, sizeof(*r));
+    creq_t *r = creq_alloc(pool);
     if (r == NULL)
         return BATON_ENOMEM;
     r->pool = pool;
@@ -983,12 +1117,13 @@ int baton_http_request(baton_http_creq_t **req_p, baton_http_pool_t *pool, const
     r->cb = *cb;
     if (timeouts)
         r->to = *timeouts;
-    r->body = body;
-    r->body_len = body_len;
     r->is_head = strcmp(method, "HEAD") == 0;
-    int err = build_request_head(r, method, path, headers, n_headers);
+    int err = set_body(r, body, n_body);
+    err = err ? err : build_request_head(r, method, path, headers, n_headers);
     if (err) {
-        free(r);
+        if (r->wbufs != r->wbufs_inline)
+            free(r->wbufs);
+        creq_free(r);
         return err;
     }
     uv_timer_init(pool->loop, &r->timer);
@@ -1013,6 +1148,18 @@ int baton_http_request(baton_http_creq_t **req_p, baton_http_pool_t *pool, const
     if (err)
         defer_finish(r, BATON_ECONNECT);
     return 0;
+}
+
+int baton_http_request(baton_http_creq_t **req_p, baton_http_pool_t *pool, const char *method,
+                       const char *path, const baton_http_header_t *headers, size_t n_headers,
+                       const char *body, size_t body_len, const baton_http_timeouts_t *timeouts,
+                       const baton_http_client_cb_t *cb, void *data)
+{
+    if (body == NULL && body_len > 0)
+        return BATON_EINVAL;
+    uv_buf_t seg = {.base = (char *)body, .len = body_len};
+    return baton_http_requestv(req_p, pool, method, path, headers, n_headers, &seg, body ? 1 : 0,
+                               timeouts, cb, data);
 }
 
 void baton_http_request_pause(baton_http_creq_t *req, int paused)
@@ -1059,6 +1206,7 @@ const baton_http_client_ops_t baton_http_client_ops = {
     .pool_create = baton_http_pool_create,
     .pool_destroy = baton_http_pool_destroy,
     .request = baton_http_request,
+    .requestv = baton_http_requestv,
     .pause = baton_http_request_pause,
     .cancel = baton_http_request_cancel,
     .set_tls = baton_http_pool_set_tls,

@@ -31,8 +31,9 @@
  *   A request that failed on a reused keep-alive connection before any response byte
  *   (the upstream closed it while idle) is retried once on a new connection.
  *
- * Ownership: `path`, `headers` and `body` must stay valid until on_done (the body is written
- * without copying — the router sends one body buffer to both prefill and decode).
+ * Ownership: `method`, `path` and `headers` are formatted into the request head during the call
+ * (they may be freed when it returns); `body` (the bytes of every segment) must stay valid until
+ * on_done: it is written without copying — the router sends one body to both prefill and decode.
  */
 
 typedef struct baton_http_pool_s baton_http_pool_t;
@@ -90,6 +91,20 @@ int baton_http_request(baton_http_creq_t **req_p, baton_http_pool_t *pool, const
                        const char *body, size_t body_len, const baton_http_timeouts_t *timeouts,
                        const baton_http_client_cb_t *cb, void *data);
 
+/*
+ * The same with the body as `n_body` segments, written after the head in the same uv_write
+ * (one writev; over TLS encrypted from the segments without joining them first, small ones
+ * staged into one record). The segments' bytes are not copied and must stay valid until on_done;
+ * the array itself is copied (it may be a local). Empty segments are skipped; Content-Length is
+ * their total. `body` may be NULL when n_body is 0. baton_http_request() is this with one
+ * segment.
+ */
+int baton_http_requestv(baton_http_creq_t **req_p, baton_http_pool_t *pool, const char *method,
+                        const char *path, const baton_http_header_t *headers, size_t n_headers,
+                        const uv_buf_t *body, unsigned n_body,
+                        const baton_http_timeouts_t *timeouts, const baton_http_client_cb_t *cb,
+                        void *data);
+
 /* Stops delivering body bytes for a while (back-pressure) or resumes. Timers keep running
  * only when not paused. */
 void baton_http_request_pause(baton_http_creq_t *req, int paused);
@@ -111,6 +126,10 @@ typedef struct baton_http_client_ops_s {
                    const char *path, const baton_http_header_t *headers, size_t n_headers,
                    const char *body, size_t body_len, const baton_http_timeouts_t *timeouts,
                    const baton_http_client_cb_t *cb, void *data);
+    int (*requestv)(baton_http_creq_t **req_p, baton_http_pool_t *pool, const char *method,
+                    const char *path, const baton_http_header_t *headers, size_t n_headers,
+                    const uv_buf_t *body, unsigned n_body, const baton_http_timeouts_t *timeouts,
+                    const baton_http_client_cb_t *cb, void *data);
     void (*pause)(baton_http_creq_t *req, int paused);
     void (*cancel)(baton_http_creq_t *req);
     void (*set_tls)(baton_http_pool_t *pool, struct baton_tls_s *tls); /* NULL: no TLS */

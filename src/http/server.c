@@ -36,6 +36,19 @@
 #define BUDGET_POLL_MS 20
 /* Bodies this small (and at most max/64) may use the budget's reserve of max/8. */
 #define SMALL_BODY_MAX (1024 * 1024)
+/* Request buffers (head arena, header offsets, body) a finished request hands back to its server
+ * for the next one, so a request on a busy loop allocates none while idle keep-alive
+ * connections still own no buffer. Bounded in count and size (a larger one is freed). */
+#ifndef BATON_POOL_REUSE
+#define BATON_POOL_REUSE 1 /* 0 in sanitizer builds (CMakeLists.txt) */
+#endif
+#define SPARE_BUFS    64
+#define SPARE_BUF_MAX (64 * 1024)
+/* A streamed response's head and chunks written during one loop turn are gathered and sent in
+ * one write when the turn's I/O callbacks are done (a uv_check handle), not one syscall each:
+ * an upstream read carrying several SSE events costs one write to the client. Past this many
+ * bytes they go out at once. */
+#define CORK_MAX (64 * 1024)
 
 enum timer_mode {
     TM_NONE,
@@ -53,6 +66,11 @@ typedef struct hdr_off_s {
 } hdr_off_t;
 
 typedef struct conn_s conn_t;
+
+typedef struct spare_s {
+    baton_buf_t b[SPARE_BUFS];
+    unsigned n;
+} spare_t;
 
 struct baton_http_server_s {
     uv_loop_t *loop;
@@ -73,9 +91,14 @@ struct baton_http_server_s {
     baton_tls_t *tls; /* not owned; NULL: plain TCP */
     llhttp_settings_t settings;
     char *rbuf;
-    baton_list_t conns; /* of conn_t.link: every connection until its memory is freed */
-    unsigned n_conns;   /* open, counted against max_connections */
-    unsigned n_live;    /* listener + connection structs not yet freed */
+    spare_t spare_arena, spare_hdrs, spare_body, spare_cork; /* see SPARE_BUFS */
+    baton_buf_t tls_scratch; /* ciphertext of one write (conn_write) */
+    int tls_scratch_busy;
+    uv_check_t flush_check; /* runs while a connection has corked bytes (CORK_MAX) */
+    baton_list_t corked;    /* of conn_t.cork_link */
+    baton_list_t conns;     /* of conn_t.link: every connection until its memory is freed */
+    unsigned n_conns;       /* open, counted against max_connections */
+    unsigned n_live;        /* listener + connection structs not yet freed */
     int port;
     unsigned listening : 1;
     unsigned listener_inited : 1;
@@ -107,7 +130,9 @@ struct conn_s {
     baton_buf_t arena;     /* url, header names and values, each NUL-terminated */
     baton_buf_t hdrs;      /* hdr_off_t[] while parsing, then baton_http_header_t[] after them */
     baton_buf_t body;
-    baton_buf_t pending; /* bytes read while a request is with the handler (pipelining) */
+    baton_buf_t pending;    /* bytes read while a request is with the handler (pipelining) */
+    baton_buf_t cork;       /* streamed bytes of this loop turn, not written yet (CORK_MAX) */
+    baton_list_t cork_link; /* in srv->corked while cork holds bytes */
     size_t head_bytes;
     size_t n_hdrs;
     size_t wq_bytes; /* bytes in our write requests that the socket has not taken yet */
@@ -141,6 +166,7 @@ struct conn_s {
 };
 
 static void conn_close_hard(conn_t *c);
+static void buf_take(spare_t *s, baton_buf_t *b);
 static void conn_close_graceful(conn_t *c);
 static void conn_send_error(conn_t *c, int status, const char *message, const char *code);
 static void conn_maybe_free(conn_t *c);
@@ -475,20 +501,105 @@ static int conn_write_out(conn_t *c, baton_buf_t *out)
     return rc;
 }
 
-/* Plaintext out: through the TLS layer when the listener has one. */
-static int conn_write(conn_t *c, const uv_buf_t *bufs, unsigned n)
+/*
+ * Plaintext out: through the TLS layer when the listener has one. The ciphertext goes through
+ * the server's scratch buffer, which conn_write_raw has written or copied before it returns, so
+ * an encrypted write allocates nothing; a write nested in another (from a callback) gets its own.
+ */
+static int conn_write_now(conn_t *c, const uv_buf_t *bufs, unsigned n)
 {
     if (c->tls == NULL)
         return conn_write_raw(c, bufs, n);
     if (c->tcp_closing)
         return BATON_ECLOSED;
-    baton_buf_t out = BATON_BUF_INIT;
-    if (baton_tls_conn_encrypt(c->tls, bufs, n, &out) != 0) {
-        baton_buf_free(&out);
-        conn_close_hard(c);
-        return BATON_ECLOSED;
+    baton_http_server_t *srv = c->srv;
+    if (srv->tls_scratch_busy) {
+        baton_buf_t out = BATON_BUF_INIT;
+        if (baton_tls_conn_encrypt(c->tls, bufs, n, &out) != 0) {
+            baton_buf_free(&out);
+            conn_close_hard(c);
+            return BATON_ECLOSED;
+        }
+        return conn_write_out(c, &out);
     }
-    return conn_write_out(c, &out);
+    baton_buf_t *out = &srv->tls_scratch;
+    int rc = 0;
+    srv->tls_scratch_busy = 1;
+    if (baton_tls_conn_encrypt(c->tls, bufs, n, out) != 0) {
+        conn_close_hard(c);
+        rc = BATON_ECLOSED;
+    } else if (out->len > 0) {
+        uv_buf_t b = uv_buf_init(out->data, (unsigned)out->len);
+        rc = conn_write_raw(c, &b, 1);
+    }
+    srv->tls_scratch_busy = 0;
+    if (out->cap > SPARE_BUF_MAX)
+        baton_buf_free(out);
+    else
+        baton_buf_reset(out);
+    return rc;
+}
+
+static void cork_unlink(conn_t *c)
+{
+    if (c->cork.len > 0) {
+        baton_list_remove(&c->cork_link);
+        baton_buf_reset(&c->cork);
+    }
+    if (c->cork.cap > CORK_MAX)
+        baton_buf_free(&c->cork);
+}
+
+/* Every write goes through here: corked bytes first, in the same write, so order is kept.
+ * n <= 3 (the most any caller here passes). */
+static int conn_write(conn_t *c, const uv_buf_t *bufs, unsigned n)
+{
+    if (c->cork.len == 0)
+        return n ? conn_write_now(c, bufs, n) : 0;
+    uv_buf_t all[4];
+    unsigned k = 0;
+    all[k++] = uv_buf_init(c->cork.data, (unsigned)c->cork.len);
+    for (unsigned i = 0; i < n; i++)
+        all[k++] = bufs[i];
+    int rc = conn_write_now(c, all, k);
+    cork_unlink(c);
+    return rc;
+}
+
+static void on_flush_check(uv_check_t *h)
+{
+    baton_http_server_t *srv = h->data;
+    baton_list_t *l;
+    while ((l = baton_list_first(&srv->corked)) != NULL)
+        conn_write(container_of(l, conn_t, cork_link), NULL, 0);
+    uv_check_stop(h);
+}
+
+/* Adds bytes to the connection's cork (flushed at the end of this loop turn, or now when it is
+ * full). 0, or BATON_ECLOSED after closing the connection. */
+static int cork_add(conn_t *c, const uv_buf_t *bufs, unsigned n)
+{
+    baton_http_server_t *srv = c->srv;
+    buf_take(&srv->spare_cork, &c->cork);
+    size_t before = c->cork.len, total = 0;
+    for (unsigned i = 0; i < n; i++)
+        total += bufs[i].len;
+    if (before + total >= CORK_MAX)
+        return conn_write(c, bufs, n); /* the corked bytes and these, without copying these */
+    for (unsigned i = 0; i < n; i++) {
+        if (baton_buf_append(&c->cork, bufs[i].base, bufs[i].len) != 0) {
+            c->cork.len = before; /* out of memory: what is corked, then these, now */
+            if (before > 0)
+                c->cork.data[before] = '\0';
+            return conn_write(c, bufs, n);
+        }
+    }
+    if (before == 0 && c->cork.len > 0) {
+        baton_list_push(&srv->corked, &c->cork_link);
+        if (!uv_is_active((uv_handle_t *)&srv->flush_check))
+            uv_check_start(&srv->flush_check, on_flush_check);
+    }
+    return 0;
 }
 
 /*
@@ -557,11 +668,37 @@ static char *build_head(conn_t *c, char *stack, size_t stack_cap, char **heap_p,
 /* ---------------------------------------------------------------------------------------- */
 /* Request life                                                                              */
 
+/* Hands a request buffer back to the server's spares (emptied) or frees it. */
+static void buf_give(spare_t *s, baton_buf_t *b)
+{
+    if (BATON_POOL_REUSE && b->data && b->cap <= SPARE_BUF_MAX && s->n < SPARE_BUFS) {
+        baton_buf_reset(b);
+        s->b[s->n++] = *b;
+        *b = (baton_buf_t)BATON_BUF_INIT;
+    } else {
+        baton_buf_free(b);
+    }
+}
+
+/* An empty buffer gets a spare's storage when there is one. */
+static void buf_take(spare_t *s, baton_buf_t *b)
+{
+    if (b->data == NULL && s->n > 0)
+        *b = s->b[--s->n];
+}
+
+static void spare_free(spare_t *s)
+{
+    while (s->n > 0)
+        baton_buf_free(&s->b[--s->n]);
+}
+
 static void req_reset(conn_t *c)
 {
-    baton_buf_free(&c->arena);
-    baton_buf_free(&c->hdrs);
-    baton_buf_free(&c->body);
+    baton_http_server_t *srv = c->srv;
+    buf_give(&srv->spare_arena, &c->arena);
+    buf_give(&srv->spare_hdrs, &c->hdrs);
+    buf_give(&srv->spare_body, &c->body);
     body_release(c);
     c->in_body = 0;
     c->small_body = 0;
@@ -613,6 +750,8 @@ static void req_finish(conn_t *c)
     c->req_active = 0;
     c->streaming = 0;
     req_reset(c);
+    cork_unlink(c); /* empty by now (stream_end wrote it); the storage goes back */
+    buf_give(&c->srv->spare_cork, &c->cork);
     if (c->tcp_closing) {
         conn_maybe_free(c);
         return;
@@ -669,6 +808,8 @@ static int on_message_begin(llhttp_t *p)
     c->head_done = 0;
     req_reset(c);
     c->req.start_ns = uv_hrtime();
+    buf_take(&c->srv->spare_arena, &c->arena);
+    buf_take(&c->srv->spare_hdrs, &c->hdrs);
     /* Room for 16 headers' offsets and pointers: no realloc for a typical request. */
     if (baton_buf_reserve(&c->arena, ARENA_INIT) != 0 || baton_buf_reserve(&c->hdrs, 512) != 0)
         return fail_cb(c, 500, "out of memory");
@@ -793,6 +934,8 @@ static int on_headers_complete(llhttp_t *p)
     if (has_len && p->content_length > srv->limits.max_body_bytes)
         return fail_cb(c, 413, "request body is too large");
     int want_body = chunked || (has_len && p->content_length > 0);
+    if (want_body)
+        buf_take(&srv->spare_body, &c->body);
     if (has_len && p->content_length > 0 &&
         baton_buf_reserve(&c->body, (size_t)p->content_length) != 0)
         return fail_cb(c, 500, "out of memory");
@@ -1088,11 +1231,13 @@ static void on_timer_close(uv_handle_t *h)
     conn_t *c = h->data;
     baton_http_server_t *srv = c->srv;
     baton_list_remove(&c->link);
-    baton_buf_free(&c->arena);
-    baton_buf_free(&c->hdrs);
-    baton_buf_free(&c->body);
+    buf_give(&srv->spare_arena, &c->arena);
+    buf_give(&srv->spare_hdrs, &c->hdrs);
+    buf_give(&srv->spare_body, &c->body);
     body_release(c);
     baton_buf_free(&c->pending);
+    cork_unlink(c);
+    baton_buf_free(&c->cork);
     baton_tls_conn_free(c->tls);
     free(c);
     srv->n_live--;
@@ -1126,6 +1271,8 @@ static void conn_close_hard(conn_t *c)
     }
     uv_close((uv_handle_t *)&c->tcp, on_tcp_close);
     baton_buf_free(&c->pending);
+    cork_unlink(c); /* unsent stream bytes are dropped with the connection */
+    baton_buf_free(&c->cork);
     /* on_abort must not run inside whatever call got us here. */
     if (c->req_active && !c->abort_sent)
         timer_start(c, TM_ABORT, 0);
@@ -1292,7 +1439,7 @@ int baton_http_stream_start(baton_http_req_t *req, int status, const char *conte
         return BATON_ENOMEM;
     }
     uv_buf_t b = uv_buf_init(head, (unsigned)hlen);
-    int rc = conn_write(c, &b, 1);
+    int rc = cork_add(c, &b, 1); /* goes out with the first chunk when it comes this turn */
     free(heap);
     return rc;
 }
@@ -1308,13 +1455,13 @@ int baton_http_stream_write(baton_http_req_t *req, const char *data, size_t len)
         return 0;
     if (!c->chunked_out) {
         uv_buf_t b = uv_buf_init((char *)data, (unsigned)len);
-        return conn_write(c, &b, 1);
+        return cork_add(c, &b, 1);
     }
     char size_line[24];
     int sl = snprintf(size_line, sizeof(size_line), "%zx\r\n", len);
     uv_buf_t bufs[3] = {uv_buf_init(size_line, (unsigned)sl),
                         uv_buf_init((char *)data, (unsigned)len), uv_buf_init((char *)"\r\n", 2)};
-    return conn_write(c, bufs, 3);
+    return cork_add(c, bufs, 3);
 }
 
 size_t baton_http_write_queue_size(const baton_http_req_t *req)
@@ -1332,8 +1479,10 @@ int baton_http_stream_end(baton_http_req_t *req)
     if (c->tcp_closing) {
         rc = BATON_ECLOSED;
     } else if (c->chunked_out && !c->no_body_out) {
-        uv_buf_t b = uv_buf_init((char *)"0\r\n\r\n", 5);
+        uv_buf_t b = uv_buf_init((char *)"0\r\n\r\n", 5); /* with the corked bytes */
         rc = conn_write(c, &b, 1);
+    } else {
+        rc = conn_write(c, NULL, 0); /* the corked bytes */
     }
     req_finish(c);
     return rc;
@@ -1511,7 +1660,10 @@ int baton_http_server_create(baton_http_server_t **srv_p, uv_loop_t *loop,
     srv->accept_timer.data = srv;
     uv_timer_init(loop, &srv->budget_timer);
     srv->budget_timer.data = srv;
-    srv->n_live = 3; /* the close token and the two timers; the listener once it exists */
+    uv_check_init(loop, &srv->flush_check);
+    srv->flush_check.data = srv;
+    baton_list_init(&srv->corked);
+    srv->n_live = 4; /* the close token, the two timers and the check; the listener later */
     *srv_p = srv;
     return 0;
 }
@@ -1631,6 +1783,7 @@ void baton_http_server_close(baton_http_server_t *srv, baton_http_server_close_c
         conn_close_hard(container_of(it, conn_t, link));
     uv_close((uv_handle_t *)&srv->accept_timer, on_listener_close);
     uv_close((uv_handle_t *)&srv->budget_timer, on_listener_close);
+    uv_close((uv_handle_t *)&srv->flush_check, on_listener_close);
     uv_close((uv_handle_t *)&srv->close_token, on_listener_close);
 }
 
@@ -1640,6 +1793,11 @@ static void server_maybe_done(baton_http_server_t *srv)
         return;
     if (srv->close_cb)
         srv->close_cb(srv);
+    spare_free(&srv->spare_arena);
+    spare_free(&srv->spare_hdrs);
+    spare_free(&srv->spare_body);
+    spare_free(&srv->spare_cork);
+    baton_buf_free(&srv->tls_scratch);
     free(srv->rbuf);
     free(srv);
 }

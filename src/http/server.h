@@ -162,10 +162,17 @@ int baton_http_respond_error(baton_http_req_t *req, int status, const char *mess
 int baton_http_stream_start(baton_http_req_t *req, int status, const char *content_type,
                             const baton_http_header_t *extra, size_t n_extra);
 
-/* Writes one chunk (len 0 is ignored). Returns 0 or BATON_ECLOSED. */
+/*
+ * Writes one chunk (len 0 is ignored). Returns 0 or BATON_ECLOSED. The head and the chunks
+ * written during one loop turn are gathered (copied, up to 64 KiB; a larger chunk goes out at
+ * once with them) and sent in one write when the turn's I/O callbacks have run, before the loop
+ * waits again: several SSE events from one upstream read cost one syscall. stream_end (and any
+ * other write) sends the gathered bytes first, in the same write.
+ */
 int baton_http_stream_write(baton_http_req_t *req, const char *data, size_t len);
 
-/* Bytes queued to this client and not yet written to the socket (for back-pressure). */
+/* Bytes queued to this client and not yet written to the socket (for back-pressure); the bytes
+ * gathered in the current loop turn are not counted (they are written at its end). */
 size_t baton_http_write_queue_size(const baton_http_req_t *req);
 
 /* Writes the last chunk and finishes the request. */

@@ -122,7 +122,7 @@ static void pr_free(baton__preq_t *pr)
     baton_list_remove(&pr->link);
     pl->active--;
     int slot = pr->slot;
-    free(pr);
+    baton__pl_free(pl, BATON__SPARE_PREQ, pr);
     if (slot && r->admission) {
         baton_resil_metrics_active(r->resil, -1);
         baton_admission_release(r->admission);
@@ -345,7 +345,7 @@ void baton__proxy_on_done(baton_http_creq_t *creq, int err)
 static baton__preq_t *pr_new(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
                              enum baton__proxy_mode mode)
 {
-    baton__preq_t *pr = calloc(1, sizeof(*pr));
+    baton__preq_t *pr = baton__pl_calloc(pl, BATON__SPARE_PREQ);
     if (!pr)
         return NULL;
     pr->pl = pl;

@@ -3,6 +3,7 @@
  * through the loop's client, and giving back what they hold on their workers. */
 #include "router/proxy_internal.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,16 +78,14 @@ void baton__up_free(baton__upstream_t *u)
         baton__nixl_release(u); /* the decode never read the prefill's blocks */
     baton__up_settle(u, BATON_OUTCOME_NEUTRAL);
     baton_worker_unref(u->w);
-    free(u->path);
-    free(u->auth);
     baton_buf_free(&u->resp);
     body_unref(u->body);
-    free(u);
+    baton__pl_free(u->pr->pl, BATON__SPARE_UP, u);
 }
 
 baton__upstream_t *baton__up_new(baton__preq_t *pr, int side, baton_pick_t *p)
 {
-    baton__upstream_t *u = calloc(1, sizeof(*u));
+    baton__upstream_t *u = baton__pl_calloc(pr->pl, BATON__SPARE_UP);
     if (!u)
         return NULL;
     u->pr = pr;
@@ -137,57 +136,85 @@ static baton_http_timeouts_t attempt_timeouts(baton__preq_t *pr, int side)
     return to;
 }
 
-int baton__up_start(baton__preq_t *pr, baton__upstream_t *u, const char *method, const char *path,
-                    const char *body, size_t len)
+/* printf into buf, or into *heap_p (malloc'd) when it does not fit; NULL when out of memory. */
+static const char *fmt_small(char *buf, size_t size, char **heap_p, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, size, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < size)
+        return buf;
+    va_start(ap, fmt);
+    n = vasprintf(heap_p, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        *heap_p = NULL;
+    return *heap_p;
+}
+
+int baton__up_startv(baton__preq_t *pr, baton__upstream_t *u, const char *method, const char *path,
+                     const uv_buf_t *body, unsigned n_body)
 {
     static const baton_http_client_cb_t client_cb = {baton__proxy_on_head, baton__proxy_on_data,
                                                      baton__proxy_on_done};
     baton_worker_t *w = u->w;
     const char *query = pr->req->query ? pr->req->query : "";
+    /* The client formats the path and headers into its request head during the call, so they
+     * are built on the stack: no allocation per upstream request but for an unusually long one. */
+    char path_buf[512], auth_buf[256];
+    char *path_heap = NULL, *auth_heap = NULL;
+    baton_http_header_t hdrs[4];
+    size_t n_hdrs = 0;
+    int rc = BATON_ENOMEM;
 
-    if (!w->parsed.prefix[0] && !query[0]) {
-        u->path_use = path;
-    } else {
-        if (asprintf(&u->path, "%s%s%s%s", w->parsed.prefix, path, query[0] ? "?" : "", query) <
-            0) {
-            u->path = NULL;
-            return BATON_ENOMEM;
-        }
-        u->path_use = u->path;
+    if (w->parsed.prefix[0] || query[0]) {
+        path = fmt_small(path_buf, sizeof(path_buf), &path_heap, "%s%s%s%s", w->parsed.prefix, path,
+                         query[0] ? "?" : "", query);
+        if (!path)
+            goto out;
     }
-    u->n_hdrs = 0;
-    if (body)
-        u->hdrs[u->n_hdrs++] = (baton_http_header_t){"Content-Type", "application/json"};
+    if (n_body)
+        hdrs[n_hdrs++] = (baton_http_header_t){"Content-Type", "application/json"};
     /* The worker's own key wins, then --worker-api-key; the client's credentials go through
-     * only with --forward-authorization (they are the router's API keys, not the workers'),
-     * copied: the upstream request may outlive the client request. */
+     * only with --forward-authorization (they are the router's API keys, not the workers'). */
     const baton_config_t *cfg = pr->pl->router->cfg;
     const char *wkey = w->api_key ? w->api_key : cfg ? cfg->worker_api_key : NULL;
     const baton_http_header_t *cauth =
         cfg && cfg->forward_authorization ? baton_http_req_header(pr->req, "Authorization") : NULL;
     if (wkey || cauth) {
-        if (wkey ? asprintf(&u->auth, "Bearer %s", wkey) < 0 : !(u->auth = strdup(cauth->value))) {
-            u->auth = NULL;
-            return BATON_ENOMEM;
-        }
-        u->hdrs[u->n_hdrs++] = (baton_http_header_t){"Authorization", u->auth};
+        const char *auth =
+            wkey ? fmt_small(auth_buf, sizeof(auth_buf), &auth_heap, "Bearer %s", wkey)
+                 : cauth->value;
+        if (!auth)
+            goto out;
+        hdrs[n_hdrs++] = (baton_http_header_t){"Authorization", auth};
     }
     if (pr->reqid[0]) /* vLLM protocols: one id ties the two legs */
-        u->hdrs[u->n_hdrs++] = (baton_http_header_t){"X-Request-Id", pr->reqid};
+        hdrs[n_hdrs++] = (baton_http_header_t){"X-Request-Id", pr->reqid};
     if (u->dp_hdr[0]) /* vLLM's API server runs the request on this DP rank */
-        u->hdrs[u->n_hdrs++] = (baton_http_header_t){"X-data-parallel-rank", u->dp_hdr};
+        hdrs[n_hdrs++] = (baton_http_header_t){"X-data-parallel-rank", u->dp_hdr};
     baton_http_pool_t *pool = baton__pool_for(pr->pl, w);
     if (!pool)
-        return BATON_ENOMEM;
+        goto out;
     baton_http_timeouts_t to = attempt_timeouts(pr, u->side);
-    int rc = pr->pl->http->request(&u->creq, pool, method, u->path_use, u->hdrs, u->n_hdrs, body,
-                                   len, &to, &client_cb, u);
-    if (rc) {
+    rc = pr->pl->http->requestv(&u->creq, pool, method, path, hdrs, n_hdrs, body, n_body, &to,
+                                &client_cb, u);
+    if (rc)
         u->creq = NULL;
-        return rc;
-    }
-    pr->pending++;
-    return 0;
+    else
+        pr->pending++;
+out:
+    free(path_heap);
+    free(auth_heap);
+    return rc;
+}
+
+int baton__up_start(baton__preq_t *pr, baton__upstream_t *u, const char *method, const char *path,
+                    const char *body, size_t len)
+{
+    uv_buf_t seg = {.base = (char *)body, .len = len};
+    return baton__up_startv(pr, u, method, path, &seg, body ? 1 : 0);
 }
 
 /* ---------------------------------------------------------------------------------------- */

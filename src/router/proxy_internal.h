@@ -71,6 +71,12 @@ typedef enum baton__proxy_phase_e {
 int baton__proxy_phase_allowed(baton__proxy_phase_t from, baton__proxy_phase_t to);
 const char *baton__proxy_phase_name(baton__proxy_phase_t ph);
 
+enum { BATON__SPARE_PREQ, BATON__SPARE_UP, BATON__SPARE_KINDS };
+#ifndef BATON_POOL_REUSE
+#define BATON_POOL_REUSE 1 /* 0 in sanitizer builds (CMakeLists.txt) */
+#endif
+#define BATON__SPARE_MAX 64
+
 typedef struct pool_entry_s {
     baton_worker_t *w; /* referenced while cached */
     baton_http_pool_t *pool;
@@ -92,7 +98,16 @@ struct baton_proxy_loop_s {
     baton_admission_waker_t waker;
     int started;
     unsigned open_handles; /* pl is freed when the last one closed */
+    /* Freed per-request structs kept for the next request (baton__pl_calloc). */
+    void *spare[BATON__SPARE_KINDS][BATON__SPARE_MAX];
+    unsigned n_spare[BATON__SPARE_KINDS];
 };
+
+/* Per-loop recycling of the per-request structs: a request on a warm loop allocates neither its
+ * preq nor its upstreams. baton__pl_calloc gives a zeroed block of the kind's size (a spare or a
+ * new one; NULL when out of memory); baton__pl_free keeps up to BATON__SPARE_MAX of each kind. */
+void *baton__pl_calloc(baton_proxy_loop_t *pl, int kind);
+void baton__pl_free(baton_proxy_loop_t *pl, int kind, void *p);
 
 enum baton__proxy_mode { MODE_PD, MODE_REGULAR, MODE_FORWARD };
 enum { UP_PREFILL = 0, UP_MAIN = 1 }; /* MAIN: decode in PD mode, the only worker otherwise */
@@ -130,12 +145,7 @@ typedef struct upstream_s {
     baton_whealth_ticket_t ticket; /* 0 once its outcome was reported (or no health layer) */
     baton_http_creq_t *creq;       /* non-NULL while in flight */
     baton__body_t *body;           /* PD: the attempt's body */
-    char *path;                    /* owned when the worker has a prefix or there is a query */
-    const char *path_use;
-    char *auth; /* "Bearer <api_key>", owned */
-    baton_http_header_t hdrs[4];
-    size_t n_hdrs;
-    int status; /* 0 until on_head */
+    int status;                    /* 0 until on_head */
     /* Per upstream request, not the request's phase: */
     unsigned reserved : 1;  /* holds one of w's in-flight slots */
     uint32_t tokens;        /* ... and these prompt words of its in-flight count (pick.h) */
@@ -271,6 +281,10 @@ baton__upstream_t *baton__up_new(baton__preq_t *pr, int side, baton_pick_t *p);
 /* Sends the upstream request; 0 (then pr->pending counts it) or an error (nothing sent). */
 int baton__up_start(baton__preq_t *pr, baton__upstream_t *u, const char *method, const char *path,
                     const char *body, size_t len);
+/* The same with the body as segments (http/client.h's baton_http_requestv: written with the head
+ * in one writev, not copied; the bytes live until the upstream's on_done). NULL/0: no body. */
+int baton__up_startv(baton__preq_t *pr, baton__upstream_t *u, const char *method, const char *path,
+                     const uv_buf_t *body, unsigned n_body);
 /* Reports u's breaker outcome once (the in-flight slot stays). */
 void baton__up_report(baton__upstream_t *u, baton_breaker_outcome_t outcome);
 /* Reports the outcome and gives back the in-flight slot. */

@@ -4,6 +4,7 @@
 #include "router/proxy_internal.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "baton/error.h"
 #include "common/log.h"
@@ -87,11 +88,41 @@ int baton_proxy_loop_start(baton_proxy_loop_t *pl)
     return 0;
 }
 
+static size_t spare_size(int kind)
+{
+    return kind == BATON__SPARE_PREQ ? sizeof(baton__preq_t) : sizeof(baton__upstream_t);
+}
+
+void *baton__pl_calloc(baton_proxy_loop_t *pl, int kind)
+{
+    if (pl->n_spare[kind] == 0)
+        return calloc(1, spare_size(kind));
+    void *p = pl->spare[kind][--pl->n_spare[kind]];
+    memset(p, 0, spare_size(kind));
+    return p;
+}
+
+void baton__pl_free(baton_proxy_loop_t *pl, int kind, void *p)
+{
+    if (BATON_POOL_REUSE && p && pl->n_spare[kind] < BATON__SPARE_MAX)
+        pl->spare[kind][pl->n_spare[kind]++] = p;
+    else
+        free(p);
+}
+
+static void pl_free(baton_proxy_loop_t *pl)
+{
+    for (int k = 0; k < BATON__SPARE_KINDS; k++)
+        while (pl->n_spare[k] > 0)
+            free(pl->spare[k][--pl->n_spare[k]]);
+    free(pl);
+}
+
 static void on_pl_handle_closed(uv_handle_t *h)
 {
     baton_proxy_loop_t *pl = h->data;
     if (--pl->open_handles == 0)
-        free(pl);
+        pl_free(pl);
 }
 
 void baton_proxy_loop_destroy(baton_proxy_loop_t *pl)
@@ -108,7 +139,7 @@ void baton_proxy_loop_destroy(baton_proxy_loop_t *pl)
     if (pl->router->admission && pl->started)
         baton_admission_unregister(pl->router->admission, &pl->waker);
     if (pl->open_handles == 0) {
-        free(pl);
+        pl_free(pl);
         return;
     }
     /* Both handles carry pl in data; the last close frees it. */

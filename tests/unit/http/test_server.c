@@ -14,7 +14,9 @@
 
 #include "http_test_util.h"
 
-enum mode { M_ECHO, M_HOLD, M_STREAM, M_ERROR, M_BIG, M_DEFER };
+#define BURST_CHUNKS 5
+
+enum mode { M_ECHO, M_HOLD, M_STREAM, M_ERROR, M_BIG, M_DEFER, M_BURST };
 
 #define BIG_LEN (8u << 20)
 
@@ -51,7 +53,7 @@ struct fx_s {
     int nresp;
     int eof_clean;
     int got_100;
-    char chunks[4][64];
+    char chunks[6][64];
 };
 
 #define CHECK(fx, cond, ...)                                                                       \
@@ -121,6 +123,17 @@ static void handler(baton_http_req_t *req, void *ctx)
         atomic_store(&fx->sent, 1);
         baton_http_stream_write(req, "data: chunk0\n\n", 14);
         break;
+    case M_BURST: /* several chunks in one turn (gathered into one write), the end later */
+        fx->held = req;
+        req->on_abort = on_abort_respond;
+        baton_http_stream_start(req, 200, "text/event-stream", NULL, 0);
+        for (int i = 0; i < BURST_CHUNKS; i++) {
+            char msg[32];
+            int n = snprintf(msg, sizeof(msg), "data: burst%d\n\n", i);
+            baton_http_stream_write(req, msg, (size_t)n);
+        }
+        atomic_store(&fx->sent, BURST_CHUNKS);
+        break;
     case M_ERROR:
         baton_http_respond_error(req, 400, "bad \"thing\"\n\x01", "invalid_request_error", "model",
                                  "bad_model");
@@ -176,6 +189,11 @@ static void on_tick(uv_timer_t *t)
                 fx->held = NULL;
             }
         }
+    }
+    if (fx->mode == M_BURST && fx->held && atomic_load(&fx->acked) == BURST_CHUNKS) {
+        fx->stream_ended = 1;
+        baton_http_stream_end(fx->held);
+        fx->held = NULL;
     }
     if (fx->mode == M_DEFER && fx->held) {
         baton_http_req_t *req = fx->held;
@@ -741,6 +759,46 @@ static void client_stream(fx_t *fx)
     free(c);
 }
 
+/* Every chunk of the burst arrives while the server still holds the stream open: the gathered
+ * bytes go out at the end of the loop turn, not only with a later write or the end. */
+static void client_burst(fx_t *fx)
+{
+    tconn_t *c = malloc(sizeof(*c));
+    tresp_t r;
+    CHECK(fx, tc_connect(c, fx->port) == 0, "connect");
+    CHECK(fx, tc_send(c, "POST /v1/chat HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n") == 0,
+          "send");
+    CHECK(fx, tc_read_head(c, &r) == 0, "head");
+    fx->resp[0] = r;
+    fx->nresp = 1;
+    CHECK(fx, r.chunked, "not chunked: %.200s", r.head);
+    for (int i = 0; i < BURST_CHUNKS; i++)
+        CHECK(fx, tc_read_chunk(c, fx->chunks[i], sizeof(fx->chunks[i])) > 0, "chunk %d", i);
+    CHECK(fx, !fx->stream_ended, "the server ended before the chunks were read");
+    atomic_store(&fx->acked, BURST_CHUNKS);
+    char last[8];
+    CHECK(fx, tc_read_chunk(c, last, sizeof(last)) == 0, "last chunk");
+    CHECK(fx, c->len == 0, "bytes after the last chunk");
+    tc_close(c);
+    free(c);
+}
+
+static void test_streaming_burst(void **state)
+{
+    baton_http_limits_t l = limits();
+    fx_t *fx = fx_new(&l, M_BURST);
+    fx_run(fx, client_burst);
+    assert_int_equal(fx->resp[0].status, 200);
+    for (int i = 0; i < BURST_CHUNKS; i++) {
+        char want[32];
+        snprintf(want, sizeof(want), "data: burst%d\n\n", i);
+        assert_string_equal(fx->chunks[i], want);
+    }
+    assert_int_equal(fx->stream_ended, 1);
+    assert_int_equal(atomic_load(&fx->aborts), 0);
+    fx_free(fx);
+}
+
 static void test_streaming_chunks(void **state)
 {
     baton_http_limits_t l = limits();
@@ -954,6 +1012,7 @@ int main(void)
         cmocka_unit_test(test_on_abort),
         cmocka_unit_test(test_close_with_request_in_flight),
         cmocka_unit_test(test_streaming_chunks),
+        cmocka_unit_test(test_streaming_burst),
         cmocka_unit_test(test_write_queue_and_drain),
         cmocka_unit_test(test_error_json),
         cmocka_unit_test(test_expect_continue),

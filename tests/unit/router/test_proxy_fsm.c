@@ -164,6 +164,23 @@ static int fake_request(baton_http_creq_t **req_p, baton_http_pool_t *pool, cons
     return 0;
 }
 
+/* The proxy sends through the scatter-gather entry point: the fake keeps the joined body. */
+static int fake_requestv(baton_http_creq_t **req_p, baton_http_pool_t *pool, const char *method,
+                         const char *path, const baton_http_header_t *headers, size_t n_headers,
+                         const uv_buf_t *body, unsigned n_body,
+                         const baton_http_timeouts_t *timeouts, const baton_http_client_cb_t *cb,
+                         void *data)
+{
+    baton_buf_t joined = BATON_BUF_INIT;
+    for (unsigned i = 0; i < n_body; i++)
+        assert_int_equal(baton_buf_append(&joined, body[i].base, body[i].len), 0);
+    int rc = fake_request(req_p, pool, method, path, headers, n_headers,
+                          n_body ? (joined.data ? joined.data : "") : NULL, joined.len, timeouts,
+                          cb, data);
+    baton_buf_free(&joined);
+    return rc;
+}
+
 static void fake_pause(baton_http_creq_t *req, int paused)
 {
     fake_up_t *u = (fake_up_t *)req;
@@ -184,6 +201,7 @@ static const baton_http_client_ops_t fake_ops = {
     .pool_create = fake_pool_create,
     .pool_destroy = fake_pool_destroy,
     .request = fake_request,
+    .requestv = fake_requestv,
     .pause = fake_pause,
     .cancel = fake_cancel,
 };
