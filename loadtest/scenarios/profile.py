@@ -75,7 +75,7 @@ def callgrind_functions(path):
     """(total, {function: instructions (self)}) of a callgrind dump."""
     r = subprocess.run(["callgrind_annotate", "--inclusive=no", "--auto=no", "--threshold=100",
                         path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    total, out = 0, {}
+    total, entries, obj_of = 0, [], {}
     for line in r.stdout.splitlines():
         m = _CG_LINE.match(line)
         if m and "PROGRAM TOTALS" in line:
@@ -84,12 +84,20 @@ def callgrind_functions(path):
             continue
         if total and int(m.group(1).replace(",", "")) >= total * 0.99:
             continue  # a thread's entry points are listed with the thread's whole cost
-        where, obj = m.group(2), os.path.basename(m.group(3) or "?")
-        fn = where.split(":")[-1].split("'")[0]  # "'2": a recursion level of the same function
+        fn = m.group(2).split(":")[-1].split("'")[0]  # "'2": a recursion level of the same fn
         if fn.startswith("0x"):
             fn = "(static functions)"
-        name = fn if obj == "baton" else f"{fn} ({obj.split('.so')[0]})"
-        out[name] = out.get(name, 0) + int(m.group(1).replace(",", ""))
+        obj = os.path.basename(m.group(3)).split(".so")[0] if m.group(3) else None
+        if obj and fn != "(static functions)":
+            obj_of.setdefault(fn, obj)
+        entries.append((fn, obj, int(m.group(1).replace(",", ""))))
+    out = {}
+    for fn, obj, n in entries:
+        # Code inlined from another source file (a header) comes without its object: it is
+        # the object the same function was found in.
+        obj = obj or obj_of.get(fn, "baton")
+        name = fn if obj == "baton" else f"{fn} ({obj})"
+        out[name] = out.get(name, 0) + n
     return total, out
 
 
