@@ -36,7 +36,8 @@ typedef struct baton_token_scan_s {
 baton_token_metrics_t *baton_token_metrics_create(baton_metrics_t *reg);
 void baton_token_metrics_destroy(baton_token_metrics_t *m);
 
-/* Arms the scan of one request's stream (route must outlive the request). m may be NULL. */
+/* Arms the scan of one request's stream. m may be NULL. route must live as long as m and keep
+ * its text (the API's static path strings): its series are cached by the pointer, per thread. */
 void baton_token_scan_start(baton_token_metrics_t *m, baton_token_scan_t *s, const char *route,
                             uint64_t start_ns);
 /* The next relayed bytes of that stream, at now_ns. */
