@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs the optional Debian packages the benchmark scenarios use (loadtest/scenarios/), or
 # says exactly how to: nginx (the reference proxy of scenario 1), gnuplot-nox (baton-bench
-# --plot), iperf3 (a loopback bandwidth baseline). Nothing here is needed to build or test.
+# --plot), iperf3 (a loopback bandwidth baseline), linux-perf and valgrind (profile.py's two
+# tools). Nothing here is needed to build or test.
 set -eu
 
 want_nginx=1
@@ -10,7 +11,7 @@ if command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; then
 fi
 
 . "$(dirname "$0")/apt-lib.sh"
-missing=$(missing_pkgs gnuplot-nox iperf3)
+missing=$(missing_pkgs gnuplot-nox iperf3 linux-perf valgrind)
 if [ "$want_nginx" -eq 1 ]; then
     # nginx-light is the smallest build with the proxy and upstream keep-alive modules.
     if apt-cache show nginx-light >/dev/null 2>&1; then

@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """router_overhead.py — scenario 1: what a proxy in the path costs.
 
-The same zero-cost regular baton-worker is loaded directly, through Baton, and through nginx
-(reverse proxy with upstream keep-alive; skipped when nginx is not installed), non-streaming
-and streaming, at a fixed moderate Poisson rate and at saturation (closed loop). Prints the
-latency a proxy adds over the direct path (p50/p99, and as ratios) and the most requests per
-second each path sustained (as a ratio of the direct path).
+The same zero-cost regular baton-worker is loaded directly, through Baton in regular mode,
+and through nginx (reverse proxy with upstream keep-alive; skipped when nginx is not
+installed); Baton in PD mode fronts a zero-cost prefill + decode pair (two upstream exchanges
+per request). Non-streaming and streaming, at a fixed moderate Poisson rate, one user at a
+time (closed loop, c=1) and at saturation (closed loop, c=32). Prints the latency a proxy adds
+over the direct path (p50/p99, and as ratios), the most requests per second each path
+sustained (as a ratio of the direct path), and each proxy's CPU time per request from /proc
+(utime + stime of its whole process tree: nginx's master and workers, Baton's process with
+its threads) — then the ratios issue 15's goals are stated in (Baton PD and regular against
+nginx: CPU per request at c=32, added p50 at c=1 and c=32).
 """
 
 import json
@@ -15,6 +20,40 @@ import scenlib
 
 
 med = scenlib.med
+
+# Issue 15's goals: (name, numerator path, denominator path, what, goal or None); {c} is the
+# saturation concurrency.
+GOALS = [("CPU/request at c={c}, Baton PD / nginx", "baton-pd", "nginx", "cpu", 1.5),
+         ("CPU/request at c={c}, Baton regular / nginx", "baton", "nginx", "cpu", 1.0),
+         ("added p50 at c=1, Baton PD / nginx", "baton-pd", "nginx", "add_c1", 1.0),
+         ("added p50 at c=1, Baton regular / nginx", "baton", "nginx", "add_c1", None),
+         ("added p50 at c={c}, Baton PD / nginx", "baton-pd", "nginx", "add_sat", 1.0),
+         ("added p50 at c={c}, Baton regular / nginx", "baton", "nginx", "add_sat", None),
+         # The same request rate for every path: PD's saturation is bounded by its workers' KV
+         # hand-off, and fewer requests per wake-up cost more CPU each.
+         ("CPU/request at {rate:g} req/s, Baton PD / nginx", "baton-pd", "nginx", "cpu_rate",
+          None),
+         ("CPU/request at {rate:g} req/s, Baton regular / nginx", "baton", "nginx", "cpu_rate",
+          None)]
+
+
+def cpu_us(runs):
+    """Median proxy CPU µs per completed request over runs; None for the direct path."""
+    return med(runs, "proxy_cpu_us_per_request")
+
+
+def goal_rows(figs, concurrency, rate):
+    """Rows of the goals table from {what: {path: value}}."""
+    rows = []
+    for name, num, den, what, goal in GOALS:
+        a, b = figs[what].get(num), figs[what].get(den)
+        # An added latency at or under zero is noise around nothing: no ratio from it.
+        r = a / b if a is not None and b is not None and a > 0 and b > 0 else None
+        name = name.format(c=concurrency, rate=rate)
+        verdict = "-" if r is None or goal is None else ("met" if r <= goal else "not met")
+        rows.append([name, a, b, f"{r:.2f}x" if r is not None else "-",
+                     f"<= {goal:.1f}x" if goal else "-", verdict])
+    return rows
 
 
 def main():
@@ -41,14 +80,30 @@ def main():
         w = lab.worker("regular", "--prefill-us-per-token", 0, "--decode-us-per-token", 0,
                        "--max-batch", 4096, "--max-queue", 100000)
         r = lab.router("--worker", w.url)
-        targets = [("direct", w.url), ("baton", r.url)]
+        zero = ["--prefill-us-per-token", 0, "--decode-us-per-token", 0, "--max-queue", 100000]
+        p = lab.worker("prefill", *zero, name="prefill")
+        d = lab.worker("decode", *zero, name="decode")
+        rpd = lab.router("--prefill", p.url, p.ports["bootstrap"], "--decode", d.url,
+                         name="baton-pd")
+        # (name, url, the process tree whose CPU is the proxy's; None: not a proxy)
+        targets = [("direct", w.url, None), ("baton", r.url, r), ("baton-pd", rpd.url, rpd)]
         ngx = lab.nginx([w.port])
         if ngx:
-            targets.append(("nginx", ngx.url))
+            targets.append(("nginx", ngx.url, ngx))
         else:
             scenlib.skip_note("nginx is not installed: no nginx column "
                               "(scripts/install-bench-deps.sh installs it)")
-        print(f"worker {w.url}, baton {r.url}" + (f", nginx {ngx.url}" if ngx else ""))
+        print(f"worker {w.url}, baton {r.url}, baton-pd {rpd.url} (prefill {p.url}, decode "
+              f"{d.url})" + (f", nginx {ngx.url}" if ngx else ""))
+
+        def run(proc, url, *load, label):
+            """One baton-bench run; the proxy's CPU per completed request joins its result."""
+            c0 = scenlib.tree_cpu_seconds(proc.pid) if proc else None
+            res = lab.bench(url, *load, label=label)
+            if proc:
+                res["proxy_cpu_us_per_request"] = ((scenlib.tree_cpu_seconds(proc.pid) - c0)
+                                                   * 1e6 / max(res["completed"], 1))
+            return res
         print(f"load: {args.endpoint}, {args.input_len} prompt words, {args.output_len} output "
               f"tokens; {args.duration}s per run after {args.warmup}s warm-up")
 
@@ -59,52 +114,82 @@ def main():
             mode = "streaming" if stream else "non-streaming"
             metric = "ttft_ms" if stream else "e2e_ms"
             extra = ["--stream"] if stream else []
-            moderate = {name: [] for name, _ in targets}
-            sat = {name: [] for name, _ in targets}
-            for rep in range(args.repeat):
-                for name, url in targets:
-                    moderate[name].append(lab.bench(url, *common, *extra, "--request-rate",
-                                                    args.rate, label=f"{mode}-{name}-rate"))
-            for rep in range(args.repeat):
-                for name, url in targets:
-                    sat[name].append(lab.bench(url, *common, *extra, "--concurrency",
-                                               args.concurrency, label=f"{mode}-{name}-sat"))
-            figures["runs"][mode] = {"moderate": moderate, "saturation": sat}
+            loads = {"moderate": ["--request-rate", args.rate], "c1": ["--concurrency", 1],
+                     "saturation": ["--concurrency", args.concurrency]}
+            runs_of = {k: {name: [] for name, _, _ in targets} for k in loads}
+            for key, load in loads.items():
+                for rep in range(args.repeat):
+                    for name, url, proc in targets:
+                        runs_of[key][name].append(run(proc, url, *common, *extra, *load,
+                                                      label=f"{mode}-{name}-{key}"))
+            moderate, c1, sat = runs_of["moderate"], runs_of["c1"], runs_of["saturation"]
+            figures["runs"][mode] = runs_of
+            added = {}  # {load: {path: added p50 in µs}}
 
-            d50, d99 = med(moderate["direct"], metric, "p50"), med(moderate["direct"], metric, "p99")
-            rows = []
-            for name, _ in targets:
-                runs = moderate[name]
-                p50, p99 = med(runs, metric, "p50"), med(runs, metric, "p99")
-                add50 = None if name == "direct" else (p50 - d50) * 1000
-                add99 = None if name == "direct" else (p99 - d99) * 1000
-                rows.append([name, p50, p99, add50, scenlib.ratio(p50, d50), add99,
-                             scenlib.ratio(p99, d99), med(runs, "request_throughput"),
-                             med(runs, "e2e_ms", "p50") if stream else None,
-                             med(runs, "max_lag_ms"), sum(r["failed"] for r in runs)])
+            def latency_rows(runs_by_path, key):
+                d50 = med(runs_by_path["direct"], metric, "p50")
+                d99 = med(runs_by_path["direct"], metric, "p99")
+                rows = []
+                for name, _, _ in targets:
+                    runs = runs_by_path[name]
+                    p50, p99 = med(runs, metric, "p50"), med(runs, metric, "p99")
+                    add50 = None if name == "direct" else (p50 - d50) * 1000
+                    add99 = None if name == "direct" else (p99 - d99) * 1000
+                    if add50 is not None:
+                        added.setdefault(key, {})[name] = add50
+                    rows.append([name, p50, p99, add50, scenlib.ratio(p50, d50), add99,
+                                 scenlib.ratio(p99, d99), med(runs, "request_throughput"),
+                                 cpu_us(runs), med(runs, "e2e_ms", "p50") if stream else None,
+                                 med(runs, "max_lag_ms"), sum(r["failed"] for r in runs)])
+                return rows
+
+            heads = ["path", "p50 ms", "p99 ms", "+p50 us", "p50 x", "+p99 us", "p99 x", "req/s",
+                     "CPU us/req", "E2E p50 ms", "bench lag ms", "errors"]
+            what = "TTFT" if stream else "E2E latency"
             scenlib.print_table(
-                f"{mode}: {'TTFT' if stream else 'E2E latency'} at {args.rate:g} req/s (Poisson)",
-                ["path", "p50 ms", "p99 ms", "+p50 us", "p50 x", "+p99 us", "p99 x", "req/s",
-                 "E2E p50 ms", "bench lag ms", "errors"], rows,
+                f"{mode}: {what} at {args.rate:g} req/s (Poisson)", heads,
+                latency_rows(moderate, "moderate"),
                 note="bench lag: the latest any request left after its scheduled arrival (max "
-                     "per run); large values mean the machine was busy and the figures are noisy.")
+                     "per run); large values mean the machine was busy and the figures are noisy. "
+                     "CPU us/req: the proxy's process tree, utime + stime from /proc.")
+            scenlib.print_table(f"{mode}: {what}, closed loop, concurrency 1", heads,
+                                latency_rows(c1, "add_c1"))
 
             base = med(sat["direct"], "request_throughput")
+            d50 = med(sat["direct"], metric, "p50")
             rows = []
-            for name, _ in targets:
+            for name, _, _ in targets:
                 runs = sat[name]
                 tput = med(runs, "request_throughput")
                 lo = min(r["request_throughput"] for r in runs)
                 hi = max(r["request_throughput"] for r in runs)
+                p50 = med(runs, metric, "p50")
+                if name != "direct":
+                    added.setdefault("add_sat", {})[name] = (p50 - d50) * 1000
                 rows.append([name, tput, scenlib.ratio(tput, base),
-                             f"{lo:.0f}-{hi:.0f}" if len(runs) > 1 else "-",
-                             med(runs, metric, "p50"), med(runs, metric, "p99"),
+                             f"{lo:.0f}-{hi:.0f}" if len(runs) > 1 else "-", p50,
+                             None if name == "direct" else (p50 - d50) * 1000,
+                             med(runs, metric, "p99"), cpu_us(runs),
                              sum(r["failed"] for r in runs),
                              f"{100 * med(runs, 'bench_cpu_util'):.0f}%"])
             scenlib.print_table(
                 f"{mode}: saturation, closed loop, concurrency {args.concurrency}",
                 ["path", "max req/s", "x direct", "range", f"{'TTFT' if stream else 'E2E'} p50 ms",
-                 "p99 ms", "errors", "bench CPU"], rows)
+                 "+p50 us", "p99 ms", "CPU us/req", "errors", "bench CPU"], rows)
+
+            figs = {"cpu": {n: cpu_us(sat[n]) for n, _, p in targets if p},
+                    "cpu_rate": {n: cpu_us(moderate[n]) for n, _, p in targets if p},
+                    "add_c1": added.get("add_c1", {}), "add_sat": added.get("add_sat", {})}
+            if ngx:
+                rows = goal_rows(figs, args.concurrency, args.rate)
+                figures.setdefault("goals", {})[mode] = rows
+                scenlib.print_table(
+                    f"{mode}: issue 15's ratios (one run, side by side)",
+                    ["ratio", "Baton", "nginx", "ratio x", "goal", "verdict"], rows,
+                    note=f"CPU in us per request (c={args.concurrency}), added p50 in us over "
+                         "the direct path; an added latency at or under zero gives no ratio (-).")
+            else:
+                scenlib.skip_note("nginx is not installed: no issue 15 ratios")
         # baton-bench's own ceiling: the cheapest server at hand (nginx answering a fixed body,
         # one worker process) — the bench has to parse the same bytes as from baton-worker.
         words = " ".join(["w"] * args.output_len).split(" ")

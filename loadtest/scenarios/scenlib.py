@@ -129,6 +129,21 @@ def children(pid):
     return out
 
 
+def tree_cpu_seconds(pid):
+    """utime + stime of a process and all its descendants (nginx: master + workers; Baton:
+    one process, its threads already in its own figure), in seconds. A descendant that exits
+    during a measurement takes its time with it: measure long-lived process trees."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += cpu_seconds(p)
+        except OSError:
+            continue  # gone since it was listed
+        todo += children(p)
+    return total
+
+
 # ---- processes ----
 
 class Proc:

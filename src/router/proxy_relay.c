@@ -122,7 +122,10 @@ static void client_write(baton__preq_t *pr, const char *data, size_t len)
 {
     if (!pr->req || len == 0)
         return;
-    baton_token_scan(&pr->tokens, data, len, uv_hrtime()); /* TTFT / ITL: scans, never copies */
+    /* TTFT / ITL: scans, never copies; the clock only for bytes that end an event. */
+    unsigned events = baton_token_scan_events(&pr->tokens, data, len);
+    if (events)
+        baton_token_scan_observe(&pr->tokens, events, uv_hrtime());
     baton_http_stream_write(pr->req, data, len);
     if (!pr->bp_paused && baton_http_write_queue_size(pr->req) > BATON_PROXY_STREAM_HIGH_WATER) {
         pr->bp_paused = 1;

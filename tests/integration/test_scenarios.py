@@ -72,6 +72,28 @@ def test_router_overhead():
         if "saturation" in title:
             for p in paths:
                 assert float(col(header, rows, "max req/s", p)) > 0
+    # Issue 15: Baton in PD mode beside regular, one user at a time, and every proxy's CPU time
+    # per request from /proc (a number, never '-', for each proxy row; '-' for direct).
+    for title in ("non-streaming: E2E latency", "non-streaming: E2E latency, closed loop, "
+                  "concurrency 1", "non-streaming: saturation", "streaming: TTFT at",
+                  "streaming: TTFT, closed loop, concurrency 1", "streaming: saturation"):
+        header, rows = table_rows(out, title)
+        assert [r[0] for r in rows][:3] == ["direct", "baton", "baton-pd"], (title, rows)
+        for r in rows:
+            assert r[header.index("errors")] == "0", (title, r)
+            cpu = r[header.index("CPU us/req")]
+            if r[0] == "direct":
+                assert cpu == "-", (title, r)
+            else:
+                assert float(cpu) >= 0, (title, r)
+    if nginx_installed():
+        for mode in ("non-streaming", "streaming"):
+            header, rows = table_rows(out, f"{mode}: issue 15's ratios")
+            names = [r[0] for r in rows]
+            assert any("CPU/request" in n and "Baton PD / nginx" in n for n in names), rows
+            assert any("added p50 at c=1, Baton PD / nginx" in n for n in names), rows
+            for r in rows:
+                assert r[header.index("nginx")] != "-", r  # nginx's side is always measured
     assert re.search(r"scenario 1 done: 0 failed requests", out), out
 
 
@@ -154,6 +176,57 @@ def test_allocs():
     assert "allocs done: 0 failed requests" in out, out
 
 
+def profile_tables(out, unit):
+    """{case: rows} of profile.py's tables; every value cell is a number."""
+    tables = {}
+    for case in ("pd-stream", "regular-long"):
+        header, rows = table_rows(out, f"{case}: router")
+        assert header[1] == f"B {unit}", header
+        assert len(rows) >= 5, (case, rows)
+        for r in rows:
+            assert float(r[1].replace(",", "")) > 0, (case, r)
+        tables[case] = rows
+    assert re.search(r"profile done: 0 failed requests", out), out
+    return tables
+
+
+def test_profile_perf():
+    """Issue 15: profile.py --tool perf samples the router under load and prints its top
+    symbols; the long-prompt case is dominated by the JSON parse (jansson)."""
+    import shutil
+    if not shutil.which("perf"):
+        raise SkipTest("perf is not installed (linux-perf)")
+    probe = subprocess.run(["perf", "record", "-o", os.devnull, "--", "true"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if probe.returncode != 0:
+        raise SkipTest(f"perf cannot record here: {probe.stdout.strip()[:200]}")
+    out = run_scenario("profile.py")
+    tables = profile_tables(out, "self %")
+    assert "jansson" in tables["regular-long"][0][0], tables["regular-long"]
+    assert re.search(r"by binary, % of samples \(us/request\): .*kernel", out), out
+
+
+def test_profile_callgrind():
+    """Issue 15: profile.py --tool callgrind counts the router's instructions per request,
+    by function, deterministically."""
+    import shutil
+    if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
+        raise SkipTest("valgrind is not installed")
+    for b in ("baton", "baton-worker", "baton-bench"):
+        binary(b)
+    argv = [sys.executable, os.path.join(SCEN_DIR, "profile.py"), "--smoke", "--tool",
+            "callgrind", "--build-dir", BUILD_DIR]
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout
+    tables = profile_tables(r.stdout, "instr/req")
+    total = re.search(r"B: ([\d,]+) instructions/request", r.stdout)
+    assert total and int(total.group(1).replace(",", "")) > 10000, r.stdout
+    # The functions are the router's own and its libraries', never the thread's entry points.
+    names = [row[0] for rows in tables.values() for row in rows]
+    assert "thread_main" not in names and not any(n.startswith("clone") for n in names), names
+
+
 if __name__ == "__main__":
     t = TestRunner()
     t.run(test_router_overhead)
@@ -162,4 +235,6 @@ if __name__ == "__main__":
     t.run(test_long_prompts)
     t.run(test_nginx_columns)
     t.run(test_allocs)
+    t.run(test_profile_perf)
+    t.run(test_profile_callgrind)
     t.finish()

@@ -824,15 +824,20 @@ static void client_big(fx_t *fx)
     CHECK(fx, wait_atomic(&fx->requests, 1), "no request");
     sleep_ms(50); /* let the server find the socket full */
     size_t total = 0;
+    int framed = 0;
     for (;;) {
         ssize_t n = tc_fill(c);
         if (n <= 0)
             break;
+        /* One chunk of 8 MiB: a multi-digit hex size line right after the head. */
+        if (total == 0)
+            framed = memmem(c->buf, c->len, "\r\n\r\n800000\r\nzzz", 15) != NULL;
         total += (size_t)n;
         c->len = 0;
     }
     CHECK(fx, c->eof, "no EOF");
     CHECK(fx, total > BIG_LEN, "short body: %zu", total);
+    CHECK(fx, framed, "no \"800000\\r\\n\" chunk size line after the head");
     tc_close(c);
     free(c);
 }
