@@ -192,7 +192,7 @@ def profile_tables(out, unit):
 
 def test_profile_perf():
     """Issue 15: profile.py --tool perf samples the router under load and prints its top
-    symbols; the long-prompt case is dominated by the JSON parse (jansson)."""
+    symbols; the long-prompt case is no longer dominated by a jansson parse."""
     import shutil
     if not shutil.which("perf"):
         raise SkipTest("perf is not installed (linux-perf)")
@@ -202,7 +202,10 @@ def test_profile_perf():
         raise SkipTest(f"perf cannot record here: {probe.stdout.strip()[:200]}")
     out = run_scenario("profile.py")
     tables = profile_tables(out, "self %")
-    assert "jansson" in tables["regular-long"][0][0], tables["regular-long"]
+    # Since the one-pass scanner no jansson tree is built for a request: before it, jansson was
+    # 72-82 % of a long prompt's router CPU (docs/BENCHMARKS.md), so it topped this table.
+    long_rows = tables["regular-long"]
+    assert not any("jansson" in r[0] and float(r[1]) > 20 for r in long_rows), long_rows
     assert re.search(r"by binary, % of samples \(us/request\): .*kernel", out), out
 
 
