@@ -1,11 +1,26 @@
 /* fuzz/fuzz_ctrl_frame.c — libFuzzer harness for the KV control-frame decoder: a byte stream is
  * split into frames the way a control connection's read loop does; every frame the decoder
  * accepts is encoded again and must decode to the same frame. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "baton/error.h"
 #include "fuzz_check.h"
 #include "transfer/ctrl_frame.h"
+
+/* A GRANT's pages are read out one by one (they stay packed in the frame), then encoded. */
+static int reencode_grant(const baton__grant_t *g, baton_buf_t *out)
+{
+    baton__offer_page_t *pages = g->n_pages ? calloc(g->n_pages, sizeof(*pages)) : NULL;
+    if (g->n_pages && !pages)
+        return 0;
+    for (uint32_t i = 0; i < g->n_pages; i++)
+        baton__grant_page(g, i, &pages[i]);
+    int ok = baton__enc_grant(out, g->done.room, g->done.status, g->done.first_token,
+                              g->done.payload, g->done.payload_len, g->n_pages, pages) == 0;
+    free(pages);
+    return ok;
+}
 
 /* Re-encodes a decoded frame (types with a general encoder); 0 when there is none. */
 static int reencode(const baton__frame_t *f, baton_buf_t *out)
@@ -29,6 +44,10 @@ static int reencode(const baton__frame_t *f, baton_buf_t *out)
         return baton__enc_layer_done(out, f->u.layer_done.room, f->u.layer_done.layer) == 0;
     case BATON__F_AUTH:
         return baton__enc_auth(out, &f->u.auth) == 0;
+    case BATON__F_GRANT:
+        return reencode_grant(&f->u.grant, out);
+    case BATON__F_READ_DONE:
+        return baton__enc_read_done(out, f->u.read_done.room, f->u.read_done.status) == 0;
     default:
         return 0;
     }
