@@ -52,6 +52,15 @@ def assert_no_worker_addr(router_port, method, path, data):
         assert addr not in text, f"{method} {path}: the answer names worker {addr}: {text[:300]}"
 
 
+def sanitized():
+    """True for a SANITIZE=1 build (ASan/UBSan): tools such as valgrind cannot run it."""
+    try:
+        with open(os.path.join(BUILD_DIR, "CMakeCache.txt")) as f:
+            return re.search(r"^BATON_SANITIZE:BOOL=ON$", f.read(), re.M) is not None
+    except OSError:
+        return False
+
+
 def binary(name):
     path = os.path.join(BUILD_DIR, name)
     if not os.path.exists(path):

@@ -30,7 +30,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import simtext  # noqa: E402
-from harness import (BUILD_DIR, HOST, Cluster, TestRunner, get, post, request,  # noqa: E402
+from harness import (HOST, Cluster, TestRunner, get, post, request, sanitized,  # noqa: E402
                      sse_events, url, wait_until)
 from router_upstream import closed_port  # noqa: E402
 
@@ -424,14 +424,6 @@ def rss_kb(pid):
         if ln.startswith("VmRSS:"):
             return int(ln.split()[1])
     return 0
-
-
-def sanitized():
-    try:
-        with open(os.path.join(BUILD_DIR, "CMakeCache.txt")) as f:
-            return re.search(r"^BATON_SANITIZE:BOOL=ON$", f.read(), re.M) is not None
-    except OSError:
-        return False
 
 
 def test_no_leaks_over_1000_failure_cycles():

@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 
-from harness import BUILD_DIR, SkipTest, TestRunner, binary
+from harness import BUILD_DIR, SkipTest, TestRunner, binary, sanitized
 
 SCEN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "loadtest",
                         "scenarios")
@@ -215,6 +215,8 @@ def test_profile_callgrind():
     import shutil
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         raise SkipTest("valgrind is not installed")
+    if sanitized():
+        raise SkipTest("a sanitizer build cannot run under valgrind")
     for b in ("baton", "baton-worker", "baton-bench"):
         binary(b)
     argv = [sys.executable, os.path.join(SCEN_DIR, "profile.py"), "--smoke", "--tool",
