@@ -94,6 +94,7 @@ def main():
     print("== Scenario 3: idle keep-alive connection memory ==")
     print(scenlib.machine_line())
     # Every connection is a descriptor here and in the proxy (children inherit the limit).
+    # The router keeps half its descriptors for client connections (main.c raise_fd_limit).
     limit = scenlib.raise_nofile(2 * n + 1024)
     if limit < n + 256:
         print(f"SKIPPED: the descriptor limit is {limit}, need {n + 256} "
@@ -103,7 +104,9 @@ def main():
     figures = {"config": vars(args), "runs": []}
     with scenlib.Lab(args, "idle") as lab:
         w = lab.worker("regular", "--prefill-us-per-token", 0, "--decode-us-per-token", 0)
-        r = lab.router("--worker", w.url, "--max-connections", n + 1000,
+        # One thread: its listener takes every connection (with several, the kernel spreads
+        # them unevenly and each instance has its own cap); memory per connection is the same.
+        r = lab.router("--worker", w.url, "--max-connections", n + 1000, "--threads", 1,
                        "--keepalive-timeout-ms", 600000)
         res = measure("baton", r, r.port, n)
         figures["runs"].append(res)

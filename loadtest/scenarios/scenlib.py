@@ -58,6 +58,12 @@ def find_nginx():
 def raise_nofile(want):
     """Raises this process's descriptor limit (children inherit it); returns the new soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and want > hard:
+        try:  # root may raise the hard limit too (up to fs.nr_open)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, want))
+            return want
+        except (ValueError, OSError):
+            pass
     target = want if hard == resource.RLIM_INFINITY else min(want, hard)
     if target > soft:
         try:
