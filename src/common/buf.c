@@ -40,6 +40,25 @@ int baton_buf_append(baton_buf_t *b, const void *data, size_t len)
     return 0;
 }
 
+size_t baton_fmt_uint(char *out, uint64_t v, unsigned base)
+{
+    char tmp[20];
+    size_t n = 0;
+    do {
+        tmp[n++] = "0123456789abcdef"[v % base];
+        v /= base;
+    } while (v);
+    for (size_t i = 0; i < n; i++)
+        out[i] = tmp[n - 1 - i];
+    return n;
+}
+
+int baton_buf_append_uint(baton_buf_t *b, uint64_t v)
+{
+    char d[20];
+    return baton_buf_append(b, d, baton_fmt_uint(d, v, 10));
+}
+
 int baton_buf_append_str(baton_buf_t *b, const char *s)
 {
     return baton_buf_append(b, s, strlen(s));

@@ -1037,17 +1037,21 @@ static int build_request_head(creq_t *r, const char *method, const char *path,
         need += strlen(headers[i].name) + strlen(headers[i].value) + 4;
     if (baton_buf_reserve(b, need) != 0)
         return BATON_ENOMEM;
-    int err =
-        baton_buf_printf(b, "%s %s HTTP/1.1\r\nHost: %s\r\n", method, path, r->pool->host_hdr);
+    /* Appends, not printf: this runs for every upstream request (issue 15). */
+    int err = baton_buf_append_str(b, method) || baton_buf_append(b, " ", 1) ||
+              baton_buf_append_str(b, path) || baton_buf_append_str(b, " HTTP/1.1\r\nHost: ") ||
+              baton_buf_append_str(b, r->pool->host_hdr) || baton_buf_append(b, "\r\n", 2);
     for (size_t i = 0; !err && i < n_headers; i++) {
         if (skip_header(headers[i].name))
             continue;
-        err = baton_buf_printf(b, "%s: %s\r\n", headers[i].name, headers[i].value);
+        err = baton_buf_append_str(b, headers[i].name) || baton_buf_append(b, ": ", 2) ||
+              baton_buf_append_str(b, headers[i].value) || baton_buf_append(b, "\r\n", 2);
     }
     int wants_len = r->body_len > 0 || strcmp(method, "POST") == 0 || strcmp(method, "PUT") == 0 ||
                     strcmp(method, "PATCH") == 0;
     if (!err && wants_len)
-        err = baton_buf_printf(b, "Content-Length: %zu\r\n", r->body_len);
+        err = baton_buf_append_str(b, "Content-Length: ") ||
+              baton_buf_append_uint(b, r->body_len) || baton_buf_append(b, "\r\n", 2);
     if (!err)
         err = baton_buf_append_str(b, "Connection: keep-alive\r\n\r\n");
     if (err) {

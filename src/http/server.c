@@ -602,6 +602,14 @@ static int cork_add(conn_t *c, const uv_buf_t *bufs, unsigned n)
     return 0;
 }
 
+/* "Content-Length: <n>" (NUL-terminated) into out (at least 40 bytes). */
+static void content_length_line(char *out, size_t n)
+{
+    static const char k[] = "Content-Length: ";
+    memcpy(out, k, sizeof(k) - 1);
+    out[sizeof(k) - 1 + baton_fmt_uint(out + sizeof(k) - 1, n, 10)] = '\0';
+}
+
 /*
  * Builds the status line and headers into `stack` (or a malloc'd block when it does not fit;
  * *heap_p is set then and the caller frees it). `framing` is the Content-Length or
@@ -635,13 +643,17 @@ static char *build_head(conn_t *c, char *stack, size_t stack_cap, char **heap_p,
         *heap_p = out;
     }
     char *p = out;
-    p += sprintf(p, "HTTP/1.1 %d %s\r\n", status, reason);
 #define PUT(s)                                                                                     \
     do {                                                                                           \
         size_t l_ = strlen(s);                                                                     \
         memcpy(p, s, l_);                                                                          \
         p += l_;                                                                                   \
     } while (0)
+    PUT("HTTP/1.1 ");
+    p += baton_fmt_uint(p, (uint64_t)(status >= 0 ? status : 0), 10);
+    PUT(" ");
+    PUT(reason);
+    PUT("\r\n");
     if (ctype) {
         PUT("Content-Type: ");
         PUT(ctype);
@@ -1334,7 +1346,7 @@ static void conn_send_error(conn_t *c, int status, const char *message, const ch
     const char *type = status >= 500 ? "server_error" : "invalid_request_error";
     if (error_json(&body, message, type, NULL, code) == 0) {
         char framing[48];
-        snprintf(framing, sizeof(framing), "Content-Length: %zu", body.len);
+        content_length_line(framing, body.len);
         char stack[512], *heap = NULL;
         size_t hlen = 0;
         char *head = build_head(c, stack, sizeof(stack), &heap, &hlen, status, "application/json",
@@ -1381,7 +1393,7 @@ int baton_http_respond(baton_http_req_t *req, int status, const char *content_ty
         int bodyless = status == 204 || status == 304 || (status >= 100 && status < 200);
         char framing[48];
         if (!bodyless)
-            snprintf(framing, sizeof(framing), "Content-Length: %zu", body_len);
+            content_length_line(framing, body_len);
         char stack[1024], *heap = NULL;
         size_t hlen = 0;
         char *head = build_head(c, stack, sizeof(stack), &heap, &hlen, status,
@@ -1444,18 +1456,11 @@ int baton_http_stream_start(baton_http_req_t *req, int status, const char *conte
     return rc;
 }
 
-/* "<len in hex>\r\n" into out (at least 19 bytes); its length. By hand: snprintf costs ~600
- * instructions, and a relayed stream writes one of these per upstream read (issue 15). */
+/* "<len in hex>\r\n" into out (at least 19 bytes); its length (a relayed stream writes one per
+ * upstream read: formatted by hand, issue 15). */
 static size_t chunk_size_line(char *out, size_t len)
 {
-    char tmp[16];
-    size_t n = 0;
-    do {
-        tmp[n++] = "0123456789abcdef"[len & 0xf];
-        len >>= 4;
-    } while (len);
-    for (size_t i = 0; i < n; i++)
-        out[i] = tmp[n - 1 - i];
+    size_t n = baton_fmt_uint(out, len, 16);
     out[n] = '\r';
     out[n + 1] = '\n';
     return n + 2;

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <string.h>
 
 #include "common/buf.h"
@@ -35,6 +36,31 @@ static void test_json_string(void **state)
 }
 
 /* Reference values computed independently (Python) from the published algorithms. */
+/* The hand-made number formatting of the HTTP heads agrees with printf at the edges. */
+static void test_fmt_uint(void **state)
+{
+    (void)state;
+    static const uint64_t vals[] = {
+        0, 1, 9, 10, 15, 16, 255, 1000, 0x800000, UINT32_MAX, (uint64_t)UINT32_MAX + 1, UINT64_MAX};
+    for (size_t i = 0; i < sizeof(vals) / sizeof(*vals); i++) {
+        char got[21], want[32];
+        size_t n = baton_fmt_uint(got, vals[i], 10);
+        got[n] = '\0';
+        snprintf(want, sizeof(want), "%llu", (unsigned long long)vals[i]);
+        assert_string_equal(got, want);
+        n = baton_fmt_uint(got, vals[i], 16);
+        got[n] = '\0';
+        snprintf(want, sizeof(want), "%llx", (unsigned long long)vals[i]);
+        assert_string_equal(got, want);
+    }
+    baton_buf_t b = BATON_BUF_INIT;
+    assert_int_equal(baton_buf_append_str(&b, "Content-Length: "), 0);
+    assert_int_equal(baton_buf_append_uint(&b, 1234567), 0);
+    assert_int_equal(b.len, strlen("Content-Length: 1234567"));
+    assert_memory_equal(b.data, "Content-Length: 1234567", b.len);
+    baton_buf_free(&b);
+}
+
 static void test_generators(void **state)
 {
     (void)state;
@@ -63,6 +89,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_string),
+        cmocka_unit_test(test_fmt_uint),
         cmocka_unit_test(test_generators),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
