@@ -56,6 +56,16 @@ static const uint8_t *get_bytes(rd_t *r, size_t n)
     return p;
 }
 
+/* DONE's fixed fields, which GRANT starts with too (the payload is the caller's: its length
+ * rule differs). */
+static void get_done_head(rd_t *r, baton__done_t *d)
+{
+    d->room = get64(r);
+    d->status = (int32_t)get32(r);
+    d->first_token = (int64_t)get64(r);
+    d->payload_len = get16(r);
+}
+
 static void put_le(uint8_t *p, uint64_t v, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -338,10 +348,7 @@ int baton__frame_decode(const uint8_t *buf, size_t len, baton__frame_t *f, size_
         break;
     case BATON__F_DONE: {
         baton__done_t *d = &f->u.done;
-        d->room = get64(&r);
-        d->status = (int32_t)get32(&r);
-        d->first_token = (int64_t)get64(&r);
-        d->payload_len = get16(&r);
+        get_done_head(&r, d);
         if (r.bad || d->payload_len > BATON__DONE_MAX || r.left != d->payload_len)
             FAIL(BATON_EPROTO, "done: payload length mismatch");
         d->payload = get_bytes(&r, d->payload_len);
@@ -430,10 +437,7 @@ int baton__frame_decode(const uint8_t *buf, size_t len, baton__frame_t *f, size_
         break;
     case BATON__F_GRANT: {
         baton__grant_t *g = &f->u.grant;
-        g->done.room = get64(&r);
-        g->done.status = (int32_t)get32(&r);
-        g->done.first_token = (int64_t)get64(&r);
-        g->done.payload_len = get16(&r);
+        get_done_head(&r, &g->done);
         if (r.bad || g->done.payload_len > BATON__DONE_MAX || r.left < g->done.payload_len + 4u)
             FAIL(BATON_EPROTO, "grant: payload length mismatch");
         g->done.payload = get_bytes(&r, g->done.payload_len);
@@ -465,20 +469,23 @@ int baton__frame_decode(const uint8_t *buf, size_t len, baton__frame_t *f, size_
     return 0;
 }
 
-void baton__grant_page(const baton__grant_t *g, uint32_t i, baton__offer_page_t *page)
+/* Page i of a validated page array (OFFER and GRANT lay pages out alike). */
+static void read_page(const uint8_t *pages_raw, uint32_t i, baton__offer_page_t *page)
 {
-    rd_t r = {g->pages_raw + (size_t)i * BATON__OFFER_PAGE_BYTES, BATON__OFFER_PAGE_BYTES, 0};
+    rd_t r = {pages_raw + (size_t)i * BATON__OFFER_PAGE_BYTES, BATON__OFFER_PAGE_BYTES, 0};
     page->addr = get64(&r);
     page->len = get32(&r);
     page->mem_id = get32(&r);
 }
 
+void baton__grant_page(const baton__grant_t *g, uint32_t i, baton__offer_page_t *page)
+{
+    read_page(g->pages_raw, i, page);
+}
+
 void baton__offer_page(const baton__offer_t *o, uint32_t i, baton__offer_page_t *page)
 {
-    rd_t r = {o->pages_raw + (size_t)i * BATON__OFFER_PAGE_BYTES, BATON__OFFER_PAGE_BYTES, 0};
-    page->addr = get64(&r);
-    page->len = get32(&r);
-    page->mem_id = get32(&r);
+    read_page(o->pages_raw, i, page);
 }
 
 /* ---- encoders --------------------------------------------------------------------------- */
@@ -534,6 +541,27 @@ static void wbytes(wr_t *w, const void *b, size_t n)
     if (n)
         memcpy(w->p, b, n);
     w->p += n;
+}
+
+/* DONE's fields (GRANT's first ones too). */
+static void put_done(wr_t *w, uint64_t room, int32_t status, int64_t first_token,
+                     const uint8_t *payload, uint16_t payload_len)
+{
+    w64(w, room);
+    w32(w, (uint32_t)status);
+    w64(w, (uint64_t)first_token);
+    w16(w, payload_len);
+    wbytes(w, payload, payload_len);
+}
+
+/* An OFFER's or GRANT's page array. */
+static void put_pages(wr_t *w, const baton__offer_page_t *pages, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        w64(w, pages[i].addr);
+        w32(w, pages[i].len);
+        w32(w, pages[i].mem_id);
+    }
 }
 
 int baton__enc_hello(baton_buf_t *out, const baton__hello_t *h)
@@ -594,11 +622,7 @@ int baton__enc_offer_from(baton_buf_t *out, uint64_t room, uint64_t incarnation,
     w64(&w, incarnation);
     w32(&w, n_layers);
     w32(&w, pages_per_layer);
-    for (uint64_t i = 0; i < n; i++) {
-        w64(&w, pages[i].addr);
-        w32(&w, pages[i].len);
-        w32(&w, pages[i].mem_id);
-    }
+    put_pages(&w, pages, n);
     if (first_page != 0)
         w32(&w, first_page);
     return 0;
@@ -613,11 +637,7 @@ int baton__enc_done(baton_buf_t *out, uint64_t room, int32_t status, int64_t fir
     if (p == NULL)
         return BATON_ENOMEM;
     wr_t w = {p};
-    w64(&w, room);
-    w32(&w, (uint32_t)status);
-    w64(&w, (uint64_t)first_token);
-    w16(&w, payload_len);
-    wbytes(&w, payload, payload_len);
+    put_done(&w, room, status, first_token, payload, payload_len);
     return 0;
 }
 
@@ -633,17 +653,9 @@ int baton__enc_grant(baton_buf_t *out, uint64_t room, int32_t status, int64_t fi
     if (p == NULL)
         return BATON_ENOMEM;
     wr_t w = {p};
-    w64(&w, room);
-    w32(&w, (uint32_t)status);
-    w64(&w, (uint64_t)first_token);
-    w16(&w, payload_len);
-    wbytes(&w, payload, payload_len);
+    put_done(&w, room, status, first_token, payload, payload_len);
     w32(&w, n_pages);
-    for (uint32_t i = 0; i < n_pages; i++) {
-        w64(&w, pages[i].addr);
-        w32(&w, pages[i].len);
-        w32(&w, pages[i].mem_id);
-    }
+    put_pages(&w, pages, n_pages);
     return 0;
 }
 
