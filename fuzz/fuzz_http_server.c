@@ -61,26 +61,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 /* What on_connection() does for an accepted socket, on one end of a socketpair. */
 static conn_t *fake_conn(int fd)
 {
-    conn_t *c = calloc(1, sizeof(*c));
+    conn_t *c = conn_new(srv, fd);
     if (c == NULL)
         abort();
-    c->srv = srv;
-    uv_tcp_init(srv->loop, &c->tcp);
-    uv_timer_init(srv->loop, &c->timer);
-    c->tcp.data = c;
-    c->timer.data = c;
-    baton_list_push_front(&srv->conns, &c->link);
-    srv->n_live++;
-    req_reset(c);
-    c->req.server = srv;
     snprintf(c->req.peer, sizeof(c->req.peer), "fuzz");
-    if (uv_tcp_open(&c->tcp, fd) != 0)
-        abort();
-    c->counted = 1;
-    srv->n_conns++;
-    llhttp_init(&c->parser, HTTP_REQUEST, &srv->settings);
-    c->parser.data = c;
-    c->keep_alive = 1;
+    conn_admit(c);
     return c;
 }
 

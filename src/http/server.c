@@ -1535,14 +1535,15 @@ static void format_peer(conn_t *c)
     snprintf(c->req.peer, sizeof(c->req.peer), "%s:%d", ip, port);
 }
 
-/* Takes an accepted descriptor: a connection, or a 503 when the instance is at its cap. */
-static void conn_accepted(baton_http_server_t *srv, int fd)
+/* A live connection on descriptor fd (not yet counted against the cap); NULL when it could not
+ * be set up (fd closed, nothing left behind). */
+static conn_t *conn_new(baton_http_server_t *srv, int fd)
 {
     conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL) {
         log_warn_limited("http", "accept_oom", "accept_oom");
         close(fd);
-        return;
+        return NULL;
     }
     c->srv = srv;
     uv_tcp_init(srv->loop, &c->tcp);
@@ -1558,8 +1559,27 @@ static void conn_accepted(baton_http_server_t *srv, int fd)
         c->closing = 1;
         c->tcp_closing = 1;
         uv_close((uv_handle_t *)&c->tcp, on_tcp_close);
-        return;
+        return NULL;
     }
+    return c;
+}
+
+/* Counts c against the cap and readies its parser for the first request. */
+static void conn_admit(conn_t *c)
+{
+    c->counted = 1;
+    c->srv->n_conns++;
+    llhttp_init(&c->parser, HTTP_REQUEST, &c->srv->settings);
+    c->parser.data = c;
+    c->keep_alive = 1;
+}
+
+/* Takes an accepted descriptor: a connection, or a 503 when the instance is at its cap. */
+static void conn_accepted(baton_http_server_t *srv, int fd)
+{
+    conn_t *c = conn_new(srv, fd);
+    if (c == NULL)
+        return;
     format_peer(c);
     if (srv->tls && conn_tls_attach(c) != 0)
         return;
@@ -1571,12 +1591,8 @@ static void conn_accepted(baton_http_server_t *srv, int fd)
         conn_send_error(c, 503, "too many connections", "too_many_connections");
         return;
     }
-    c->counted = 1;
-    srv->n_conns++;
+    conn_admit(c);
     uv_tcp_nodelay(&c->tcp, 1);
-    llhttp_init(&c->parser, HTTP_REQUEST, &srv->settings);
-    c->parser.data = c;
-    c->keep_alive = 1;
     conn_read_start(c);
     if (!c->tcp_closing)
         arm_idle(c);
