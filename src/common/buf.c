@@ -53,6 +53,17 @@ size_t baton_fmt_uint(char *out, uint64_t v, unsigned base)
     return n;
 }
 
+int baton_hex_value(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
 int baton_buf_append_uint(baton_buf_t *b, uint64_t v)
 {
     char d[20];

@@ -25,6 +25,8 @@ int baton_buf_printf(baton_buf_t *b, const char *fmt, ...) __attribute__((format
 /* v in base 10 or 16 (lower case) into out (room for 20 bytes), no NUL; returns its length. By
  * hand: snprintf costs ~600 instructions, and the HTTP hot path formats numbers per request. */
 size_t baton_fmt_uint(char *out, uint64_t v, unsigned base);
+/* The value of hex digit c (either case), or -1. */
+int baton_hex_value(int c);
 /* Appends v in decimal. 0 or BATON_ENOMEM. */
 int baton_buf_append_uint(baton_buf_t *b, uint64_t v);
 int baton_buf_vprintf(baton_buf_t *b, const char *fmt, va_list ap);

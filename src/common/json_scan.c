@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "baton/error.h"
+#include "common/buf.h"
 
 /* jansson 2.14's JSON_PARSER_MAX_DEPTH: every value counts, the top-level one is depth 1. */
 #define MAX_DEPTH 2048
@@ -32,17 +33,6 @@ static int is_digit(unsigned char c)
     return c >= '0' && c <= '9';
 }
 
-static int hexval(unsigned char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* The code unit of the 4 hex digits at p (p + 4 <= end), or -1. */
 static int hex4(const char *p, const char *end)
 {
@@ -50,7 +40,7 @@ static int hex4(const char *p, const char *end)
     if (end - p < 4)
         return -1;
     for (int i = 0; i < 4; i++) {
-        int h = hexval((unsigned char)p[i]);
+        int h = baton_hex_value((unsigned char)p[i]);
         if (h < 0)
             return -1;
         v = v << 4 | h;

@@ -17,17 +17,6 @@
 
 /* ---- query strings ---- */
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 int baton_url_decode(const char *in, size_t inlen, char *out, size_t outlen)
 {
     size_t o = 0;
@@ -38,7 +27,8 @@ int baton_url_decode(const char *in, size_t inlen, char *out, size_t outlen)
         } else if (c == '%') {
             if (i + 2 >= inlen)
                 return BATON_EINVAL;
-            int hi = hexval(in[i + 1]), lo = hexval(in[i + 2]);
+            int hi = baton_hex_value((unsigned char)in[i + 1]),
+                lo = baton_hex_value((unsigned char)in[i + 2]);
             if (hi < 0 || lo < 0)
                 return BATON_EINVAL;
             c = (char)(hi * 16 + lo);
