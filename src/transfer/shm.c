@@ -288,8 +288,8 @@ static int copy_some(shm_tp_t *t, shm_peer_t *p, uint64_t *budget)
         if (rm->kind == BATON_XFER_MEM_CUDA || g->src_mr->kind == BATON_XFER_MEM_CUDA) {
             /* the driver copies only with a context current on this (the progress) thread */
             CUresult r = cuda_ready(t) != 0 ? CUDA_ERROR_INVALID_CONTEXT
-                                             : baton__cu.memcpy((CUdeviceptr)(uintptr_t)dst,
-                                                                (CUdeviceptr)(uintptr_t)src, n);
+                                            : baton__cu.memcpy((CUdeviceptr)(uintptr_t)dst,
+                                                               (CUdeviceptr)(uintptr_t)src, n);
             atomic_store(&p->fence->busy, 0);
             if (r != CUDA_SUCCESS) {
                 finish_job(p, BATON_EINVAL);
