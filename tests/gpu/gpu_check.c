@@ -358,7 +358,7 @@ static void check_registration(baton_xfer_engine_t *e, uint64_t free_b)
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         uint64_t s = sizes[i];
         char name[48], f[128];
-        char hb[16];
+        char hb[24];
         snprintf(name, sizeof(name), "register_%s", human(s, hb, sizeof(hb)));
         snprintf(f, sizeof(f), "\"bytes\": %" PRIu64, s);
         if (s > R.max_bytes || s > free_b / 10 * 7) {
@@ -448,7 +448,7 @@ static void check_bandwidth(baton_xfer_engine_t *shm, baton_xfer_engine_t *tcp, 
             ref = dt < ref ? dt : ref;
         }
         for (int big = 0; big < 2; big++) {
-            char hb[16];
+            char hb[24];
             snprintf(name, sizeof(name), "bw_ipc_%s%s", human(s, hb, sizeof(hb)),
                      big ? "_slice16M" : "");
             int rc = measure(shm, big ? R.port_big : R.port, 0, (void *)(uintptr_t)dst, s, reps,
@@ -473,7 +473,7 @@ static void check_bandwidth(baton_xfer_engine_t *shm, baton_xfer_engine_t *tcp, 
         for (int dev = 0; dev < 2; dev++) {
             char name[48], f[256];
             double best = 0, med = 0;
-            char hb[16];
+            char hb[24];
             snprintf(name, sizeof(name), "bw_tcp_%s_%s", dev ? "device" : "host",
                      human(s, hb, sizeof(hb)));
             int rc = measure(tcp, R.port, dev ? 0 : FLAG_HOST_SRC, hdst, s, reps, &best, &med);
