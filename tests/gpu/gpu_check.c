@@ -146,6 +146,9 @@ static void stop_server(void)
     for (int i = 0; i < 200; i++) {
         if (waitpid(R.child, &st, WNOHANG) == R.child) {
             R.child = 0;
+            /* a crash or a sanitizer report in the serving process fails the check too */
+            if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+                result("serve_exit", "fail", "", "the serving process ended with status 0x%x", st);
             return;
         }
         usleep(50000);
@@ -153,6 +156,7 @@ static void stop_server(void)
     kill(R.child, SIGKILL);
     waitpid(R.child, &st, 0);
     R.child = 0;
+    result("serve_exit", "fail", "", "the serving process did not stop within 10 s");
 }
 
 /* ---- decode side ---------------------------------------------------------------------------- */
