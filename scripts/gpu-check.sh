@@ -14,6 +14,9 @@
 #      gpu-check.log (the engines' logs), rdma-bench.json.
 # Without a driver or device every GPU check is skipped, visibly, and the script exits 77.
 # --fake runs the same checks on tests/gpu/fake_cuda.c (a CPU rehearsal, small sizes).
+# A GPU machine without Baton's build dependencies (libuv, mbedTLS, rdma-core, jansson): make a
+# bundle where they are installed, `--bundle-to DIR` (the programs, the fake driver and every
+# shared library they need beyond glibc), take DIR there and run `--bundle DIR` (no build).
 # Exit: 0 every check passed; 1 a check failed; 77 skipped (no GPU); 2 usage or build error.
 set -u
 
@@ -21,13 +24,19 @@ BUILD=build-gpu
 OUT=
 DO_BUILD=1
 FAKE=0
+BUNDLE=
+BUNDLE_TO=
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) BUILD=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --no-build) DO_BUILD=0; shift ;;
     --fake) FAKE=1; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; echo "usage: $0 [--build DIR] [--out DIR] [--no-build] [--fake]"; exit 0 ;;
+    --bundle-to) BUNDLE_TO=$2; shift 2 ;;
+    --bundle) BUNDLE=$2; DO_BUILD=0; shift 2 ;;
+    -h|--help) sed -n '2,21p' "$0"
+      echo "usage: $0 [--build DIR] [--out DIR] [--no-build] [--fake] [--bundle-to DIR | --bundle DIR]"
+      exit 0 ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -49,8 +58,27 @@ if [ "$DO_BUILD" = 1 ]; then
   fi
 fi
 CHECK=$BUILD/baton-gpu-check
+XBENCH=$BUILD/baton-xfer-bench
+FAKE_DIR=$BUILD/tests/gpu/fake-driver
+if [ -n "$BUNDLE" ]; then
+  CHECK=$BUNDLE/bin/baton-gpu-check
+  XBENCH=$BUNDLE/bin/baton-xfer-bench
+  FAKE_DIR=$BUNDLE/fake-driver
+  export LD_LIBRARY_PATH="$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 if [ ! -x "$CHECK" ]; then
   say "$CHECK is missing: the build found no CUDA Toolkit or no nvcc (see $OUT/build.log)"; exit 2
+fi
+
+if [ -n "$BUNDLE_TO" ]; then
+  # the programs, the fake driver, and their shared libraries except glibc's own
+  mkdir -p "$BUNDLE_TO/bin" "$BUNDLE_TO/lib" "$BUNDLE_TO/fake-driver"
+  cp "$CHECK" "$XBENCH" "$BUNDLE_TO/bin/" && cp "$FAKE_DIR/libcuda.so.1" "$BUNDLE_TO/fake-driver/" || exit 2
+  ldd "$CHECK" "$XBENCH" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
+    grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
+    while read -r lib; do cp -L "$lib" "$BUNDLE_TO/lib/"; done
+  say "bundle in $BUNDLE_TO ($(du -sh "$BUNDLE_TO" | cut -f1)): run scripts/gpu-check.sh --bundle $BUNDLE_TO there"
+  exit 0
 fi
 
 # 2. the machine
@@ -109,7 +137,7 @@ ARGS=(run --out "$OUT/gpu-report.json")
 ENVV=()
 if [ "$FAKE" = 1 ]; then
   ARGS+=(--quick --max-bytes 16777216 --no-rdma)
-  ENVV=(LD_LIBRARY_PATH="$BUILD/tests/gpu/fake-driver" BATON_GPU_CHECK_FAKE=1)
+  ENVV=(LD_LIBRARY_PATH="$FAKE_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" BATON_GPU_CHECK_FAKE=1)
 fi
 say "running baton-gpu-check (at most 9 minutes)"
 env "${ENVV[@]}" timeout 560 "$CHECK" "${ARGS[@]}" 2>"$OUT/gpu-check.log" | tee "$OUT/gpu-report.txt"
@@ -122,9 +150,9 @@ if [ "$FAKE" = 0 ] && [ "$RC" != 77 ] && have_rdma; then
   # a real provider: the rdma transport between two processes, host memory, every byte checked
   # on the smoke run, then a short measured run
   say "rdma: baton-xfer-bench on $(ls /sys/class/infiniband | tr '\n' ' ')"
-  timeout 60 "$BUILD/baton-xfer-bench" --transports rdma --smoke >"$OUT/rdma-smoke.txt" 2>&1
+  timeout 60 "$XBENCH" --transports rdma --smoke >"$OUT/rdma-smoke.txt" 2>&1
   echo "rdma smoke: exit $?" | tee -a "$OUT/gpu-report.txt"
-  timeout 120 "$BUILD/baton-xfer-bench" --transports rdma --sizes 64K,1M,16M --kv-tokens 4k \
+  timeout 120 "$XBENCH" --transports rdma --sizes 64K,1M,16M --kv-tokens 4k \
     --json "$OUT/rdma-bench.json" --quiet >>"$OUT/rdma-smoke.txt" 2>&1
   echo "rdma bench: exit $? ($OUT/rdma-bench.json)" | tee -a "$OUT/gpu-report.txt"
 fi
