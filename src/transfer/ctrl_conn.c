@@ -192,7 +192,8 @@ void baton__conn_fail(baton__conn_t *c, int status, const char *why)
     } else if (prev == BATON__CONN_PENDING || status == BATON_ESHUTDOWN) {
         log_info(BATON__LOG, "conn_closed peer=%s reason=\"%s\"", c->addr, why);
     } else {
-        log_warn(BATON__LOG,
+        /* A peer that goes with no room in flight (its process ended) lost nothing. */
+        baton_log(c->rooms.count ? BATON_LOG_WARN : BATON_LOG_INFO, BATON__LOG,
                  "peer_down role=%s peer=%s id=%s incarnation=%016llx state=%s err=%s "
                  "reason=\"%s\" rooms=%zu",
                  role_name(c->role), c->peer ? c->peer->endpoint : c->addr,

@@ -300,7 +300,8 @@ static int read_secret(const char *path, uint8_t *buf, size_t cap, size_t *len_p
 {
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
-        log_error(COMP, "kv_secret_unreadable path=%s err=%s", path, strerror(errno));
+        log_error(COMP, "kv_secret_unreadable reason=\"cannot read %s: %s\"", path,
+                  strerror(errno));
         return -1;
     }
     struct stat st;
