@@ -542,7 +542,9 @@ long baton_config_find_worker(const baton_config_t *cfg, size_t n, const char *n
     return -1;
 }
 
-static int push_worker(baton_config_t *cfg, baton_config_worker_t *w, size_t replace_below)
+/* Adds w (or replaces the one with its URL among the first replace_below); *index_p: where. */
+static int push_worker(baton_config_t *cfg, baton_config_worker_t *w, size_t replace_below,
+                       long *index_p)
 {
     char norm[BATON_WORKER_URL_MAX];
     long i;
@@ -550,12 +552,14 @@ static int push_worker(baton_config_t *cfg, baton_config_worker_t *w, size_t rep
         (i = baton_config_find_worker(cfg, replace_below, norm)) >= 0) {
         worker_free(&cfg->workers[i]);
         cfg->workers[i] = *w;
+        *index_p = i;
         return 0;
     }
     baton_config_worker_t *ws = realloc(cfg->workers, (cfg->n_workers + 1) * sizeof(*ws));
     if (ws == NULL)
         return BATON_ENOMEM;
     cfg->workers = ws;
+    *index_p = (long)cfg->n_workers;
     cfg->workers[cfg->n_workers++] = *w;
     return 0;
 }
@@ -676,10 +680,11 @@ static int parse_json_worker(baton_config_t *cfg, json_t *jw, const char *where,
     }
     if (rc == 0 && w.url == NULL)
         rc = set_err(err, errlen, BATON_EINVAL, "%s: \"url\" is required", where);
+    long at;
     if (rc == 0)
         rc = check_worker(&w, where, err, errlen);
     if (rc == 0) {
-        rc = push_worker(cfg, &w, 0);
+        rc = push_worker(cfg, &w, 0, &at);
         if (rc != 0)
             set_err(err, errlen, rc, "out of memory");
     }
@@ -835,7 +840,8 @@ static int flag_matches(const char *arg, const char *flag)
 }
 
 static int cli_worker(baton_config_t *cfg, baton_worker_role_t role, int argc, char *const argv[],
-                      int *i, const char *flag, size_t replace_below, char *err, size_t errlen)
+                      int *i, const char *flag, size_t replace_below, long *index_p, char *err,
+                      size_t errlen)
 {
     const char *arg = argv[*i];
     const char *url = flag_value(argc, argv, i, arg, strlen(flag));
@@ -867,7 +873,7 @@ static int cli_worker(baton_config_t *cfg, baton_worker_role_t role, int argc, c
         return set_err(err, errlen, BATON_ENOMEM, "out of memory");
     int rc = check_worker(&w, flag, err, errlen);
     if (rc == 0) {
-        rc = push_worker(cfg, &w, replace_below);
+        rc = push_worker(cfg, &w, replace_below, index_p);
         if (rc != 0)
             set_err(err, errlen, rc, "out of memory");
     }
@@ -900,23 +906,39 @@ int baton_config_from_args(baton_config_t *cfg, int argc, char *const argv[], ch
             return rc;
     }
     size_t n_file_workers = cfg->n_workers;
+    long last_prefill = -1; /* the worker the last --prefill added, for --prefill-engine-id */
 
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         int rc;
+        long at = -1;
         if (flag_matches(arg, "--config")) {
             flag_value(argc, argv, &i, arg, strlen("--config")); /* done above */
             continue;
         }
         if (flag_matches(arg, "--prefill")) {
             rc = cli_worker(cfg, BATON_ROLE_PREFILL, argc, argv, &i, "--prefill", n_file_workers,
-                            err, errlen);
+                            &last_prefill, err, errlen);
         } else if (flag_matches(arg, "--decode")) {
-            rc = cli_worker(cfg, BATON_ROLE_DECODE, argc, argv, &i, "--decode", n_file_workers, err,
-                            errlen);
+            rc = cli_worker(cfg, BATON_ROLE_DECODE, argc, argv, &i, "--decode", n_file_workers, &at,
+                            err, errlen);
         } else if (flag_matches(arg, "--worker")) {
             rc = cli_worker(cfg, BATON_ROLE_REGULAR, argc, argv, &i, "--worker", n_file_workers,
-                            err, errlen);
+                            &at, err, errlen);
+        } else if (flag_matches(arg, "--prefill-engine-id")) {
+            /* vLLM Mooncake: the engine id of the --prefill before it (its kv_transfer_config) */
+            const char *id = flag_value(argc, argv, &i, arg, strlen("--prefill-engine-id"));
+            char *dup;
+            if (id == NULL || id[0] == '\0')
+                return set_err(err, errlen, BATON_EINVAL, "--prefill-engine-id: missing ID");
+            if (last_prefill < 0)
+                return set_err(err, errlen, BATON_EINVAL,
+                               "--prefill-engine-id %s: give it after the --prefill it names", id);
+            if ((dup = strdup(id)) == NULL)
+                return set_err(err, errlen, BATON_ENOMEM, "out of memory");
+            free(cfg->workers[last_prefill].engine_id);
+            cfg->workers[last_prefill].engine_id = dup;
+            rc = 0;
         } else {
             const opt_t *o = NULL;
             for (size_t k = 0; k < N_OPTIONS && o == NULL; k++)
@@ -1091,6 +1113,8 @@ void baton_config_print_help(FILE *out, const char *argv0)
                     "add a prefill worker (repeatable; port: 1..65535 or none; for");
             fprintf(out, "  %-32s %s\n", "",
                     "vllm-mooncake, the port of its Mooncake bootstrap server)");
+            fprintf(out, "  %-32s %s\n", "--prefill-engine-id ID",
+                    "vllm-mooncake: the engine id of the --prefill before it");
             fprintf(out, "  %-32s %s\n", "--decode URL", "add a decode worker (repeatable)");
             fprintf(out, "  %-32s %s\n", "--worker URL",
                     "add a regular (non-PD) worker (repeatable)");

@@ -73,7 +73,7 @@ def test_router_help_grouped_with_choices_and_defaults():
     for ln in out.splitlines():
         m = re.match(r"  (--[a-z-]+)", ln)
         if m and m.group(1) not in ("--config", "--version", "--prefill", "--decode",
-                                    "--worker"):
+                                    "--prefill-engine-id", "--worker"):
             assert "(default: " in ln, ln
     # The registry's TLS options sit with --registry.
     reg = out.split("\nregistry:\n", 1)[1]

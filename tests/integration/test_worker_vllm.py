@@ -261,6 +261,27 @@ def test_mooncake_end_to_end():
         assert metric(d.port, "baton_worker_requests_total", {"status": "200"}) >= 4
 
 
+def test_mooncake_command_line():
+    """`--prefill URL BOOTSTRAP_PORT --prefill-engine-id ID` (README "Fronting vLLM"): the port
+    is the prefill's bootstrap server on its host; no POST /workers needed."""
+    with Cluster("vllm-mooncake-cli") as c:
+        p = c.worker("prefill", "--protocol", "vllm-mooncake", *FAST)
+        d = c.worker("decode", "--protocol", "vllm-mooncake", *FAST)
+        boot = p.wait_port("bootstrap")
+        r = c.router("--pd-protocol", "vllm-mooncake", "--prefill", url(p.port), str(boot),
+                     "--prefill-engine-id", "prefill-0", "--decode", url(d.port), *ONE_SHOT)
+        ws = {w["url"]: w for w in get(r.port, "/workers").json()["workers"]}
+        pw = ws[url(p.port)]
+        assert pw["engine_id"] == "prefill-0", pw
+        assert pw["bootstrap_addr"] == f"http://{harness.HOST}:{boot}", pw
+        check_texts(r)
+        # Without the engine id the router says what is missing and does not start.
+        res = subprocess.run([harness.binary("baton"), "--port", "0", "--pd-protocol",
+                              "vllm-mooncake", "--prefill", url(p.port), str(boot)],
+                             capture_output=True, text=True, timeout=30)
+        assert res.returncode != 0 and "--prefill-engine-id" in res.stderr, res.stderr
+
+
 def test_wrong_protocol_refused():
     """A worker refuses the other protocols' legs with 400 (never a silent local recompute)."""
     with Cluster("vllm-wrong") as c:
@@ -306,6 +327,6 @@ if __name__ == "__main__":
     for fn in (test_nixl_end_to_end, test_nixl_prefill_answer_and_release,
                test_nixl_export_and_pull, test_nixl_hold_expires_before_answer,
                test_router_releases_stranded_blocks, test_nixl_holder_killed,
-               test_mooncake_end_to_end, test_wrong_protocol_refused, test_ttft_scenario_smoke):
+               test_mooncake_end_to_end, test_mooncake_command_line, test_wrong_protocol_refused, test_ttft_scenario_smoke):
         t.run(fn)
     t.finish()
