@@ -705,8 +705,8 @@ static int port_taken(const char *host, int port)
         return 0;
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)); /* TIME_WAIT is no owner */
-    socklen_t len = ss.ss_family == AF_INET ? sizeof(struct sockaddr_in)
-                                            : sizeof(struct sockaddr_in6);
+    socklen_t len =
+        ss.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
     int taken = bind(fd, (struct sockaddr *)&ss, len) != 0 && errno == EADDRINUSE;
     close(fd);
     return taken;
@@ -754,8 +754,8 @@ int main(int argc, char **argv)
         return 2;
     }
     if (port_taken(app.cfg.host, app.cfg.port)) {
-        log_error("router", "startup_failed reason=\"port %d is in use\" addr=%s:%d",
-                  app.cfg.port, app.cfg.host, app.cfg.port);
+        log_error("router", "startup_failed reason=\"port %d is in use\" addr=%s:%d", app.cfg.port,
+                  app.cfg.host, app.cfg.port);
         destroy_shared(&app);
         return 1;
     }
@@ -773,7 +773,7 @@ int main(int argc, char **argv)
         /* open inference routes are the loopback default; on another address, a warning */
         baton_log(host_is_loopback(app.cfg.host) ? BATON_LOG_INFO : BATON_LOG_WARN, "router",
                   "api_keys none=1 reason=\"no --api-key/--api-key-file: inference "
-                           "routes are open to every client\"");
+                  "routes are open to every client\"");
     else
         log_info("router", "api_keys count=%zu rate_limit=%s forward_authorization=%d",
                  baton_auth_n_keys(app.router.auth),

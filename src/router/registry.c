@@ -343,7 +343,8 @@ static int pd_fields_check(const baton_worker_spec_t *spec, baton_pd_protocol_t 
         set_err(
             err, errlen,
             "a vllm-mooncake prefill needs engine_id (--prefill-engine-id) and the address of its "
-            "Mooncake bootstrap server (--prefill URL PORT, or bootstrap_addr \"http://host:port\")");
+            "Mooncake bootstrap server (--prefill URL PORT, or bootstrap_addr "
+            "\"http://host:port\")");
         return BATON_EINVAL;
     }
     return 0;

@@ -63,8 +63,8 @@ static void attempt_failed(baton__peer_t *p, int status, const char *why)
     int quiet = baton_list_empty(&p->queued);
     baton_log(quiet ? BATON_LOG_INFO : BATON_LOG_WARN, BATON__LOG,
               "%s peer=%s err=%s reason=\"%s\" retry_in_ms=%" PRIu32,
-             was_up ? "peer_lost" : "peer_connect_failed", p->endpoint, baton_err_name(status), why,
-             delay);
+              was_up ? "peer_lost" : "peer_connect_failed", p->endpoint, baton_err_name(status),
+              why, delay);
     post_state(p, BATON_XFER_PEER_DOWN, status);
     fail_queued(p, BATON_EPEERDOWN);
 }

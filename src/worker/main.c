@@ -506,8 +506,8 @@ static int start_registration(uv_loop_t *loop, const wk_config_t *cfg)
             fclose(f);
         if (!ok) {
             free(value);
-            log_error(COMP, "register_failed reason=\"cannot read %s: %s\"",
-                      register_password_file, why);
+            log_error(COMP, "register_failed reason=\"cannot read %s: %s\"", register_password_file,
+                      why);
             return BATON_EINVAL;
         }
         password[strcspn(password, "\r\n")] = '\0';
