@@ -80,8 +80,11 @@ static void usage(FILE *f)
             "vLLM PD protocols (docs/PROTOCOLS.md):\n"
             "  --protocol P                 sglang | vllm-nixl | vllm-mooncake: the PD fields\n"
             "                               accepted and returned (default sglang)\n"
-            "  --kv-hold-timeout-ms MS      vllm-nixl prefill: held KV pages are released when\n"
-            "                               no decode pulled them this long (default %llu)\n"
+            "  --kv-lease-ms MS             vllm-nixl: vLLM's kv_lease_duration. The prefill\n"
+            "                               holds a sequence's KV this long after its answer;\n"
+            "                               the decode's heartbeats (every MS/6 while it waits\n"
+            "                               for the KV) extend it to 2/3 MS from then\n"
+            "                               (default %llu; also --kv-hold-timeout-ms)\n"
             "\n"
             "KV bootstrap authentication (docs/SECURITY.md):\n"
             "  --kv-secret-file FILE        shared secret of the engines allowed to exchange KV\n"
@@ -199,7 +202,8 @@ static const struct option long_opts[] = {
     {"tls-key", required_argument, NULL, OPT_TLS_KEY},
     {"tls-client-ca", required_argument, NULL, OPT_TLS_CLIENT_CA},
     {"protocol", required_argument, NULL, OPT_PROTOCOL},
-    {"kv-hold-timeout-ms", required_argument, NULL, OPT_HOLD_TIMEOUT},
+    {"kv-lease-ms", required_argument, NULL, OPT_HOLD_TIMEOUT},
+    {"kv-hold-timeout-ms", required_argument, NULL, OPT_HOLD_TIMEOUT}, /* its older name */
     {"kv-secret-file", required_argument, NULL, OPT_KV_SECRET_FILE}, /* KV bootstrap auth */
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
@@ -321,7 +325,7 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
             break;
         }
         case OPT_HOLD_TIMEOUT:
-            if (parse_u64("--kv-hold-timeout-ms", optarg, 1, 86400000ULL, &cfg->kv_hold_timeout_ms))
+            if (parse_u64(name, optarg, 1, 86400000ULL, &cfg->kv_hold_timeout_ms))
                 return -1;
             break;
         case OPT_BOOT_TIMEOUT:
