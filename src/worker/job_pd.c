@@ -219,7 +219,7 @@ void wk__job_pd_start(wk_job_t *job)
         if (rq->vllm_leg == WK_VLLM_NIXL_DECODE && rq->lease_port > 0 && rq->n_items > 0 &&
             wk_vllm_hb_start(&job->hb, w->loop, rq->items[0].boot_host, rq->lease_port,
                              rq->vllm_rid, w->cfg.kv_hold_timeout_ms) != 0)
-            job->hb = NULL; /* no heartbeats: the prefill's lease alone decides */
+            job->hb = NULL;       /* no heartbeats: the prefill's lease alone decides */
         wk__job_cache_match(job); /* what a follow-up turn finds of its earlier turns */
         job_reserve(job, decode_offer, on_decode_slots);
         return;

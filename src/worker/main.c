@@ -204,7 +204,7 @@ static const struct option long_opts[] = {
     {"protocol", required_argument, NULL, OPT_PROTOCOL},
     {"kv-lease-ms", required_argument, NULL, OPT_HOLD_TIMEOUT},
     {"kv-hold-timeout-ms", required_argument, NULL, OPT_HOLD_TIMEOUT}, /* its older name */
-    {"kv-secret-file", required_argument, NULL, OPT_KV_SECRET_FILE}, /* KV bootstrap auth */
+    {"kv-secret-file", required_argument, NULL, OPT_KV_SECRET_FILE},   /* KV bootstrap auth */
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
