@@ -90,7 +90,7 @@ static void usage(FILE *f)
             "  --kv-secret-file FILE        shared secret of the engines allowed to exchange KV\n"
             "                               (16..1024 bytes; one trailing newline ignored):\n"
             "                               HMAC challenge-response before any KV handshake\n"
-            "                               (default: none, a warning is logged)\n",
+            "                               (default: none; logged, a warning beyond loopback)\n",
             wk_mode_name(d.mode), d.host, d.port, d.bootstrap_port, d.model_name,
             (unsigned long long)d.prefill_us_per_token, (unsigned long long)d.decode_us_per_token,
             d.max_batch, d.max_queue, (unsigned long long)d.bootstrap_timeout_ms,
