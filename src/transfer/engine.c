@@ -909,11 +909,9 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
     log_info(BATON__LOG, "engine_started id=%s incarnation=%016llx transports=%s kv_auth=%s",
              eng->engine_id, (unsigned long long)eng->incarnation, tps,
              eng->secret_len ? "hmac-sha256" : "off");
-    /* Without a secret, a bootstrap port other hosts can reach is a real exposure (a warning);
-     * one on loopback, or none at all, is the single-machine default (info). */
+    /* no secret: a warning when other hosts can reach the bootstrap port, else (loopback) info */
     const char *lh = cfg->listen_host;
-    int exposed = lh != NULL && strncmp(lh, "127.", 4) != 0 && strcmp(lh, "::1") != 0 &&
-                  strcmp(lh, "localhost") != 0;
+    int exposed = lh && strncmp(lh, "127.", 4) && strcmp(lh, "::1") && strcmp(lh, "localhost");
     if (eng->secret_len == 0)
         baton_log(exposed ? BATON_LOG_WARN : BATON_LOG_INFO, BATON__LOG,
                   "kv_auth_disabled id=%s reason=\"no shared secret configured: any "
