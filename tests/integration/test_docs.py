@@ -164,10 +164,20 @@ def run_libbaton_install(cmd, ctx):
         ctx.libdir = sh("pkg-config --variable=libdir baton", env=env).strip()
         return
     env["LIBDIR"] = getattr(ctx, "libdir", "")
-    sh(cmd + " -o my_engine", cwd=ctx.tmp, env=env)
+    sh(cmd + " -o my_engine" + sanitizer_flags(), cwd=ctx.tmp, env=env)
     out = subprocess.run([os.path.join(ctx.tmp, "my_engine")], capture_output=True, text=True,
                          timeout=30)
     assert "usage" in (out.stdout + out.stderr).lower(), out
+
+
+def sanitizer_flags():
+    """A sanitizer build's libbaton needs its runtime in the program linked with it too."""
+    try:
+        with open(os.path.join(BUILD_DIR, "CMakeCache.txt")) as f:
+            on = re.search(r"^BATON_SANITIZE:BOOL=ON$", f.read(), re.M) is not None
+    except OSError:
+        on = False
+    return " -fsanitize=address,undefined" if on else ""
 
 
 def run_help(cmd, ctx):
