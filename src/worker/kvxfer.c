@@ -362,6 +362,9 @@ int wk_kv_create(wk_kv_t **kv_p, uv_loop_t *loop, const wk_kv_cfg_t *cfg, baton_
     if (cfg->prefill) {
         xc.listen_host = cfg->listen_host;
         xc.listen_port = cfg->listen_port;
+        xc.max_pending_conns = cfg->max_pending;
+        xc.max_pending_per_addr = cfg->max_pending_per_addr;
+        xc.pending_buffer_bytes = cfg->pending_buffer_bytes;
     }
     uint8_t secret[BATON_XFER_SECRET_MAX + 1];
     if (cfg->secret_file != NULL) {

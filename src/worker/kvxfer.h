@@ -48,6 +48,9 @@ typedef struct wk_kv_cfg_s {
     uint64_t timeout_ms;          /* prefill: how long an offer waits for its request (+ grace) */
     uint32_t fault_corrupt_every; /* prefill, tests only: corrupt one byte of every Nth room */
     const char *secret_file; /* the engines' shared secret (baton_xfer_config_t.secret); NULL */
+    /* prefill: the listener's pending bounds (baton_xfer_config_t's; 0 keeps its default) */
+    uint32_t max_pending, max_pending_per_addr;
+    uint64_t pending_buffer_bytes;
 } wk_kv_cfg_t;
 
 /* The prompt of one room: token ids (copied), their count, and the text seed. */

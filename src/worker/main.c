@@ -82,11 +82,17 @@ static void usage(FILE *f)
             "  --kv-hold-timeout-ms MS      vllm-nixl prefill: held KV pages are released when\n"
             "                               no decode pulled them this long (default %llu)\n"
             "\n"
-            "KV bootstrap authentication (issue 11; docs/SECURITY.md):\n"
+            "KV bootstrap authentication (docs/SECURITY.md):\n"
             "  --kv-secret-file FILE        shared secret of the engines allowed to exchange KV\n"
             "                               (16..1024 bytes; one trailing newline ignored):\n"
             "                               HMAC challenge-response before any KV handshake\n"
-            "                               (default: none, a warning is logged)\n",
+            "                               (default: none, a warning is logged). Read at start\n"
+            "                               in every mode: an unreadable file is an error\n"
+            "  --kv-max-pending N           prefill: KV connections not through their handshake\n"
+            "                               held at once; more are closed (default 512)\n"
+            "  --kv-max-pending-per-addr N  the same, per peer address (default 64)\n"
+            "  --kv-pending-buffer-bytes N  prefill: read buffers of those connections together\n"
+            "                               (default 8388608)\n",
             wk_mode_name(d.mode), d.host, d.port, d.bootstrap_port, d.model_name,
             (unsigned long long)d.prefill_us_per_token, (unsigned long long)d.decode_us_per_token,
             d.max_batch, d.max_queue, (unsigned long long)d.bootstrap_timeout_ms,
@@ -151,6 +157,9 @@ enum {
     OPT_PROTOCOL, /* vLLM PD protocols (issue 12) */
     OPT_HOLD_TIMEOUT,
     OPT_KV_SECRET_FILE, /* KV bootstrap authentication */
+    OPT_KV_MAX_PENDING, /* the KV listener's bounds before a handshake ends */
+    OPT_KV_MAX_PENDING_ADDR,
+    OPT_KV_PENDING_BYTES,
 };
 
 /* --register: kept here, not in wk_config_t, since only main() uses them. */
@@ -200,6 +209,9 @@ static const struct option long_opts[] = {
     {"protocol", required_argument, NULL, OPT_PROTOCOL},
     {"kv-hold-timeout-ms", required_argument, NULL, OPT_HOLD_TIMEOUT},
     {"kv-secret-file", required_argument, NULL, OPT_KV_SECRET_FILE}, /* KV bootstrap auth */
+    {"kv-max-pending", required_argument, NULL, OPT_KV_MAX_PENDING},
+    {"kv-max-pending-per-addr", required_argument, NULL, OPT_KV_MAX_PENDING_ADDR},
+    {"kv-pending-buffer-bytes", required_argument, NULL, OPT_KV_PENDING_BYTES},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -422,8 +434,23 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
         case OPT_TLS_CLIENT_CA:
             tls_opts.ca_file = optarg;
             break;
-        case OPT_KV_SECRET_FILE: /* read when the KV engine starts (kvxfer.c) */
+        case OPT_KV_SECRET_FILE: /* read when the worker starts, in every mode (worker.c) */
             cfg->kv_secret_file = optarg;
+            break;
+        case OPT_KV_MAX_PENDING:
+            if (parse_u64("--kv-max-pending", optarg, 1, 1000000, &v))
+                return -1;
+            cfg->kv_max_pending = (uint32_t)v;
+            break;
+        case OPT_KV_MAX_PENDING_ADDR:
+            if (parse_u64("--kv-max-pending-per-addr", optarg, 1, 1000000, &v))
+                return -1;
+            cfg->kv_max_pending_per_addr = (uint32_t)v;
+            break;
+        case OPT_KV_PENDING_BYTES:
+            if (parse_u64("--kv-pending-buffer-bytes", optarg, 65536, 1ULL << 40,
+                          &cfg->kv_pending_buffer_bytes))
+                return -1;
             break;
         case 'h':
             usage(stdout);

@@ -211,6 +211,9 @@ int wk_worker_init(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
         kc.timeout_ms = cfg->bootstrap_timeout_ms;
         kc.fault_corrupt_every = cfg->fault_corrupt_kv_every;
         kc.secret_file = cfg->kv_secret_file;
+        kc.max_pending = cfg->kv_max_pending;
+        kc.max_pending_per_addr = cfg->kv_max_pending_per_addr;
+        kc.pending_buffer_bytes = cfg->kv_pending_buffer_bytes;
         /* logs "bootstrap_listening addr=H:P" (libbaton) once the prefill listens */
         rc = wk_kv_create(&w->kv, loop, &kc, w->metrics);
         if (rc != 0) {
