@@ -5,12 +5,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <uv.h>
 
 #include "baton/error.h"
+#include "common/fd_limit.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "router/load_poll.h"
@@ -579,22 +579,16 @@ static void destroy_shared(app_t *app)
  */
 static void raise_fd_limit(baton_config_t *cfg, unsigned n_threads)
 {
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    baton_fd_limit_t fl;
+    if (baton_fd_limit_raise(&fl) != 0) {
         log_warn("router", "fd_limit_unknown");
         return;
     }
-    rlim_t before = rl.rlim_cur;
-    if (rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
-            getrlimit(RLIMIT_NOFILE, &rl);
-    }
-    rlim_t cap = rl.rlim_cur == RLIM_INFINITY ? (rlim_t)1 << 30 : rl.rlim_cur;
-    rlim_t share = cap / 2 / (n_threads ? n_threads : 1);
+    uint64_t cap = fl.soft;
+    uint64_t share = cap / 2 / (n_threads ? n_threads : 1);
     if (share < 1)
         share = 1;
-    if ((rlim_t)cfg->limits.max_connections > share) {
+    if ((uint64_t)cfg->limits.max_connections > share) {
         log_warn("router",
                  "max_connections_lowered from=%u to=%llu reason=\"descriptor limit %llu: half "
                  "of it for client connections\"",
@@ -603,7 +597,7 @@ static void raise_fd_limit(baton_config_t *cfg, unsigned n_threads)
     }
     log_info("router",
              "fd_limit soft_before=%llu soft=%llu hard=%llu max_connections=%u threads=%u",
-             (unsigned long long)before, (unsigned long long)cap, (unsigned long long)rl.rlim_max,
+             (unsigned long long)fl.before, (unsigned long long)cap, (unsigned long long)fl.hard,
              cfg->limits.max_connections, n_threads);
 }
 

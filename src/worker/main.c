@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "baton/error.h"
+#include "common/fd_limit.h"
 #include "common/log.h"
 #include "worker/register.h"
 #include "http/tls.h"
@@ -627,6 +628,15 @@ int main(int argc, char **argv)
         return rc > 0 ? 0 : 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    /* Descriptors: the KV bootstrap port and the HTTP port share them; the KV listener caps
+     * what it holds for peers not through their handshake (--kv-max-pending). */
+    baton_fd_limit_t fl;
+    if (baton_fd_limit_raise(&fl) == 0)
+        log_info(COMP, "fd_limit soft_before=%llu soft=%llu hard=%llu",
+                 (unsigned long long)fl.before, (unsigned long long)fl.soft,
+                 (unsigned long long)fl.hard);
+    else
+        log_warn(COMP, "fd_limit_unknown");
     if (tls_opts.cert_file || tls_opts.key_file || tls_opts.ca_file) {
         char err[512] = "";
         if (baton_tls_create(&cfg.tls, BATON_TLS_SERVER, &tls_opts, err, sizeof(err)) != 0) {

@@ -152,9 +152,6 @@ def test_flood_keeps_http_serving():
         argv = ["sh", "-c", 'ulimit -Sn 1024 && exec "$@"', "sh", exe, "--mode", "prefill",
                 "--host", harness.HOST, "--port", "0", "--bootstrap-port", "0", *FAST]
         p = c.start("prefill", argv, wait=("http", "bootstrap"))
-        with open(f"/proc/{p.p.pid}/limits") as f:
-            soft = [ln.split()[3] for ln in f if ln.startswith("Max open files")][0]
-        assert soft == "unlimited" or int(soft) > 1024, f"soft descriptor limit {soft}"
         d = c.worker("decode", *FAST)
         boot = p.wait_port("bootstrap")
         r = c.router("--prefill", harness.url(p.port), str(boot), "--decode", harness.url(d.port))
@@ -174,6 +171,9 @@ def test_flood_keeps_http_serving():
         finally:
             for s in socks:
                 s.close()
+        with open(f"/proc/{p.p.pid}/limits") as f:
+            soft = [ln.split()[3] for ln in f if ln.startswith("Max open files")][0]
+        assert soft == "unlimited" or int(soft) > 1024, f"soft descriptor limit {soft}"
         time.sleep(1.2)  # the next line in a later second carries the suppression summary
         s = connect(boot)
         s.close()
