@@ -73,6 +73,10 @@ typedef struct wk_kv_prompt_s {
  * addr=H:P`), the page region and the metrics. Returns 0 or an error (logged). */
 int wk_kv_create(wk_kv_t **kv_p, uv_loop_t *loop, const wk_kv_cfg_t *cfg, baton_metrics_t *metrics);
 int wk_kv_listen_port(const wk_kv_t *kv);
+/* Reads the KV bootstrap secret file as wk_kv_create would: 0, or BATON_EINVAL (logged). The
+ * worker checks it at start in every mode, so that a named secret that cannot be used stops a
+ * regular worker too instead of leaving it silently without one. */
+int wk_kv_secret_check(const char *path);
 /* The libbaton engine's id (vLLM's remote_engine_id), "" before the engine exists. */
 const char *wk_kv_engine_id(const wk_kv_t *kv);
 uint32_t wk_kv_pool_slots(const wk_kv_t *kv);

@@ -172,6 +172,10 @@ int wk_worker_init(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
     baton_list_init(&w->deadlines);
     w->loop = loop;
     w->cfg = *cfg;
+    if (cfg->kv_secret_file != NULL && wk_kv_secret_check(cfg->kv_secret_file) != 0) {
+        log_error(COMP, "start_failed what=kv_secret_file mode=%s", wk_mode_name(cfg->mode));
+        return BATON_EINVAL;
+    }
     w->started_at = (long long)time(NULL);
     w->id_salt = uv_hrtime() ^ ((uint64_t)uv_os_getpid() << 32);
     wk_sched_cfg_t sc = {
