@@ -293,6 +293,23 @@ static int allowed(const baton__conn_t *c, int type)
     }
 }
 
+int baton__conn_next_frame(const baton__conn_t *c, const uint8_t *at, size_t len,
+                           baton__frame_t *f, size_t *consumed, const char **why)
+{
+    /* The header first: a frame this state does not take is refused before a byte of its body
+     * is buffered (every frame allowed before UP is a small handshake frame). */
+    uint8_t type = 0;
+    uint32_t length = 0;
+    int rc = baton__frame_head(at, len, &type, &length, why);
+    if (rc != 0)
+        return rc;
+    if (!allowed(c, type)) {
+        f->type = type;
+        return 2;
+    }
+    return baton__frame_decode(at, len, f, consumed, why);
+}
+
 /* Returns 0, 1 when the connection object is gone (became a lane), or an error. */
 static int dispatch(baton__conn_t *c, const baton__frame_t *f, const uint8_t *rest, size_t rest_len,
                     const char **why)
@@ -373,16 +390,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         baton__frame_t f;
         size_t consumed = 0;
         const char *why = NULL;
-        /* The header first: a frame this state does not take is refused before a byte of its
-         * body is buffered (every frame allowed before UP is a small handshake frame). */
-        uint8_t type = 0;
-        uint32_t length = 0;
-        const uint8_t *at = (const uint8_t *)c->rbuf.data + off;
-        int rc = baton__frame_head(at, c->rbuf.len - off, &type, &length, &why);
-        if (rc == 0 && allowed(c, type))
-            rc = baton__frame_decode(at, c->rbuf.len - off, &f, &consumed, &why);
-        else if (rc == 0)
-            f.type = type;
+        int rc = baton__conn_next_frame(c, (const uint8_t *)c->rbuf.data + off,
+                                        c->rbuf.len - off, &f, &consumed, &why);
         if (rc == 1)
             break;
         if (rc < 0) {
@@ -392,7 +401,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             baton__conn_fail(c, BATON_EPROTO, msg);
             return;
         }
-        if (!allowed(c, f.type)) {
+        if (rc == 2) {
             if (c->eng->secret_len > 0 && !c->authed && c->role == BATON__ROLE_PREFILL &&
                 (c->state == BATON__CONN_PENDING || c->state == BATON__CONN_AUTH)) {
                 /* A peer that has not proved the secret gets nothing, whatever it sends. */

@@ -479,6 +479,11 @@ void baton__conn_send(baton__conn_t *conn, baton_buf_t *buf);
  * (decode rooms after the fence) with `status`. */
 void baton__conn_fail(baton__conn_t *conn, int status, const char *why);
 void baton__conn_tick(baton__conn_t *conn, uint64_t now);
+/* The next frame at at[0..len) of conn's read buffer, judged by conn's state: 1 incomplete, 0
+ * decoded (*consumed set), 2 a type this state does not take (f->type set, judged from the
+ * header alone: nothing of its body needs to have arrived), or baton__frame_decode's errors. */
+int baton__conn_next_frame(const baton__conn_t *conn, const uint8_t *at, size_t len,
+                           baton__frame_t *f, size_t *consumed, const char **why);
 void baton__listener_accept(uv_stream_t *server, int status);
 
 /* ---- ctrl_admit.c ------------------------------------------------------------------------ */
