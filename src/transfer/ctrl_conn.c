@@ -192,8 +192,12 @@ void baton__conn_fail(baton__conn_t *c, int status, const char *why)
         /* ctrl_auth.c / ctrl_admit.c's callers logged the refusal, rate-limited: an outsider can
          * repeat it at will. */
         log_debug(BATON__LOG, "conn_closed peer=%s reason=\"%s\"", c->addr, why);
-    } else if (prev == BATON__CONN_PENDING || status == BATON_ESHUTDOWN) {
+    } else if (status == BATON_ESHUTDOWN) {
         log_info(BATON__LOG, "conn_closed peer=%s reason=\"%s\"", c->addr, why);
+    } else if (prev == BATON__CONN_PENDING || prev == BATON__CONN_AUTH) {
+        /* Anyone who reaches the port can open and drop connections at will. */
+        baton_log_limited(BATON_LOG_INFO, 10, BATON__LOG, "conn_closed",
+                          "conn_closed peer=%s reason=\"%s\"", c->addr, why);
     } else {
         log_warn(BATON__LOG,
                  "peer_down role=%s peer=%s id=%s incarnation=%016llx state=%s err=%s "
