@@ -62,8 +62,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             size_t consumed = 0;
             int rc = baton__conn_next_frame(c, (const uint8_t *)c->rbuf.data + off,
                                             c->rbuf.len - off, &f, &consumed, &why);
-            if (rc == 1)
+            if (rc == 1) {
+                /* Waiting for more: only ever for the body of a frame this state takes. */
+                uint8_t type;
+                uint32_t length;
+                if (c->rbuf.len - off >= BATON__FRAME_HDR) {
+                    CHECK(baton__frame_head((const uint8_t *)c->rbuf.data + off,
+                                            c->rbuf.len - off, &type, &length, &why) == 0);
+                    CHECK(type == BATON__F_HELLO || type == BATON__F_AUTH ||
+                          type == BATON__F_LANE_HELLO);
+                    CHECK(length <= HELLO_BODY_MAX);
+                }
                 break;
+            }
             if (rc != 0) { /* malformed or not taken in this state: closed */
                 CHECK(rc == 2 || rc == BATON_EPROTO || rc == BATON_ETOOBIG);
                 open = 0;
