@@ -739,6 +739,12 @@ int main(int argc, char **argv)
         destroy_shared(&app);
         return 2;
     }
+    /* Listen once etcd's worker set is here: a new replica's first answer is already
+     * consistent with the others. etcd down: start after the time-out with what it has. */
+    uint64_t list_wait_ms = app.cfg.registry_timeout_ms ? app.cfg.registry_timeout_ms : 2000;
+    if (app.etcd_sync != NULL && !baton_etcd_sync_wait_listed(app.etcd_sync, list_wait_ms))
+        log_warn("router", "registry_not_read_yet waited_ms=%llu action=\"listening anyway\"",
+                 (unsigned long long)list_wait_ms);
     uv_mutex_init(&app.lock);
     app.n_threads = app.cfg.threads ? app.cfg.threads : 1;
     app.threads = calloc(app.n_threads, sizeof(*app.threads));
