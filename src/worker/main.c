@@ -39,6 +39,10 @@ static void usage(FILE *f)
             "  --decode-us-per-token US     cost of one decode step (default %llu)\n"
             "  --max-batch N                running sequences at most (default %u)\n"
             "  --max-queue N                waiting sequences at most; more get 503 (default %u)\n"
+            "  --max-body-bytes N           request body at most; larger get 413 (default 64 MiB)\n"
+            "  --max-buffered-bytes N       request bodies being read plus answers queued to\n"
+            "                               clients; bodies past it wait (default 256 MiB)\n"
+            "  --max-connections N          HTTP connections at once; more get 503 (default 4096)\n"
             "  --bootstrap-timeout-ms MS    rendezvous deadline on both sides (default %llu)\n"
             "  --log-level LEVEL            debug | info | warn | error (default info)\n"
             "  --tls-cert FILE              serve HTTPS: certificate chain (PEM, leaf first)\n"
@@ -161,6 +165,9 @@ enum {
     OPT_KV_MAX_PENDING, /* the KV listener's bounds before a handshake ends */
     OPT_KV_MAX_PENDING_ADDR,
     OPT_KV_PENDING_BYTES,
+    OPT_MAX_BODY_BYTES, /* the HTTP port's bounds */
+    OPT_MAX_BUFFERED_BYTES,
+    OPT_MAX_CONNECTIONS,
 };
 
 /* --register: kept here, not in wk_config_t, since only main() uses them. */
@@ -213,6 +220,9 @@ static const struct option long_opts[] = {
     {"kv-max-pending", required_argument, NULL, OPT_KV_MAX_PENDING},
     {"kv-max-pending-per-addr", required_argument, NULL, OPT_KV_MAX_PENDING_ADDR},
     {"kv-pending-buffer-bytes", required_argument, NULL, OPT_KV_PENDING_BYTES},
+    {"max-body-bytes", required_argument, NULL, OPT_MAX_BODY_BYTES},
+    {"max-buffered-bytes", required_argument, NULL, OPT_MAX_BUFFERED_BYTES},
+    {"max-connections", required_argument, NULL, OPT_MAX_CONNECTIONS},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -447,6 +457,20 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
             if (parse_u64("--kv-max-pending-per-addr", optarg, 1, 1000000, &v))
                 return -1;
             cfg->kv_max_pending_per_addr = (uint32_t)v;
+            break;
+        case OPT_MAX_BODY_BYTES:
+            if (parse_u64("--max-body-bytes", optarg, 1024, 1ULL << 40, &cfg->max_body_bytes))
+                return -1;
+            break;
+        case OPT_MAX_BUFFERED_BYTES:
+            if (parse_u64("--max-buffered-bytes", optarg, 1ULL << 20, 1ULL << 42,
+                          &cfg->max_buffered_bytes))
+                return -1;
+            break;
+        case OPT_MAX_CONNECTIONS:
+            if (parse_u64("--max-connections", optarg, 1, 1000000, &v))
+                return -1;
+            cfg->max_connections = (unsigned)v;
             break;
         case OPT_KV_PENDING_BYTES:
             if (parse_u64("--kv-pending-buffer-bytes", optarg, 65536, 1ULL << 40,

@@ -21,6 +21,9 @@ void wk_config_default(wk_config_t *cfg)
     cfg->mode = WK_MODE_REGULAR;
     cfg->host = "127.0.0.1";
     cfg->port = 30000;
+    cfg->max_body_bytes = 64u << 20;
+    cfg->max_buffered_bytes = 256u << 20;
+    cfg->max_connections = 4096;
     cfg->bootstrap_port = 8998;
     cfg->model_name = "baton-sim";
     cfg->prefill_us_per_token = 20;
@@ -144,6 +147,11 @@ static void metrics_init(wk_worker_t *w)
     f = baton_metrics_gauge(w->metrics, "baton_worker_inflight_requests",
                             "HTTP generation requests in flight.", 0, NULL);
     w->m_inflight = baton_metric_child(f, NULL);
+    f = baton_metrics_gauge(w->metrics, "baton_worker_buffered_bytes",
+                            "HTTP request-body bytes being read plus answer bytes queued to "
+                            "clients; request bodies wait past --max-buffered-bytes.",
+                            0, NULL);
+    w->m_buffered = baton_metric_child(f, NULL);
     /* prefix cache (job_cache.c) */
     f = baton_metrics_counter(w->metrics, "baton_worker_cache_hit_tokens_total",
                               "Prompt tokens found in the prefix cache (not computed again).", 0,
