@@ -8,7 +8,6 @@ rate-limited."""
 
 import os
 import socket
-import struct
 import sys
 import time
 
@@ -16,14 +15,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import Cluster, get, post, wait_until  # noqa: E402
 
+from kv_attacks import F_HELLO, F_OFFER, HELLO_MAX, header  # noqa: E402
+
 FAST = ("--prefill-us-per-token", "10", "--decode-us-per-token", "200")
-MAGIC = 0x4E544142
-F_HELLO, F_OFFER = 1, 2
-HELLO_MAX = 37 + 64 + 4 * (3 + 4096)  # ctrl_frame.c's bound for a HELLO body
-
-
-def header(ftype, length):
-    return struct.pack("<IHBBII", MAGIC, 1, ftype, 0, length, 0)
 
 
 def metric(port, name):
