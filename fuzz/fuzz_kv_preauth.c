@@ -12,7 +12,7 @@
 
 /* The largest frame a pending connection may send (a HELLO with four transport blobs), one
  * read step on top, then baton_buf_reserve's doubling. */
-#define HELLO_BODY_MAX (37 + BATON__ID_MAX + BATON__HELLO_MAX_TP * (3 + BATON__BLOB_MAX))
+#define HELLO_BODY_MAX  (37 + BATON__ID_MAX + BATON__HELLO_MAX_TP * (3 + BATON__BLOB_MAX))
 #define PENDING_CAP_MAX (2 * (BATON__FRAME_HDR + HELLO_BODY_MAX + 4096))
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -67,8 +67,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 uint8_t type;
                 uint32_t length;
                 if (c->rbuf.len - off >= BATON__FRAME_HDR) {
-                    CHECK(baton__frame_head((const uint8_t *)c->rbuf.data + off,
-                                            c->rbuf.len - off, &type, &length, &why) == 0);
+                    CHECK(baton__frame_head((const uint8_t *)c->rbuf.data + off, c->rbuf.len - off,
+                                            &type, &length, &why) == 0);
                     CHECK(type == BATON__F_HELLO || type == BATON__F_AUTH ||
                           type == BATON__F_LANE_HELLO);
                     CHECK(length <= HELLO_BODY_MAX);

@@ -297,8 +297,8 @@ static int allowed(const baton__conn_t *c, int type)
     }
 }
 
-int baton__conn_next_frame(const baton__conn_t *c, const uint8_t *at, size_t len,
-                           baton__frame_t *f, size_t *consumed, const char **why)
+int baton__conn_next_frame(const baton__conn_t *c, const uint8_t *at, size_t len, baton__frame_t *f,
+                           size_t *consumed, const char **why)
 {
     /* The header first: a frame this state does not take is refused before a byte of its body
      * is buffered (every frame allowed before UP is a small handshake frame). */
@@ -394,8 +394,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         baton__frame_t f;
         size_t consumed = 0;
         const char *why = NULL;
-        int rc = baton__conn_next_frame(c, (const uint8_t *)c->rbuf.data + off,
-                                        c->rbuf.len - off, &f, &consumed, &why);
+        int rc = baton__conn_next_frame(c, (const uint8_t *)c->rbuf.data + off, c->rbuf.len - off,
+                                        &f, &consumed, &why);
         if (rc == 1)
             break;
         if (rc < 0) {
