@@ -12,7 +12,8 @@ front of a prefill / decode pair, while normal traffic goes through it:
 
 Checks: every normal request succeeds; the router's RSS stays within its RSS at start + the
 64 MiB budget + ROUTER_SLACK_MIB; the prefill's within its start + the KV pending budget
-(8 MiB) + WORKER_SLACK_MIB. Peak figures are printed.
+(8 MiB) + WORKER_SLACK_MIB (not in sanitizer builds, whose allocator keeps freed memory). Peak
+figures are printed.
 """
 
 import json
@@ -244,6 +245,11 @@ def test_soak_attacks():
             print(f"  hostile-worker attacks not run: {why_not}", flush=True)
         assert not counts["failed"], counts["failed"][:5]
         assert counts["ok"] >= 4, counts
+        if harness.sanitized():
+            # ASan keeps freed memory in quarantine (256 MiB) and adds redzones: RSS says
+            # nothing about what the process holds there; the run still checks for errors.
+            print("  sanitizer build: RSS bounds not checked", flush=True)
+            return
         assert peaks["router"] <= rss_r0 + BUDGET / MIB + ROUTER_SLACK_MIB, peaks
         assert peaks["prefill"] <= rss_p0 + 8 + WORKER_SLACK_MIB, peaks
         if hostile is not None:
