@@ -51,6 +51,7 @@ static void usage(FILE *f)
             "  --cache-tokens N             prefix cache capacity in tokens, every mode; 0 = off\n"
             "                               (default %llu)\n"
             "  -h, --help                   this text\n"
+            "  --version                    print the version and exit\n"
             "\n"
             "KV cache and hand-off (prefill and decode modes):\n"
             "  --model-preset NAME          %s (default %s)\n"
@@ -81,18 +82,21 @@ static void usage(FILE *f)
             "  --register-cert FILE         etcds://: client certificate for etcd's\n"
             "  --register-key FILE          --client-cert-auth, and its key (SIGHUP reloads)\n"
             "\n"
-            "vLLM PD protocols (issue 12; docs/PROTOCOLS.md):\n"
+            "vLLM PD protocols (docs/PROTOCOLS.md):\n"
             "  --protocol P                 sglang | vllm-nixl | vllm-mooncake: the PD fields\n"
             "                               accepted and returned (default sglang)\n"
-            "  --kv-hold-timeout-ms MS      vllm-nixl prefill: held KV pages are released when\n"
-            "                               no decode pulled them this long (default %llu)\n"
+            "  --kv-lease-ms MS             vllm-nixl: vLLM's kv_lease_duration. The prefill\n"
+            "                               holds a sequence's KV this long after its answer;\n"
+            "                               the decode's heartbeats (every MS/6 while it waits\n"
+            "                               for the KV) extend it to 2/3 MS from then\n"
+            "                               (default %llu; also --kv-hold-timeout-ms)\n"
             "\n"
             "KV bootstrap authentication (docs/SECURITY.md):\n"
             "  --kv-secret-file FILE        shared secret of the engines allowed to exchange KV\n"
             "                               (16..1024 bytes; one trailing newline ignored):\n"
             "                               HMAC challenge-response before any KV handshake\n"
-            "                               (default: none, a warning is logged). Read at start\n"
-            "                               in every mode: an unreadable file is an error\n"
+            "                               (default: none; logged, a warning beyond loopback).\n"
+            "                               Read at start in every mode: unreadable is an error\n"
             "  --kv-max-pending N           prefill: KV connections not through their handshake\n"
             "                               held at once; more are closed (default 512)\n"
             "  --kv-max-pending-per-addr N  the same, per peer address (default 64)\n"
@@ -146,7 +150,7 @@ enum {
     OPT_TRANSPORT,
     OPT_LAYERWISE,
     OPT_FAULT_CORRUPT,
-    /* --register (issue 14) */
+    OPT_VERSION,
     OPT_REGISTER,
     OPT_REGISTER_TTL,
     OPT_REGISTER_URL,
@@ -159,7 +163,7 @@ enum {
     OPT_TLS_KEY,
     OPT_TLS_CLIENT_CA,
     OPT_CACHE_TOKENS,
-    OPT_PROTOCOL, /* vLLM PD protocols (issue 12) */
+    OPT_PROTOCOL, /* vLLM PD protocols */
     OPT_HOLD_TIMEOUT,
     OPT_KV_SECRET_FILE, /* KV bootstrap authentication */
     OPT_KV_MAX_PENDING, /* the KV listener's bounds before a handshake ends */
@@ -215,8 +219,9 @@ static const struct option long_opts[] = {
     {"tls-key", required_argument, NULL, OPT_TLS_KEY},
     {"tls-client-ca", required_argument, NULL, OPT_TLS_CLIENT_CA},
     {"protocol", required_argument, NULL, OPT_PROTOCOL},
-    {"kv-hold-timeout-ms", required_argument, NULL, OPT_HOLD_TIMEOUT},
-    {"kv-secret-file", required_argument, NULL, OPT_KV_SECRET_FILE}, /* KV bootstrap auth */
+    {"kv-lease-ms", required_argument, NULL, OPT_HOLD_TIMEOUT},
+    {"kv-hold-timeout-ms", required_argument, NULL, OPT_HOLD_TIMEOUT}, /* its older name */
+    {"kv-secret-file", required_argument, NULL, OPT_KV_SECRET_FILE},   /* KV bootstrap auth */
     {"kv-max-pending", required_argument, NULL, OPT_KV_MAX_PENDING},
     {"kv-max-pending-per-addr", required_argument, NULL, OPT_KV_MAX_PENDING_ADDR},
     {"kv-pending-buffer-bytes", required_argument, NULL, OPT_KV_PENDING_BYTES},
@@ -224,6 +229,7 @@ static const struct option long_opts[] = {
     {"max-buffered-bytes", required_argument, NULL, OPT_MAX_BUFFERED_BYTES},
     {"max-connections", required_argument, NULL, OPT_MAX_CONNECTIONS},
     {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
 };
 
@@ -342,7 +348,7 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
             break;
         }
         case OPT_HOLD_TIMEOUT:
-            if (parse_u64("--kv-hold-timeout-ms", optarg, 1, 86400000ULL, &cfg->kv_hold_timeout_ms))
+            if (parse_u64(name, optarg, 1, 86400000ULL, &cfg->kv_hold_timeout_ms))
                 return -1;
             break;
         case OPT_BOOT_TIMEOUT:
@@ -480,8 +486,11 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
         case 'h':
             usage(stdout);
             return 1;
+        case OPT_VERSION:
+            printf("baton-worker %s\n", BATON_VERSION_TEXT);
+            return 1;
         case ':':
-            fprintf(stderr, "baton-worker: %s needs a value\n", name);
+            fprintf(stderr, "baton-worker: %s needs a value (see --help)\n", name);
             return -1;
         default:
             fprintf(stderr, "baton-worker: unknown option '%s' (see --help)\n", name);
@@ -547,12 +556,14 @@ static int start_registration(uv_loop_t *loop, const wk_config_t *cfg)
     char password[256] = "";
     if (register_password_file != NULL) {
         FILE *f = fopen(register_password_file, "r");
+        const char *why = f == NULL ? strerror(errno) : "empty file";
         int ok = f != NULL && fgets(password, sizeof(password), f) != NULL;
         if (f)
             fclose(f);
         if (!ok) {
             free(value);
-            log_error(COMP, "register_failed reason=\"cannot read --register-password-file\"");
+            log_error(COMP, "register_failed reason=\"cannot read %s: %s\"", register_password_file,
+                      why);
             return BATON_EINVAL;
         }
         password[strcspn(password, "\r\n")] = '\0';
@@ -646,11 +657,8 @@ int main(int argc, char **argv)
     wk_config_t cfg;
     wk_config_default(&cfg);
     int rc = parse_args(argc, argv, &cfg);
-    if (rc != 0) {
-        if (rc < 0)
-            usage(stderr);
+    if (rc != 0) /* a usage error was one line naming the flag; --help has the rest */
         return rc > 0 ? 0 : 2;
-    }
     signal(SIGPIPE, SIG_IGN);
     /* Descriptors: the KV bootstrap port and the HTTP port share them; the KV listener caps
      * what it holds for peers not through their handshake (--kv-max-pending). */

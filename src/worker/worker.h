@@ -42,8 +42,8 @@ typedef struct wk_config_s {
     uint64_t cache_tokens;
     /* vLLM PD protocols (issue 12, vllm.h) */
     int protocol;                /* wk_proto_t: sglang (default), vllm-nixl, vllm-mooncake */
-    uint64_t kv_hold_timeout_ms; /* vllm-nixl prefill: held pages released after this */
-    const char *kv_secret_file;      /* KV bootstrap shared secret (file contents); NULL: none */
+    uint64_t kv_hold_timeout_ms; /* vllm-nixl: the lease (vLLM's kv_lease_duration), vllm.h */
+    const char *kv_secret_file;  /* KV bootstrap shared secret (file contents); NULL: none */
     /* The KV listener's bounds on connections not through their handshake (0: libbaton's
      * defaults; baton_xfer_config_t.max_pending_conns and the two after it). */
     uint32_t kv_max_pending, kv_max_pending_per_addr;
