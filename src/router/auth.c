@@ -371,6 +371,7 @@ int baton_auth_rate(baton_auth_t *a, const baton_http_req_t *req, uint64_t now_n
     int ok = baton_token_bucket_take(&slot->tb, a->rate, a->burst, now_ns, &wait_ms);
     pthread_mutex_unlock(&a->rate_lock);
     if (!ok && retry_after_s_p)
-        *retry_after_s_p = (unsigned)((wait_ms + 999) / 1000);
+        *retry_after_s_p =
+            wait_ms ? (unsigned)((wait_ms + 999) / 1000) : 1; /* bounded: token_bucket.h */
     return ok;
 }
