@@ -835,6 +835,13 @@ static int on_message_begin(llhttp_t *p)
 
 static int on_url(llhttp_t *p, const char *at, size_t len)
 {
+    /* RFC 9112 3.2: the request target is visible ASCII (llhttp lets tabs and bytes >= 0x80
+     * through, which a proxy would forward as they came). */
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)at[i] < 0x21 || (unsigned char)at[i] > 0x7e)
+            return fail_cb(p->data, 400,
+                           "malformed HTTP request: invalid byte in the request "
+                           "target");
     return append_arena(p->data, at, len);
 }
 
@@ -903,6 +910,28 @@ static void send_continue(conn_t *c)
     conn_write(c, &b, 1);
 }
 
+/* Whether the request's Transfer-Encoding lines, together, name exactly one coding: chunked
+ * (RFC 9112 6.1: a server that does not implement a coding answers 501; llhttp would read the
+ * body as chunked and ignore the rest). */
+static int te_chunked_only(const baton_http_req_t *r)
+{
+    int n = 0;
+    for (size_t i = 0; i < r->n_headers; i++) {
+        if (strcasecmp(r->headers[i].name, "transfer-encoding") != 0)
+            continue;
+        for (const char *v = r->headers[i].value; *v;) {
+            v += strspn(v, " \t,");
+            size_t len = strcspn(v, " \t,");
+            if (len == 0)
+                continue;
+            if (len != 7 || strncasecmp(v, "chunked", 7) != 0 || ++n > 1)
+                return 0;
+            v += len;
+        }
+    }
+    return n == 1;
+}
+
 static int on_headers_complete(llhttp_t *p)
 {
     conn_t *c = p->data;
@@ -943,6 +972,8 @@ static int on_headers_complete(llhttp_t *p)
 
     int chunked = (p->flags & F_CHUNKED) != 0;
     int has_len = (p->flags & F_CONTENT_LENGTH) != 0;
+    if ((p->flags & F_TRANSFER_ENCODING) && !te_chunked_only(r))
+        return fail_cb(c, 501, "transfer codings other than chunked are not implemented");
     if (has_len && p->content_length > srv->limits.max_body_bytes)
         return fail_cb(c, 413, "request body is too large");
     int want_body = chunked || (has_len && p->content_length > 0);
@@ -1028,6 +1059,8 @@ static void parse_error(conn_t *c, llhttp_errno_t e)
         const char *code = st == 413   ? "request_too_large"
                            : st == 431 ? "request_header_fields_too_large"
                            : st == 505 ? "http_version_not_supported"
+                           : st == 501 ? "not_implemented"
+                           : st == 400 ? "bad_request"
                                        : "internal_error";
         conn_send_error(c, st, c->err_msg, code);
         return;

@@ -579,6 +579,26 @@ static void test_400_garbage(void **state)
     fx_free(fx);
 }
 
+/* RFC 9112: the request target is visible ASCII; a tab, a control byte or a byte >= 0x80 would
+ * reach the handler (and the workers behind a proxy) as-is. Transfer codings other than a lone
+ * "chunked" are not implemented: 501, never a body read with the coding ignored. */
+static void test_400_target_501_coding(void **state)
+{
+    baton_http_limits_t l = limits();
+    run_one_raw(&l, "GET /a\tb HTTP/1.1\r\nHost: t\r\n\r\n", 400, "bad_request");
+    run_one_raw(&l, "GET /a\xff HTTP/1.1\r\nHost: t\r\n\r\n", 400, "bad_request");
+    run_one_raw(&l, "GET /a?q=\x80 HTTP/1.1\r\nHost: t\r\n\r\n", 400, "bad_request");
+    run_one_raw(&l, "GET /a\x7f HTTP/1.1\r\nHost: t\r\n\r\n", 400, "bad_request");
+    run_one_raw(&l,
+                "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+                "0\r\n\r\n",
+                501, "not_implemented");
+    run_one_raw(&l,
+                "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n"
+                "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+                501, "not_implemented");
+}
+
 static void test_431(void **state)
 {
     baton_http_limits_t l = limits();
@@ -1010,6 +1030,7 @@ int main(void)
         cmocka_unit_test(test_pipelined),
         cmocka_unit_test(test_pipeline_backlog),
         cmocka_unit_test(test_400_garbage),
+        cmocka_unit_test(test_400_target_501_coding),
         cmocka_unit_test(test_431),
         cmocka_unit_test(test_413),
         cmocka_unit_test(test_408),
