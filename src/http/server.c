@@ -187,6 +187,8 @@ void baton_http_limits_default(baton_http_limits_t *limits)
     limits->body_timeout_ms = 60000;
     limits->keepalive_timeout_ms = 75000;
     limits->max_connections = 10000;
+    limits->max_buffered_bytes = 0;
+    limits->answer_half_closed = 0;
 }
 
 const char *baton_http_reason(int status)
@@ -1193,6 +1195,18 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     if (nread == UV_ENOBUFS && !c->closing) {
         budget_wait(c);
+        return;
+    }
+    if (nread == UV_EOF && !c->tls && !c->closing && c->srv->limits.answer_half_closed &&
+        !c->in_msg && (c->req_active || c->wq_bytes)) {
+        /* The client half-closed after a whole request: HTTP lets it, so its answer still goes
+         * out, then the connection closes (nothing more can come). A client that is really gone
+         * shows when a write to it fails. */
+        uv_read_stop(s);
+        c->read_stopped = 1;
+        c->keep_alive = 0;
+        if (!c->req_active)
+            conn_close_graceful(c); /* the answer is queued: shut down once it is written */
         return;
     }
     if (nread < 0) {

@@ -51,6 +51,10 @@ typedef struct baton_http_limits_s {
      * hold, shared by every instance given the same budget (baton_http_server_set_budget); 0 in
      * the limits means "derive from memory" to the router and nothing to the server. */
     size_t max_buffered_bytes;
+    /* 1: a client that half-closes (EOF) after a complete request still gets its answer, and
+     * the connection closes after it; a client that is really gone is then noticed when a write
+     * to it fails. 0 (the default): EOF is the client's abort. */
+    unsigned answer_half_closed;
 } baton_http_limits_t;
 
 /* Fills the defaults above. */

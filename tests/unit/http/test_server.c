@@ -754,6 +754,8 @@ static void test_close_with_request_in_flight(void **state)
     fx_free(fx);
 }
 
+static int g_half_close; /* client_stream: shutdown(SHUT_WR) once the request is sent */
+
 static void client_stream(fx_t *fx)
 {
     tconn_t *c = malloc(sizeof(*c));
@@ -761,6 +763,8 @@ static void client_stream(fx_t *fx)
     CHECK(fx, tc_connect(c, fx->port) == 0, "connect");
     CHECK(fx, tc_send(c, "POST /v1/chat HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n") == 0,
           "send");
+    if (g_half_close)
+        CHECK(fx, shutdown(c->fd, SHUT_WR) == 0, "shutdown");
     CHECK(fx, tc_read_head(c, &r) == 0, "head");
     fx->resp[0] = r;
     fx->nresp = 1;
@@ -815,6 +819,46 @@ static void test_streaming_burst(void **state)
         assert_string_equal(fx->chunks[i], want);
     }
     assert_int_equal(fx->stream_ended, 1);
+    assert_int_equal(atomic_load(&fx->aborts), 0);
+    fx_free(fx);
+}
+
+/* A client that sends its whole request and then half-closes (shutdown SHUT_WR, as curl does
+ * over some proxies) still gets its answer, streamed or not, when the server answers half-closed
+ * connections; the connection is closed after that answer. */
+static void client_defer_half_closed(fx_t *fx)
+{
+    tconn_t *c = malloc(sizeof(*c));
+    CHECK(fx, tc_connect(c, fx->port) == 0, "connect");
+    CHECK(fx, tc_send(c, "GET /deferred HTTP/1.1\r\nHost: t\r\n\r\n") == 0, "send");
+    CHECK(fx, shutdown(c->fd, SHUT_WR) == 0, "shutdown");
+    CHECK(fx, tc_read_response(c, &fx->resp[0]) == 0, "response");
+    fx->nresp = 1;
+    fx->eof_clean = tc_wait_eof(c);
+    tc_close(c);
+    free(c);
+}
+
+static void test_half_closed_client_answered(void **state)
+{
+    baton_http_limits_t l = limits();
+    l.answer_half_closed = 1;
+    fx_t *fx = fx_new(&l, M_STREAM);
+    g_half_close = 1;
+    fx_run(fx, client_stream);
+    g_half_close = 0;
+    assert_int_equal(fx->resp[0].status, 200);
+    assert_string_equal(fx->chunks[2], "data: chunk2\n\n");
+    assert_int_equal(fx->stream_ended, 1);
+    assert_int_equal(atomic_load(&fx->aborts), 0);
+    fx_free(fx);
+
+    fx = fx_new(&l, M_DEFER);
+    fx_run(fx, client_defer_half_closed);
+    assert_int_equal(fx->nresp, 1);
+    assert_int_equal(fx->resp[0].status, 200);
+    assert_string_equal(fx->resp[0].body, "/deferred");
+    assert_true(fx->eof_clean);
     assert_int_equal(atomic_load(&fx->aborts), 0);
     fx_free(fx);
 }
@@ -1038,6 +1082,7 @@ int main(void)
         cmocka_unit_test(test_on_abort),
         cmocka_unit_test(test_close_with_request_in_flight),
         cmocka_unit_test(test_streaming_chunks),
+        cmocka_unit_test(test_half_closed_client_answered),
         cmocka_unit_test(test_streaming_burst),
         cmocka_unit_test(test_write_queue_and_drain),
         cmocka_unit_test(test_error_json),
