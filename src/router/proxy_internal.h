@@ -203,7 +203,6 @@ typedef struct preq_s {
     baton_pdreq_lp_t *lp;
     baton_sse_splitter_t sse;
     baton_buf_t held;
-    uint64_t merged_mask;
     baton_buf_t scratch;
 
     /* When the first response byte went to the client; 0 before. Non-zero also tells that the

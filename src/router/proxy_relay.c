@@ -156,7 +156,7 @@ static int stream_event_cb(const char *raw, size_t len, void *arg)
         return baton_buf_append(&pr->held, raw, len) ? BATON_ENOMEM : 0;
     }
     baton_buf_reset(&pr->scratch);
-    int rc = baton_pdreq_merge_event(pr->lp, payload, plen, &pr->merged_mask, &pr->scratch);
+    int rc = baton_pdreq_merge_event(pr->lp, payload, plen, &pr->scratch);
     if (rc > 0) {
         client_write(pr, "data: ", 6);
         client_write(pr, pr->scratch.data, pr->scratch.len);

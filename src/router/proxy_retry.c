@@ -136,7 +136,6 @@ static void abandon_attempt(baton__preq_t *pr, const char *abort_reason)
     }
     pr->bp_paused = 0;
     pr->lp_ready = pr->lp_pass = 0;
-    pr->merged_mask = 0;
     baton_pdreq_lp_free(pr->lp);
     pr->lp = NULL;
     baton_sse_splitter_free(&pr->sse);
