@@ -9,6 +9,7 @@
 
 #include "baton/error.h"
 #include "common/clock.h"
+#include "common/log.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Client responses (each records the request in the metrics)                               */
@@ -177,20 +178,74 @@ static void flush_pending_raw(baton__preq_t *pr)
     }
 }
 
+/* Complete events passed through untouched; those of one upstream read that lie next to each
+ * other go out in one write (`coalesce`: they point into the caller's bytes, which outlive the
+ * feed; events cut from the splitter's own buffer are written one by one before it moves). */
+typedef struct pass_run_s {
+    baton__preq_t *pr;
+    const char *run;
+    size_t len;
+    int coalesce;
+} pass_run_t;
+
+static int pass_event_cb(const char *raw, size_t len, void *arg)
+{
+    pass_run_t *p = arg;
+    if (p->len && raw == p->run + p->len) {
+        p->len += len;
+        return 0;
+    }
+    if (p->len)
+        client_write(p->pr, p->run, p->len);
+    p->run = raw;
+    p->len = len;
+    if (!p->coalesce) {
+        client_write(p->pr, raw, len);
+        p->len = 0;
+    }
+    return 0;
+}
+
+/* The worker's stream holds an event open past --max-sse-event-bytes: the stream ends with an
+ * error event (the partial event is dropped, never written) and the leg is closed. */
+static void event_too_large(baton__preq_t *pr)
+{
+    baton__upstream_t *u = pr->up[UP_MAIN];
+    size_t cap = pr->pl->router->cfg->max_sse_event_bytes;
+    char msg[256];
+    snprintf(msg, sizeof(msg), "%s worker %s streamed an SSE event larger than %zu bytes",
+             baton__side_name(u), u->w->id, cap);
+    log_warn_limited("router", "sse_event_too_large",
+                     "sse_event_too_large route=%s worker=%s held=%zu max=%zu", pr->route,
+                     u->w->url, baton_sse_pending(&pr->sse), cap);
+    baton_sse_splitter_free(&pr->sse);
+    baton__finish_error(pr, 502, msg, "upstream_error", "sse_event_too_large", "router_error");
+}
+
+/*
+ * Decode's (or the regular worker's) stream: only whole events reach the client, so a failure
+ * (an error event) always starts at an event boundary; the bytes of an event not yet complete
+ * wait in pr->sse, at most --max-sse-event-bytes of them.
+ */
 void baton__relay_stream_bytes(baton__preq_t *pr, const char *data, size_t len)
 {
-    int holding = pr->phase == PH_HOLDING;
-    if (pr->mode != MODE_PD || !pr->pd.logprobs || (pr->lp_pass && !holding)) {
-        client_write(pr, data, len);
-        return;
+    int merge = pr->mode == MODE_PD && pr->pd.logprobs && (!pr->lp_pass || pr->phase == PH_HOLDING);
+    int rc;
+    if (merge) {
+        rc = baton_sse_feed(&pr->sse, data, len, stream_event_cb, pr);
+    } else {
+        pass_run_t p = {pr, NULL, 0, baton_sse_pending(&pr->sse) == 0};
+        rc = baton_sse_feed(&pr->sse, data, len, pass_event_cb, &p);
+        if (p.len)
+            client_write(pr, p.run, p.len);
     }
-    if (baton_sse_feed(&pr->sse, data, len, stream_event_cb, pr) < 0) {
+    if (rc < 0) {
         baton__finish_error(pr, 500, "router out of memory while streaming", "server_error",
                             "internal_error", "router_error");
         return;
     }
-    if (pr->lp_pass && pr->phase != PH_HOLDING)
-        flush_pending_raw(pr);
+    if (pr->req && baton_sse_pending(&pr->sse) > pr->pl->router->cfg->max_sse_event_bytes)
+        event_too_large(pr);
 }
 
 void baton__relay_stream_done(baton__preq_t *pr)
@@ -220,8 +275,6 @@ static void release_held(baton__preq_t *pr)
         baton_sse_splitter_free(&tmp);
         baton_buf_free(&held);
     }
-    if (pr->lp_pass)
-        flush_pending_raw(pr);
     if (ended) {
         flush_pending_raw(pr);
         baton__pr_stream_end(pr, 200);

@@ -52,6 +52,9 @@ static void emit_failure(baton__preq_t *pr)
     const char *code = f->kind == FAIL_ERROR ? f->code : "upstream_error";
     int status = f->kind == FAIL_NONE ? 502 : f->status;
     if (streamed) {
+        /* Only whole events went out (proxy_relay.c): the part of one still held is dropped,
+         * so the error event is an event of its own that every SSE parser sees. */
+        baton_sse_splitter_free(&pr->sse);
         baton_buf_t ev = BATON_BUF_INIT;
         if (baton_sse_error_event(&ev, msg, type, code) == 0)
             baton_http_stream_write(pr->req, ev.data, ev.len);

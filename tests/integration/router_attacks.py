@@ -77,6 +77,77 @@ def raw_request(port, raw, timeout=10.0):
     return out
 
 
+def dechunk(raw):
+    """The body of a raw HTTP/1.1 response (chunked or not) and its status: (status, body,
+    complete). A cut chunked body gives what arrived and complete=False."""
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else 0
+    if b"transfer-encoding: chunked" not in head.lower():
+        return status, rest, True
+    body = b""
+    while True:
+        line, sep, rest = rest.partition(b"\r\n")
+        if not sep:
+            return status, body, False
+        n = int(line.split(b";")[0] or b"0", 16)
+        if n == 0:
+            return status, body, True
+        if len(rest) < n + 2:
+            return status, body + rest[:n], False
+        body += rest[:n]
+        rest = rest[n + 2:]
+
+
+def stream_request(port, path, body, timeout=30.0):
+    """POSTs a request and reads the whole answer until the router closes or ends the
+    response: (status, de-chunked body, complete)."""
+    s = socket.create_connection((HOST, port), timeout=timeout)
+    out = b""
+    try:
+        s.sendall(_post_bytes(path, body, extra=b"Connection: close\r\n"))
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            out += d
+    finally:
+        s.close()
+    return dechunk(out)
+
+
+def whatwg_sse_events(body):
+    """The events an EventSource sees in `body`, by the WHATWG HTML "event stream
+    interpretation" algorithm: lines end at CRLF, LF or CR; a blank line dispatches the event
+    (its data lines joined with LF); fields without a colon are names with an empty value; an
+    event not ended by a blank line when the stream ends is discarded. Returns the data
+    strings of the dispatched events that had data."""
+    text = body.decode("utf-8", errors="replace")
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    events, data, i, n = [], [], 0, len(text)
+    while i < n:
+        j = i
+        while j < n and text[j] not in "\r\n":
+            j += 1
+        if j == n:
+            break  # an incomplete line at the end of the stream is never processed
+        line = text[i:j]
+        i = j + 2 if text.startswith("\r\n", j) else j + 1
+        if line == "":
+            if data:
+                events.append("\n".join(data))
+            data = []
+            continue
+        if line.startswith(":"):
+            continue
+        name, colon, value = line.partition(":")
+        if colon and value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            data.append(value)
+    return events
+
+
 # ---- hostile workers: scripts for router_upstream.Upstream ----
 
 def endless_event_script(chunk=64 * 1024, total=64 << 20, ctype_sse=True):

@@ -3,6 +3,7 @@ router_attacks.py): every byte it holds for a peer is bounded, failures reach SS
 error events a real SSE parser sees, half-closed clients are answered, and what a worker says
 about itself stays with the operators."""
 
+import json
 import os
 import sys
 
@@ -36,9 +37,71 @@ def test_half_closed_client_answered():
         assert b'data: {"text": "b"}' in got and got.endswith(b"0\r\n\r\n"), got[-300:]
 
 
+GEN_LP = {"text": "hello", "stream": True, "return_logprob": True,
+          "sampling_params": {"max_new_tokens": 4}}
+
+
+def prefill_lp_script(req, io):
+    io.respond(200, {"text": "", "meta_info": {"input_token_logprobs": [[-1.0, 1, None]]}})
+
+
+def pd_or_regular(c, mode, decode_url, prefill_url, *extra):
+    if mode == "pd":
+        return c.router("--prefill", prefill_url, "--decode", decode_url, "--threads", "1",
+                        "--max-retries", "0", *extra)
+    return c.router("--worker", decode_url, "--threads", "1", "--max-retries", "0", *extra)
+
+
+def test_partial_event_then_close():
+    """The worker closes in the middle of an SSE event: the partial bytes never reach the
+    client, and the error event that follows is an event of its own, seen by a spec parser."""
+    for mode in ("pd", "regular"):
+        with Upstream("prefill", prefill_lp_script) as p, \
+                Upstream("decode", atk.partial_event_then_close_script(events=2)) as d, \
+                Cluster(f"hard-partial-{mode}") as c:
+            r = pd_or_regular(c, mode, d.url, p.url)
+            status, body, complete = atk.stream_request(r.port, "/generate", GEN_LP)
+            assert status == 200 and complete, (mode, status, body[-300:])
+            evs = atk.whatwg_sse_events(body)
+            assert len(evs) == 4, (mode, evs)
+            assert json.loads(evs[1])["text"] == "t1", (mode, evs)
+            err = json.loads(evs[2])["error"]
+            assert err["type"] == "upstream_error", (mode, err)
+            assert evs[3] == "[DONE]", (mode, evs)
+            assert b"trunc" not in body, (mode, body[-300:])
+
+
+def test_endless_sse_event_capped():
+    """A worker streams one event that never ends (no blank line): past --max-sse-event-bytes
+    the client gets an error event, the worker's connection is closed, and the router holds
+    no more than about the cap meanwhile (PD with logprobs merged, and a regular worker)."""
+    cap = 1 << 20
+    total = 96 << 20
+    for mode in ("pd", "regular"):
+        with Upstream("prefill", prefill_lp_script) as p, \
+                Upstream("decode", atk.endless_event_script(total=total)) as d, \
+                Cluster(f"hard-endless-{mode}") as c:
+            r = pd_or_regular(c, mode, d.url, p.url, "--max-sse-event-bytes", str(cap))
+            rss0 = atk.rss_kb(r.p.pid)
+            status, body, complete = atk.stream_request(r.port, "/generate", GEN_LP)
+            rss1 = atk.rss_kb(r.p.pid)
+            assert status == 200 and complete, (mode, status, body[-300:])
+            evs = atk.whatwg_sse_events(body)
+            assert len(evs) == 2 and evs[1] == "[DONE]", (mode, evs[-3:])
+            err = json.loads(evs[0])["error"]
+            assert err["code"] == "sse_event_too_large", (mode, err)
+            dr = d.wait_requests(1)[0]
+            d.wait_done(dr, 30)
+            assert dr.notes.get("stopped_at", total) < total, (mode, dr.notes)
+            # the cap, its doubling buffer and one read, with slack for the allocator
+            assert rss1 - rss0 < 24 * 1024, (mode, rss0, rss1)
+
+
 def main():
     t = TestRunner()
     t.run(test_half_closed_client_answered)
+    t.run(test_partial_event_then_close)
+    t.run(test_endless_sse_event_capped)
     t.finish()
 
 
