@@ -246,6 +246,7 @@ void baton__relay_stream_bytes(baton__preq_t *pr, const char *data, size_t len)
     }
     if (pr->req && baton_sse_pending(&pr->sse) > pr->pl->router->cfg->max_sse_event_bytes)
         event_too_large(pr);
+    baton__pr_account(pr, 0); /* counted (each stream's part is capped above) */
 }
 
 void baton__relay_stream_done(baton__preq_t *pr)
@@ -274,6 +275,7 @@ static void release_held(baton__preq_t *pr)
             baton_sse_feed(&tmp, held.data, held.len, stream_event_cb, pr);
         baton_sse_splitter_free(&tmp);
         baton_buf_free(&held);
+        baton__pr_account(pr, 0);
     }
     if (ended) {
         flush_pending_raw(pr);
@@ -318,6 +320,7 @@ void baton__relay_prefill_ok(baton__preq_t *pr)
     baton__upstream_t *u = pr->up[UP_PREFILL];
     if (pr->pd.logprobs) {
         pr->lp = baton_pdreq_lp_extract(u->resp.data, u->resp.len);
+        pr->lp_bytes = pr->lp ? u->resp.len : 0;
         baton_buf_free(&u->resp);
     }
     pr->lp_ready = 1;

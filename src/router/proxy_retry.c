@@ -141,6 +141,7 @@ static void abandon_attempt(baton__preq_t *pr, const char *abort_reason)
     pr->lp_ready = pr->lp_pass = 0;
     baton_pdreq_lp_free(pr->lp);
     pr->lp = NULL;
+    pr->lp_bytes = 0;
     baton_sse_splitter_free(&pr->sse);
     baton_buf_free(&pr->held);
 }
@@ -258,6 +259,11 @@ void baton__side_failed(baton__preq_t *pr, baton__upstream_t *u, int err)
                      "%s worker failed: TLS handshake or certificate "
                      "verification failed",
                      side);
+        else if (err == BATON_ETOOBIG) /* the operator's limit: say which */
+            snprintf(msg, sizeof(msg),
+                     "%s worker %s failed: its answer does not fit the router's buffer "
+                     "(--max-buffered-bytes)",
+                     side, u->w->id);
         else
             snprintf(msg, sizeof(msg), "%s worker %s failed: %s", side, u->w->id,
                      baton_strerror(err));

@@ -10,7 +10,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import router_attacks as atk  # noqa: E402
-from harness import Cluster, TestRunner  # noqa: E402
+from harness import Cluster, TestRunner, get, wait_until  # noqa: E402
 from router_upstream import Upstream  # noqa: E402
 
 
@@ -97,11 +97,95 @@ def test_endless_sse_event_capped():
             assert rss1 - rss0 < 24 * 1024, (mode, rss0, rss1)
 
 
+MiB = 1 << 20
+
+
+def metric(port, name, **labels):
+    text = get(port, "/metrics").text
+    want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+                   if labels else "")
+    for ln in text.splitlines():
+        if ln.startswith(want + " "):
+            return float(ln.split()[-1])
+    return None
+
+
+def test_endless_answer_over_budget():
+    """A worker whose non-streamed answer never ends: every buffered byte counts against
+    --max-buffered-bytes, and past it the leg fails with a 502 naming the side, the worker's
+    connection is closed and the router's memory stays near the budget."""
+    budget = 32 * MiB
+    total = 512 * MiB
+    for mode in ("pd", "regular"):
+        with Upstream("prefill", prefill_lp_script) as p, \
+                Upstream("decode", atk.endless_body_script(total=total)) as d, \
+                Cluster(f"hard-answer-{mode}") as c:
+            r = pd_or_regular(c, mode, d.url, p.url, "--max-buffered-bytes", str(budget))
+            rss0 = atk.rss_kb(r.p.pid)
+            body = {"text": "hello", "sampling_params": {"max_new_tokens": 4}}
+            status, got, _ = atk.stream_request(r.port, "/generate", body)
+            rss1 = atk.rss_kb(r.p.pid)
+            assert status == 502, (mode, status, got[:300])
+            msg = json.loads(got)["error"]["message"]
+            side = "decode" if mode == "pd" else "regular"
+            assert msg.startswith(f"{side} worker") and "max-buffered-bytes" in msg, (mode, msg)
+            dr = d.wait_requests(1)[0]
+            d.wait_done(dr, 30)
+            assert dr.notes["stopped_at"] < total, (mode, dr.notes)
+            # the budget (the answer's buffer may double while it grows) and slack
+            assert rss1 - rss0 < (2 * budget + 24 * MiB) // 1024, (mode, rss0, rss1)
+            assert metric(r.port, "baton_buffered_bytes", kind="upstream_answers") == 0
+
+
+def test_idle_readers_do_not_starve_bodies():
+    """Clients that start streams and never read them: the stream's worker is no longer read
+    once their queues back up (and all streams together keep to half the budget), and a
+    request body arriving meanwhile is not kept waiting for them."""
+    budget = 8 * MiB
+    event = "data: " + "z" * 16000 + "\n\n"
+
+    def script(req, io):
+        if not req.json().get("stream"):
+            io.respond(200, {"text": "small", "got": len(req.body)})
+            return
+        io.start_sse()
+        sent = 0
+        try:
+            while sent < 256 * MiB:
+                io.chunk(event)
+                sent += len(event)
+        except Exception:  # noqa: BLE001 — the router closed it
+            io.keep_alive = False
+        req.notes["sent"] = sent
+
+    with Upstream("w", script) as w, Cluster("hard-idle-readers") as c:
+        r = c.router("--worker", w.url, "--threads", "1", "--max-buffered-bytes", str(budget),
+                     "--body-timeout-ms", "3000")
+        n = 60
+        socks = atk.idle_stream_readers(r.port, n, "/v1/completions",
+                                        {"prompt": "p", "stream": True})
+        try:
+            wait_until(lambda: len(w.requests) >= n, 20, what="streams started")
+            # the queues fill up to what back-pressure allows, then stop growing
+            wait_until(lambda: (metric(r.port, "baton_buffered_bytes", kind="client_queues")
+                                or 0) >= budget // 4, 20, what="client queues filling")
+            status, got, _ = atk.stream_request(
+                r.port, "/v1/completions", {"prompt": "x" * (5 * MiB)}, timeout=20)
+            assert status == 200, (status, got[:300])
+            assert json.loads(got)["got"] > 5 * MiB
+            queued = metric(r.port, "baton_buffered_bytes", kind="client_queues")
+            # half the budget, plus at most one upstream read and one watermark per stream
+            assert queued <= budget // 2 + n * (64 * 1024 + 16 * 1024), queued
+        finally:
+            atk.close_all(socks)
+
+
 def main():
     t = TestRunner()
     t.run(test_half_closed_client_answered)
     t.run(test_partial_event_then_close)
     t.run(test_endless_sse_event_capped)
+    t.run(test_endless_answer_over_budget)
     t.finish()
 
 
