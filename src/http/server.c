@@ -427,7 +427,8 @@ static void on_write(uv_write_t *wr, int status)
     wreq_t *w = container_of(wr, wreq_t, req);
     conn_t *c = w->conn;
     c->wq_bytes -= w->len;
-    budget_sub(c->srv, w->len);
+    if (c->srv->budget)
+        atomic_fetch_sub(&c->srv->budget->out_used, w->len);
     free(w);
     if (status < 0) {
         conn_close_hard(c);
@@ -487,7 +488,8 @@ static int conn_write_raw(conn_t *c, const uv_buf_t *bufs, unsigned n)
         return BATON_ECLOSED;
     }
     c->wq_bytes += rest;
-    budget_add(c->srv, rest);
+    if (c->srv->budget) /* a share of its own: bodies never wait for slow readers */
+        atomic_fetch_add(&c->srv->budget->out_used, rest);
     return 0;
 }
 

@@ -128,7 +128,13 @@ static void client_write(baton__preq_t *pr, const char *data, size_t len)
     if (events)
         baton_token_scan_observe(&pr->tokens, events, uv_hrtime());
     baton_http_stream_write(pr->req, data, len);
-    if (!pr->bp_paused && baton_http_write_queue_size(pr->req) > BATON_PROXY_STREAM_HIGH_WATER) {
+    /* Back-pressure: decode is not read while the client's queue is over the watermark, or
+     * holds anything while streams together have more than their share of the budget queued;
+     * it is read again once the client drained its queue (on_client_drain). */
+    size_t q = baton_http_write_queue_size(pr->req);
+    const baton_http_budget_t *b = pr->pl->router->budget;
+    if (!pr->bp_paused && (q > BATON_PROXY_STREAM_HIGH_WATER ||
+                           (q > 0 && b && b->max && atomic_load(&b->out_used) > b->max / 2))) {
         pr->bp_paused = 1;
         baton__relay_update_pause(pr);
     }

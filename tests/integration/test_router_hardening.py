@@ -186,6 +186,7 @@ def main():
     t.run(test_partial_event_then_close)
     t.run(test_endless_sse_event_capped)
     t.run(test_endless_answer_over_budget)
+    t.run(test_idle_readers_do_not_starve_bodies)
     t.finish()
 
 
