@@ -299,12 +299,53 @@ int baton__is_2xx(int status)
     return status >= 200 && status <= 299;
 }
 
+/* A worker's model list as API-key holders see it: the OpenAI fields of each model, nothing of
+ * the engine's own (vLLM's "root" is the model's path on the worker). 0, or BATON_EINVAL when
+ * the answer is not a JSON object. */
+static int models_public(const char *body, size_t len, baton_buf_t *out)
+{
+    static const char *const keep[] = {"id", "object", "created", "owned_by", "max_model_len"};
+    json_t *in = json_loadb(body ? body : "", len, 0, NULL);
+    json_t *data = json_object_get(in, "data");
+    json_t *list = json_array();
+    int rc = json_is_object(in) && list ? 0 : BATON_EINVAL; /* no "data": an empty list */
+    size_t i;
+    json_t *m;
+    json_array_foreach(data, i, m)
+    {
+        json_t *o = json_object();
+        for (size_t k = 0; o && json_is_object(m) && k < sizeof(keep) / sizeof(*keep); k++) {
+            json_t *v = json_object_get(m, keep[k]);
+            if (v && (json_is_string(v) || json_is_integer(v)))
+                json_object_set(o, keep[k], v);
+        }
+        if (!o || json_array_append_new(list, o))
+            rc = BATON_ENOMEM;
+    }
+    json_t *res = rc ? NULL : json_pack("{s:s,s:O}", "object", "list", "data", list);
+    rc = rc ? rc : res ? baton_pdreq_dump(res, out) : BATON_ENOMEM;
+    json_decref(res);
+    json_decref(list);
+    json_decref(in);
+    return rc;
+}
+
 void baton__relay_main_body_done(baton__preq_t *pr)
 {
     baton__upstream_t *u = pr->up[UP_MAIN];
     const char *ctype = u->ctype[0] ? u->ctype : "application/json";
     if (!baton__is_2xx(u->status)) {
         baton__main_status_failed(pr, u, ctype);
+        return;
+    }
+    if (pr->mode == MODE_FORWARD && strcmp(pr->route, "/v1/models") == 0) {
+        baton_buf_reset(&pr->scratch);
+        if (models_public(u->resp.data, u->resp.len, &pr->scratch) != 0) {
+            baton__pr_respond_error(pr, 502, "the worker's model list is not understood",
+                                    "upstream_error", "worker_failed");
+            return;
+        }
+        baton__pr_respond(pr, 200, "application/json", pr->scratch.data, pr->scratch.len);
         return;
     }
     if (pr->mode == MODE_PD && pr->pd.logprobs) {

@@ -191,8 +191,10 @@ static const route_t routes[] = {
     {"/health", "GET", h_health, BATON_ROUTE_OPEN},
     {"/liveness", "GET", h_health, BATON_ROUTE_OPEN},
     {"/readiness", "GET", h_readiness, BATON_ROUTE_OPEN},
-    {"/get_server_info", "GET", h_info, BATON_ROUTE_INFERENCE},
-    {"/get_model_info", "GET", h_info, BATON_ROUTE_INFERENCE},
+    /* A worker's own description (its whole server configuration, addresses and paths): for
+     * operators only. /v1/models passes through stripped (proxy_relay.c). */
+    {"/get_server_info", "GET", h_info, BATON_ROUTE_ADMIN},
+    {"/get_model_info", "GET", h_info, BATON_ROUTE_ADMIN},
     {"/metrics", "GET", h_metrics, BATON_ROUTE_METRICS},
 };
 

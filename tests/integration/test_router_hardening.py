@@ -180,6 +180,34 @@ def test_idle_readers_do_not_starve_bodies():
             atk.close_all(socks)
 
 
+def test_models_stripped_info_admin_only():
+    """What a worker says about itself stays with the operators: /v1/models passes only the
+    OpenAI fields of each model (vLLM's "root" is a path on the worker), /get_server_info and
+    /get_model_info need the admin token (API-key holders get 401)."""
+    def script(req, io):
+        if req.path == "/v1/models":
+            io.respond(200, {"object": "list", "data": [
+                {"id": "m1", "object": "model", "created": 5, "owned_by": "vllm",
+                 "root": "/models/secret/llama", "parent": None, "max_model_len": 4096,
+                 "permission": [{"id": "modelperm-1", "group": None}]}]})
+        else:
+            io.respond(200, {"model_path": "/models/secret/llama", "host": "10.1.2.3"})
+
+    with Upstream("w", script) as w, Cluster("hard-info") as c:
+        r = c.router("--worker", w.url, "--threads", "1", "--api-key", "k",
+                     "--admin-token", "adm")
+        res = get(r.port, "/v1/models", headers={"Authorization": "Bearer k"})
+        assert res.status == 200, res.text
+        assert res.json() == {"object": "list", "data": [
+            {"id": "m1", "object": "model", "created": 5, "owned_by": "vllm",
+             "max_model_len": 4096}]}, res.text
+        for path in ("/get_server_info", "/get_model_info"):
+            res = get(r.port, path, headers={"Authorization": "Bearer k"})
+            assert res.status == 401 and "secret" not in res.text, (path, res.status, res.text)
+            res = get(r.port, path, headers={"Authorization": "Bearer adm"})
+            assert res.status == 200 and "secret" in res.text, (path, res.status, res.text)
+
+
 def main():
     t = TestRunner()
     t.run(test_half_closed_client_answered)
@@ -187,6 +215,7 @@ def main():
     t.run(test_endless_sse_event_capped)
     t.run(test_endless_answer_over_budget)
     t.run(test_idle_readers_do_not_starve_bodies)
+    t.run(test_models_stripped_info_admin_only)
     t.finish()
 
 
