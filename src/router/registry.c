@@ -307,8 +307,7 @@ static baton_worker_t *find_url_locked(baton_registry_t *reg, const char *norm_u
 /* A worker carries only its own protocol's fields: one sent for another protocol means the
  * operator paired the wrong kind of engine with this router, which must fail at registration
  * rather than at the first request. */
-/* A bearer token as RFC 6750 and RFC 9110 allow it in a header: visible ASCII, at least one. */
-static int api_key_ok(const char *k)
+int baton_worker_api_key_ok(const char *k)
 {
     if (!k[0])
         return 0;
@@ -403,7 +402,7 @@ int baton_registry_add(baton_registry_t *reg, const baton_worker_spec_t *spec,
         set_err(err, errlen, "cost must be a number >= 0");
         return BATON_EINVAL;
     }
-    if (spec->api_key && !api_key_ok(spec->api_key)) {
+    if (spec->api_key && !baton_worker_api_key_ok(spec->api_key)) {
         /* It becomes an Authorization header on every request and health check. */
         set_err(err, errlen, "api_key must be visible ASCII (no spaces or control characters)");
         return BATON_EINVAL;
