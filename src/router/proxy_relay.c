@@ -212,6 +212,14 @@ static int pass_event_cb(const char *raw, size_t len, void *arg)
     return 0;
 }
 
+/* Whether bytes that start at an event boundary end at one: their last line is blank ("\n" or
+ * "\r\n" after a line end), so every event in them is complete (the splitter's rule). */
+static int ends_event(const char *d, size_t n)
+{
+    return n >= 2 && d[n - 1] == '\n' &&
+           (d[n - 2] == '\n' || (n >= 3 && d[n - 2] == '\r' && d[n - 3] == '\n'));
+}
+
 /* The worker's stream holds an event open past --max-sse-event-bytes: the stream ends with an
  * error event (the partial event is dropped, never written) and the leg is closed. */
 static void event_too_large(baton__preq_t *pr)
@@ -239,6 +247,9 @@ void baton__relay_stream_bytes(baton__preq_t *pr, const char *data, size_t len)
     int rc;
     if (merge) {
         rc = baton_sse_feed(&pr->sse, data, len, stream_event_cb, pr);
+    } else if (!baton_sse_pending(&pr->sse) && ends_event(data, len)) {
+        client_write(pr, data, len); /* the usual read: whole events, nothing left open */
+        rc = 0;
     } else {
         pass_run_t p = {pr, NULL, 0, baton_sse_pending(&pr->sse) == 0};
         rc = baton_sse_feed(&pr->sse, data, len, pass_event_cb, &p);
