@@ -180,6 +180,39 @@ def test_idle_readers_do_not_starve_bodies():
             atk.close_all(socks)
 
 
+def test_big_batch_logprobs_merged_once():
+    """A streamed /generate batch of 100 prompts with return_logprob: every index gets prefill's
+    input logprobs in its first event only, above index 63 as below."""
+    n = 100
+
+    def p_script(req, io):
+        io.respond(200, [{"text": "", "meta_info": {"input_token_logprobs": [[-1.0, i, None]]}}
+                         for i in range(n)])
+
+    def d_script(req, io):
+        io.start_sse()
+        for rnd in range(3):
+            for i in range(n):
+                io.event({"index": i, "text": f"t{rnd}",
+                          "meta_info": {"input_token_logprobs": []}})
+        io.chunk("data: [DONE]\n\n")
+        io.end_sse()
+
+    with Upstream("prefill", p_script) as p, Upstream("decode", d_script) as d, \
+            Cluster("hard-batch") as c:
+        r = pd_or_regular(c, "pd", d.url, p.url)
+        body = {"text": ["p"] * n, "stream": True, "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 3}}
+        status, got, complete = atk.stream_request(r.port, "/generate", body)
+        assert status == 200 and complete, (status, got[-300:])
+        evs = [json.loads(e) for e in atk.whatwg_sse_events(got)[:-1]]
+        assert len(evs) == 3 * n, len(evs)
+        for k, ev in enumerate(evs):
+            lp = ev["meta_info"]["input_token_logprobs"]
+            want = [[-1.0, ev["index"], None]] if k < n else []
+            assert lp == want, (k, ev)
+
+
 def test_models_stripped_info_admin_only():
     """What a worker says about itself stays with the operators: /v1/models passes only the
     OpenAI fields of each model (vLLM's "root" is a path on the worker), /get_server_info and
@@ -216,6 +249,7 @@ def main():
     t.run(test_endless_answer_over_budget)
     t.run(test_idle_readers_do_not_starve_bodies)
     t.run(test_models_stripped_info_admin_only)
+    t.run(test_big_batch_logprobs_merged_once)
     t.finish()
 
 
