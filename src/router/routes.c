@@ -235,6 +235,8 @@ static int authorize(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *
                      baton_route_class_t cls)
 {
     baton_auth_t *auth = baton_proxy_loop_router(pl)->auth;
+    if (cls == BATON_ROUTE_ADMIN) /* the info routes: refused as the admin API refuses */
+        return baton_admin_authorize(req, auth) == 0;
     baton_auth_result_t res = baton_auth_check(auth, req, cls);
     if (res != BATON_AUTH_OK) {
         static const baton_http_header_t www = {"WWW-Authenticate", "Bearer"};
