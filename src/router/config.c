@@ -1049,7 +1049,7 @@ static const struct {
                 "--cache-tie-pct --cache-max-blocks --cache-block-words --hash-vnodes "
                 "--session-key-field --dp-round-robin"},
     {"limits", "--max-header-bytes --max-headers --max-body-bytes --max-connections "
-               "--max-buffered-bytes --max-concurrent-requests --queue-size "
+               "--max-buffered-bytes --max-sse-event-bytes --max-concurrent-requests --queue-size "
                "--max-worker-requests --rate-limit"},
     {"timeouts", "--header-timeout-ms --body-timeout-ms --keepalive-timeout-ms "
                  "--connect-timeout-ms --first-byte-timeout-ms --idle-timeout-ms "
