@@ -436,7 +436,7 @@ int baton_tok_load_json(const char *tokenizer_json, size_t len, const char *conf
     t->bos_id = t->eos_id = -1;
     t->generation = __atomic_add_fetch(&generations, 1, __ATOMIC_RELAXED);
     if (config_json) {
-        t->config = json_loadb(config_json, config_len, 0, &je);
+        t->config = json_loadb(config_json, config_len, JSON_DECODE_INT_AS_REAL, &je);
         if (!json_is_object(t->config)) {
             tok__err(err, errlen, "tokenizer_config.json is not a JSON object (line %d: %s)",
                      je.line, je.text);
