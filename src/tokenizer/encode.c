@@ -192,10 +192,12 @@ static int encode_normalized(enc_t *e, const char *s, size_t n, bool specials)
 static int normalize(enc_t *e, const char *s, size_t n, bool specials)
 {
     const baton_tok_t *t = e->t;
+    if (t->n_norms == 0)
+        return encode_normalized(e, s, n, specials);
     bool ascii = true;
     for (size_t i = 0; i < n && ascii; i++)
         ascii = !((unsigned char)s[i] & 0x80);
-    if (t->n_norms == 0 || ascii) /* every Unicode normal form leaves ASCII as it is */
+    if (ascii) /* every Unicode normal form leaves ASCII as it is */
         return encode_normalized(e, s, n, specials);
     utf8proc_uint8_t *cur = NULL;
     const utf8proc_uint8_t *in = (const utf8proc_uint8_t *)s;
