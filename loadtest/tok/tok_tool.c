@@ -109,13 +109,12 @@ static int cmd_cases(int argc, char **argv)
     json_array_foreach(cases, i, c)
     {
         json_t *text = json_object_get(c, "text");
-        unsigned flags = (json_is_true(json_object_get(c, "special")) ? BATON_TOK_PARSE_SPECIAL
-                                                                        : 0) |
-                         (json_is_true(json_object_get(c, "add_special")) ? BATON_TOK_ADD_SPECIAL
-                                                                          : 0);
+        unsigned flags =
+            (json_is_true(json_object_get(c, "special")) ? BATON_TOK_PARSE_SPECIAL : 0) |
+            (json_is_true(json_object_get(c, "add_special")) ? BATON_TOK_ADD_SPECIAL : 0);
         baton_tok_ids_t ids = BATON_TOK_IDS_INIT;
-        int rc = baton_tok_encode(t, sc, json_string_value(text), json_string_length(text), flags,
-                                  &ids);
+        int rc =
+            baton_tok_encode(t, sc, json_string_value(text), json_string_length(text), flags, &ids);
         json_t *r = json_object();
         if (rc < 0) {
             json_object_set_new(r, "error", json_string(baton_strerror(rc)));
@@ -126,8 +125,8 @@ static int cmd_cases(int argc, char **argv)
             json_object_set_new(r, "ids", a);
             baton_buf_t b = BATON_BUF_INIT;
             if (baton_tok_decode(t, ids.ids, ids.len, 0, &b) == 0)
-                json_object_set_new(r, "decoded", b.len ? json_stringn(b.data, b.len)
-                                                        : json_string(""));
+                json_object_set_new(r, "decoded",
+                                    b.len ? json_stringn(b.data, b.len) : json_string(""));
             baton_buf_free(&b);
         }
         json_array_append_new(outv, r);

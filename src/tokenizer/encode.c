@@ -129,7 +129,7 @@ static int split_stage(enc_t *e, int k, const char *s, size_t n)
             break;
         if (rc < 0)
             return rc == PCRE2_ERROR_NOMEMORY || rc == PCRE2_ERROR_JIT_STACKLIMIT ? BATON_ETOOBIG
-                                                                                   : BATON_EINVAL;
+                                                                                  : BATON_EINVAL;
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->sc->md);
         size_t ms = ov[0], me = ov[1];
         if (me == ms) { /* an empty match splits nothing: step over one character */
@@ -149,8 +149,7 @@ static int split_stage(enc_t *e, int k, const char *s, size_t n)
 
 /* Finds the leftmost-longest added token of set in s[from..n): its start, length and id. */
 static bool added_find(const baton_tok_t *t, const tok_added_set_t *set, bool specials,
-                       const char *s, size_t n, size_t from, size_t *at, size_t *len,
-                       uint32_t *id)
+                       const char *s, size_t n, size_t from, size_t *at, size_t *len, uint32_t *id)
 {
     if (set->n == 0)
         return false;
@@ -205,10 +204,18 @@ static int normalize(enc_t *e, const char *s, size_t n, bool specials)
     for (int i = 0; i < t->n_norms; i++) {
         int opt = UTF8PROC_STABLE;
         switch (t->norms[i]) {
-        case NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
-        case NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
-        case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-        case NORM_NFKD: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+        case NORM_NFC:
+            opt |= UTF8PROC_COMPOSE;
+            break;
+        case NORM_NFD:
+            opt |= UTF8PROC_DECOMPOSE;
+            break;
+        case NORM_NFKC:
+            opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+            break;
+        case NORM_NFKD:
+            opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+            break;
         }
         utf8proc_uint8_t *res = NULL;
         len = utf8proc_map(in, len, &res, (utf8proc_option_t)opt);

@@ -10,12 +10,12 @@
 
 #include "tokenizer/tokenizer.h"
 
-#define TOK_MAX_SPLITS   8  /* pre-tokenizer Split stages */
-#define TOK_MAX_NORMS    8  /* normalizer stages */
-#define TOK_MAX_AFFIX    8  /* ids the post-processor adds on one side */
-#define TOK_CACHE_SLOTS  8192 /* pieces cached per scratch (power of two) */
-#define TOK_CACHE_KEY    22
-#define TOK_CACHE_IDS    8
+#define TOK_MAX_SPLITS  8    /* pre-tokenizer Split stages */
+#define TOK_MAX_NORMS   8    /* normalizer stages */
+#define TOK_MAX_AFFIX   8    /* ids the post-processor adds on one side */
+#define TOK_CACHE_SLOTS 8192 /* pieces cached per scratch (power of two) */
+#define TOK_CACHE_KEY   22
+#define TOK_CACHE_IDS   8
 
 typedef enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD } tok_norm_kind_t;
 
@@ -28,9 +28,9 @@ typedef struct {
 /* Added tokens are found by a leftmost-longest scan: a bitmap of first bytes, then the
  * candidates of that first byte, longest first. */
 typedef struct {
-    uint32_t *ids; /* the tokens of this set, grouped by first byte, longest first */
-    uint32_t start[257]; /* ids[start[b] .. start[b+1]) begin with byte b */
-    uint8_t first_any[256]; /* 1: some token starts with this byte */
+    uint32_t *ids;            /* the tokens of this set, grouped by first byte, longest first */
+    uint32_t start[257];      /* ids[start[b] .. start[b+1]) begin with byte b */
+    uint8_t first_any[256];   /* 1: some token starts with this byte */
     uint8_t first_plain[256]; /* 1: some non-special token starts with this byte */
     uint32_t n;
 } tok_added_set_t;
@@ -53,9 +53,9 @@ struct baton_tok {
     uint32_t n_ids;
     uint64_t *off; /* n_ids + 1 */
     char *blob;
-    uint8_t *flags; /* TOKF_* per id */
+    uint8_t *flags;        /* TOKF_* per id */
     uint32_t byte_id[256]; /* byte-level: the token of each single byte */
-    tok_vocab_map_t vmap; /* model vocabulary bytes -> id (not added tokens) */
+    tok_vocab_map_t vmap;  /* model vocabulary bytes -> id (not added tokens) */
     tok_merge_map_t merges;
     bool ignore_merges; /* a piece found whole in the vocabulary is that token */
 
@@ -64,7 +64,7 @@ struct baton_tok {
     int n_splits;
     tok_split_t splits[TOK_MAX_SPLITS];
 
-    tok_added_set_t added_raw; /* matched in the text as given */
+    tok_added_set_t added_raw;  /* matched in the text as given */
     tok_added_set_t added_norm; /* matched in normalized text (normalized: true) */
 
     uint32_t prefix[TOK_MAX_AFFIX], suffix[TOK_MAX_AFFIX];

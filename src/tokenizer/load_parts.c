@@ -60,8 +60,8 @@ static int parse_normalizer(baton_tok_t *t, json_t *n, int depth, char *err, siz
     return BATON_ENOTSUP;
 }
 
-static int add_split(baton_tok_t *t, const char *pattern, size_t plen, bool literal,
-                     bool keep_gaps, char *err, size_t errlen)
+static int add_split(baton_tok_t *t, const char *pattern, size_t plen, bool literal, bool keep_gaps,
+                     char *err, size_t errlen)
 {
     if (t->n_splits == TOK_MAX_SPLITS) {
         tok__err(err, errlen, "pre_tokenizer: more than %d Split stages", TOK_MAX_SPLITS);
@@ -103,11 +103,11 @@ static int parse_split(baton_tok_t *t, json_t *p, char *err, size_t errlen)
         return BATON_ENOTSUP;
     }
     if (json_is_string(re))
-        return add_split(t, json_string_value(re), json_string_length(re), false, keep_gaps,
-                         err, errlen);
+        return add_split(t, json_string_value(re), json_string_length(re), false, keep_gaps, err,
+                         errlen);
     if (json_is_string(lit) && json_string_length(lit) > 0)
-        return add_split(t, json_string_value(lit), json_string_length(lit), true, keep_gaps,
-                         err, errlen);
+        return add_split(t, json_string_value(lit), json_string_length(lit), true, keep_gaps, err,
+                         errlen);
     tok__err(err, errlen, "pre_tokenizer Split has no Regex or String pattern");
     return BATON_EINVAL;
 }
@@ -171,8 +171,9 @@ int tok__parse_pipeline(baton_tok_t *t, json_t *root, char *err, size_t errlen)
             return rc;
     }
     if (!byte_level) {
-        tok__err(err, errlen, "only byte-level BPE is supported: the pre_tokenizer has no "
-                              "ByteLevel stage (SentencePiece-style BPE is not supported)");
+        tok__err(err, errlen,
+                 "only byte-level BPE is supported: the pre_tokenizer has no "
+                 "ByteLevel stage (SentencePiece-style BPE is not supported)");
         return BATON_ENOTSUP;
     }
     json_t *dec = json_object_get(root, "decoder");
@@ -364,8 +365,8 @@ static int template_ids(baton_tok_t *t, json_t *tp, json_t *item, bool after, ch
     json_array_foreach(ids, i, v)
     {
         int *n = after ? &t->n_suffix : &t->n_prefix;
-        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-            json_integer_value(v) >= t->n_ids || *n == TOK_MAX_AFFIX) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= t->n_ids ||
+            *n == TOK_MAX_AFFIX) {
             tok__err(err, errlen, "post_processor TemplateProcessing: bad special token id");
             return BATON_EINVAL;
         }
@@ -412,8 +413,9 @@ static int parse_post_one(baton_tok_t *t, json_t *p, int depth, char *err, size_
             if (seq) {
                 json_t *sid = json_object_get(seq, "id");
                 if (seen_a || !json_is_string(sid) || strcmp(json_string_value(sid), "A") != 0) {
-                    tok__err(err, errlen, "post_processor TemplateProcessing: single must hold "
-                                          "sequence A once");
+                    tok__err(err, errlen,
+                             "post_processor TemplateProcessing: single must hold "
+                             "sequence A once");
                     return BATON_ENOTSUP;
                 }
                 seen_a = true;

@@ -83,12 +83,12 @@ void baton_tok_scratch_free(baton_tok_scratch_t *sc);
 
 /* Appends the ids of text[0..len) to out. text must be valid UTF-8 (BATON_EINVAL otherwise;
  * out is then left as it was). */
-int baton_tok_encode(const baton_tok_t *tok, baton_tok_scratch_t *sc, const char *text,
-                     size_t len, unsigned flags, baton_tok_ids_t *out);
+int baton_tok_encode(const baton_tok_t *tok, baton_tok_scratch_t *sc, const char *text, size_t len,
+                     unsigned flags, baton_tok_ids_t *out);
 
 /* Counts the tokens text would encode to, without keeping them (0 or an error; *n_p set). */
-int baton_tok_count(const baton_tok_t *tok, baton_tok_scratch_t *sc, const char *text,
-                    size_t len, unsigned flags, size_t *n_p);
+int baton_tok_count(const baton_tok_t *tok, baton_tok_scratch_t *sc, const char *text, size_t len,
+                    unsigned flags, size_t *n_p);
 
 /* Appends the bytes ids[0..n) stand for to out. The bytes of a byte-level token sequence
  * need not be valid UTF-8 at every cut (a character may span two tokens): a streaming caller

@@ -17,27 +17,8 @@
 #include <string.h>
 
 #include "baton/error.h"
+#include "tok_small.h" /* fuzz/: the byte-level alphabet, shared with the harnesses */
 #include "tokenizer/tokenizer.h"
-
-/* The byte-level character of byte b, as UTF-8 into out (NUL-terminated). */
-static void byte_char(int b, char out[4])
-{
-    int n = 0, cp = -1;
-    for (int x = 0; x < 256; x++) {
-        bool printable = (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174;
-        int c = printable ? x : 256 + n++;
-        if (x == b)
-            cp = c;
-    }
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        out[1] = 0;
-    } else {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        out[2] = 0;
-    }
-}
 
 enum { ID_HE = 256, ID_LL, ID_HELL, ID_HELLO, ID_SP_H, ID_BOS = 300, ID_THINK = 301 };
 
@@ -48,11 +29,11 @@ static json_t *make_json(void)
     json_t *vocab = json_object();
     for (int b = 0; b < 256; b++) {
         char c[4];
-        byte_char(b, c);
+        tok_small_byte_char(b, c);
         json_object_set_new(vocab, c, json_integer(b));
     }
     char sp[4];
-    byte_char(' ', sp);
+    tok_small_byte_char(' ', sp);
     char sph[8];
     snprintf(sph, sizeof(sph), "%sh", sp);
     json_object_set_new(vocab, "he", json_integer(ID_HE));
@@ -92,9 +73,10 @@ static baton_tok_t *load_small(void)
     assert_non_null(doc);
     char err[256] = "";
     int rc;
-    baton_tok_t *t = load_doc(doc, "{\"bos_token\": {\"content\": \"<|s|>\"}, \"eos_token\": "
-                                   "\"<|s|>\", \"model_max_length\": 4096, \"chat_template\": "
-                                   "\"{{ x }}\"}",
+    baton_tok_t *t = load_doc(doc,
+                              "{\"bos_token\": {\"content\": \"<|s|>\"}, \"eos_token\": "
+                              "\"<|s|>\", \"model_max_length\": 4096, \"chat_template\": "
+                              "\"{{ x }}\"}",
                               &rc, err, sizeof(err));
     json_decref(doc);
     if (rc != 0)
