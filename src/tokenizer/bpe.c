@@ -107,8 +107,28 @@ static int merge_piece(const baton_tok_t *t, baton_tok_scratch_t *sc, const unsi
     int32_t *next = sc->next, *prev = sc->prev;
     uint64_t *heap = sc->heap;
     size_t hn = 0;
+    if (t->byte_level) {
+        for (size_t i = 0; i < n; i++)
+            sym[i] = t->byte_id[p[i]];
+    } else {
+        /* SentencePiece-style: one symbol per character, or its bytes' <0xXX> tokens when the
+         * character is not in the vocabulary (byte fallback). The input is valid UTF-8. */
+        size_t k = 0;
+        for (size_t i = 0; i < n;) {
+            size_t cl = p[i] < 0x80 ? 1 : p[i] >= 0xF0 ? 4 : p[i] >= 0xE0 ? 3 : 2;
+            if (cl > n - i)
+                cl = n - i;
+            int64_t id = tok__vocab_lookup(t, (const char *)p + i, cl);
+            if (id >= 0)
+                sym[k++] = (uint32_t)id;
+            else
+                for (size_t b = 0; b < cl; b++)
+                    sym[k++] = t->byte_id[p[i + b]];
+            i += cl;
+        }
+        n = k;
+    }
     for (size_t i = 0; i < n; i++) {
-        sym[i] = t->byte_id[p[i]];
         next[i] = i + 1 < n ? (int32_t)(i + 1) : -1;
         prev[i] = (int32_t)i - 1;
     }
@@ -180,7 +200,7 @@ int tok__bpe_piece(const baton_tok_t *t, baton_tok_scratch_t *sc, const char *p,
 {
     if (n == 0)
         return 0;
-    if (n == 1)
+    if (n == 1 && t->byte_level)
         return tok__ids_push(out, t->byte_id[(unsigned char)p[0]]);
     if (t->ignore_merges) {
         int64_t id = tok__vocab_lookup(t, p, n);

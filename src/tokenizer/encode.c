@@ -188,44 +188,84 @@ static int encode_normalized(enc_t *e, const char *s, size_t n, bool specials)
     return split_stage(e, 0, s + pos, n - pos);
 }
 
+/* One normalizer stage over in[0..len): a new malloc'd string in *out_p, its length in *len_p. */
+static int norm_stage(const tok_norm_t *nm, const char *in, size_t len, char **out_p,
+                      size_t *len_p)
+{
+    if (nm->kind == NORM_PREPEND) {
+        char *o = malloc(nm->alen + len + 1);
+        if (!o)
+            return BATON_ENOMEM;
+        memcpy(o, nm->a, nm->alen);
+        memcpy(o + nm->alen, in, len);
+        *out_p = o;
+        *len_p = nm->alen + len;
+        return 0;
+    }
+    if (nm->kind == NORM_REPLACE) {
+        size_t count = 0;
+        for (const char *q = in; (q = memmem(q, len - (size_t)(q - in), nm->a, nm->alen));
+             q += nm->alen)
+            count++;
+        size_t olen = len - count * nm->alen + count * nm->blen, o = 0;
+        char *out = malloc(olen + 1);
+        if (!out)
+            return BATON_ENOMEM;
+        for (size_t i = 0; i < len;) {
+            if (len - i >= nm->alen && memcmp(in + i, nm->a, nm->alen) == 0) {
+                memcpy(out + o, nm->b, nm->blen);
+                o += nm->blen;
+                i += nm->alen;
+            } else {
+                out[o++] = in[i++];
+            }
+        }
+        *out_p = out;
+        *len_p = o;
+        return 0;
+    }
+    int opt = UTF8PROC_STABLE;
+    switch (nm->kind) {
+    case NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
+    case NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
+    case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
+    default: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    }
+    utf8proc_uint8_t *res = NULL;
+    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)in, (utf8proc_ssize_t)len, &res,
+                                      (utf8proc_option_t)opt);
+    if (r < 0)
+        return r == UTF8PROC_ERROR_NOMEM ? BATON_ENOMEM : BATON_EINVAL;
+    *out_p = (char *)res;
+    *len_p = (size_t)r;
+    return 0;
+}
+
+/* The normalizer stages over one section of text (between raw added tokens), then the rest. */
 static int normalize(enc_t *e, const char *s, size_t n, bool specials)
 {
     const baton_tok_t *t = e->t;
-    if (t->n_norms == 0)
+    if (t->n_norms == 0 || n == 0) /* an empty section is not normalized (nor prepended to) */
         return encode_normalized(e, s, n, specials);
     bool ascii = true;
     for (size_t i = 0; i < n && ascii; i++)
         ascii = !((unsigned char)s[i] & 0x80);
-    if (ascii) /* every Unicode normal form leaves ASCII as it is */
-        return encode_normalized(e, s, n, specials);
-    utf8proc_uint8_t *cur = NULL;
-    const utf8proc_uint8_t *in = (const utf8proc_uint8_t *)s;
-    utf8proc_ssize_t len = (utf8proc_ssize_t)n;
+    char *cur = NULL;
+    const char *in = s;
+    size_t len = n;
     for (int i = 0; i < t->n_norms; i++) {
-        int opt = UTF8PROC_STABLE;
-        switch (t->norms[i]) {
-        case NORM_NFC:
-            opt |= UTF8PROC_COMPOSE;
-            break;
-        case NORM_NFD:
-            opt |= UTF8PROC_DECOMPOSE;
-            break;
-        case NORM_NFKC:
-            opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
-            break;
-        case NORM_NFKD:
-            opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
-            break;
-        }
-        utf8proc_uint8_t *res = NULL;
-        len = utf8proc_map(in, len, &res, (utf8proc_option_t)opt);
+        const tok_norm_t *nm = &t->norms[i];
+        if (ascii && nm->kind <= NORM_NFKD)
+            continue; /* every Unicode normal form leaves ASCII as it is */
+        char *next = NULL;
+        int rc = norm_stage(nm, in, len, &next, &len);
         free(cur);
-        if (len < 0)
-            return len == UTF8PROC_ERROR_NOMEM ? BATON_ENOMEM : BATON_EINVAL;
-        cur = res;
-        in = res;
+        if (rc < 0)
+            return rc;
+        cur = next;
+        in = next;
     }
-    int rc = encode_normalized(e, (const char *)cur, (size_t)len, specials);
+    int rc = encode_normalized(e, in, len, specials);
     free(cur);
     return rc;
 }
@@ -290,11 +330,36 @@ int baton_tok_decode(const baton_tok_t *t, const uint32_t *ids, size_t n, unsign
     }
     if (baton_buf_reserve(out, need) < 0)
         return BATON_ENOMEM;
+    size_t start = out->len;
     for (size_t i = 0; i < n; i++) {
         uint32_t id = ids[i];
+        const char *p = t->blob + t->off[id];
+        size_t len = t->off[id + 1] - t->off[id];
         if ((flags & BATON_TOK_SKIP_SPECIAL) && (t->flags[id] & TOKF_SPECIAL))
             continue;
-        baton_buf_append(out, t->blob + t->off[id], t->off[id + 1] - t->off[id]);
+        if (t->byte_level) {
+            baton_buf_append(out, p, len);
+        } else if (t->flags[id] & TOKF_BYTE) {
+            char b = (char)(baton_hex_value(p[3]) * 16 + baton_hex_value(p[4])); /* <0xXX> */
+            baton_buf_append(out, &b, 1);
+        } else {
+            /* The metaspace stands for a space. */
+            for (size_t k = 0; k < len;) {
+                const char *m = memmem(p + k, len - k, "\xe2\x96\x81", 3);
+                size_t upto = m ? (size_t)(m - p) : len;
+                baton_buf_append(out, p + k, upto - k);
+                if (!m)
+                    break;
+                baton_buf_append(out, " ", 1);
+                k = upto + 3;
+            }
+        }
+    }
+    /* SentencePiece's decoder strips the one space its normalizer put in front. */
+    if (!t->byte_level && out->len > start && out->data[start] == ' ') {
+        memmove(out->data + start, out->data + start + 1, out->len - start - 1);
+        out->len--;
+        out->data[out->len] = 0;
     }
     return 0;
 }

@@ -17,7 +17,13 @@
 #define TOK_CACHE_KEY   22
 #define TOK_CACHE_IDS   8
 
-typedef enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD } tok_norm_kind_t;
+typedef enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_PREPEND, NORM_REPLACE } tok_norm_kind_t;
+
+typedef struct {
+    tok_norm_kind_t kind;
+    char *a, *b; /* PREPEND: a is the prefix; REPLACE: every a becomes b */
+    size_t alen, blen;
+} tok_norm_t;
 
 typedef struct {
     pcre2_code *re;
@@ -54,13 +60,16 @@ struct baton_tok {
     uint64_t *off; /* n_ids + 1 */
     char *blob;
     uint8_t *flags;        /* TOKF_* per id */
-    uint32_t byte_id[256]; /* byte-level: the token of each single byte */
+    uint32_t byte_id[256]; /* the token of each byte: its byte-level token, or <0xXX> */
+    bool byte_level; /* byte-level BPE; otherwise SentencePiece-style (characters, byte
+                      * fallback, the metaspace U+2581 for spaces) */
     tok_vocab_map_t vmap;  /* model vocabulary bytes -> id (not added tokens) */
     tok_merge_map_t merges;
     bool ignore_merges; /* a piece found whole in the vocabulary is that token */
 
     int n_norms;
-    tok_norm_kind_t norms[TOK_MAX_NORMS];
+    tok_norm_t norms[TOK_MAX_NORMS];
+    bool unicode_forms; /* some stage is NFC/NFD/NFKC/NFKD */
     int n_splits;
     tok_split_t splits[TOK_MAX_SPLITS];
 
@@ -81,6 +90,7 @@ enum {
     TOKF_SPECIAL = 2, /* special (control) token */
     TOKF_VOCAB = 4,   /* in the model vocabulary, reachable by byte-level BPE */
     TOKF_TEXT = 8,    /* in the vocabulary but not byte-level text: decodes as its text */
+    TOKF_BYTE = 16,   /* a byte-fallback token <0xXX>: decodes as that byte */
 };
 #define TOKF_KNOWN (TOKF_ADDED | TOKF_VOCAB | TOKF_TEXT)
 

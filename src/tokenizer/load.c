@@ -232,8 +232,16 @@ int tok__parse_model(baton_tok_t *t, json_t *root, char *err, size_t errlen)
             return BATON_ENOTSUP;
         }
     }
-    if (json_is_true(json_object_get(model, "byte_fallback"))) {
-        tok__err(err, errlen, "model BPE byte_fallback (SentencePiece-style) is not supported");
+    bool byte_fallback = json_is_true(json_object_get(model, "byte_fallback"));
+    if (t->byte_level && byte_fallback) {
+        tok__err(err, errlen, "model BPE byte_fallback with a ByteLevel pre-tokenizer is not "
+                              "supported");
+        return BATON_ENOTSUP;
+    }
+    if (!t->byte_level && !byte_fallback) {
+        /* Without byte tokens an unknown character becomes unk_token (fused or not): not
+         * reproduced. */
+        tok__err(err, errlen, "model BPE without ByteLevel needs byte_fallback");
         return BATON_ENOTSUP;
     }
     t->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
@@ -291,8 +299,12 @@ int tok__parse_model(baton_tok_t *t, json_t *root, char *err, size_t errlen)
             tok__err(err, errlen, "model.vocab gives id %u to two tokens", id);
             return BATON_EINVAL;
         }
-        ssize_t bl = byte_level_decode(byte_of_cp, key, klen, tmp + used);
-        if (bl < 0) {
+        ssize_t bl = t->byte_level ? byte_level_decode(byte_of_cp, key, klen, tmp + used) : -1;
+        if (!t->byte_level) {
+            memcpy(tmp + used, key, klen); /* SentencePiece-style: the text is the token */
+            bl = (ssize_t)klen;
+            t->flags[id] |= TOKF_VOCAB;
+        } else if (bl < 0) {
             /* Not a byte-level string: byte-level BPE can never produce it; it keeps its text
              * (an added token usually claims it). */
             memcpy(tmp + used, key, klen);
@@ -326,13 +338,20 @@ int tok__parse_model(baton_tok_t *t, json_t *root, char *err, size_t errlen)
         if (t->flags[id] & TOKF_VOCAB)
             vmap_insert(t, id);
     for (int b = 0; b < 256; b++) {
-        char c = (char)b;
-        int64_t id = tok__vocab_lookup(t, &c, 1);
+        char c[8];
+        size_t clen = 1;
+        c[0] = (char)b;
+        if (!t->byte_level)
+            clen = (size_t)snprintf(c, sizeof(c), "<0x%02X>", b);
+        int64_t id = tok__vocab_lookup(t, c, clen);
         if (id < 0) {
-            tok__err(err, errlen, "model.vocab lacks the byte-level token of byte 0x%02x", b);
+            tok__err(err, errlen, "model.vocab lacks the %s token of byte 0x%02x",
+                     t->byte_level ? "byte-level" : "byte_fallback", b);
             return BATON_ENOTSUP;
         }
         t->byte_id[b] = (uint32_t)id;
+        if (!t->byte_level)
+            t->flags[id] |= TOKF_BYTE;
     }
     return parse_merges(t, vocab, merges, err, errlen);
 }
@@ -481,6 +500,10 @@ void baton_tok_free(baton_tok_t *t)
     free(t->merges.vals);
     for (int i = 0; i < t->n_splits; i++)
         pcre2_code_free(t->splits[i].re);
+    for (int i = 0; i < t->n_norms; i++) {
+        free(t->norms[i].a);
+        free(t->norms[i].b);
+    }
     added_set_free(&t->added_raw);
     added_set_free(&t->added_norm);
     json_decref(t->config);

@@ -45,16 +45,51 @@ static int parse_normalizer(baton_tok_t *t, json_t *n, int depth, char *err, siz
     static const struct {
         const char *name;
         tok_norm_kind_t kind;
-    } forms[] = {{"NFC", NORM_NFC}, {"NFD", NORM_NFD}, {"NFKC", NORM_NFKC}, {"NFKD", NORM_NFKD}};
+    } forms[] = {{"NFC", NORM_NFC},   {"NFD", NORM_NFD},         {"NFKC", NORM_NFKC},
+                 {"NFKD", NORM_NFKD}, {"Prepend", NORM_PREPEND}, {"Replace", NORM_REPLACE}};
     for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++) {
-        if (strcmp(type, forms[i].name) == 0) {
-            if (t->n_norms == TOK_MAX_NORMS) {
-                tok__err(err, errlen, "normalizer: more than %d stages", TOK_MAX_NORMS);
+        if (strcmp(type, forms[i].name) != 0)
+            continue;
+        if (t->n_norms == TOK_MAX_NORMS) {
+            tok__err(err, errlen, "normalizer: more than %d stages", TOK_MAX_NORMS);
+            return BATON_ENOTSUP;
+        }
+        tok_norm_t *nm = &t->norms[t->n_norms];
+        nm->kind = forms[i].kind;
+        json_t *a = NULL, *b = NULL;
+        if (nm->kind == NORM_PREPEND) {
+            a = json_object_get(n, "prepend");
+            b = a;
+        } else if (nm->kind == NORM_REPLACE) {
+            a = json_object_get(json_object_get(n, "pattern"), "String");
+            b = json_object_get(n, "content");
+            if (!json_is_string(a) || json_string_length(a) == 0) {
+                tok__err(err, errlen, "normalizer Replace with a Regex pattern is not supported");
                 return BATON_ENOTSUP;
             }
-            t->norms[t->n_norms++] = forms[i].kind;
-            return 0;
+        } else {
+            t->unicode_forms = true;
         }
+        if (a || b) {
+            if (!json_is_string(a) || !json_is_string(b)) {
+                tok__err(err, errlen, "normalizer %s needs its strings", forms[i].name);
+                return BATON_EINVAL;
+            }
+            nm->alen = json_string_length(a);
+            nm->blen = json_string_length(b);
+            nm->a = malloc(nm->alen + 1);
+            nm->b = malloc(nm->blen + 1);
+            if (!nm->a || !nm->b) {
+                free(nm->a);
+                free(nm->b);
+                nm->a = nm->b = NULL;
+                return BATON_ENOMEM;
+            }
+            memcpy(nm->a, json_string_value(a), nm->alen + 1);
+            memcpy(nm->b, json_string_value(b), nm->blen + 1);
+        }
+        t->n_norms++;
+        return 0;
     }
     tok__err(err, errlen, "normalizer %.64s is not supported", type);
     return BATON_ENOTSUP;
@@ -158,6 +193,29 @@ static int parse_pretok(baton_tok_t *t, json_t *p, int depth, bool *byte_level, 
     return BATON_ENOTSUP;
 }
 
+/* The decoder of SentencePiece-style BPE: Sequence [Replace U+2581 -> " ", ByteFallback, Fuse,
+ * Strip " " (1, 0)], the one baton_tok_decode reproduces for it. */
+static bool sp_decoder(json_t *dec)
+{
+    json_t *list = json_object_get(dec, "decoders");
+    if (!json_is_object(dec) || strcmp(type_of(dec), "Sequence") != 0 || !json_is_array(list) ||
+        json_array_size(list) != 4)
+        return false;
+    json_t *rep = json_array_get(list, 0), *strip = json_array_get(list, 3);
+    json_t *pat = json_object_get(json_object_get(rep, "pattern"), "String");
+    json_t *content = json_object_get(rep, "content");
+    json_t *sc = json_object_get(strip, "content");
+    return strcmp(type_of(rep), "Replace") == 0 && json_is_string(pat) &&
+           strcmp(json_string_value(pat), "\xe2\x96\x81") == 0 && json_is_string(content) &&
+           strcmp(json_string_value(content), " ") == 0 &&
+           strcmp(type_of(json_array_get(list, 1)), "ByteFallback") == 0 &&
+           strcmp(type_of(json_array_get(list, 2)), "Fuse") == 0 &&
+           strcmp(type_of(strip), "Strip") == 0 && json_is_string(sc) &&
+           strcmp(json_string_value(sc), " ") == 0 &&
+           json_integer_value(json_object_get(strip, "start")) == 1 &&
+           json_integer_value(json_object_get(strip, "stop")) == 0;
+}
+
 int tok__parse_pipeline(baton_tok_t *t, json_t *root, char *err, size_t errlen)
 {
     int rc = parse_normalizer(t, json_object_get(root, "normalizer"), 0, err, errlen);
@@ -170,15 +228,25 @@ int tok__parse_pipeline(baton_tok_t *t, json_t *root, char *err, size_t errlen)
         if (rc < 0)
             return rc;
     }
-    if (!byte_level) {
-        tok__err(err, errlen,
-                 "only byte-level BPE is supported: the pre_tokenizer has no "
-                 "ByteLevel stage (SentencePiece-style BPE is not supported)");
+    t->byte_level = byte_level;
+    json_t *dec = json_object_get(root, "decoder");
+    if (byte_level) {
+        if (!json_is_object(dec) || strcmp(type_of(dec), "ByteLevel") != 0) {
+            tok__err(err, errlen, "decoder %.64s is not supported with a ByteLevel pre-tokenizer",
+                     json_is_object(dec) ? type_of(dec) : "(none)");
+            return BATON_ENOTSUP;
+        }
+        return 0;
+    }
+    /* SentencePiece-style BPE: no pre-tokenizer at all, the metaspace decoder chain. */
+    if (t->n_splits > 0) {
+        tok__err(err, errlen, "pre_tokenizer Split without ByteLevel is not supported");
         return BATON_ENOTSUP;
     }
-    json_t *dec = json_object_get(root, "decoder");
-    if (!json_is_object(dec) || strcmp(type_of(dec), "ByteLevel") != 0) {
-        tok__err(err, errlen, "decoder %.64s is not supported with a ByteLevel pre-tokenizer",
+    if (!sp_decoder(dec)) {
+        tok__err(err, errlen,
+                 "decoder %.64s is not supported for BPE without ByteLevel (only Sequence "
+                 "[Replace U+2581, ByteFallback, Fuse, Strip])",
                  json_is_object(dec) ? type_of(dec) : "(none)");
         return BATON_ENOTSUP;
     }
@@ -366,7 +434,7 @@ static int template_ids(baton_tok_t *t, json_t *tp, json_t *item, bool after, ch
     {
         int *n = after ? &t->n_suffix : &t->n_prefix;
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= t->n_ids ||
-            *n == TOK_MAX_AFFIX) {
+            *n == TOK_MAX_AFFIX || !(t->flags[json_integer_value(v)] & TOKF_KNOWN)) {
             tok__err(err, errlen, "post_processor TemplateProcessing: bad special token id");
             return BATON_EINVAL;
         }

@@ -22,8 +22,8 @@ NODE_MODULES = os.environ.get("BATON_TEST_NODE_MODULES",
 BUILD = os.environ.get("BATON_BUILD_DIR", os.path.join(HERE, "..", "..", "build"))
 TOOL = os.path.join(BUILD, "baton-tok")
 
-# The byte-level BPE families Baton loads, by npm package.
-MODELS = ["qwen3", "llama3_1", "deepseek_v3", "gpt4o"]
+# The families Baton loads, by npm package: byte-level BPE, then SentencePiece-style BPE.
+MODELS = ["qwen3", "llama3_1", "deepseek_v3", "gpt4o", "llama2"]
 
 
 def model_dir(name):
@@ -296,11 +296,15 @@ def test_refusals():
             r = subprocess.run([TOOL, "info", p], capture_output=True, text=True, timeout=120)
             assert r.returncode != 0, f"{expect}: loaded"
             assert expect in r.stderr, f"{expect}: {r.stderr!r}"
-        # The SentencePiece-style family is refused by name.
-        llama2 = os.path.join(NODE_MODULES, "@lenml", "tokenizer-llama2", "models")
-        if os.path.exists(llama2):
-            r = subprocess.run([TOOL, "info", llama2], capture_output=True, text=True, timeout=120)
-            assert r.returncode != 0 and "not supported" in r.stderr, r.stderr
+        # SentencePiece-style BPE without byte fallback would need unk handling: refused.
+        with open(os.path.join(model_dir("llama2"), "tokenizer.json"), encoding="utf-8") as f:
+            sp = json.load(f)
+        sp["model"]["byte_fallback"] = False
+        p = os.path.join(tmp, "tokenizer.json")
+        with open(p, "w", encoding="utf-8") as f:
+            json.dump(sp, f)
+        r = subprocess.run([TOOL, "info", p], capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and "byte_fallback" in r.stderr, r.stderr
 
 
 if __name__ == "__main__":

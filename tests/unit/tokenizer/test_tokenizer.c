@@ -207,6 +207,12 @@ static void test_refusals_name_the_construct(void **state)
                    json_pack("{s:s, s:{s:s}, s:s}", "type", "Split", "pattern", "Regex", "(",
                              "behavior", "Isolated"),
                    BATON_ENOTSUP, "regex does not compile");
+    /* The post-processor naming an id that no token has (a gap in the id space). */
+    expect_refused("post_processor", NULL,
+                   json_pack("{s:s, s:[{s:{s:s}}, {s:{s:s}}], s:{s:{s:[i]}}}", "type",
+                             "TemplateProcessing", "single", "SpecialToken", "id", "<|s|>",
+                             "Sequence", "id", "A", "special_tokens", "<|s|>", "ids", 299),
+                   BATON_EINVAL, "bad special token id");
     char err[128];
     baton_tok_t *t = NULL;
     assert_int_equal(baton_tok_load_json("{nope", 5, NULL, 0, &t, err, sizeof(err)), BATON_EINVAL);
