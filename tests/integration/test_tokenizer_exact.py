@@ -307,12 +307,28 @@ def test_refusals():
         assert r.returncode != 0 and "byte_fallback" in r.stderr, r.stderr
 
 
+def test_benchmark_smoke():
+    """loadtest/scenarios/tokenizer.py --smoke: both sides run on the same texts and the table
+    comes out (no figure is asserted: speed lives in the benchmark, not in a test)."""
+    need_references()
+    if not os.path.isdir(os.path.join(NODE_MODULES, "tiktoken")):
+        raise SkipTest("npm package tiktoken not installed (scripts/install-deps.sh --test)")
+    script = os.path.join(HERE, "..", "..", "loadtest", "scenarios", "tokenizer.py")
+    r = subprocess.run([sys.executable, script, "--smoke", "--build-dir", BUILD,
+                        "--node-modules", NODE_MODULES], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [ln.split()[0] for ln in r.stdout.splitlines()[1:] if ln.strip() and ln[0] != " "]
+    assert rows[:2] == ["english", "mixed"], r.stdout
+
+
 if __name__ == "__main__":
     t = TestRunner()
     for m in MODELS:
         t.run(make_test(m))
     t.run(test_exact_100k_document)
     t.run(test_refusals)
+    t.run(test_benchmark_smoke)
     if t.skipped and not t.passed and not t.failed:
         print(f"0 passed, 0 failed, {t.skipped} skipped", flush=True)
         sys.exit(77)  # ctest shows it as skipped (SKIP_RETURN_CODE), never as passed
