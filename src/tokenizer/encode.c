@@ -363,7 +363,7 @@ int baton_tok_decode(const baton_tok_t *t, const uint32_t *ids, size_t n, unsign
         }
     }
     /* SentencePiece's decoder strips the one space its normalizer put in front. */
-    if (!t->byte_level && out->len > start && out->data[start] == ' ') {
+    if (t->sp_strip && out->len > start && out->data[start] == ' ') {
         memmove(out->data + start, out->data + start + 1, out->len - start - 1);
         out->len--;
         out->data[out->len] = 0;

@@ -70,6 +70,7 @@ struct baton_tok {
     uint32_t byte_id[256]; /* the token of each byte: its byte-level token, or <0xXX> */
     bool byte_level;       /* byte-level BPE; otherwise SentencePiece-style (characters, byte
                             * fallback, the metaspace U+2581 for spaces) */
+    bool sp_strip;         /* SentencePiece-style decode drops the leading space */
     tok_vocab_map_t vmap;  /* model vocabulary bytes -> id (not added tokens) */
     tok_merge_map_t merges;
     bool ignore_merges; /* a piece found whole in the vocabulary is that token */

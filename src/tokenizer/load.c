@@ -345,6 +345,15 @@ int tok__parse_model(baton_tok_t *t, json_t *root, char *err, size_t errlen)
         if (!t->byte_level)
             clen = (size_t)snprintf(c, sizeof(c), "<0x%02X>", b);
         int64_t id = tok__vocab_lookup(t, c, clen);
+        if (id < 0 && !t->byte_level && b < 0x80) {
+            /* An ASCII character that is a token itself never falls back to its byte. */
+            char ch = (char)b;
+            id = tok__vocab_lookup(t, &ch, 1);
+            if (id >= 0) {
+                t->byte_id[b] = (uint32_t)id;
+                continue;
+            }
+        }
         if (id < 0) {
             tok__err(err, errlen, "model.vocab lacks the %s token of byte 0x%02x",
                      t->byte_level ? "byte-level" : "byte_fallback", b);
