@@ -43,9 +43,10 @@ static inline int baton_phase_legal(const baton_phase_table_t *t, unsigned from,
 /* The phase's name, or "?" when out of range or unnamed. */
 const char *baton_phase_name(const baton_phase_table_t *t, unsigned p);
 
-/* Checks from -> to: 0 when legal; else counts the refusal, logs "<what>_bad_transition
- * from=.. to=.. <context>" (context printf-style, may be NULL) at error level and returns
- * BATON_EINVAL. The caller then leaves its phase as it is. */
+/* Refuses from -> to (the table does not list it, or the machine's own invariant forbids it):
+ * counts the refusal, logs "<what>_bad_transition from=.. to=.. <context>" (context
+ * printf-style, may be NULL) at error level and returns BATON_EINVAL. The caller leaves its
+ * phase as it is. */
 int baton_phase_refuse(const baton_phase_table_t *t, unsigned from, unsigned to, const char *fmt,
                        ...) __attribute__((format(printf, 4, 5)));
 

@@ -14,12 +14,12 @@
 /* ---------------------------------------------------------------------------------------- */
 /* Phases                                                                                   */
 
-#define B(ph) (1u << (ph))
+#define B(ph) BATON_PHASE_BIT(ph)
 /* What follows every phase: the live phases may all be decided (FAIL_DEFERRED when the
  * failure waits for in-flight requests that borrow the client's body, ABORTED when the
  * client goes away, DONE when the answer goes out now). */
 #define DECIDED (B(PH_FAIL_DEFERRED) | B(PH_ABORTED) | B(PH_DONE))
-static const unsigned phase_next[PH_COUNT] = {
+static const uint32_t phase_next[PH_COUNT] = {
     /* Leaving the queue is always to NEW: from there it is dispatched, queued again (at the
      * head), or answered (timeout, shutdown, client gone). */
     [PH_NEW] = B(PH_QUEUED) | B(PH_SENT) | B(PH_ABORTED) | B(PH_DONE),
@@ -53,16 +53,17 @@ static const char *const phase_names[PH_COUNT] = {
     [PH_DONE] = "done",
 };
 
+const baton_phase_table_t baton__proxy_phases = {"router", "proxy_phase", PH_COUNT, phase_next,
+                                                 phase_names};
+
 int baton__proxy_phase_allowed(baton__proxy_phase_t from, baton__proxy_phase_t to)
 {
-    if ((unsigned)from >= PH_COUNT || (unsigned)to >= PH_COUNT)
-        return 0;
-    return (phase_next[from] >> to) & 1u;
+    return baton_phase_legal(&baton__proxy_phases, from, to);
 }
 
 const char *baton__proxy_phase_name(baton__proxy_phase_t ph)
 {
-    return (unsigned)ph < PH_COUNT ? phase_names[ph] : "invalid";
+    return baton_phase_name(&baton__proxy_phases, ph);
 }
 
 int baton__pr_set_phase(baton__preq_t *pr, baton__proxy_phase_t to, const char *why)
@@ -71,9 +72,8 @@ int baton__pr_set_phase(baton__preq_t *pr, baton__proxy_phase_t to, const char *
     /* DONE is the client request finished: the one who finished it cleared pr->req. */
     if (!baton__proxy_phase_allowed(from, to) || (to == PH_DONE) != (pr->req == NULL)) {
         pr->pl->phase_refused++;
-        log_error("router", "proxy_phase_refused route=%s from=%s to=%s why=%s", pr->route,
-                  baton__proxy_phase_name(from), baton__proxy_phase_name(to), why);
-        return BATON_EINVAL;
+        return baton_phase_refuse(&baton__proxy_phases, from, to, "route=%s why=%s", pr->route,
+                                  why);
     }
     /* The request timer serves QUEUED (queue timeout) and RETRY_WAIT (back-off) only. */
     if (from == PH_QUEUED || from == PH_RETRY_WAIT)

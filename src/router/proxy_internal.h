@@ -5,6 +5,7 @@
 #define BATON_ROUTER_PROXY_INTERNAL_H
 
 #include "common/list.h"
+#include "common/phase.h"
 #include "router/pick.h"
 #include "router/proxy.h"
 #include "router/token_metrics.h"
@@ -67,7 +68,8 @@ typedef enum baton__proxy_phase_e {
     PH_COUNT
 } baton__proxy_phase_t;
 
-/* 1 when `from` → `to` is a legal transition (the table in proxy.c), else 0. */
+/* The phase table (proxy.c), and 1 when `from` → `to` is a legal transition in it, else 0. */
+extern const baton_phase_table_t baton__proxy_phases;
 int baton__proxy_phase_allowed(baton__proxy_phase_t from, baton__proxy_phase_t to);
 const char *baton__proxy_phase_name(baton__proxy_phase_t ph);
 

@@ -1817,6 +1817,14 @@ static void test_kv_auth_mismatch(void **state)
     }
 }
 
+/* Last: every room and connection above (rogue peers, garbage frames, aborts and losses
+ * included) moved only along its phase table. */
+static void test_no_refused_phase_moves(void **state)
+{
+    (void)state;
+    assert_int_equal(baton_phase_refused(), 0);
+}
+
 int main(void)
 {
     uv_loop_init(&loop);
@@ -1846,6 +1854,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_cuda_device_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kv_auth_rogues, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kv_auth_mismatch, setup, teardown),
+        cmocka_unit_test(test_no_refused_phase_moves),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     uv_close((uv_handle_t *)&keepalive, NULL);

@@ -561,11 +561,26 @@ static void test_pd_pages(void **state)
     loop_down(ws, 2);
 }
 
+/* The phase tests above refuse moves on purpose; from here on none may be refused. */
+static void test_refused_count_starts(void **state)
+{
+    (void)state;
+    baton_phase_refused_reset();
+}
+
+/* Last: every room, job and sequence of the runs above moved only along its phase table. */
+static void test_no_refused_phase_moves(void **state)
+{
+    (void)state;
+    assert_int_equal(baton_phase_refused(), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_phase_tables),
         cmocka_unit_test(test_movers),
+        cmocka_unit_test(test_refused_count_starts),
         cmocka_unit_test(test_generate_full),
         cmocka_unit_test(test_chat_stream),
         cmocka_unit_test(test_refusals),
@@ -573,6 +588,7 @@ int main(void)
         cmocka_unit_test(test_pd),
         cmocka_unit_test(test_pd_deadline),
         cmocka_unit_test(test_pd_pages),
+        cmocka_unit_test(test_no_refused_phase_moves),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

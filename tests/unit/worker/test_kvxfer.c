@@ -738,11 +738,26 @@ static void test_export_timeout_and_release(void **state)
     engines_down();
 }
 
+/* The phase tests above refuse moves on purpose; from here on none may be refused. */
+static void test_refused_count_starts(void **state)
+{
+    (void)state;
+    baton_phase_refused_reset();
+}
+
+/* Last: every room, job and sequence of the runs above moved only along its phase table. */
+static void test_no_refused_phase_moves(void **state)
+{
+    (void)state;
+    assert_int_equal(baton_phase_refused(), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_send_phases),
         cmocka_unit_test(test_recv_phases),
+        cmocka_unit_test(test_refused_count_starts),
         cmocka_unit_test(test_kvdone),
         cmocka_unit_test(test_handoff_tcp_request_first),
         cmocka_unit_test(test_handoff_tcp_offer_first_whole_room),
@@ -761,6 +776,7 @@ int main(void)
         cmocka_unit_test(test_export_pull_tcp),
         cmocka_unit_test(test_export_pull_shm),
         cmocka_unit_test(test_export_timeout_and_release),
+        cmocka_unit_test(test_no_refused_phase_moves),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
