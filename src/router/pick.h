@@ -54,7 +54,7 @@ typedef int (*baton_pick_keep_cb)(const baton_worker_t *w, const void *arg);
  * names the worker to use for a role when one of the listed ids is a worker of that role: that
  * worker or nothing (BATON_PICK_NONE when it is not eligible; CAPPED at its cap); roles the pin
  * does not name are chosen by the policy. Whether the caller may pin is decided by the caller
- * (baton__pin_allowed in route_ctx.c). Only workers for which keep(w, keep_arg) is 1 are
+ * (baton_pin_allowed in route_ctx.c). Only workers for which keep(w, keep_arg) is 1 are
  * candidates (keep NULL: every worker); unlike avoid[], a hard rule: e.g. a decode must speak
  * its prefill's PD protocol.
  */

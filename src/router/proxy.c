@@ -2,6 +2,7 @@
  * them, its life time, the upstream and client events that drive it, and the entry points
  * (inference requests, GET forwarding). The other concerns are in proxy_*.c. */
 #include "router/proxy_internal.h"
+#include "router/proxy_pd.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -253,7 +254,8 @@ void baton__proxy_on_data(baton_http_creq_t *creq, const char *data, size_t len)
     if (u->cancelled || u->stale || !pr->req)
         return;
     if (u->side == UP_MAIN && baton__pr_streamed(pr)) {
-        baton__nixl_decode_progress(pr);
+        if (pr->pd_ops)
+            pr->pd_ops->on_decode_progress(pr);
         baton__relay_stream_bytes(pr, data, len);
         return;
     }
@@ -313,10 +315,10 @@ void baton__proxy_on_done(baton_http_creq_t *creq, int err)
     } else if (u->cancelled || baton__pr_decided(pr)) {
         /* bookkeeping only: the answer was decided elsewhere */
     } else if (u->side == UP_PREFILL) {
-        if (baton__is_2xx(u->status) && !err && baton__nixl_waiting(pr, u)) {
-            baton__nixl_prefill_done(pr, u);
-        } else if (baton__is_2xx(u->status) && !err) {
-            baton__relay_prefill_ok(pr);
+        if (baton__is_2xx(u->status) && !err) {
+            /* The protocol's next step (vllm-nixl: the decode leg), else prefill's part is done */
+            if (!pr->pd_ops->on_prefill_done(pr, u))
+                baton__relay_prefill_ok(pr);
         } else if (prefill_failure_is_late(pr)) {
             log_warn("router",
                      "prefill_failed_after_stream route=%s worker=%s err=%s status=%d "
@@ -331,8 +333,8 @@ void baton__proxy_on_done(baton_http_creq_t *creq, int err)
     } else if (baton__pr_streamed(pr)) {
         baton__relay_stream_done(pr);
     } else {
-        if (baton__is_2xx(u->status))
-            baton__nixl_decode_progress(pr); /* decode answered: it read the blocks */
+        if (baton__is_2xx(u->status) && pr->pd_ops)
+            pr->pd_ops->on_decode_progress(pr); /* decode answered: it read the KV */
         baton__relay_main_body_done(pr);
     }
     baton__run_deferred(pr);

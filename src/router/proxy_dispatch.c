@@ -2,6 +2,7 @@
  * (one body with a fresh room, sent to both at once) or a regular worker, the upstream requests
  * through the loop's client, and giving back what they hold on their workers. */
 #include "router/proxy_internal.h"
+#include "router/proxy_pd.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -27,6 +28,21 @@ baton_pick_rc_t baton__pick(baton_router_t *r, baton_worker_role_t role,
     return baton_pick_ctx(r->registry, baton_router_policy(r, role), r->health,
                           use_cap ? r->cfg->max_worker_requests : 0, role, avoid, n_avoid, NULL,
                           NULL, ctx, out);
+}
+
+static int same_protocol(const baton_worker_t *w, const void *prefill)
+{
+    return w->pd_protocol == ((const baton_worker_t *)prefill)->pd_protocol;
+}
+
+/* A decode for the prefill: one of another protocol could not read its KV at all. */
+static baton_pick_rc_t pick_decode_for(baton_router_t *r, baton__preq_t *pr,
+                                       const baton_worker_t *prefill, baton_route_ctx_t *ctx,
+                                       baton_pick_t *out)
+{
+    return baton_pick_ctx(r->registry, baton_router_policy(r, BATON_ROLE_DECODE), r->health,
+                          r->cfg->max_worker_requests, BATON_ROLE_DECODE, pr->avoid, pr->n_avoid,
+                          same_protocol, prefill, ctx, out);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -75,7 +91,7 @@ void baton__up_free(baton__upstream_t *u)
     if (!u)
         return;
     if (u->held)
-        baton__nixl_release(u); /* the decode never read the prefill's blocks */
+        u->pd->release(u); /* the decode never read the prefill's blocks */
     baton__up_settle(u, BATON_OUTCOME_NEUTRAL);
     baton_worker_unref(u->w);
     baton_buf_free(&u->resp);
@@ -220,48 +236,14 @@ int baton__up_start(baton__preq_t *pr, baton__upstream_t *u, const char *method,
 /* ---------------------------------------------------------------------------------------- */
 /* Attempts                                                                                 */
 
-/* Injects a fresh room for the pair in up[] and sends the one serialized body to both. */
+/* A PD pair in up[]: its protocol, chosen once for the attempt, builds and sends the legs. */
 static int pd_dispatch(baton__preq_t *pr)
 {
     baton__upstream_t *p = pr->up[UP_PREFILL], *d = pr->up[UP_MAIN];
-    uint64_t rooms_stack[16], *rooms = rooms_stack;
-    size_t n = baton_pdreq_n_rooms(&pr->pd);
-    int rc;
-
-    if (p->w->pd_protocol != BATON_PD_SGLANG)
-        return baton__pd_dispatch_vllm(pr);
-    if (p->w->dp_size > 1 || d->w->dp_size > 1)
-        return baton__pd_dispatch_dp(pr);
-    if (n > 16 && !(rooms = malloc(n * sizeof(*rooms))))
-        return BATON_ENOMEM;
-    for (size_t i = 0; i < n; i++)
-        rooms[i] = baton_bootstrap_room();
-    rc = baton_pdreq_inject(&pr->pd, p->w->parsed.host, p->w->bootstrap_port, rooms);
-    if (rooms != rooms_stack)
-        free(rooms);
-    if (rc)
-        return rc;
-    baton__body_t *b = calloc(1, sizeof(*b));
-    if (!b)
-        return BATON_ENOMEM;
-    b->buf = pr->pd.out; /* this attempt's bytes: a retry serializes its own */
-    pr->pd.out = (baton_buf_t)BATON_BUF_INIT;
-    b->refs = 2;
-    p->body = d->body = b;
-    p->buffer = pr->pd.logprobs;
-    const char *path = baton_api_path(pr->pd.api);
-    baton__pr_set_phase(pr, PH_SENT, "pd_dispatch");
-    if ((rc = baton__up_start(pr, p, "POST", path, b->buf.data, b->buf.len)) != 0) {
-        baton__side_failed(pr, p, rc);
-        return 0;
-    }
-    if ((rc = baton__up_start(pr, d, "POST", path, b->buf.data, b->buf.len)) != 0) {
-        baton__side_failed(pr, d, rc);
-        return 0;
-    }
-    log_debug("router", "dispatch route=%s prefill=%s decode=%s batch=%zu stream=%d attempt=%u",
-              pr->route, p->w->url, d->w->url, pr->pd.batch, pr->pd.stream, pr->attempts);
-    return 0;
+    const baton__pd_ops_t *ops = baton__pd_ops_for(p->w, d->w);
+    pr->pd_ops = p->pd = d->pd = ops;
+    int rc = ops->build(pr);
+    return rc ? rc : ops->dispatch(pr);
 }
 
 /* The "no worker" answer, naming what is missing. */
@@ -287,14 +269,14 @@ enum baton__start_rc baton__start_attempt(baton__preq_t *pr, int *missing_prefil
     baton_pick_rc_t prc, drc = BATON_PICK_NONE, wrc;
     *missing_prefill = 1;
     if (!pr->rctx_built) {
-        if (baton__route_ctx_build(pr) != 0)
+        if (baton_route_ctx_build(&pr->rctx, r, &pr->pd, pr->req) != 0)
             return ST_NOMEM;
         pr->rctx_built = 1;
     }
     baton_route_ctx_t *ctx = &pr->rctx;
     prc = baton__pick(r, BATON_ROLE_PREFILL, pr->avoid, pr->n_avoid, 1, ctx, &p);
     if (prc == BATON_PICK_OK) {
-        drc = baton__pick_decode_for(r, pr, p.w, ctx, &d);
+        drc = pick_decode_for(r, pr, p.w, ctx, &d);
         if (drc != BATON_PICK_OK) {
             pick_release(r, &p, BATON_OUTCOME_NEUTRAL);
             *missing_prefill = 0;
@@ -323,6 +305,7 @@ enum baton__start_rc baton__start_attempt(baton__preq_t *pr, int *missing_prefil
             return ST_NOMEM;
         }
         pr->mode = MODE_REGULAR;
+        pr->pd_ops = NULL;
         pr->up[UP_MAIN] = u;
         pr->attempts++;
         pr->borrowed = 1;

@@ -8,6 +8,7 @@
 #include "common/phase.h"
 #include "router/pick.h"
 #include "router/proxy.h"
+#include "router/route_ctx.h"
 #include "router/token_metrics.h"
 #include "http/sse.h"
 
@@ -137,6 +138,8 @@ typedef struct fail_s {
 } baton__fail_t;
 
 struct preq_s;
+/* A PD protocol's steps (proxy_pd.h), chosen once per attempt. */
+typedef struct baton__pd_ops_s baton__pd_ops_t;
 
 #define BATON__REQID_MAX 72 /* vLLM protocols: request ids kept, NUL included */
 
@@ -149,14 +152,15 @@ typedef struct upstream_s {
     baton__body_t *body;           /* PD: the attempt's body */
     int status;                    /* 0 until on_head */
     /* Per upstream request, not the request's phase: */
-    unsigned reserved : 1;  /* holds one of w's in-flight slots */
-    uint32_t tokens;        /* ... and these prompt words of its in-flight count (pick.h) */
-    unsigned sse : 1;       /* Content-Type: text/event-stream */
-    unsigned buffer : 1;    /* keep the body */
-    unsigned cancelled : 1; /* we cancelled it: its on_done is bookkeeping only */
-    unsigned stale : 1;     /* its attempt was abandoned for a retry: freed at on_done */
-    unsigned held : 1;      /* vllm-nixl prefill: answered, its blocks wait for the decode
-                             * (released when freed still set: proxy_vllm.c) */
+    unsigned reserved : 1;     /* holds one of w's in-flight slots */
+    uint32_t tokens;           /* ... and these prompt words of its in-flight count (pick.h) */
+    unsigned sse : 1;          /* Content-Type: text/event-stream */
+    unsigned buffer : 1;       /* keep the body */
+    unsigned cancelled : 1;    /* we cancelled it: its on_done is bookkeeping only */
+    unsigned stale : 1;        /* its attempt was abandoned for a retry: freed at on_done */
+    unsigned held : 1;         /* vllm-nixl prefill: answered, its blocks wait for the decode
+                                * (released through `pd` when freed still set) */
+    const baton__pd_ops_t *pd; /* PD: its attempt's protocol (a stale leg outlives the choice) */
     char remote_rid[BATON__REQID_MAX]; /* vllm-nixl prefill: its remote_request_id */
     /* DP ranks (dp_rank.h): the rank of w this attempt holds an in-flight count on, given back
      * when the upstream settles; dp_hdr: X-data-parallel-rank's value, "" when not sent. */
@@ -173,13 +177,14 @@ typedef struct preq_s {
     baton_http_req_t *req; /* NULL once the client request is finished (phase DONE) */
     const char *route;
     enum baton__proxy_mode mode;
-    baton__proxy_phase_t phase; /* changed only by baton__pr_set_phase() */
-    baton_pdreq_t pd;           /* PD and regular modes */
-    baton__upstream_t *up[2];   /* the current attempt; NULL where unused */
-    unsigned pending;           /* upstream requests in flight, of every attempt */
-    unsigned attempts;          /* attempts dispatched */
-    uint64_t deadline_ns;       /* the whole request's deadline (uv_hrtime); 0 = none */
-    baton_worker_t **avoid;     /* workers of failed attempts (referenced) */
+    baton__proxy_phase_t phase;    /* changed only by baton__pr_set_phase() */
+    baton_pdreq_t pd;              /* PD and regular modes */
+    baton__upstream_t *up[2];      /* the current attempt; NULL where unused */
+    const baton__pd_ops_t *pd_ops; /* PD: the current attempt's protocol; NULL otherwise */
+    unsigned pending;              /* upstream requests in flight, of every attempt */
+    unsigned attempts;             /* attempts dispatched */
+    uint64_t deadline_ns;          /* the whole request's deadline (uv_hrtime); 0 = none */
+    baton_worker_t **avoid;        /* workers of failed attempts (referenced) */
     size_t n_avoid, cap_avoid;
 
     /* Flags that are not the phase: each can be set or not in several phases. */
@@ -271,14 +276,6 @@ baton_pick_rc_t baton__pick(baton_router_t *r, baton_worker_role_t role,
                             baton_worker_t *const *avoid, size_t n_avoid, int use_cap,
                             baton_route_ctx_t *ctx, baton_pick_t *out);
 
-/* ---- route_ctx.c: what the policies read of a request ---- */
-
-/* Fills pr->rctx from the parsed body and the headers (prompt text, words, session key, pin
- * when allowed). 0 or BATON_ENOMEM. Freed with baton_route_ctx_free(&pr->rctx). */
-int baton__route_ctx_build(baton__preq_t *pr);
-/* Whether this client request may pin a worker with X-Baton-Target-Worker (admin-only once
- * admin auth exists: the one function to wire it in). */
-int baton__pin_allowed(const baton_router_t *r, const baton_http_req_t *req);
 baton__upstream_t *baton__up_new(baton__preq_t *pr, int side, baton_pick_t *p);
 /* Sends the upstream request; 0 (then pr->pending counts it) or an error (nothing sent). */
 int baton__up_start(baton__preq_t *pr, baton__upstream_t *u, const char *method, const char *path,
@@ -339,25 +336,5 @@ void baton__retry_fire(baton__preq_t *pr);
 int baton__blames_prefill(const baton__preq_t *pr, const baton__upstream_t *u, int err);
 int baton__is_timeout(int err);
 void baton__fail_free(baton__fail_t *f);
-
-/* ---- proxy_vllm.c: PD protocols beside SGLang's ---- */
-
-/* Picks a decode that speaks the prefill's protocol (others are avoided). */
-baton_pick_rc_t baton__pick_decode_for(baton_router_t *r, baton__preq_t *pr,
-                                       const baton_worker_t *prefill, baton_route_ctx_t *ctx,
-                                       baton_pick_t *out);
-/* Dispatches the pair in up[] by vllm-nixl (phase 1) or vllm-mooncake; 0 or BATON_ENOMEM
- * (a send failure goes through baton__side_failed). */
-int baton__pd_dispatch_vllm(baton__preq_t *pr);
-/* SGLang with a data-parallel worker in the pair: ranks and rooms that agree. */
-int baton__pd_dispatch_dp(baton__preq_t *pr);
-/* 1 when u is a vllm-nixl prefill whose decode leg is not sent yet. */
-int baton__nixl_waiting(const baton__preq_t *pr, const baton__upstream_t *u);
-/* The prefill answered 2xx: phase 2 (decode with its kv_transfer_params), or a 502. */
-void baton__nixl_prefill_done(baton__preq_t *pr, baton__upstream_t *p);
-/* Decode produced bytes or finished: the prefill's blocks were read. */
-void baton__nixl_decode_progress(baton__preq_t *pr);
-/* Asks p's worker to drop the blocks it holds for p's request (best effort, counted). */
-void baton__nixl_release(baton__upstream_t *p);
 
 #endif

@@ -1,6 +1,6 @@
 /* route_ctx.c — what a request tells the routing policies: its prompt text, word count and
  * session key, and whether it may pin a worker (X-Baton-Target-Worker). */
-#include "router/proxy_internal.h"
+#include "router/route_ctx.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -90,7 +90,7 @@ static int prompt_text(const baton_pdreq_t *pd, baton_buf_t *b)
     return v ? add_prompt(b, v) : 0;
 }
 
-int baton__pin_allowed(const baton_router_t *r, const baton_http_req_t *req)
+int baton_pin_allowed(const baton_router_t *r, const baton_http_req_t *req)
 {
     /* The one place that decides who may pin: an admin, by the admin routes' rule (the admin
      * token, carried in X-Baton-Admin-Token since the Bearer header holds the API key; without
@@ -115,15 +115,13 @@ static int prompt_needed(baton_router_t *r)
     return 0;
 }
 
-int baton__route_ctx_build(baton__preq_t *pr)
+int baton_route_ctx_build(baton_route_ctx_t *ctx, baton_router_t *r, const baton_pdreq_t *pd,
+                          const baton_http_req_t *req)
 {
-    baton_router_t *r = pr->pl->router;
-    baton_route_ctx_t *ctx = &pr->rctx;
-    const baton_http_req_t *req = pr->req;
     memset(ctx, 0, sizeof(*ctx));
 
     baton_buf_t b = BATON_BUF_INIT;
-    if (prompt_needed(r) && prompt_text(&pr->pd, &b)) {
+    if (prompt_needed(r) && prompt_text(pd, &b)) {
         baton_buf_free(&b);
         return BATON_ENOMEM;
     }
@@ -147,7 +145,7 @@ int baton__route_ctx_build(baton__preq_t *pr)
     size_t session_at = 0, session_len = 0;
     const char *fields[] = {"user", r->cfg->session_key_field};
     for (size_t i = 0; i < 2 && !ctx->session && !session_len; i++) {
-        const baton_json_val_t *v = fields[i] ? baton_pdreq_get(&pr->pd, fields[i]) : NULL;
+        const baton_json_val_t *v = fields[i] ? baton_pdreq_get(pd, fields[i]) : NULL;
         if (v && v->type == BATON_JSON_STRING && baton_json_str_len(v)) {
             session_at = b.len;
             if (baton_json_str_append(v, &b) || baton_buf_append(&b, "", 1)) {
@@ -170,7 +168,7 @@ int baton__route_ctx_build(baton__preq_t *pr)
         }
     }
     const baton_http_header_t *pin = baton_http_req_header(req, "X-Baton-Target-Worker");
-    if (pin && pin->value[0] && baton__pin_allowed(r, req))
+    if (pin && pin->value[0] && baton_pin_allowed(r, req))
         ctx->pin = pin->value;
     return 0;
 }
