@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "baton/error.h"
-#include "router/config.h"
+#include "router/control/config.h"
 #include "help_check.h"
 
 #ifndef BATON_SOURCE_DIR

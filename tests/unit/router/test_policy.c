@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "baton/error.h"
-#include "router/policy.h"
-#include "router/registry.h"
+#include "router/dataplane/policy.h"
+#include "router/control/registry.h"
 #include "registry_fixture.h"
 
 static int setup(void **state)

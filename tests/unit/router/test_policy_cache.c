@@ -13,11 +13,11 @@
 #include <string.h>
 
 #include "baton/error.h"
-#include "router/pick.h"
-#include "router/policy.h"
-#include "router/policy_ring.h"
-#include "router/policy_tree.h"
-#include "router/registry.h"
+#include "router/dataplane/pick.h"
+#include "router/dataplane/policy.h"
+#include "router/dataplane/policy_ring.h"
+#include "router/dataplane/policy_tree.h"
+#include "router/control/registry.h"
 #include "registry_fixture.h"
 
 static int setup(void **state)
