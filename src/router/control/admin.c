@@ -105,35 +105,30 @@ static void method_not_allowed(baton_http_req_t *req, const char *allow)
                  1);
 }
 
-/* The PD protocol fields (issue 12): in GET /workers and in the spec shared through etcd, so a
- * replica registers a vLLM or DP worker as what it is. */
-static json_t *pd_fields_json(const baton_worker_t *w)
+/* A registered worker's descriptor as JSON: the api key only where `secrets` (the spec a shared
+ * registry stores, so a replica registers the worker as it is); GET /workers never shows it. */
+static json_t *desc_json(const baton_worker_t *w, int secrets)
 {
-    return json_pack(
-        "{s:s, s:o, s:o, s:i}", "pd_protocol", baton_pd_protocol_name(w->pd_protocol), "engine_id",
-        w->engine_id ? json_string(w->engine_id) : json_null(), "bootstrap_addr",
-        w->bootstrap_addr ? json_string(w->bootstrap_addr) : json_null(), "dp_size", w->dp_size);
+    baton_worker_spec_t v;
+    BATON_WORKER_DESC_COPY_FIELDS(&v, w);
+    return baton_worker_spec_to_json(&v, secrets);
 }
 
 json_t *baton_admin_worker_json(const baton_worker_t *w)
 {
-    json_t *labels = json_loads(w->labels_json, 0, NULL);
-    if (labels == NULL)
-        labels = json_object();
-    json_t *j = json_pack(
-        "{s:s, s:s, s:s, s:o, s:o, s:i, s:f, s:o, s:I, s:s, s:s, s:b, s:b}", "id", w->id, "url",
-        w->url, "worker_type", baton_worker_role_name(w->role), "bootstrap_port",
-        w->bootstrap_port >= 0 ? json_integer(w->bootstrap_port) : json_null(), "model_id",
-        w->model_id ? json_string(w->model_id) : json_null(), "priority", w->priority, "cost",
-        w->cost, "labels", labels, "in_flight", (json_int_t)baton_worker_in_flight(w), "health",
-        baton_worker_health_name(baton_worker_health(w)), "breaker",
-        baton_breaker_state_name(baton_worker_breaker(w)), "draining", baton_worker_is_draining(w),
-        "healthy", baton_worker_health(w) == BATON_HEALTH_HEALTHY);
-    if (j)
-        json_object_set_new(j, "cache", baton_policy_worker_json(w)); /* issue 13 */
-    if (j)
-        json_object_update_new(j, pd_fields_json(w));
-    if (j && w->dp_size > 1) { /* this router's requests in flight per DP rank (dp_rank.h) */
+    json_t *j = desc_json(w, 0);
+    json_t *rt = json_pack("{s:s, s:I, s:s, s:s, s:b, s:b}", "id", w->id, "in_flight",
+                           (json_int_t)baton_worker_in_flight(w), "health",
+                           baton_worker_health_name(baton_worker_health(w)), "breaker",
+                           baton_breaker_state_name(baton_worker_breaker(w)), "draining",
+                           baton_worker_is_draining(w), "healthy",
+                           baton_worker_health(w) == BATON_HEALTH_HEALTHY);
+    if (!j || !rt || json_object_update_new(j, rt) != 0) {
+        json_decref(j);
+        return NULL;
+    }
+    json_object_set_new(j, "cache", baton_policy_worker_json(w));
+    if (w->dp_size > 1) { /* this router's requests in flight per DP rank (dp_rank.h) */
         json_t *a = json_array();
         for (int r = 0; a && r < w->dp_size; r++)
             json_array_append_new(a, json_integer(baton_dp_in_flight(w, r)));
@@ -144,18 +139,7 @@ json_t *baton_admin_worker_json(const baton_worker_t *w)
 
 json_t *baton_admin_spec_json(const baton_worker_t *w)
 {
-    json_t *labels = json_loads(w->labels_json, 0, NULL);
-    if (labels == NULL)
-        labels = json_object();
-    json_t *j = json_pack("{s:s, s:s, s:o, s:o, s:o, s:i, s:f, s:o}", "url", w->url, "worker_type",
-                          baton_worker_role_name(w->role), "bootstrap_port",
-                          w->bootstrap_port >= 0 ? json_integer(w->bootstrap_port) : json_null(),
-                          "api_key", w->api_key ? json_string(w->api_key) : json_null(), "model_id",
-                          w->model_id ? json_string(w->model_id) : json_null(), "priority",
-                          w->priority, "cost", w->cost, "labels", labels);
-    if (j)
-        json_object_update_new(j, pd_fields_json(w));
-    return j;
+    return desc_json(w, 1);
 }
 
 /* ---- handlers ---- */
@@ -195,110 +179,11 @@ static void add_result(baton_http_req_t *req, int rc, const char *err, baton_wor
                  &h, 1);
 }
 
-static int json_opt_string(json_t *obj, const char *key, const char **out, char *err, size_t errlen)
+int baton_admin_desc_parse(json_t *body, baton_worker_desc_t *d, char *err, size_t errlen)
 {
-    json_t *v = json_object_get(obj, key);
-    if (v == NULL || json_is_null(v))
-        return 0;
-    if (!json_is_string(v)) {
-        snprintf(err, errlen, "%s must be a string", key);
-        return BATON_EINVAL;
-    }
-    *out = json_string_value(v);
-    return 0;
-}
-
-/* The PD protocol fields of POST /workers (issue 12); the registry checks that they belong to
- * the worker's protocol. */
-static int parse_pd_fields(json_t *body, baton_worker_spec_t *spec, char *err, size_t errlen)
-{
-    json_t *v = json_object_get(body, "pd_protocol");
-    if (v && !json_is_null(v) &&
-        (!json_is_string(v) || baton_pd_protocol_parse(json_string_value(v), &spec->pd_protocol))) {
-        snprintf(err, errlen, "pd_protocol must be \"sglang\", \"vllm-nixl\" or \"vllm-mooncake\"");
-        return BATON_EINVAL;
-    }
-    int rc = json_opt_string(body, "engine_id", &spec->engine_id, err, errlen);
-    if (rc == 0)
-        rc = json_opt_string(body, "bootstrap_addr", &spec->bootstrap_addr, err, errlen);
-    if (rc == 0 && (v = json_object_get(body, "dp_size")) != NULL && !json_is_null(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1024) {
-            snprintf(err, errlen, "dp_size must be an integer 0..1024 or null");
-            return BATON_EINVAL;
-        }
-        spec->dp_size = (int)json_integer_value(v);
-    }
-    return rc;
-}
-
-int baton_admin_spec_parse(json_t *body, baton_worker_spec_t *spec, char **labels_p, char *err,
-                           size_t errlen)
-{
-    int rc = 0;
-    char *labels = NULL;
-    baton_worker_spec_init(spec);
-    if (!json_is_object(body)) {
-        snprintf(err, errlen, "the body must be a JSON object");
-        rc = BATON_EINVAL;
-    }
-    json_t *v;
-    if (rc == 0) {
-        v = json_object_get(body, "url");
-        if (!json_is_string(v)) {
-            snprintf(err, errlen, "url is required and must be a string");
-            rc = BATON_EINVAL;
-        } else {
-            spec->url = json_string_value(v);
-        }
-    }
-    if (rc == 0 && (v = json_object_get(body, "worker_type")) != NULL && !json_is_null(v)) {
-        if (!json_is_string(v) || baton_worker_role_parse(json_string_value(v), &spec->role) != 0) {
-            snprintf(err, errlen, "worker_type must be \"regular\", \"prefill\" or \"decode\"");
-            rc = BATON_EINVAL;
-        }
-    }
-    if (rc == 0 && (v = json_object_get(body, "bootstrap_port")) != NULL && !json_is_null(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 65535) {
-            snprintf(err, errlen, "bootstrap_port must be an integer 1..65535 or null");
-            rc = BATON_EINVAL;
-        } else {
-            spec->bootstrap_port = (int)json_integer_value(v);
-        }
-    }
-    if (rc == 0)
-        rc = json_opt_string(body, "api_key", &spec->api_key, err, errlen);
-    if (rc == 0)
-        rc = json_opt_string(body, "model_id", &spec->model_id, err, errlen);
-    if (rc == 0 && (v = json_object_get(body, "priority")) != NULL && !json_is_null(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
-            snprintf(err, errlen, "priority must be a non-negative integer");
-            rc = BATON_EINVAL;
-        } else {
-            spec->priority = (int)json_integer_value(v);
-        }
-    }
-    if (rc == 0 && (v = json_object_get(body, "cost")) != NULL && !json_is_null(v)) {
-        if (!json_is_number(v) || json_number_value(v) < 0) {
-            snprintf(err, errlen, "cost must be a number >= 0");
-            rc = BATON_EINVAL;
-        } else {
-            spec->cost = json_number_value(v);
-        }
-    }
-    if (rc == 0 && (v = json_object_get(body, "labels")) != NULL && !json_is_null(v)) {
-        if (!json_is_object(v)) {
-            snprintf(err, errlen, "labels must be an object");
-            rc = BATON_EINVAL;
-        } else if ((labels = json_dumps(v, JSON_COMPACT)) == NULL) {
-            rc = BATON_ENOMEM;
-        } else {
-            spec->labels_json = labels;
-        }
-    }
-    if (rc == 0)
-        rc = parse_pd_fields(body, spec, err, errlen);
-    *labels_p = labels;
-    return rc;
+    /* Unknown members are ignored and null means the default: SGLang's API and older replicas'
+     * values carry members this router does not know. */
+    return baton_worker_desc_from_json(d, body, 0, NULL, err, errlen);
 }
 
 static void post_workers(baton_http_req_t *req, baton_registry_t *reg)
@@ -310,9 +195,10 @@ static void post_workers(baton_http_req_t *req, baton_registry_t *reg)
         return;
     }
     char err[512] = "";
-    char *labels = NULL;
+    baton_worker_desc_t d;
     baton_worker_spec_t spec;
-    int rc = baton_admin_spec_parse(body, &spec, &labels, err, sizeof(err));
+    int rc = baton_admin_desc_parse(body, &d, err, sizeof(err));
+    BATON_WORKER_DESC_COPY_FIELDS(&spec, &d);
     baton_worker_t *w = NULL;
     if (rc == 0)
         rc = baton_registry_add(reg, &spec, &w, err, sizeof(err));
@@ -320,7 +206,7 @@ static void post_workers(baton_http_req_t *req, baton_registry_t *reg)
         baton_registry_publish_add(reg, w);
     add_result(req, rc, err, w, 0);
     baton_worker_unref(w);
-    free(labels);
+    baton_worker_desc_free(&d);
     json_decref(body);
 }
 

@@ -50,14 +50,11 @@ int baton_admin_authorize(baton_http_req_t *req, baton_auth_t *auth);
 /* The JSON rendering of one worker shown above (a new reference), or NULL on ENOMEM. */
 json_t *baton_admin_worker_json(const baton_worker_t *w);
 
-/*
- * The POST /workers body (and the value a shared registry stores per worker) → a spec. The
- * spec borrows body's strings; labels, when present, are re-serialized into *labels_p, which
- * the caller frees (NULL when none) whatever the result. 0, BATON_EINVAL with the reason in
- * err, or BATON_ENOMEM.
- */
-int baton_admin_spec_parse(json_t *body, baton_worker_spec_t *spec, char **labels_p, char *err,
-                           size_t errlen);
+/* The POST /workers body (and the value a shared registry stores per worker) → a descriptor
+ * that owns its strings (free it with baton_worker_desc_free, also after a failure). Unknown
+ * members are ignored. 0, or BATON_EINVAL / BATON_ENOMEM with err set. The registry checks the
+ * rest (url form, protocol fields) when the worker is added. */
+int baton_admin_desc_parse(json_t *body, baton_worker_desc_t *d, char *err, size_t errlen);
 
 /* The registration fields of w in the POST /workers shape (api_key included: it is what a
  * router needs to reach the worker). A new reference, or NULL on ENOMEM. */

@@ -1,5 +1,6 @@
 /* config.c — router configuration: defaults, the JSON file, the command line and --help. */
 #include "router/control/config.h"
+#include "router/control/config_int.h"
 
 #include "baton/error.h"
 #include "common/token_bucket.h"
@@ -215,9 +216,7 @@ static const opt_t options[] = {
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
-static int set_err(char *err, size_t errlen, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int set_err(char *err, size_t errlen, int rc, const char *fmt, ...)
+int baton__config_err(char *err, size_t errlen, int rc, const char *fmt, ...)
 {
     if (err != NULL && errlen > 0) {
         va_list ap;
@@ -299,17 +298,6 @@ int baton_config_init(baton_config_t *cfg)
     return 0;
 }
 
-static void worker_free(baton_config_worker_t *w)
-{
-    free(w->url);
-    free(w->api_key);
-    free(w->model_id);
-    free(w->labels_json);
-    free(w->engine_id);
-    free(w->bootstrap_addr);
-    memset(w, 0, sizeof(*w));
-}
-
 void baton_config_free(baton_config_t *cfg)
 {
     if (cfg == NULL)
@@ -332,7 +320,7 @@ void baton_config_free(baton_config_t *cfg)
     free(cfg->session_key_field);
     free(cfg->pd_protocol);
     for (size_t i = 0; i < cfg->n_workers; i++)
-        worker_free(&cfg->workers[i]);
+        baton_worker_desc_free(&cfg->workers[i]);
     free(cfg->workers);
     /* TLS (issue 11) */
     free(cfg->tls_cert);
@@ -358,7 +346,7 @@ static void resolve_policies(baton_config_t *cfg)
 
 /* ---- typed setters ---- */
 
-static int parse_u64(const char *s, uint64_t *v_p)
+int baton__config_parse_u64(const char *s, uint64_t *v_p)
 {
     if (s == NULL || *s < '0' || *s > '9') /* no sign, no spaces, no empty */
         return BATON_EINVAL;
@@ -401,13 +389,13 @@ static int set_from_string(baton_config_t *cfg, const opt_t *o, const char *wher
     case OPT_STRLIST: {
         baton_config_strlist_t *l = (baton_config_strlist_t *)field;
         if (value[0] == '\0')
-            return set_err(err, errlen, BATON_EINVAL, "%s: must not be empty", where);
+            return baton__config_err(err, errlen, BATON_EINVAL, "%s: must not be empty", where);
         char **v = realloc(l->v, (l->n + 1) * sizeof(*v));
         if (v == NULL)
-            return set_err(err, errlen, BATON_ENOMEM, "out of memory");
+            return baton__config_err(err, errlen, BATON_ENOMEM, "out of memory");
         l->v = v;
         if ((l->v[l->n] = strdup(value)) == NULL)
-            return set_err(err, errlen, BATON_ENOMEM, "out of memory");
+            return baton__config_err(err, errlen, BATON_ENOMEM, "out of memory");
         l->n++;
         return 0;
     }
@@ -417,32 +405,33 @@ static int set_from_string(baton_config_t *cfg, const opt_t *o, const char *wher
         else if (strcmp(value, "false") == 0 || strcmp(value, "0") == 0)
             *(int *)field = 0;
         else
-            return set_err(err, errlen, BATON_EINVAL, "%s: expected true or false, not '%s'", where,
-                           value);
+            return baton__config_err(err, errlen, BATON_EINVAL,
+                                     "%s: expected true or false, not '%s'", where, value);
         return 0;
     case OPT_RATE:
     case OPT_STR: {
         if (value[0] == '\0')
-            return set_err(err, errlen, BATON_EINVAL, "%s: must not be empty", where);
+            return baton__config_err(err, errlen, BATON_EINVAL, "%s: must not be empty", where);
         double rate, burst;
         if (o->type == OPT_RATE && baton_token_bucket_parse(value, &rate, &burst) != 0)
-            return set_err(err, errlen, BATON_EINVAL,
-                           "%s: expected RPS or RPS:BURST (RPS > 0, BURST an integer >= 1), not "
-                           "'%.64s'",
-                           where, value);
+            return baton__config_err(
+                err, errlen, BATON_EINVAL,
+                "%s: expected RPS or RPS:BURST (RPS > 0, BURST an integer >= 1), not "
+                "'%.64s'",
+                where, value);
         if (o->offset == OFF(check_path) &&
             (value[0] != '/' || strlen(value) >= 128 || strpbrk(value, " \r\n\t") != NULL))
-            return set_err(err, errlen, BATON_EINVAL,
-                           "%s: must be a path starting with '/', without spaces, under 128 bytes",
-                           where);
+            return baton__config_err(
+                err, errlen, BATON_EINVAL,
+                "%s: must be a path starting with '/', without spaces, under 128 bytes", where);
         baton_pd_protocol_t proto;
         if (o->offset == OFF(pd_protocol) && baton_pd_protocol_parse(value, &proto) != 0)
-            return set_err(err, errlen, BATON_EINVAL,
-                           "%s: unknown protocol '%s' (sglang, vllm-nixl, vllm-mooncake)", where,
-                           value);
+            return baton__config_err(err, errlen, BATON_EINVAL,
+                                     "%s: unknown protocol '%s' (sglang, vllm-nixl, vllm-mooncake)",
+                                     where, value);
         char *s = strdup(value);
         if (s == NULL)
-            return set_err(err, errlen, BATON_ENOMEM, "out of memory");
+            return baton__config_err(err, errlen, BATON_ENOMEM, "out of memory");
         free(*(char **)field);
         *(char **)field = s;
         return 0;
@@ -450,10 +439,10 @@ static int set_from_string(baton_config_t *cfg, const opt_t *o, const char *wher
     case OPT_POLICY: {
         baton_policy_kind_t k;
         if (baton_policy_parse(value, &k) != 0)
-            return set_err(err, errlen, BATON_EINVAL,
-                           "%s: unknown policy '%s' (round_robin, random, power_of_two, "
-                           "least_load, consistent_hash, cache_aware)",
-                           where, value);
+            return baton__config_err(err, errlen, BATON_EINVAL,
+                                     "%s: unknown policy '%s' (round_robin, random, power_of_two, "
+                                     "least_load, consistent_hash, cache_aware)",
+                                     where, value);
         *(baton_policy_kind_t *)field = k;
         cfg->set_flags_ |= o->set_flag;
         return 0;
@@ -461,20 +450,21 @@ static int set_from_string(baton_config_t *cfg, const opt_t *o, const char *wher
     case OPT_LOGLEVEL: {
         baton_log_level_t l;
         if (baton_log_parse_level(value, &l) != 0)
-            return set_err(err, errlen, BATON_EINVAL,
-                           "%s: unknown log level '%s' (debug, info, warn, error)", where, value);
+            return baton__config_err(err, errlen, BATON_EINVAL,
+                                     "%s: unknown log level '%s' (debug, info, warn, error)", where,
+                                     value);
         *(baton_log_level_t *)field = l;
         return 0;
     }
     default: {
         uint64_t v;
-        if (parse_u64(value, &v) != 0)
-            return set_err(err, errlen, BATON_EINVAL, "%s: not a non-negative integer: '%s'", where,
-                           value);
+        if (baton__config_parse_u64(value, &v) != 0)
+            return baton__config_err(err, errlen, BATON_EINVAL,
+                                     "%s: not a non-negative integer: '%s'", where, value);
         if (v < o->min || v > o->max)
-            return set_err(err, errlen, BATON_EINVAL, "%s: %llu is out of range %llu..%llu", where,
-                           (unsigned long long)v, (unsigned long long)o->min,
-                           (unsigned long long)o->max);
+            return baton__config_err(
+                err, errlen, BATON_EINVAL, "%s: %llu is out of range %llu..%llu", where,
+                (unsigned long long)v, (unsigned long long)o->min, (unsigned long long)o->max);
         store_number(cfg, o, v);
         return 0;
     }
@@ -492,8 +482,8 @@ static int set_from_json(baton_config_t *cfg, const opt_t *o, const char *where,
             json_array_foreach(value, i, e)
             {
                 if (!json_is_string(e))
-                    return set_err(err, errlen, BATON_EINVAL, "%s[%zu]: must be a string", where,
-                                   i);
+                    return baton__config_err(err, errlen, BATON_EINVAL, "%s[%zu]: must be a string",
+                                             where, i);
                 int rc = set_from_string(cfg, o, where, json_string_value(e), err, errlen);
                 if (rc != 0)
                     return rc;
@@ -501,12 +491,12 @@ static int set_from_json(baton_config_t *cfg, const opt_t *o, const char *where,
             return 0;
         }
         if (!json_is_string(value))
-            return set_err(err, errlen, BATON_EINVAL, "%s: must be a string or an array of them",
-                           where);
+            return baton__config_err(err, errlen, BATON_EINVAL,
+                                     "%s: must be a string or an array of them", where);
         return set_from_string(cfg, o, where, json_string_value(value), err, errlen);
     case OPT_BOOL:
         if (!json_is_boolean(value))
-            return set_err(err, errlen, BATON_EINVAL, "%s: must be true or false", where);
+            return baton__config_err(err, errlen, BATON_EINVAL, "%s: must be true or false", where);
         *(int *)((char *)cfg + o->offset) = json_is_true(value);
         return 0;
     case OPT_RATE:
@@ -514,177 +504,20 @@ static int set_from_json(baton_config_t *cfg, const opt_t *o, const char *where,
     case OPT_POLICY:
     case OPT_LOGLEVEL:
         if (!json_is_string(value))
-            return set_err(err, errlen, BATON_EINVAL, "%s: must be a string", where);
+            return baton__config_err(err, errlen, BATON_EINVAL, "%s: must be a string", where);
         return set_from_string(cfg, o, where, json_string_value(value), err, errlen);
     default: {
         if (!json_is_integer(value))
-            return set_err(err, errlen, BATON_EINVAL, "%s: must be an integer", where);
+            return baton__config_err(err, errlen, BATON_EINVAL, "%s: must be an integer", where);
         json_int_t v = json_integer_value(value);
         if (v < 0 || (uint64_t)v < o->min || (uint64_t)v > o->max)
-            return set_err(err, errlen, BATON_EINVAL, "%s: %lld is out of range %llu..%llu", where,
-                           (long long)v, (unsigned long long)o->min, (unsigned long long)o->max);
+            return baton__config_err(err, errlen, BATON_EINVAL,
+                                     "%s: %lld is out of range %llu..%llu", where, (long long)v,
+                                     (unsigned long long)o->min, (unsigned long long)o->max);
         store_number(cfg, o, (uint64_t)v);
         return 0;
     }
     }
-}
-
-/* ---- workers ---- */
-
-long baton_config_find_worker(const baton_config_t *cfg, size_t n, const char *norm_url)
-{
-    char other[BATON_WORKER_URL_MAX];
-    for (size_t i = 0; i < n && i < cfg->n_workers; i++)
-        if (baton_worker_url_normalize(cfg->workers[i].url, other, sizeof(other), NULL) == 0 &&
-            strcmp(norm_url, other) == 0)
-            return (long)i;
-    return -1;
-}
-
-static int push_worker(baton_config_t *cfg, baton_config_worker_t *w, size_t replace_below)
-{
-    char norm[BATON_WORKER_URL_MAX];
-    long i;
-    if (baton_worker_url_normalize(w->url, norm, sizeof(norm), NULL) == 0 &&
-        (i = baton_config_find_worker(cfg, replace_below, norm)) >= 0) {
-        worker_free(&cfg->workers[i]);
-        cfg->workers[i] = *w;
-        return 0;
-    }
-    baton_config_worker_t *ws = realloc(cfg->workers, (cfg->n_workers + 1) * sizeof(*ws));
-    if (ws == NULL)
-        return BATON_ENOMEM;
-    cfg->workers = ws;
-    cfg->workers[cfg->n_workers++] = *w;
-    return 0;
-}
-
-static int check_worker(const baton_config_worker_t *w, const char *where, char *err, size_t errlen)
-{
-    char norm[BATON_WORKER_URL_MAX];
-    if (baton_worker_url_normalize(w->url, norm, sizeof(norm), NULL) != 0)
-        return set_err(err, errlen, BATON_EINVAL,
-                       "%s: invalid worker url '%.200s' (expected http://host:port)", where,
-                       w->url);
-    if (w->bootstrap_port != -1 && w->role != BATON_ROLE_PREFILL)
-        return set_err(err, errlen, BATON_EINVAL,
-                       "%s: bootstrap_port is only valid for prefill workers", where);
-    if (w->bootstrap_port != -1 && (w->bootstrap_port < 1 || w->bootstrap_port > 65535))
-        return set_err(err, errlen, BATON_EINVAL, "%s: bootstrap_port must be in 1..65535", where);
-    return 0;
-}
-
-static int dup_json_string(json_t *v, char **out_p, const char *where, const char *key, char *err,
-                           size_t errlen)
-{
-    if (json_is_null(v))
-        return 0;
-    if (!json_is_string(v))
-        return set_err(err, errlen, BATON_EINVAL, "%s.%s: must be a string or null", where, key);
-    char *s = strdup(json_string_value(v));
-    if (s == NULL)
-        return set_err(err, errlen, BATON_ENOMEM, "out of memory");
-    free(*out_p);
-    *out_p = s;
-    return 0;
-}
-
-static int parse_json_worker(baton_config_t *cfg, json_t *jw, const char *where, char *err,
-                             size_t errlen)
-{
-    if (!json_is_object(jw))
-        return set_err(err, errlen, BATON_EINVAL, "%s: must be an object", where);
-    baton_config_worker_t w = {.role = BATON_ROLE_REGULAR,
-                               .bootstrap_port = -1,
-                               .priority = 50,
-                               .cost = 1.0,
-                               .pd_protocol = BATON_PD_UNSET};
-    int rc = 0;
-    const char *key;
-    json_t *v;
-    json_object_foreach(jw, key, v)
-    {
-        if (strcmp(key, "url") == 0) {
-            if (!json_is_string(v)) {
-                rc = set_err(err, errlen, BATON_EINVAL, "%s.url: must be a string", where);
-                break;
-            }
-            rc = dup_json_string(v, &w.url, where, key, err, errlen);
-        } else if (strcmp(key, "worker_type") == 0) {
-            if (!json_is_string(v) || baton_worker_role_parse(json_string_value(v), &w.role) != 0)
-                rc = set_err(err, errlen, BATON_EINVAL,
-                             "%s.worker_type: must be \"prefill\", \"decode\" or \"regular\"",
-                             where);
-        } else if (strcmp(key, "bootstrap_port") == 0) {
-            if (json_is_null(v))
-                w.bootstrap_port = -1;
-            else if (json_is_integer(v) && json_integer_value(v) >= 1 &&
-                     json_integer_value(v) <= 65535)
-                w.bootstrap_port = (int)json_integer_value(v);
-            else
-                rc = set_err(err, errlen, BATON_EINVAL,
-                             "%s.bootstrap_port: must be an integer 1..65535 or null", where);
-        } else if (strcmp(key, "api_key") == 0) {
-            rc = dup_json_string(v, &w.api_key, where, key, err, errlen);
-        } else if (strcmp(key, "model_id") == 0) {
-            rc = dup_json_string(v, &w.model_id, where, key, err, errlen);
-        } else if (strcmp(key, "priority") == 0) {
-            if (json_is_integer(v) && json_integer_value(v) >= 0 &&
-                json_integer_value(v) <= INT32_MAX)
-                w.priority = (int)json_integer_value(v);
-            else
-                rc = set_err(err, errlen, BATON_EINVAL,
-                             "%s.priority: must be a non-negative integer", where);
-        } else if (strcmp(key, "cost") == 0) {
-            if (json_is_number(v) && json_number_value(v) >= 0)
-                w.cost = json_number_value(v);
-            else
-                rc = set_err(err, errlen, BATON_EINVAL, "%s.cost: must be a number >= 0", where);
-        } else if (strcmp(key, "labels") == 0) {
-            if (!json_is_object(v)) {
-                rc = set_err(err, errlen, BATON_EINVAL, "%s.labels: must be an object", where);
-            } else {
-                w.labels_json = json_dumps(v, JSON_COMPACT);
-                if (w.labels_json == NULL)
-                    rc = set_err(err, errlen, BATON_ENOMEM, "out of memory");
-            }
-        } else if (strcmp(key, "pd_protocol") == 0) {
-            w.pd_protocol = BATON_PD_UNSET; /* null: the router's --pd-protocol */
-            if (!json_is_null(v) &&
-                (!json_is_string(v) ||
-                 baton_pd_protocol_parse(json_string_value(v), &w.pd_protocol) != 0))
-                rc = set_err(err, errlen, BATON_EINVAL,
-                             "%s.pd_protocol: must be \"sglang\", \"vllm-nixl\" or "
-                             "\"vllm-mooncake\"",
-                             where);
-        } else if (strcmp(key, "engine_id") == 0) {
-            rc = dup_json_string(v, &w.engine_id, where, key, err, errlen);
-        } else if (strcmp(key, "bootstrap_addr") == 0) {
-            rc = dup_json_string(v, &w.bootstrap_addr, where, key, err, errlen);
-        } else if (strcmp(key, "dp_size") == 0) {
-            if (json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 1024)
-                w.dp_size = (int)json_integer_value(v);
-            else
-                rc = set_err(err, errlen, BATON_EINVAL, "%s.dp_size: must be an integer 0..1024",
-                             where);
-        } else {
-            rc = set_err(err, errlen, BATON_EINVAL, "%s: unknown key '%s'", where, key);
-        }
-        if (rc != 0)
-            break;
-    }
-    if (rc == 0 && w.url == NULL)
-        rc = set_err(err, errlen, BATON_EINVAL, "%s: \"url\" is required", where);
-    if (rc == 0)
-        rc = check_worker(&w, where, err, errlen);
-    if (rc == 0) {
-        rc = push_worker(cfg, &w, 0);
-        if (rc != 0)
-            set_err(err, errlen, rc, "out of memory");
-    }
-    if (rc != 0)
-        worker_free(&w);
-    return rc;
 }
 
 /* ---- JSON file ---- */
@@ -728,25 +561,25 @@ static int load_section(baton_config_t *cfg, json_t *obj, const char *section, c
         int rc;
         if (section == NULL && is_section(key)) {
             if (!json_is_object(v))
-                return set_err(err, errlen, BATON_EINVAL, "%s: must be an object", where);
+                return baton__config_err(err, errlen, BATON_EINVAL, "%s: must be an object", where);
             rc = load_section(cfg, v, key, origin, err, errlen);
         } else if (section == NULL && strcmp(key, "workers") == 0) {
             if (!json_is_array(v))
-                return set_err(err, errlen, BATON_EINVAL, "%s: must be an array", where);
+                return baton__config_err(err, errlen, BATON_EINVAL, "%s: must be an array", where);
             size_t i;
             json_t *jw;
             rc = 0;
             json_array_foreach(v, i, jw)
             {
                 snprintf(where, sizeof(where), "%s: workers[%zu]", origin, i);
-                rc = parse_json_worker(cfg, jw, where, err, errlen);
+                rc = baton__config_json_worker(cfg, jw, where, err, errlen);
                 if (rc != 0)
                     break;
             }
         } else {
             const opt_t *o = find_json_opt(section, key);
             if (o == NULL)
-                return set_err(err, errlen, BATON_EINVAL, "%s: unknown key", where);
+                return baton__config_err(err, errlen, BATON_EINVAL, "%s: unknown key", where);
             rc = set_from_json(cfg, o, where, v, err, errlen);
         }
         if (rc != 0)
@@ -761,11 +594,12 @@ int baton_config_load_json(baton_config_t *cfg, const char *text, const char *or
     json_error_t jerr;
     json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
     if (root == NULL)
-        return set_err(err, errlen, BATON_EINVAL, "%s:%d:%d: %s", origin, jerr.line, jerr.column,
-                       jerr.text);
+        return baton__config_err(err, errlen, BATON_EINVAL, "%s:%d:%d: %s", origin, jerr.line,
+                                 jerr.column, jerr.text);
     int rc;
     if (!json_is_object(root))
-        rc = set_err(err, errlen, BATON_EINVAL, "%s: the top level must be an object", origin);
+        rc = baton__config_err(err, errlen, BATON_EINVAL, "%s: the top level must be an object",
+                               origin);
     else
         rc = load_section(cfg, root, NULL, origin, err, errlen);
     json_decref(root);
@@ -778,21 +612,21 @@ int baton_config_load_file(baton_config_t *cfg, const char *path, char *err, siz
 {
     FILE *f = fopen(path, "rb");
     if (f == NULL)
-        return set_err(err, errlen, BATON_EINVAL, "--config: cannot open '%s': %s", path,
-                       strerror(errno));
+        return baton__config_err(err, errlen, BATON_EINVAL, "--config: cannot open '%s': %s", path,
+                                 strerror(errno));
     char *text = NULL;
     size_t len = 0, cap = 0;
     int rc = 0;
     for (;;) {
         if (len + 4096 + 1 > cap) {
             if (cap > (16u << 20)) {
-                rc = set_err(err, errlen, BATON_EINVAL, "%s: file too large", path);
+                rc = baton__config_err(err, errlen, BATON_EINVAL, "%s: file too large", path);
                 break;
             }
             cap = cap ? cap * 2 : 8192;
             char *t = realloc(text, cap);
             if (t == NULL) {
-                rc = set_err(err, errlen, BATON_ENOMEM, "out of memory");
+                rc = baton__config_err(err, errlen, BATON_ENOMEM, "out of memory");
                 break;
             }
             text = t;
@@ -801,7 +635,7 @@ int baton_config_load_file(baton_config_t *cfg, const char *path, char *err, siz
         len += n;
         if (n == 0) {
             if (ferror(f))
-                rc = set_err(err, errlen, BATON_EINVAL, "%s: read error", path);
+                rc = baton__config_err(err, errlen, BATON_EINVAL, "%s: read error", path);
             break;
         }
     }
@@ -817,8 +651,8 @@ int baton_config_load_file(baton_config_t *cfg, const char *path, char *err, siz
 /* ---- command line ---- */
 
 /* "--name=value" or "--name value". */
-static const char *flag_value(int argc, char *const argv[], int *i, const char *arg,
-                              size_t name_len)
+const char *baton__config_flag_value(int argc, char *const argv[], int *i, const char *arg,
+                                     size_t name_len)
 {
     if (arg[name_len] == '=')
         return arg + name_len + 1;
@@ -833,48 +667,6 @@ static int flag_matches(const char *arg, const char *flag)
     return strncmp(arg, flag, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
 }
 
-static int cli_worker(baton_config_t *cfg, baton_worker_role_t role, int argc, char *const argv[],
-                      int *i, const char *flag, size_t replace_below, char *err, size_t errlen)
-{
-    const char *arg = argv[*i];
-    const char *url = flag_value(argc, argv, i, arg, strlen(flag));
-    if (url == NULL)
-        return set_err(err, errlen, BATON_EINVAL, "%s: missing URL", flag);
-    baton_config_worker_t w = {.role = role,
-                               .bootstrap_port = -1,
-                               .priority = 50,
-                               .cost = 1.0,
-                               .pd_protocol = BATON_PD_UNSET};
-    /* SGLang's convention: --prefill URL [BOOTSTRAP_PORT]. The second word is a port when it
-     * looks like a number (or none/null); anything else is the next flag. */
-    if (role == BATON_ROLE_PREFILL && *i + 1 < argc) {
-        const char *next = argv[*i + 1];
-        uint64_t port;
-        if (strcmp(next, "none") == 0 || strcmp(next, "null") == 0) {
-            (*i)++;
-        } else if (next[0] >= '0' && next[0] <= '9') {
-            if (parse_u64(next, &port) != 0 || port < 1 || port > 65535)
-                return set_err(err, errlen, BATON_EINVAL,
-                               "%s %s: bad bootstrap port '%s' (1..65535 or none)", flag, url,
-                               next);
-            w.bootstrap_port = (int)port;
-            (*i)++;
-        }
-    }
-    w.url = strdup(url);
-    if (w.url == NULL)
-        return set_err(err, errlen, BATON_ENOMEM, "out of memory");
-    int rc = check_worker(&w, flag, err, errlen);
-    if (rc == 0) {
-        rc = push_worker(cfg, &w, replace_below);
-        if (rc != 0)
-            set_err(err, errlen, rc, "out of memory");
-    }
-    if (rc != 0)
-        worker_free(&w);
-    return rc;
-}
-
 int baton_config_from_args(baton_config_t *cfg, int argc, char *const argv[], char *err,
                            size_t errlen)
 {
@@ -886,12 +678,12 @@ int baton_config_from_args(baton_config_t *cfg, int argc, char *const argv[], ch
     for (int i = 1; i < argc; i++) {
         if (!flag_matches(argv[i], "--config"))
             continue;
-        const char *path = flag_value(argc, argv, &i, argv[i], strlen("--config"));
+        const char *path = baton__config_flag_value(argc, argv, &i, argv[i], strlen("--config"));
         if (path == NULL || path[0] == '\0')
-            return set_err(err, errlen, BATON_EINVAL, "--config: missing FILE");
+            return baton__config_err(err, errlen, BATON_EINVAL, "--config: missing FILE");
         char *p = strdup(path);
         if (p == NULL)
-            return set_err(err, errlen, BATON_ENOMEM, "out of memory");
+            return baton__config_err(err, errlen, BATON_ENOMEM, "out of memory");
         free(cfg->config_path);
         cfg->config_path = p;
         int rc = baton_config_load_file(cfg, path, err, errlen);
@@ -904,71 +696,39 @@ int baton_config_from_args(baton_config_t *cfg, int argc, char *const argv[], ch
         const char *arg = argv[i];
         int rc;
         if (flag_matches(arg, "--config")) {
-            flag_value(argc, argv, &i, arg, strlen("--config")); /* done above */
+            baton__config_flag_value(argc, argv, &i, arg, strlen("--config")); /* done above */
             continue;
         }
         if (flag_matches(arg, "--prefill")) {
-            rc = cli_worker(cfg, BATON_ROLE_PREFILL, argc, argv, &i, "--prefill", n_file_workers,
-                            err, errlen);
+            rc = baton__config_cli_worker(cfg, BATON_ROLE_PREFILL, argc, argv, &i, "--prefill",
+                                          n_file_workers, err, errlen);
         } else if (flag_matches(arg, "--decode")) {
-            rc = cli_worker(cfg, BATON_ROLE_DECODE, argc, argv, &i, "--decode", n_file_workers, err,
-                            errlen);
+            rc = baton__config_cli_worker(cfg, BATON_ROLE_DECODE, argc, argv, &i, "--decode",
+                                          n_file_workers, err, errlen);
         } else if (flag_matches(arg, "--worker")) {
-            rc = cli_worker(cfg, BATON_ROLE_REGULAR, argc, argv, &i, "--worker", n_file_workers,
-                            err, errlen);
+            rc = baton__config_cli_worker(cfg, BATON_ROLE_REGULAR, argc, argv, &i, "--worker",
+                                          n_file_workers, err, errlen);
         } else {
             const opt_t *o = NULL;
             for (size_t k = 0; k < N_OPTIONS && o == NULL; k++)
                 if (flag_matches(arg, options[k].flag))
                     o = &options[k];
             if (o == NULL)
-                return set_err(err, errlen, BATON_EINVAL, "unknown option '%s'", arg);
+                return baton__config_err(err, errlen, BATON_EINVAL, "unknown option '%s'", arg);
             /* A boolean flag stands alone; only --flag=false takes a value. */
-            const char *value = o->type == OPT_BOOL && arg[strlen(o->flag)] == '\0'
-                                    ? "true"
-                                    : flag_value(argc, argv, &i, arg, strlen(o->flag));
+            const char *value =
+                o->type == OPT_BOOL && arg[strlen(o->flag)] == '\0'
+                    ? "true"
+                    : baton__config_flag_value(argc, argv, &i, arg, strlen(o->flag));
             if (value == NULL)
-                return set_err(err, errlen, BATON_EINVAL, "%s: missing value %s", o->flag,
-                               o->metavar);
+                return baton__config_err(err, errlen, BATON_EINVAL, "%s: missing value %s", o->flag,
+                                         o->metavar);
             rc = set_from_string(cfg, o, o->flag, value, err, errlen);
         }
         if (rc != 0)
             return rc;
     }
     resolve_policies(cfg);
-    return 0;
-}
-
-int baton_config_add_worker(baton_registry_t *reg, const baton_config_worker_t *cw, char *why,
-                            size_t whylen)
-{
-    baton_worker_spec_t spec;
-    baton_worker_spec_init(&spec);
-    spec.url = cw->url;
-    spec.role = cw->role;
-    spec.bootstrap_port = cw->bootstrap_port;
-    spec.api_key = cw->api_key;
-    spec.model_id = cw->model_id;
-    spec.priority = cw->priority;
-    spec.cost = cw->cost;
-    spec.labels_json = cw->labels_json;
-    spec.pd_protocol = cw->pd_protocol;
-    spec.engine_id = cw->engine_id;
-    spec.bootstrap_addr = cw->bootstrap_addr;
-    spec.dp_size = cw->dp_size;
-    return baton_registry_add(reg, &spec, NULL, why, whylen);
-}
-
-int baton_config_apply_workers(const baton_config_t *cfg, baton_registry_t *reg, char *err,
-                               size_t errlen)
-{
-    for (size_t i = 0; i < cfg->n_workers; i++) {
-        const baton_config_worker_t *cw = &cfg->workers[i];
-        char why[256] = "";
-        int rc = baton_config_add_worker(reg, cw, why, sizeof(why));
-        if (rc != 0)
-            return set_err(err, errlen, rc, "worker %s: %s", cw->url, why);
-    }
     return 0;
 }
 

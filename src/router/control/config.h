@@ -203,20 +203,8 @@
  * Ownership: the config owns all its strings; baton_config_free() releases them.
  */
 
-typedef struct baton_config_worker_s {
-    char *url;
-    baton_worker_role_t role;
-    int bootstrap_port; /* -1 = none */
-    char *api_key;      /* NULL = none */
-    char *model_id;     /* NULL = none */
-    int priority;
-    double cost;
-    char *labels_json;               /* NULL = none */
-    baton_pd_protocol_t pd_protocol; /* UNSET: the router's pd_protocol */
-    char *engine_id;                 /* NULL = none (vllm-mooncake prefill) */
-    char *bootstrap_addr;            /* NULL = none (vllm-mooncake prefill) */
-    int dp_size;                     /* 0 = not data-parallel (sglang) */
-} baton_config_worker_t;
+/* A configured worker: the worker descriptor (worker_desc.h), owning its strings. */
+typedef baton_worker_desc_t baton_config_worker_t;
 
 /* A repeatable string option (--api-key). */
 typedef struct baton_config_strlist_s {

@@ -130,47 +130,35 @@ static void forget(baton_etcd_sync_t *s, uint64_t h)
     }
 }
 
-static int same_str(const char *a, const char *b)
-{
-    return (a == NULL && b == NULL) || (a != NULL && b != NULL && strcmp(a, b) == 0);
-}
-
 /* A key's value → the registry (add, or replace when its attributes changed). */
 static void apply_put(baton_etcd_sync_t *s, const char *key, size_t klen, json_t *value_b64)
 {
     char *text = baton_etcd_unb64(value_b64, NULL);
     json_t *body = text ? json_loads(text, JSON_REJECT_DUPLICATES, NULL) : NULL;
     free(text);
+    baton_worker_desc_t d;
     baton_worker_spec_t spec;
-    char *labels = NULL, err[256] = "";
-    if (body == NULL || baton_admin_spec_parse(body, &spec, &labels, err, sizeof(err)) != 0) {
+    char err[256] = "";
+    if (body == NULL || baton_admin_desc_parse(body, &d, err, sizeof(err)) != 0) {
         log_warn("etcd", "bad_worker_value key=%.*s reason=\"%s\"", (int)klen, key,
                  body ? err : "not base64 JSON");
-        free(labels);
         json_decref(body);
         return;
     }
+    BATON_WORKER_DESC_COPY_FIELDS(&spec, &d);
     uint64_t h = key_hash(key, klen);
     baton_worker_t *cur = baton_registry_find_url(s->reg, spec.url);
     if (cur != NULL) {
-        int same = spec.role == cur->role && spec.bootstrap_port == cur->bootstrap_port &&
-                   spec.priority == cur->priority && spec.cost == cur->cost &&
-                   same_str(spec.api_key, cur->api_key) && same_str(spec.model_id, cur->model_id) &&
-                   (spec.pd_protocol == BATON_PD_UNSET || spec.pd_protocol == cur->pd_protocol) &&
-                   spec.dp_size == cur->dp_size && same_str(spec.engine_id, cur->engine_id) &&
-                   same_str(spec.bootstrap_addr, cur->bootstrap_addr);
-        if (same) {
-            json_t *a = json_loads(cur->labels_json, 0, NULL);
-            json_t *b = json_loads(labels ? labels : "{}", 0, NULL);
-            same = json_equal(a, b);
-            json_decref(a);
-            json_decref(b);
-        }
-        if (same) {
+        /* Without a protocol the value takes the router's default, which cur already has. */
+        baton_worker_spec_t now;
+        BATON_WORKER_DESC_COPY_FIELDS(&now, cur);
+        if (spec.pd_protocol == BATON_PD_UNSET)
+            now.pd_protocol = BATON_PD_UNSET;
+        if (baton_worker_spec_equal(&spec, &now)) {
             if (baton_u64map_get(&s->known, h) == NULL)
                 baton_u64map_put(&s->known, h, strdup(cur->id));
             baton_worker_unref(cur);
-            free(labels);
+            baton_worker_desc_free(&d);
             json_decref(body);
             return;
         }
@@ -190,7 +178,7 @@ static void apply_put(baton_etcd_sync_t *s, const char *key, size_t klen, json_t
     } else {
         log_warn("etcd", "worker_rejected key=%.*s reason=\"%s\"", (int)klen, key, err);
     }
-    free(labels);
+    baton_worker_desc_free(&d);
     json_decref(body);
 }
 

@@ -1,5 +1,5 @@
-/* router/control/load_poll.h — polls every worker's reported load (GET /get_load, SGLang's format) at an
- * interval, for least_load (policy.h: baton_worker_load). */
+/* router/control/load_poll.h — polls every worker's reported load (GET /get_load, SGLang's format)
+ * at an interval, for least_load (policy.h: baton_worker_load). */
 #ifndef BATON_ROUTER_LOAD_POLL_H
 #define BATON_ROUTER_LOAD_POLL_H
 

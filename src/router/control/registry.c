@@ -59,16 +59,6 @@ const char *baton_worker_health_name(baton_worker_health_t h)
     return h == BATON_HEALTH_HEALTHY ? "healthy" : "unhealthy";
 }
 
-void baton_worker_spec_init(baton_worker_spec_t *spec)
-{
-    memset(spec, 0, sizeof(*spec));
-    spec->role = BATON_ROLE_REGULAR;
-    spec->bootstrap_port = -1;
-    spec->priority = 50;
-    spec->cost = 1.0;
-    spec->pd_protocol = BATON_PD_UNSET;
-}
-
 static const char *const pd_names[BATON_PD_COUNT] = {"sglang", "vllm-nixl", "vllm-mooncake"};
 
 const char *baton_pd_protocol_name(baton_pd_protocol_t p)
@@ -130,12 +120,9 @@ int baton_worker_url_normalize(const char *url, char *out, size_t outlen, baton_
 
 static void worker_free(baton_worker_t *w)
 {
-    free(w->url);
-    free(w->api_key);
-    free(w->model_id);
-    free(w->labels_json);
-    free(w->engine_id);
-    free(w->bootstrap_addr);
+    baton_worker_desc_t d;
+    BATON_WORKER_DESC_COPY_FIELDS(&d, w); /* its strings, freed as a descriptor's */
+    baton_worker_desc_free(&d);
     free(w->dp_in_flight);
     free(w);
 }
@@ -260,16 +247,6 @@ void baton_registry_destroy(baton_registry_t *reg)
 static void bump(baton_registry_t *reg)
 {
     atomic_fetch_add(&reg->generation, 1);
-}
-
-static char *dup_or_null(const char *s, int *oom)
-{
-    if (s == NULL)
-        return NULL;
-    char *d = strdup(s);
-    if (d == NULL)
-        *oom = 1;
-    return d;
 }
 
 /* FNV-1a 32 of the normalized URL: the same URL gets the same id across restarts and router
@@ -411,21 +388,21 @@ int baton_registry_add(baton_registry_t *reg, const baton_worker_spec_t *spec,
         return BATON_ENOMEM;
     }
 
+    /* The worker's descriptor: the spec as resolved here, its strings copied. */
+    baton_worker_spec_t resolved = *spec;
+    resolved.url = norm;
+    resolved.labels_json = labels;
+    resolved.pd_protocol = proto;
+    baton_worker_desc_t d;
     baton_worker_t *w = calloc(1, sizeof(*w));
-    int oom = w == NULL;
-    if (w != NULL) {
-        w->labels_json = labels;
-        w->url = dup_or_null(norm, &oom);
-        w->api_key = dup_or_null(spec->api_key, &oom);
-        w->model_id = dup_or_null(spec->model_id, &oom);
-        w->engine_id = dup_or_null(spec->engine_id, &oom);
-        w->bootstrap_addr = dup_or_null(spec->bootstrap_addr, &oom);
+    int oom = w == NULL || baton_worker_desc_dup(&d, &resolved) != 0;
+    free(labels);
+    if (!oom) {
+        BATON_WORKER_DESC_COPY_FIELDS(w, &d);
         if (spec->dp_size > 1) {
             w->dp_in_flight = calloc((size_t)spec->dp_size, sizeof(*w->dp_in_flight));
             oom |= w->dp_in_flight == NULL;
         }
-    } else {
-        free(labels);
     }
     if (oom) {
         if (w != NULL)
@@ -434,12 +411,6 @@ int baton_registry_add(baton_registry_t *reg, const baton_worker_spec_t *spec,
         return BATON_ENOMEM;
     }
     w->parsed = parsed;
-    w->role = spec->role;
-    w->bootstrap_port = spec->bootstrap_port;
-    w->priority = spec->priority;
-    w->cost = spec->cost;
-    w->pd_protocol = proto;
-    w->dp_size = spec->dp_size;
     atomic_init(&w->in_flight, 0);
     atomic_init(&w->health, BATON_HEALTH_HEALTHY);
     atomic_init(&w->breaker, BATON_BREAKER_CLOSED);

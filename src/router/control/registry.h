@@ -8,6 +8,7 @@
 
 #include "health/breaker_state.h" /* baton_breaker_state_t: CLOSED / OPEN / HALF_OPEN */
 #include "http/common.h"
+#include "router/control/worker_desc.h"
 
 /*
  * One registry is shared by every router thread (each thread runs its own libuv loop).
@@ -29,14 +30,6 @@
  * a snapshot and refresh it when the generation it saw differs.
  */
 
-typedef enum {
-    BATON_ROLE_PREFILL = 0,
-    BATON_ROLE_DECODE = 1,
-    BATON_ROLE_REGULAR = 2,
-    BATON_ROLE_COUNT = 3,
-    BATON_ROLE_ANY = -1 /* only as a filter argument */
-} baton_worker_role_t;
-
 /* "prefill", "decode", "regular" (and "any" for BATON_ROLE_ANY). */
 const char *baton_worker_role_name(baton_worker_role_t role);
 /* Exact, case-sensitive match of the names above (not "any"). 0 or BATON_EINVAL. */
@@ -49,17 +42,6 @@ typedef enum {
 } baton_worker_health_t;
 const char *baton_worker_health_name(baton_worker_health_t h); /* "healthy", "unhealthy" */
 
-/* The PD protocol a worker speaks (issue 12). A request's pair always speaks one protocol: the
- * decode is picked among the workers of the prefill's protocol. */
-typedef enum {
-    BATON_PD_SGLANG = 0,        /* bootstrap_host/port/room injected, both legs at once */
-    BATON_PD_VLLM_NIXL = 1,     /* two phases: prefill (max_tokens 1), then decode with the
-                                 * prefill's kv_transfer_params */
-    BATON_PD_VLLM_MOONCAKE = 2, /* one transfer_id minted per request, both legs at once */
-    BATON_PD_COUNT = 3,
-    BATON_PD_UNSET = -1 /* spec only: the registry's default (baton_registry_set_pd_default) */
-} baton_pd_protocol_t;
-
 /* "sglang", "vllm-nixl", "vllm-mooncake". */
 const char *baton_pd_protocol_name(baton_pd_protocol_t p);
 /* Exact match of the names above. 0 or BATON_EINVAL. */
@@ -67,26 +49,8 @@ int baton_pd_protocol_parse(const char *name, baton_pd_protocol_t *p_p);
 
 #define BATON_WORKER_ID_MAX 16 /* "w-" + 8 hex digits + NUL fits with room to spare */
 
-/* What a caller asks to register. Strings are borrowed for the duration of the call only. */
-typedef struct baton_worker_spec_s {
-    const char *url;          /* required: "http://host[:port][/prefix]" (port 80 if absent) */
-    baton_worker_role_t role; /* PREFILL, DECODE or REGULAR */
-    int bootstrap_port;       /* -1 = none (JSON null); 1..65535 and only for PREFILL */
-    const char *api_key;      /* NULL = none; sent upstream as "Authorization: Bearer" */
-    const char *model_id;     /* NULL = none */
-    int priority;             /* >= 0; default 50 (higher = preferred; informational now) */
-    double cost;              /* >= 0; default 1.0 (informational now) */
-    const char *labels_json;  /* NULL or a JSON object as text, e.g. {"zone":"a"} */
-    /* PD protocols (issue 12). */
-    baton_pd_protocol_t pd_protocol; /* UNSET = the registry's default */
-    const char *engine_id;           /* vllm-mooncake prefill: its kv_transfer_config engine_id */
-    const char *bootstrap_addr; /* vllm-mooncake prefill: "http://host:port" of its bootstrap */
-    int dp_size; /* sglang, or a vllm-mooncake prefill: data-parallel ranks (0 = not DP) */
-} baton_worker_spec_t;
-
-/* Fills the defaults: url NULL, role REGULAR, bootstrap_port -1, priority 50, cost 1.0,
- * pd_protocol UNSET, engine_id/bootstrap_addr NULL, dp_size 0. */
-void baton_worker_spec_init(baton_worker_spec_t *spec);
+/* What a caller asks to register: baton_worker_spec_t (worker_desc.h), its strings borrowed
+ * for the duration of the call only; baton_worker_spec_init fills the defaults. */
 
 /*
  * A registered worker. The fields in the first block are immutable after registration and may
@@ -95,19 +59,11 @@ void baton_worker_spec_init(baton_worker_spec_t *spec);
  */
 typedef struct baton_worker_s {
     char id[BATON_WORKER_ID_MAX]; /* "w-" + 8 lowercase hex, stable: derived from the URL */
-    char *url;                    /* normalized: "http://host:port[/prefix]" (no trailing '/') */
-    baton_url_t parsed;           /* host (no brackets), port, prefix */
-    baton_worker_role_t role;
-    int bootstrap_port; /* -1 = none */
-    char *api_key;      /* NULL = none */
-    char *model_id;     /* NULL = none */
-    int priority;
-    double cost;
-    char *labels_json;               /* compact JSON object text, "{}" when none; never NULL */
-    baton_pd_protocol_t pd_protocol; /* resolved at registration: never UNSET */
-    char *engine_id;                 /* NULL = none */
-    char *bootstrap_addr;            /* NULL = none */
-    int dp_size;                     /* 0 = not data-parallel */
+    /* The descriptor's fields (worker_desc.h), as registered: url normalized
+     * ("http://host:port[/prefix]", no trailing '/'), labels_json compact and never NULL ("{}"
+     * when none), pd_protocol resolved (never UNSET). */
+    BATON_WORKER_DESC_FIELDS(BATON_WORKER_DESC_DECL)
+    baton_url_t parsed; /* url's host (no brackets), port, prefix */
 
     /* Mutable, atomic. */
     atomic_long in_flight;       /* requests currently sent to this worker */
@@ -257,9 +213,9 @@ int baton_worker_is_eligible(const baton_worker_t *w);
 int baton_worker_url_normalize(const char *url, char *out, size_t outlen, baton_url_t *parsed_p);
 /* ---- shared registry (issue 14: several routers over etcd) ----
  *
- * The registry itself stays local to one router. A synchroniser (router/control/etcd_sync.h) mirrors a
- * shared store into it, and learns through these hooks what an operator changed through this
- * router's admin API, so that it can publish the change to the store. Changes the synchroniser
+ * The registry itself stays local to one router. A synchroniser (router/control/etcd_sync.h)
+ * mirrors a shared store into it, and learns through these hooks what an operator changed through
+ * this router's admin API, so that it can publish the change to the store. Changes the synchroniser
  * applies itself are not published again (it calls add/remove directly, not publish_*).
  */
 typedef struct baton_registry_hooks_s {

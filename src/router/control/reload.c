@@ -7,13 +7,6 @@
 #include "baton/error.h"
 #include "common/log.h"
 
-static int streq_null(const char *a, const char *b)
-{
-    if (a == NULL || b == NULL)
-        return a == b;
-    return strcmp(a, b) == 0;
-}
-
 static int norm(const char *url, char out[BATON_WORKER_URL_MAX])
 {
     return baton_worker_url_normalize(url, out, BATON_WORKER_URL_MAX, NULL);
@@ -21,17 +14,10 @@ static int norm(const char *url, char out[BATON_WORKER_URL_MAX])
 
 int baton_reload_same_worker(const baton_config_worker_t *a, const baton_config_worker_t *b)
 {
-    char na[BATON_WORKER_URL_MAX], nb[BATON_WORKER_URL_MAX];
-    if (norm(a->url, na) != 0 || norm(b->url, nb) != 0 || strcmp(na, nb) != 0)
-        return 0;
-    /* labels: config.c stores them compact (json_dumps), so equal objects compare equal
-     * unless their keys were written in another order, which reads as a change (harmless). */
-    return a->role == b->role && a->bootstrap_port == b->bootstrap_port &&
-           streq_null(a->api_key, b->api_key) && streq_null(a->model_id, b->model_id) &&
-           a->priority == b->priority && a->cost == b->cost &&
-           streq_null(a->labels_json, b->labels_json) && a->pd_protocol == b->pd_protocol &&
-           streq_null(a->engine_id, b->engine_id) &&
-           streq_null(a->bootstrap_addr, b->bootstrap_addr) && a->dp_size == b->dp_size;
+    baton_worker_spec_t va, vb;
+    BATON_WORKER_DESC_COPY_FIELDS(&va, a);
+    BATON_WORKER_DESC_COPY_FIELDS(&vb, b);
+    return baton_worker_spec_equal(&va, &vb);
 }
 
 static int add(baton_registry_t *reg, const baton_config_worker_t *cw, char *err, size_t errlen)

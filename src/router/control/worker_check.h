@@ -1,4 +1,5 @@
-/* router/control/worker_check.h — active HTTP health checks of every registered worker, on one libuv loop.
+/* router/control/worker_check.h — active HTTP health checks of every registered worker, on one
+ * libuv loop.
  */
 #ifndef BATON_ROUTER_WORKER_CHECK_H
 #define BATON_ROUTER_WORKER_CHECK_H

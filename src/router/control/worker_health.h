@@ -1,5 +1,6 @@
-/* router/control/worker_health.h — worker (HTTP) health for the router: per-worker breaker and check
- * state, the admission call the request path makes, the one status-changing function, metrics. */
+/* router/control/worker_health.h — worker (HTTP) health for the router: per-worker breaker and
+ * check state, the admission call the request path makes, the one status-changing function,
+ * metrics. */
 #ifndef BATON_ROUTER_WORKER_HEALTH_H
 #define BATON_ROUTER_WORKER_HEALTH_H
 
@@ -18,9 +19,9 @@
  *
  * ---- How the request path uses it ----
  *
- * The router picks through baton_pick() (router/dataplane/pick.h), which admits each candidate its policy
- * chooses with baton_whealth_admit() under the per-worker caps; baton_whealth_pick() is the same
- * without caps or an avoid list. Either way the pattern is:
+ * The router picks through baton_pick() (router/dataplane/pick.h), which admits each candidate its
+ * policy chooses with baton_whealth_admit() under the per-worker caps; baton_whealth_pick() is the
+ * same without caps or an avoid list. Either way the pattern is:
  *
  *   baton_whealth_ticket_t t;
  *   baton_worker_t *w = baton_whealth_pick(wh, policy, BATON_ROLE_DECODE, &t);

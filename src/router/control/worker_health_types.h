@@ -1,5 +1,6 @@
-/* router/control/worker_health_types.h — types of worker (HTTP) health: the active-check state machine,
- * its configuration and defaults, and what /workers can show. Types only (HAProxy check-t.h). */
+/* router/control/worker_health_types.h — types of worker (HTTP) health: the active-check state
+ * machine, its configuration and defaults, and what /workers can show. Types only (HAProxy
+ * check-t.h). */
 #ifndef BATON_ROUTER_WORKER_HEALTH_TYPES_H
 #define BATON_ROUTER_WORKER_HEALTH_TYPES_H
 
