@@ -43,7 +43,4 @@ void baton_backoff_init(baton_backoff_t *b, uint32_t min_ms, uint32_t max_ms, ui
 uint32_t baton_backoff_next(baton_backoff_t *b);
 void baton_backoff_reset(baton_backoff_t *b);
 
-/* A uniform 64-bit draw from the same generator (used for jitter elsewhere). */
-uint64_t baton_backoff_rand(baton_backoff_t *b);
-
 #endif

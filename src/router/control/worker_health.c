@@ -133,7 +133,8 @@ static uint64_t default_clock(void *ctx)
     return baton_now_ms();
 }
 
-uint64_t baton_whealth_now(const baton_whealth_t *wh)
+/* The configured clock (monotonic ms). */
+static uint64_t whealth_now(const baton_whealth_t *wh)
 {
     return wh->cfg.clock_ms(wh->cfg.clock_ctx);
 }
@@ -442,7 +443,7 @@ int baton_whealth_admit(baton_whealth_t *wh, baton_worker_t *w, baton_whealth_ti
     entry_t *e = acquire(wh, w);
     if (e == NULL)
         return 0;
-    baton_breaker_ticket_t t = baton_breaker_allow(&e->breaker, baton_whealth_now(wh));
+    baton_breaker_ticket_t t = baton_breaker_allow(&e->breaker, whealth_now(wh));
     release(wh);
     *ticket_p = t;
     return t != 0;
@@ -471,7 +472,7 @@ baton_worker_t *baton_whealth_pick(baton_whealth_t *wh, baton_policy_t *policy,
     baton_worker_t *stack[PICK_STACK], **cands;
     size_t n =
         baton_registry_snapshot_all(wh->reg, role, BATON_SNAP_ALL, stack, PICK_STACK, &cands);
-    uint64_t now = baton_whealth_now(wh);
+    uint64_t now = whealth_now(wh);
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         if (could_admit(wh, cands[i], now))
@@ -510,7 +511,7 @@ void baton_whealth_done(baton_whealth_t *wh, baton_worker_t *w, baton_whealth_ti
     pthread_rwlock_rdlock(&wh->lock);
     entry_t *e = find(wh, w); /* gone: the worker was removed, nothing left to decide */
     if (e != NULL)
-        baton_breaker_record(&e->breaker, baton_whealth_now(wh), ticket, outcome);
+        baton_breaker_record(&e->breaker, whealth_now(wh), ticket, outcome);
     pthread_rwlock_unlock(&wh->lock);
 }
 
@@ -527,7 +528,7 @@ static void publish_health(baton_whealth_t *wh, entry_t *e, int up, const char *
              e->w->id, e->w->url, baton_worker_role_name(e->w->role), up ? "down" : "up",
              up ? "up" : "down", reason != NULL ? reason : "");
     if (up)
-        baton_breaker_expire(&e->breaker, baton_whealth_now(wh));
+        baton_breaker_expire(&e->breaker, whealth_now(wh));
 }
 
 int baton_whealth_set_health(baton_whealth_t *wh, baton_worker_t *w, int up, const char *reason)
@@ -567,7 +568,7 @@ int baton_whealth_check_result(baton_whealth_t *wh, baton_worker_t *w, int ok, i
     e->checks++;
     if (!ok)
         e->checks_failed++;
-    e->last_check_ms = baton_whealth_now(wh);
+    e->last_check_ms = whealth_now(wh);
     e->last_status = status;
     e->last_err = err;
     int crossed = baton_hcounter_update(&e->hc, ok);
@@ -592,7 +593,7 @@ int baton_whealth_breaker_reset(baton_whealth_t *wh, baton_worker_t *w)
     entry_t *e = acquire(wh, w);
     if (e == NULL)
         return BATON_ENOTFOUND;
-    baton_breaker_reset(&e->breaker, baton_whealth_now(wh));
+    baton_breaker_reset(&e->breaker, whealth_now(wh));
     release(wh);
     return 0;
 }
@@ -684,7 +685,7 @@ void baton_whealth_sync(baton_whealth_t *wh)
             atomic_store(&wh->seen_gen, gen);
     }
 
-    uint64_t now = baton_whealth_now(wh);
+    uint64_t now = whealth_now(wh);
     pthread_rwlock_rdlock(&wh->lock);
     for (size_t i = 0; i < wh->nbuckets; i++)
         for (entry_t *e = wh->buckets[i]; e != NULL; e = e->next)

@@ -75,8 +75,6 @@ void baton_whealth_destroy(baton_whealth_t *wh); /* NULL is ignored */
 
 const baton_whealth_config_t *baton_whealth_config(const baton_whealth_t *wh);
 baton_registry_t *baton_whealth_registry(const baton_whealth_t *wh);
-/* The configured clock (monotonic ms). */
-uint64_t baton_whealth_now(const baton_whealth_t *wh);
 
 /*
  * Registers, in the router's metrics registry (labels: worker = worker id, role = its role):

@@ -22,6 +22,15 @@
  * least recently used names. A worker's tree is dropped entirely when its incarnation changes
  * (the health layer saw it down and up again: its cache is gone) and by baton_ptree_drop().
  *
+ * Why it shares no core with the worker's prefix cache (worker/prefix_cache.h), though both are
+ * LRU-bounded prefix trees: this one is a flat set of hashed names per worker (a node is its
+ * path's 64-bit hash, no parent links, no contents kept: a collision is tolerated), evicts any
+ * name, not only leaves, holds nothing on behalf of a request, and is shared by every router
+ * thread under a mutex; the worker's keeps each page's token ids to compare (never a false hit),
+ * links children to parents, evicts only unheld leaves so a matched path cannot vanish under a
+ * prefill, and is owned by one loop thread. What the two have in common is an LRU list, which
+ * common/list.h already is.
+ *
  * Threading: thread-safe; one mutex guards the tree (every call holds it for a short, bounded
  * walk: no allocation under it but the inserted names). Workers are named by id, never kept.
  */
