@@ -229,7 +229,7 @@ void wk__kv_work_end(wk_kv_work_t *w, wk_kvlease_t *lease);
 /* Shuts the engine down once closing and no thread-pool job runs. */
 void wk__kv_maybe_destroy_engine(wk_kv_t *kv);
 
-/* A side's phase table (common/phase.h); the checks below are the tests' names for its calls. */
+/* A side's phase table (common/phase.h); the two below are the tests' names for its calls. */
 typedef baton_phase_table_t wk_kv_phases_t;
 
 static inline int wk__kv_phase_legal(const wk_kv_phases_t *t, unsigned from, unsigned to)
@@ -239,15 +239,6 @@ static inline int wk__kv_phase_legal(const wk_kv_phases_t *t, unsigned from, uns
 static inline const char *wk__kv_phase_name(const wk_kv_phases_t *t, unsigned p)
 {
     return baton_phase_name(t, p);
-}
-/* Checks from -> to: 0, or BATON_EINVAL after logging `kv_<side>_bad_transition` (the caller
- * then leaves the phase as it is). */
-static inline int wk__kv_phase_check(const wk_kv_phases_t *t, unsigned from, unsigned to,
-                                     uint64_t room_id)
-{
-    return baton_phase_legal(t, from, to)
-               ? 0
-               : baton_phase_refuse(t, from, to, "room=%" PRIu64, room_id);
 }
 
 /* ---- kvxfer_send.c: the prefill side ---- */

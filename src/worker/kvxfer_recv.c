@@ -45,10 +45,7 @@ const wk_kv_phases_t wk__kv_recv_phases = {COMP, "kv_recv", WK_RECV_N_PHASES, le
 
 int wk__kv_recv_to(wk_kv_recv_t *r, wk_kv_recv_phase_t to)
 {
-    int rc = wk__kv_phase_check(&wk__kv_recv_phases, r->phase, to, r->room_id);
-    if (rc == 0)
-        r->phase = to;
-    return rc;
+    return BATON_PHASE_MOVE(&wk__kv_recv_phases, r->phase, to, "room=%" PRIu64, r->room_id);
 }
 
 /* Whether the request holds the handle (gets the callback, may drop it). */

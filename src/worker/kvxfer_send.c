@@ -46,10 +46,7 @@ const wk_kv_phases_t wk__kv_send_phases = {COMP, "kv_send", WK_SEND_N_PHASES, le
 
 int wk__kv_send_to(wk_kv_send_t *s, wk_kv_send_phase_t to)
 {
-    int rc = wk__kv_phase_check(&wk__kv_send_phases, s->phase, to, s->room_id);
-    if (rc == 0)
-        s->phase = to;
-    return rc;
+    return BATON_PHASE_MOVE(&wk__kv_send_phases, s->phase, to, "room=%" PRIu64, s->room_id);
 }
 
 /* Whether a request holds the room (may call wk_kv_send_*, gets `sent`). */

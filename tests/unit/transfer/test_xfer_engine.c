@@ -17,6 +17,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include "../phase_checks.h"
 #include <dlfcn.h>
 #include <uv.h>
 
@@ -1815,14 +1817,6 @@ static void test_kv_auth_mismatch(void **state)
             assert_true(auth_failures(T.p) >= 1);
         stop_engines();
     }
-}
-
-/* Last: every room and connection above (rogue peers, garbage frames, aborts and losses
- * included) moved only along its phase table. */
-static void test_no_refused_phase_moves(void **state)
-{
-    (void)state;
-    assert_int_equal(baton_phase_refused(), 0);
 }
 
 int main(void)

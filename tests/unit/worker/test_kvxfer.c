@@ -13,6 +13,8 @@
 
 #include <cmocka.h>
 
+#include "../phase_checks.h"
+
 #include "baton/error.h"
 #include "common/buf.h"
 #include "loop_test.h"
@@ -736,20 +738,6 @@ static void test_export_timeout_and_release(void **state)
     RUN_UNTIL(E.p->pool.n_free == E.p->n_slots);
     assert_int_equal(X.ready + X.ended, 0); /* no callback after a release */
     engines_down();
-}
-
-/* The phase tests above refuse moves on purpose; from here on none may be refused. */
-static void test_refused_count_starts(void **state)
-{
-    (void)state;
-    baton_phase_refused_reset();
-}
-
-/* Last: every room, job and sequence of the runs above moved only along its phase table. */
-static void test_no_refused_phase_moves(void **state)
-{
-    (void)state;
-    assert_int_equal(baton_phase_refused(), 0);
 }
 
 int main(void)
