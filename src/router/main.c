@@ -505,7 +505,7 @@ static int create_shared(app_t *app, char *err, size_t errlen)
     return create_health(app, err, errlen);
 }
 
-/* TLS (issue 11): the client port's and the upstream side's configurations. */
+/* TLS: the client port's and the upstream side's configurations. */
 static int create_tls(app_t *app, char *err, size_t errlen)
 {
     const baton_config_t *c = &app->cfg;

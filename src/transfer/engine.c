@@ -387,7 +387,7 @@ static void progress_main(void *arg)
      * the kernel raise SIGPIPE in the writing thread, and its default action ends the HOST
      * process (a library must not impose SIG_IGN on its host): blocked here, it stays pending
      * on this thread only, the write fails with EPIPE and the lane / connection fails as it
-     * should (issue 12: a holder killed silently by its puller's death). */
+     * should (otherwise a holder dies silently with its puller). */
     sigset_t pipe_set;
     sigemptyset(&pipe_set);
     sigaddset(&pipe_set, SIGPIPE);

@@ -578,7 +578,7 @@ void wk_job_handle(wk_worker_t *w, baton_http_req_t *http, wk_api_t api)
                perr.code);
         return;
     }
-    /* vLLM protocols (issue 12): the leg must be the one this worker plays */
+    /* vLLM protocols: the leg must be the one this worker plays */
     const char *bad = wk_vllm_refused(w->cfg.protocol, w->cfg.mode, &job->req);
     int vbad = bad != NULL;
     if (!bad && w->cfg.mode != WK_MODE_REGULAR && !job->req.has_boot &&

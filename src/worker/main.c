@@ -76,13 +76,13 @@ static void usage(FILE *f)
             "  --register-cert FILE         etcds://: client certificate for etcd's\n"
             "  --register-key FILE          --client-cert-auth, and its key (SIGHUP reloads)\n"
             "\n"
-            "vLLM PD protocols (issue 12; docs/PROTOCOLS.md):\n"
+            "vLLM PD protocols (docs/PROTOCOLS.md):\n"
             "  --protocol P                 sglang | vllm-nixl | vllm-mooncake: the PD fields\n"
             "                               accepted and returned (default sglang)\n"
             "  --kv-hold-timeout-ms MS      vllm-nixl prefill: held KV pages are released when\n"
             "                               no decode pulled them this long (default %llu)\n"
             "\n"
-            "KV bootstrap authentication (issue 11; docs/SECURITY.md):\n"
+            "KV bootstrap authentication (docs/SECURITY.md):\n"
             "  --kv-secret-file FILE        shared secret of the engines allowed to exchange KV\n"
             "                               (16..1024 bytes; one trailing newline ignored):\n"
             "                               HMAC challenge-response before any KV handshake\n"
@@ -135,7 +135,7 @@ enum {
     OPT_TRANSPORT,
     OPT_LAYERWISE,
     OPT_FAULT_CORRUPT,
-    /* --register (issue 14) */
+    /* --register */
     OPT_REGISTER,
     OPT_REGISTER_TTL,
     OPT_REGISTER_URL,
@@ -148,7 +148,7 @@ enum {
     OPT_TLS_KEY,
     OPT_TLS_CLIENT_CA,
     OPT_CACHE_TOKENS,
-    OPT_PROTOCOL, /* vLLM PD protocols (issue 12) */
+    OPT_PROTOCOL, /* vLLM PD protocols */
     OPT_HOLD_TIMEOUT,
     OPT_KV_SECRET_FILE, /* KV bootstrap authentication */
 };

@@ -128,7 +128,7 @@ static const opt_t options[] = {
     {"--worker-drain-timeout-ms", NULL, "worker_drain_timeout_ms", OPT_U64,
      OFF(worker_drain_timeout_ms), 0, U64MAX, 0, "MS",
      "a removed worker's in-flight requests get this long"},
-    /* Authentication, authorisation and resource limits (issue 11: auth). */
+    /* Authentication, authorisation and resource limits. */
     {"--api-key", "auth", "api_key", OPT_STRLIST, OFF(api_keys), 0, 0, 0, "KEY",
      "accepted Bearer key on inference routes (repeatable)"},
     {"--api-key-file", "auth", "api_key_file", OPT_STR, OFF(api_key_file), 0, 0, 0, "FILE",
@@ -148,7 +148,7 @@ static const opt_t options[] = {
     {"--max-buffered-bytes", "limits", "max_buffered_bytes", OPT_SIZE,
      OFF(limits.max_buffered_bytes), 0, (uint64_t)1 << 50, 0, "N",
      "request bodies + queued responses held at once, all threads (0 = 1/4 of RAM)"},
-    /* Shared registry on etcd (issue 14). */
+    /* Shared registry on etcd. */
     {"--registry", "registry", "url", OPT_STR, OFF(registry_url), 0, 0, 0, "URL",
      "share workers through etcd: etcd[s]://host:port[,host:port...]/prefix"},
     {"--registry-user", "registry", "user", OPT_STR, OFF(registry_user), 0, 0, 0, "NAME",
@@ -157,7 +157,7 @@ static const opt_t options[] = {
      0, 0, 0, "FILE", "file holding the etcd user's password"},
     {"--registry-timeout-ms", "registry", "timeout_ms", OPT_U64, OFF(registry_timeout_ms), 1,
      U64MAX, 0, "MS", "one etcd call, connect included"},
-    /* TLS (issue 11): the client port, and the router's connections to https:// workers. */
+    /* TLS: the client port, and the router's connections to https:// workers. */
     {"--tls-cert", "tls", "cert", OPT_STR, OFF(tls_cert), 0, 0, 0, "FILE",
      "serve HTTPS: certificate chain (PEM, leaf first); reloaded on SIGHUP"},
     {"--tls-key", "tls", "key", OPT_STR, OFF(tls_key), 0, 0, 0, "FILE",
@@ -170,7 +170,7 @@ static const opt_t options[] = {
      "client certificate presented to https:// workers (mTLS)"},
     {"--upstream-key", "tls", "upstream_key", OPT_STR, OFF(upstream_key), 0, 0, 0, "FILE",
      "private key of --upstream-cert"},
-    /* cache- and session-aware routing (issue 13; policy.h) */
+    /* cache- and session-aware routing (policy.h) */
     {"--cache-threshold-pct", "routing", "cache_threshold_pct", OPT_UINT,
      OFF(policy_params.cache_threshold_pct), 0, 100, 0, "N",
      "cache_aware: a match must cover more than N% of the prompt"},
@@ -189,17 +189,17 @@ static const opt_t options[] = {
      0, "N", "consistent_hash: virtual nodes per worker"},
     {"--session-key-field", "routing", "session_key_field", OPT_STR, OFF(session_key_field), 0, 0,
      0, "NAME", "JSON field used as the session key after the headers and `user`"},
-    /* TLS to etcd (issue 14): an etcds:// --registry; reloaded on SIGHUP. */
+    /* TLS to etcd: an etcds:// --registry; reloaded on SIGHUP. */
     {"--registry-ca", "registry", "ca", OPT_STR, OFF(registry_ca), 0, 0, 0, "FILE",
      "CA bundle etcd's certificate is verified against (etcds:// only)"},
     {"--registry-cert", "registry", "cert", OPT_STR, OFF(registry_cert), 0, 0, 0, "FILE",
      "client certificate presented to etcd (its --client-cert-auth)"},
     {"--registry-key", "registry", "key", OPT_STR, OFF(registry_key), 0, 0, 0, "FILE",
      "private key of --registry-cert"},
-    /* PD protocols (issue 12): vLLM's NIXL / Mooncake connectors beside SGLang's. */
+    /* PD protocols: vLLM's NIXL / Mooncake connectors beside SGLang's. */
     {"--pd-protocol", NULL, "pd_protocol", OPT_STR, OFF(pd_protocol), 0, 0, 0, "P",
      "protocol of workers registered without one: sglang | vllm-nixl | vllm-mooncake"},
-    /* issue 13 follow-up: reported load for least_load (load_poll.h), cache_aware refinements */
+    /* reported load for least_load (load_poll.h), cache_aware refinements */
     {"--load-poll-interval-ms", "routing", "load_poll_interval_ms", OPT_U64,
      OFF(load_poll_interval_ms), 0, 3600000, 0, "MS",
      "poll every worker's /get_load this often; least_load adds the reported load (0 = off)"},
@@ -209,7 +209,7 @@ static const opt_t options[] = {
     {"--balance-by-words", "routing", "balance_by_words", OPT_BOOL,
      OFF(policy_params.balance_by_words), 0, 1, 0, "",
      "cache_aware: the load guard compares in-flight prompt words, not requests"},
-    /* issue 12 follow-up: DP-rank selection (dp_rank.h) */
+    /* DP-rank selection (dp_rank.h) */
     {"--dp-round-robin", "routing", "dp_round_robin", OPT_BOOL, OFF(dp_round_robin), 0, 1, 0, "",
      "data-parallel workers: ranks round robin instead of the rank with the fewest requests in "
      "flight"},
@@ -322,14 +322,14 @@ void baton_config_free(baton_config_t *cfg)
     for (size_t i = 0; i < cfg->n_workers; i++)
         baton_worker_desc_free(&cfg->workers[i]);
     free(cfg->workers);
-    /* TLS (issue 11) */
+    /* TLS */
     free(cfg->tls_cert);
     free(cfg->tls_key);
     free(cfg->tls_client_ca);
     free(cfg->upstream_ca);
     free(cfg->upstream_cert);
     free(cfg->upstream_key);
-    /* TLS to etcd (issue 14) */
+    /* TLS to etcd */
     free(cfg->registry_ca);
     free(cfg->registry_cert);
     free(cfg->registry_key);

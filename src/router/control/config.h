@@ -103,7 +103,7 @@
  *  worker_drain_timeout_ms      --worker-drain-timeout-ms N 30000 (a removed worker's in-flight
  *                                                               requests may finish this long,
  *                                                               then are cancelled)
- *  Authentication, authorisation and resource limits (issue 11: auth; docs/SECURITY.md):
+ *  Authentication, authorisation and resource limits (docs/SECURITY.md):
  *  auth.api_key (string or array) --api-key KEY             none (repeatable; with any key set,
  *                                                               inference routes need
  *                                                               "Authorization: Bearer KEY", else
@@ -129,7 +129,7 @@
  *                                                               clients, all threads; over it a
  *                                                               body waits, 503 after the body
  *                                                               timeout)
- *  -- shared registry on etcd (issue 14) --
+ *  -- shared registry on etcd --
  *  registry.url                 --registry URL              none (etcd://host:port[,host:port
  *                                                               ...]/prefix: workers are shared
  *                                                               with every router on the prefix)
@@ -137,7 +137,7 @@
  *  registry.password_file       --registry-password-file F  none (the user's password, read at
  *                                                               start)
  *  registry.timeout_ms          --registry-timeout-ms N     2000 (one etcd call)
- *  TLS (issue 11; see docs/SECURITY.md). Certificates and keys are PEM files, reloaded on SIGHUP
+ *  TLS (see docs/SECURITY.md). Certificates and keys are PEM files, reloaded on SIGHUP
  *  without dropping established connections:
  *  tls.cert                     --tls-cert FILE             none (with tls.key: the client port
  *                                                               speaks HTTPS only; chain allowed)
@@ -148,7 +148,7 @@
  *                                                               verified: chain + host name/IP)
  *  tls.upstream_cert            --upstream-cert FILE        none (client certificate presented
  *  tls.upstream_key             --upstream-key FILE         to https:// workers: mTLS)
- *  -- cache- and session-aware routing (issue 13; policy.h) --
+ *  -- cache- and session-aware routing (policy.h) --
  *  routing.cache_threshold_pct  --cache-threshold-pct N     30  (cache_aware: the best match
  *                                                               must cover more than N% of the
  *                                                               prompt's words; SGLang 0.3)
@@ -164,20 +164,20 @@
  *                                                               as the session key after the
  *                                                               x-session-affinity /
  *                                                               X-Session-ID headers and `user`)
- *  -- TLS to etcd (issue 14; see docs/SECURITY.md): registry.url etcds://host:port[,...]/prefix
+ *  -- TLS to etcd (see docs/SECURITY.md): registry.url etcds://host:port[,...]/prefix
  *  speaks TLS to every member (etcd's https:// client URLs); files reloaded on SIGHUP --
  *  registry.ca                  --registry-ca FILE          system bundle (etcd's certificate is
  *                                                               verified: chain + host name/IP)
  *  registry.cert                --registry-cert FILE        none (client certificate presented
  *  registry.key                 --registry-key FILE         to etcd: its --client-cert-auth)
- *  -- PD protocols (issue 12) --
+ *  -- PD protocols --
  *  pd_protocol                  --pd-protocol P             sglang (the protocol of workers
  *                                                           registered without their own:
  *                                                           sglang | vllm-nixl | vllm-mooncake)
  *       worker entries (file and POST /workers) may add: pd_protocol (overrides the router's),
  *       engine_id and bootstrap_addr ("http://host:port"; required for a vllm-mooncake prefill,
  *       refused elsewhere), dp_size (sglang only: data-parallel ranks, 0 = none).
- *  -- issue 13 follow-up: reported load (load_poll.h), cache_aware refinements (policy.h) --
+ *  -- reported load (load_poll.h), cache_aware refinements (policy.h) --
  *  routing.load_poll_interval_ms --load-poll-interval-ms MS 0   (0 = off; else GET /get_load of
  *                                                               every worker this often, and
  *                                                               least_load ranks by the report
@@ -188,7 +188,7 @@
  *  routing.balance_by_words     --balance-by-words          false (cache_aware's guard compares
  *                                                               in-flight prompt words; the
  *                                                               thresholds are then words)
- *  -- issue 12 follow-up: DP-rank selection (dp_rank.h) --
+ *  -- DP-rank selection (dp_rank.h) --
  *  routing.dp_round_robin       --dp-round-robin            false (a data-parallel worker's rank
  *                                                               is the one with the fewest of this
  *                                                               router's requests in flight, ties
@@ -248,12 +248,12 @@ typedef struct baton_config_s {
     uint64_t breaker_cooldown_max_ms;
     uint64_t drain_timeout_ms;
     uint64_t worker_drain_timeout_ms;
-    /* cache- and session-aware routing (issue 13) */
+    /* cache- and session-aware routing */
     baton_policy_params_t policy_params;
     char *session_key_field;        /* NULL = none */
     uint64_t load_poll_interval_ms; /* reported load for least_load; 0 = off */
 
-    /* Authentication, authorisation and resource limits (issue 11: auth; NULL = not set). */
+    /* Authentication, authorisation and resource limits (NULL = not set). */
     baton_config_strlist_t api_keys;
     char *api_key_file;
     char *metrics_token;
@@ -262,25 +262,25 @@ typedef struct baton_config_s {
     char *rate_limit; /* "RPS[:BURST]", validated */
     int forward_authorization;
     char *worker_api_key;
-    /* Shared registry on etcd (issue 14); NULL = none. */
+    /* Shared registry on etcd; NULL = none. */
     char *registry_url;
     char *registry_user;
     char *registry_password_file;
     uint64_t registry_timeout_ms;
-    /* TLS (issue 11): file paths, NULL when not given. */
+    /* TLS: file paths, NULL when not given. */
     char *tls_cert;
     char *tls_key;
     char *tls_client_ca;
     char *upstream_ca;
     char *upstream_cert;
     char *upstream_key;
-    /* TLS to etcd (issue 14): file paths, NULL when not given (etcds:// registries only). */
+    /* TLS to etcd: file paths, NULL when not given (etcds:// registries only). */
     char *registry_ca;
     char *registry_cert;
     char *registry_key;
-    /* PD protocols (issue 12). */
+    /* PD protocols. */
     char *pd_protocol; /* "sglang" | "vllm-nixl" | "vllm-mooncake" (validated) */
-    /* DP-rank selection (issue 12 follow-up): 1 = round robin, 0 = least loaded (default). */
+    /* DP-rank selection: 1 = round robin, 0 = least loaded (default). */
     int dp_round_robin;
 
     /* Private to config.c: which keys were given explicitly. */

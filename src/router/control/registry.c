@@ -21,7 +21,7 @@ struct baton_registry_s {
     baton_worker_t *last;
     size_t n;
     atomic_ullong generation;
-    /* Shared registry (issue 14): set once before the loops start, then read-only. */
+    /* Shared registry: set once before the loops start, then read-only. */
     baton_registry_hooks_t hooks;
     /* Its state for /readiness, guarded by lock. */
     char shared_source[16];
@@ -643,7 +643,7 @@ void baton_registry_set_draining(baton_registry_t *reg, baton_worker_t *w, int d
         bump(reg);
 }
 
-/* ---- shared registry hooks (issue 14) ---- */
+/* ---- shared registry hooks ---- */
 
 void baton_registry_set_hooks(baton_registry_t *reg, const baton_registry_hooks_t *hooks)
 {

@@ -35,7 +35,7 @@ const char *baton_worker_role_name(baton_worker_role_t role);
 /* Exact, case-sensitive match of the names above (not "any"). 0 or BATON_EINVAL. */
 int baton_worker_role_parse(const char *name, baton_worker_role_t *role_p);
 
-/* Health as decided by the health layer (issue 4). A new worker starts HEALTHY. */
+/* Health as decided by the health layer. A new worker starts HEALTHY. */
 typedef enum {
     BATON_HEALTH_HEALTHY = 0,
     BATON_HEALTH_UNHEALTHY = 1,
@@ -80,7 +80,7 @@ typedef struct baton_worker_s {
     _Atomic uint64_t cache_tree_names; /* cache_aware: names in its router-side tree */
     _Atomic uint64_t cache_tree_bytes; /* ... and their memory */
     atomic_uint cache_hit_ppm;         /* recent predicted hit ratio, ppm (EWMA, 1/8 weight) */
-    atomic_uint dp_turn;               /* DP attention: the next rank, round robin (issue 12) */
+    atomic_uint dp_turn;               /* DP attention: the next rank, round robin */
     atomic_long *dp_in_flight; /* dp_size > 1: this router's requests per rank (dp_rank.h) */
     /* Reported load (load_poll.h, least_load): the worker's own /get_load total, this router's
      * in-flight count when it was read, and until when the report counts (baton_now_ms; 0: no
@@ -211,7 +211,7 @@ int baton_worker_is_eligible(const baton_worker_t *w);
  * is too small). parsed_p may be NULL.
  */
 int baton_worker_url_normalize(const char *url, char *out, size_t outlen, baton_url_t *parsed_p);
-/* ---- shared registry (issue 14: several routers over etcd) ----
+/* ---- shared registry (several routers over etcd) ----
  *
  * The registry itself stays local to one router. A synchroniser (router/control/etcd_sync.h)
  * mirrors a shared store into it, and learns through these hooks what an operator changed through

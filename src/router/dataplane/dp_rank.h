@@ -1,4 +1,4 @@
-/* dp_rank.h — which data-parallel rank of a worker serves a request (issue 12): round robin, or
+/* dp_rank.h — which data-parallel rank of a worker serves a request: round robin, or
  * the rank with the fewest of this router's requests in flight, and those per-rank counts. */
 #ifndef BATON_ROUTER_DP_RANK_H
 #define BATON_ROUTER_DP_RANK_H

@@ -51,7 +51,7 @@ typedef struct baton_policy_params_s {
     size_t cache_max_blocks;            /* per worker tree bound, in prefix names (262144) */
     unsigned cache_block_words;         /* words per tree block (16) */
     unsigned hash_vnodes;               /* consistent_hash: points per worker (160) */
-    /* cache_aware refinements (issue 13 follow-up; 0 keeps SGLang's rule): */
+    /* cache_aware refinements (0 keeps SGLang's rule): */
     unsigned cache_tie_pct; /* matches within this % of the best one are equal and the least
                              * loaded of them wins (0: only exact ties) */
     int balance_by_words;   /* 1: the load guard compares in-flight prompt words, not

@@ -45,12 +45,12 @@ typedef struct baton_router_s {
     struct baton_token_metrics_s *tokens; /* TTFT / ITL per route (token_metrics.h); may be NULL */
     atomic_int draining;
     baton_auth_t *auth; /* API keys, tokens, rate limits; NULL = every route open */
-    /* TLS (issue 11): the client port's configuration (NULL: plain HTTP) and the one for
+    /* TLS: the client port's configuration (NULL: plain HTTP) and the one for
      * https:// workers (NULL when neither --upstream-ca nor a system bundle could be loaded:
      * such workers then fail). Both are reloaded in place on SIGHUP. */
     struct baton_tls_s *server_tls;
     struct baton_tls_s *upstream_tls;
-    /* PD protocols (issue 12): baton_pd_stranded_releases_total{protocol,result}, in
+    /* PD protocols: baton_pd_stranded_releases_total{protocol,result}, in
      * metrics_reg (NULL: not counted). */
     baton_metric_family_t *pd_releases;
 } baton_router_t;

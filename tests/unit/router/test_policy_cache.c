@@ -1,5 +1,5 @@
-/* test_policy_cache.c — issue 13's routing state: the approximate prefix tree (insert, match,
- * LRU bound, restart drop, concurrent readers on N threads), the consistent-hash ring
+/* test_policy_cache.c — cache- and load-aware routing state: the approximate prefix tree (insert,
+ * match, LRU bound, restart drop, concurrent readers on N threads), the consistent-hash ring
  * (distribution, remapping on join/leave), the load guard, and the three new policies. */
 #include <setjmp.h>
 #include <stdarg.h>

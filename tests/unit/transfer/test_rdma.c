@@ -1417,7 +1417,7 @@ static void test_cq_budget_shared_by_peers(void **state)
     fence_destroy(&pd2, &r2d);
 }
 
-/* ---- real-fabric behaviour (issue 16) ------------------------------------------------------ */
+/* ---- real-fabric behaviour ------------------------------------------------------ */
 
 /* Every live QP of one side: its sgid index, and whether a write through each pair lands. */
 static void assert_sgid(int prefill, int dev, int want)
