@@ -113,6 +113,8 @@ struct wk_job_s {
     /* the rendezvous deadline (bootstrap timeout), in the worker's FIFO of deadlines */
     baton_list_t dl_link; /* in w->deadlines while linked (points at itself otherwise) */
     uint64_t deadline_ms;
+
+    struct wk_vllm_hb_s *hb; /* vllm-nixl decode: lease heartbeats until its KV is in */
 };
 
 /* The job's and the sequence's phase tables (common/phase.h; exported for the tests). */

@@ -42,7 +42,7 @@ typedef struct wk_config_s {
     uint64_t cache_tokens;
     /* vLLM PD protocols (vllm.h) */
     int protocol;                /* wk_proto_t: sglang (default), vllm-nixl, vllm-mooncake */
-    uint64_t kv_hold_timeout_ms; /* vllm-nixl prefill: held pages released after this */
+    uint64_t kv_hold_timeout_ms; /* vllm-nixl: the lease (vLLM's kv_lease_duration), vllm.h */
     const char *kv_secret_file;  /* KV bootstrap shared secret (file contents); NULL: none */
 } wk_config_t;
 

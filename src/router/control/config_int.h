@@ -22,9 +22,9 @@ const char *baton__config_flag_value(int argc, char *const argv[], int *i, const
 int baton__config_json_worker(baton_config_t *cfg, json_t *jw, const char *where, char *err,
                               size_t errlen);
 /* --prefill URL [BOOTSTRAP_PORT], --decode URL, --worker URL at argv[*i]; a worker of the same
- * URL among the first replace_below (the file's) is replaced. */
+ * URL among the first replace_below (the file's) is replaced; *index_p: where it went. */
 int baton__config_cli_worker(baton_config_t *cfg, baton_worker_role_t role, int argc,
                              char *const argv[], int *i, const char *flag, size_t replace_below,
-                             char *err, size_t errlen);
+                             long *index_p, char *err, size_t errlen);
 
 #endif

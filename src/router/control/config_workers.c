@@ -18,7 +18,9 @@ long baton_config_find_worker(const baton_config_t *cfg, size_t n, const char *n
     return -1;
 }
 
-static int push_worker(baton_config_t *cfg, baton_config_worker_t *w, size_t replace_below)
+/* Adds w (or replaces the one with its URL among the first replace_below); *index_p: where. */
+static int push_worker(baton_config_t *cfg, baton_config_worker_t *w, size_t replace_below,
+                       long *index_p)
 {
     char norm[BATON_WORKER_URL_MAX];
     long i;
@@ -26,12 +28,14 @@ static int push_worker(baton_config_t *cfg, baton_config_worker_t *w, size_t rep
         (i = baton_config_find_worker(cfg, replace_below, norm)) >= 0) {
         baton_worker_desc_free(&cfg->workers[i]);
         cfg->workers[i] = *w;
+        *index_p = i;
         return 0;
     }
     baton_config_worker_t *ws = realloc(cfg->workers, (cfg->n_workers + 1) * sizeof(*ws));
     if (ws == NULL)
         return BATON_ENOMEM;
     cfg->workers = ws;
+    *index_p = (long)cfg->n_workers;
     cfg->workers[cfg->n_workers++] = *w;
     return 0;
 }
@@ -59,8 +63,9 @@ int baton__config_json_worker(baton_config_t *cfg, json_t *jw, const char *where
     int rc = baton_worker_desc_from_json(&w, jw, 1, where, err, errlen);
     if (rc == 0)
         rc = check_worker(&w, where, err, errlen);
+    long at;
     if (rc == 0) {
-        rc = push_worker(cfg, &w, 0);
+        rc = push_worker(cfg, &w, 0, &at);
         if (rc != 0)
             baton__config_err(err, errlen, rc, "out of memory");
     }
@@ -71,7 +76,7 @@ int baton__config_json_worker(baton_config_t *cfg, json_t *jw, const char *where
 
 int baton__config_cli_worker(baton_config_t *cfg, baton_worker_role_t role, int argc,
                              char *const argv[], int *i, const char *flag, size_t replace_below,
-                             char *err, size_t errlen)
+                             long *index_p, char *err, size_t errlen)
 {
     const char *arg = argv[*i];
     const char *url = baton__config_flag_value(argc, argv, i, arg, strlen(flag));
@@ -101,7 +106,7 @@ int baton__config_cli_worker(baton_config_t *cfg, baton_worker_role_t role, int 
         return baton__config_err(err, errlen, BATON_ENOMEM, "out of memory");
     int rc = check_worker(&w, flag, err, errlen);
     if (rc == 0) {
-        rc = push_worker(cfg, &w, replace_below);
+        rc = push_worker(cfg, &w, replace_below, index_p);
         if (rc != 0)
             baton__config_err(err, errlen, rc, "out of memory");
     }
