@@ -7,8 +7,9 @@
 
 /*
  * The one implementation behind every back-off in Baton: peers' reconnects (baton_backoff_t
- * below), the router's retries (router/dataplane/retry.c) and the breakers' cool-downs (health/breaker.c).
- * Each keeps its own parameters; the arithmetic lives here once. Pure functions, any thread.
+ * below), the router's retries (router/dataplane/retry.c) and the breakers' cool-downs
+ * (health/breaker.c). Each keeps its own parameters; the arithmetic lives here once. Pure
+ * functions, any thread.
  *
  * baton_backoff_cap(): the un-jittered delay of attempt n (n = 0 is the first):
  *   min(base_ms * 2^n, max_ms), saturating, never overflowing (base_ms 0 stays 0).

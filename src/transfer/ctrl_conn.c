@@ -230,7 +230,8 @@ void baton__conn_fail(baton__conn_t *c, int status, const char *why)
                   "reason=\"%s\" rooms=%zu",
                   role_name(c->role), c->peer ? c->peer->endpoint : c->addr,
                   c->remote_id[0] ? c->remote_id : "-", (unsigned long long)c->remote_inc,
-                  baton_phase_name(&baton__conn_phases, prev), baton_err_name(status), why, c->rooms.count);
+                  baton_phase_name(&baton__conn_phases, prev), baton_err_name(status), why,
+                  c->rooms.count);
     }
     if (prev == BATON__CONN_UP)
         atomic_fetch_sub(&eng->st_peers_up, 1);

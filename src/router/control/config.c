@@ -703,23 +703,26 @@ int baton_config_from_args(baton_config_t *cfg, int argc, char *const argv[], ch
             continue;
         }
         if (flag_matches(arg, "--prefill")) {
-            rc = baton__config_cli_worker(cfg, BATON_ROLE_PREFILL, argc, argv, &i, "--prefill", n_file_workers,
-                            &last_prefill, err, errlen);
+            rc = baton__config_cli_worker(cfg, BATON_ROLE_PREFILL, argc, argv, &i, "--prefill",
+                                          n_file_workers, &last_prefill, err, errlen);
         } else if (flag_matches(arg, "--decode")) {
-            rc = baton__config_cli_worker(cfg, BATON_ROLE_DECODE, argc, argv, &i, "--decode", n_file_workers, &at,
-                            err, errlen);
+            rc = baton__config_cli_worker(cfg, BATON_ROLE_DECODE, argc, argv, &i, "--decode",
+                                          n_file_workers, &at, err, errlen);
         } else if (flag_matches(arg, "--worker")) {
-            rc = baton__config_cli_worker(cfg, BATON_ROLE_REGULAR, argc, argv, &i, "--worker", n_file_workers,
-                            &at, err, errlen);
+            rc = baton__config_cli_worker(cfg, BATON_ROLE_REGULAR, argc, argv, &i, "--worker",
+                                          n_file_workers, &at, err, errlen);
         } else if (flag_matches(arg, "--prefill-engine-id")) {
             /* vLLM Mooncake: the engine id of the --prefill before it (its kv_transfer_config) */
-            const char *id = baton__config_flag_value(argc, argv, &i, arg, strlen("--prefill-engine-id"));
+            const char *id =
+                baton__config_flag_value(argc, argv, &i, arg, strlen("--prefill-engine-id"));
             char *dup;
             if (id == NULL || id[0] == '\0')
-                return baton__config_err(err, errlen, BATON_EINVAL, "--prefill-engine-id: missing ID");
-            if (last_prefill < 0)
                 return baton__config_err(err, errlen, BATON_EINVAL,
-                               "--prefill-engine-id %s: give it after the --prefill it names", id);
+                                         "--prefill-engine-id: missing ID");
+            if (last_prefill < 0)
+                return baton__config_err(
+                    err, errlen, BATON_EINVAL,
+                    "--prefill-engine-id %s: give it after the --prefill it names", id);
             if ((dup = strdup(id)) == NULL)
                 return baton__config_err(err, errlen, BATON_ENOMEM, "out of memory");
             free(cfg->workers[last_prefill].engine_id);
