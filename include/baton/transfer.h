@@ -721,6 +721,9 @@ typedef struct {
     uint64_t pending_conns; /* accepted control connections not UP yet (gauge) */
     uint64_t pending_bytes; /* read-buffer bytes they hold (gauge, <= pending_buffer_bytes) */
     uint64_t conns_refused; /* accepted connections closed over a pending cap or the budget */
+    uint64_t staged_bytes;  /* device-memory bytes tcp copied through host bounce buffers
+                             * (sources and destinations) */
+    uint64_t stage_buffer_bytes; /* pinned bounce-buffer bytes tcp holds now (gauge) */
 } baton_xfer_stats_t;
 
 /* A snapshot of counters (relaxed atomics). Any thread. Fills the fields of 0.1 only (bytes_written
