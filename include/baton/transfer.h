@@ -716,13 +716,13 @@ typedef struct {
     uint64_t frames_rejected; /* malformed / out-of-order frames (connections closed) */
     uint64_t writes_rejected; /* bounds/rkey violations refused by the receiver */
     /* Added after 0.1.0 (read with baton_xfer_engine_stats_sized): */
-    uint64_t auth_failures; /* control connections refused by the KV bootstrap's
-                             * challenge-response (no / wrong secret, replay, bad proof) */
-    uint64_t pending_conns; /* accepted control connections not UP yet (gauge) */
-    uint64_t pending_bytes; /* read-buffer bytes they hold (gauge, <= pending_buffer_bytes) */
-    uint64_t conns_refused; /* accepted connections closed over a pending cap or the budget */
-    uint64_t staged_bytes;  /* device-memory bytes tcp copied through host bounce buffers
-                             * (sources and destinations) */
+    uint64_t auth_failures;      /* control connections refused by the KV bootstrap's
+                                  * challenge-response (no / wrong secret, replay, bad proof) */
+    uint64_t pending_conns;      /* accepted control connections not UP yet (gauge) */
+    uint64_t pending_bytes;      /* read-buffer bytes they hold (gauge, <= pending_buffer_bytes) */
+    uint64_t conns_refused;      /* accepted connections closed over a pending cap or the budget */
+    uint64_t staged_bytes;       /* device-memory bytes tcp copied through host bounce buffers
+                                  * (sources and destinations) */
     uint64_t stage_buffer_bytes; /* pinned bounce-buffer bytes tcp holds now (gauge) */
 } baton_xfer_stats_t;
 

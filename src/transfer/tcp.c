@@ -66,7 +66,7 @@ typedef struct tcp_slice_s {
     uint32_t page;
     uint32_t len;
     uint32_t seq;
-    uint8_t dev; /* the source is device memory */
+    uint8_t dev;     /* the source is device memory */
     uint8_t written; /* libuv's write callback ran (or the slice was never sent) */
     uint8_t acked;   /* its WACK arrived (or it was cancelled) */
     int status;
@@ -121,8 +121,8 @@ struct tcp_lane_s {
     int rstate;
     uint8_t *dst;
     uint64_t left;
-    uint8_t *stage;    /* RD_STAGE: the chunk the payload is read into, then copied to dst */
-    size_t stage_len;  /* bytes in it not copied yet */
+    uint8_t *stage;   /* RD_STAGE: the chunk the payload is read into, then copied to dst */
+    size_t stage_len; /* bytes in it not copied yet */
     uint32_t wseq;
     uint64_t wroom;
     uint32_t wlen;

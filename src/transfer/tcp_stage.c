@@ -34,8 +34,8 @@ int tcp_stage_source(tcp_stage_t *st, const void *src, size_t len, uint8_t **chu
     return err;
 }
 
-int tcp_stage_arrived(tcp_stage_t *st, const uint8_t *chunk, size_t *fill, size_t n,
-                      uint8_t **dst, uint64_t left)
+int tcp_stage_arrived(tcp_stage_t *st, const uint8_t *chunk, size_t *fill, size_t n, uint8_t **dst,
+                      uint64_t left)
 {
     *fill += n;
     if (*fill < st->chunk && left > 0)
@@ -163,9 +163,7 @@ uint8_t *tcp_stage_get(tcp_stage_t *st, const void *dev, int *err)
     return NULL;
 }
 
-void tcp_stage_put(tcp_stage_t *st, uint8_t *chunk)
-{
-}
+void tcp_stage_put(tcp_stage_t *st, uint8_t *chunk) {}
 
 int tcp_stage_dtoh(tcp_stage_t *st, uint8_t *chunk, const void *dev, size_t n)
 {
@@ -177,7 +175,5 @@ int tcp_stage_htod(tcp_stage_t *st, void *dev, const uint8_t *chunk, size_t n)
     return BATON_ENOTSUP;
 }
 
-void tcp_stage_fini(tcp_stage_t *st)
-{
-}
+void tcp_stage_fini(tcp_stage_t *st) {}
 #endif

@@ -79,8 +79,8 @@ int tcp_stage_source(tcp_stage_t *st, const void *src, size_t len, uint8_t **chu
 /* Receiver: `n` more bytes are in `chunk` after the *fill ones not copied yet. A full chunk,
  * or the slice's last bytes (`left` 0), are copied to *dst now (*dst advances, *fill is 0).
  * 0 or BATON_EINVAL. */
-int tcp_stage_arrived(tcp_stage_t *st, const uint8_t *chunk, size_t *fill, size_t n,
-                      uint8_t **dst, uint64_t left);
+int tcp_stage_arrived(tcp_stage_t *st, const uint8_t *chunk, size_t *fill, size_t n, uint8_t **dst,
+                      uint64_t left);
 
 /* Device -> chunk and chunk -> device; both return once the copy has finished. 0 or
  * BATON_EINVAL. */
