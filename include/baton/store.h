@@ -63,9 +63,9 @@ extern "C" {
  * the engine's mode:
  *   Loop mode (the engine was created with a loop): the client must be created with the SAME
  *   loop; every baton_store_* call on the loop's thread; every callback on it.
- *   Own-progress mode (loop == NULL, the engine too): calls from any thread (one lock, the
- *   engine's rules); callbacks run inside baton_store_client_dispatch(), on the thread that calls
- *   it, when baton_store_client_fd() is readable.
+ *   Own-progress mode (loop == NULL, the engine too) is not implemented yet:
+ *   baton_store_client_create returns BATON_XFER_ENOTSUP for it (baton_store_client_fd and
+ *   _dispatch are reserved for it and return -1 / BATON_XFER_ENOTSUP).
  * Callbacks never fire inside the call that started the operation: a call that returns an error
  * fires none; a call that returns 0 fires its callback exactly once, later.
  * Buffers: a put's sources must stay valid and unchanged, a get's destinations untouched, until
@@ -114,6 +114,9 @@ typedef struct {
     const char *master;
     /* The libbaton engine that moves the bytes (see Threads and ownership). Required. */
     baton_xfer_engine_t *engine;
+    /* The address nodes reach this engine's listener at, to pull the bytes of a put (copied).
+     * NULL: "127.0.0.1". */
+    const char *host;
     /* The control channel's shared secret (the libbaton KV secret, BATON_XFER_SECRET_MIN..MAX
      * bytes; copied). NULL: none (a master with a secret refuses the client). */
     const void *secret;

@@ -134,4 +134,23 @@ void baton__sp_msg_free(baton__sp_msg_t *m);
 
 const char *baton__sp_type_name(uint8_t type);
 
+/*
+ * The get path needs no control message to the node: the client offers its destination buffer to
+ * the node's libbaton engine (baton_xfer_offer, one layer of one page) under a room id that names
+ * the segment offset to read — offset / 64 in the upper 44 bits (segments up to 1 PiB), a
+ * per-client sequence in the lower 20 (room ids must be unique among the client's open rooms) —
+ * and the node writes [offset, offset + page length) of its segment into it, after checking the
+ * range. Anyone who passed the engines' authentication may read any range of a segment: the
+ * secret is the trust boundary (docs/STORE.md).
+ */
+#define BATON__SP_ROOM_SEQ_BITS 20
+static inline uint64_t baton__sp_room_id(uint64_t off, uint32_t seq)
+{
+    return (off / 64) << BATON__SP_ROOM_SEQ_BITS | (seq & ((1u << BATON__SP_ROOM_SEQ_BITS) - 1));
+}
+static inline uint64_t baton__sp_room_off(uint64_t room_id)
+{
+    return (room_id >> BATON__SP_ROOM_SEQ_BITS) * 64;
+}
+
 #endif
