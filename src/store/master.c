@@ -168,10 +168,25 @@ static void do_stat(baton__master_t *ms, baton__sconn_t *c, const baton__sp_msg_
     baton_buf_t b = BATON_BUF_INIT;
     baton_buf_printf(&b,
                      "{\"capacity\":%llu,\"used\":%llu,\"objects\":%llu,\"putting\":%llu,"
-                     "\"nodes\":%u,\"segments\":%u,\"leader\":true,\"evictions\":%llu}",
+                     "\"nodes\":%u,\"segments\":%u,\"leader\":true,\"evictions\":%llu,"
+                     "\"node_list\":[",
                      (unsigned long long)st.capacity, (unsigned long long)st.used,
                      (unsigned long long)st.objects, (unsigned long long)st.putting, st.nodes,
                      st.segments, (unsigned long long)st.evictions);
+    int first = 1;
+    for (size_t i = 0; i < ms->n_nodes; i++) {
+        const baton__mnode_t *n = &ms->nodes[i];
+        if (!n->alive)
+            continue;
+        const char *id = baton__meta_node_id(ms->meta, (uint32_t)i);
+        baton_buf_printf(&b, "%s{\"id\":", first ? "" : ",");
+        baton_buf_append_json_string(&b, id, strlen(id));
+        uint64_t cap = baton__meta_segment_capacity(ms->meta, n->seg);
+        baton_buf_printf(&b, ",\"capacity\":%llu,\"used\":%llu}", (unsigned long long)cap,
+                         (unsigned long long)(cap - baton__meta_segment_free(ms->meta, n->seg)));
+        first = 0;
+    }
+    baton_buf_append_str(&b, "]}");
     baton__sp_msg_t m;
     memset(&m, 0, sizeof(m));
     m.type = BATON__SP_REPLY;
@@ -511,8 +526,10 @@ int baton__master_main(int argc, char **argv)
                   ms.opts.http_port, baton_store_strerror(rc));
         return 2;
     }
-    log_info(COMP, "master_listening addr=%s:%d http_port=%d lease_ttl_ms=%llu", ms.opts.host, port,
-             baton_http_server_port(ms.http), (unsigned long long)ms.opts.lease_ttl_ms);
+    log_info(COMP, "master_listening addr=%s:%d lease_ttl_ms=%llu node_timeout_ms=%llu",
+             ms.opts.host, port, (unsigned long long)ms.opts.lease_ttl_ms,
+             (unsigned long long)ms.opts.node_timeout_ms);
+    log_info(COMP, "http_listening addr=%s:%d", ms.opts.host, baton_http_server_port(ms.http));
     uv_timer_init(ms.loop, &ms.tick);
     ms.tick.data = &ms;
     uv_timer_start(&ms.tick, on_tick, 250, 250);

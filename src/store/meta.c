@@ -522,40 +522,30 @@ int baton__meta_remove(baton__meta_t *m, const char *ns, const char *key, uint64
 
 /* ---- nodes lost, periodic work ------------------------------------------------------------ */
 
-/* Drops the replicas of o with a slice on `node` (a dead node's segments are already marked
- * dead: only the surviving segments' space of those replicas is given back). Returns how many
- * replicas are left. */
-static uint32_t drop_replicas(baton__meta_t *m, baton__mobj_t *o, uint32_t node)
+/* Marks o's slices on the lost `node` (its segments are already dead: nothing to give back) and
+ * uncharges them. Returns 1 when some slice index has no live copy left: the object is lost. A
+ * striped object with replicas survives as long as every stripe has a copy somewhere, even when
+ * no replica is whole any more (readers take each slice from the replica that still has it). */
+static int lose_slices(baton__meta_t *m, baton__mobj_t *o, uint32_t node)
 {
-    uint32_t keep = 0;
-    for (uint32_t r = 0; r < o->n_replicas; r++) {
-        baton__slice_t *sl = &o->slices[(size_t)r * o->n_slices];
-        int hit = 0;
-        for (uint32_t s = 0; s < o->n_slices; s++)
-            hit |= sl[s].node == node;
-        if (hit) {
-            uint64_t held = 0;
-            for (uint32_t s = 0; s < o->n_slices; s++) {
-                baton__seg_t *seg = &m->segs[sl[s].seg];
-                uint64_t len =
-                    (sl[s].len + BATON__META_ALIGN - 1) & ~(uint64_t)(BATON__META_ALIGN - 1);
-                held += len;
-                if (seg->alive) {
-                    baton__seg_free(seg, sl[s].off, len);
-                    m->used -= len;
-                }
-            }
-            baton__ns_t *ns = &m->nss[o->ns];
-            ns->used -= held < ns->used ? held : ns->used;
-            o->held_bytes -= held < o->held_bytes ? held : o->held_bytes;
+    for (size_t i = 0; i < (size_t)o->n_replicas * o->n_slices; i++) {
+        baton__slice_t *sl = &o->slices[i];
+        if (sl->node != node)
             continue;
-        }
-        if (keep != r)
-            memmove(&o->slices[(size_t)keep * o->n_slices], sl, o->n_slices * sizeof(*sl));
-        keep++;
+        uint64_t len = (sl->len + BATON__META_ALIGN - 1) & ~(uint64_t)(BATON__META_ALIGN - 1);
+        baton__ns_t *ns = &m->nss[o->ns];
+        ns->used -= len < ns->used ? len : ns->used;
+        o->held_bytes -= len < o->held_bytes ? len : o->held_bytes;
+        sl->node = BATON__SLICE_LOST;
     }
-    o->n_replicas = keep;
-    return keep;
+    for (uint32_t s = 0; s < o->n_slices; s++) {
+        int live = 0;
+        for (uint32_t r = 0; r < o->n_replicas; r++)
+            live |= o->slices[(size_t)r * o->n_slices + s].node != BATON__SLICE_LOST;
+        if (!live)
+            return 1;
+    }
+    return 0;
 }
 
 size_t baton__meta_node_lost(baton__meta_t *m, uint32_t node, uint64_t now_ms)
@@ -577,8 +567,7 @@ size_t baton__meta_node_lost(baton__meta_t *m, uint32_t node, uint64_t now_ms)
         baton__mobj_t *o = lists[i]->head;
         while (o) {
             baton__mobj_t *next = o->next;
-            uint32_t before = o->n_replicas;
-            if (drop_replicas(m, o, node) == 0 && before > 0) {
+            if (lose_slices(m, o, node)) {
                 if (o->state == BATON__OBJ_PUTTING) {
                     o->lost = 1; /* freed at its commit, revoke or timeout */
                 } else {

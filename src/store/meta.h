@@ -58,8 +58,9 @@ typedef struct {
 void baton__meta_config_init(baton__meta_config_t *cfg);
 
 /* A range of one segment. */
+#define BATON__SLICE_LOST UINT32_MAX /* the node holding the slice was lost */
 typedef struct {
-    uint32_t node; /* node index (baton__meta_node_add) */
+    uint32_t node; /* node index (baton__meta_node_add), or BATON__SLICE_LOST */
     uint32_t seg;  /* segment index (baton__meta_segment_add), unique in the master */
     uint64_t off;  /* byte offset in the segment */
     uint64_t len;
@@ -105,12 +106,14 @@ void baton__meta_stats(const baton__meta_t *m, baton__meta_stats_t *st);
 int baton__meta_node_add(baton__meta_t *m, const char *node_id, uint32_t *node_p);
 /* A segment of `bytes` on a node. */
 int baton__meta_segment_add(baton__meta_t *m, uint32_t node, uint64_t bytes, uint32_t *seg_p);
-/* The node is gone: its segments leave, every replica on them is dropped, objects with no
- * replica left are freed and puts with a slice there fail at commit. Returns objects lost. */
+/* The node is gone: its segments leave and the slices on them are marked BATON__SLICE_LOST;
+ * an object with a stripe that has no copy left is freed (a put: fails at commit). Returns the
+ * committed objects lost. */
 size_t baton__meta_node_lost(baton__meta_t *m, uint32_t node, uint64_t now_ms);
 const char *baton__meta_node_id(const baton__meta_t *m, uint32_t node);
-/* Free bytes of a segment, or 0 for an unknown one. */
+/* Free bytes and capacity of a live segment, or 0 for an unknown or lost one. */
 uint64_t baton__meta_segment_free(const baton__meta_t *m, uint32_t seg);
+uint64_t baton__meta_segment_capacity(const baton__meta_t *m, uint32_t seg);
 
 /* ---- namespaces ---- */
 

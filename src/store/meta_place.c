@@ -72,6 +72,11 @@ uint64_t baton__meta_segment_free(const baton__meta_t *m, uint32_t seg)
     return m->segs[seg].capacity - m->segs[seg].used;
 }
 
+uint64_t baton__meta_segment_capacity(const baton__meta_t *m, uint32_t seg)
+{
+    return seg < m->n_segs && m->segs[seg].alive ? m->segs[seg].capacity : 0;
+}
+
 int baton__seg_alloc(baton__seg_t *s, uint64_t len, uint64_t *off_p)
 {
     len = align_up(len);

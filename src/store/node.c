@@ -422,6 +422,7 @@ int baton__node_main(int argc, char **argv)
         log_error(COMP, "node_start_failed reason=\"%s\"", baton_store_strerror(rc));
         return 2;
     }
+    log_info(COMP, "node_listening addr=%s:%d", nd.host, nd.ctrl_port);
     log_info(COMP,
              "node_started id=%s host=%s xfer_port=%d ctrl_port=%d segment_bytes=%llu "
              "transport=%s",

@@ -471,17 +471,44 @@ static void test_node_lost(void **state)
     for (int i = 0; i < 60; i++) {
         snprintf(key, sizeof(key), "two%d", i);
         assert_int_equal(baton__meta_get(m, NULL, key, 2, &v), 0);
-        assert_true(v.n_replicas >= 1);
-        for (uint32_t j = 0; j < v.n_replicas * v.n_slices; j++)
+        assert_int_equal(v.n_replicas, 2);
+        uint32_t live = 0;
+        for (uint32_t j = 0; j < v.n_replicas * v.n_slices; j++) {
             assert_int_not_equal(v.slices[j].node, n[1]);
+            live += v.slices[j].node != BATON__SLICE_LOST;
+        }
+        assert_true(live >= 1);
     }
     check_books(m);
-    /* No more placement on the lost node. */
+    /* A striped object with 2 replicas over 3 nodes: no replica stays whole, every stripe has a
+     * copy, so it stays readable. */
+    baton__meta_destroy(m);
+    m = mk();
+    for (int i = 0; i < 3; i++) {
+        char id[8];
+        snprintf(id, sizeof(id), "n%d", i);
+        n[i] = add_node(m, id, 64 * MIB);
+    }
+    baton__put_req_t big = {NULL, "big", 10 * MIB, 0, 2, 0};
+    assert_int_equal(baton__meta_put_start(m, &big, 0, &v), 0);
+    assert_int_equal(v.n_slices, 3);
+    assert_int_equal(baton__meta_put_commit(m, NULL, "big", v.put_id, 0), 0);
+    assert_int_equal(baton__meta_node_lost(m, n[0], 1), 0);
+    assert_int_equal(baton__meta_get(m, NULL, "big", 2, &v), 0);
+    for (uint32_t s = 0; s < 3; s++)
+        assert_true(v.slices[s].node != BATON__SLICE_LOST ||
+                    v.slices[3 + s].node != BATON__SLICE_LOST);
+    check_books(m);
+    /* A second node lost: some stripe had both copies on n1 and n2 → gone. */
+    assert_int_equal(baton__meta_node_lost(m, n[1], 3), 1);
+    assert_int_equal(baton__meta_get(m, NULL, "big", 4, &v), BATON_XFER_ENOTFOUND);
+    check_books(m);
+    /* No more placement on the lost nodes. */
     for (int i = 0; i < 20; i++) {
         snprintf(key, sizeof(key), "after%d", i);
         baton__put_req_t r = {NULL, key, KIB, 0, 1, 0};
         assert_int_equal(baton__meta_put_start(m, &r, 3, &v), 0);
-        assert_int_not_equal(v.slices[0].node, n[1]);
+        assert_int_equal(v.slices[0].node, n[2]);
     }
     /* It comes back (re-registers): placed on again. */
     uint32_t again;
