@@ -8,6 +8,7 @@
 
 int baton__node_main(int argc, char **argv);
 int baton__cli_main(const char *cmd, int argc, char **argv);
+int baton__bench_main(int argc, char **argv);
 
 int main(int argc, char **argv)
 {
@@ -19,11 +20,9 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "put") == 0 || strcmp(cmd, "get") == 0 || strcmp(cmd, "exists") == 0 ||
         strcmp(cmd, "rm") == 0 || strcmp(cmd, "stat") == 0)
         return baton__cli_main(cmd, argc - 1, argv + 1);
-    if (strcmp(cmd, "bench") == 0) {
-        fprintf(stderr, "baton-store bench: not available in this build\n");
-        return 2;
-    }
+    if (strcmp(cmd, "bench") == 0)
+        return baton__bench_main(argc - 1, argv + 1);
     fprintf(stderr,
-            "usage: baton-store master|node|put|get|exists|rm|stat ... (--help for each)\n");
+            "usage: baton-store master|node|put|get|exists|rm|stat|bench ... (--help for each)\n");
     return strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 ? 0 : 2;
 }

@@ -307,6 +307,15 @@ static void on_tick(uv_timer_t *t)
 {
     baton__master_t *ms = t->data;
     uint64_t now = baton_now_ms();
+    /* A tick far later than due means this process did not run (stopped, starved): the nodes'
+     * silence is then ours, not theirs. They get a fresh node timeout instead of being lost. */
+    if (ms->last_tick_ms && now - ms->last_tick_ms > ms->opts.node_timeout_ms / 2) {
+        log_warn(COMP, "master_stalled for_ms=%llu action=\"node timeouts restarted\"",
+                 (unsigned long long)(now - ms->last_tick_ms));
+        for (size_t i = 0; i < ms->n_nodes; i++)
+            ms->nodes[i].last_seen_ms = now;
+    }
+    ms->last_tick_ms = now;
     for (size_t i = 0; i < ms->n_nodes; i++) {
         baton__mnode_t *n = &ms->nodes[i];
         if (n->alive && now - n->last_seen_ms > ms->opts.node_timeout_ms) {

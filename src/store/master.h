@@ -42,6 +42,7 @@ typedef struct {
     uv_signal_t sigint, sigterm;
     char admin_token[256];
     uint64_t requests, refused_requests;
+    uint64_t last_tick_ms;
 } baton__master_t;
 
 /* master_http.c: GET /health, /metrics, /batch_query_keys. 0 or an error. */

@@ -8,6 +8,8 @@ node data) and a client with the wrong secret, after which everything still serv
 import json
 import os
 import random
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -253,6 +255,79 @@ def test_exit_codes():
         assert p.returncode == 2  # --http-port missing
 
 
+def bench(st, *args):
+    """A long-lived client: baton-store bench paced at about 20 MB/s (so that its leased working
+    set stays far below the store's capacity), its output in a file."""
+    out = tempfile.TemporaryFile(mode="w+")
+    p = subprocess.Popen([harness.binary("baton-store"), "bench", "--master", st.addr,
+                          "--kv-secret-file", st.secret, "--size", "64K", "--batch", "8",
+                          "--interval-ms", "20", *args], stdout=out, text=True)
+    return p, out
+
+
+def bench_lines(p):
+    proc, out = p
+    proc.wait(timeout=120)
+    out.seek(0)
+    return [json.loads(line) for line in out.read().splitlines() if line.startswith("{")]
+
+
+def test_master_stopped_then_back():
+    """A long-lived client (bench) through a master stopped for 5 s: calls fail meanwhile, the
+    same client works again afterwards without a restart, and no byte comes back wrong."""
+    with harness.Cluster("store-sigstop") as c:
+        # short leases: the bench's working set is larger than the store, leased objects stay
+        st = Store(c, master_args=("--lease-ttl-ms", "1000"))
+        p = bench(st, "--duration-s", "12")
+        time.sleep(2)
+        st.master.signal(signal.SIGSTOP)
+        time.sleep(5)
+        st.master.signal(signal.SIGCONT)
+        lines = bench_lines(p)
+        summary = lines[-1]
+        rounds = [x for x in lines if "round" in x]
+        assert summary["corrupted"] == 0 and summary["missing"] == 0, summary
+        assert summary["put_failed"] > 0, "the stop was not seen"
+        # progress after the master came back: the last rounds succeeded
+        assert rounds[-1]["last_error"] == "", rounds[-5:]
+        assert rounds[-1]["get_ok"] > rounds[0]["get_ok"], rounds[-5:]
+        # the master took its own stop for what it was: no node declared lost
+        assert st.metric("nodes_lost_total") == 0
+        ok_after = [x for x in rounds if x["put_failed"] == summary["put_failed"]]
+        assert len(ok_after) >= 2 and ok_after[-1]["put_ok"] > ok_after[0]["put_ok"], rounds[-5:]
+
+
+def test_node_stopped_then_back():
+    """A node stopped longer than the node timeout is declared lost; reads keep working from the
+    other replicas; when it resumes it registers again by itself."""
+    with harness.Cluster("store-node-stop") as c:
+        st = Store(c, master_args=("--lease-ttl-ms", "1000"))
+        p = bench(st, "--replicas", "2", "--duration-s", "10")
+        time.sleep(1.5)
+        st.nodes[2].signal(signal.SIGSTOP)
+        harness.wait_until(lambda: st.stat()["nodes"] == 2, timeout=15, what="node lost")
+        time.sleep(1)
+        st.nodes[2].signal(signal.SIGCONT)
+        harness.wait_until(lambda: st.stat()["nodes"] == 3, timeout=15, what="node back")
+        summary = bench_lines(p)[-1]
+        assert summary["corrupted"] == 0, summary
+        assert summary["get_ok"] > 0, summary
+        assert st.metric("nodes_lost_total") == 1
+
+
+def test_metrics_promtool():
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        raise harness.SkipTest("promtool is not installed")
+    with harness.Cluster("store-promtool") as c:
+        st = Store(c, nodes=1)
+        st.put("k", b"v")
+        body = harness.get(st.http, "/metrics").body
+        r = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
 if __name__ == "__main__":
     r = TestRunner()
     r.run(test_put_get_many)
@@ -261,4 +336,7 @@ if __name__ == "__main__":
     r.run(test_capacity_pressure)
     r.run(test_hostile_bytes)
     r.run(test_exit_codes)
+    r.run(test_master_stopped_then_back)
+    r.run(test_node_stopped_then_back)
+    r.run(test_metrics_promtool)
     r.finish()
