@@ -127,7 +127,8 @@ typedef struct {
     uint32_t request_timeout_ms;
     /* Reconnect back-off to the master (exponential, full jitter). Defaults 50 .. 2000 ms; the
      * client never gives up: operations during an outage fail with BATON_STORE_ENOLEADER and
-     * the next one after it succeeds without any call from the caller. */
+     * the next one after it succeeds without any call from the caller. Behind an etcd:// URL a
+     * call that times out, or a standby's answer, makes the next call look the leader up. */
     uint32_t reconnect_min_ms;
     uint32_t reconnect_max_ms;
 } baton_store_config_t;

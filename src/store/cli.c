@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "common/log.h"
+#include "store/elect.h"
 #include "store/sconn.h"
 
 int baton__parse_hostport(const char *s, char *host, size_t cap, int *port_p);
@@ -43,7 +44,7 @@ static void usage(FILE *f)
                "  rm KEY\n"
                "  stat                               JSON: capacity, used, objects, nodes, "
                "leader\n"
-               "client options: --master H:P (or --registry etcd://..., not in this build), "
+               "client options: --master H:P or --registry etcd://H:P,.../PFX, "
                "--namespace NS,\n"
                "  --kv-secret-file F, --host H (this client's address for nodes), "
                "--timeout-ms N\n"
@@ -74,8 +75,8 @@ static int parse_cli(int argc, char **argv, cli_t *c)
             c->master = optarg;
             break;
         case 'r':
-            fprintf(stderr, "baton-store: --registry is not available in this build\n");
-            return -1;
+            c->master = optarg; /* the client looks the leader up there */
+            break;
         case 'n':
             c->ns = optarg;
             break;
@@ -109,7 +110,7 @@ static int parse_cli(int argc, char **argv, cli_t *c)
     c->args = argv + optind;
     c->n_args = argc - optind;
     if (c->master == NULL) {
-        fprintf(stderr, "baton-store %s: --master H:P is required\n", c->cmd);
+        fprintf(stderr, "baton-store %s: --master H:P or --registry URL is required\n", c->cmd);
         return -1;
     }
     if (c->secret_file &&
@@ -281,10 +282,16 @@ static int start(cli_t *c)
 
 static int run_stat(cli_t *c)
 {
-    char host[BATON__SP_HOST_MAX + 1];
-    int port;
-    if (baton__parse_hostport(c->master, host, sizeof(host), &port) != 0)
+    char host[BATON__SP_HOST_MAX + 1] = "0.0.0.0";
+    int port = 0;
+    baton__resolver_t *res = NULL;
+    if (strncmp(c->master, "etcd://", 7) == 0) {
+        int rc = baton__resolver_create(c->loop, c->master, &res);
+        if (rc != 0)
+            return rc;
+    } else if (baton__parse_hostport(c->master, host, sizeof(host), &port) != 0) {
         return BATON_XFER_EINVAL;
+    }
     baton__sconn_opts_t so = {0};
     so.loop = c->loop;
     so.secret = c->secret_len ? c->secret : NULL;
@@ -294,6 +301,8 @@ static int run_stat(cli_t *c)
     int rc = baton__srpc_create(&so, host, port, BATON_STORE_ENOLEADER, &r);
     if (rc != 0)
         return rc;
+    if (res)
+        baton__srpc_set_resolver(r, res);
     baton__sp_msg_t m;
     memset(&m, 0, sizeof(m));
     m.type = BATON__SP_STAT;
@@ -301,7 +310,9 @@ static int run_stat(cli_t *c)
     if (rc == 0)
         uv_run(c->loop, UV_RUN_DEFAULT);
     baton__srpc_destroy(r);
-    uv_run(c->loop, UV_RUN_NOWAIT);
+    if (res)
+        baton__resolver_close(res);
+    uv_run(c->loop, UV_RUN_DEFAULT);
     return rc;
 }
 

@@ -15,6 +15,7 @@
 int baton__parse_hostport(const char *s, char *host, size_t cap, int *port_p);
 
 #include "store/client_int.h"
+#include "store/elect.h"
 
 /* ---- life time ------------------------------------------------------------------------------ */
 
@@ -48,14 +49,13 @@ int baton_store_client_create(uv_loop_t *loop, const baton_store_config_t *cfg_i
         (cfg.secret &&
          (cfg.secret_len < BATON_XFER_SECRET_MIN || cfg.secret_len > BATON_XFER_SECRET_MAX)))
         return BATON_XFER_EINVAL;
-    if (strncmp(cfg.master, "etcd://", 7) == 0)
-        return BATON_XFER_ENOTSUP; /* leader discovery through etcd: not in this build */
+    int etcd = strncmp(cfg.master, "etcd://", 7) == 0;
     baton_store_client_t *cl = calloc(1, sizeof(*cl));
     if (cl == NULL)
         return BATON_XFER_ENOMEM;
-    char mhost[BATON__SP_HOST_MAX + 1];
-    int mport;
-    if (baton__parse_hostport(cfg.master, mhost, sizeof(mhost), &mport) != 0 ||
+    char mhost[BATON__SP_HOST_MAX + 1] = "0.0.0.0";
+    int mport = 0;
+    if ((!etcd && baton__parse_hostport(cfg.master, mhost, sizeof(mhost), &mport) != 0) ||
         (cfg.ns && strlen(cfg.ns) > BATON_STORE_NAMESPACE_MAX) ||
         (cfg.host && strlen(cfg.host) > BATON__SP_HOST_MAX)) {
         free(cl);
@@ -77,11 +77,17 @@ int baton_store_client_create(uv_loop_t *loop, const baton_store_config_t *cfg_i
     cl->so.max_body = BATON__SP_REPLY_MAX;
     if (getrandom(&cl->key_seq, sizeof(cl->key_seq), 0) != sizeof(cl->key_seq))
         cl->key_seq = uv_hrtime();
-    int rc = baton__srpc_create(&cl->so, mhost, mport, BATON_STORE_ENOLEADER, &cl->master);
+    int rc = etcd ? baton__resolver_create(loop, cfg.master, &cl->resolver) : 0;
+    if (rc == 0)
+        rc = baton__srpc_create(&cl->so, mhost, mport, BATON_STORE_ENOLEADER, &cl->master);
     if (rc != 0) {
+        if (cl->resolver)
+            baton__resolver_close(cl->resolver);
         free(cl);
         return rc;
     }
+    if (cl->resolver)
+        baton__srpc_set_resolver(cl->master, cl->resolver);
     *client_p = cl;
     return 0;
 }
@@ -119,6 +125,8 @@ void baton_store_client_destroy(baton_store_client_t *cl, baton_store_close_cb c
     baton__srpc_destroy(cl->master);
     for (size_t i = 0; i < cl->n_nodes; i++)
         baton__srpc_destroy(cl->nodes[i].rpc);
+    if (cl->resolver)
+        baton__resolver_close(cl->resolver);
     uv_timer_init(cl->loop, &cl->close_timer);
     cl->close_timer.data = cl;
     uv_timer_start(&cl->close_timer, on_close_poll, 0, 10);

@@ -21,6 +21,7 @@ struct baton_store_client_s {
     char id[BATON__SP_ID_MAX + 1];
     uint32_t timeout_ms;
     baton__srpc_t *master;
+    struct baton__resolver_s *resolver; /* "etcd://" masters: the leader is looked up there */
     node_rpc_t *nodes;
     size_t n_nodes;
     uint32_t room_seq;

@@ -271,6 +271,10 @@ static void on_ctrl_msg(baton__sconn_t *c, baton__sp_msg_t *m, void *data)
 {
     baton__master_t *ms = data;
     ms->requests++;
+    if (!ms->leader) { /* a standby: clients and nodes look the leader up again */
+        reply_status(c, m, BATON_STORE_ENOLEADER);
+        return;
+    }
     switch (m->type) {
     case BATON__SP_PUT_START:
     case BATON__SP_PUT_COMMIT:
@@ -327,6 +331,23 @@ static void on_tick(uv_timer_t *t)
         }
     }
     baton__meta_tick(ms->meta, now);
+}
+
+/* Leadership through etcd. A master that gains it starts from empty metadata (nodes register
+ * again when their heartbeats are refused); one that loses it exits, so that it can never serve
+ * beside the new leader: its supervisor starts it again as a standby. */
+static void on_leadership(void *data, int leader)
+{
+    baton__master_t *ms = data;
+    if (leader) {
+        ms->leader = 1;
+        log_info(COMP, "master_leading");
+        return;
+    }
+    ms->leader = 0;
+    log_error(COMP, "master_leadership_lost action=exit");
+    ms->exit_code = 1;
+    uv_stop(ms->loop);
 }
 
 static void on_signal(uv_signal_t *s, int signum)
@@ -465,11 +486,6 @@ static int parse_opts(int argc, char **argv, baton__master_opts_t *o)
         usage(stderr);
         return -1;
     }
-    if (o->registry) {
-        fprintf(stderr, "baton-store master: --registry (HA through etcd) is not available in "
-                        "this build; run one master with --port\n");
-        return -1;
-    }
     return 0;
 }
 
@@ -539,6 +555,17 @@ int baton__master_main(int argc, char **argv)
              ms.opts.host, port, (unsigned long long)ms.opts.lease_ttl_ms,
              (unsigned long long)ms.opts.node_timeout_ms);
     log_info(COMP, "http_listening addr=%s:%d", ms.opts.host, baton_http_server_port(ms.http));
+    ms.leader = ms.opts.registry == NULL;
+    if (ms.opts.registry) {
+        char value[128];
+        snprintf(value, sizeof(value), "%s:%d", ms.opts.host, port);
+        rc = baton__elect_start(ms.loop, ms.opts.registry, value, 2, on_leadership, &ms, &ms.elect);
+        if (rc != 0) {
+            log_error(COMP, "master_registry_failed reason=\"%s\"", baton_store_strerror(rc));
+            return 2;
+        }
+        log_info(COMP, "master_standby registry=%s", ms.opts.registry);
+    }
     uv_timer_init(ms.loop, &ms.tick);
     ms.tick.data = &ms;
     uv_timer_start(&ms.tick, on_tick, 250, 250);
@@ -550,5 +577,5 @@ int baton__master_main(int argc, char **argv)
     uv_run(ms.loop, UV_RUN_DEFAULT);
     baton__meta_destroy(ms.meta);
     free(ms.nodes);
-    return 0;
+    return ms.exit_code;
 }

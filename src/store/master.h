@@ -8,6 +8,7 @@
 #include <uv.h>
 
 #include "http/server.h"
+#include "store/elect.h"
 #include "store/meta.h"
 #include "store/sconn.h"
 
@@ -43,6 +44,9 @@ typedef struct {
     char admin_token[256];
     uint64_t requests, refused_requests;
     uint64_t last_tick_ms;
+    baton__elect_t *elect; /* NULL: no --registry, always the leader */
+    int leader;
+    int exit_code;
 } baton__master_t;
 
 /* master_http.c: GET /health, /metrics, /batch_query_keys. 0 or an error. */

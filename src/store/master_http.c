@@ -135,7 +135,7 @@ static void metrics(baton__master_t *ms, baton_http_req_t *req)
     G("objects", "Committed objects.", st.objects);
     G("puts_in_flight", "Uncommitted puts.", st.putting);
     G("nodes", "Live nodes.", st.nodes);
-    G("leader", "1 when this master serves (the leader).", 1);
+    G("leader", "1 when this master serves (the leader).", ms->leader);
     C("puts_total", "Objects asked to be put.", st.puts);
     C("commits_total", "Objects committed.", st.commits);
     C("revokes_total", "Puts revoked by their putter.", st.revokes);
@@ -166,8 +166,10 @@ static void on_http(baton_http_req_t *req, void *ctx)
         return;
     }
     if (strcmp(req->path, "/health") == 0) {
-        static const char ok[] = "{\"status\":\"ok\",\"leader\":true}";
-        baton_http_respond(req, 200, "application/json", NULL, 0, ok, sizeof(ok) - 1);
+        static const char lead[] = "{\"status\":\"ok\",\"leader\":true}";
+        static const char standby[] = "{\"status\":\"ok\",\"leader\":false}";
+        const char *b = ms->leader ? lead : standby;
+        baton_http_respond(req, 200, "application/json", NULL, 0, b, strlen(b));
         return;
     }
     if (strcmp(req->path, "/metrics") != 0 && strcmp(req->path, "/batch_query_keys") != 0) {

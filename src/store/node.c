@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "store/elect.h"
 #include "store/sconn.h"
 
 #define COMP         "store"
@@ -39,6 +40,7 @@ typedef struct node_s {
     baton__slisten_t *ctrl;
     int ctrl_port;
     baton__srpc_t *master;
+    baton__resolver_t *resolver; /* --registry: the leader is looked up in etcd */
     uint64_t incarnation;
     uint32_t node, seg;
     int registered, call_pending;
@@ -252,8 +254,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: baton-store node --master H:P --segment-bytes N [options]\n"
                "  --master H:P                 the master's control address\n"
-               "  --registry etcd://...        find the master through etcd (not available in "
-               "this build)\n"
+               "  --registry etcd://H:P,.../PFX find the leading master through etcd\n"
                "  --segment-bytes N            memory contributed (K, M, G suffixes)\n"
                "  --host H                     address clients reach this node at (127.0.0.1)\n"
                "  --transport tcp|shm|rdma     libbaton transport (tcp)\n"
@@ -317,7 +318,7 @@ int baton__node_main(int argc, char **argv)
     nd.host = "127.0.0.1";
     nd.transport = BATON_XFER_TRANSPORT_TCP;
     char mhost[BATON__SP_HOST_MAX + 1] = "", idbuf[64];
-    const char *secret_file = NULL;
+    const char *secret_file = NULL, *registry = NULL;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -329,9 +330,8 @@ int baton__node_main(int argc, char **argv)
             }
             break;
         case 'r':
-            fprintf(stderr, "baton-store node: --registry is not available in this build; use "
-                            "--master H:P\n");
-            return 2;
+            registry = optarg;
+            break;
         case 's':
             if (parse_bytes(optarg, &nd.seg_bytes) != 0) {
                 fprintf(stderr, "baton-store node: bad --segment-bytes '%s'\n", optarg);
@@ -360,6 +360,10 @@ int baton__node_main(int argc, char **argv)
             usage(stderr);
             return 2;
         }
+    }
+    if (registry && mhost[0] == '\0') {
+        snprintf(mhost, sizeof(mhost), "0.0.0.0"); /* looked up before each connection */
+        nd.master_port = 0;
     }
     if (optind < argc || mhost[0] == '\0' || nd.seg_bytes == 0) {
         usage(stderr);
@@ -417,6 +421,11 @@ int baton__node_main(int argc, char **argv)
         mo.max_body = BATON__SP_REPLY_MAX;
         rc = baton__srpc_create(&mo, nd.master_host, nd.master_port, BATON_STORE_ENOLEADER,
                                 &nd.master);
+        if (rc == 0 && registry) {
+            rc = baton__resolver_create(nd.loop, registry, &nd.resolver);
+            if (rc == 0)
+                baton__srpc_set_resolver(nd.master, nd.resolver);
+        }
     }
     if (rc != 0) {
         log_error(COMP, "node_start_failed reason=\"%s\"", baton_store_strerror(rc));

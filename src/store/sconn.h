@@ -59,6 +59,10 @@ typedef void (*baton__srpc_cb)(void *data, int status, baton__sp_msg_t *reply);
 /* Connects on demand and again after a failure (the next call reconnects: nothing to restart). */
 int baton__srpc_create(const baton__sconn_opts_t *o, const char *host, int port, int down_status,
                        baton__srpc_t **r_p);
+/* Looks the target up with `resolver` (not owned; it must outlive r) before each connection,
+ * and drops the connection after a BATON_STORE_ENOLEADER reply (a standby master). */
+struct baton__resolver_s;
+void baton__srpc_set_resolver(baton__srpc_t *r, struct baton__resolver_s *resolver);
 /* Sends m (its req_id is set here); cb fires exactly once, never inside this call. */
 int baton__srpc_call(baton__srpc_t *r, baton__sp_msg_t *m, uint32_t timeout_ms, baton__srpc_cb cb,
                      void *data);

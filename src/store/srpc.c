@@ -7,6 +7,7 @@
 #include "common/clock.h"
 #include "common/list.h"
 #include "common/log.h"
+#include "store/elect.h"
 #include "store/sconn.h"
 
 typedef struct call_s {
@@ -34,6 +35,8 @@ struct baton__srpc_s {
     call_t *failed;   /* to be reported on the next loop turn */
     uv_timer_t timer; /* deadlines, and deferred completions */
     int destroyed;
+    baton__resolver_t *resolver; /* the target is looked up before each connection */
+    int resolving;
 };
 
 /* Deep copy of the request (its arrays), kept until the connection is up. */
@@ -138,6 +141,10 @@ static void on_timer(uv_timer_t *t)
             pp = &c->next;
         }
     }
+    /* Behind a resolver, a call that timed out may mean a leader that is gone without a word
+     * (stopped, partitioned): the next call looks it up again on a fresh connection. */
+    if (r->failed && r->resolver && r->conn && !r->destroyed)
+        baton__sconn_close(r->conn, BATON_XFER_ETIMEOUT);
     report_failed(r);
     if (!r->destroyed)
         arm(r);
@@ -195,6 +202,8 @@ static void on_msg(baton__sconn_t *conn, baton__sp_msg_t *m, void *data)
         if (c->req_id != m->req_id)
             continue;
         *pp = c->next;
+        if (m->status == BATON_STORE_ENOLEADER && r->resolver)
+            baton__sconn_close(conn, BATON_STORE_ENOLEADER); /* a standby: look again */
         c->cb(c->data, 0, m);
         msg_drop(c->msg_copy);
         free(c);
@@ -202,6 +211,47 @@ static void on_msg(baton__sconn_t *conn, baton__sp_msg_t *m, void *data)
         return;
     }
     /* a reply after its call timed out: dropped */
+}
+
+static void on_resolved(void *data, int status, const char *host, int port)
+{
+    baton__srpc_t *r = data;
+    r->resolving = 0;
+    if (r->destroyed) {
+        uv_close((uv_handle_t *)&r->timer, free_srpc);
+        return;
+    }
+    if (status == 0) {
+        snprintf(r->host, sizeof(r->host), "%s", host);
+        r->port = port;
+        if (baton__sconn_connect(&r->o, r->host, r->port, &r->conn) == 0)
+            return;
+        r->conn = NULL;
+    }
+    fail_all(r, r->down_status);
+    arm(r);
+}
+
+/* Starts a connection (after a lookup of the target when there is a resolver). */
+static int open_conn(baton__srpc_t *r)
+{
+    if (r->conn || r->resolving)
+        return 0;
+    if (r->resolver) {
+        int rc = baton__resolve(r->resolver, on_resolved, r);
+        if (rc == 0)
+            r->resolving = 1;
+        return rc;
+    }
+    int rc = baton__sconn_connect(&r->o, r->host, r->port, &r->conn);
+    if (rc != 0)
+        r->conn = NULL;
+    return rc;
+}
+
+void baton__srpc_set_resolver(baton__srpc_t *r, baton__resolver_t *resolver)
+{
+    r->resolver = resolver;
 }
 
 int baton__srpc_create(const baton__sconn_opts_t *o, const char *host, int port, int down_status,
@@ -262,16 +312,12 @@ int baton__srpc_call(baton__srpc_t *r, baton__sp_msg_t *m, uint32_t timeout_ms, 
             free(c);
             return BATON_XFER_ENOMEM;
         }
-        if (r->conn == NULL) {
-            int rc = baton__sconn_connect(&r->o, r->host, r->port, &r->conn);
-            if (rc != 0) {
-                r->conn = NULL;
-                c->status = r->down_status; /* reported on the next loop turn */
-                c->next = r->failed;
-                r->failed = c;
-                arm(r);
-                return 0;
-            }
+        if (open_conn(r) != 0) {
+            c->status = r->down_status; /* reported on the next loop turn */
+            c->next = r->failed;
+            r->failed = c;
+            arm(r);
+            return 0;
         }
     }
     c->next = r->calls;
@@ -289,5 +335,7 @@ void baton__srpc_destroy(baton__srpc_t *r)
     }
     fail_all(r, BATON_XFER_ESHUTDOWN);
     report_failed(r);
+    if (r->resolving)
+        return; /* freed by the lookup's callback */
     uv_close((uv_handle_t *)&r->timer, free_srpc);
 }
