@@ -161,14 +161,16 @@ def test_replicas_node_killed():
 
 def test_capacity_pressure():
     with harness.Cluster("store-pressure") as c:
-        # leases of 1 minute: everything read stays pinned by its lease
-        st = Store(c, nodes=1, segment="1M", master_args=("--lease-ttl-ms", "60000"))
+        # leases of 1 minute: everything read stays pinned by its lease; the watermark at 100 %
+        # so that only a put finding no space evicts (the ten objects fill 98 %)
+        st = Store(c, nodes=1, segment="1M",
+                   master_args=("--lease-ttl-ms", "60000", "--eviction-high-watermark", "1"))
         blob = random.Random(5).randbytes(100 * 1024)
         for i in range(10):
             rc, out = st.put(f"p{i}", blob)
             assert rc == 0, out
         rc, out, _ = st.cmd("exists", *[f"p{i}" for i in range(10)])  # leases all ten
-        assert rc == 0
+        assert rc == 0, out
         rc, out = st.put("more", blob)
         assert rc == 2 and "no space" in out, out
         assert st.metric("evictions_total") == 0
