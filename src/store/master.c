@@ -373,6 +373,7 @@ static void usage(FILE *f)
                "  --eviction-ratio F            share of capacity freed per eviction (0.05)\n"
                "  --node-timeout-ms N           a node silent this long is lost (3000)\n"
                "  --kv-secret-file F            shared secret of clients and nodes (HMAC)\n"
+               "  --namespace-quota NS=BYTES    bytes namespace NS may hold (K/M/G; repeatable)\n"
                "  --admin-token-file F          bearer token required by /metrics and "
                "/batch_query_keys\n");
 }
@@ -397,6 +398,28 @@ static int parse_share(const char *s, double *v)
     return 0;
 }
 
+static int parse_quota(const char *s, baton__master_opts_t *o)
+{
+    const char *eq = strchr(s, '=');
+    if (eq == NULL || eq == s || (size_t)(eq - s) > BATON_STORE_NAMESPACE_MAX || o->n_quotas >= 16)
+        return -1;
+    char *end;
+    unsigned long long v = strtoull(eq + 1, &end, 10);
+    uint64_t mul = 1;
+    if (*end == 'K' || *end == 'k')
+        mul = 1ull << 10, end++;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1ull << 20, end++;
+    else if (*end == 'G' || *end == 'g')
+        mul = 1ull << 30, end++;
+    if (end == eq + 1 || *end != '\0' || eq[1] == '-' || v == 0 || v > UINT64_MAX / mul)
+        return -1;
+    memcpy(o->quota_ns[o->n_quotas], s, (size_t)(eq - s));
+    o->quota_ns[o->n_quotas][eq - s] = '\0';
+    o->quota_bytes[o->n_quotas++] = v * mul;
+    return 0;
+}
+
 static int parse_opts(int argc, char **argv, baton__master_opts_t *o)
 {
     enum {
@@ -410,6 +433,7 @@ static int parse_opts(int argc, char **argv, baton__master_opts_t *o)
         O_NODE_TO,
         O_SECRET,
         O_TOKEN,
+        O_QUOTA,
         O_HELP
     };
     static const struct option lo[] = {
@@ -423,6 +447,7 @@ static int parse_opts(int argc, char **argv, baton__master_opts_t *o)
         {"node-timeout-ms", required_argument, NULL, O_NODE_TO},
         {"kv-secret-file", required_argument, NULL, O_SECRET},
         {"admin-token-file", required_argument, NULL, O_TOKEN},
+        {"namespace-quota", required_argument, NULL, O_QUOTA},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -470,6 +495,13 @@ static int parse_opts(int argc, char **argv, baton__master_opts_t *o)
             break;
         case O_SECRET:
             o->secret_file = optarg;
+            break;
+        case O_QUOTA:
+            if (parse_quota(optarg, o) != 0) {
+                fprintf(stderr, "baton-store master: --namespace-quota wants NS=BYTES[K|M|G] "
+                                "(at most 16)\n");
+                return -1;
+            }
             break;
         case O_TOKEN:
             o->admin_token_file = optarg;
@@ -529,6 +561,9 @@ int baton__master_main(int argc, char **argv)
     mc.seed = uv_hrtime();
     if (baton__meta_create(&mc, &ms.meta) != 0)
         return 2;
+    for (int i = 0; i < ms.opts.n_quotas; i++)
+        if (baton__meta_ns_quota(ms.meta, ms.opts.quota_ns[i], ms.opts.quota_bytes[i]) != 0)
+            return 2;
     ms.loop = uv_default_loop();
     baton__sconn_opts_t so = {0};
     so.loop = ms.loop;

@@ -20,6 +20,10 @@ typedef struct {
     double high_watermark, evict_ratio;
     const char *secret_file, *admin_token_file;
     uint64_t node_timeout_ms; /* a node silent this long is lost (default 3000) */
+    /* --namespace-quota NS=BYTES, repeatable */
+    char quota_ns[16][BATON_STORE_NAMESPACE_MAX + 1];
+    uint64_t quota_bytes[16];
+    int n_quotas;
 } baton__master_opts_t;
 
 typedef struct {

@@ -192,6 +192,28 @@ def test_capacity_pressure():
             assert rc in (0, 1) and (rc == 1 or got == v)  # evicted, or intact
 
 
+def test_namespace_quota():
+    """One namespace over its quota evicts its own oldest objects, never another's."""
+    with harness.Cluster("store-quota") as c:
+        st = Store(c, nodes=1, segment="8M",
+                   master_args=("--namespace-quota", "modelA=300K", "--lease-ttl-ms", "100"))
+        blob = random.Random(9).randbytes(100 * 1024)
+        assert st.put("b0", blob, "--namespace", "modelB")[0] == 0
+        for i in range(3):
+            assert st.put(f"a{i}", blob, "--namespace", "modelA")[0] == 0
+        time.sleep(0.3)  # no lease left
+        rc, out = st.put("a3", blob, "--namespace", "modelA")
+        assert rc == 0, out
+        gone = [k for k in ("a0", "a1", "a2")
+                if st.cmd("exists", k, "--namespace", "modelA")[0] == 1]
+        assert gone == ["a0"], gone
+        assert st.cmd("exists", "b0", "--namespace", "modelB")[0] == 0
+        # one object larger than the quota: refused
+        rc, out = st.put("huge", blob * 4, "--namespace", "modelA")
+        assert rc == 2 and "quota" in out, out
+        assert st.metric("evictions_total") == 1
+
+
 def hostile(port, payload):
     try:
         with socket.create_connection((HOST, port), timeout=5) as s:
@@ -336,6 +358,7 @@ if __name__ == "__main__":
     r.run(test_striping)
     r.run(test_replicas_node_killed)
     r.run(test_capacity_pressure)
+    r.run(test_namespace_quota)
     r.run(test_hostile_bytes)
     r.run(test_exit_codes)
     r.run(test_master_stopped_then_back)
