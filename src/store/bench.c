@@ -8,6 +8,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/rand.h"
@@ -170,6 +175,130 @@ static void next_round(bench_t *b)
     }
 }
 
+/* ---- --latency N: one small object read N times, p50 / p99 beside loopback TCP's round trip ----
+ */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* p50 of n one-byte ping-pongs over a loopback TCP connection (both ends in this thread,
+ * blocking sockets: the kernel's round trip without a second process's scheduling). */
+static uint64_t tcp_rtt_p50_ns(int n)
+{
+    int l = socket(AF_INET, SOCK_STREAM, 0), a = -1, c = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {0};
+    socklen_t sl = sizeof(sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    uint64_t *t = calloc((size_t)n, sizeof(*t)), p50 = 0;
+    int one = 1;
+    if (t && l >= 0 && c >= 0 && bind(l, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+        listen(l, 1) == 0 && getsockname(l, (struct sockaddr *)&sa, &sl) == 0 &&
+        connect(c, (struct sockaddr *)&sa, sizeof(sa)) == 0 && (a = accept(l, NULL, NULL)) >= 0) {
+        setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        setsockopt(a, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        char x = 'x';
+        int i;
+        for (i = 0; i < n; i++) {
+            uint64_t t0 = uv_hrtime();
+            if (write(c, &x, 1) != 1 || read(a, &x, 1) != 1 || write(a, &x, 1) != 1 ||
+                read(c, &x, 1) != 1)
+                break;
+            t[i] = uv_hrtime() - t0;
+        }
+        qsort(t, (size_t)i, sizeof(*t), cmp_u64);
+        p50 = i ? t[i / 2] : 0;
+    }
+    free(t);
+    if (a >= 0)
+        close(a);
+    if (l >= 0)
+        close(l);
+    if (c >= 0)
+        close(c);
+    return p50;
+}
+
+typedef struct {
+    bench_t *b;
+    int n, i;
+    uint64_t *lat, t0;
+    int failed;
+} lat_t;
+
+static void lat_next(lat_t *L);
+
+static void on_lat_get(void *data, int status, const baton_store_result_t *res, size_t n,
+                       size_t prefix)
+{
+    lat_t *L = data;
+    (void)n;
+    (void)prefix;
+    if (status != 0 || res[0].status != 0)
+        L->failed++;
+    else
+        L->lat[L->i++] = uv_hrtime() - L->t0;
+    if (L->i >= L->n || L->failed > 10) {
+        uv_stop(L->b->loop);
+        return;
+    }
+    lat_next(L);
+}
+
+static void lat_next(lat_t *L)
+{
+    L->t0 = uv_hrtime();
+    if (baton_store_get(L->b->cl, L->b->objs, 1, on_lat_get, L) != 0) {
+        L->failed = 100;
+        uv_stop(L->b->loop);
+    }
+}
+
+static void on_lat_put(void *data, int status, const baton_store_result_t *res, size_t n,
+                       size_t prefix)
+{
+    lat_t *L = data;
+    (void)n;
+    (void)prefix;
+    if (status != 0 || res[0].status != 0) {
+        L->failed = 100;
+        uv_stop(L->b->loop);
+        return;
+    }
+    L->b->objs[0].addr = baton_xfer_mem_addr(L->b->dst);
+    lat_next(L);
+}
+
+static int run_latency(bench_t *b, int n)
+{
+    lat_t L = {b, n, 0, calloc((size_t)n, sizeof(uint64_t)), 0, 0};
+    if (L.lat == NULL)
+        return 2;
+    snprintf(b->keys_buf[0], sizeof(b->keys_buf[0]), "bench-lat-%d", (int)getpid());
+    fill(baton_xfer_mem_addr(b->src), b->size, 1, 0);
+    b->objs[0] = (baton_store_obj_t){b->keys_buf[0], baton_xfer_mem_addr(b->src), b->size};
+    if (baton_store_put(b->cl, b->objs, 1, NULL, on_lat_put, &L) != 0)
+        return 2;
+    uv_run(b->loop, UV_RUN_DEFAULT);
+    if (L.i == 0) {
+        free(L.lat);
+        return 2;
+    }
+    qsort(L.lat, (size_t)L.i, sizeof(*L.lat), cmp_u64);
+    uint64_t rtt = tcp_rtt_p50_ns(1000);
+    printf("{\"latency\":true,\"size\":%llu,\"gets\":%d,\"failed\":%d,\"get_p50_us\":%.1f,"
+           "\"get_p99_us\":%.1f,\"tcp_rtt_p50_us\":%.1f,\"p50_over_rtt\":%.1f}\n",
+           (unsigned long long)b->size, L.i, L.failed, (double)L.lat[L.i / 2] / 1e3,
+           (double)L.lat[(size_t)L.i * 99 / 100] / 1e3, (double)rtt / 1e3,
+           rtt ? (double)L.lat[L.i / 2] / (double)rtt : 0.0);
+    fflush(stdout);
+    free(L.lat);
+    return L.failed ? 1 : 0;
+}
+
 static double memcpy_gbps(uint64_t len)
 {
     uint8_t *a = malloc(len), *c = malloc(len);
@@ -238,10 +367,12 @@ int baton__bench_main(int argc, char **argv)
         {"duration-s", required_argument, NULL, 'd'},
         {"namespace", required_argument, NULL, 'n'},
         {"interval-ms", required_argument, NULL, 'i'},
+        {"latency", required_argument, NULL, 'L'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     bench_t b;
+    int latency_n = 0;
     memset(&b, 0, sizeof(b));
     b.size = 1 << 20;
     b.batch = 128;
@@ -282,10 +413,17 @@ int baton__bench_main(int argc, char **argv)
         case 'i':
             b.interval_ms = (uint32_t)atoi(optarg);
             break;
+        case 'L':
+            latency_n = atoi(optarg);
+            if (latency_n <= 0)
+                return 2;
+            break;
         case 'h':
             printf("usage: baton-store bench --master H:P [--size N[K|M]] [--batch N] "
                    "[--rounds N | --duration-s S] [--replicas N] [--kv-secret-file F] "
-                   "[--host H] [--namespace NS] [--interval-ms N]\n"
+                   "[--host H] [--namespace NS] [--interval-ms N] [--latency N]\n"
+                   "--latency N: one object of --size read N times: p50 / p99 beside the p50 "
+                   "round trip of loopback TCP\n"
                    "round lines report cumulative counts and GB/s (with --duration-s at most "
                    "two a second, and every failed round)\n");
             return 0;
@@ -333,6 +471,10 @@ int baton__bench_main(int argc, char **argv)
     if (rc != 0 || b.objs == NULL || b.keys_buf == NULL) {
         fprintf(stderr, "baton-store bench: %s\n", baton_store_strerror(rc ? rc : -12));
         return 2;
+    }
+    if (latency_n) {
+        fflush(stdout);
+        _exit(run_latency(&b, latency_n));
     }
     printf("{\"memcpy_GBps\":%.3f,\"size\":%llu,\"batch\":%u,\"replicas\":%u}\n",
            memcpy_gbps(b.size * b.batch), (unsigned long long)b.size, b.batch, b.replicas);
