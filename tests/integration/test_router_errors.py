@@ -171,7 +171,7 @@ def test_prefill_down():
             d.reset()
             res = post(r.port, "/v1/chat/completions", dict(CHAT, stream=stream), timeout=15)
             err = openai_error(res, 502, code="prefill_unavailable")
-            # issue 11: the role and the worker id, never the worker's address
+            # the role and the worker id, never the worker's address (clients must not learn it)
             wid = [w["id"] for w in get(r.port, "/workers").json()["workers"]
                    if w["worker_type"] == "prefill"][0]
             assert "prefill" in err["message"] and wid in err["message"], err
