@@ -8,7 +8,9 @@
 #include <cmocka.h>
 
 #include <stdio.h>
+#include <malloc.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 
 #include "store/meta_int.h"
@@ -544,6 +546,37 @@ static void test_segment_allocator(void **state)
     free(s.free);
 }
 
+/* The master's cost per object and per lookup: printed, never asserted (the machine is shared).
+ * 200k objects keep the suite light; the issue's target is 1M on one core. */
+static void test_scale(void **state)
+{
+    (void)state;
+    baton__meta_t *m = mk();
+    add_node(m, "n0", 1ull << 40);
+    enum { N = 200000 };
+    char key[80];
+    struct mallinfo2 before = mallinfo2();
+    for (int i = 0; i < N; i++) {
+        snprintf(key, sizeof(key), "%064x_%d_k", i * 2654435761u, i % 8);
+        assert_int_equal(put_commit(m, NULL, key, 64 * KIB, 0, 0), 0);
+    }
+    struct mallinfo2 after = mallinfo2();
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int hits = 0;
+    for (int i = 0; i < N; i++) {
+        snprintf(key, sizeof(key), "%064x_%d_k", i * 2654435761u, i % 8);
+        hits += baton__meta_exists(m, NULL, key, 1, 1, NULL, NULL);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_int_equal(hits, N);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    printf("meta: %d objects (72-byte keys), %.0f bytes of heap per object, %.0f exists/s with a "
+           "lease (key formatting included)\n",
+           N, (double)(after.uordblks - before.uordblks) / N, N / s);
+    baton__meta_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -559,6 +592,7 @@ int main(void)
         cmocka_unit_test(test_replicas_and_striping),
         cmocka_unit_test(test_node_lost),
         cmocka_unit_test(test_segment_allocator),
+        cmocka_unit_test(test_scale),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
