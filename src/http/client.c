@@ -1,6 +1,7 @@
 /* client.c — upstream HTTP/1.1 client: keep-alive pool per upstream, phase timeouts, streaming. */
 #include "http/client.h"
 
+#include "http/head.h"
 #include "http/tls.h"
 
 #include "baton/error.h"
@@ -19,7 +20,6 @@
 /* Sanity limits on what an upstream may send as a response head. */
 #define MAX_RESP_HEADER_BYTES (1024 * 1024)
 #define MAX_RESP_HEADERS      1000
-#define NO_VALUE              UINT32_MAX
 /* Body segments held in the request itself; more take one allocation (rare: the router sends
  * one or two). */
 #define BODY_SEGS_INLINE 3
@@ -81,11 +81,6 @@ struct cconn_s {
 enum phase { PH_CONNECT, PH_FIRST_BYTE, PH_BODY };
 enum tmode { CT_NONE, CT_PHASE, CT_DEFER, CT_RESUME };
 
-typedef struct hdr_off_s {
-    uint32_t name;
-    uint32_t value;
-} hdr_off_t;
-
 struct creq_s {
     baton_http_creq_t pub;
     baton_http_pool_t *pool;
@@ -107,11 +102,8 @@ struct creq_s {
     int tmode;
     int deferred_err;
     int status;
-    baton_buf_t arena;
-    baton_buf_t hdrs;
-    size_t n_hdrs;
-    size_t head_bytes;
-    baton_buf_t held; /* body bytes parsed while paused */
+    baton__http_head_t resp; /* the response head (http/head.h) */
+    baton_buf_t held;        /* body bytes parsed while paused */
     unsigned retried : 1;
     unsigned got_bytes : 1;
     unsigned paused : 1;
@@ -119,7 +111,6 @@ struct creq_s {
     unsigned held_complete : 1;
     unsigned is_head : 1;
     unsigned msg_complete : 1;
-    unsigned in_field : 1;
 };
 
 static void conn_close(cconn_t *conn);
@@ -185,8 +176,8 @@ static void set_phase(creq_t *r, int phase)
 static void creq_free(creq_t *r)
 {
     baton_buf_free(&r->head);
-    baton_buf_free(&r->arena);
-    baton_buf_free(&r->hdrs);
+    baton_buf_free(&r->resp.arena);
+    baton_buf_free(&r->resp.hdrs);
     baton_buf_free(&r->held);
     free(r);
 }
@@ -212,8 +203,8 @@ static void on_creq_close(uv_handle_t *h)
         creq_free(r);
     } else {
         buf_recycle(&r->head);
-        buf_recycle(&r->arena);
-        buf_recycle(&r->hdrs);
+        buf_recycle(&r->resp.arena);
+        buf_recycle(&r->resp.hdrs);
         baton_buf_free(&r->held); /* rarely used, possibly large */
         baton_list_push_front(&pool->free_reqs, &r->free_link);
         pool->n_free++;
@@ -230,11 +221,11 @@ static creq_t *creq_alloc(baton_http_pool_t *pool)
     baton_list_remove(first);
     pool->n_free--;
     creq_t *r = container_of(first, creq_t, free_link);
-    baton_buf_t head = r->head, arena = r->arena, hdrs = r->hdrs;
+    baton_buf_t head = r->head, arena = r->resp.arena, hdrs = r->resp.hdrs;
     memset(r, 0, sizeof(*r));
     r->head = head;
-    r->arena = arena;
-    r->hdrs = hdrs;
+    r->resp.arena = arena;
+    r->resp.hdrs = hdrs;
     return r;
 }
 
@@ -620,67 +611,33 @@ static int conn_open(baton_http_pool_t *pool, creq_t *r)
 /* ---------------------------------------------------------------------------------------- */
 /* Response parsing                                                                          */
 
-static int arena_add(creq_t *r, const char *at, size_t len)
-{
-    r->head_bytes += len;
-    if (r->head_bytes > MAX_RESP_HEADER_BYTES)
-        return -1;
-    return baton_buf_append(&r->arena, at, len) == 0 ? 0 : -1;
-}
-
 static int on_message_begin(llhttp_t *p)
 {
-    cconn_t *conn = p->data;
-    creq_t *r = conn->req;
-    baton_buf_reset(&r->arena);
-    baton_buf_reset(&r->hdrs);
-    r->n_hdrs = 0;
-    r->head_bytes = 0;
-    r->in_field = 0;
+    creq_t *r = ((cconn_t *)p->data)->req;
+    baton__http_head_begin(&r->resp, MAX_RESP_HEADER_BYTES, MAX_RESP_HEADERS);
     r->msg_complete = 0;
     return 0;
 }
 
+/* The head module's errors (limits, memory) all make the response malformed here. */
 static int on_header_field(llhttp_t *p, const char *at, size_t len)
 {
-    creq_t *r = ((cconn_t *)p->data)->req;
-    if (!r->in_field) {
-        if (r->n_hdrs >= MAX_RESP_HEADERS)
-            return -1;
-        hdr_off_t h = {(uint32_t)r->arena.len, NO_VALUE};
-        if (baton_buf_append(&r->hdrs, &h, sizeof(h)) != 0)
-            return -1;
-        r->n_hdrs++;
-        r->in_field = 1;
-    }
-    return arena_add(r, at, len);
+    return baton__http_head_field(&((cconn_t *)p->data)->req->resp, at, len) ? -1 : 0;
 }
 
 static int on_header_field_complete(llhttp_t *p)
 {
-    creq_t *r = ((cconn_t *)p->data)->req;
-    r->in_field = 0;
-    return arena_add(r, "", 1);
+    return baton__http_head_field_done(&((cconn_t *)p->data)->req->resp) ? -1 : 0;
 }
 
 static int on_header_value(llhttp_t *p, const char *at, size_t len)
 {
-    creq_t *r = ((cconn_t *)p->data)->req;
-    hdr_off_t *h = (hdr_off_t *)r->hdrs.data + (r->n_hdrs - 1);
-    if (h->value == NO_VALUE)
-        h->value = (uint32_t)r->arena.len;
-    return arena_add(r, at, len);
+    return baton__http_head_value(&((cconn_t *)p->data)->req->resp, at, len) ? -1 : 0;
 }
 
 static int on_header_value_complete(llhttp_t *p)
 {
-    creq_t *r = ((cconn_t *)p->data)->req;
-    if (r->n_hdrs == 0)
-        return 0;
-    hdr_off_t *h = (hdr_off_t *)r->hdrs.data + (r->n_hdrs - 1);
-    if (h->value == NO_VALUE)
-        h->value = (uint32_t)r->arena.len;
-    return arena_add(r, "", 1);
+    return baton__http_head_value_done(&((cconn_t *)p->data)->req->resp) ? -1 : 0;
 }
 
 static int is_interim(int status)
@@ -695,20 +652,12 @@ static int on_headers_complete(llhttp_t *p)
     r->status = p->status_code;
     if (is_interim(r->status))
         return 0; /* 100 Continue and friends: the real answer follows */
-    size_t n = r->n_hdrs;
-    size_t off_bytes = n * sizeof(hdr_off_t);
-    size_t align = (off_bytes + 15) & ~(size_t)15;
-    if (baton_buf_reserve(&r->hdrs, align - off_bytes + n * sizeof(baton_http_header_t) + 16) != 0)
+    const baton_http_header_t *hs;
+    size_t n;
+    if (baton__http_head_finish(&r->resp, &hs, &n) != 0)
         return -1;
-    const char *base = r->arena.data ? r->arena.data : "";
-    hdr_off_t *offs = (hdr_off_t *)r->hdrs.data;
-    baton_http_header_t *hs = (baton_http_header_t *)(r->hdrs.data + align);
-    for (size_t i = 0; i < n; i++) {
-        hs[i].name = base + offs[i].name;
-        hs[i].value = offs[i].value == NO_VALUE ? "" : base + offs[i].value;
-    }
     if (r->cb.on_head)
-        r->cb.on_head(&r->pub, r->status, n ? hs : NULL, n);
+        r->cb.on_head(&r->pub, r->status, hs, n);
     if (r->done || conn->req != r)
         return -1; /* cancelled from on_head */
     return r->is_head ? 1 : 0;

@@ -78,6 +78,12 @@ typedef struct baton_http_budget_s {
 typedef struct baton_http_server_s baton_http_server_t;
 typedef struct baton_http_req_s baton_http_req_t;
 
+/* The server's public part; the rest is private to the server's files (server_internal.h). */
+struct baton_http_server_s {
+    void *data; /* the caller's, as libuv's handle->data: never touched by the server (the
+                 * close callback finds its context here) */
+};
+
 typedef void (*baton_http_handler_cb)(baton_http_req_t *req, void *ctx);
 typedef void (*baton_http_abort_cb)(baton_http_req_t *req);
 typedef void (*baton_http_drain_cb)(baton_http_req_t *req);
@@ -138,8 +144,8 @@ void baton_http_server_stop_accepting(baton_http_server_t *srv);
 
 /*
  * Closes the listener and every connection (in-flight requests see on_abort). close_cb runs
- * once everything is closed and all requests were finished by their handlers; the server is
- * freed after close_cb returns.
+ * once everything is closed and all requests were finished by their handlers, with the server
+ * (its `data` still the caller's); the server is freed after close_cb returns.
  */
 void baton_http_server_close(baton_http_server_t *srv, baton_http_server_close_cb close_cb);
 
@@ -177,8 +183,5 @@ size_t baton_http_write_queue_size(const baton_http_req_t *req);
 
 /* Writes the last chunk and finishes the request. */
 int baton_http_stream_end(baton_http_req_t *req);
-
-/* Standard reason phrase for a status ("OK", "Not Found", ...). */
-const char *baton_http_reason(int status);
 
 #endif
