@@ -1,5 +1,4 @@
-/* client.c — the upstream HTTP/1.1 client: keep-alive pool per upstream, a request's life
- * (phase timeouts, pause, cancel, completion) and the API. Connections are in client_conn.c. */
+/* client.c — upstream HTTP/1.1 client: keep-alive pools, a request's life and timeouts, the API. */
 #include "http/client_internal.h"
 
 #include "baton/error.h"

@@ -1,5 +1,4 @@
-/* client_conn.c — the HTTP client's connections: connect (and resolve), the idle list, the
- * write path (plain and TLS), reading and parsing responses. */
+/* client_conn.c — the HTTP client's connections: connect, idle list, writes, response parsing. */
 #include "http/client_internal.h"
 
 #include "baton/error.h"

@@ -1,5 +1,4 @@
-/* server.c — the HTTP server's listener (accept, the EMFILE back-off, the connection cap) and
- * its life (create, listen, stop accepting, close). */
+/* server.c — the HTTP server's listener (accept, EMFILE back-off, connection cap) and its life. */
 #include "http/server_internal.h"
 
 #include "baton/error.h"

@@ -36,7 +36,12 @@
  *      header limit).
  *
  * Ownership: `body` and `data` passed to the respond/write calls are copied (or written before
- * return) and may be reused by the caller right away.
+ * return) and may be reused by the caller right away. The request's strings (method, path,
+ * query, headers, body) live in the connection's buffers (server_internal.h: the data path) and
+ * are the server's: valid until the request is finished, reused for the next request after it.
+ *
+ * Callbacks: handler, on_abort, on_drain and close_cb all run on the server's loop, from its
+ * I/O, timer or check callbacks, never inside a call to this API.
  */
 
 typedef struct baton_http_limits_s {

@@ -1,5 +1,4 @@
-/* server_budget.c — the HTTP server's memory: the budget of buffered bytes shared by instances
- * (server.h), and the spare request buffers a server keeps for its next requests. */
+/* server_budget.c — the HTTP server's memory: the shared budget and the spare request buffers. */
 #include "http/server_internal.h"
 
 #include "common/log.h"

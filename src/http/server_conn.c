@@ -1,5 +1,4 @@
-/* server_conn.c — an HTTP server connection: its states (the one transition function), reading,
- * llhttp parsing, timers, a request's life from first byte to finish, and closing. */
+/* server_conn.c — an HTTP server connection: states, reading, parsing, timers, closing. */
 #include "http/server_internal.h"
 
 #include "baton/error.h"

@@ -1,5 +1,4 @@
-/* server_write.c — the HTTP server's write path: responses and streams, the per-turn cork,
- * TLS encryption of what goes out, the JSON error answers. */
+/* server_write.c — the HTTP server's write path: responses, streams, the cork, TLS out. */
 #include "http/server_internal.h"
 
 #include "baton/error.h"
