@@ -60,10 +60,12 @@ enum baton__hs_timer_mode {
  *
  *   IDLE ──► HEAD ──► BODY ◄──► BODY_WAIT
  *    ▲        │        │
- *    │        └────────┴──► HANDLER ──► ABORTED (the socket closed under the handler)
- *    └──────────────────────────┘          │
- *   IDLE, HEAD, BODY, BODY_WAIT ──► LINGER │  (an error answered, or no keep-alive: FIN, drain)
- *   IDLE, HEAD, BODY, BODY_WAIT, LINGER ───┴──► CLOSED ──► FREEING
+ *    │        ▼        ▼
+ *    └───── HANDLER ◄──┘      (finished: IDLE for the next request, then LINGER without
+ *               │              keep-alive)
+ *               └──► ABORTED (the socket closed under the handler) ──► CLOSED
+ *   IDLE, HEAD, BODY, BODY_WAIT ──► LINGER (an error answered, or no keep-alive: FIN, drain)
+ *   IDLE, HEAD, BODY, BODY_WAIT, LINGER ──► CLOSED ──► FREEING
  *
  * The order matters: every state from LINGER on is "closing" (no more requests), every state
  * from ABORTED on has the socket closing (uv_close called).
