@@ -31,11 +31,14 @@ build: deps $(BUILD_DIR)/CMakeCache.txt
 test: test-deps build
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS) $(CTEST_ARGS)
 
-# libbaton for other engines: libbaton.so.MAJOR, libbaton.a, include/baton/*.h, baton.pc.
+# The three programs, libbaton (libbaton.so.MAJOR, libbaton.a, include/baton/*.h, baton.pc), the
+# systemd units and the example configuration; see docs/OPERATIONS.md ("Install").
 install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
 
-demo: build
+# The demo builds only the two programs it runs (the tests build under `make test`).
+demo: deps $(BUILD_DIR)/CMakeCache.txt
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target baton baton-worker
 	@sh scripts/demo.sh $(BUILD_DIR)
 
 # libFuzzer harnesses (fuzz/, docs/SECURITY.md "Fuzzing"): clang, ASan + UBSan, in build-fuzz/.

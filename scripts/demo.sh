@@ -16,6 +16,18 @@ for bin in baton baton-worker; do
     fi
 done
 
+# A port something already listens on fails the demo here, before anything starts: a router
+# already on the router port would answer /readiness for ours. (curl exits 7 on a refused
+# connection; anything else means a listener.)
+for port in "$ROUTER_PORT" "$PREFILL_PORT" "$DECODE_PORT" "$BOOTSTRAP_PORT"; do
+    curl -s -o /dev/null --max-time 2 "http://$HOST:$port/" 2>/dev/null
+    if [ $? -ne 7 ]; then
+        echo "demo: port $port is in use on $HOST (set BATON_DEMO_PORT, BATON_DEMO_PREFILL_PORT," >&2
+        echo "      BATON_DEMO_DECODE_PORT or BATON_DEMO_BOOTSTRAP_PORT to move the demo)" >&2
+        exit 1
+    fi
+done
+
 pids=""
 cleanup() {
     trap - INT TERM EXIT
@@ -36,15 +48,28 @@ pids="$pids $!"
     --decode "http://$HOST:$DECODE_PORT" &
 pids="$pids $!"
 
-# Wait until the router reports a ready prefill/decode pair.
+# Wait until the router reports a ready prefill/decode pair. A process that exited (a port in
+# use, say) ends the demo: another router on the same port must not be taken for ours.
 i=0
 until curl -sf "http://$HOST:$ROUTER_PORT/readiness" >/dev/null 2>&1; do
+    for p in $pids; do
+        if ! kill -0 "$p" 2>/dev/null; then
+            echo "demo: process $p exited before the router was ready (see its error above)" >&2
+            exit 1
+        fi
+    done
     i=$((i + 1))
     if [ $i -gt 100 ]; then
         echo "demo: router did not become ready on $HOST:$ROUTER_PORT" >&2
         exit 1
     fi
     sleep 0.1
+done
+for p in $pids; do
+    if ! kill -0 "$p" 2>/dev/null; then
+        echo "demo: process $p exited before the router was ready (see its error above)" >&2
+        exit 1
+    fi
 done
 
 cat <<MSG

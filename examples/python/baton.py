@@ -1,6 +1,7 @@
 """baton.py — a small ctypes binding of libbaton (the KV transfer engine) for Python engines.
 
-Standard library only: it loads libbaton.so.0 ($BATON_LIBRARY, else the system's), creates engines
+Standard library only: it loads libbaton.so.0 (found as _find_library says: $BATON_LIBRARY, then
+pkg-config's libdir, then the prefix this file was installed into, then the system's), creates engines
 in libbaton's own-progress mode (no libuv loop in Python) and runs their callbacks on the thread
 that calls Engine.dispatch() / Engine.run_until(), which polls the engine's fd. Callbacks run
 with the GIL held, inside dispatch; an exception raised in one is printed by ctypes and lost, so
@@ -15,11 +16,36 @@ keep them short and record what happened.
 """
 import ctypes
 import ctypes.util
+import glob
 import os
 import select
+import subprocess
 import time
 
-_lib_path = os.environ.get("BATON_LIBRARY") or ctypes.util.find_library("baton") or "libbaton.so.0"
+
+def _find_library():
+    """libbaton.so.0: $BATON_LIBRARY (a path) wins; else the libdir pkg-config names for `baton`
+    (PKG_CONFIG_PATH=PREFIX/lib/pkgconfig, as for a C build); else the prefix this file was
+    installed into by `make install` (PREFIX/share/baton/python/baton.py); else the system's."""
+    if os.environ.get("BATON_LIBRARY"):
+        return os.environ["BATON_LIBRARY"]
+    try:
+        libdir = subprocess.run(["pkg-config", "--variable=libdir", "baton"], capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        libdir = ""
+    if libdir and os.path.exists(os.path.join(libdir, "libbaton.so.0")):
+        return os.path.join(libdir, "libbaton.so.0")
+    prefix = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                           ".."))
+    for pattern in ("lib*/libbaton.so.0", "lib/*/libbaton.so.0"):
+        found = sorted(glob.glob(os.path.join(prefix, pattern)))
+        if found:
+            return found[0]
+    return ctypes.util.find_library("baton") or "libbaton.so.0"
+
+
+_lib_path = _find_library()
 lib = ctypes.CDLL(_lib_path)
 
 TRANSPORTS = {"rdma": 1, "tcp": 2, "shm": 3}

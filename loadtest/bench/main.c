@@ -66,7 +66,8 @@ static void usage(FILE *f)
             "  --compare A.json B.json   print B/A ratios of two result files and exit\n"
             "  --progress|--no-progress  live progress line (default: when stdout is a terminal)\n"
             "  --quiet                   no result table\n"
-            "  --help\n");
+            "  --help\n"
+            "  --version\n");
 }
 
 static int parse_double(const char *s, double lo, double *out)
@@ -151,6 +152,7 @@ enum {
     O_CA,
     O_NEW_CONN,
     O_HELP,
+    O_VERSION,
 };
 
 static const struct option opts[] = {
@@ -188,6 +190,7 @@ static const struct option opts[] = {
     {"ca", required_argument, 0, O_CA},
     {"new-connection", no_argument, 0, O_NEW_CONN},
     {"help", no_argument, 0, O_HELP},
+    {"version", no_argument, 0, O_VERSION},
     {0, 0, 0, 0},
 };
 
@@ -384,6 +387,9 @@ int main(int argc, char **argv)
         case 'h':
         case O_HELP:
             usage(stdout);
+            return 0;
+        case O_VERSION:
+            printf("baton-bench %s\n", BATON_VERSION_TEXT);
             return 0;
         case '?':
         default:

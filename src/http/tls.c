@@ -15,6 +15,7 @@
 #include <mbedtls/ssl_ticket.h>
 #include <mbedtls/x509_crt.h>
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -221,6 +222,20 @@ static void set_err(char *err, size_t errlen, const char *what, const char *file
         snprintf(err, errlen, "%s %s: %s", what, file ? file : "", rc ? m : "missing");
 }
 
+/* mbedTLS reports a missing or unreadable file as "PK - Read/write of file failed"; the
+ * operator needs the file and the system's reason. 1 (with the message) when it cannot be read. */
+static int unreadable(const char *file, char *err, size_t errlen)
+{
+    FILE *f = fopen(file, "rb");
+    if (f != NULL) {
+        fclose(f);
+        return 0;
+    }
+    if (err && errlen)
+        snprintf(err, errlen, "cannot read %s: %s", file, strerror(errno));
+    return 1;
+}
+
 static int ticket_parse(void *p_ticket, mbedtls_ssl_session *session, unsigned char *buf,
                         size_t len);
 
@@ -236,6 +251,12 @@ static int gen_build(baton_tls_t *tls, gen_t **gen_p, char *err, size_t errlen)
     mbedtls_pk_init(&g->key);
     int server = tls->role == BATON_TLS_SERVER;
     int rc = 0;
+    const char *files[3] = {tls->cert_file, tls->key_file, tls->ca_file};
+    for (int i = 0; i < 3; i++)
+        if (files[i] && unreadable(files[i], err, errlen)) {
+            rc = BATON_EINVAL;
+            goto fail;
+        }
     if (tls->cert_file && (rc = mbedtls_x509_crt_parse_file(&g->chain, tls->cert_file)) != 0) {
         set_err(err, errlen, "certificate", tls->cert_file, rc);
         goto fail;

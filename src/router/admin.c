@@ -83,7 +83,16 @@ static void respond_json(baton_http_req_t *req, int status, json_t *body,
     free(text);
 }
 
-/* SGLang gateway's error shape: {"error": message, "code": CODE}. */
+/* The one error shape of every route (README "API reference"): OpenAI's
+ * {"error":{"message","type","param","code"}}; the admin routes keep the SGLang gateway's codes
+ * (WORKER_ALREADY_EXISTS, ...). */
+static json_t *error_json(int status, const char *code, const char *msg)
+{
+    const char *type = status >= 500 ? "server_error" : "invalid_request_error";
+    return json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type", type, "param",
+                     "code", code);
+}
+
 static void respond_err(baton_http_req_t *req, int status, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static void respond_err(baton_http_req_t *req, int status, const char *code, const char *fmt, ...)
@@ -93,7 +102,7 @@ static void respond_err(baton_http_req_t *req, int status, const char *code, con
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    respond_json(req, status, json_pack("{s:s, s:s}", "error", msg, "code", code), NULL, 0);
+    respond_json(req, status, error_json(status, code, msg), NULL, 0);
 }
 
 static void method_not_allowed(baton_http_req_t *req, const char *allow)
@@ -101,8 +110,7 @@ static void method_not_allowed(baton_http_req_t *req, const char *allow)
     baton_http_header_t h = {"Allow", allow};
     char msg[128];
     snprintf(msg, sizeof(msg), "method %.16s not allowed on %.64s", req->method, req->path);
-    respond_json(req, 405, json_pack("{s:s, s:s}", "error", msg, "code", "METHOD_NOT_ALLOWED"), &h,
-                 1);
+    respond_json(req, 405, error_json(405, "METHOD_NOT_ALLOWED", msg), &h, 1);
 }
 
 /* The PD protocol fields (issue 12): in GET /workers and in the spec shared through etcd, so a
@@ -530,9 +538,7 @@ int baton_admin_authorize(baton_http_req_t *req, baton_auth_t *auth)
         log_warn_limited("router", "admin_refused", "admin_refused reason=bad_token peer=%s",
                          req->peer);
         baton_http_header_t h = {"WWW-Authenticate", "Bearer"};
-        respond_json(req, 401,
-                     json_pack("{s:s, s:s}", "error", "missing or invalid admin token", "code",
-                               "UNAUTHORIZED"),
+        respond_json(req, 401, error_json(401, "UNAUTHORIZED", "missing or invalid admin token"),
                      &h, 1);
         return 1;
     }

@@ -3,6 +3,7 @@
 #include "router/auth.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,7 +111,7 @@ static int read_lines(const char *path, keyset_t *out, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "re");
     if (f == NULL) {
-        snprintf(err, errlen, "%s: cannot open", path);
+        snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
         return BATON_EINVAL;
     }
     char line[KEY_MAX + 2];

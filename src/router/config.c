@@ -51,11 +51,12 @@ static const opt_t options[] = {
     {"--threads", NULL, "threads", OPT_UINT, OFF(threads), 1, 1024, 0, "N",
      "event-loop threads sharing the port"},
     {"--policy", NULL, "policy", OPT_POLICY, OFF(policy), 0, 0, 0, "P",
-     "worker selection: round_robin | random | power_of_two"},
+     "worker selection: round_robin | random | power_of_two | least_load | consistent_hash | "
+     "cache_aware"},
     {"--prefill-policy", NULL, "prefill_policy", OPT_POLICY, OFF(prefill_policy), 0, 0,
-     SET_PREFILL_POLICY, "P", "policy for prefill workers"},
+     SET_PREFILL_POLICY, "P", "policy for prefill workers (the choices of --policy)"},
     {"--decode-policy", NULL, "decode_policy", OPT_POLICY, OFF(decode_policy), 0, 0,
-     SET_DECODE_POLICY, "P", "policy for decode workers"},
+     SET_DECODE_POLICY, "P", "policy for decode workers (the choices of --policy)"},
     {"--log-level", NULL, "log_level", OPT_LOGLEVEL, OFF(log_level), 0, 0, 0, "L",
      "debug | info | warn | error"},
     {"--max-header-bytes", "limits", "max_header_bytes", OPT_SIZE, OFF(limits.max_header_bytes),
@@ -541,7 +542,9 @@ long baton_config_find_worker(const baton_config_t *cfg, size_t n, const char *n
     return -1;
 }
 
-static int push_worker(baton_config_t *cfg, baton_config_worker_t *w, size_t replace_below)
+/* Adds w (or replaces the one with its URL among the first replace_below); *index_p: where. */
+static int push_worker(baton_config_t *cfg, baton_config_worker_t *w, size_t replace_below,
+                       long *index_p)
 {
     char norm[BATON_WORKER_URL_MAX];
     long i;
@@ -549,12 +552,14 @@ static int push_worker(baton_config_t *cfg, baton_config_worker_t *w, size_t rep
         (i = baton_config_find_worker(cfg, replace_below, norm)) >= 0) {
         worker_free(&cfg->workers[i]);
         cfg->workers[i] = *w;
+        *index_p = i;
         return 0;
     }
     baton_config_worker_t *ws = realloc(cfg->workers, (cfg->n_workers + 1) * sizeof(*ws));
     if (ws == NULL)
         return BATON_ENOMEM;
     cfg->workers = ws;
+    *index_p = (long)cfg->n_workers;
     cfg->workers[cfg->n_workers++] = *w;
     return 0;
 }
@@ -675,10 +680,11 @@ static int parse_json_worker(baton_config_t *cfg, json_t *jw, const char *where,
     }
     if (rc == 0 && w.url == NULL)
         rc = set_err(err, errlen, BATON_EINVAL, "%s: \"url\" is required", where);
+    long at;
     if (rc == 0)
         rc = check_worker(&w, where, err, errlen);
     if (rc == 0) {
-        rc = push_worker(cfg, &w, 0);
+        rc = push_worker(cfg, &w, 0, &at);
         if (rc != 0)
             set_err(err, errlen, rc, "out of memory");
     }
@@ -778,7 +784,7 @@ int baton_config_load_file(baton_config_t *cfg, const char *path, char *err, siz
 {
     FILE *f = fopen(path, "rb");
     if (f == NULL)
-        return set_err(err, errlen, BATON_EINVAL, "--config: cannot open '%s': %s", path,
+        return set_err(err, errlen, BATON_EINVAL, "--config: cannot read %s: %s", path,
                        strerror(errno));
     char *text = NULL;
     size_t len = 0, cap = 0;
@@ -834,7 +840,8 @@ static int flag_matches(const char *arg, const char *flag)
 }
 
 static int cli_worker(baton_config_t *cfg, baton_worker_role_t role, int argc, char *const argv[],
-                      int *i, const char *flag, size_t replace_below, char *err, size_t errlen)
+                      int *i, const char *flag, size_t replace_below, long *index_p, char *err,
+                      size_t errlen)
 {
     const char *arg = argv[*i];
     const char *url = flag_value(argc, argv, i, arg, strlen(flag));
@@ -866,7 +873,7 @@ static int cli_worker(baton_config_t *cfg, baton_worker_role_t role, int argc, c
         return set_err(err, errlen, BATON_ENOMEM, "out of memory");
     int rc = check_worker(&w, flag, err, errlen);
     if (rc == 0) {
-        rc = push_worker(cfg, &w, replace_below);
+        rc = push_worker(cfg, &w, replace_below, index_p);
         if (rc != 0)
             set_err(err, errlen, rc, "out of memory");
     }
@@ -899,23 +906,39 @@ int baton_config_from_args(baton_config_t *cfg, int argc, char *const argv[], ch
             return rc;
     }
     size_t n_file_workers = cfg->n_workers;
+    long last_prefill = -1; /* the worker the last --prefill added, for --prefill-engine-id */
 
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         int rc;
+        long at = -1;
         if (flag_matches(arg, "--config")) {
             flag_value(argc, argv, &i, arg, strlen("--config")); /* done above */
             continue;
         }
         if (flag_matches(arg, "--prefill")) {
             rc = cli_worker(cfg, BATON_ROLE_PREFILL, argc, argv, &i, "--prefill", n_file_workers,
-                            err, errlen);
+                            &last_prefill, err, errlen);
         } else if (flag_matches(arg, "--decode")) {
-            rc = cli_worker(cfg, BATON_ROLE_DECODE, argc, argv, &i, "--decode", n_file_workers, err,
-                            errlen);
+            rc = cli_worker(cfg, BATON_ROLE_DECODE, argc, argv, &i, "--decode", n_file_workers, &at,
+                            err, errlen);
         } else if (flag_matches(arg, "--worker")) {
             rc = cli_worker(cfg, BATON_ROLE_REGULAR, argc, argv, &i, "--worker", n_file_workers,
-                            err, errlen);
+                            &at, err, errlen);
+        } else if (flag_matches(arg, "--prefill-engine-id")) {
+            /* vLLM Mooncake: the engine id of the --prefill before it (its kv_transfer_config) */
+            const char *id = flag_value(argc, argv, &i, arg, strlen("--prefill-engine-id"));
+            char *dup;
+            if (id == NULL || id[0] == '\0')
+                return set_err(err, errlen, BATON_EINVAL, "--prefill-engine-id: missing ID");
+            if (last_prefill < 0)
+                return set_err(err, errlen, BATON_EINVAL,
+                               "--prefill-engine-id %s: give it after the --prefill it names", id);
+            if ((dup = strdup(id)) == NULL)
+                return set_err(err, errlen, BATON_ENOMEM, "out of memory");
+            free(cfg->workers[last_prefill].engine_id);
+            cfg->workers[last_prefill].engine_id = dup;
+            rc = 0;
         } else {
             const opt_t *o = NULL;
             for (size_t k = 0; k < N_OPTIONS && o == NULL; k++)
@@ -1009,6 +1032,62 @@ static void default_text(const baton_config_t *d, const opt_t *o, char *buf, siz
     }
 }
 
+/* --help groups the options by concern; an option in no group is printed under "other"
+ * (tests/integration/test_cli.py fails on that heading, so a new option gets a group). */
+static const struct {
+    const char *title;
+    const char *flags; /* space-separated, in print order */
+} help_groups[] = {
+    {"listen", "--host --port --threads --log-level"},
+    {"workers", "--pd-protocol --worker-api-key --load-poll-interval-ms"},
+    {"routing", "--policy --prefill-policy --decode-policy --cache-threshold-pct "
+                "--balance-abs-threshold --balance-rel-threshold-pct --balance-by-words "
+                "--cache-tie-pct --cache-max-blocks --cache-block-words --hash-vnodes "
+                "--session-key-field --dp-round-robin"},
+    {"limits", "--max-header-bytes --max-headers --max-body-bytes --max-connections "
+               "--max-buffered-bytes --max-concurrent-requests --queue-size "
+               "--max-worker-requests --rate-limit"},
+    {"timeouts", "--header-timeout-ms --body-timeout-ms --keepalive-timeout-ms "
+                 "--connect-timeout-ms --first-byte-timeout-ms --idle-timeout-ms "
+                 "--request-timeout-ms --prefill-timeout-ms --queue-timeout-ms "
+                 "--drain-timeout-ms --worker-drain-timeout-ms"},
+    {"resilience", "--max-retries --retry-backoff-ms --retry-backoff-max-ms --retry-budget-ms "
+                   "--check-interval-ms --check-fast-interval-ms --check-down-interval-ms "
+                   "--check-timeout-ms --check-rise --check-fall --check-path "
+                   "--breaker-threshold --breaker-cooldown-ms --breaker-cooldown-max-ms"},
+    {"security", "--api-key --api-key-file --admin-token --admin-token-file --metrics-token "
+                 "--forward-authorization --tls-cert --tls-key --tls-client-ca --upstream-ca "
+                 "--upstream-cert --upstream-key"},
+    {"registry", "--registry --registry-user --registry-password-file --registry-timeout-ms "
+                 "--registry-ca --registry-cert --registry-key"},
+};
+#define N_HELP_GROUPS (sizeof(help_groups) / sizeof(help_groups[0]))
+
+/* Whether `flag` is one of the words of `list`. */
+static int in_word_list(const char *list, const char *flag)
+{
+    size_t n = strlen(flag);
+    for (const char *p = list; (p = strstr(p, flag)) != NULL; p += n)
+        if ((p == list || p[-1] == ' ') && (p[n] == ' ' || p[n] == '\0'))
+            return 1;
+    return 0;
+}
+
+static void print_option(FILE *out, const baton_config_t *d, int have_defaults, const opt_t *o)
+{
+    char left[64], def[64] = "";
+    snprintf(left, sizeof(left), "%s %s", o->flag, o->metavar);
+    if (have_defaults)
+        default_text(d, o, def, sizeof(def));
+    if (o->type == OPT_POLICY && o->set_flag != 0)
+        snprintf(def, sizeof(def), "same as --policy");
+    if (o->offset == OFF(threads))
+        snprintf(def, sizeof(def), "number of cores, here %u", d->threads);
+    if (o->offset == OFF(upstream_ca) || o->offset == OFF(registry_ca))
+        snprintf(def, sizeof(def), "the system bundle");
+    fprintf(out, "  %-32s %s (default: %s)\n", left, o->help, def);
+}
+
 void baton_config_print_help(FILE *out, const char *argv0)
 {
     baton_config_t d;
@@ -1025,25 +1104,42 @@ void baton_config_print_help(FILE *out, const char *argv0)
             "drains in-flight requests (--drain-timeout-ms) and exits 0.\n\n",
             argv0 ? argv0 : "baton");
     fprintf(out, "  %-32s %s\n", "--config FILE", "JSON config file (see conf/baton.json)");
-    fprintf(out, "  %-32s %s\n", "--prefill URL [BOOTSTRAP_PORT]",
-            "add a prefill worker (repeatable; port: 1..65535 or none)");
-    fprintf(out, "  %-32s %s\n", "--decode URL", "add a decode worker (repeatable)");
-    fprintf(out, "  %-32s %s\n", "--worker URL", "add a regular (non-PD) worker (repeatable)");
-    for (size_t i = 0; i < N_OPTIONS; i++) {
-        const opt_t *o = &options[i];
-        char left[64], def[64] = "";
-        snprintf(left, sizeof(left), "%s %s", o->flag, o->metavar);
-        if (have_defaults)
-            default_text(&d, o, def, sizeof(def));
-        if (o->type == OPT_POLICY && o->set_flag != 0)
-            snprintf(def, sizeof(def), "same as --policy");
-        if (o->offset == OFF(threads))
-            snprintf(def, sizeof(def), "number of cores, here %u", d.threads);
-        if (o->offset == OFF(upstream_ca) || o->offset == OFF(registry_ca))
-            snprintf(def, sizeof(def), "the system bundle");
-        fprintf(out, "  %-32s %s (default: %s)\n", left, o->help, def);
-    }
     fprintf(out, "  %-32s %s\n", "-h, --help", "print this help and exit");
+    fprintf(out, "  %-32s %s\n", "--version", "print the version and exit");
+    for (size_t g = 0; g < N_HELP_GROUPS; g++) {
+        fprintf(out, "\n%s:\n", help_groups[g].title);
+        if (strcmp(help_groups[g].title, "workers") == 0) {
+            fprintf(out, "  %-32s %s\n", "--prefill URL [BOOTSTRAP_PORT]",
+                    "add a prefill worker (repeatable; port: 1..65535 or none; for");
+            fprintf(out, "  %-32s %s\n", "",
+                    "vllm-mooncake, the port of its Mooncake bootstrap server)");
+            fprintf(out, "  %-32s %s\n", "--prefill-engine-id ID",
+                    "vllm-mooncake: the engine id of the --prefill before it");
+            fprintf(out, "  %-32s %s\n", "--decode URL", "add a decode worker (repeatable)");
+            fprintf(out, "  %-32s %s\n", "--worker URL",
+                    "add a regular (non-PD) worker (repeatable)");
+        }
+        const char *list = help_groups[g].flags;
+        for (const char *p = list; *p;) {
+            size_t n = strcspn(p, " ");
+            for (size_t i = 0; i < N_OPTIONS; i++)
+                if (strlen(options[i].flag) == n && strncmp(options[i].flag, p, n) == 0)
+                    print_option(out, &d, have_defaults, &options[i]);
+            p += n;
+            p += strspn(p, " ");
+        }
+    }
+    int other = 0;
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        size_t g = 0;
+        while (g < N_HELP_GROUPS && !in_word_list(help_groups[g].flags, options[i].flag))
+            g++;
+        if (g < N_HELP_GROUPS)
+            continue;
+        if (!other++)
+            fprintf(out, "\nother:\n");
+        print_option(out, &d, have_defaults, &options[i]);
+    }
     if (have_defaults)
         baton_config_free(&d);
 }

@@ -5,7 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <uv.h>
@@ -590,7 +593,7 @@ static void raise_fd_limit(baton_config_t *cfg, unsigned n_threads)
     if (share < 1)
         share = 1;
     if ((rlim_t)cfg->limits.max_connections > share) {
-        log_warn("router",
+        log_info("router",
                  "max_connections_lowered from=%u to=%llu reason=\"descriptor limit %llu: half "
                  "of it for client connections\"",
                  cfg->limits.max_connections, (unsigned long long)share, (unsigned long long)cap);
@@ -652,7 +655,8 @@ static int start_etcd_sync(app_t *app, char *err, size_t errlen)
     if (c->registry_password_file != NULL) {
         FILE *f = fopen(c->registry_password_file, "r");
         if (f == NULL || fgets(password, sizeof(password), f) == NULL) {
-            snprintf(err, errlen, "cannot read --registry-password-file");
+            snprintf(err, errlen, "cannot read %s: %s", c->registry_password_file,
+                     f == NULL ? strerror(errno) : "empty file");
             if (f)
                 fclose(f);
             return BATON_EINVAL;
@@ -669,6 +673,40 @@ static int start_etcd_sync(app_t *app, char *err, size_t errlen)
     return rc;
 }
 
+static int host_is_loopback(const char *host)
+{
+    return strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0 ||
+           strcmp(host, "localhost") == 0;
+}
+
+/*
+ * The router's threads share their port through SO_REUSEPORT, which would also let a second
+ * router process (same user) join it and take half of the clients. A plain bind first, without
+ * SO_REUSEPORT, fails while any socket listens on the port, so a second router refuses to start.
+ * Returns 1 when the port is taken, 0 otherwise (an address that does not parse is left to the
+ * real bind, which reports it).
+ */
+static int port_taken(const char *host, int port)
+{
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof(ss));
+    if (port == 0)
+        return 0; /* an ephemeral port is never another process's */
+    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) != 0 &&
+        uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss) != 0)
+        return 0;
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)); /* TIME_WAIT is no owner */
+    socklen_t len =
+        ss.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+    int taken = bind(fd, (struct sockaddr *)&ss, len) != 0 && errno == EADDRINUSE;
+    close(fd);
+    return taken;
+}
+
 int main(int argc, char **argv)
 {
     static app_t app;
@@ -679,6 +717,11 @@ int main(int argc, char **argv)
     app.argc = argc;
     app.argv = argv;
 
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--version") == 0) {
+            printf("baton %s\n", BATON_VERSION_TEXT);
+            return 0;
+        }
     if (baton_config_init(&app.cfg) != 0) {
         fprintf(stderr, "baton: out of memory\n");
         return 1;
@@ -705,6 +748,12 @@ int main(int argc, char **argv)
         destroy_shared(&app);
         return 2;
     }
+    if (port_taken(app.cfg.host, app.cfg.port)) {
+        log_error("router", "startup_failed reason=\"port %d is in use\" addr=%s:%d", app.cfg.port,
+                  app.cfg.host, app.cfg.port);
+        destroy_shared(&app);
+        return 1;
+    }
     raise_fd_limit(&app.cfg, app.cfg.threads ? app.cfg.threads : 1);
     app.budget.max = buffered_budget(&app.cfg);
     log_info("router", "memory_budget max_buffered_bytes=%zu max_body_bytes=%zu", app.budget.max,
@@ -712,12 +761,14 @@ int main(int argc, char **argv)
     if (baton_auth_has_admin_token(app.router.auth))
         log_info("router", "admin_routes auth=token");
     else
-        log_warn("router", "admin_routes auth=loopback_only reason=\"no --admin-token: /workers, "
+        log_info("router", "admin_routes auth=loopback_only reason=\"no --admin-token: /workers, "
                            "/add_worker, /remove_worker and /list_workers answer loopback clients "
                            "only\"");
     if (baton_auth_n_keys(app.router.auth) == 0)
-        log_warn("router", "api_keys none=1 reason=\"no --api-key/--api-key-file: inference "
-                           "routes are open to every client\"");
+        /* open inference routes are the loopback default; on another address, a warning */
+        baton_log(host_is_loopback(app.cfg.host) ? BATON_LOG_INFO : BATON_LOG_WARN, "router",
+                  "api_keys none=1 reason=\"no --api-key/--api-key-file: inference "
+                  "routes are open to every client\"");
     else
         log_info("router", "api_keys count=%zu rate_limit=%s forward_authorization=%d",
                  baton_auth_n_keys(app.router.auth),

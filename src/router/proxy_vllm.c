@@ -298,10 +298,11 @@ static void release_done(baton_http_creq_t *creq, int err)
 
 /*
  * The decode never read the blocks (it failed, the client left, or the attempt was given up):
- * the prefill is asked to drop the request now rather than at its own timeout (vLLM's
- * VLLM_NIXL_ABORT_REQUEST_TIMEOUT, minutes). POST {prefix}/abort_requests
- * {"request_ids":[X-Request-Id, remote_request_id]} with the same X-Request-Id; an engine without
- * that endpoint answers 4xx and frees them at its timeout — counted as "refused", never retried.
+ * the prefill is asked to drop the request now rather than when its lease ends (vLLM's
+ * kv_lease_duration, 30 s by default, renewed while a decode heartbeats for it).
+ * POST {prefix}/abort_requests {"request_ids":[X-Request-Id, remote_request_id]} with the same
+ * X-Request-Id; an engine without that endpoint answers 4xx and frees them when the lease ends
+ * — counted as "refused", never retried.
  */
 void baton__nixl_release(baton__upstream_t *p)
 {

@@ -342,7 +342,9 @@ static int pd_fields_check(const baton_worker_spec_t *spec, baton_pd_protocol_t 
         /* vLLM's decode appends "/query" to remote_bootstrap_addr: the scheme is required. */
         set_err(
             err, errlen,
-            "a vllm-mooncake prefill needs engine_id and bootstrap_addr (\"http://host:port\")");
+            "a vllm-mooncake prefill needs engine_id (--prefill-engine-id) and the address of its "
+            "Mooncake bootstrap server (--prefill URL PORT, or bootstrap_addr "
+            "\"http://host:port\")");
         return BATON_EINVAL;
     }
     return 0;
@@ -382,6 +384,20 @@ int baton_registry_add(baton_registry_t *reg, const baton_worker_spec_t *spec,
     baton_pd_protocol_t proto = spec->pd_protocol == BATON_PD_UNSET
                                     ? (baton_pd_protocol_t)atomic_load(&reg->pd_default)
                                     : spec->pd_protocol;
+    /* vLLM's and SGLang's routers take `--prefill URL BOOTSTRAP_PORT`; for a Mooncake prefill the
+     * port is its Mooncake bootstrap server's, on the prefill's host: bootstrap_addr. */
+    baton_worker_spec_t mooncake;
+    char addr[300];
+    if (proto == BATON_PD_VLLM_MOONCAKE && spec->role == BATON_ROLE_PREFILL &&
+        spec->bootstrap_port != -1 && spec->bootstrap_addr == NULL) {
+        int v6 = strchr(parsed.host, ':') != NULL;
+        snprintf(addr, sizeof(addr), "http://%s%s%s:%d", v6 ? "[" : "", parsed.host, v6 ? "]" : "",
+                 spec->bootstrap_port);
+        mooncake = *spec;
+        mooncake.bootstrap_addr = addr;
+        mooncake.bootstrap_port = -1;
+        spec = &mooncake;
+    }
     if (pd_fields_check(spec, proto, err, errlen) != 0)
         return BATON_EINVAL;
     if (spec->priority < 0) {

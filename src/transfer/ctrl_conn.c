@@ -192,12 +192,13 @@ void baton__conn_fail(baton__conn_t *c, int status, const char *why)
     } else if (prev == BATON__CONN_PENDING || status == BATON_ESHUTDOWN) {
         log_info(BATON__LOG, "conn_closed peer=%s reason=\"%s\"", c->addr, why);
     } else {
-        log_warn(BATON__LOG,
-                 "peer_down role=%s peer=%s id=%s incarnation=%016llx state=%s err=%s "
-                 "reason=\"%s\" rooms=%zu",
-                 role_name(c->role), c->peer ? c->peer->endpoint : c->addr,
-                 c->remote_id[0] ? c->remote_id : "-", (unsigned long long)c->remote_inc,
-                 state_names[prev], baton_err_name(status), why, c->rooms.count);
+        /* A peer that goes with no room in flight (its process ended) lost nothing. */
+        baton_log(c->rooms.count ? BATON_LOG_WARN : BATON_LOG_INFO, BATON__LOG,
+                  "peer_down role=%s peer=%s id=%s incarnation=%016llx state=%s err=%s "
+                  "reason=\"%s\" rooms=%zu",
+                  role_name(c->role), c->peer ? c->peer->endpoint : c->addr,
+                  c->remote_id[0] ? c->remote_id : "-", (unsigned long long)c->remote_inc,
+                  state_names[prev], baton_err_name(status), why, c->rooms.count);
     }
     if (prev == BATON__CONN_UP)
         atomic_fetch_sub(&eng->st_peers_up, 1);

@@ -909,12 +909,15 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
     log_info(BATON__LOG, "engine_started id=%s incarnation=%016llx transports=%s kv_auth=%s",
              eng->engine_id, (unsigned long long)eng->incarnation, tps,
              eng->secret_len ? "hmac-sha256" : "off");
+    /* no secret: a warning when other hosts can reach the bootstrap port, else (loopback) info */
+    const char *lh = cfg->listen_host;
+    int exposed = lh && strncmp(lh, "127.", 4) && strcmp(lh, "::1") && strcmp(lh, "localhost");
     if (eng->secret_len == 0)
-        log_warn(BATON__LOG,
-                 "kv_auth_disabled id=%s reason=\"no shared secret configured: any "
-                 "host that reaches the bootstrap port or connects to it as a peer can "
-                 "exchange KV and memory keys with this engine\"",
-                 eng->engine_id);
+        baton_log(exposed ? BATON_LOG_WARN : BATON_LOG_INFO, BATON__LOG,
+                  "kv_auth_disabled id=%s reason=\"no shared secret configured: any "
+                  "host that reaches the bootstrap port or connects to it as a peer can "
+                  "exchange KV and memory keys with this engine\"",
+                  eng->engine_id);
     if (cfg->listen_host != NULL) {
         int port = atomic_load(&eng->port);
         if (strchr(cfg->listen_host, ':') != NULL)

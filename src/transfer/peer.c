@@ -58,9 +58,13 @@ static void attempt_failed(baton__peer_t *p, int status, const char *why)
     uint64_t now = baton_now_ms();
     int was_up = p->health.state == BATON_PEER_UP;
     uint32_t delay = baton_peer_health_down(&p->health, now, status);
-    log_warn(BATON__LOG, "%s peer=%s err=%s reason=\"%s\" retry_in_ms=%" PRIu32,
-             was_up ? "peer_lost" : "peer_connect_failed", p->endpoint, baton_err_name(status), why,
-             delay);
+    /* With no room queued for the peer (its process ended after the last one), losing it and
+     * failing to reach it again lose nothing: info. Queued rooms that now fail: a warning. */
+    int quiet = baton_list_empty(&p->queued);
+    baton_log(quiet ? BATON_LOG_INFO : BATON_LOG_WARN, BATON__LOG,
+              "%s peer=%s err=%s reason=\"%s\" retry_in_ms=%" PRIu32,
+              was_up ? "peer_lost" : "peer_connect_failed", p->endpoint, baton_err_name(status),
+              why, delay);
     post_state(p, BATON_XFER_PEER_DOWN, status);
     fail_queued(p, BATON_EPEERDOWN);
 }

@@ -169,8 +169,14 @@ static void peer_fail(tcp_peer_t *p, int err, const char *why)
     if (p->failed || p->fencing)
         return;
     p->failed = err ? err : BATON_EPEERDOWN;
-    log_warn("tcp", "lane_failed peer_gen=%016" PRIx64 " err=%s reason=\"%s\"", p->base.generation,
-             baton_err_name(p->failed), why);
+    /* A lane the peer closed with no slice queued or in flight (its process ended) lost nothing:
+     * info. Losing bytes on the way is a warning. */
+    int busy = p->pending.head != NULL || p->connect_cb != NULL;
+    for (uint32_t i = 0; i < p->n_lanes && !busy; i++)
+        busy = p->lanes[i].inflight.head != NULL;
+    baton_log(busy ? BATON_LOG_WARN : BATON_LOG_INFO, "tcp",
+              "lane_failed peer_gen=%016" PRIx64 " err=%s reason=\"%s\"", p->base.generation,
+              baton_err_name(p->failed), why);
     if (p->connect_cb != NULL) {
         /* Still connecting: report it through the connect callback instead. */
         baton__tp_done_cb cb = p->connect_cb;

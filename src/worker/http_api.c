@@ -81,7 +81,7 @@ static void handle_metrics(wk_worker_t *w, baton_http_req_t *req)
     baton_buf_free(&b);
 }
 
-typedef enum { R_GENERATE, R_CHAT, R_COMPLETIONS, R_GET, R_ABORT } route_kind_t;
+typedef enum { R_GENERATE, R_CHAT, R_COMPLETIONS, R_GET, R_ABORT, R_LEASE } route_kind_t;
 
 typedef struct route_s {
     const char *path;
@@ -104,6 +104,7 @@ static const route_t routes[] = {
     {"/metrics", "GET", R_GET},
     {"/flush_cache", "POST", R_GET},
     {"/abort_requests", "POST", R_ABORT}, /* vllm-nixl prefill: release held pages */
+    {"/kv_lease", "POST", R_LEASE},       /* vllm-nixl prefill: a decode's heartbeat */
 };
 
 static void handle_get(wk_worker_t *w, baton_http_req_t *req, const char *path)
@@ -176,9 +177,13 @@ static void http_handler(baton_http_req_t *req, void *ctx)
     case R_COMPLETIONS:
         wk_job_handle(w, req, WK_API_COMPLETIONS);
         break;
+    case R_LEASE:
     case R_ABORT:
         if (w->vllm) {
-            wk_vllm_handle_abort(w->vllm, req);
+            if (match->kind == R_LEASE)
+                wk_vllm_handle_lease(w->vllm, req);
+            else
+                wk_vllm_handle_abort(w->vllm, req);
         } else {
             baton_http_respond_error(req, 404, "no held KV pages here (vllm-nixl prefill only)",
                                      "invalid_request_error", NULL, "not_found");

@@ -189,6 +189,8 @@ static void job_unlink_free(wk_job_t *job)
     wk_worker_t *w = job->w;
     baton_list_remove(&job->link);
     w->n_jobs--;
+    wk_vllm_hb_stop(job->hb);
+    job->hb = NULL;
     wk__job_cache_release(job);
     for (size_t i = 0; i < job->req.n_items; i++)
         wk_gen_free(&job->ss[i].gen);

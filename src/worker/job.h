@@ -112,6 +112,8 @@ struct wk_job_s {
     /* the rendezvous deadline (bootstrap timeout), in the worker's FIFO of deadlines */
     baton_list_t dl_link; /* in w->deadlines while linked (points at itself otherwise) */
     uint64_t deadline_ms;
+
+    struct wk_vllm_hb_s *hb; /* vllm-nixl decode: lease heartbeats until its KV is in */
 };
 
 /* A phase table (bit `to` of legal[from] allows from -> to); both tables are for the tests. */

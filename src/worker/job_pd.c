@@ -5,6 +5,7 @@
 
 #include "baton/error.h"
 #include "worker/job.h"
+#include "worker/vllm.h"
 
 /* Fills *pr for item i; *tmp_p is an allocation to free after use (NULL when none). */
 int wk__job_item_prompt(const wk_item_t *it, wk_kv_prompt_t *pr, int64_t **tmp_p)
@@ -166,8 +167,11 @@ static void on_received(void *data, int status, const wk_kv_got_t *got, const ch
     /* the generator continues from what the KV says: its seed and the first token */
     ss->gen.seed = got->seed;
     ss->first_token = got->first_token;
-    if (++job->n_booted == job->req.n_items)
+    if (++job->n_booted == job->req.n_items) {
+        wk_vllm_hb_stop(job->hb); /* every pull is done: the prefill's lease is over */
+        job->hb = NULL;
         decode_begin(job);
+    }
 }
 
 static void decode_offer(wk_job_t *job)
@@ -210,6 +214,12 @@ void wk__job_pd_start(wk_job_t *job)
     for (size_t i = 0; i < job->req.n_items; i++)
         wk_seq_to(&job->ss[i], WK_SS_KV_WAIT);
     if (w->cfg.mode == WK_MODE_DECODE) {
+        const wk_request_t *rq = &job->req;
+        /* vLLM: heartbeats start when the request arrives, not when it is scheduled */
+        if (rq->vllm_leg == WK_VLLM_NIXL_DECODE && rq->lease_port > 0 && rq->n_items > 0 &&
+            wk_vllm_hb_start(&job->hb, w->loop, rq->items[0].boot_host, rq->lease_port,
+                             rq->vllm_rid, w->cfg.kv_hold_timeout_ms) != 0)
+            job->hb = NULL;       /* no heartbeats: the prefill's lease alone decides */
         wk__job_cache_match(job); /* what a follow-up turn finds of its earlier turns */
         job_reserve(job, decode_offer, on_decode_slots);
         return;

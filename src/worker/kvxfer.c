@@ -300,12 +300,15 @@ static int read_secret(const char *path, uint8_t *buf, size_t cap, size_t *len_p
 {
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
-        log_error(COMP, "kv_secret_unreadable path=%s err=%s", path, strerror(errno));
+        log_error(COMP, "kv_secret_unreadable reason=\"cannot read %s: %s\"", path,
+                  strerror(errno));
         return -1;
     }
     struct stat st;
-    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077) != 0)
-        log_warn(COMP, "kv_secret_file_permissions path=%s mode=%03o hint=\"chmod 600\"", path,
+    /* Readable by other users: a warning. Group-readable is how Kubernetes mounts a Secret for
+     * a non-root pod (mode 0440, group fsGroup). */
+    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 007) != 0)
+        log_warn(COMP, "kv_secret_file_permissions path=%s mode=%03o hint=\"chmod 640\"", path,
                  (unsigned)(st.st_mode & 0777));
     size_t n = fread(buf, 1, cap, f);
     int more = fgetc(f) != EOF;

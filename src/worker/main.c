@@ -46,6 +46,7 @@ static void usage(FILE *f)
             "  --cache-tokens N             prefix cache capacity in tokens, every mode; 0 = off\n"
             "                               (default %llu)\n"
             "  -h, --help                   this text\n"
+            "  --version                    print the version and exit\n"
             "\n"
             "KV cache and hand-off (prefill and decode modes):\n"
             "  --model-preset NAME          %s (default %s)\n"
@@ -76,17 +77,20 @@ static void usage(FILE *f)
             "  --register-cert FILE         etcds://: client certificate for etcd's\n"
             "  --register-key FILE          --client-cert-auth, and its key (SIGHUP reloads)\n"
             "\n"
-            "vLLM PD protocols (issue 12; docs/PROTOCOLS.md):\n"
+            "vLLM PD protocols (docs/PROTOCOLS.md):\n"
             "  --protocol P                 sglang | vllm-nixl | vllm-mooncake: the PD fields\n"
             "                               accepted and returned (default sglang)\n"
-            "  --kv-hold-timeout-ms MS      vllm-nixl prefill: held KV pages are released when\n"
-            "                               no decode pulled them this long (default %llu)\n"
+            "  --kv-lease-ms MS             vllm-nixl: vLLM's kv_lease_duration. The prefill\n"
+            "                               holds a sequence's KV this long after its answer;\n"
+            "                               the decode's heartbeats (every MS/6 while it waits\n"
+            "                               for the KV) extend it to 2/3 MS from then\n"
+            "                               (default %llu; also --kv-hold-timeout-ms)\n"
             "\n"
-            "KV bootstrap authentication (issue 11; docs/SECURITY.md):\n"
+            "KV bootstrap authentication (docs/SECURITY.md):\n"
             "  --kv-secret-file FILE        shared secret of the engines allowed to exchange KV\n"
             "                               (16..1024 bytes; one trailing newline ignored):\n"
             "                               HMAC challenge-response before any KV handshake\n"
-            "                               (default: none, a warning is logged)\n",
+            "                               (default: none; logged, a warning beyond loopback)\n",
             wk_mode_name(d.mode), d.host, d.port, d.bootstrap_port, d.model_name,
             (unsigned long long)d.prefill_us_per_token, (unsigned long long)d.decode_us_per_token,
             d.max_batch, d.max_queue, (unsigned long long)d.bootstrap_timeout_ms,
@@ -135,7 +139,7 @@ enum {
     OPT_TRANSPORT,
     OPT_LAYERWISE,
     OPT_FAULT_CORRUPT,
-    /* --register (issue 14) */
+    OPT_VERSION,
     OPT_REGISTER,
     OPT_REGISTER_TTL,
     OPT_REGISTER_URL,
@@ -148,7 +152,7 @@ enum {
     OPT_TLS_KEY,
     OPT_TLS_CLIENT_CA,
     OPT_CACHE_TOKENS,
-    OPT_PROTOCOL, /* vLLM PD protocols (issue 12) */
+    OPT_PROTOCOL, /* vLLM PD protocols */
     OPT_HOLD_TIMEOUT,
     OPT_KV_SECRET_FILE, /* KV bootstrap authentication */
 };
@@ -198,9 +202,11 @@ static const struct option long_opts[] = {
     {"tls-key", required_argument, NULL, OPT_TLS_KEY},
     {"tls-client-ca", required_argument, NULL, OPT_TLS_CLIENT_CA},
     {"protocol", required_argument, NULL, OPT_PROTOCOL},
-    {"kv-hold-timeout-ms", required_argument, NULL, OPT_HOLD_TIMEOUT},
-    {"kv-secret-file", required_argument, NULL, OPT_KV_SECRET_FILE}, /* KV bootstrap auth */
+    {"kv-lease-ms", required_argument, NULL, OPT_HOLD_TIMEOUT},
+    {"kv-hold-timeout-ms", required_argument, NULL, OPT_HOLD_TIMEOUT}, /* its older name */
+    {"kv-secret-file", required_argument, NULL, OPT_KV_SECRET_FILE},   /* KV bootstrap auth */
     {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
 };
 
@@ -319,7 +325,7 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
             break;
         }
         case OPT_HOLD_TIMEOUT:
-            if (parse_u64("--kv-hold-timeout-ms", optarg, 1, 86400000ULL, &cfg->kv_hold_timeout_ms))
+            if (parse_u64(name, optarg, 1, 86400000ULL, &cfg->kv_hold_timeout_ms))
                 return -1;
             break;
         case OPT_BOOT_TIMEOUT:
@@ -428,8 +434,11 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
         case 'h':
             usage(stdout);
             return 1;
+        case OPT_VERSION:
+            printf("baton-worker %s\n", BATON_VERSION_TEXT);
+            return 1;
         case ':':
-            fprintf(stderr, "baton-worker: %s needs a value\n", name);
+            fprintf(stderr, "baton-worker: %s needs a value (see --help)\n", name);
             return -1;
         default:
             fprintf(stderr, "baton-worker: unknown option '%s' (see --help)\n", name);
@@ -495,12 +504,14 @@ static int start_registration(uv_loop_t *loop, const wk_config_t *cfg)
     char password[256] = "";
     if (register_password_file != NULL) {
         FILE *f = fopen(register_password_file, "r");
+        const char *why = f == NULL ? strerror(errno) : "empty file";
         int ok = f != NULL && fgets(password, sizeof(password), f) != NULL;
         if (f)
             fclose(f);
         if (!ok) {
             free(value);
-            log_error(COMP, "register_failed reason=\"cannot read --register-password-file\"");
+            log_error(COMP, "register_failed reason=\"cannot read %s: %s\"", register_password_file,
+                      why);
             return BATON_EINVAL;
         }
         password[strcspn(password, "\r\n")] = '\0';
@@ -594,11 +605,8 @@ int main(int argc, char **argv)
     wk_config_t cfg;
     wk_config_default(&cfg);
     int rc = parse_args(argc, argv, &cfg);
-    if (rc != 0) {
-        if (rc < 0)
-            usage(stderr);
+    if (rc != 0) /* a usage error was one line naming the flag; --help has the rest */
         return rc > 0 ? 0 : 2;
-    }
     signal(SIGPIPE, SIG_IGN);
     if (tls_opts.cert_file || tls_opts.key_file || tls_opts.ca_file) {
         char err[512] = "";

@@ -700,6 +700,8 @@ void wk_request_free(wk_request_t *req)
     }
     free(req->items);
     free(req->model);
+    free(req->vllm_rid);
+    req->vllm_rid = NULL;
     req->items = NULL;
     req->n_items = 0;
     req->model = NULL;

@@ -76,6 +76,8 @@ typedef struct wk_request_s {
     wk_item_t *items;
     int has_boot;           /* any of bootstrap_host/port/room present and not null */
     wk_vllm_leg_t vllm_leg; /* kv_transfer_params (vllm.h); NONE without */
+    char *vllm_rid;         /* vllm-nixl decode: remote_request_id (owned), else NULL */
+    int lease_port;         /* vllm-nixl decode: the prefill's baton_lease_port, 0 without */
 } wk_request_t;
 
 typedef struct wk_parse_err_s {

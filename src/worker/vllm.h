@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include <jansson.h>
+#include <uv.h>
 
 #include "common/buf.h"
 #include "common/metrics.h"
@@ -59,19 +60,21 @@ const char *wk_vllm_refused(int protocol, int mode, const wk_request_t *req);
 typedef struct wk_vllm_s wk_vllm_t;
 struct wk_worker_s;
 
-/* 0 or BATON_ENOMEM; registers baton_worker_kv_holds (gauge) and
+/* 0 or BATON_ENOMEM; registers baton_worker_kv_holds (gauge),
  * baton_worker_kv_holds_released_total{result} (pulled | timeout | aborted | failed |
- * shutdown). */
-int wk_vllm_create(wk_vllm_t **v_p, struct wk_worker_s *w, uint64_t hold_timeout_ms);
+ * shutdown) and baton_worker_kv_lease_renewals_total. lease_ms: vLLM's kv_lease_duration. */
+int wk_vllm_create(wk_vllm_t **v_p, struct wk_worker_s *w, uint64_t lease_ms);
 /* Drops every hold (their rooms are aborted, pages given back); before the KV hand-off closes. */
 void wk_vllm_close(wk_vllm_t *v);
 
 /*
  * A NIXL prefill's held pages, one hold per sequence: reserved when the sequence was computed,
- * filled with its KV and exported through libbaton's pull API (key wk_vllm_room(id, i), the
- * hold timeout as the export timeout), so that the answer names pages a pull can fetch at once.
- * The request owns its holds until wk_vllm_answer; from then on they live on their own until the
- * decode's pull completes, the export times out, or POST /abort_requests releases them.
+ * filled with its KV and exported through libbaton's pull API (key wk_vllm_room(id, i)), so that
+ * the answer names pages a pull can fetch at once. Each hold has a lease, as vLLM's NixlConnector
+ * (kv_lease_duration): lease_ms from its export, granted again at the answer, extended to 2/3 of
+ * lease_ms from now by each heartbeat (POST /kv_lease) of a decode that waits for it. The request
+ * owns its holds until wk_vllm_answer; from then on they live on their own until the decode's
+ * pull completes, the lease runs out, or POST /abort_requests releases them.
  */
 typedef struct wk_vllm_hold_s wk_vllm_hold_t;
 /* 0: exported (the answer may name it); else the hold is gone (BATON_ENOMEM, ...). */
@@ -94,5 +97,20 @@ int wk_vllm_answer(wk_vllm_t *v, const char *id, size_t n, baton_buf_t *body);
 /* POST /abort_requests {"request_ids": [...]}: releases the holds of those ids. */
 struct baton_http_req_s; /* http/server.h: the jobs library's, not the request parser's */
 void wk_vllm_handle_abort(wk_vllm_t *v, struct baton_http_req_s *http);
+/* POST /kv_lease {"request_ids": [...]}: a decode's heartbeat, renewing those ids' holds. */
+void wk_vllm_handle_lease(wk_vllm_t *v, struct baton_http_req_s *http);
+
+/*
+ * The decode's side of the lease: from a vllm-nixl decode leg's arrival until its KV is in (or
+ * it ends), POST http://host:port/kv_lease {"request_ids": [request_id]} every lease_ms / 6
+ * (host: the prefill's remote_host, port: its answer's baton_lease_port). A heartbeat that fails
+ * is only logged (debug): the lease outlasts several.
+ */
+typedef struct wk_vllm_hb_s wk_vllm_hb_t;
+/* 0 and *hb_p, BATON_EINVAL (an id that cannot be sent as is), BATON_ENOMEM. */
+int wk_vllm_hb_start(wk_vllm_hb_t **hb_p, uv_loop_t *loop, const char *host, int port,
+                     const char *request_id, uint64_t lease_ms);
+/* Stops the heartbeats and frees them (a request in flight is cancelled). NULL: nothing. */
+void wk_vllm_hb_stop(wk_vllm_hb_t *hb);
 
 #endif

@@ -141,6 +141,13 @@ int wk_vllm_parse(json_t *root, wk_request_t *req, wk_parse_err_t *err)
                         "remote_engine_id, remote_request_id, remote_host and remote_port are "
                         "required");
     req->vllm_leg = WK_VLLM_NIXL_DECODE;
+    /* baton-worker's own field: where this decode's heartbeats renew the prefill's lease */
+    json_t *lease = json_object_get(ktp, "baton_lease_port");
+    if (json_is_integer(lease) && json_integer_value(lease) >= 1 &&
+        json_integer_value(lease) <= 65535)
+        req->lease_port = (int)json_integer_value(lease);
+    if (!(req->vllm_rid = strdup(rid)))
+        return BATON_ENOMEM;
     return set_rooms(req, rid, host, strlen(host), (int)json_integer_value(jport));
 }
 

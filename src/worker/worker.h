@@ -42,8 +42,8 @@ typedef struct wk_config_s {
     uint64_t cache_tokens;
     /* vLLM PD protocols (issue 12, vllm.h) */
     int protocol;                /* wk_proto_t: sglang (default), vllm-nixl, vllm-mooncake */
-    uint64_t kv_hold_timeout_ms; /* vllm-nixl prefill: held pages released after this */
-    const char *kv_secret_file;      /* KV bootstrap shared secret (file contents); NULL: none */
+    uint64_t kv_hold_timeout_ms; /* vllm-nixl: the lease (vLLM's kv_lease_duration), vllm.h */
+    const char *kv_secret_file;  /* KV bootstrap shared secret (file contents); NULL: none */
 } wk_config_t;
 
 /* Default prefix cache capacity: 1 Mi tokens hold a few thousand chat sessions (~8 MiB). */

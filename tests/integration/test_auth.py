@@ -137,7 +137,7 @@ def test_admin_routes():
                                         ("GET", "/list_workers", None)):
                     res = request(r.port, method, path, body=b, headers=hdr)
                     assert res.status == 401, (method, path, hdr, res.status, res.text)
-                    assert res.json()["code"] == "UNAUTHORIZED", res.text
+                    assert res.json()["error"]["code"] == "UNAUTHORIZED", res.text
                     assert res.headers.get("www-authenticate") == "Bearer"
             assert get(r.port, "/workers", headers=bearer("adm-1")).json()["total"] == 0
             res = post(r.port, "/workers", body, headers=bearer("adm-1"))

@@ -102,8 +102,25 @@ def test_demo_stops_when_a_process_dies():
             os.killpg(p.pid, signal.SIGKILL)
 
 
+def test_demo_refuses_a_busy_port():
+    """Another router on the demo's port: the demo says the port is in use and never "ready"."""
+    from harness import Cluster
+    with Cluster("demo-busy") as c:
+        other = c.router()
+        _, prefill, decode, boot = free_ports(4)
+        env = dict(os.environ, BATON_DEMO_PORT=str(other.port),
+                   BATON_DEMO_PREFILL_PORT=str(prefill), BATON_DEMO_DECODE_PORT=str(decode),
+                   BATON_DEMO_BOOTSTRAP_PORT=str(boot))
+        r = subprocess.run(["sh", os.path.join(ROOT, "scripts", "demo.sh"), BUILD_DIR], env=env,
+                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert r.returncode != 0, r
+        assert f"port {other.port} is in use" in r.stderr, r.stderr
+        assert "ready" not in r.stdout, r.stdout
+
+
 if __name__ == "__main__":
     t = TestRunner()
     t.run(test_demo_answers_and_stops_on_sigint)
     t.run(test_demo_stops_when_a_process_dies)
+    t.run(test_demo_refuses_a_busy_port)
     t.finish()

@@ -9,6 +9,11 @@ mapping (tried: "unable to recognize ... localhost:8080"). So the manifests get:
   - the real binaries run with the manifests' own arguments (pod variables substituted, ports
     made ephemeral): the router starts with the ConfigMap's baton.json, baton-worker accepts
     its container arguments;
+  - the manifests' exact command lines end to end (paths, hosts and ports substituted): a real
+    etcd, the router with the ConfigMap's baton.json and the admin token from the Secret's file,
+    the RBG's SGLang postStart hook registering its pod with that token (a wrong token is
+    refused) and its preStop hook removing it, and a baton-worker pool pod registering itself
+    through etcd with the KV secret from its file;
   - `kubectl kustomize` (offline) on the kustomization when a kubectl is installed.
 """
 
@@ -21,7 +26,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Cluster, SkipTest, TestRunner, binary, get  # noqa: E402
+from harness import Cluster, SkipTest, TestRunner, binary, get, url, wait_until  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 K8S = os.path.join(ROOT, "deploy", "kubernetes")
@@ -32,6 +37,7 @@ KINDS = {
     "RoleBasedGroup": "workloads.x-k8s.io/v1alpha1",
     "Kustomization": "kustomize.config.k8s.io/v1beta1",
 }
+SECRETS = "/var/run/secrets/baton"  # where the pods mount the Secret baton-secrets
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -165,8 +171,11 @@ def test_binaries_accept_the_manifests():
         path = os.path.join(c.logdir, "baton.json")
         with open(path, "w") as f:
             json.dump(conf, f)
+        with open(os.path.join(c.logdir, "admin-token"), "w") as f:
+            f.write("token\n")
         router = container(docs, "baton-router", "baton")
-        args = [a.replace("/etc/baton/baton.json", path) for a in router["args"]]
+        args = [a.replace("/etc/baton/baton.json", path).replace(SECRETS, c.logdir)
+                for a in router["args"]]
         r = c.start("router", [binary("baton")] + args)
         r.wait_log(r"registry_unreachable", timeout=15)
         assert get(r.port, "/liveness").status == 200
@@ -186,6 +195,110 @@ def test_binaries_accept_the_manifests():
             assert "--register URL" in res.stdout
 
 
+def rbg_docs():
+    import yaml
+    with open(os.path.join(K8S, "rbg", "baton-rbg.yaml")) as f:
+        return yaml.safe_load(f)
+
+
+def hook_script(role, which):
+    rbg = rbg_docs()
+    r = next(x for x in rbg["spec"]["roles"] if x["name"] == role)
+    c = r["template"]["spec"]["containers"][0]
+    cmd = c["lifecycle"][which]["exec"]["command"]
+    assert cmd[:2] == ["sh", "-c"], cmd
+    mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+    assert SECRETS in mounts, (role, mounts)
+    return cmd[2]
+
+
+def workers_of(port, token):
+    res = get(port, "/workers", headers={"Authorization": f"Bearer {token}"})
+    assert res.status == 200, res.text
+    return {w["url"]: w for w in res.json()["workers"]}
+
+
+def test_manifests_run_end_to_end():
+    """The manifests' router and self-registration command lines, with their Secret's files."""
+    try:
+        docs = load_docs()
+    except ImportError:
+        raise SkipTest("python3-yaml not installed (scripts/install-deps.sh --test)")
+    from etcd_cluster import EtcdCluster, etcd_binary
+    if etcd_binary() is None:
+        raise SkipTest("etcd not installed (scripts/install-deps.sh --test)")
+    cm = next(d for _, d in docs if d["kind"] == "ConfigMap")
+    conf = json.loads(cm["data"]["baton.json"])
+    router = container(docs, "baton-router", "baton")
+    rbg_router = next(x for x in rbg_docs()["spec"]["roles"] if x["name"] == "router")
+    assert rbg_router["template"]["spec"]["containers"][0]["args"] == router["args"]
+    assert "--admin-token-file" in router["args"], router["args"]
+    with EtcdCluster(size=1, name="deploy-k8s-etcd") as etcd, Cluster("deploy-k8s-e2e") as c:
+        secrets = os.path.join(c.logdir, "secrets")
+        os.mkdir(secrets)
+        token = "t0k3n-" + os.urandom(8).hex()
+        for key, value in (("admin-token", token), ("kv-secret", os.urandom(16).hex()),
+                           ("wrong-token", "not-the-token")):
+            with open(os.path.join(secrets, key), "w") as f:
+                f.write(value + "\n")
+            os.chmod(os.path.join(secrets, key), 0o440)  # the manifests' defaultMode
+        conf.update(host="127.0.0.1", port=0)
+        conf["registry"]["url"] = etcd.url("/baton")
+        path = os.path.join(c.logdir, "baton.json")
+        with open(path, "w") as f:
+            json.dump(conf, f)
+
+        def subst(a):
+            return a.replace("/etc/baton/baton.json", path).replace(SECRETS, secrets)
+
+        r = c.start("router", [binary("baton")] + [subst(a) for a in router["args"]])
+        r.wait_log(r"admin_routes auth=token")
+        # The SGLang pod's stand-in: a baton-worker where the pod's port 30000 would be.
+        pod = c.worker("prefill")
+
+        def hook(role, which, tries_and_sleep=None, token_file="admin-token"):
+            script = hook_script(role, which)
+            script = script.replace("http://baton-router:8000", f"http://127.0.0.1:{r.port}")
+            script = script.replace(":30000", f":{pod.port}").replace("%3A30000",
+                                                                       f"%3A{pod.port}")
+            script = script.replace(f"{SECRETS}/admin-token", f"{secrets}/{token_file}")
+            if tries_and_sleep:  # only for the refusal: 120 tries 5 s apart would be 10 min
+                script = script.replace("seq 1 120", f"seq 1 {tries_and_sleep[0]}")
+                script = script.replace("sleep 5", f"sleep {tries_and_sleep[1]}")
+            return subprocess.run(["sh", "-c", script], env=dict(os.environ, POD_IP="127.0.0.1"),
+                                  capture_output=True, text=True, timeout=60)
+
+        # A wrong token is refused (401): the hook gives up with a failure, nothing is added.
+        res = hook("prefill", "postStart", (2, 0.1), token_file="wrong-token")
+        assert res.returncode != 0, res
+        assert url(pod.port) not in workers_of(r.port, token)
+        res = hook("prefill", "postStart")
+        assert res.returncode == 0, res
+        w = workers_of(r.port, token)[url(pod.port)]
+        assert w["worker_type"] == "prefill" and w["bootstrap_port"] == 8998, w
+        res = hook("prefill", "preStop")
+        assert res.returncode == 0, res
+        wait_until(lambda: url(pod.port) not in workers_of(r.port, token), 20,
+                   what="the preStop hook's DELETE to apply")
+        res = hook("decode", "postStart")
+        assert res.returncode == 0 and url(pod.port) in workers_of(r.port, token), res
+
+        # A baton-worker pool pod: its exact arguments, registering itself through etcd.
+        w = container(docs, "baton-worker-decode", "worker")
+        args = []
+        for a in w["args"]:
+            a = a.replace("$(POD_IP)", "127.0.0.1").replace(SECRETS, secrets)
+            a = re.sub(r"^--register=etcd://.*$", f"--register={etcd.url('/baton')}", a)
+            a = a.replace("--host=0.0.0.0", "--host=127.0.0.1")
+            args.append(re.sub(r"^--(port|bootstrap-port)=\d+$", r"--\1=0", a))
+        assert any(a.startswith("--kv-secret-file=") for a in args), args
+        wk = c.start("pool-decode", [binary("baton-worker")] + args)
+        wk.wait_log(r"kv_auth=hmac-sha256")
+        # --register-url names port 30000 (the pod's); what matters is that it appears.
+        wait_until(lambda: "http://127.0.0.1:30000" in workers_of(r.port, token), 30,
+                   what="the pool pod's self-registration to reach the router")
+
+
 def test_kubectl_kustomize():
     kubectl = shutil.which("kubectl")
     if kubectl is None:
@@ -203,5 +316,6 @@ if __name__ == "__main__":
     t = TestRunner()
     t.run(test_structure)
     t.run(test_binaries_accept_the_manifests)
+    t.run(test_manifests_run_end_to_end)
     t.run(test_kubectl_kustomize)
     t.finish()

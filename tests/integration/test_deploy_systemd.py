@@ -1,8 +1,8 @@
-"""test_deploy_systemd.py — deploy/systemd/ units pass `systemd-analyze verify` with no warning,
-and `systemd-analyze security --offline` rates their hardening (exposure at most 2.0 of 10).
-
-The units are copied to a temp dir with ExecStart pointing at the built binaries (verify checks
-that the command exists). Skips visibly where systemd-analyze is missing.
+"""test_deploy_systemd.py — the systemd units as `make install` puts them: installed into a
+temporary prefix (`cmake --install BUILD --prefix P`, what `make install PREFIX=P` runs), they
+name P/bin/baton and P/bin/baton-worker, which are installed and executable, pass
+`systemd-analyze verify` with no warning, and `systemd-analyze security --offline` rates their
+hardening (exposure at most 2.0 of 10). Skips visibly where systemd-analyze is missing.
 """
 
 import os
@@ -13,9 +13,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import SkipTest, TestRunner, binary  # noqa: E402
-
-UNITS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy", "systemd")
+from harness import BUILD_DIR, SkipTest, TestRunner  # noqa: E402
 
 
 def analyze(*args):
@@ -23,23 +21,32 @@ def analyze(*args):
     return r.returncode, (r.stdout + r.stderr).strip()
 
 
-def staged(d):
-    for name in os.listdir(UNITS):
-        with open(os.path.join(UNITS, name)) as f:
-            text = f.read()
-        text = text.replace("/usr/local/bin/baton-worker", binary("baton-worker"))
-        text = text.replace("/usr/local/bin/baton ", binary("baton") + " ")
-        with open(os.path.join(d, name), "w") as f:
-            f.write(text)
+def installed(prefix):
+    """Installs the build into prefix; returns the unit files to verify."""
+    r = subprocess.run(["cmake", "--install", BUILD_DIR, "--prefix", prefix], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("baton", "baton-worker", "baton-bench"):
+        path = os.path.join(prefix, "bin", name)
+        assert os.access(path, os.X_OK), path
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 and out.stdout.startswith(name + " "), out
+    assert os.path.exists(os.path.join(prefix, "share", "baton", "baton.json"))
+    units = os.path.join(prefix, "lib", "systemd", "system")
+    for name, exe in (("baton.service", "baton"), ("baton-worker@.service", "baton-worker")):
+        text = open(os.path.join(units, name)).read()
+        assert f"ExecStart={prefix}/bin/{exe} " in text, (name, text)
     # A template is verified through one of its instances.
-    return [os.path.join(d, "baton.service"), os.path.join(d, "baton-worker@prefill.service")]
+    shutil.copy(os.path.join(units, "baton-worker@.service"),
+                os.path.join(units, "baton-worker@prefill.service"))
+    return [os.path.join(units, "baton.service"), os.path.join(units, "baton-worker@prefill.service")]
 
 
 def test_verify_and_hardening():
     if shutil.which("systemd-analyze") is None:
         raise SkipTest("systemd-analyze not installed")
     with tempfile.TemporaryDirectory(prefix="baton-systemd-") as d:
-        units = staged(d)
+        units = installed(d)
         rc, out = analyze("verify", "--man=no", *units)
         assert rc == 0 and out == "", out
         for u in units:

@@ -233,7 +233,7 @@ def test_all_members_down_keep_serving_then_resync(etcd):
                  "the change made during the outage", timeout=20)
         # And the watch works again.
         wid = post(a.port, "/workers", {"url": url(w1.port)}).json()  # 409: already there
-        assert wid["code"] == "WORKER_ALREADY_EXISTS", wid
+        assert wid["error"]["code"] == "WORKER_ALREADY_EXISTS", wid
         res = request(b.port, "POST", f"/remove_worker?url={url(w1.port)}")
         assert res.status == 200
         converge([a], lambda u: url(w1.port) not in u, "watch resumed after the outage")

@@ -357,7 +357,8 @@ def test_registration_and_pairing():
         ]
         for body in bad:
             res = post(r.port, "/workers", body)
-            assert res.status == 400 and res.json()["code"] == "BAD_REQUEST", (body, res.text)
+            assert res.status == 400 and res.json()["error"]["code"] == "BAD_REQUEST", \
+                (body, res.text)
         # a nixl prefill and an sglang decode never make a pair
         pid = register(r.port, a.url, "prefill", pd_protocol="vllm-nixl")
         register(r.port, b.url, "decode")

@@ -31,7 +31,7 @@ def test_workers_api():
         # duplicate URL
         res = post(port, "/workers", {"url": a.url, "worker_type": "decode"})
         assert res.status == 409, res.text
-        assert res.json()["code"] == "WORKER_ALREADY_EXISTS", res.text
+        assert res.json()["error"]["code"] == "WORKER_ALREADY_EXISTS", res.text
         # bad input
         for bad in ({"worker_type": "decode"}, {"url": "ftp://x", "worker_type": "decode"},
                     {"url": b.url, "worker_type": "sideways"},
@@ -39,7 +39,7 @@ def test_workers_api():
                     {"url": b.url, "worker_type": "prefill", "bootstrap_port": 70000}):
             res = post(port, "/workers", bad)
             assert res.status == 400, (bad, res.status, res.text)
-            assert res.json()["code"] == "BAD_REQUEST", res.text
+            assert res.json()["error"]["code"] == "BAD_REQUEST", res.text
         res = request(port, "POST", "/workers", body=b"{not json",
                       headers={"Content-Type": "application/json"})
         assert res.status == 400
@@ -126,6 +126,42 @@ def test_runtime_workers_take_traffic():
         assert res.json()["stats"]["decode_count"] == 2
 
 
+def openai_error(res, status, code=None):
+    """The one error shape of every route: {"error":{"message","type","param","code"}}."""
+    assert res.status == status, (res.status, res.text)
+    j = res.json()
+    assert list(j) == ["error"], j
+    e = j["error"]
+    assert set(e) == {"message", "type", "param", "code"}, e
+    assert isinstance(e["message"], str) and e["message"], e
+    assert e["param"] is None or isinstance(e["param"], str), e
+    assert e["type"] == ("server_error" if status >= 500 else "invalid_request_error"), e
+    if code is not None:
+        assert e["code"] == code, e
+
+
+def test_every_admin_error_has_one_shape():
+    with Upstream("a") as a, Cluster("admin-errors") as c:
+        r = c.router("--threads", "1")
+        port = r.port
+        assert post(port, "/workers", {"url": a.url}).status == 202
+        openai_error(post(port, "/workers", {"url": a.url}), 409, "WORKER_ALREADY_EXISTS")
+        openai_error(post(port, "/workers", {"worker_type": "decode"}), 400, "BAD_REQUEST")
+        openai_error(request(port, "POST", "/workers", body=b"{not json",
+                             headers={"Content-Type": "application/json"}), 400)
+        openai_error(get(port, "/workers/w-00000000"), 404, "WORKER_NOT_FOUND")
+        openai_error(request(port, "DELETE", "/workers/w-00000000"), 404, "WORKER_NOT_FOUND")
+        openai_error(request(port, "PUT", "/workers"), 405)
+        openai_error(request(port, "POST", "/remove_worker?url=http://127.0.0.1:9"), 404)
+        openai_error(request(port, "POST", "/add_worker"), 400)
+        # inference and service routes answer in the same shape
+        openai_error(get(port, "/no/such/path"), 404)
+        openai_error(post(port, "/v1/chat/completions", {"messages": 3}), 400)
+    with Cluster("admin-errors-token") as c:
+        r = c.router("--threads", "1", "--admin-token", "s3cret")
+        openai_error(get(r.port, "/workers"), 401, "UNAUTHORIZED")
+
+
 def completions_served(w):
     """Sum of the worker's baton_worker_requests_total samples for /v1/completions."""
     total = 0.0
@@ -139,6 +175,7 @@ def main():
     t = TestRunner()
     t.run(test_workers_api)
     t.run(test_legacy_endpoints)
+    t.run(test_every_admin_error_has_one_shape)
     t.run(test_runtime_workers_take_traffic)
     t.finish()
 

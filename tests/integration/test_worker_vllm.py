@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -145,6 +146,75 @@ def test_nixl_prefill_answer_and_release():
         assert post(d.port, "/abort_requests", {"request_ids": [rid]}).status == 404
 
 
+def test_nixl_lease_renewed_by_heartbeats():
+    """vLLM's NIXL lease (kv_lease_duration): a held sequence outlives its lease while a decode
+    heartbeats for it (POST /kv_lease, each extending it to 2/3 of the lease from then), then the
+    decode's pull gets it; a hold nobody heartbeats for ends when its lease does."""
+    lease = 2000
+    with Cluster("vllm-lease") as c:
+        p = c.worker("prefill", "--protocol", "vllm-nixl", "--kv-lease-ms", str(lease), *FAST)
+        d = c.worker("decode", "--protocol", "vllm-nixl", "--bootstrap-timeout-ms", "20000",
+                     *FAST)
+        ans = nixl_prefill_leg(p, {"messages": MSGS, "max_tokens": 9})
+        ktp = ans["kv_transfer_params"]
+        assert ktp["baton_lease_port"] == p.port, ktp
+        rid = ktp["remote_request_id"]
+        t_end = time.monotonic() + 2 * lease / 1000
+        while time.monotonic() < t_end:  # heartbeats every 100 ms for two lease lengths
+            res = post(p.port, "/kv_lease", {"request_ids": [rid]})
+            assert res.status == 200 and res.json() == {"renewed": 1}, res.text
+            time.sleep(0.1)
+        assert metric(p.port, "baton_worker_kv_holds") == 1
+        assert metric(p.port, "baton_worker_kv_lease_renewals_total") >= 10
+        res = post(d.port, "/v1/chat/completions",
+                   {"messages": MSGS, "max_tokens": 9, "kv_transfer_params": ktp}, timeout=30)
+        assert res.status == 200, res.text
+        assert res.json()["choices"][0]["message"]["content"] == \
+            simtext.complete_chat(MSGS, 9).text
+        assert metric(p.port, "baton_worker_kv_holds_released_total", {"result": "pulled"}) == 1
+        # no heartbeat: the lease runs out
+        ans = nixl_prefill_leg(p, {"messages": MSGS, "max_tokens": 9})
+        wait_until(lambda: metric(p.port, "baton_worker_kv_holds_released_total",
+                                  {"result": "timeout"}) == 1, 20, what="the lease to run out")
+        assert_pull_refused(d, MSGS, ans["kv_transfer_params"], "pull after the lease")
+        assert post(p.port, "/kv_lease", {"request_ids": "x"}).status == 400
+
+
+def test_nixl_decode_heartbeats_while_waiting():
+    """A decode whose KV pages are all taken waits for them longer than the prefill's lease:
+    its heartbeats (every lease/6 from the request's arrival) keep the prefill's hold, and the
+    request is answered exactly. The same decode with heartbeats too rare to matter (its own
+    lease 60 s: every 10 s) loses the hold and fails cleanly."""
+    for decode_lease, ok in (("1000", True), ("60000", False)):
+        with Cluster("vllm-lease-wait") as c:
+            p = c.worker("prefill", "--protocol", "vllm-nixl", "--kv-lease-ms", "1000", *FAST)
+            # one sequence's pages fill the pool: the second waits for the first to finish
+            d = c.worker("decode", "--protocol", "vllm-nixl", "--kv-lease-ms", decode_lease,
+                         "--kv-pool-tokens", "16", "--decode-us-per-token", "30000",
+                         "--prefill-us-per-token", "10", "--bootstrap-timeout-ms", "30000")
+            r = c.router("--pd-protocol", "vllm-nixl", "--prefill", url(p.port), "--decode",
+                         url(d.port), "--first-byte-timeout-ms", "60000", *ONE_SHOT)
+            first = {}
+            long_req = threading.Thread(target=lambda: first.update(res=post(
+                r.port, "/v1/completions", {"prompt": "a b", "max_tokens": 100},
+                timeout=60)))
+            long_req.start()  # 100 steps of 30 ms: ~3 s holding the decode's only pages
+            wait_until(lambda: metric(d.port, "baton_kv_pool_slots", {"state": "used"}) > 0,
+                       20, what="the first request to take the decode's pages")
+            res = post(r.port, "/v1/completions", {"prompt": "c d", "max_tokens": 2},
+                       timeout=60)
+            long_req.join(60)
+            assert first["res"].status == 200, first["res"].text
+            if ok:
+                assert res.status == 200, res.text
+                assert res.json()["choices"][0]["text"] == simtext.complete_text("c d", 2).text
+                assert metric(p.port, "baton_worker_kv_lease_renewals_total") >= 3
+            else:
+                assert res.status >= 500, res.text
+                assert metric(p.port, "baton_worker_kv_holds_released_total",
+                              {"result": "timeout"}) == 1
+
+
 def test_nixl_export_and_pull():
     """The NIXL prefill holds its pages as a libbaton export (pull API) and the decode pulls it:
     a pull whose shape differs (another prompt) is refused at once and the export keeps
@@ -261,6 +331,27 @@ def test_mooncake_end_to_end():
         assert metric(d.port, "baton_worker_requests_total", {"status": "200"}) >= 4
 
 
+def test_mooncake_command_line():
+    """`--prefill URL BOOTSTRAP_PORT --prefill-engine-id ID` (README "Fronting vLLM"): the port
+    is the prefill's bootstrap server on its host; no POST /workers needed."""
+    with Cluster("vllm-mooncake-cli") as c:
+        p = c.worker("prefill", "--protocol", "vllm-mooncake", *FAST)
+        d = c.worker("decode", "--protocol", "vllm-mooncake", *FAST)
+        boot = p.wait_port("bootstrap")
+        r = c.router("--pd-protocol", "vllm-mooncake", "--prefill", url(p.port), str(boot),
+                     "--prefill-engine-id", "prefill-0", "--decode", url(d.port), *ONE_SHOT)
+        ws = {w["url"]: w for w in get(r.port, "/workers").json()["workers"]}
+        pw = ws[url(p.port)]
+        assert pw["engine_id"] == "prefill-0", pw
+        assert pw["bootstrap_addr"] == f"http://{harness.HOST}:{boot}", pw
+        check_texts(r)
+        # Without the engine id the router says what is missing and does not start.
+        res = subprocess.run([harness.binary("baton"), "--port", "0", "--pd-protocol",
+                              "vllm-mooncake", "--prefill", url(p.port), str(boot)],
+                             capture_output=True, text=True, timeout=30)
+        assert res.returncode != 0 and "--prefill-engine-id" in res.stderr, res.stderr
+
+
 def test_wrong_protocol_refused():
     """A worker refuses the other protocols' legs with 400 (never a silent local recompute)."""
     with Cluster("vllm-wrong") as c:
@@ -304,8 +395,10 @@ def test_ttft_scenario_smoke():
 if __name__ == "__main__":
     t = TestRunner()
     for fn in (test_nixl_end_to_end, test_nixl_prefill_answer_and_release,
+               test_nixl_lease_renewed_by_heartbeats, test_nixl_decode_heartbeats_while_waiting,
                test_nixl_export_and_pull, test_nixl_hold_expires_before_answer,
                test_router_releases_stranded_blocks, test_nixl_holder_killed,
-               test_mooncake_end_to_end, test_wrong_protocol_refused, test_ttft_scenario_smoke):
+               test_mooncake_end_to_end, test_mooncake_command_line, test_wrong_protocol_refused,
+               test_ttft_scenario_smoke):
         t.run(fn)
     t.finish()

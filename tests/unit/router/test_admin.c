@@ -151,13 +151,18 @@ static const char *jstr(json_t *o, const char *key)
     return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
+/* Every route's one error shape: {"error":{"message","type","param","code"}}. */
 static void expect_error(resp_t *r, int status, const char *code)
 {
     if (r->status != status)
         fail_msg("want %d, got %d: %s", status, r->status, r->body);
     assert_non_null(r->json);
-    assert_non_null(jstr(r->json, "error"));
-    assert_string_equal(jstr(r->json, "code"), code);
+    json_t *e = json_object_get(r->json, "error");
+    assert_true(json_is_object(e));
+    assert_non_null(jstr(e, "message"));
+    assert_string_equal(jstr(e, "type"), status >= 500 ? "server_error" : "invalid_request_error");
+    assert_true(json_is_null(json_object_get(e, "param")));
+    assert_string_equal(jstr(e, "code"), code);
 }
 
 /* ---- tests ---- */

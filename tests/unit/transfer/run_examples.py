@@ -109,6 +109,26 @@ def example_c(build, src):
         if "libbaton" in run(["readelf", "-d", exe_static]).stdout:
             raise SystemExit("FAIL: the static example still needs libbaton.so")
         handoff([exe_static, "prefill", "tcp"], [exe_static, "decode", "tcp"], env)
+        # `pkg-config --static --libs baton` alone gives a line that links (docs/LIBBATON.md),
+        # against libbaton.so beside libbaton.a and against libbaton.a alone.
+        static_libs = run(["pkg-config", "--cflags", "--static", "--libs", "baton"],
+                          env=env).stdout.split()
+        if "-lmbedcrypto" not in static_libs:
+            raise SystemExit(f"FAIL: pkg-config --static misses -lmbedcrypto: {static_libs}")
+        exe_pc = exe + "-pc-static"
+        run(["cc", "-o", exe_pc, os.path.join(src, "examples", "c", "kv_handoff.c")] + SAN_FLAGS +
+            static_libs + [f"-Wl,-rpath,{libdir}"])
+        handoff([exe_pc, "prefill", "tcp"], [exe_pc, "decode", "tcp"], env)
+        only_a = tempfile.mkdtemp(prefix="only-a.", dir=build)
+        try:
+            shutil.copy(os.path.join(libdir, "libbaton.a"), only_a)
+            run(["cc", "-o", exe_pc, os.path.join(src, "examples", "c", "kv_handoff.c")] +
+                SAN_FLAGS + [f"-L{only_a}"] + static_libs)
+            if "libbaton" in run(["readelf", "-d", exe_pc]).stdout:
+                raise SystemExit("FAIL: linked libbaton.so with only libbaton.a on the path")
+            handoff([exe_pc, "prefill", "tcp"], [exe_pc, "decode", "tcp"], env)
+        finally:
+            shutil.rmtree(only_a, ignore_errors=True)
     finally:
         shutil.rmtree(prefix, ignore_errors=True)
 
@@ -120,6 +140,23 @@ def example_python(build, src):
     for tp in ("tcp", "shm"):
         handoff([sys.executable, script, "prefill", tp], [sys.executable, script, "decode", tp],
                 env)
+    # After `make install`: the installed example finds the installed library by itself, and the
+    # source tree's through pkg-config, with no BATON_LIBRARY.
+    prefix = tempfile.mkdtemp(prefix="example-py-prefix.", dir=build)
+    try:
+        run(["cmake", "--install", build, "--prefix", prefix])
+        bare = {k: v for k, v in os.environ.items()
+                if k not in ("BATON_LIBRARY", "PKG_CONFIG_PATH", "LD_LIBRARY_PATH")}
+        bare = sanitizer_env(dict(bare, PYTHONDONTWRITEBYTECODE="1"))
+        installed = os.path.join(prefix, "share", "baton", "python", "kv_handoff.py")
+        handoff([sys.executable, installed, "prefill", "tcp"],
+                [sys.executable, installed, "decode", "tcp"], bare)
+        pcs = glob.glob(os.path.join(prefix, "**", "pkgconfig", "baton.pc"), recursive=True)
+        via_pc = dict(bare, PKG_CONFIG_PATH=os.path.dirname(pcs[0]))
+        handoff([sys.executable, script, "prefill", "tcp"],
+                [sys.executable, script, "decode", "tcp"], via_pc)
+    finally:
+        shutil.rmtree(prefix, ignore_errors=True)
 
 
 def main():
