@@ -1,4 +1,4 @@
-/* server_budget.c — the HTTP server's memory: the shared budget and the spare request buffers. */
+/* server_budget.c — the HTTP server's memory: the shared budget, freeing the spare buffers. */
 #include "http/server_internal.h"
 
 #include "common/log.h"
@@ -102,26 +102,6 @@ void baton__hs_budget_wait(conn_t *c)
     }
     if (!uv_is_active((uv_handle_t *)&srv->budget_timer))
         uv_timer_start(&srv->budget_timer, on_budget_timer, BUDGET_POLL_MS, BUDGET_POLL_MS);
-}
-
-/* Hands a request buffer back to the server's spares (emptied) or frees it. */
-void baton__hs_buf_give(baton__hs_spare_t *s, baton_buf_t *b)
-{
-    if (BATON_POOL_REUSE && b->data && b->cap <= BATON__HS_SPARE_BUF_MAX &&
-        s->n < BATON__HS_SPARE_BUFS) {
-        baton_buf_reset(b);
-        s->b[s->n++] = *b;
-        *b = (baton_buf_t)BATON_BUF_INIT;
-    } else {
-        baton_buf_free(b);
-    }
-}
-
-/* An empty buffer gets a spare's storage when there is one. */
-void baton__hs_buf_take(baton__hs_spare_t *s, baton_buf_t *b)
-{
-    if (b->data == NULL && s->n > 0)
-        *b = s->b[--s->n];
 }
 
 void baton__hs_spare_free(baton__hs_spare_t *s)

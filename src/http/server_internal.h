@@ -199,6 +199,27 @@ static inline int baton__hs_tcp_closing(const conn_t *c)
     return c->state >= CS_ABORTED;
 }
 
+/* Hands a request buffer back to the server's spares (emptied) or frees it (every request does
+ * this for its head and body: inline). */
+static inline void baton__hs_buf_give(baton__hs_spare_t *s, baton_buf_t *b)
+{
+    if (BATON_POOL_REUSE && b->data && b->cap <= BATON__HS_SPARE_BUF_MAX &&
+        s->n < BATON__HS_SPARE_BUFS) {
+        baton_buf_reset(b);
+        s->b[s->n++] = *b;
+        *b = (baton_buf_t)BATON_BUF_INIT;
+    } else {
+        baton_buf_free(b);
+    }
+}
+
+/* An empty buffer gets a spare's storage when there is one. */
+static inline void baton__hs_buf_take(baton__hs_spare_t *s, baton_buf_t *b)
+{
+    if (b->data == NULL && s->n > 0)
+        *b = s->b[--s->n];
+}
+
 /* ---- server_conn.c: states, reading, parsing, the request's life, closing ---- */
 
 /* 1 when `from` → `to` is in the table, else 0. */
@@ -247,8 +268,6 @@ void baton__hs_budget_sub(srv_t *srv, size_t n);
 int baton__hs_budget_admit(conn_t *c);
 void baton__hs_body_release(conn_t *c);
 void baton__hs_budget_wait(conn_t *c);
-void baton__hs_buf_give(baton__hs_spare_t *s, baton_buf_t *b);
-void baton__hs_buf_take(baton__hs_spare_t *s, baton_buf_t *b);
 void baton__hs_spare_free(baton__hs_spare_t *s);
 
 #endif
