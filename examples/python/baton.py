@@ -87,6 +87,9 @@ class Config(ctypes.Structure):
         ("rdma_drain_timeout_ms", c_uint32),
         ("secret", c_void_p),
         ("secret_len", ctypes.c_size_t),
+        ("max_pending_conns", c_uint32),
+        ("max_pending_per_addr", c_uint32),
+        ("pending_buffer_bytes", c_uint64),
     ]
 
 

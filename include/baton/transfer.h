@@ -231,6 +231,19 @@ typedef struct {
      * authentication, as before; the engine logs one warning saying so. */
     const void *secret;
     size_t secret_len;
+
+    /* ---- The bootstrap listener before a peer is UP (docs/SECURITY.md, "Buffers the worker and
+     * libbaton hold for a peer"). An accepted control connection is pending until its
+     * handshake ends (and until it proves the secret, when one is set): it may send only the
+     * handshake's frames (AUTH, HELLO, LANE_HELLO; each of bounded size, checked from the frame
+     * header before its body is read), and the listener holds at most: ---- */
+    /* pending connections in all (default 512); one more is accepted and closed at once */
+    uint32_t max_pending_conns;
+    /* pending connections from one peer address (default 64) */
+    uint32_t max_pending_per_addr;
+    /* bytes of read buffer held by all pending connections together (default 8 MiB); a
+     * connection whose next read would pass it is closed */
+    uint64_t pending_buffer_bytes;
 } baton_xfer_config_t;
 
 #define BATON_XFER_SECRET_MIN 16   /* bytes: shorter secrets are refused (BATON_XFER_EINVAL) */
@@ -705,6 +718,9 @@ typedef struct {
     /* Added after 0.1.0 (read with baton_xfer_engine_stats_sized): */
     uint64_t auth_failures; /* control connections refused by the KV bootstrap's
                              * challenge-response (no / wrong secret, replay, bad proof) */
+    uint64_t pending_conns; /* accepted control connections not UP yet (gauge) */
+    uint64_t pending_bytes; /* read-buffer bytes they hold (gauge, <= pending_buffer_bytes) */
+    uint64_t conns_refused; /* accepted connections closed over a pending cap or the budget */
 } baton_xfer_stats_t;
 
 /* A snapshot of counters (relaxed atomics). Any thread. Fills the fields of 0.1 only (bytes_written

@@ -56,11 +56,23 @@ struct baton_etcd_sync_s {
     char watch_ep[300]; /* the endpoint the current watch was created on */
     unsigned uncreated; /* liveness ticks the current watch has waited for "created" */
 
-    /* etcd key hash → worker id (heap string): the workers this router has from etcd. */
+    /* etcd key hash → known_t: the keys this router applied, and the worker each names. */
     baton_u64map_t known;
+    int listed; /* the first full read was applied */
 
     baton_metric_child_t *m_up, *m_resyncs, *m_errors, *m_put, *m_del, *m_revision, *m_workers;
 };
+
+/* One key under the prefix as last applied. Several keys may name one URL (a worker's own
+ * registration and a router's publication, say): the worker is the one the newest of them
+ * describes, and stays while any is left, so every router holds the same set whatever the
+ * order it saw the keys in (a full read is applied in mod_revision order, as a watch sees it). */
+typedef struct {
+    char *id;    /* the registry id of the worker the value names */
+    char *key;   /* the etcd key, for deleting it */
+    char *value; /* the JSON value (text) */
+    int64_t mod_rev;
+} known_t;
 
 static void step(baton_etcd_sync_t *s);
 
@@ -120,13 +132,13 @@ static void failed(baton_etcd_sync_t *s, int err)
 
 /* ---- applying etcd's view ---- */
 
-static void forget(baton_etcd_sync_t *s, uint64_t h)
+static void known_free(known_t *e)
 {
-    char *id = baton_u64map_del(&s->known, h);
-    if (id != NULL) {
-        if (baton_registry_remove(s->reg, id) == 0)
-            log_info("etcd", "worker_removed id=%s", id);
-        free(id);
+    if (e != NULL) {
+        free(e->id);
+        free(e->key);
+        free(e->value);
+        free(e);
     }
 }
 
@@ -135,22 +147,20 @@ static int same_str(const char *a, const char *b)
     return (a == NULL && b == NULL) || (a != NULL && b != NULL && strcmp(a, b) == 0);
 }
 
-/* A key's value → the registry (add, or replace when its attributes changed). */
-static void apply_put(baton_etcd_sync_t *s, const char *key, size_t klen, json_t *value_b64)
+/* A worker's JSON value → the registry (add, or replace when its attributes changed). Returns
+ * the worker's id (heap string), or NULL when the value is refused. */
+static char *apply_value(baton_etcd_sync_t *s, const char *key, size_t klen, const char *text)
 {
-    char *text = baton_etcd_unb64(value_b64, NULL);
     json_t *body = text ? json_loads(text, JSON_REJECT_DUPLICATES, NULL) : NULL;
-    free(text);
     baton_worker_spec_t spec;
-    char *labels = NULL, err[256] = "";
+    char *labels = NULL, err[256] = "", *id = NULL;
     if (body == NULL || baton_admin_spec_parse(body, &spec, &labels, err, sizeof(err)) != 0) {
         log_warn("etcd", "bad_worker_value key=%.*s reason=\"%s\"", (int)klen, key,
                  body ? err : "not base64 JSON");
         free(labels);
         json_decref(body);
-        return;
+        return NULL;
     }
-    uint64_t h = key_hash(key, klen);
     baton_worker_t *cur = baton_registry_find_url(s->reg, spec.url);
     if (cur != NULL) {
         int same = spec.role == cur->role && spec.bootstrap_port == cur->bootstrap_port &&
@@ -167,12 +177,11 @@ static void apply_put(baton_etcd_sync_t *s, const char *key, size_t klen, json_t
             json_decref(b);
         }
         if (same) {
-            if (baton_u64map_get(&s->known, h) == NULL)
-                baton_u64map_put(&s->known, h, strdup(cur->id));
+            id = strdup(cur->id);
             baton_worker_unref(cur);
             free(labels);
             json_decref(body);
-            return;
+            return id;
         }
         baton_registry_remove(s->reg, cur->id); /* changed attributes: replaced below */
         baton_worker_unref(cur);
@@ -180,18 +189,76 @@ static void apply_put(baton_etcd_sync_t *s, const char *key, size_t klen, json_t
     baton_worker_t *w = NULL;
     int rc = baton_registry_add(s->reg, &spec, &w, err, sizeof(err));
     if (rc == 0) {
-        char *old = baton_u64map_del(&s->known, h);
-        free(old);
-        if (baton_u64map_put(&s->known, h, strdup(w->id)) != 0)
-            log_warn("etcd", "known_set_full id=%s", w->id);
         log_info("etcd", "worker_added id=%s url=%s role=%s key=%.*s", w->id, w->url,
                  baton_worker_role_name(w->role), (int)klen, key);
+        id = strdup(w->id);
         baton_worker_unref(w);
     } else {
         log_warn("etcd", "worker_rejected key=%.*s reason=\"%s\"", (int)klen, key, err);
     }
     free(labels);
     json_decref(body);
+    return id;
+}
+
+/* No key names worker `id` as it did any more: it follows the newest key left naming it, or
+ * goes when there is none. */
+static void settle(baton_etcd_sync_t *s, const char *id)
+{
+    known_t *best = NULL, *e;
+    size_t it = 0;
+    while ((e = baton_u64map_next(&s->known, &it, NULL)) != NULL)
+        if (strcmp(e->id, id) == 0 && (best == NULL || e->mod_rev > best->mod_rev))
+            best = e;
+    if (best != NULL) {
+        free(apply_value(s, best->key, strlen(best->key), best->value));
+        return;
+    }
+    if (baton_registry_remove(s->reg, id) == 0)
+        log_info("etcd", "worker_removed id=%s", id);
+}
+
+static void forget(baton_etcd_sync_t *s, uint64_t h)
+{
+    known_t *old = baton_u64map_del(&s->known, h);
+    if (old != NULL) {
+        settle(s, old->id);
+        known_free(old);
+    }
+}
+
+/* Remembers that `key` (value text, at mod_rev) names worker id (taken). */
+static void remember(baton_etcd_sync_t *s, const char *key, size_t klen, const char *text,
+                     int64_t mod_rev, char *id)
+{
+    known_t *e = calloc(1, sizeof(*e));
+    if (e != NULL) {
+        e->id = id;
+        e->key = strndup(key, klen);
+        e->value = strdup(text);
+        e->mod_rev = mod_rev;
+    }
+    if (e == NULL || e->key == NULL || e->value == NULL ||
+        baton_u64map_put(&s->known, key_hash(key, klen), e) != 0) {
+        log_warn("etcd", "known_set_full id=%s", id);
+        if (e == NULL)
+            free(id);
+        known_free(e);
+    }
+}
+
+static void apply_put(baton_etcd_sync_t *s, const char *key, size_t klen, const char *text,
+                      int64_t mod_rev)
+{
+    char *id = apply_value(s, key, klen, text);
+    known_t *old = baton_u64map_del(&s->known, key_hash(key, klen));
+    if (id != NULL)
+        remember(s, key, klen, text, mod_rev, id);
+    /* The key named another worker before (or its value is refused now): that one follows
+     * the keys left naming it. */
+    if (old != NULL && (id == NULL || strcmp(old->id, id) != 0))
+        settle(s, old->id);
+    known_free(old);
 }
 
 static void apply_kv(baton_etcd_sync_t *s, json_t *kv, int is_delete)
@@ -208,7 +275,9 @@ static void apply_kv(baton_etcd_sync_t *s, json_t *kv, int is_delete)
         forget(s, key_hash(key, klen));
     } else {
         baton_counter_add(s->m_put, 1);
-        apply_put(s, key, klen, json_object_get(kv, "value"));
+        char *text = baton_etcd_unb64(json_object_get(kv, "value"), NULL);
+        apply_put(s, key, klen, text, rev);
+        free(text);
     }
     free(key);
 }
@@ -289,7 +358,9 @@ static void on_range(void *data, int err, json_t *res)
         if (key == NULL)
             continue;
         baton_u64map_put(&seen, key_hash(key, klen), (void *)1);
-        apply_put(s, key, klen, json_object_get(kv, "value"));
+        char *text = baton_etcd_unb64(json_object_get(kv, "value"), NULL);
+        apply_put(s, key, klen, text, baton_etcd_int(kv, "mod_revision", 0));
+        free(text);
         free(key);
     }
     size_t it = 0, n_gone = 0, cap = 0;
@@ -325,12 +396,54 @@ static void on_range(void *data, int err, json_t *res)
         return;
     }
     s->need_sync = 0;
+    s->listed = 1;
     s->backoff_ms = BACKOFF_FIRST_MS;
     set_state(s, 1, 0);
     step(s); /* admin changes queued during the read */
 }
 
 /* ---- publishing admin changes ---- */
+
+/* A removal through this router removes the worker for every router: one transaction deletes
+ * its canonical key (k, taken) and every other key that names it (a worker's own registration
+ * under HOST:PORT, an older publication), so no key is left to bring it back. */
+static json_t *delete_all_body(baton_etcd_sync_t *s, const char *id, json_t *k)
+{
+    json_t *ops = json_array();
+    json_t *canon = json_pack("{s:{s:o}}", "requestDeleteRange", "key", k);
+    if (ops == NULL || canon == NULL || json_array_append_new(ops, canon) != 0) {
+        json_decref(ops);
+        return NULL;
+    }
+    char own[300 + BATON_WORKER_ID_MAX];
+    snprintf(own, sizeof(own), "%s%s", s->key_prefix, id);
+    known_t *e;
+    size_t it = 0;
+    while ((e = baton_u64map_next(&s->known, &it, NULL)) != NULL) {
+        if (strcmp(e->id, id) != 0 || strcmp(e->key, own) == 0)
+            continue;
+        json_t *kk = baton_etcd_b64(e->key, strlen(e->key));
+        json_t *del = kk ? json_pack("{s:{s:o}}", "requestDeleteRange", "key", kk) : NULL;
+        if (del == NULL || json_array_append_new(ops, del) != 0) {
+            json_decref(ops);
+            return NULL;
+        }
+    }
+    return json_pack("{s:o}", "success", ops);
+}
+
+/* Forgets every key naming worker id without touching the registry (it is gone already). */
+static void forget_id(baton_etcd_sync_t *s, const char *id)
+{
+    known_t *e;
+    size_t it = 0;
+    uint64_t h;
+    while ((e = baton_u64map_next(&s->known, &it, &h)) != NULL) {
+        if (strcmp(e->id, id) == 0) {
+            known_free(baton_u64map_del(&s->known, h)); /* allowed while visiting it */
+        }
+    }
+}
 
 static void op_free(op_t *op)
 {
@@ -368,14 +481,16 @@ static void on_op_done(void *data, int err, json_t *res)
         step(s);
         return;
     }
-    char key[300 + BATON_WORKER_ID_MAX];
-    int klen = snprintf(key, sizeof(key), "%s%s", s->key_prefix, op->id);
-    uint64_t h = key_hash(key, (size_t)klen);
     if (op->is_put) {
-        if (baton_u64map_get(&s->known, h) == NULL)
-            baton_u64map_put(&s->known, h, strdup(op->id));
+        char key[300 + BATON_WORKER_ID_MAX];
+        int klen = snprintf(key, sizeof(key), "%s%s", s->key_prefix, op->id);
+        int64_t rev = baton_etcd_int(json_object_get(res, "header"), "revision", 0);
+        known_free(baton_u64map_del(&s->known, key_hash(key, (size_t)klen)));
+        char *id = strdup(op->id);
+        if (id != NULL)
+            remember(s, key, (size_t)klen, op->value, rev, id);
     } else {
-        free(baton_u64map_del(&s->known, h));
+        forget_id(s, op->id); /* every key that named it is gone */
     }
     log_info("etcd", "published op=%s id=%s", op->is_put ? "put" : "delete", op->id);
     op_free(op);
@@ -394,14 +509,14 @@ static int start_op(baton_etcd_sync_t *s, op_t *op)
         if (body == NULL)
             json_decref(v);
     } else {
-        body = k ? json_pack("{s:o}", "key", k) : NULL;
+        body = k ? delete_all_body(s, op->id, k) : NULL;
     }
     if (body == NULL) {
         json_decref(k);
         return BATON_ENOMEM;
     }
-    int rc = baton_etcd_call(s->etcd, op->is_put ? "/v3/kv/put" : "/v3/kv/deleterange", body,
-                             on_op_done, s);
+    int rc =
+        baton_etcd_call(s->etcd, op->is_put ? "/v3/kv/put" : "/v3/kv/txn", body, on_op_done, s);
     json_decref(body);
     return rc;
 }
@@ -458,9 +573,9 @@ static void on_wake_closed(uv_handle_t *h)
         op_free(container_of(n, op_t, node));
     }
     size_t it = 0;
-    char *id;
-    while ((id = baton_u64map_next(&s->known, &it, NULL)) != NULL)
-        free(id);
+    known_t *e;
+    while ((e = baton_u64map_next(&s->known, &it, NULL)) != NULL)
+        known_free(e);
     baton_u64map_free(&s->known);
     uv_mutex_destroy(&s->lock);
     free(s);
@@ -491,7 +606,10 @@ static void step(baton_etcd_sync_t *s)
         baton_etcd_prefix_end(s->key_prefix, pfx_end, sizeof(pfx_end));
         json_t *k = baton_etcd_b64(s->key_prefix, strlen(s->key_prefix));
         json_t *e = baton_etcd_b64(pfx_end, strlen(pfx_end));
-        json_t *body = k && e ? json_pack("{s:o, s:o}", "key", k, "range_end", e) : NULL;
+        /* Oldest change first, the order a watch delivers them in (see known_t). */
+        json_t *body = k && e ? json_pack("{s:o, s:o, s:s, s:s}", "key", k, "range_end", e,
+                                          "sort_order", "ASCEND", "sort_target", "MOD")
+                              : NULL;
         if (body == NULL) {
             json_decref(k);
             json_decref(e);
@@ -627,6 +745,31 @@ void baton_etcd_sync_start(baton_etcd_sync_t *s)
     baton_registry_set_shared_state(s->reg, "etcd", 0, "connecting");
     uv_timer_start(&s->check, on_check, CHECK_INTERVAL_MS, CHECK_INTERVAL_MS);
     step(s);
+}
+
+static void on_wait_expired(uv_timer_t *t)
+{
+    *(int *)t->data = 1;
+}
+
+static void on_wait_closed(uv_handle_t *h)
+{
+    *(int *)h->data = 2;
+}
+
+int baton_etcd_sync_wait_listed(baton_etcd_sync_t *s, uint64_t timeout_ms)
+{
+    int expired = 0;
+    uv_timer_t t;
+    uv_timer_init(s->loop, &t);
+    t.data = &expired;
+    uv_timer_start(&t, on_wait_expired, timeout_ms, 0);
+    while (!s->listed && !expired)
+        uv_run(s->loop, UV_RUN_ONCE);
+    uv_close((uv_handle_t *)&t, on_wait_closed);
+    while (expired != 2)
+        uv_run(s->loop, UV_RUN_ONCE);
+    return s->listed;
 }
 
 void baton_etcd_sync_close(baton_etcd_sync_t *s)

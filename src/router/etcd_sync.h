@@ -19,7 +19,12 @@
  * What a router does:
  *   - on start and after any break: publishes its pending admin changes, reads the whole prefix
  *     (adds what is missing, removes what it had from etcd and is gone) and watches the prefix
- *     from the read's revision + 1, so no change between the read and the watch is lost;
+ *     from the read's revision + 1, so no change between the read and the watch is lost; the
+ *     router listens only once the first read is applied (or its time-out passed: etcd down);
+ *   - several keys naming one URL are one worker, described by the newest of them and kept
+ *     while any is left (a full read is applied oldest change first, as a watch sees them);
+ *   - a removal through the admin API deletes every key that names the worker, the worker's
+ *     own registration included, in one transaction: it is gone for every router;
  *   - applies watch events as they come (put: add or replace; delete: remove);
  *   - a compacted watch revision, a cancelled watch or a broken stream → the same resync;
  *   - every 2 s a linearizable count of the prefix (with the client's fail-over): when it fails,
@@ -56,6 +61,12 @@ int baton_etcd_sync_create(baton_etcd_sync_t **sync_p, uv_loop_t *loop, baton_re
 
 /* Installs the registry hooks and starts the first resync (before the router threads start). */
 void baton_etcd_sync_start(baton_etcd_sync_t *sync);
+
+/* Runs the loop until the first full read of the prefix is applied (and the watch from its
+ * revision started), or timeout_ms passed; 1 when it was read. A router that starts listening
+ * only then answers its first request with etcd's whole worker set, and every change after
+ * the read reaches it through the watch. */
+int baton_etcd_sync_wait_listed(baton_etcd_sync_t *sync, uint64_t timeout_ms);
 
 /* Stops watching and frees everything on later loop turns; pending publications are dropped.
  * The registry keeps its workers. */

@@ -14,6 +14,7 @@
 #include <uv.h>
 
 #include "baton/error.h"
+#include "common/fd_limit.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "router/load_poll.h"
@@ -577,22 +578,16 @@ static void destroy_shared(app_t *app)
  */
 static void raise_fd_limit(baton_config_t *cfg, unsigned n_threads)
 {
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    baton_fd_limit_t fl;
+    if (baton_fd_limit_raise(&fl) != 0) {
         log_warn("router", "fd_limit_unknown");
         return;
     }
-    rlim_t before = rl.rlim_cur;
-    if (rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
-            getrlimit(RLIMIT_NOFILE, &rl);
-    }
-    rlim_t cap = rl.rlim_cur == RLIM_INFINITY ? (rlim_t)1 << 30 : rl.rlim_cur;
-    rlim_t share = cap / 2 / (n_threads ? n_threads : 1);
+    uint64_t cap = fl.soft;
+    uint64_t share = cap / 2 / (n_threads ? n_threads : 1);
     if (share < 1)
         share = 1;
-    if ((rlim_t)cfg->limits.max_connections > share) {
+    if ((uint64_t)cfg->limits.max_connections > share) {
         log_info("router",
                  "max_connections_lowered from=%u to=%llu reason=\"descriptor limit %llu: half "
                  "of it for client connections\"",
@@ -601,7 +596,7 @@ static void raise_fd_limit(baton_config_t *cfg, unsigned n_threads)
     }
     log_info("router",
              "fd_limit soft_before=%llu soft=%llu hard=%llu max_connections=%u threads=%u",
-             (unsigned long long)before, (unsigned long long)cap, (unsigned long long)rl.rlim_max,
+             (unsigned long long)fl.before, (unsigned long long)cap, (unsigned long long)fl.hard,
              cfg->limits.max_connections, n_threads);
 }
 
@@ -791,6 +786,12 @@ int main(int argc, char **argv)
         destroy_shared(&app);
         return 2;
     }
+    /* Listen once etcd's worker set is here: a new replica's first answer is already
+     * consistent with the others. etcd down: start after the time-out with what it has. */
+    uint64_t list_wait_ms = app.cfg.registry_timeout_ms ? app.cfg.registry_timeout_ms : 2000;
+    if (app.etcd_sync != NULL && !baton_etcd_sync_wait_listed(app.etcd_sync, list_wait_ms))
+        log_warn("router", "registry_not_read_yet waited_ms=%llu action=\"listening anyway\"",
+                 (unsigned long long)list_wait_ms);
     uv_mutex_init(&app.lock);
     app.n_threads = app.cfg.threads ? app.cfg.threads : 1;
     app.threads = calloc(app.n_threads, sizeof(*app.threads));

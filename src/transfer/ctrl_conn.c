@@ -36,6 +36,7 @@ baton__conn_t *baton__conn_new(baton_xfer_engine_t *eng, int role)
     baton_heartbeat_init(&c->hb, eng->cfg.heartbeat_interval_ms, eng->cfg.heartbeat_misses,
                          c->t_start_ms);
     snprintf(c->addr, sizeof(c->addr), "?");
+    snprintf(c->ip, sizeof(c->ip), "?");
     baton_list_push(&eng->conns, &c->link);
     return c;
 }
@@ -46,14 +47,14 @@ static void fill_addr(baton__conn_t *c)
     int len = sizeof(ss);
     if (uv_tcp_getpeername(c->tcp, (struct sockaddr *)&ss, &len) != 0)
         return;
-    char ip[64] = "?";
+    char *ip = c->ip;
     int port = 0;
     if (ss.ss_family == AF_INET) {
-        uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof(ip));
+        uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof(c->ip));
         port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
         snprintf(c->addr, sizeof(c->addr), "%s:%d", ip, port);
     } else if (ss.ss_family == AF_INET6) {
-        uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof(ip));
+        uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof(c->ip));
         port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
         snprintf(c->addr, sizeof(c->addr), "[%s]:%d", ip, port);
     }
@@ -133,6 +134,7 @@ static void conn_finish(baton__conn_t *c)
     baton_u64map_free(&c->rmems);
     baton_u64map_free(&c->smems);
     baton_u64map_free(&c->rooms);
+    baton__admit_release(c);
     baton_buf_free(&c->rbuf);
     free(c->peer_hello);
     free(c->peer_hello_buf);
@@ -186,11 +188,16 @@ void baton__conn_fail(baton__conn_t *c, int status, const char *why)
         /* A failed attempt: the peer state machine logs it once, with its retry delay. */
         log_debug(BATON__LOG, "attempt_failed peer=%s state=%s reason=\"%s\"", c->addr,
                   state_names[prev], why);
-    } else if (status == BATON_EAUTH) {
-        /* ctrl_auth.c logged the refusal, rate-limited: an outsider can repeat it at will. */
+    } else if (status == BATON_EAUTH || status == BATON_EBUSY) {
+        /* ctrl_auth.c / ctrl_admit.c's callers logged the refusal, rate-limited: an outsider can
+         * repeat it at will. */
         log_debug(BATON__LOG, "conn_closed peer=%s reason=\"%s\"", c->addr, why);
-    } else if (prev == BATON__CONN_PENDING || status == BATON_ESHUTDOWN) {
+    } else if (status == BATON_ESHUTDOWN) {
         log_info(BATON__LOG, "conn_closed peer=%s reason=\"%s\"", c->addr, why);
+    } else if (prev == BATON__CONN_PENDING || prev == BATON__CONN_AUTH) {
+        /* Anyone who reaches the port can open and drop connections at will. */
+        baton_log_limited(BATON_LOG_INFO, 10, BATON__LOG, "conn_closed",
+                          "conn_closed peer=%s reason=\"%s\"", c->addr, why);
     } else {
         /* A peer that goes with no room in flight (its process ended) lost nothing. */
         baton_log(c->rooms.count ? BATON_LOG_WARN : BATON_LOG_INFO, BATON__LOG,
@@ -243,7 +250,7 @@ void baton__conn_fail(baton__conn_t *c, int status, const char *why)
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     baton__conn_t *c = h->data;
-    if (baton_buf_reserve(&c->rbuf, 64 * 1024) != 0) {
+    if (baton__admit_reserve(c) != 0) {
         buf->base = NULL;
         buf->len = 0;
         return;
@@ -289,6 +296,23 @@ static int allowed(const baton__conn_t *c, int type)
     default:
         return 0;
     }
+}
+
+int baton__conn_next_frame(const baton__conn_t *c, const uint8_t *at, size_t len, baton__frame_t *f,
+                           size_t *consumed, const char **why)
+{
+    /* The header first: a frame this state does not take is refused before a byte of its body
+     * is buffered (every frame allowed before UP is a small handshake frame). */
+    uint8_t type = 0;
+    uint32_t length = 0;
+    int rc = baton__frame_head(at, len, &type, &length, why);
+    if (rc != 0)
+        return rc;
+    if (!allowed(c, type)) {
+        f->type = type;
+        return 2;
+    }
+    return baton__frame_decode(at, len, f, consumed, why);
 }
 
 /* Returns 0, 1 when the connection object is gone (became a lane), or an error. */
@@ -345,6 +369,14 @@ static int dispatch(baton__conn_t *c, const baton__frame_t *f, const uint8_t *re
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     baton__conn_t *c = s->data;
+    if (nread == UV_ENOBUFS && c->admitted) {
+        baton_log_limited(BATON_LOG_WARN, 10, BATON__LOG, "pending_budget_exhausted",
+                          "conn_refused peer=%s reason=\"pending read budget of %llu bytes in "
+                          "use\"",
+                          c->addr, (unsigned long long)c->eng->cfg.pending_buffer_bytes);
+        baton__conn_fail(c, BATON_EBUSY, "pending read budget exhausted");
+        return;
+    }
     if (nread < 0) {
         baton__conn_fail(c, BATON_EPEERDOWN,
                          nread == UV_EOF ? "connection closed by peer" : uv_strerror((int)nread));
@@ -363,8 +395,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         baton__frame_t f;
         size_t consumed = 0;
         const char *why = NULL;
-        int rc = baton__frame_decode((const uint8_t *)c->rbuf.data + off, c->rbuf.len - off, &f,
-                                     &consumed, &why);
+        int rc = baton__conn_next_frame(c, (const uint8_t *)c->rbuf.data + off, c->rbuf.len - off,
+                                        &f, &consumed, &why);
         if (rc == 1)
             break;
         if (rc < 0) {
@@ -374,7 +406,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             baton__conn_fail(c, BATON_EPROTO, msg);
             return;
         }
-        if (!allowed(c, f.type)) {
+        if (rc == 2) {
             if (c->eng->secret_len > 0 && !c->authed && c->role == BATON__ROLE_PREFILL &&
                 (c->state == BATON__CONN_PENDING || c->state == BATON__CONN_AUTH)) {
                 /* A peer that has not proved the secret gets nothing, whatever it sends. */
@@ -467,8 +499,17 @@ void baton__listener_accept(uv_stream_t *server, int status)
     }
     c->state = BATON__CONN_PENDING;
     int rc = uv_accept(server, (uv_stream_t *)c->tcp);
-    if (rc == 0)
+    if (rc == 0) {
+        fill_addr(c);
+        const char *why = NULL;
+        if (baton__admit_accept(c, &why) != 0) {
+            baton_log_limited(BATON_LOG_WARN, 10, BATON__LOG, "conn_refused",
+                              "conn_refused peer=%s reason=\"%s\"", c->addr, why);
+            baton__conn_fail(c, BATON_EBUSY, why);
+            return;
+        }
         rc = baton__conn_start_read(c);
+    }
     if (rc != 0) {
         baton__conn_fail(c, BATON_EPEERDOWN, uv_strerror(rc));
         return;

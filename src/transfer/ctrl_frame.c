@@ -294,8 +294,8 @@ static int decode_offer(rd_t *r, baton__offer_t *o, const char **why)
     return 0;
 }
 
-int baton__frame_decode(const uint8_t *buf, size_t len, baton__frame_t *f, size_t *consumed,
-                        const char **why)
+int baton__frame_head(const uint8_t *buf, size_t len, uint8_t *type_p, uint32_t *length_p,
+                      const char **why)
 {
     if (why)
         *why = "";
@@ -327,7 +327,20 @@ int baton__frame_decode(const uint8_t *buf, size_t len, baton__frame_t *f, size_
         FAIL(BATON_ETOOBIG, "frame longer than its type allows");
     if (length < lo)
         FAIL(BATON_EPROTO, "frame shorter than its type needs");
+    *type_p = type;
+    *length_p = length;
+    return 0;
+}
 
+int baton__frame_decode(const uint8_t *buf, size_t len, baton__frame_t *f, size_t *consumed,
+                        const char **why)
+{
+    uint8_t type;
+    uint32_t length;
+    int hrc = baton__frame_head(buf, len, &type, &length, why);
+    if (hrc != 0)
+        return hrc;
+    rd_t r;
     size_t body = type == BATON__F_WRITE ? BATON__WRITE_FIXED : length;
     if (len - BATON__FRAME_HDR < body)
         return 1;

@@ -235,6 +235,15 @@ typedef struct {
 } baton__frame_t;
 
 /*
+ * Checks the 16-byte header at buf[0..len) alone: 1 while fewer than 16 bytes are there (garbage
+ * refused byte by byte), 0 with the frame's type and body length once the header is valid, or
+ * baton__frame_decode's errors. A receiver decides from it whether it will take a frame of that
+ * type and size at all before it buffers a byte of the body.
+ */
+int baton__frame_head(const uint8_t *buf, size_t len, uint8_t *type_p, uint32_t *length_p,
+                      const char **why);
+
+/*
  * Decodes one frame from buf[0..len). Returns:
  *   0: *f is filled and *consumed is the frame's size (for WRITE: header + 24, without data);
  *      pointers in *f point into buf;

@@ -52,6 +52,7 @@ static void mark_up(baton__conn_t *c)
 {
     baton_xfer_engine_t *eng = c->eng;
     c->state = BATON__CONN_UP;
+    baton__admit_release(c); /* authenticated and through the handshake: no longer pending */
     uint64_t now = baton_now_ms();
     baton_heartbeat_init(&c->hb, eng->cfg.heartbeat_interval_ms, eng->cfg.heartbeat_misses, now);
     atomic_fetch_add(&eng->st_peers_up, 1);
@@ -373,6 +374,7 @@ int baton__hs_on_lane_hello(baton__conn_t *c, const baton__frame_t *f, const uin
     }
     /* The socket is the transport's now; this pending connection object simply goes away. */
     c->tcp = NULL;
+    baton__admit_release(c);
     baton_list_remove(&c->link);
     baton_buf_free(&c->rbuf);
     baton_u64map_free(&c->rooms);

@@ -68,6 +68,9 @@ void baton_xfer_config_init(baton_xfer_config_t *cfg)
     cfg->lanes = 4;
     cfg->rdma_qps_per_nic = 2;
     cfg->log_level = -1;
+    cfg->max_pending_conns = 512;
+    cfg->max_pending_per_addr = 64;
+    cfg->pending_buffer_bytes = 8u << 20;
     cfg->size = sizeof(*cfg);
 }
 
@@ -738,6 +741,9 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
     DEF(slice_size);
     DEF(lanes);
     DEF(rdma_qps_per_nic);
+    DEF(max_pending_conns);
+    DEF(max_pending_per_addr);
+    DEF(pending_buffer_bytes);
 #undef DEF
     if (eng->cfg.n_transports == 0) {
         eng->cfg.transports[0] = BATON_XFER_TRANSPORT_TCP;
@@ -976,29 +982,4 @@ void baton_xfer_engine_destroy(baton_xfer_engine_t *engine, baton_xfer_close_cb 
         baton__cmd_post(engine, cmd);
     }
     baton__api_leave(engine, &scope);
-}
-
-void baton_xfer_engine_stats(const baton_xfer_engine_t *engine, baton_xfer_stats_t *s)
-{
-    baton_xfer_engine_t *e = (baton_xfer_engine_t *)engine;
-    s->bytes_written = atomic_load_explicit(&e->st_bytes_written, memory_order_relaxed);
-    s->bytes_received = atomic_load_explicit(&e->st_bytes_received, memory_order_relaxed);
-    s->rooms_done = atomic_load_explicit(&e->st_rooms_done, memory_order_relaxed);
-    s->rooms_failed = atomic_load_explicit(&e->st_rooms_failed, memory_order_relaxed);
-    s->rooms_aborted = atomic_load_explicit(&e->st_rooms_aborted, memory_order_relaxed);
-    s->peers_up = atomic_load_explicit(&e->st_peers_up, memory_order_relaxed);
-    s->peers_down = atomic_load_explicit(&e->st_peers_down, memory_order_relaxed);
-    s->reconnects = atomic_load_explicit(&e->st_reconnects, memory_order_relaxed);
-    s->frames_rejected = atomic_load_explicit(&e->st_frames_rejected, memory_order_relaxed);
-    s->writes_rejected = atomic_load_explicit(&e->st_writes_rejected, memory_order_relaxed);
-}
-
-void baton_xfer_engine_stats_sized(const baton_xfer_engine_t *engine, baton_xfer_stats_t *s,
-                                   size_t size)
-{
-    baton_xfer_stats_t all;
-    baton_xfer_engine_stats(engine, &all);
-    all.auth_failures = atomic_load_explicit(&((baton_xfer_engine_t *)engine)->st_auth_failures,
-                                             memory_order_relaxed);
-    memcpy(s, &all, size < sizeof(all) ? size : sizeof(all));
 }

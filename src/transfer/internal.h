@@ -332,6 +332,11 @@ struct baton__conn_s {
     uint8_t auth_nonce[BATON__AUTH_NONCE];
     baton__auth_party_t auth_peer;
     int authed;
+    /* Accepted and not UP yet (ctrl_admit.c): counted against the listener's caps, its read
+     * buffer (charged bytes) against the pending budget; ip is the peer's address alone. */
+    int admitted;
+    size_t charged;
+    char ip[64];
 };
 
 struct baton__peer_s {
@@ -424,7 +429,9 @@ struct baton_xfer_engine_s {
     /* statistics (any thread, relaxed) */
     atomic_uint_fast64_t st_bytes_written, st_bytes_received, st_rooms_done, st_rooms_failed,
         st_rooms_aborted, st_peers_up, st_peers_down, st_reconnects, st_frames_rejected,
-        st_writes_rejected, st_auth_failures;
+        st_writes_rejected, st_auth_failures, st_conns_refused;
+    /* Pending connections (ctrl_admit.c; written on the progress thread, read by stats). */
+    atomic_uint_fast64_t st_pending_conns, st_pending_bytes;
 
     /* KV bootstrap authentication: the shared secret (a copy; secret_len 0: none) and the
      * rate limit of refusal lines (progress thread). */
@@ -472,7 +479,22 @@ void baton__conn_send(baton__conn_t *conn, baton_buf_t *buf);
  * (decode rooms after the fence) with `status`. */
 void baton__conn_fail(baton__conn_t *conn, int status, const char *why);
 void baton__conn_tick(baton__conn_t *conn, uint64_t now);
+/* The next frame at at[0..len) of conn's read buffer, judged by conn's state: 1 incomplete, 0
+ * decoded (*consumed set), 2 a type this state does not take (f->type set, judged from the
+ * header alone: nothing of its body needs to have arrived), or baton__frame_decode's errors. */
+int baton__conn_next_frame(const baton__conn_t *conn, const uint8_t *at, size_t len,
+                           baton__frame_t *f, size_t *consumed, const char **why);
 void baton__listener_accept(uv_stream_t *server, int status);
+
+/* ---- ctrl_admit.c ------------------------------------------------------------------------ */
+/* An accepted connection (its ip filled) joins the pending ones: 0, or BATON_EBUSY with a
+ * static reason when a cap says no (the caller closes it; counted in conns_refused). */
+int baton__admit_accept(baton__conn_t *conn, const char **why);
+/* rbuf room for the next read: a pending connection gets a small step charged to the budget
+ * (BATON_EBUSY past it), any other one 64 KiB uncharged. */
+int baton__admit_reserve(baton__conn_t *conn);
+/* The connection is no longer pending (UP, handed to a transport, or finished). Idempotent. */
+void baton__admit_release(baton__conn_t *conn);
 
 /* ---- ctrl_handshake.c --------------------------------------------------------------------- */
 void baton__hs_decode_start(baton__conn_t *conn);

@@ -68,6 +68,8 @@ static void handle_metrics(wk_worker_t *w, baton_http_req_t *req)
     baton_gauge_set(w->m_running, wk_sched_running(&w->sched));
     baton_gauge_set(w->m_inflight, w->n_jobs);
     baton_gauge_set(w->m_boot_waiting, w->n_kv_waiting);
+    baton_gauge_set(w->m_buffered,
+                    (double)(atomic_load(&w->budget.used) + atomic_load(&w->budget.reserve_used)));
     if (w->kv)
         wk_kv_metrics_sync(w->kv);
     baton_buf_t b = BATON_BUF_INIT;
@@ -203,11 +205,18 @@ int wk_worker_start(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
     int rc = wk_worker_init(w, loop, cfg);
     if (rc != 0)
         return rc;
-    rc = baton_http_server_create(&w->http, loop, NULL, http_handler, w);
+    baton_http_limits_t lim;
+    baton_http_limits_default(&lim);
+    lim.max_body_bytes = cfg->max_body_bytes;
+    lim.max_connections = cfg->max_connections;
+    lim.max_buffered_bytes = cfg->max_buffered_bytes;
+    rc = baton_http_server_create(&w->http, loop, &lim, http_handler, w);
     if (rc != 0) {
         log_error(COMP, "start_failed what=http err=%s", baton_strerror(rc));
         return rc;
     }
+    w->budget.max = cfg->max_buffered_bytes;
+    baton_http_server_set_budget(w->http, &w->budget);
     if (cfg->tls) {
         baton_http_server_set_tls(w->http, cfg->tls);
         if (w->metrics)

@@ -326,6 +326,15 @@ static int read_secret(const char *path, uint8_t *buf, size_t cap, size_t *len_p
     return 0;
 }
 
+int wk_kv_secret_check(const char *path)
+{
+    uint8_t secret[BATON_XFER_SECRET_MAX + 1];
+    size_t len = 0;
+    int rc = read_secret(path, secret, sizeof(secret), &len);
+    explicit_bzero(secret, sizeof(secret));
+    return rc == 0 ? 0 : BATON_EINVAL;
+}
+
 int wk_kv_create(wk_kv_t **kv_p, uv_loop_t *loop, const wk_kv_cfg_t *cfg, baton_metrics_t *metrics)
 {
     const char *why = NULL;
@@ -365,6 +374,9 @@ int wk_kv_create(wk_kv_t **kv_p, uv_loop_t *loop, const wk_kv_cfg_t *cfg, baton_
     if (cfg->prefill) {
         xc.listen_host = cfg->listen_host;
         xc.listen_port = cfg->listen_port;
+        xc.max_pending_conns = cfg->max_pending;
+        xc.max_pending_per_addr = cfg->max_pending_per_addr;
+        xc.pending_buffer_bytes = cfg->pending_buffer_bytes;
     }
     uint8_t secret[BATON_XFER_SECRET_MAX + 1];
     if (cfg->secret_file != NULL) {

@@ -48,6 +48,9 @@ typedef struct wk_kv_cfg_s {
     uint64_t timeout_ms;          /* prefill: how long an offer waits for its request (+ grace) */
     uint32_t fault_corrupt_every; /* prefill, tests only: corrupt one byte of every Nth room */
     const char *secret_file; /* the engines' shared secret (baton_xfer_config_t.secret); NULL */
+    /* prefill: the listener's pending bounds (baton_xfer_config_t's; 0 keeps its default) */
+    uint32_t max_pending, max_pending_per_addr;
+    uint64_t pending_buffer_bytes;
 } wk_kv_cfg_t;
 
 /* The prompt of one room: token ids (copied), their count, and the text seed. */
@@ -70,6 +73,10 @@ typedef struct wk_kv_prompt_s {
  * addr=H:P`), the page region and the metrics. Returns 0 or an error (logged). */
 int wk_kv_create(wk_kv_t **kv_p, uv_loop_t *loop, const wk_kv_cfg_t *cfg, baton_metrics_t *metrics);
 int wk_kv_listen_port(const wk_kv_t *kv);
+/* Reads the KV bootstrap secret file as wk_kv_create would: 0, or BATON_EINVAL (logged). The
+ * worker checks it at start in every mode, so that a named secret that cannot be used stops a
+ * regular worker too instead of leaving it silently without one. */
+int wk_kv_secret_check(const char *path);
 /* The libbaton engine's id (vLLM's remote_engine_id), "" before the engine exists. */
 const char *wk_kv_engine_id(const wk_kv_t *kv);
 uint32_t wk_kv_pool_slots(const wk_kv_t *kv);

@@ -187,7 +187,8 @@ struct wk_kv_s {
 
     baton_metric_family_t *f_fail;
     baton_metric_child_t *m_ok, *m_failed, *m_bytes, *m_xfer, *m_tail, *m_up, *m_down, *m_reconn,
-        *m_corrupt, *m_frames_rej, *m_writes_rej, *m_free, *m_used, *m_waiting, *m_auth_fail;
+        *m_corrupt, *m_frames_rej, *m_writes_rej, *m_free, *m_used, *m_waiting, *m_auth_fail,
+        *m_pending, *m_pending_bytes, *m_refused;
     baton_metric_child_t *m_skipped; /* pages (one layer's page each) not transferred: cached */
     baton_xfer_stats_t seen;
 };

@@ -112,6 +112,22 @@ void wk__kv_metrics_init(wk_kv_t *kv, baton_metrics_t *m)
         "(no or wrong shared secret, replayed handshake).",
         0, NULL);
     kv->m_auth_fail = baton_metric_child(f, NULL);
+    f = baton_metrics_gauge(m, "baton_kv_pending_connections",
+                            "Accepted KV control connections not through their handshake (and "
+                            "authentication) yet; at most --kv-max-pending.",
+                            0, NULL);
+    kv->m_pending = baton_metric_child(f, NULL);
+    f = baton_metrics_gauge(m, "baton_kv_pending_buffer_bytes",
+                            "Read-buffer bytes held for those connections; at most "
+                            "--kv-pending-buffer-bytes.",
+                            0, NULL);
+    kv->m_pending_bytes = baton_metric_child(f, NULL);
+    f = baton_metrics_counter(m, "baton_kv_connections_refused_total",
+                              "KV control connections closed before their handshake for a pending "
+                              "cap (--kv-max-pending, --kv-max-pending-per-addr) or the "
+                              "pending buffer budget.",
+                              0, NULL);
+    kv->m_refused = baton_metric_child(f, NULL);
     f = baton_metrics_gauge(m, "baton_kv_pool_slots",
                             "KV page slots (one page in every layer), by state.", 1, state);
     if (f) {
@@ -150,6 +166,9 @@ void wk_kv_metrics_sync(wk_kv_t *kv)
     add_delta(kv->m_frames_rej, st.frames_rejected, &kv->seen.frames_rejected);
     add_delta(kv->m_writes_rej, st.writes_rejected, &kv->seen.writes_rejected);
     add_delta(kv->m_auth_fail, st.auth_failures, &kv->seen.auth_failures);
+    add_delta(kv->m_refused, st.conns_refused, &kv->seen.conns_refused);
+    baton_gauge_set(kv->m_pending, (double)st.pending_conns);
+    baton_gauge_set(kv->m_pending_bytes, (double)st.pending_bytes);
     baton_gauge_set(kv->m_up, (double)st.peers_up);
     baton_gauge_set(kv->m_down, (double)st.peers_down);
     baton_gauge_set(kv->m_free, kv->pool.n_free);

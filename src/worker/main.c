@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "baton/error.h"
+#include "common/fd_limit.h"
 #include "common/log.h"
 #include "worker/register.h"
 #include "http/tls.h"
@@ -38,6 +39,10 @@ static void usage(FILE *f)
             "  --decode-us-per-token US     cost of one decode step (default %llu)\n"
             "  --max-batch N                running sequences at most (default %u)\n"
             "  --max-queue N                waiting sequences at most; more get 503 (default %u)\n"
+            "  --max-body-bytes N           request body at most; larger get 413 (default 64 MiB)\n"
+            "  --max-buffered-bytes N       request bodies being read plus answers queued to\n"
+            "                               clients; bodies past it wait (default 256 MiB)\n"
+            "  --max-connections N          HTTP connections at once; more get 503 (default 4096)\n"
             "  --bootstrap-timeout-ms MS    rendezvous deadline on both sides (default %llu)\n"
             "  --log-level LEVEL            debug | info | warn | error (default info)\n"
             "  --tls-cert FILE              serve HTTPS: certificate chain (PEM, leaf first)\n"
@@ -90,7 +95,13 @@ static void usage(FILE *f)
             "  --kv-secret-file FILE        shared secret of the engines allowed to exchange KV\n"
             "                               (16..1024 bytes; one trailing newline ignored):\n"
             "                               HMAC challenge-response before any KV handshake\n"
-            "                               (default: none; logged, a warning beyond loopback)\n",
+            "                               (default: none; logged, a warning beyond loopback).\n"
+            "                               Read at start in every mode: unreadable is an error\n"
+            "  --kv-max-pending N           prefill: KV connections not through their handshake\n"
+            "                               held at once; more are closed (default 512)\n"
+            "  --kv-max-pending-per-addr N  the same, per peer address (default 64)\n"
+            "  --kv-pending-buffer-bytes N  prefill: read buffers of those connections together\n"
+            "                               (default 8388608)\n",
             wk_mode_name(d.mode), d.host, d.port, d.bootstrap_port, d.model_name,
             (unsigned long long)d.prefill_us_per_token, (unsigned long long)d.decode_us_per_token,
             d.max_batch, d.max_queue, (unsigned long long)d.bootstrap_timeout_ms,
@@ -155,6 +166,12 @@ enum {
     OPT_PROTOCOL, /* vLLM PD protocols */
     OPT_HOLD_TIMEOUT,
     OPT_KV_SECRET_FILE, /* KV bootstrap authentication */
+    OPT_KV_MAX_PENDING, /* the KV listener's bounds before a handshake ends */
+    OPT_KV_MAX_PENDING_ADDR,
+    OPT_KV_PENDING_BYTES,
+    OPT_MAX_BODY_BYTES, /* the HTTP port's bounds */
+    OPT_MAX_BUFFERED_BYTES,
+    OPT_MAX_CONNECTIONS,
 };
 
 /* --register: kept here, not in wk_config_t, since only main() uses them. */
@@ -205,6 +222,12 @@ static const struct option long_opts[] = {
     {"kv-lease-ms", required_argument, NULL, OPT_HOLD_TIMEOUT},
     {"kv-hold-timeout-ms", required_argument, NULL, OPT_HOLD_TIMEOUT}, /* its older name */
     {"kv-secret-file", required_argument, NULL, OPT_KV_SECRET_FILE},   /* KV bootstrap auth */
+    {"kv-max-pending", required_argument, NULL, OPT_KV_MAX_PENDING},
+    {"kv-max-pending-per-addr", required_argument, NULL, OPT_KV_MAX_PENDING_ADDR},
+    {"kv-pending-buffer-bytes", required_argument, NULL, OPT_KV_PENDING_BYTES},
+    {"max-body-bytes", required_argument, NULL, OPT_MAX_BODY_BYTES},
+    {"max-buffered-bytes", required_argument, NULL, OPT_MAX_BUFFERED_BYTES},
+    {"max-connections", required_argument, NULL, OPT_MAX_CONNECTIONS},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -428,8 +451,37 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
         case OPT_TLS_CLIENT_CA:
             tls_opts.ca_file = optarg;
             break;
-        case OPT_KV_SECRET_FILE: /* read when the KV engine starts (kvxfer.c) */
+        case OPT_KV_SECRET_FILE: /* read when the worker starts, in every mode (worker.c) */
             cfg->kv_secret_file = optarg;
+            break;
+        case OPT_KV_MAX_PENDING:
+            if (parse_u64("--kv-max-pending", optarg, 1, 1000000, &v))
+                return -1;
+            cfg->kv_max_pending = (uint32_t)v;
+            break;
+        case OPT_KV_MAX_PENDING_ADDR:
+            if (parse_u64("--kv-max-pending-per-addr", optarg, 1, 1000000, &v))
+                return -1;
+            cfg->kv_max_pending_per_addr = (uint32_t)v;
+            break;
+        case OPT_MAX_BODY_BYTES:
+            if (parse_u64("--max-body-bytes", optarg, 1024, 1ULL << 40, &cfg->max_body_bytes))
+                return -1;
+            break;
+        case OPT_MAX_BUFFERED_BYTES:
+            if (parse_u64("--max-buffered-bytes", optarg, 1ULL << 20, 1ULL << 42,
+                          &cfg->max_buffered_bytes))
+                return -1;
+            break;
+        case OPT_MAX_CONNECTIONS:
+            if (parse_u64("--max-connections", optarg, 1, 1000000, &v))
+                return -1;
+            cfg->max_connections = (unsigned)v;
+            break;
+        case OPT_KV_PENDING_BYTES:
+            if (parse_u64("--kv-pending-buffer-bytes", optarg, 65536, 1ULL << 40,
+                          &cfg->kv_pending_buffer_bytes))
+                return -1;
             break;
         case 'h':
             usage(stdout);
@@ -608,6 +660,15 @@ int main(int argc, char **argv)
     if (rc != 0) /* a usage error was one line naming the flag; --help has the rest */
         return rc > 0 ? 0 : 2;
     signal(SIGPIPE, SIG_IGN);
+    /* Descriptors: the KV bootstrap port and the HTTP port share them; the KV listener caps
+     * what it holds for peers not through their handshake (--kv-max-pending). */
+    baton_fd_limit_t fl;
+    if (baton_fd_limit_raise(&fl) == 0)
+        log_info(COMP, "fd_limit soft_before=%llu soft=%llu hard=%llu",
+                 (unsigned long long)fl.before, (unsigned long long)fl.soft,
+                 (unsigned long long)fl.hard);
+    else
+        log_warn(COMP, "fd_limit_unknown");
     if (tls_opts.cert_file || tls_opts.key_file || tls_opts.ca_file) {
         char err[512] = "";
         if (baton_tls_create(&cfg.tls, BATON_TLS_SERVER, &tls_opts, err, sizeof(err)) != 0) {

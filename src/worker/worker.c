@@ -21,6 +21,9 @@ void wk_config_default(wk_config_t *cfg)
     cfg->mode = WK_MODE_REGULAR;
     cfg->host = "127.0.0.1";
     cfg->port = 30000;
+    cfg->max_body_bytes = 64u << 20;
+    cfg->max_buffered_bytes = 256u << 20;
+    cfg->max_connections = 4096;
     cfg->bootstrap_port = 8998;
     cfg->model_name = "baton-sim";
     cfg->prefill_us_per_token = 20;
@@ -144,6 +147,11 @@ static void metrics_init(wk_worker_t *w)
     f = baton_metrics_gauge(w->metrics, "baton_worker_inflight_requests",
                             "HTTP generation requests in flight.", 0, NULL);
     w->m_inflight = baton_metric_child(f, NULL);
+    f = baton_metrics_gauge(w->metrics, "baton_worker_buffered_bytes",
+                            "HTTP request-body bytes being read plus answer bytes queued to "
+                            "clients; request bodies wait past --max-buffered-bytes.",
+                            0, NULL);
+    w->m_buffered = baton_metric_child(f, NULL);
     /* prefix cache (job_cache.c) */
     f = baton_metrics_counter(w->metrics, "baton_worker_cache_hit_tokens_total",
                               "Prompt tokens found in the prefix cache (not computed again).", 0,
@@ -172,6 +180,10 @@ int wk_worker_init(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
     baton_list_init(&w->deadlines);
     w->loop = loop;
     w->cfg = *cfg;
+    if (cfg->kv_secret_file != NULL && wk_kv_secret_check(cfg->kv_secret_file) != 0) {
+        log_error(COMP, "start_failed what=kv_secret_file mode=%s", wk_mode_name(cfg->mode));
+        return BATON_EINVAL;
+    }
     w->started_at = (long long)time(NULL);
     w->id_salt = uv_hrtime() ^ ((uint64_t)uv_os_getpid() << 32);
     wk_sched_cfg_t sc = {
@@ -211,6 +223,9 @@ int wk_worker_init(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
         kc.timeout_ms = cfg->bootstrap_timeout_ms;
         kc.fault_corrupt_every = cfg->fault_corrupt_kv_every;
         kc.secret_file = cfg->kv_secret_file;
+        kc.max_pending = cfg->kv_max_pending;
+        kc.max_pending_per_addr = cfg->kv_max_pending_per_addr;
+        kc.pending_buffer_bytes = cfg->kv_pending_buffer_bytes;
         /* logs "bootstrap_listening addr=H:P" (libbaton) once the prefill listens */
         rc = wk_kv_create(&w->kv, loop, &kc, w->metrics);
         if (rc != 0) {

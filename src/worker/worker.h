@@ -44,6 +44,14 @@ typedef struct wk_config_s {
     int protocol;                /* wk_proto_t: sglang (default), vllm-nixl, vllm-mooncake */
     uint64_t kv_hold_timeout_ms; /* vllm-nixl: the lease (vLLM's kv_lease_duration), vllm.h */
     const char *kv_secret_file;  /* KV bootstrap shared secret (file contents); NULL: none */
+    /* The KV listener's bounds on connections not through their handshake (0: libbaton's
+     * defaults; baton_xfer_config_t.max_pending_conns and the two after it). */
+    uint32_t kv_max_pending, kv_max_pending_per_addr;
+    uint64_t kv_pending_buffer_bytes;
+    /* The HTTP port's bounds (http/server.h): body size, bytes of bodies being read plus
+     * answers queued to clients that do not read, connections. */
+    uint64_t max_body_bytes, max_buffered_bytes;
+    unsigned max_connections;
 } wk_config_t;
 
 /* Default prefix cache capacity: 1 Mi tokens hold a few thousand chat sessions (~8 MiB). */
@@ -82,7 +90,8 @@ typedef struct wk_worker_s {
     baton_metric_family_t *m_duration; /* {route} */
     baton_metric_child_t *m_ttft;
     baton_metric_child_t *m_prompt_tokens, *m_gen_tokens;
-    baton_metric_child_t *m_queue, *m_running, *m_inflight, *m_boot_waiting;
+    baton_metric_child_t *m_queue, *m_running, *m_inflight, *m_boot_waiting, *m_buffered;
+    baton_http_budget_t budget; /* cfg.max_buffered_bytes, shown as baton_worker_buffered_bytes */
     /* prefix cache (job_cache.c); pcache NULL when --cache-tokens 0 */
     wk_pcache_t *pcache;
     baton_metric_child_t *m_cache_hit, *m_cache_miss, *m_cache_evict, *m_cache_size;

@@ -263,6 +263,96 @@ def test_lease_expiry_removes_killed_worker(etcd):
         converge([a, b], lambda u: url(p.port) not in u, "revoked on SIGTERM", timeout=5)
 
 
+def put_key(etcd, key, value):
+    etcd.call("/v3/kv/put", {"key": b64(key), "value": b64(json.dumps(value))})
+
+
+def del_key(etcd, key):
+    etcd.call("/v3/kv/deleterange", {"key": b64(key)})
+
+
+def worker_entry(r, worker_url):
+    for w in get(r.port, "/workers").json()["workers"]:
+        if w["url"] == worker_url:
+            return w
+    return None
+
+
+def test_delete_self_registered_removes_for_all(etcd):
+    """DELETE /workers/{id} through one router of a worker that registered itself (its own key,
+    HOST:PORT) deletes that key: every router drops it, and a router started later has none."""
+    prefix = "/t6"
+    with Cluster("etcd-t6") as c:
+        a, b = two_routers(c, etcd.url(prefix))
+        w = c.worker("regular", "--register", etcd.url(prefix), "--register-ttl", "30")
+        converge([a, b], lambda u: url(w.port) in u, "self-registered worker")
+        wid = worker_entry(b, url(w.port))["id"]
+        res = request(b.port, "DELETE", f"/workers/{wid}")
+        assert res.status == 202, res.text
+        wait_until(lambda: etcd.keys(prefix + "/") == {}, timeout=10,
+                   what="the worker's own key deleted")
+        converge([a, b], lambda u: url(w.port) not in u, "removed for every router")
+        late = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, name="router-late")
+        assert url(w.port) not in urls(late)
+
+
+def test_two_keys_one_url(etcd):
+    """Two keys naming one URL: one worker, described by the newest key, kept while either is
+    left — the same in a router started before the keys, one started between, one after."""
+    prefix = "/t7"
+    with Cluster("etcd-t7") as c:
+        w, marker = c.worker("regular"), c.worker("regular")
+        before = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, name="router-before")
+        wait_until(lambda: metric(before, "baton_registry_etcd_up") == 1, timeout=20,
+                   what="router-before connected")
+        k1, k2, k3 = (f"{prefix}/workers/{n}" for n in ("one", "two", "marker"))
+        put_key(etcd, k1, {"url": url(w.port), "worker_type": "regular", "priority": 1})
+        put_key(etcd, k2, {"url": url(w.port), "worker_type": "regular", "priority": 2})
+        after = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, name="router-after")
+        routers = [before, after]
+
+        def prio(r):
+            e = worker_entry(r, url(w.port))
+            return None if e is None else e["priority"]
+
+        for r in routers:
+            wait_until(lambda: prio(r) == 2, what=f"{r.name}: the newest key's worker")
+            assert len([u for u in urls(r) if u == url(w.port)]) == 1
+        del_key(etcd, k2)  # the newest goes: the older key describes the worker again
+        put_key(etcd, k3, {"url": url(marker.port), "worker_type": "regular"})
+        # the marker comes after the delete on every watch: once it is there, the delete was seen
+        converge(routers, lambda u: url(marker.port) in u, "marker after the delete")
+        for r in routers:
+            assert prio(r) == 1, (r.name, worker_entry(r, url(w.port)))
+        late = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, name="router-late")
+        routers.append(late)
+        assert prio(late) == 1
+        del_key(etcd, k1)
+        converge(routers, lambda u: url(w.port) not in u and url(marker.port) in u,
+                 "the last key naming it deleted")
+
+
+def test_new_router_consistent_from_first_answer(etcd):
+    """A router started after the workers were registered answers its very first request with
+    all of them (it listens once the initial read is applied)."""
+    prefix = "/t8"
+    with Cluster("etcd-t8") as c:
+        ws = [c.worker("regular") for _ in range(2)]
+        a = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, name="router-a")
+        wait_until(lambda: metric(a, "baton_registry_etcd_up") == 1, timeout=20,
+                   what="router-a connected")
+        for w in ws:
+            assert post(a.port, "/workers", {"url": url(w.port)}).status == 202
+        wait_until(lambda: len(etcd.keys(prefix + "/")) == 2, what="both keys in etcd")
+        want = {url(w.port) for w in ws}
+        for i in range(3):
+            r = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, name=f"router-new{i}")
+            got = urls(r)  # the first request it answers
+            assert want <= got, (r.name, got)
+            assert readiness(r)["status"] == "ready"
+            r.stop()
+
+
 class FakeGateway(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
 
@@ -438,6 +528,9 @@ def main():
         t.run(test_all_members_down_keep_serving_then_resync, etcd)
         t.run(test_lease_expiry_removes_killed_worker, etcd)
         t.run(test_pd_protocol_fields_shared, etcd)
+        t.run(test_delete_self_registered_removes_for_all, etcd)
+        t.run(test_two_keys_one_url, etcd)
+        t.run(test_new_router_consistent_from_first_answer, etcd)
     t.run(test_compacted_revision_resyncs)
     t.run(test_auth_user_password)
     t.run(test_convergence_scenario_smoke)

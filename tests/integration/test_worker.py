@@ -416,6 +416,50 @@ def test_cli_and_signals():
         t.join(10)
 
 
+def worker_metric(port, name):
+    for line in get(port, "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def test_body_flood_budget():
+    """Clients announcing 8 MiB bodies, sending 2 MiB and stalling: the worker holds at most
+    --max-buffered-bytes of them (baton_worker_buffered_bytes), the rest wait in the kernel,
+    and a small request is still answered; a body over --max-body-bytes gets 413."""
+    import socket
+    mib = 1 << 20
+    with Cluster("worker-bodies") as c:
+        w = c.worker("regular", *FAST, "--max-buffered-bytes", str(16 * mib),
+                     "--max-body-bytes", str(32 * mib))
+        socks = []
+        try:
+            for _ in range(12):
+                s = socket.create_connection((harness.HOST, w.port), timeout=10)
+                s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                          b"application/json\r\nContent-Length: %d\r\n\r\n" % (8 * mib))
+                s.setblocking(False)
+                try:
+                    s.send(b" " * (2 * mib))
+                except BlockingIOError:
+                    pass
+                socks.append(s)
+            wait_until(lambda: (worker_metric(w.port, "baton_worker_buffered_bytes") or 0) > 0,
+                       what="bodies charged to the budget")
+            held = worker_metric(w.port, "baton_worker_buffered_bytes")
+            assert held <= 16 * mib + 2 * mib + 64 * 1024, held  # budget + its reserve + a read
+            res = post(w.port, "/generate", {"text": "small", "sampling_params":
+                                             {"max_new_tokens": 2}})
+            assert res.status == 200, res.text
+            assert get(w.port, "/health").status == 200
+            big = harness.request(w.port, "POST", "/generate", body=b"x" * (33 * mib),
+                                  headers={"Content-Type": "application/json"})
+            assert big.status == 413, big.status
+        finally:
+            for s in socks:
+                s.close()
+
+
 def main():
     t = harness.TestRunner()
     with Cluster("worker") as c:
@@ -425,7 +469,7 @@ def main():
                    test_info_endpoints, test_errors):
             t.run(fn, w.port)
     for fn in (test_modes_require_bootstrap, test_queue_full, test_client_disconnect,
-               test_zero_cost_many, test_cli_and_signals):
+               test_zero_cost_many, test_cli_and_signals, test_body_flood_budget):
         t.run(fn)
     t.finish()
 

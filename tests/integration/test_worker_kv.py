@@ -477,10 +477,14 @@ def test_kv_secret():
             d2.stop()
         check_pair(p, d, "the good pair is still fine after the refusals")
         exe = harness.binary("baton-worker")
-        for path in (short, os.path.join(c.logdir, "missing")):
-            r = subprocess.run([exe, "--mode", "decode", "--port", "0", "--kv-secret-file", path],
-                               capture_output=True, timeout=20)
-            assert r.returncode != 0 and b"kv_secret" in r.stderr, (path, r.returncode, r.stderr)
+        # in every mode: a regular worker does not use the secret, but the operator who named
+        # one meant it to be secure
+        for mode in ("regular", "prefill", "decode"):
+            for path in (short, os.path.join(c.logdir, "missing")):
+                r = subprocess.run([exe, "--mode", mode, "--port", "0", "--bootstrap-port", "0",
+                                    "--kv-secret-file", path], capture_output=True, timeout=20)
+                assert r.returncode != 0 and b"kv_secret" in r.stderr, (mode, path, r.returncode,
+                                                                         r.stderr)
         for f in (good, bad, short):
             os.unlink(f)
 

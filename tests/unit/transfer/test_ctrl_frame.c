@@ -414,6 +414,32 @@ static void test_early_garbage(void **state)
     assert_int_equal(baton__frame_decode(good, 0, &f, &c, NULL), 1);
 }
 
+/* The header alone says a frame's type and size: a receiver can refuse a 2 MiB OFFER from its
+ * 16 bytes, while the decoder still waits for the body. */
+static void test_head_before_body(void **state)
+{
+    baton_buf_t b = BATON_BUF_INIT;
+    assert_int_equal(baton__enc_heartbeat(&b, 1, 2), 0);
+    uint8_t hdr[BATON__FRAME_HDR];
+    memcpy(hdr, b.data, sizeof(hdr));
+    baton_buf_free(&b);
+    hdr[6] = BATON__F_OFFER;
+    put32(hdr + 8, 2u << 20);
+    uint8_t type = 0;
+    uint32_t length = 0;
+    assert_int_equal(baton__frame_head(hdr, sizeof(hdr), &type, &length, NULL), 0);
+    assert_int_equal(type, BATON__F_OFFER);
+    assert_int_equal(length, 2u << 20);
+    baton__frame_t f;
+    size_t c;
+    assert_int_equal(baton__frame_decode(hdr, sizeof(hdr), &f, &c, NULL), 1);
+    assert_int_equal(baton__frame_head(hdr, 15, &type, &length, NULL), 1);
+    put32(hdr + 8, 64u << 20); /* over OFFER's bound: refused from the header */
+    assert_int_equal(baton__frame_head(hdr, sizeof(hdr), &type, &length, NULL), BATON_ETOOBIG);
+    const uint8_t junk[] = "GET / HTTP/1.1\r\n";
+    assert_int_equal(baton__frame_head(junk, 1, &type, &length, NULL), BATON_EPROTO);
+}
+
 /* The decoder's contract on any input: 0 with a sane frame, 1 without consuming, or an error.
  * Fixed seed; bounded by count AND time so a loaded machine cannot stall the suite. */
 static void check_any(const uint8_t *p, size_t len)
@@ -737,6 +763,7 @@ int main(void)
         cmocka_unit_test(test_truncated_frames_are_incomplete),
         cmocka_unit_test(test_every_field_out_of_range),
         cmocka_unit_test(test_early_garbage),
+        cmocka_unit_test(test_head_before_body),
         cmocka_unit_test(test_fuzz),
         cmocka_unit_test(test_stream_reassembly),
         cmocka_unit_test(test_layer_done),

@@ -56,6 +56,9 @@ static struct {
     uint32_t layer_order[64];
     int n_layer_order;
     uint64_t abort_on_arrival; /* P_ABORT_RACE: room id the decode aborts */
+    /* the prefill listener's pending caps and budget (0: libbaton's defaults) */
+    uint32_t max_pending, max_pending_per_addr;
+    uint64_t pending_buffer_bytes;
 } T;
 
 /* KV bootstrap secrets of the engines start_engines() creates (NULL: none), and a count of the
@@ -412,6 +415,9 @@ static void start_engines(baton_xfer_transport_t tp_p, baton_xfer_transport_t tp
             cfg.secret_len = strlen(AUTH.p);
         }
         cfg.log_cb = count_prefill_log;
+        cfg.max_pending_conns = T.max_pending;
+        cfg.max_pending_per_addr = T.max_pending_per_addr;
+        cfg.pending_buffer_bytes = T.pending_buffer_bytes;
         assert_int_equal(baton_xfer_engine_create(&loop, &cfg, &cbs, &T.p), 0);
         assert_true(baton_xfer_engine_listen_port(T.p) > 0);
         assert_int_equal(
@@ -1421,6 +1427,77 @@ static void test_prefill_refuses_bad_frames(void **state)
     assert_int_equal(T.corrupt, 0);
 }
 
+static baton_xfer_stats_t prefill_stats(void)
+{
+    baton_xfer_stats_t st;
+    memset(&st, 0xff, sizeof(st));
+    baton_xfer_engine_stats_sized(T.p, &st, sizeof(st));
+    return st;
+}
+
+static int refused_at_least(void *arg)
+{
+    return prefill_stats().conns_refused >= (uint64_t)(intptr_t)arg;
+}
+
+static int pending_is(void *arg)
+{
+    return prefill_stats().pending_conns == (uint64_t)(intptr_t)arg;
+}
+
+static int tcp_connect(int port);
+
+/* The listener before a handshake ends: connections over the per-address cap are closed at
+ * once, a frame other than a handshake's is refused from its header, read buffers stay within
+ * their budget, and the engines' own rooms go on. */
+static void test_listener_pending_caps(void **state)
+{
+    T.max_pending = 8;
+    T.max_pending_per_addr = 3;
+    T.pending_buffer_bytes = 16384;
+    start_engines(BATON_XFER_TRANSPORT_TCP, BATON_XFER_TRANSPORT_TCP, 0);
+    T.pmode = P_AUTO;
+    int port = baton_xfer_engine_listen_port(T.p);
+    int socks[6];
+    for (int i = 0; i < 6; i++) {
+        socks[i] = tcp_connect(port);
+        assert_true(socks[i] >= 0);
+        assert_int_equal(send(socks[i], "BATN", 4, MSG_NOSIGNAL), 4); /* one read: charged */
+    }
+    run_until(refused_at_least, (void *)(intptr_t)3, 10000, "three connections refused");
+    baton_xfer_stats_t st = prefill_stats();
+    assert_int_equal(st.pending_conns, 3);
+    assert_true(st.pending_bytes > 0 && st.pending_bytes <= 16384);
+    for (int i = 0; i < 6; i++)
+        close(socks[i]);
+    run_until(pending_is, (void *)0, 10000, "pending connections released");
+    assert_int_equal(prefill_stats().pending_bytes, 0);
+
+    /* A 2 MiB OFFER header: closed before any of its body arrives. */
+    baton_buf_t b = BATON_BUF_INIT;
+    assert_int_equal(baton__enc_heartbeat(&b, 1, 1), 0);
+    uint8_t hdr[BATON__FRAME_HDR];
+    memcpy(hdr, b.data, sizeof(hdr));
+    baton_buf_free(&b);
+    hdr[6] = BATON__F_OFFER;
+    uint32_t len = 2u << 20;
+    memcpy(hdr + 8, &len, 4); /* little-endian host, as the wire */
+    uint64_t rejected = prefill_stats().frames_rejected;
+    int s = tcp_connect(port);
+    assert_true(s >= 0);
+    assert_int_equal(send(s, hdr, sizeof(hdr), MSG_NOSIGNAL), (ssize_t)sizeof(hdr));
+    char c;
+    assert_int_equal(recv(s, &c, 1, 0), 0); /* closed by the engine, not by a time-out */
+    close(s);
+    assert_int_equal(prefill_stats().frames_rejected, rejected + 1);
+
+    droom_t r[2] = {{.id = 56, .layers = 3, .ppl = 2, .page_len = 7777, .slot = 8192}, {0}};
+    assert_int_equal(offer_room(&r[0], port, T.pool), 0);
+    run_until(all_done, r, 10000, "a room after the refusals");
+    assert_int_equal(r[0].status, 0);
+    assert_int_equal(T.corrupt, 0);
+}
+
 /* CUDA device memory: registration with the transports that can reach it (shm through CUDA IPC)
  * and a clear refusal from those that cannot (tcp). Skips visibly without a GPU. */
 static void test_cuda_device_memory(void **state)
@@ -1841,6 +1918,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fake_prefill_bounds_and_garbage, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fake_prefill_layer_done, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prefill_refuses_bad_frames, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_listener_pending_caps, setup, teardown),
         cmocka_unit_test_setup_teardown(test_partial_offer_to_old_prefill, setup, teardown),
         cmocka_unit_test_setup_teardown(test_puller_refuses_bad_grants, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cuda_device_memory, setup, teardown),
