@@ -10,8 +10,7 @@
 #include "router/pdreq.h"
 
 typedef struct {
-    const baton_pdreq_lp_t *lp;
-    uint64_t mask;
+    baton_pdreq_lp_t *lp;
     baton_buf_t scratch;
     baton_buf_t raw; /* every complete event's raw bytes, concatenated */
     size_t events;
@@ -28,7 +27,7 @@ static int on_raw(const char *ev, size_t len, void *arg)
     if (baton_sse_single_data(ev, len, &payload, &plen)) {
         CHECK(payload >= ev && payload + plen <= ev + len);
         baton_buf_reset(&r->scratch);
-        int rc = baton_pdreq_merge_event(r->lp, payload, plen, &r->mask, &r->scratch);
+        int rc = baton_pdreq_merge_event(r->lp, payload, plen, &r->scratch);
         CHECK(rc == 0 || rc == 1 || rc == BATON_ENOMEM);
     }
     return 0;

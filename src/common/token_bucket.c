@@ -32,7 +32,12 @@ int baton_token_bucket_take(baton_token_bucket_t *tb, double rate, double burst,
     if (wait_ms_p != NULL) {
         /* The epsilon keeps float error from adding a millisecond to an exact wait. */
         double ms = ceil((1.0 - tb->tokens) / rate * 1000.0 - 1e-6);
-        *wait_ms_p = ms < 1.0 ? 1 : (uint64_t)ms;
+        /* Compared before the conversion: a double beyond uint64_t's range (or NaN) converted
+         * to it is undefined behaviour. */
+        if (!(ms < (double)BATON_TOKEN_BUCKET_MAX_WAIT_MS))
+            *wait_ms_p = BATON_TOKEN_BUCKET_MAX_WAIT_MS;
+        else
+            *wait_ms_p = ms < 1.0 ? 1 : (uint64_t)ms;
     }
     return 0;
 }
@@ -52,7 +57,7 @@ int baton_token_bucket_parse(const char *s, double *rate_p, double *burst_p)
     errno = 0;
     char *end;
     double rate = strtod(s, &end);
-    if (errno != 0 || end == s || !(rate > 0) || rate > 1e9)
+    if (errno != 0 || end == s || !(rate >= BATON_TOKEN_BUCKET_MIN_RATE) || rate > 1e9)
         return -1;
     double burst = ceil(rate) < 1.0 ? 1.0 : ceil(rate);
     if (*end == ':') {

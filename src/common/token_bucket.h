@@ -21,7 +21,8 @@ void baton_token_bucket_init(baton_token_bucket_t *tb, double burst, uint64_t no
 /*
  * Refills for the time since the last call, then takes one token: 1 taken, or 0 when the bucket
  * is empty, with *wait_ms_p (may be NULL) set to the milliseconds until a token is there
- * (>= 1). rate > 0, burst >= 1. A clock going backwards refills nothing.
+ * (in [1, BATON_TOKEN_BUCKET_MAX_WAIT_MS], rounded up). rate > 0, burst >= 1. A clock going
+ * backwards refills nothing.
  */
 int baton_token_bucket_take(baton_token_bucket_t *tb, double rate, double burst, uint64_t now_ns,
                             uint64_t *wait_ms_p);
@@ -30,8 +31,14 @@ int baton_token_bucket_take(baton_token_bucket_t *tb, double rate, double burst,
 int baton_token_bucket_full(const baton_token_bucket_t *tb, double rate, double burst,
                             uint64_t now_ns);
 
-/* Parses "RPS" or "RPS:BURST" (RPS a positive decimal, BURST an integer >= 1; burst defaults
- * to max(1, ceil(RPS))). 0, or -1 on bad syntax or range. */
+/* The slowest rate accepted: one request per hour (a client told to wait longer would not). */
+#define BATON_TOKEN_BUCKET_MIN_RATE     (1.0 / 3600.0)
+#define BATON_TOKEN_BUCKET_MIN_RATE_STR "0.000278"
+/* The longest wait take() reports, whatever the rate it is given (a bit over an hour). */
+#define BATON_TOKEN_BUCKET_MAX_WAIT_MS ((uint64_t)3601 * 1000)
+
+/* Parses "RPS" or "RPS:BURST" (RPS a decimal in [BATON_TOKEN_BUCKET_MIN_RATE, 1e9], BURST an
+ * integer in [1, 1e9]; burst defaults to max(1, ceil(RPS))). 0, or -1 on bad syntax or range. */
 int baton_token_bucket_parse(const char *s, double *rate_p, double *burst_p);
 
 #endif

@@ -29,6 +29,8 @@ void baton_http_limits_default(baton_http_limits_t *limits)
     limits->body_timeout_ms = 60000;
     limits->keepalive_timeout_ms = 75000;
     limits->max_connections = 10000;
+    limits->max_buffered_bytes = 0;
+    limits->answer_half_closed = 0;
 }
 
 static void format_peer(conn_t *c)

@@ -56,6 +56,10 @@ typedef struct baton_http_limits_s {
      * hold, shared by every instance given the same budget (baton_http_server_set_budget); 0 in
      * the limits means "derive from memory" to the router and nothing to the server. */
     size_t max_buffered_bytes;
+    /* 1: a client that half-closes (EOF) after a complete request still gets its answer, and
+     * the connection closes after it; a client that is really gone is then noticed when a write
+     * to it fails. 0 (the default): EOF is the client's abort. */
+    unsigned answer_half_closed;
 } baton_http_limits_t;
 
 /* Fills the defaults above. */
@@ -71,13 +75,21 @@ void baton_http_limits_default(baton_http_limits_t *limits);
  * always goes on, so one body larger than `max` (up to max_body_bytes) can still be served.
  * Bodies of at most min(1 MiB, max/64) bytes that do not fit take a separate reserve of max/8,
  * so big bodies cannot starve small requests. One read (64 KiB) per thread may overshoot.
- * Response bytes are always accepted (counted; the proxy applies its own back-pressure).
+ * Response bytes queued to clients are always accepted and counted in `out_used`, apart from
+ * the bodies' budget (the proxy applies its own back-pressure to them).
  */
 typedef struct baton_http_budget_s {
     _Atomic size_t used;              /* main budget, read with atomic_load */
     size_t max;                       /* set before use; 0 = no limit */
     _Atomic size_t reserve_used;      /* the small-body reserve (max/8) */
     _Atomic unsigned long long waits; /* times a body had to wait (for logs and tests) */
+    /* Response bytes queued to clients, a share of their own: a body never waits for them
+     * (clients that do not read cannot starve requests). Whoever streams keeps it bounded with
+     * back-pressure (the router: BATON_PROXY_STREAM_HIGH_WATER per stream, max/2 in all). */
+    _Atomic size_t out_used;
+    /* Of `used`: the bytes a handler holds for upstreams (the router's buffered answers and
+     * open SSE events), charged by the handler itself (for metrics). */
+    _Atomic size_t upstream_used;
 } baton_http_budget_t;
 
 typedef struct baton_http_server_s baton_http_server_t;

@@ -214,6 +214,11 @@ static int on_message_begin(llhttp_t *p)
 static int on_url(llhttp_t *p, const char *at, size_t len)
 {
     conn_t *c = p->data;
+    /* RFC 9112 3.2: the request target is visible ASCII (llhttp lets tabs and bytes >= 0x80
+     * through, which a proxy would forward as they came). */
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)at[i] < 0x21 || (unsigned char)at[i] > 0x7e)
+            return fail_cb(c, 400, "malformed HTTP request: invalid byte in the request target");
     return head_rc(c, baton__http_head_append(&c->head, at, len));
 }
 
@@ -247,6 +252,28 @@ static int on_header_value_complete(llhttp_t *p)
     return head_rc(c, baton__http_head_value_done(&c->head));
 }
 
+/* Whether the request's Transfer-Encoding lines, together, name exactly one coding: chunked
+ * (RFC 9112 6.1: a server that does not implement a coding answers 501; llhttp would read the
+ * body as chunked and ignore the rest). */
+static int te_chunked_only(const baton_http_req_t *r)
+{
+    int n = 0;
+    for (size_t i = 0; i < r->n_headers; i++) {
+        if (strcasecmp(r->headers[i].name, "transfer-encoding") != 0)
+            continue;
+        for (const char *v = r->headers[i].value; *v;) {
+            v += strspn(v, " \t,");
+            size_t len = strcspn(v, " \t,");
+            if (len == 0)
+                continue;
+            if (len != 7 || strncasecmp(v, "chunked", 7) != 0 || ++n > 1)
+                return 0;
+            v += len;
+        }
+    }
+    return n == 1;
+}
+
 static int on_headers_complete(llhttp_t *p)
 {
     conn_t *c = p->data;
@@ -273,6 +300,8 @@ static int on_headers_complete(llhttp_t *p)
 
     int chunked = (p->flags & F_CHUNKED) != 0;
     int has_len = (p->flags & F_CONTENT_LENGTH) != 0;
+    if ((p->flags & F_TRANSFER_ENCODING) && !te_chunked_only(r))
+        return fail_cb(c, 501, "transfer codings other than chunked are not implemented");
     if (has_len && p->content_length > srv->limits.max_body_bytes)
         return fail_cb(c, 413, "request body is too large");
     int want_body = chunked || (has_len && p->content_length > 0);
@@ -375,6 +404,8 @@ static void parse_error(conn_t *c, llhttp_errno_t e)
         const char *code = st == 413   ? "request_too_large"
                            : st == 431 ? "request_header_fields_too_large"
                            : st == 505 ? "http_version_not_supported"
+                           : st == 501 ? "not_implemented"
+                           : st == 400 ? "bad_request"
                                        : "internal_error";
         baton__hs_send_error(c, st, c->err_msg, code);
         return;
@@ -491,6 +522,18 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     if (nread == UV_ENOBUFS && !baton__hs_closing(c)) {
         baton__hs_budget_wait(c);
+        return;
+    }
+    if (nread == UV_EOF && !c->tls && c->srv->limits.answer_half_closed &&
+        (c->state == CS_HANDLER || (c->state == CS_IDLE && c->wq_bytes))) {
+        /* The client half-closed after a whole request: HTTP lets it, so its answer still goes
+         * out, then the connection closes (nothing more can come). A client that is really gone
+         * shows when a write to it fails. */
+        uv_read_stop(s);
+        c->read_stopped = 1;
+        c->keep_alive = 0;
+        if (c->state != CS_HANDLER)
+            baton__hs_close_graceful(c); /* the answer is queued: shut down once it is written */
         return;
     }
     if (nread < 0) {

@@ -128,7 +128,8 @@ static void on_write(uv_write_t *wr, int status)
     baton__hs_wreq_t *w = container_of(wr, baton__hs_wreq_t, req);
     conn_t *c = w->conn;
     c->wq_bytes -= w->len;
-    baton__hs_budget_sub(c->srv, w->len);
+    if (c->srv->budget)
+        atomic_fetch_sub(&c->srv->budget->out_used, w->len);
     free(w);
     if (status < 0) {
         baton__hs_close_hard(c);
@@ -188,7 +189,8 @@ int baton__hs_write_raw(conn_t *c, const uv_buf_t *bufs, unsigned n)
         return BATON_ECLOSED;
     }
     c->wq_bytes += rest;
-    baton__hs_budget_add(c->srv, rest);
+    if (c->srv->budget) /* a share of its own: bodies never wait for slow readers */
+        atomic_fetch_add(&c->srv->budget->out_used, rest);
     return 0;
 }
 

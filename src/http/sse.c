@@ -17,8 +17,10 @@ static size_t next_event_end(const char *buf, size_t len, size_t *scan_p, size_t
 {
     size_t ls = *line_p;
     for (size_t i = *scan_p; i < len; i++) {
-        if (buf[i] != '\n')
-            continue;
+        const char *nl = memchr(buf + i, '\n', len - i); /* the relay runs this on every byte */
+        if (!nl)
+            break;
+        i = (size_t)(nl - buf);
         if (i == ls || (i == ls + 1 && buf[ls] == '\r')) {
             *scan_p = *line_p = 0;
             return i + 1;

@@ -14,6 +14,7 @@
 #include "baton/error.h"
 #include "common/hash.h"
 #include "common/token_bucket.h"
+#include "router/registry.h"
 
 /* Rate-limit buckets: a fixed table, so a flood of identities costs no memory. A new identity
  * takes a free slot or the idlest of RATE_PROBE slots (an idle bucket is a full one, the same
@@ -208,6 +209,13 @@ int baton_auth_create(baton_auth_t **auth_p, const baton_config_t *cfg, char *er
     a->metrics_token = dup_or_null(cfg->metrics_token, &oom);
     if (!oom && a->admin_token_flag && !a->admin_token_file)
         a->admin_token = dup_or_null(a->admin_token_flag, &oom);
+    if (cfg->worker_api_key && !baton_worker_api_key_ok(cfg->worker_api_key)) {
+        snprintf(err, errlen,
+                 "--worker-api-key must be visible ASCII (no spaces or control "
+                 "characters)");
+        baton_auth_free(a);
+        return BATON_EINVAL;
+    }
     if (cfg->rate_limit && !oom) {
         if (baton_token_bucket_parse(cfg->rate_limit, &a->rate, &a->burst) != 0) {
             snprintf(err, errlen, "--rate-limit: bad value '%s'", cfg->rate_limit);
@@ -372,6 +380,7 @@ int baton_auth_rate(baton_auth_t *a, const baton_http_req_t *req, uint64_t now_n
     int ok = baton_token_bucket_take(&slot->tb, a->rate, a->burst, now_ns, &wait_ms);
     pthread_mutex_unlock(&a->rate_lock);
     if (!ok && retry_after_s_p)
-        *retry_after_s_p = (unsigned)((wait_ms + 999) / 1000);
+        *retry_after_s_p =
+            wait_ms ? (unsigned)((wait_ms + 999) / 1000) : 1; /* bounded: token_bucket.h */
     return ok;
 }

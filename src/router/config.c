@@ -148,6 +148,9 @@ static const opt_t options[] = {
     {"--max-buffered-bytes", "limits", "max_buffered_bytes", OPT_SIZE,
      OFF(limits.max_buffered_bytes), 0, (uint64_t)1 << 50, 0, "N",
      "request bodies + queued responses held at once, all threads (0 = 1/4 of RAM)"},
+    {"--max-sse-event-bytes", "limits", "max_sse_event_bytes", OPT_SIZE, OFF(max_sse_event_bytes),
+     1024, (uint64_t)1 << 40, 0, "N",
+     "largest SSE event a worker may stream; past it the stream ends with an error event"},
     /* Shared registry on etcd (issue 14). */
     {"--registry", "registry", "url", OPT_STR, OFF(registry_url), 0, 0, 0, "URL",
      "share workers through etcd: etcd[s]://host:port[,host:port...]/prefix"},
@@ -258,6 +261,7 @@ int baton_config_init(baton_config_t *cfg)
     cfg->limits.body_timeout_ms = 60000;
     cfg->limits.keepalive_timeout_ms = 75000;
     cfg->limits.max_connections = 10000;
+    cfg->max_sse_event_bytes = BATON_CONFIG_MAX_SSE_EVENT_BYTES;
     cfg->timeouts.connect_ms = 5000;
     cfg->timeouts.first_byte_ms = 600000;
     cfg->timeouts.idle_ms = 120000;
@@ -1045,7 +1049,7 @@ static const struct {
                 "--cache-tie-pct --cache-max-blocks --cache-block-words --hash-vnodes "
                 "--session-key-field --dp-round-robin"},
     {"limits", "--max-header-bytes --max-headers --max-body-bytes --max-connections "
-               "--max-buffered-bytes --max-concurrent-requests --queue-size "
+               "--max-buffered-bytes --max-sse-event-bytes --max-concurrent-requests --queue-size "
                "--max-worker-requests --rate-limit"},
     {"timeouts", "--header-timeout-ms --body-timeout-ms --keepalive-timeout-ms "
                  "--connect-timeout-ms --first-byte-timeout-ms --idle-timeout-ms "

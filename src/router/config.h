@@ -129,6 +129,10 @@
  *                                                               clients, all threads; over it a
  *                                                               body waits, 503 after the body
  *                                                               timeout)
+ *  limits.max_sse_event_bytes   --max-sse-event-bytes N     16777216 (16 MiB: an SSE event of a
+ *                                                               worker's stream held whole; past
+ *                                                               it the stream ends with an error
+ *                                                               event and the leg is closed)
  *  -- shared registry on etcd (issue 14) --
  *  registry.url                 --registry URL              none (etcd://host:port[,host:port
  *                                                               ...]/prefix: workers are shared
@@ -203,6 +207,9 @@
  * Ownership: the config owns all its strings; baton_config_free() releases them.
  */
 
+/* --max-sse-event-bytes' default: an event carrying a long prompt's logprobs fits. */
+#define BATON_CONFIG_MAX_SSE_EVENT_BYTES ((size_t)16 << 20)
+
 typedef struct baton_config_worker_s {
     char *url;
     baton_worker_role_t role;
@@ -234,6 +241,7 @@ typedef struct baton_config_s {
     baton_policy_kind_t decode_policy;
     baton_log_level_t log_level;
     baton_http_limits_t limits;     /* for baton_http_server_create */
+    size_t max_sse_event_bytes;     /* a streamed event held whole, at most */
     baton_http_timeouts_t timeouts; /* for baton_http_request (upstream), ms, 0 = none */
     baton_config_worker_t *workers;
     size_t n_workers;

@@ -751,6 +751,9 @@ int main(int argc, char **argv)
     }
     raise_fd_limit(&app.cfg, app.cfg.threads ? app.cfg.threads : 1);
     app.budget.max = buffered_budget(&app.cfg);
+    app.router.budget = &app.budget;
+    /* Clients (curl --data through some proxies) may half-close after their request. */
+    app.cfg.limits.answer_half_closed = 1;
     log_info("router", "memory_budget max_buffered_bytes=%zu max_body_bytes=%zu", app.budget.max,
              app.cfg.limits.max_body_bytes);
     if (baton_auth_has_admin_token(app.router.auth))

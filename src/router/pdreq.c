@@ -719,8 +719,7 @@ int baton_pdreq_merge_body(const baton_pdreq_lp_t *lp, const char *decode_body, 
     return merged;
 }
 
-int baton_pdreq_merge_event(const baton_pdreq_lp_t *lp, const char *payload, size_t len,
-                            uint64_t *merged_mask, baton_buf_t *out)
+int baton_pdreq_merge_event(baton_pdreq_lp_t *lp, const char *payload, size_t len, baton_buf_t *out)
 {
     int rc = 0;
     if (!lp || !memmem(payload, len, "input_token_logprobs", 20))
@@ -729,13 +728,12 @@ int baton_pdreq_merge_event(const baton_pdreq_lp_t *lp, const char *payload, siz
     if (!json_is_object(ev))
         goto done;
     size_t idx = event_index(ev);
-    uint64_t bit = idx < 64 ? (uint64_t)1 << idx : 0;
-    if (*merged_mask & bit)
-        goto done;
     rc = merge_elem(lp, idx, ev);
     if (rc > 0) {
-        *merged_mask |= bit;
-        int drc = baton_pdreq_dump(ev, out);
+        /* Merged once per index: its later events are left as they are. */
+        if (json_array_set_new(lp->by_index, idx, json_null()))
+            rc = BATON_ENOMEM;
+        int drc = rc > 0 ? baton_pdreq_dump(ev, out) : 0;
         if (drc)
             rc = drc;
     }

@@ -153,12 +153,13 @@ int baton_pdreq_merge_body(const baton_pdreq_lp_t *lp, const char *decode_body, 
                            baton_buf_t *out);
 
 /*
- * Streaming merge of one SSE event payload (the JSON after "data: "). `merged_mask` tracks
- * which indices were merged already (bit i, indices < 64; higher indices are merged every
- * time they appear, which engines do not send twice). Returns 1 and fills `out` with the new
- * payload when merged; 0 when the event is left as is.
+ * Streaming merge of one SSE event payload (the JSON after "data: "): prefill's logprobs for the
+ * event's index go in front of its meta_info.input_token_logprobs, in the first event of that
+ * index that has the array; lp then forgets that index, so its later events are left as they
+ * are (every index alike, whatever the batch size). Returns 1 and fills `out` with the new
+ * payload when merged; 0 when the event is left as is; BATON_ENOMEM.
  */
-int baton_pdreq_merge_event(const baton_pdreq_lp_t *lp, const char *payload, size_t len,
-                            uint64_t *merged_mask, baton_buf_t *out);
+int baton_pdreq_merge_event(baton_pdreq_lp_t *lp, const char *payload, size_t len,
+                            baton_buf_t *out);
 
 #endif

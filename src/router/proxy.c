@@ -104,10 +104,52 @@ uint64_t baton__pr_ms_left(const baton__preq_t *pr, uint64_t now_ns)
 /* ---------------------------------------------------------------------------------------- */
 /* Request life time                                                                        */
 
+static size_t pr_held_bytes(const baton__preq_t *pr)
+{
+    size_t n = baton_sse_pending(&pr->sse) + pr->held.len + pr->fail.body.len + pr->lp_bytes;
+    for (int i = 0; i < 2; i++)
+        if (pr->up[i])
+            n += pr->up[i]->resp.len;
+    return n;
+}
+
+static void budget_move(baton_http_budget_t *b, size_t from, size_t to)
+{
+    if (to > from) {
+        atomic_fetch_add(&b->used, to - from);
+        atomic_fetch_add(&b->upstream_used, to - from);
+    } else if (to < from) {
+        atomic_fetch_sub(&b->used, from - to);
+        atomic_fetch_sub(&b->upstream_used, from - to);
+    }
+}
+
+int baton__pr_account(baton__preq_t *pr, size_t extra)
+{
+    baton_http_budget_t *b = pr->pl->router->budget;
+    size_t now = pr_held_bytes(pr) + extra;
+    if (!b || now == pr->charged)
+        return 0;
+    budget_move(b, pr->charged, now);
+    int grew = now > pr->charged;
+    pr->charged = now;
+    if (!grew || !b->max || atomic_load(&b->used) <= b->max)
+        return 0;
+    /* Over the budget. Small answers still pass while bodies fill it (as small bodies have
+     * their reserve), up to an eighth of it for all of them together. */
+    size_t small = b->max / 64 < BATON_PROXY_SMALL_ANSWER ? b->max / 64 : BATON_PROXY_SMALL_ANSWER;
+    if (now <= small && atomic_load(&b->upstream_used) <= b->max / 8)
+        return 0;
+    return BATON_ETOOBIG;
+}
+
 static void pr_free(baton__preq_t *pr)
 {
     baton_proxy_loop_t *pl = pr->pl;
     baton_router_t *r = pl->router;
+    if (r->budget)
+        budget_move(r->budget, pr->charged, 0);
+    pr->charged = 0;
     for (int i = 0; i < 2; i++)
         baton__up_free(pr->up[i]);
     baton_workers_unref(pr->avoid, pr->n_avoid);
@@ -259,7 +301,9 @@ void baton__proxy_on_data(baton_http_creq_t *creq, const char *data, size_t len)
     }
     if (!u->buffer)
         return; /* prefill's answer is read to the end and dropped */
-    if (u->resp.len + len > BATON_PROXY_MAX_UPSTREAM_BODY) {
+    /* Every buffered byte counts against --max-buffered-bytes: past it the leg fails (502
+     * naming the side) rather than the router growing without a bound. */
+    if (u->resp.len + len > BATON_PROXY_MAX_UPSTREAM_BODY || baton__pr_account(pr, len) != 0) {
         baton__up_cancel(u, "router_error");
         baton__side_failed(pr, u, BATON_ETOOBIG);
         return;

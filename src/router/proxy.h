@@ -53,6 +53,11 @@ typedef struct baton_router_s {
     /* PD protocols (issue 12): baton_pd_stranded_releases_total{protocol,result}, in
      * metrics_reg (NULL: not counted). */
     baton_metric_family_t *pd_releases;
+    /* The shared memory budget (--max-buffered-bytes; NULL: none): the proxy charges the
+     * response bytes it holds for a request (buffered answers, an open SSE event, events held
+     * for prefill) to `used` and `upstream_used`, and keeps streams' queued bytes in their
+     * share of `out_used`. */
+    baton_http_budget_t *budget;
 } baton_router_t;
 
 /* Registers the PD protocols' metric family in r->metrics_reg. 0 or BATON_EEXIST. */

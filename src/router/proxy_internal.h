@@ -31,6 +31,8 @@
 #define BATON_PROXY_STREAM_HIGH_WATER (256u * 1024u)
 /* A buffered (non-streamed) upstream body larger than this fails the request. */
 #define BATON_PROXY_MAX_UPSTREAM_BODY ((size_t)256 << 20)
+/* Answers of at most this (and max/64) still pass when the budget is full (baton__pr_account). */
+#define BATON_PROXY_SMALL_ANSWER ((size_t)1 << 20)
 /* Housekeeping period: drain deadlines of removed workers, queued requests re-tried. */
 #define BATON_PROXY_TICK_MS 250
 /* A retry that would leave less than this before the request's deadline is not started. */
@@ -203,8 +205,9 @@ typedef struct preq_s {
     baton_pdreq_lp_t *lp;
     baton_sse_splitter_t sse;
     baton_buf_t held;
-    uint64_t merged_mask;
     baton_buf_t scratch;
+    size_t charged;  /* bytes held for this request counted in the budget (baton__pr_account) */
+    size_t lp_bytes; /* size of the prefill answer pr->lp was made from (its stand-in there) */
 
     /* When the first response byte went to the client; 0 before. Non-zero also tells that the
      * client's stream started (a failure then goes out as an SSE event, never retried). */
@@ -221,6 +224,11 @@ typedef struct preq_s {
  * not in the table: refused, logged, counted in pl->phase_refused; the phase is unchanged).
  * Leaving QUEUED or RETRY_WAIT stops the request's timer; entering DONE needs pr->req NULL. */
 int baton__pr_set_phase(baton__preq_t *pr, baton__proxy_phase_t to, const char *why);
+/* Brings the bytes pr holds for its peers (buffered answers, a failure passed through, the open
+ * SSE event, events held for prefill, prefill's logprobs), plus `extra` about to be added, into
+ * the shared budget. 0, or BATON_ETOOBIG when that takes the budget over its max (the charge
+ * stays: the caller fails the leg, and the bytes are given back when pr is freed). */
+int baton__pr_account(baton__preq_t *pr, size_t extra);
 /* The request is answered or its answer is decided: nothing may start or retry any more. */
 int baton__pr_decided(const baton__preq_t *pr);
 /* The client's stream started (its answer's format is fixed: SSE). */

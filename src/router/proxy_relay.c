@@ -9,6 +9,7 @@
 
 #include "baton/error.h"
 #include "common/clock.h"
+#include "common/log.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Client responses (each records the request in the metrics)                               */
@@ -127,7 +128,13 @@ static void client_write(baton__preq_t *pr, const char *data, size_t len)
     if (events)
         baton_token_scan_observe(&pr->tokens, events, uv_hrtime());
     baton_http_stream_write(pr->req, data, len);
-    if (!pr->bp_paused && baton_http_write_queue_size(pr->req) > BATON_PROXY_STREAM_HIGH_WATER) {
+    /* Back-pressure: decode is not read while the client's queue is over the watermark, or
+     * holds anything while streams together have more than their share of the budget queued;
+     * it is read again once the client drained its queue (on_client_drain). */
+    size_t q = baton_http_write_queue_size(pr->req);
+    const baton_http_budget_t *b = pr->pl->router->budget;
+    if (!pr->bp_paused && (q > BATON_PROXY_STREAM_HIGH_WATER ||
+                           (q > 0 && b && b->max && atomic_load(&b->out_used) > b->max / 2))) {
         pr->bp_paused = 1;
         baton__relay_update_pause(pr);
     }
@@ -156,7 +163,7 @@ static int stream_event_cb(const char *raw, size_t len, void *arg)
         return baton_buf_append(&pr->held, raw, len) ? BATON_ENOMEM : 0;
     }
     baton_buf_reset(&pr->scratch);
-    int rc = baton_pdreq_merge_event(pr->lp, payload, plen, &pr->merged_mask, &pr->scratch);
+    int rc = baton_pdreq_merge_event(pr->lp, payload, plen, &pr->scratch);
     if (rc > 0) {
         client_write(pr, "data: ", 6);
         client_write(pr, pr->scratch.data, pr->scratch.len);
@@ -177,20 +184,86 @@ static void flush_pending_raw(baton__preq_t *pr)
     }
 }
 
+/* Complete events passed through untouched; those of one upstream read that lie next to each
+ * other go out in one write (`coalesce`: they point into the caller's bytes, which outlive the
+ * feed; events cut from the splitter's own buffer are written one by one before it moves). */
+typedef struct pass_run_s {
+    baton__preq_t *pr;
+    const char *run;
+    size_t len;
+    int coalesce;
+} pass_run_t;
+
+static int pass_event_cb(const char *raw, size_t len, void *arg)
+{
+    pass_run_t *p = arg;
+    if (p->len && raw == p->run + p->len) {
+        p->len += len;
+        return 0;
+    }
+    if (p->len)
+        client_write(p->pr, p->run, p->len);
+    p->run = raw;
+    p->len = len;
+    if (!p->coalesce) {
+        client_write(p->pr, raw, len);
+        p->len = 0;
+    }
+    return 0;
+}
+
+/* Whether bytes that start at an event boundary end at one: their last line is blank ("\n" or
+ * "\r\n" after a line end), so every event in them is complete (the splitter's rule). */
+static int ends_event(const char *d, size_t n)
+{
+    return n >= 2 && d[n - 1] == '\n' &&
+           (d[n - 2] == '\n' || (n >= 3 && d[n - 2] == '\r' && d[n - 3] == '\n'));
+}
+
+/* The worker's stream holds an event open past --max-sse-event-bytes: the stream ends with an
+ * error event (the partial event is dropped, never written) and the leg is closed. */
+static void event_too_large(baton__preq_t *pr)
+{
+    baton__upstream_t *u = pr->up[UP_MAIN];
+    size_t cap = pr->pl->router->cfg->max_sse_event_bytes;
+    char msg[256];
+    snprintf(msg, sizeof(msg), "%s worker %s streamed an SSE event larger than %zu bytes",
+             baton__side_name(u), u->w->id, cap);
+    log_warn_limited("router", "sse_event_too_large",
+                     "sse_event_too_large route=%s worker=%s held=%zu max=%zu", pr->route,
+                     u->w->url, baton_sse_pending(&pr->sse), cap);
+    baton_sse_splitter_free(&pr->sse);
+    baton__finish_error(pr, 502, msg, "upstream_error", "sse_event_too_large", "router_error");
+}
+
+/*
+ * Decode's (or the regular worker's) stream: only whole events reach the client, so a failure
+ * (an error event) always starts at an event boundary; the bytes of an event not yet complete
+ * wait in pr->sse, at most --max-sse-event-bytes of them.
+ */
 void baton__relay_stream_bytes(baton__preq_t *pr, const char *data, size_t len)
 {
-    int holding = pr->phase == PH_HOLDING;
-    if (pr->mode != MODE_PD || !pr->pd.logprobs || (pr->lp_pass && !holding)) {
-        client_write(pr, data, len);
-        return;
+    int merge = pr->mode == MODE_PD && pr->pd.logprobs && (!pr->lp_pass || pr->phase == PH_HOLDING);
+    int rc;
+    if (merge) {
+        rc = baton_sse_feed(&pr->sse, data, len, stream_event_cb, pr);
+    } else if (!baton_sse_pending(&pr->sse) && ends_event(data, len)) {
+        client_write(pr, data, len); /* the usual read: whole events, nothing left open */
+        rc = 0;
+    } else {
+        pass_run_t p = {pr, NULL, 0, baton_sse_pending(&pr->sse) == 0};
+        rc = baton_sse_feed(&pr->sse, data, len, pass_event_cb, &p);
+        if (p.len)
+            client_write(pr, p.run, p.len);
     }
-    if (baton_sse_feed(&pr->sse, data, len, stream_event_cb, pr) < 0) {
+    if (rc < 0) {
         baton__finish_error(pr, 500, "router out of memory while streaming", "server_error",
                             "internal_error", "router_error");
         return;
     }
-    if (pr->lp_pass && pr->phase != PH_HOLDING)
-        flush_pending_raw(pr);
+    if (pr->req && baton_sse_pending(&pr->sse) > pr->pl->router->cfg->max_sse_event_bytes)
+        event_too_large(pr);
+    baton__pr_account(pr, 0); /* counted (each stream's part is capped above) */
 }
 
 void baton__relay_stream_done(baton__preq_t *pr)
@@ -219,9 +292,8 @@ static void release_held(baton__preq_t *pr)
             baton_sse_feed(&tmp, held.data, held.len, stream_event_cb, pr);
         baton_sse_splitter_free(&tmp);
         baton_buf_free(&held);
+        baton__pr_account(pr, 0);
     }
-    if (pr->lp_pass)
-        flush_pending_raw(pr);
     if (ended) {
         flush_pending_raw(pr);
         baton__pr_stream_end(pr, 200);
@@ -238,12 +310,53 @@ int baton__is_2xx(int status)
     return status >= 200 && status <= 299;
 }
 
+/* A worker's model list as API-key holders see it: the OpenAI fields of each model, nothing of
+ * the engine's own (vLLM's "root" is the model's path on the worker). 0, or BATON_EINVAL when
+ * the answer is not a JSON object. */
+static int models_public(const char *body, size_t len, baton_buf_t *out)
+{
+    static const char *const keep[] = {"id", "object", "created", "owned_by", "max_model_len"};
+    json_t *in = json_loadb(body ? body : "", len, 0, NULL);
+    json_t *data = json_object_get(in, "data");
+    json_t *list = json_array();
+    int rc = json_is_object(in) && list ? 0 : BATON_EINVAL; /* no "data": an empty list */
+    size_t i;
+    json_t *m;
+    json_array_foreach(data, i, m)
+    {
+        json_t *o = json_object();
+        for (size_t k = 0; o && json_is_object(m) && k < sizeof(keep) / sizeof(*keep); k++) {
+            json_t *v = json_object_get(m, keep[k]);
+            if (v && (json_is_string(v) || json_is_integer(v)))
+                json_object_set(o, keep[k], v);
+        }
+        if (!o || json_array_append_new(list, o))
+            rc = BATON_ENOMEM;
+    }
+    json_t *res = rc ? NULL : json_pack("{s:s,s:O}", "object", "list", "data", list);
+    rc = rc ? rc : res ? baton_pdreq_dump(res, out) : BATON_ENOMEM;
+    json_decref(res);
+    json_decref(list);
+    json_decref(in);
+    return rc;
+}
+
 void baton__relay_main_body_done(baton__preq_t *pr)
 {
     baton__upstream_t *u = pr->up[UP_MAIN];
     const char *ctype = u->ctype[0] ? u->ctype : "application/json";
     if (!baton__is_2xx(u->status)) {
         baton__main_status_failed(pr, u, ctype);
+        return;
+    }
+    if (pr->mode == MODE_FORWARD && strcmp(pr->route, "/v1/models") == 0) {
+        baton_buf_reset(&pr->scratch);
+        if (models_public(u->resp.data, u->resp.len, &pr->scratch) != 0) {
+            baton__pr_respond_error(pr, 502, "the worker's model list is not understood",
+                                    "upstream_error", "worker_failed");
+            return;
+        }
+        baton__pr_respond(pr, 200, "application/json", pr->scratch.data, pr->scratch.len);
         return;
     }
     if (pr->mode == MODE_PD && pr->pd.logprobs) {
@@ -265,6 +378,7 @@ void baton__relay_prefill_ok(baton__preq_t *pr)
     baton__upstream_t *u = pr->up[UP_PREFILL];
     if (pr->pd.logprobs) {
         pr->lp = baton_pdreq_lp_extract(u->resp.data, u->resp.len);
+        pr->lp_bytes = pr->lp ? u->resp.len : 0;
         baton_buf_free(&u->resp);
     }
     pr->lp_ready = 1;

@@ -52,6 +52,9 @@ static void emit_failure(baton__preq_t *pr)
     const char *code = f->kind == FAIL_ERROR ? f->code : "upstream_error";
     int status = f->kind == FAIL_NONE ? 502 : f->status;
     if (streamed) {
+        /* Only whole events went out (proxy_relay.c): the part of one still held is dropped,
+         * so the error event is an event of its own that every SSE parser sees. */
+        baton_sse_splitter_free(&pr->sse);
         baton_buf_t ev = BATON_BUF_INIT;
         if (baton_sse_error_event(&ev, msg, type, code) == 0)
             baton_http_stream_write(pr->req, ev.data, ev.len);
@@ -136,9 +139,9 @@ static void abandon_attempt(baton__preq_t *pr, const char *abort_reason)
     }
     pr->bp_paused = 0;
     pr->lp_ready = pr->lp_pass = 0;
-    pr->merged_mask = 0;
     baton_pdreq_lp_free(pr->lp);
     pr->lp = NULL;
+    pr->lp_bytes = 0;
     baton_sse_splitter_free(&pr->sse);
     baton_buf_free(&pr->held);
 }
@@ -256,6 +259,11 @@ void baton__side_failed(baton__preq_t *pr, baton__upstream_t *u, int err)
                      "%s worker failed: TLS handshake or certificate "
                      "verification failed",
                      side);
+        else if (err == BATON_ETOOBIG) /* the operator's limit: say which */
+            snprintf(msg, sizeof(msg),
+                     "%s worker %s failed: its answer does not fit the router's buffer "
+                     "(--max-buffered-bytes)",
+                     side, u->w->id);
         else
             snprintf(msg, sizeof(msg), "%s worker %s failed: %s", side, u->w->id,
                      baton_strerror(err));

@@ -307,6 +307,16 @@ static baton_worker_t *find_url_locked(baton_registry_t *reg, const char *norm_u
 /* A worker carries only its own protocol's fields: one sent for another protocol means the
  * operator paired the wrong kind of engine with this router, which must fail at registration
  * rather than at the first request. */
+int baton_worker_api_key_ok(const char *k)
+{
+    if (!k[0])
+        return 0;
+    for (const unsigned char *p = (const unsigned char *)k; *p; p++)
+        if (*p < 0x21 || *p > 0x7e)
+            return 0;
+    return 1;
+}
+
 static int pd_fields_check(const baton_worker_spec_t *spec, baton_pd_protocol_t proto, char *err,
                            size_t errlen)
 {
@@ -406,6 +416,11 @@ int baton_registry_add(baton_registry_t *reg, const baton_worker_spec_t *spec,
     }
     if (!(spec->cost >= 0) || spec->cost > 1e12) { /* also NaN */
         set_err(err, errlen, "cost must be a number >= 0");
+        return BATON_EINVAL;
+    }
+    if (spec->api_key && !baton_worker_api_key_ok(spec->api_key)) {
+        /* It becomes an Authorization header on every request and health check. */
+        set_err(err, errlen, "api_key must be visible ASCII (no spaces or control characters)");
         return BATON_EINVAL;
     }
     char *labels = NULL;

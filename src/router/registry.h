@@ -255,6 +255,10 @@ int baton_worker_is_eligible(const baton_worker_t *w);
  * is too small). parsed_p may be NULL.
  */
 int baton_worker_url_normalize(const char *url, char *out, size_t outlen, baton_url_t *parsed_p);
+
+/* 1 when k can be a worker's bearer key (it becomes an Authorization header): visible ASCII,
+ * at least one byte (RFC 6750, RFC 9110); 0 otherwise (control bytes, spaces, empty). */
+int baton_worker_api_key_ok(const char *k);
 /* ---- shared registry (issue 14: several routers over etcd) ----
  *
  * The registry itself stays local to one router. A synchroniser (router/etcd_sync.h) mirrors a

@@ -94,6 +94,24 @@ void baton_router_metrics_destroy(baton_router_metrics_t *m)
     free(m);
 }
 
+/* The status label: the statuses the router and the engines it fronts answer with their own
+ * number, any other its class ("2xx") or "other", so a worker's answers cannot grow the label
+ * set. */
+static const char *status_label(int status, char st[16])
+{
+    static const short known[] = {200, 201, 202, 204, 206, 301, 302, 304, 307, 308, 400, 401, 403,
+                                  404, 405, 406, 408, 409, 410, 411, 413, 414, 415, 416, 422, 424,
+                                  425, 426, 429, 431, 499, 500, 501, 502, 503, 504, 505};
+    for (size_t i = 0; i < sizeof(known) / sizeof(*known); i++) {
+        if (known[i] == status) {
+            snprintf(st, 16, "%d", status);
+            return st;
+        }
+    }
+    static const char *const classes[] = {"1xx", "2xx", "3xx", "4xx", "5xx"};
+    return status >= 100 && status <= 599 ? classes[status / 100 - 1] : "other";
+}
+
 void baton_router_metrics_request_done(baton_router_metrics_t *m, const char *route, int status,
                                        double duration_s, double ttfb_s)
 {
@@ -102,8 +120,7 @@ void baton_router_metrics_request_done(baton_router_metrics_t *m, const char *ro
     if (route == NULL)
         route = "other";
     char st[16];
-    snprintf(st, sizeof(st), "%d", status);
-    const char *rs[] = {route, st};
+    const char *rs[] = {route, status_label(status, st)};
     const char *r[] = {route};
     baton_counter_add(baton_metric_child(m->requests, rs), 1);
     if (duration_s >= 0)

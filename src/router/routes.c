@@ -100,12 +100,39 @@ static void h_readiness(baton_proxy_loop_t *pl, baton_http_req_t *req, const cha
     baton__respond_error(r, req, route, 503, msg, "service_unavailable_error", NULL, "not_ready");
 }
 
+/* The memory budget's state (--max-buffered-bytes): what is held now, by kind, and its max. */
+static int budget_metrics_append(const baton_router_t *r, baton_buf_t *out)
+{
+    const baton_http_budget_t *b = r->budget;
+    if (!b)
+        return 0;
+    size_t used = atomic_load(&b->used), up = atomic_load(&b->upstream_used);
+    return baton_buf_printf(
+        out,
+        "# HELP baton_buffered_bytes Bytes the router holds for peers now: request bodies being "
+        "read, upstream answers and SSE events held, responses queued to clients.\n"
+        "# TYPE baton_buffered_bytes gauge\n"
+        "baton_buffered_bytes{kind=\"request_bodies\"} %zu\n"
+        "baton_buffered_bytes{kind=\"small_bodies_reserve\"} %zu\n"
+        "baton_buffered_bytes{kind=\"upstream_answers\"} %zu\n"
+        "baton_buffered_bytes{kind=\"client_queues\"} %zu\n"
+        "# HELP baton_buffered_bytes_max The budget of request bodies and upstream answers "
+        "(--max-buffered-bytes); client queues are held to half of it by back-pressure.\n"
+        "# TYPE baton_buffered_bytes_max gauge\n"
+        "baton_buffered_bytes_max %zu\n"
+        "# HELP baton_buffer_waits_total Request bodies that had to wait for the budget.\n"
+        "# TYPE baton_buffer_waits_total counter\n"
+        "baton_buffer_waits_total %llu\n",
+        used > up ? used - up : 0, atomic_load(&b->reserve_used), up, atomic_load(&b->out_used),
+        b->max, atomic_load(&b->waits));
+}
+
 static void h_metrics(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
 {
     baton_router_t *r = baton_proxy_loop_router(pl);
     baton_buf_t out = BATON_BUF_INIT;
     if (baton_router_metrics_render(r->metrics, r->registry, &out) != 0 ||
-        baton_policy_metrics_append(r, &out) != 0) {
+        baton_policy_metrics_append(r, &out) != 0 || budget_metrics_append(r, &out) != 0) {
         baton_buf_free(&out);
         baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
                              "internal_error");
@@ -164,8 +191,10 @@ static const route_t routes[] = {
     {"/health", "GET", h_health, BATON_ROUTE_OPEN},
     {"/liveness", "GET", h_health, BATON_ROUTE_OPEN},
     {"/readiness", "GET", h_readiness, BATON_ROUTE_OPEN},
-    {"/get_server_info", "GET", h_info, BATON_ROUTE_INFERENCE},
-    {"/get_model_info", "GET", h_info, BATON_ROUTE_INFERENCE},
+    /* A worker's own description (its whole server configuration, addresses and paths): for
+     * operators only. /v1/models passes through stripped (proxy_relay.c). */
+    {"/get_server_info", "GET", h_info, BATON_ROUTE_ADMIN},
+    {"/get_model_info", "GET", h_info, BATON_ROUTE_ADMIN},
     {"/metrics", "GET", h_metrics, BATON_ROUTE_METRICS},
 };
 
@@ -206,6 +235,8 @@ static int authorize(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *
                      baton_route_class_t cls)
 {
     baton_auth_t *auth = baton_proxy_loop_router(pl)->auth;
+    if (cls == BATON_ROUTE_ADMIN) /* the info routes: refused as the admin API refuses */
+        return baton_admin_authorize(req, auth) == 0;
     baton_auth_result_t res = baton_auth_check(auth, req, cls);
     if (res != BATON_AUTH_OK) {
         static const baton_http_header_t www = {"WWW-Authenticate", "Bearer"};

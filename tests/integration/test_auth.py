@@ -51,7 +51,7 @@ def test_api_keys():
                 assert_401(post(r.port, path, body, headers=bearer("flag-ke")))
                 assert_401(post(r.port, path, body, headers={"Authorization": "flag-key"}))
             assert_401(get(r.port, "/v1/models"))
-            assert_401(get(r.port, "/get_server_info"))
+            # (/get_server_info is an admin route: test_admin_routes)
             # an unknown path or a wrong method tells an anonymous caller nothing
             assert_401(get(r.port, "/no/such/route"))
             assert_401(get(r.port, "/generate"))
@@ -134,7 +134,10 @@ def test_admin_routes():
                                         ("DELETE", "/workers/w-00000000", None),
                                         ("POST", f"/add_worker?url={w.url}", None),
                                         ("POST", f"/remove_worker?url={w.url}", None),
-                                        ("GET", "/list_workers", None)):
+                                        ("GET", "/list_workers", None),
+                                        # a worker's own configuration: operators only
+                                        ("GET", "/get_server_info", None),
+                                        ("GET", "/get_model_info", None)):
                     res = request(r.port, method, path, body=b, headers=hdr)
                     assert res.status == 401, (method, path, hdr, res.status, res.text)
                     assert res.json()["error"]["code"] == "UNAUTHORIZED", res.text
@@ -143,6 +146,8 @@ def test_admin_routes():
             res = post(r.port, "/workers", body, headers=bearer("adm-1"))
             assert res.status == 202, res.text
             assert get(r.port, "/workers", headers=bearer("adm-1")).json()["total"] == 1
+            res = get(r.port, "/get_server_info", headers=bearer("adm-1"))
+            assert res.status == 200 and w.requests[-1].path == "/get_server_info", res.text
             # the token file is re-read on SIGHUP too
             with open(tokfile, "w") as f:
                 f.write("adm-2\n")

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -219,6 +220,8 @@ def test_nixl_stranded_release():
                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                   % (len(body), body))
         dr = d.wait_requests(1)[0]
+        # a reset: a FIN alone is a half-close, which the router answers
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         s.close()
         assert d.wait_closed(dr, PROMPT_S), "decode not closed after the client left"
         rel = wait_until(lambda: [q for q in p.requests if q.path.endswith("/abort_requests")

@@ -36,7 +36,11 @@ def test_workers_api():
         for bad in ({"worker_type": "decode"}, {"url": "ftp://x", "worker_type": "decode"},
                     {"url": b.url, "worker_type": "sideways"},
                     {"url": b.url, "worker_type": "decode", "bootstrap_port": 9000},
-                    {"url": b.url, "worker_type": "prefill", "bootstrap_port": 70000}):
+                    {"url": b.url, "worker_type": "prefill", "bootstrap_port": 70000},
+                    # api_key becomes a header on every request: control bytes are refused
+                    {"url": b.url, "worker_type": "decode", "api_key": "k\r\nX-Evil: 1"},
+                    {"url": b.url, "worker_type": "decode", "api_key": "k\tk"},
+                    {"url": b.url, "worker_type": "decode", "api_key": "k\u0000"}):
             res = post(port, "/workers", bad)
             assert res.status == 400, (bad, res.status, res.text)
             assert res.json()["error"]["code"] == "BAD_REQUEST", res.text

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import socket
+import struct
 import sys
 import threading
 import time
@@ -265,7 +266,8 @@ def test_client_disconnect():
             assert p.wait_closed(pr, PROMPT_S), "prefill not closed after client disconnect"
             assert d.wait_closed(dr, PROMPT_S), "decode not closed after client disconnect"
             assert dr.t_end is not None or dr.closed_by_peer
-        # non-streaming: the client gives up while both are still working
+        # non-streaming: the client gives up while both are still working. A FIN alone is a
+        # half-close, which is answered (test_router_hardening.py); a reset is the abort.
         p.reset(hold_script)
         d.reset(hold_script)
         s = socket.create_connection(("127.0.0.1", r.port), timeout=5)
@@ -273,6 +275,7 @@ def test_client_disconnect():
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
                   % len(data) + data)
         pr, dr = p.wait_requests(1)[0], d.wait_requests(1)[0]
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         s.close()
         assert p.wait_closed(pr, PROMPT_S) and d.wait_closed(dr, PROMPT_S)
         # the router is fine afterwards

@@ -68,8 +68,10 @@ static void test_parse(void **state)
     assert_true(r == 2.5 && b == 7.0);
     assert_int_equal(baton_token_bucket_parse("0.2", &r, &b), 0);
     assert_true(r == 0.2 && b == 1.0);
-    const char *bad[] = {"",     "0",  "-1", "x",     "1:",  "1:0", "1:-2",
-                         "1:2x", "1x", " 1", "1:1.5", "nan", "inf"};
+    const char *bad[] = {"", "0", "-1", "x", "1:", "1:0", "1:-2", "1:2x", "1x", " 1", "1:1.5",
+                         "nan", "inf",
+                         /* below one request per hour: waits no client would honour */
+                         "1e-10", "1e-300", "0.0001"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
         r = b = -1;
         assert_int_equal(baton_token_bucket_parse(bad[i], &r, &b), -1);
@@ -77,13 +79,32 @@ static void test_parse(void **state)
     }
 }
 
+/* The wait is rounded up to a whole millisecond, never 0, and stays finite at the slowest rate
+ * the parser accepts (no float-to-integer overflow). */
+static void test_wait_bounds(void **state)
+{
+    (void)state;
+    double r = 0, b = 0;
+    assert_int_equal(baton_token_bucket_parse(BATON_TOKEN_BUCKET_MIN_RATE_STR, &r, &b), 0);
+    baton_token_bucket_t tb;
+    baton_token_bucket_init(&tb, b, 0);
+    uint64_t wait = 0;
+    assert_int_equal(baton_token_bucket_take(&tb, r, b, 0, &wait), 1);
+    assert_int_equal(baton_token_bucket_take(&tb, r, b, 0, &wait), 0);
+    assert_true(wait >= 1 && wait <= (uint64_t)(1000.0 / r) + 1);
+    /* a caller passing a rate below the parser's range still gets a bounded wait */
+    baton_token_bucket_init(&tb, 1, 0);
+    assert_int_equal(baton_token_bucket_take(&tb, 1e-300, 1, 0, NULL), 1);
+    assert_int_equal(baton_token_bucket_take(&tb, 1e-300, 1, 0, &wait), 0);
+    assert_true(wait >= 1 && wait <= BATON_TOKEN_BUCKET_MAX_WAIT_MS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_burst_then_refill),
-        cmocka_unit_test(test_steady_rate),
-        cmocka_unit_test(test_clock_backwards),
-        cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_burst_then_refill), cmocka_unit_test(test_steady_rate),
+        cmocka_unit_test(test_clock_backwards),   cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_wait_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

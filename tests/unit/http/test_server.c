@@ -579,6 +579,26 @@ static void test_400_garbage(void **state)
     fx_free(fx);
 }
 
+/* RFC 9112: the request target is visible ASCII; a tab, a control byte or a byte >= 0x80 would
+ * reach the handler (and the workers behind a proxy) as-is. Transfer codings other than a lone
+ * "chunked" are not implemented: 501, never a body read with the coding ignored. */
+static void test_400_target_501_coding(void **state)
+{
+    baton_http_limits_t l = limits();
+    run_one_raw(&l, "GET /a\tb HTTP/1.1\r\nHost: t\r\n\r\n", 400, "bad_request");
+    run_one_raw(&l, "GET /a\xff HTTP/1.1\r\nHost: t\r\n\r\n", 400, "bad_request");
+    run_one_raw(&l, "GET /a?q=\x80 HTTP/1.1\r\nHost: t\r\n\r\n", 400, "bad_request");
+    run_one_raw(&l, "GET /a\x7f HTTP/1.1\r\nHost: t\r\n\r\n", 400, "bad_request");
+    run_one_raw(&l,
+                "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+                "0\r\n\r\n",
+                501, "not_implemented");
+    run_one_raw(&l,
+                "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n"
+                "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+                501, "not_implemented");
+}
+
 static void test_431(void **state)
 {
     baton_http_limits_t l = limits();
@@ -734,6 +754,8 @@ static void test_close_with_request_in_flight(void **state)
     fx_free(fx);
 }
 
+static int g_half_close; /* client_stream: shutdown(SHUT_WR) once the request is sent */
+
 static void client_stream(fx_t *fx)
 {
     tconn_t *c = malloc(sizeof(*c));
@@ -741,6 +763,8 @@ static void client_stream(fx_t *fx)
     CHECK(fx, tc_connect(c, fx->port) == 0, "connect");
     CHECK(fx, tc_send(c, "POST /v1/chat HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n") == 0,
           "send");
+    if (g_half_close)
+        CHECK(fx, shutdown(c->fd, SHUT_WR) == 0, "shutdown");
     CHECK(fx, tc_read_head(c, &r) == 0, "head");
     fx->resp[0] = r;
     fx->nresp = 1;
@@ -795,6 +819,46 @@ static void test_streaming_burst(void **state)
         assert_string_equal(fx->chunks[i], want);
     }
     assert_int_equal(fx->stream_ended, 1);
+    assert_int_equal(atomic_load(&fx->aborts), 0);
+    fx_free(fx);
+}
+
+/* A client that sends its whole request and then half-closes (shutdown SHUT_WR, as curl does
+ * over some proxies) still gets its answer, streamed or not, when the server answers half-closed
+ * connections; the connection is closed after that answer. */
+static void client_defer_half_closed(fx_t *fx)
+{
+    tconn_t *c = malloc(sizeof(*c));
+    CHECK(fx, tc_connect(c, fx->port) == 0, "connect");
+    CHECK(fx, tc_send(c, "GET /deferred HTTP/1.1\r\nHost: t\r\n\r\n") == 0, "send");
+    CHECK(fx, shutdown(c->fd, SHUT_WR) == 0, "shutdown");
+    CHECK(fx, tc_read_response(c, &fx->resp[0]) == 0, "response");
+    fx->nresp = 1;
+    fx->eof_clean = tc_wait_eof(c);
+    tc_close(c);
+    free(c);
+}
+
+static void test_half_closed_client_answered(void **state)
+{
+    baton_http_limits_t l = limits();
+    l.answer_half_closed = 1;
+    fx_t *fx = fx_new(&l, M_STREAM);
+    g_half_close = 1;
+    fx_run(fx, client_stream);
+    g_half_close = 0;
+    assert_int_equal(fx->resp[0].status, 200);
+    assert_string_equal(fx->chunks[2], "data: chunk2\n\n");
+    assert_int_equal(fx->stream_ended, 1);
+    assert_int_equal(atomic_load(&fx->aborts), 0);
+    fx_free(fx);
+
+    fx = fx_new(&l, M_DEFER);
+    fx_run(fx, client_defer_half_closed);
+    assert_int_equal(fx->nresp, 1);
+    assert_int_equal(fx->resp[0].status, 200);
+    assert_string_equal(fx->resp[0].body, "/deferred");
+    assert_true(fx->eof_clean);
     assert_int_equal(atomic_load(&fx->aborts), 0);
     fx_free(fx);
 }
@@ -1010,6 +1074,7 @@ int main(void)
         cmocka_unit_test(test_pipelined),
         cmocka_unit_test(test_pipeline_backlog),
         cmocka_unit_test(test_400_garbage),
+        cmocka_unit_test(test_400_target_501_coding),
         cmocka_unit_test(test_431),
         cmocka_unit_test(test_413),
         cmocka_unit_test(test_408),
@@ -1017,6 +1082,7 @@ int main(void)
         cmocka_unit_test(test_on_abort),
         cmocka_unit_test(test_close_with_request_in_flight),
         cmocka_unit_test(test_streaming_chunks),
+        cmocka_unit_test(test_half_closed_client_answered),
         cmocka_unit_test(test_streaming_burst),
         cmocka_unit_test(test_write_queue_and_drain),
         cmocka_unit_test(test_error_json),

@@ -255,6 +255,14 @@ static void test_rate_per_key(void **state)
                      BATON_EINVAL);
     assert_non_null(strstr(err, "--rate-limit"));
     baton_config_free(&cfg);
+
+    /* the key sent to workers becomes a header: control bytes are refused at start-up */
+    assert_int_equal(baton_config_init(&cfg), 0);
+    const char *argv4[] = {"baton", "--worker-api-key", "wk\r\nX-Evil: 1"};
+    assert_int_equal(baton_config_from_args(&cfg, 3, (char *const *)argv4, err, sizeof(err)), 0);
+    assert_int_equal(baton_auth_create(&au, &cfg, err, sizeof(err)), BATON_EINVAL);
+    assert_non_null(strstr(err, "--worker-api-key"));
+    baton_config_free(&cfg);
 }
 
 static void test_config_json(void **state)

@@ -473,10 +473,9 @@ static void test_merge_stream(void **state)
                     "\n\ndata: [DONE]\n\n";
     baton_pdreq_lp_t *lp = baton_pdreq_lp_extract(p, strlen(p));
     assert_non_null(lp);
-    uint64_t mask = 0;
     baton_buf_t out = BATON_BUF_INIT;
     const char *e0 = "{\"text\":\"a\",\"meta_info\":{\"input_token_logprobs\":[[-3,3,null]]}}";
-    assert_int_equal(baton_pdreq_merge_event(lp, e0, strlen(e0), &mask, &out), 1);
+    assert_int_equal(baton_pdreq_merge_event(lp, e0, strlen(e0), &out), 1);
     json_t *j = json_loadb(out.data, out.len, 0, NULL);
     json_t *a = json_object_get(json_object_get(j, "meta_info"), "input_token_logprobs");
     assert_int_equal(json_array_size(a), 2);
@@ -484,19 +483,51 @@ static void test_merge_stream(void **state)
     json_decref(j);
     /* the same index again: left alone */
     baton_buf_reset(&out);
-    assert_int_equal(baton_pdreq_merge_event(lp, e0, strlen(e0), &mask, &out), 0);
+    assert_int_equal(baton_pdreq_merge_event(lp, e0, strlen(e0), &out), 0);
     /* index 1 gets prefill's index-1 logprobs */
     const char *e1 = "{\"index\":1,\"meta_info\":{\"input_token_logprobs\":[]}}";
-    assert_int_equal(baton_pdreq_merge_event(lp, e1, strlen(e1), &mask, &out), 1);
+    assert_int_equal(baton_pdreq_merge_event(lp, e1, strlen(e1), &out), 1);
     j = json_loadb(out.data, out.len, 0, NULL);
     a = json_object_get(json_object_get(j, "meta_info"), "input_token_logprobs");
     assert_int_equal(json_array_size(a), 1);
     assert_int_equal(json_integer_value(json_array_get(json_array_get(a, 0), 1)), 2);
     json_decref(j);
     /* events without logprobs and non-JSON events pass */
-    assert_int_equal(baton_pdreq_merge_event(lp, "{\"text\":\"b\"}", 12, &mask, &out), 0);
-    assert_int_equal(baton_pdreq_merge_event(lp, "[DONE]", 6, &mask, &out), 0);
+    assert_int_equal(baton_pdreq_merge_event(lp, "{\"text\":\"b\"}", 12, &out), 0);
+    assert_int_equal(baton_pdreq_merge_event(lp, "[DONE]", 6, &out), 0);
     baton_buf_free(&out);
+    baton_pdreq_lp_free(lp);
+}
+
+/* A batch of any size: every index gets prefill's logprobs in its first event that carries
+ * input_token_logprobs, and only there (the same rule below and above 64). */
+static void test_merge_stream_big_batch(void **state)
+{
+    (void)state;
+    enum { N = 200 };
+    baton_buf_t p = BATON_BUF_INIT;
+    for (int i = 0; i < N; i++)
+        assert_int_equal(baton_buf_printf(&p,
+                                          "data: {\"index\":%d,\"meta_info\":{"
+                                          "\"input_token_logprobs\":[[-1,%d,null]]}}\n\n",
+                                          i, i),
+                         0);
+    baton_pdreq_lp_t *lp = baton_pdreq_lp_extract(p.data, p.len);
+    assert_non_null(lp);
+    baton_buf_t out = BATON_BUF_INIT;
+    char ev[160];
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < N; i++) {
+            int n = snprintf(ev, sizeof(ev),
+                             "{\"index\":%d,\"meta_info\":{\"input_token_logprobs\":[]}}", i);
+            baton_buf_reset(&out);
+            int rc = baton_pdreq_merge_event(lp, ev, (size_t)n, &out);
+            if (rc != (round == 0))
+                fail_msg("index %d round %d: merge returned %d", i, round, rc);
+        }
+    }
+    baton_buf_free(&out);
+    baton_buf_free(&p);
     baton_pdreq_lp_free(lp);
 }
 
@@ -624,6 +655,7 @@ int main(void)
         cmocka_unit_test(test_merge_body_single),
         cmocka_unit_test(test_merge_body_batch),
         cmocka_unit_test(test_merge_stream),
+        cmocka_unit_test(test_merge_stream_big_batch),
         cmocka_unit_test(test_sse_each),
         cmocka_unit_test(test_sse_splitter_any_chunking),
         cmocka_unit_test(test_sse_single_data),

@@ -139,6 +139,18 @@ static void test_validation(void **state)
     spec.priority = 0;
     spec.cost = -1;
     assert_int_equal(baton_registry_add(reg, &spec, NULL, NULL, 0), BATON_EINVAL);
+    spec.cost = 0;
+    /* api_key goes into an Authorization header: any control byte would split or break it */
+    const char *bad_keys[] = {"k\r\nX-Evil: 1", "k\n", "k\tk", "k\x7f",
+                              "k\x01",          "",    "a b",  "k\xff"};
+    for (size_t i = 0; i < sizeof(bad_keys) / sizeof(*bad_keys); i++) {
+        spec.api_key = bad_keys[i];
+        err[0] = '\0';
+        if (baton_registry_add(reg, &spec, NULL, err, sizeof(err)) != BATON_EINVAL)
+            fail_msg("accepted api_key #%zu", i);
+        assert_non_null(strstr(err, "api_key"));
+    }
+    spec.api_key = NULL;
     assert_int_equal(baton_registry_size(reg), 0);
 
     /* good ones, incl. IPv6, default port and a path prefix */
