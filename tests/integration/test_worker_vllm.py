@@ -286,8 +286,11 @@ def test_router_releases_stranded_blocks():
         wait_until(lambda: metric(p.port, "baton_worker_kv_holds_released_total",
                                   {"result": "aborted"}) == 1, 10, what="prefill released")
         assert metric(p.port, "baton_worker_kv_holds") == 0
-        assert metric(r.port, "baton_pd_stranded_releases_total",
-                      {"protocol": "vllm-nixl", "result": "released"}) == 1
+        # the router counts the release when the prefill's answer reaches it, after the
+        # prefill counted it: wait for it too
+        wait_until(lambda: metric(r.port, "baton_pd_stranded_releases_total",
+                                  {"protocol": "vllm-nixl", "result": "released"}) == 1, 10,
+                   what="router counted the release")
 
 
 def test_nixl_holder_killed():
