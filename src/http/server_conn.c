@@ -3,6 +3,7 @@
 
 #include "baton/error.h"
 #include "common/log.h"
+#include "common/phase.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,11 +24,11 @@ static void conn_maybe_free(conn_t *c);
 /* ---------------------------------------------------------------------------------------- */
 /* States                                                                                    */
 
-#define B(st) (1u << (st))
+#define B(st) BATON_PHASE_BIT(st)
 /* Every live state may end: LINGER (answered, or no keep-alive: FIN, drain) while the server
  * still owns the request bytes, CLOSED when the socket goes. */
 #define ENDS (B(CS_LINGER) | B(CS_CLOSED))
-static const unsigned state_next[CS_COUNT] = {
+static const uint32_t state_next[CS_COUNT] = {
     [CS_IDLE] = B(CS_HEAD) | ENDS,
     /* A request without a body goes to the handler from its head. */
     [CS_HEAD] = B(CS_BODY) | B(CS_HANDLER) | ENDS,
@@ -50,28 +51,25 @@ static const char *const state_names[CS_COUNT] = {
     [CS_ABORTED] = "aborted",     [CS_CLOSED] = "closed",   [CS_FREEING] = "freeing",
 };
 
+static const baton_phase_table_t state_table = {"http", "conn_state", CS_COUNT, state_next,
+                                                state_names};
+
 int baton__hs_state_allowed(baton__hs_state_t from, baton__hs_state_t to)
 {
-    if ((unsigned)from >= CS_COUNT || (unsigned)to >= CS_COUNT)
-        return 0;
-    return (state_next[from] >> to) & 1u;
+    return baton_phase_legal(&state_table, from, to);
 }
 
 const char *baton__hs_state_name(baton__hs_state_t st)
 {
-    return (unsigned)st < CS_COUNT && state_names[st] ? state_names[st] : "invalid";
+    return baton_phase_name(&state_table, st);
 }
 
 int baton__hs_set_state(conn_t *c, baton__hs_state_t to)
 {
-    if (!baton__hs_state_allowed(c->state, to)) {
-        c->srv->state_refused++;
-        log_error("http", "conn_state_refused peer=%s from=%s to=%s", c->req.peer,
-                  baton__hs_state_name(c->state), baton__hs_state_name(to));
-        return BATON_EINVAL;
-    }
-    c->state = to;
-    return 0;
+    int rc = BATON_PHASE_MOVE(&state_table, c->state, to, "peer=%s", c->req.peer);
+    if (rc != 0)
+        c->srv->state_refused++; /* this server's share of baton_phase_refused() */
+    return rc;
 }
 
 /* ---------------------------------------------------------------------------------------- */

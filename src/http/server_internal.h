@@ -55,8 +55,9 @@ enum baton__hs_timer_mode {
 };
 
 /*
- * The state of a connection. It changes only in baton__hs_set_state(), which refuses (counts in
- * srv->state_refused, logs) a move the table in server_conn.c does not list.
+ * The state of a connection. It changes only in baton__hs_set_state(), a checked move through
+ * common/phase.h: a move the table in server_conn.c does not list is refused (logged, counted
+ * in baton_phase_refused() and in srv->state_refused).
  *
  *   IDLE ──► HEAD ──► BODY ◄──► BODY_WAIT
  *    ▲        │        │

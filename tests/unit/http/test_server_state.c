@@ -11,6 +11,7 @@
 
 #include "baton/error.h"
 #include "common/log.h"
+#include "common/phase.h"
 #include "http/server_internal.h"
 
 /* ---- the table ---- */
@@ -19,7 +20,7 @@ static void test_table(void **state)
 {
     for (int a = 0; a < CS_COUNT; a++) {
         const char *na = baton__hs_state_name((baton__hs_state_t)a);
-        assert_string_not_equal(na, "invalid");
+        assert_string_not_equal(na, "?");
         for (int b = 0; b < a; b++) /* names line up with the enum: one each */
             assert_string_not_equal(na, baton__hs_state_name((baton__hs_state_t)b));
         assert_false(baton__hs_state_allowed((baton__hs_state_t)a, (baton__hs_state_t)a));
@@ -32,7 +33,7 @@ static void test_table(void **state)
             assert_true(baton__hs_state_allowed((baton__hs_state_t)a, CS_CLOSED) ||
                         baton__hs_state_allowed((baton__hs_state_t)a, CS_ABORTED));
     }
-    assert_string_equal(baton__hs_state_name(CS_COUNT), "invalid");
+    assert_string_equal(baton__hs_state_name(CS_COUNT), "?");
     assert_false(baton__hs_state_allowed(CS_FREEING, CS_CLOSED));
     assert_false(baton__hs_state_allowed(CS_COUNT, CS_IDLE));
 }
@@ -144,6 +145,7 @@ static void test_moves(void **state)
     assert_int_equal(baton__hs_set_state(fx.c, CS_HEAD), BATON_EINVAL);
     assert_int_equal(fx.c->state, CS_HANDLER);
     assert_int_equal(fx.srv->state_refused, 1);
+    assert_int_equal(baton_phase_refused(), 1); /* the process-wide count of common/phase.h */
 
     fx.hold = 0;
     assert_int_equal(baton_http_respond(fx.held, 200, NULL, NULL, 0, "{}", 2), 0);
@@ -153,6 +155,8 @@ static void test_moves(void **state)
     assert_int_equal(fx.c->state, CS_IDLE);
     assert_int_equal(fx.srv->state_refused, 1); /* nothing but the refused move above */
     fx_finish(&fx, 1);
+    assert_int_equal(baton_phase_refused(), 1);
+    baton_phase_refused_reset();
 }
 
 /* The socket closes under the handler: ABORTED, on_abort on a later turn, then CLOSED. */
