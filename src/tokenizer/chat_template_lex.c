@@ -385,6 +385,21 @@ int ct_lex(ct_diag_t *d, const char *src0, size_t len0, ct_tok_t **toks, size_t 
                     j++;
                 }
             }
+            /* an exponent: 1e20, 2.5E-3 */
+            size_t e = j;
+            if (e < len && (src[e] == 'e' || src[e] == 'E')) {
+                e++;
+                if (e < len && (src[e] == '+' || src[e] == '-')) {
+                    e++;
+                }
+                if (e < len && src[e] >= '0' && src[e] <= '9') {
+                    while (e < len && src[e] >= '0' && src[e] <= '9') {
+                        e++;
+                    }
+                    j = e;
+                    is_float = true;
+                }
+            }
             char num[64];
             if (j - i >= sizeof(num)) {
                 ct_fail(d, BATON_EINVAL, line, "number literal too long");
