@@ -9,15 +9,15 @@
 #include "baton/error.h"
 #include "tokenizer/chat_template_int.h"
 
-#define CT_MAX_TMP_BUFS 80
+#define CT_MAX_TMP_BUFS 256
 
 typedef struct ct_scope {
     struct ct_scope *parent;
     ct_dict_t *vars;
 } ct_scope_t;
 
-/* Temporary output buffers (block set, macro calls) live on the heap; a render error frees
- * them, so they are listed here. */
+/* Temporary buffers (ct_buf_open) live on the heap; a render error frees them, so they are
+ * listed here. */
 typedef struct {
     ct_rt_t rt;
     baton_buf_t *tmp[CT_MAX_TMP_BUFS];
@@ -261,18 +261,55 @@ static ct_render_t *R(ct_rt_t *rt)
     return (ct_render_t *)rt; /* rt is the first member of ct_render_t */
 }
 
-/* Runs body with the output captured; returns it as a string value. */
-static ct_value_t capture(ct_rt_t *rt, const ct_nodes_t *body, int *flow)
+baton_buf_t *ct_buf_open(ct_rt_t *rt)
 {
     ct_render_t *r = R(rt);
     if (r->ntmp == CT_MAX_TMP_BUFS) {
-        ct_throw(rt, BATON_ETOOBIG, "macro calls nested deeper than the limit");
+        ct_throw(rt, BATON_ETOOBIG, "strings built inside each other deeper than the limit");
     }
     baton_buf_t *b = calloc(1, sizeof(*b));
     if (!b) {
         ct_throw(rt, BATON_ENOMEM, "out of memory");
     }
     r->tmp[r->ntmp++] = b;
+    return b;
+}
+
+ct_value_t ct_buf_close(ct_rt_t *rt, baton_buf_t *b)
+{
+    ct_render_t *r = R(rt);
+    for (int i = r->ntmp - 1; i >= 0; i--) {
+        if (r->tmp[i] == b) {
+            r->tmp[i] = r->tmp[--r->ntmp];
+            break;
+        }
+    }
+    ct_value_t s = {.k = V_STR};
+    bool fits = b->len <= rt->lim.max_memory;
+    if (fits) {
+        s = ct_str(NULL, 0);
+        char *p = ct_alloc(&rt->arena, b->len + 1);
+        if (p) {
+            if (b->len) {
+                memcpy(p, b->data, b->len);
+            }
+            s = ct_str(p, b->len);
+        } else {
+            fits = false;
+        }
+    }
+    baton_buf_free(b);
+    free(b);
+    if (!fits) {
+        ct_throw(rt, BATON_ETOOBIG, "working memory over %zu bytes", rt->lim.max_memory);
+    }
+    return s;
+}
+
+/* Runs body with the output captured; returns it as a string value. */
+static ct_value_t capture(ct_rt_t *rt, const ct_nodes_t *body, int *flow)
+{
+    baton_buf_t *b = ct_buf_open(rt);
     baton_buf_t *saved = rt->out;
     size_t saved_start = rt->out_start;
     rt->out = b;
@@ -283,11 +320,7 @@ static ct_value_t capture(ct_rt_t *rt, const ct_nodes_t *body, int *flow)
     }
     rt->out = saved;
     rt->out_start = saved_start;
-    ct_value_t s = ct_str_copy(rt, b->data ? b->data : "", b->len);
-    baton_buf_free(b);
-    free(b);
-    r->ntmp--;
-    return s;
+    return ct_buf_close(rt, b);
 }
 
 ct_value_t ct_call_macro(ct_rt_t *rt, const ct_node_t *m, int argc, const ct_value_t *argv,

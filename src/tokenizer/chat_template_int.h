@@ -199,6 +199,11 @@ struct ct_rt {
     struct ct_scope *scope;
 };
 
+/* Heap buffers for building a string (output captured, a value printed): listed in the render
+ * so that an error unwinding past them frees them. close copies the text into the arena. */
+baton_buf_t *ct_buf_open(ct_rt_t *rt);
+ct_value_t ct_buf_close(ct_rt_t *rt, baton_buf_t *b);
+
 _Noreturn void ct_throw(ct_rt_t *rt, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void *ct_rt_alloc(ct_rt_t *rt, size_t n);

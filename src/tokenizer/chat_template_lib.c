@@ -171,13 +171,13 @@ static size_t cp_len(const ct_value_t *s)
 static ct_value_t replace(ct_rt_t *rt, const ct_value_t *s, const ct_value_t *old,
                           const ct_value_t *new, int64_t count)
 {
-    baton_buf_t b = BATON_BUF_INIT;
+    baton_buf_t *bp = ct_buf_open(rt);
     size_t i = 0;
     int64_t done = 0;
     int rc = 0;
     if (old->u.s.n == 0) { /* Python inserts new between every character */
         while ((count < 0 || done < count) && i <= s->u.s.n) {
-            rc |= baton_buf_append(&b, new->u.s.p, new->u.s.n);
+            rc |= baton_buf_append(bp, new->u.s.p, new->u.s.n);
             done++;
             if (i == s->u.s.n) {
                 i++;
@@ -185,10 +185,10 @@ static ct_value_t replace(ct_rt_t *rt, const ct_value_t *s, const ct_value_t *ol
             }
             size_t st = i;
             next_cp(s->u.s.p, s->u.s.n, &i);
-            rc |= baton_buf_append(&b, s->u.s.p + st, i - st);
+            rc |= baton_buf_append(bp, s->u.s.p + st, i - st);
         }
         if (i <= s->u.s.n) {
-            rc |= baton_buf_append(&b, s->u.s.p + i, s->u.s.n - i);
+            rc |= baton_buf_append(bp, s->u.s.p + i, s->u.s.n - i);
         }
     } else {
         while (count < 0 || done < count) {
@@ -197,23 +197,20 @@ static ct_value_t replace(ct_rt_t *rt, const ct_value_t *s, const ct_value_t *ol
                 break;
             }
             size_t at = (size_t)(hit - s->u.s.p);
-            rc |= baton_buf_append(&b, s->u.s.p + i, at - i);
-            rc |= baton_buf_append(&b, new->u.s.p, new->u.s.n);
+            rc |= baton_buf_append(bp, s->u.s.p + i, at - i);
+            rc |= baton_buf_append(bp, new->u.s.p, new->u.s.n);
             i = at + old->u.s.n;
             done++;
-            if (b.len > rt->lim.max_memory) {
+            if (bp->len > rt->lim.max_memory) {
                 break;
             }
         }
-        rc |= baton_buf_append(&b, s->u.s.p + i, s->u.s.n - i);
+        rc |= baton_buf_append(bp, s->u.s.p + i, s->u.s.n - i);
     }
-    if (rc || b.len > rt->lim.max_memory) {
-        baton_buf_free(&b);
+    if (rc || bp->len > rt->lim.max_memory) {
         ct_throw(rt, BATON_ETOOBIG, "replace: result over the memory limit");
     }
-    ct_value_t r = ct_str_copy(rt, b.data ? b.data : "", b.len);
-    baton_buf_free(&b);
-    return r;
+    return ct_buf_close(rt, bp);
 }
 
 static ct_value_t split(ct_rt_t *rt, const ct_value_t *s, const ct_value_t *sep, int64_t max)
@@ -274,16 +271,14 @@ static ct_value_t split(ct_rt_t *rt, const ct_value_t *s, const ct_value_t *sep,
 
 static ct_value_t join(ct_rt_t *rt, const ct_list_t *items, const ct_value_t *sep)
 {
-    baton_buf_t b = BATON_BUF_INIT;
+    baton_buf_t *b = ct_buf_open(rt);
     for (size_t i = 0; i < items->n; i++) {
         if (i && sep) {
-            baton_buf_append(&b, sep->u.s.p, sep->u.s.n);
+            baton_buf_append(b, sep->u.s.p, sep->u.s.n);
         }
-        ct_to_str(rt, &items->v[i], &b);
+        ct_to_str(rt, &items->v[i], b);
     }
-    ct_value_t r = ct_str_copy(rt, b.data ? b.data : "", b.len);
-    baton_buf_free(&b);
-    return r;
+    return ct_buf_close(rt, b);
 }
 
 /* ---- tojson: json.dumps(x, ensure_ascii=False, indent=indent, sort_keys=sort_keys) ---- */
@@ -543,12 +538,13 @@ ct_value_t ct_apply_filter(ct_rt_t *rt, const char *name, const ct_value_t *v, i
         check_args(rt, name, &a, 1, kw);
         const ct_value_t *ind = arg(&a, 0, "indent");
         const ct_value_t *sk = arg(&a, -1, "sort_keys");
-        baton_buf_t b = BATON_BUF_INIT;
-        to_json(rt, v, &b, ind && ind->k != V_NONE ? need_int(rt, "tojson", ind, -1) : -1,
-                sk && ct_truthy(sk), 0);
-        ct_value_t r = ct_str_copy(rt, b.data ? b.data : "", b.len);
-        baton_buf_free(&b);
-        return r;
+        int64_t indent = ind && ind->k != V_NONE ? need_int(rt, "tojson", ind, -1) : -1;
+        if (indent > 64) {
+            ct_throw(rt, BATON_EINVAL, "tojson: indent over 64");
+        }
+        baton_buf_t *b = ct_buf_open(rt);
+        to_json(rt, v, b, indent, sk && ct_truthy(sk), 0);
+        return ct_buf_close(rt, b);
     }
     if (!strcmp(name, "safe")) {
         return *v;
@@ -789,7 +785,7 @@ ct_value_t ct_apply_filter(ct_rt_t *rt, const char *name, const ct_value_t *v, i
             pad = ct_str(sp, (size_t)n);
         }
         ct_value_t s = ct_stringify(rt, v);
-        baton_buf_t b = BATON_BUF_INIT;
+        baton_buf_t *bp = ct_buf_open(rt);
         size_t i = 0;
         bool first_line = true;
         while (i <= s.u.s.n) {
@@ -798,22 +794,20 @@ ct_value_t ct_apply_filter(ct_rt_t *rt, const char *name, const ct_value_t *v, i
             bool empty = e == i;
             if ((!first_line || (first && ct_truthy(first))) &&
                 (!empty || (blank && ct_truthy(blank)))) {
-                baton_buf_append(&b, pad.u.s.p, pad.u.s.n);
+                baton_buf_append(bp, pad.u.s.p, pad.u.s.n);
             }
-            baton_buf_append(&b, s.u.s.p + i, e - i);
+            baton_buf_append(bp, s.u.s.p + i, e - i);
             if (!nl) {
                 break;
             }
-            baton_buf_append(&b, "\n", 1);
+            baton_buf_append(bp, "\n", 1);
             i = e + 1;
             first_line = false;
-            if (b.len > rt->lim.max_memory) {
+            if (bp->len > rt->lim.max_memory) {
                 break;
             }
         }
-        ct_value_t r = ct_str_copy(rt, b.data ? b.data : "", b.len);
-        baton_buf_free(&b);
-        return r;
+        return ct_buf_close(rt, bp);
     }
     if (!strcmp(name, "wordcount")) {
         ct_value_t s = ct_stringify(rt, v);

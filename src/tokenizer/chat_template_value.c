@@ -362,11 +362,9 @@ ct_value_t ct_stringify(ct_rt_t *rt, const ct_value_t *v)
     if (v->k == V_STR) {
         return *v;
     }
-    baton_buf_t b = BATON_BUF_INIT;
-    to_str(rt, v, &b, false, 0); /* a throw here leaks b: bounded by the value, and rare */
-    ct_value_t s = ct_str_copy(rt, b.data ? b.data : "", b.len);
-    baton_buf_free(&b);
-    return s;
+    baton_buf_t *b = ct_buf_open(rt);
+    to_str(rt, v, b, false, 0);
+    return ct_buf_close(rt, b);
 }
 
 /* ---- JSON input ---- */
@@ -611,21 +609,18 @@ ct_value_t ct_slice(ct_rt_t *rt, const ct_value_t *obj, const ct_value_t *start,
         hi = step < 0 ? len - 1 : len;
     }
     ct_list_t *l = ct_list_new(rt, 4);
-    baton_buf_t b = BATON_BUF_INIT;
+    baton_buf_t *b = obj->k == V_STR ? ct_buf_open(rt) : NULL;
     for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) {
         if (obj->k == V_LIST) {
             ct_list_push(rt, l, obj->u.list->v[i]);
-        } else if (baton_buf_append(&b, obj->u.s.p + off[i], off[i + 1] - off[i]) < 0) {
-            baton_buf_free(&b);
+        } else if (baton_buf_append(b, obj->u.s.p + off[i], off[i + 1] - off[i]) < 0) {
             ct_throw(rt, BATON_ENOMEM, "out of memory");
         }
     }
     if (obj->k == V_LIST) {
         return (ct_value_t){.k = V_LIST, .u.list = l};
     }
-    ct_value_t s = ct_str_copy(rt, b.data ? b.data : "", b.len);
-    baton_buf_free(&b);
-    return s;
+    return ct_buf_close(rt, b);
 }
 
 /* ---- operators ---- */
