@@ -55,7 +55,9 @@ static int reserve(baton_tok_scratch_t *sc, size_t n)
     uint32_t *rank = realloc(sc->rank, cap * sizeof(uint32_t));
     if (rank)
         sc->rank = rank;
-    uint64_t *heap = realloc(sc->heap, cap * 2 * sizeof(uint64_t));
+    /* The heap never holds more than 2n entries (n - 1 pairs, then each merge pops one and
+     * pushes at most two); 3n leaves room. */
+    uint64_t *heap = realloc(sc->heap, cap * 3 * sizeof(uint64_t));
     if (heap)
         sc->heap = heap;
     if (!sym || !next || !prev || !rank || !heap)

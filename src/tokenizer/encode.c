@@ -189,8 +189,7 @@ static int encode_normalized(enc_t *e, const char *s, size_t n, bool specials)
 }
 
 /* One normalizer stage over in[0..len): a new malloc'd string in *out_p, its length in *len_p. */
-static int norm_stage(const tok_norm_t *nm, const char *in, size_t len, char **out_p,
-                      size_t *len_p)
+static int norm_stage(const tok_norm_t *nm, const char *in, size_t len, char **out_p, size_t *len_p)
 {
     if (nm->kind == NORM_PREPEND) {
         char *o = malloc(nm->alen + len + 1);
@@ -226,10 +225,18 @@ static int norm_stage(const tok_norm_t *nm, const char *in, size_t len, char **o
     }
     int opt = UTF8PROC_STABLE;
     switch (nm->kind) {
-    case NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
-    case NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
-    case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-    default: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    case NORM_NFC:
+        opt |= UTF8PROC_COMPOSE;
+        break;
+    case NORM_NFD:
+        opt |= UTF8PROC_DECOMPOSE;
+        break;
+    case NORM_NFKC:
+        opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+        break;
+    default:
+        opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+        break;
     }
     utf8proc_uint8_t *res = NULL;
     utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)in, (utf8proc_ssize_t)len, &res,
@@ -356,7 +363,7 @@ int baton_tok_decode(const baton_tok_t *t, const uint32_t *ids, size_t n, unsign
         }
     }
     /* SentencePiece's decoder strips the one space its normalizer put in front. */
-    if (!t->byte_level && out->len > start && out->data[start] == ' ') {
+    if (t->sp_strip && out->len > start && out->data[start] == ' ') {
         memmove(out->data + start, out->data + start + 1, out->len - start - 1);
         out->len--;
         out->data[out->len] = 0;

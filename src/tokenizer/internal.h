@@ -17,7 +17,14 @@
 #define TOK_CACHE_KEY   22
 #define TOK_CACHE_IDS   8
 
-typedef enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_PREPEND, NORM_REPLACE } tok_norm_kind_t;
+typedef enum {
+    NORM_NFC,
+    NORM_NFD,
+    NORM_NFKC,
+    NORM_NFKD,
+    NORM_PREPEND,
+    NORM_REPLACE
+} tok_norm_kind_t;
 
 typedef struct {
     tok_norm_kind_t kind;
@@ -61,8 +68,9 @@ struct baton_tok {
     char *blob;
     uint8_t *flags;        /* TOKF_* per id */
     uint32_t byte_id[256]; /* the token of each byte: its byte-level token, or <0xXX> */
-    bool byte_level; /* byte-level BPE; otherwise SentencePiece-style (characters, byte
-                      * fallback, the metaspace U+2581 for spaces) */
+    bool byte_level;       /* byte-level BPE; otherwise SentencePiece-style (characters, byte
+                            * fallback, the metaspace U+2581 for spaces) */
+    bool sp_strip;         /* SentencePiece-style decode drops the leading space */
     tok_vocab_map_t vmap;  /* model vocabulary bytes -> id (not added tokens) */
     tok_merge_map_t merges;
     bool ignore_merges; /* a piece found whole in the vocabulary is that token */

@@ -234,8 +234,9 @@ int tok__parse_model(baton_tok_t *t, json_t *root, char *err, size_t errlen)
     }
     bool byte_fallback = json_is_true(json_object_get(model, "byte_fallback"));
     if (t->byte_level && byte_fallback) {
-        tok__err(err, errlen, "model BPE byte_fallback with a ByteLevel pre-tokenizer is not "
-                              "supported");
+        tok__err(err, errlen,
+                 "model BPE byte_fallback with a ByteLevel pre-tokenizer is not "
+                 "supported");
         return BATON_ENOTSUP;
     }
     if (!t->byte_level && !byte_fallback) {
@@ -344,6 +345,15 @@ int tok__parse_model(baton_tok_t *t, json_t *root, char *err, size_t errlen)
         if (!t->byte_level)
             clen = (size_t)snprintf(c, sizeof(c), "<0x%02X>", b);
         int64_t id = tok__vocab_lookup(t, c, clen);
+        if (id < 0 && !t->byte_level && b < 0x80) {
+            /* An ASCII character that is a token itself never falls back to its byte. */
+            char ch = (char)b;
+            id = tok__vocab_lookup(t, &ch, 1);
+            if (id >= 0) {
+                t->byte_id[b] = (uint32_t)id;
+                continue;
+            }
+        }
         if (id < 0) {
             tok__err(err, errlen, "model.vocab lacks the %s token of byte 0x%02x",
                      t->byte_level ? "byte-level" : "byte_fallback", b);
@@ -362,7 +372,12 @@ static int read_file(const char *path, char **data_p, size_t *len_p)
     if (fd < 0)
         return -errno;
     struct stat st;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > TOK_MAX_FILE) {
+    if (fstat(fd, &st) < 0) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > TOK_MAX_FILE) {
         int e = S_ISREG(st.st_mode) ? BATON_ETOOBIG : BATON_EINVAL;
         close(fd);
         return e;
@@ -393,8 +408,9 @@ int baton_tok_load(const char *path, baton_tok_t **tok_p, char *err, size_t errl
     *tok_p = NULL;
     struct stat st;
     if (!path || stat(path, &st) < 0) {
+        int e = path ? -errno : BATON_EINVAL;
         tok__err(err, errlen, "tokenizer path not found");
-        return path ? -errno : BATON_EINVAL;
+        return e;
     }
     size_t plen = strlen(path);
     char *json_path = malloc(plen + 32), *cfg_path = malloc(plen + 32);
@@ -549,6 +565,11 @@ int64_t baton_tok_bos_id(const baton_tok_t *t)
 int64_t baton_tok_eos_id(const baton_tok_t *t)
 {
     return t->eos_id;
+}
+
+const struct json_t *baton_tok_config_json(const baton_tok_t *t)
+{
+    return t->config;
 }
 
 uint64_t baton_tok_model_max_length(const baton_tok_t *t)

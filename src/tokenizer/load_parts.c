@@ -193,24 +193,30 @@ static int parse_pretok(baton_tok_t *t, json_t *p, int depth, bool *byte_level, 
     return BATON_ENOTSUP;
 }
 
-/* The decoder of SentencePiece-style BPE: Sequence [Replace U+2581 -> " ", ByteFallback, Fuse,
- * Strip " " (1, 0)], the one baton_tok_decode reproduces for it. */
-static bool sp_decoder(json_t *dec)
+/* The decoder of SentencePiece-style BPE: Sequence [Replace U+2581 -> " ", ByteFallback, Fuse]
+ * and, where the normalizer prepends a U+2581 (Llama 2, Mistral; not Gemma), Strip " " (1, 0):
+ * the chains baton_tok_decode reproduces. */
+static bool sp_decoder(baton_tok_t *t, json_t *dec)
 {
     json_t *list = json_object_get(dec, "decoders");
+    size_t n = json_array_size(list);
     if (!json_is_object(dec) || strcmp(type_of(dec), "Sequence") != 0 || !json_is_array(list) ||
-        json_array_size(list) != 4)
+        (n != 3 && n != 4))
         return false;
-    json_t *rep = json_array_get(list, 0), *strip = json_array_get(list, 3);
+    json_t *rep = json_array_get(list, 0);
     json_t *pat = json_object_get(json_object_get(rep, "pattern"), "String");
     json_t *content = json_object_get(rep, "content");
-    json_t *sc = json_object_get(strip, "content");
-    return strcmp(type_of(rep), "Replace") == 0 && json_is_string(pat) &&
-           strcmp(json_string_value(pat), "\xe2\x96\x81") == 0 && json_is_string(content) &&
-           strcmp(json_string_value(content), " ") == 0 &&
-           strcmp(type_of(json_array_get(list, 1)), "ByteFallback") == 0 &&
-           strcmp(type_of(json_array_get(list, 2)), "Fuse") == 0 &&
-           strcmp(type_of(strip), "Strip") == 0 && json_is_string(sc) &&
+    if (strcmp(type_of(rep), "Replace") != 0 || !json_is_string(pat) ||
+        strcmp(json_string_value(pat), "\xe2\x96\x81") != 0 || !json_is_string(content) ||
+        strcmp(json_string_value(content), " ") != 0 ||
+        strcmp(type_of(json_array_get(list, 1)), "ByteFallback") != 0 ||
+        strcmp(type_of(json_array_get(list, 2)), "Fuse") != 0)
+        return false;
+    if (n == 3)
+        return true;
+    json_t *strip = json_array_get(list, 3), *sc = json_object_get(strip, "content");
+    t->sp_strip = true;
+    return strcmp(type_of(strip), "Strip") == 0 && json_is_string(sc) &&
            strcmp(json_string_value(sc), " ") == 0 &&
            json_integer_value(json_object_get(strip, "start")) == 1 &&
            json_integer_value(json_object_get(strip, "stop")) == 0;
@@ -243,10 +249,10 @@ int tok__parse_pipeline(baton_tok_t *t, json_t *root, char *err, size_t errlen)
         tok__err(err, errlen, "pre_tokenizer Split without ByteLevel is not supported");
         return BATON_ENOTSUP;
     }
-    if (!sp_decoder(dec)) {
+    if (!sp_decoder(t, dec)) {
         tok__err(err, errlen,
                  "decoder %.64s is not supported for BPE without ByteLevel (only Sequence "
-                 "[Replace U+2581, ByteFallback, Fuse, Strip])",
+                 "[Replace U+2581, ByteFallback, Fuse(, Strip)])",
                  json_is_object(dec) ? type_of(dec) : "(none)");
         return BATON_ENOTSUP;
     }

@@ -8,6 +8,8 @@
 
 #include "common/buf.h"
 
+struct json_t;
+
 /*
  * Ownership and threading
  * - A baton_tok_t is built once by baton_tok_load*() and is IMMUTABLE afterwards: every call
@@ -117,6 +119,11 @@ int64_t baton_tok_eos_id(const baton_tok_t *tok);
 /* A top-level string of tokenizer_config.json ("chat_template", "bos_token" — a token given
  * as {"content": ...} is returned as its content), or NULL. Valid while tok lives. */
 const char *baton_tok_config_str(const baton_tok_t *tok, const char *key);
+/* tokenizer_config.json as parsed by jansson (chat_template given as a list of named
+ * templates, add_bos_token, added_tokens_decoder, ...), or NULL without one. Read-only: jansson
+ * objects are not safe to modify or reference-count from several threads. Valid while tok
+ * lives. */
+const struct json_t *baton_tok_config_json(const baton_tok_t *tok);
 /* tokenizer_config.json's model_max_length when it is a plausible context length, else 0. */
 uint64_t baton_tok_model_max_length(const baton_tok_t *tok);
 

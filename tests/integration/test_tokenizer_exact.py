@@ -23,7 +23,7 @@ BUILD = os.environ.get("BATON_BUILD_DIR", os.path.join(HERE, "..", "..", "build"
 TOOL = os.path.join(BUILD, "baton-tok")
 
 # The families Baton loads, by npm package: byte-level BPE, then SentencePiece-style BPE.
-MODELS = ["qwen3", "llama3_1", "deepseek_v3", "gpt4o", "llama2"]
+MODELS = ["qwen3", "llama3_1", "deepseek_v3", "gpt4o", "llama2", "gemma"]
 
 
 def model_dir(name):

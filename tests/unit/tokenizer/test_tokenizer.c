@@ -130,6 +130,7 @@ static void test_special_text_is_text_unless_asked(void **state)
     assert_int_equal(baton_tok_eos_id(t), ID_BOS);
     assert_int_equal(baton_tok_model_max_length(t), 4096);
     assert_string_equal(baton_tok_config_str(t, "chat_template"), "{{ x }}");
+    assert_true(json_is_object(baton_tok_config_json(t)));
     assert_int_equal(baton_tok_token_id(t, "<think>", 7), ID_THINK);
     assert_int_equal(baton_tok_token_id(t, "hello", 5), ID_HELLO);
     assert_int_equal(baton_tok_token_id(t, "nope!", 5), -1);
