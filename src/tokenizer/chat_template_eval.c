@@ -51,6 +51,16 @@ void *ct_rt_alloc(ct_rt_t *rt, size_t n)
     return p;
 }
 
+char *ct_rt_bytes(ct_rt_t *rt, size_t n)
+{
+    char *p = n < SIZE_MAX ? ct_alloc_bytes(&rt->arena, n + 1) : NULL;
+    if (!p) {
+        ct_throw(rt, BATON_ETOOBIG, "working memory over %zu bytes", rt->lim.max_memory);
+    }
+    p[n] = 0;
+    return p;
+}
+
 void ct_depth_enter(ct_rt_t *rt)
 {
     if (++rt->depth > rt->lim.max_depth * 4) {
@@ -288,7 +298,7 @@ ct_value_t ct_buf_close(ct_rt_t *rt, baton_buf_t *b)
     bool fits = b->len <= rt->lim.max_memory;
     if (fits) {
         s = ct_str(NULL, 0);
-        char *p = ct_alloc(&rt->arena, b->len + 1);
+        char *p = ct_alloc_bytes(&rt->arena, b->len + 1);
         if (p) {
             if (b->len) {
                 memcpy(p, b->data, b->len);

@@ -163,6 +163,7 @@ typedef struct {
 } ct_arena_t;
 
 void *ct_alloc(ct_arena_t *a, size_t n); /* zeroed; NULL over the limit or out of memory */
+void *ct_alloc_bytes(ct_arena_t *a, size_t n); /* not zeroed: for string bytes */
 void ct_arena_free(ct_arena_t *a);
 
 struct baton_tmpl {
@@ -207,6 +208,7 @@ ct_value_t ct_buf_close(ct_rt_t *rt, baton_buf_t *b);
 _Noreturn void ct_throw(ct_rt_t *rt, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void *ct_rt_alloc(ct_rt_t *rt, size_t n);
+char *ct_rt_bytes(ct_rt_t *rt, size_t n); /* n bytes and a NUL, not zeroed */
 void ct_depth_enter(ct_rt_t *rt);
 
 /* values (chat_template_lib.c) */

@@ -16,6 +16,15 @@ struct ct_chunk {
 
 void *ct_alloc(ct_arena_t *a, size_t n)
 {
+    void *p = ct_alloc_bytes(a, n);
+    if (p) {
+        memset(p, 0, n);
+    }
+    return p;
+}
+
+void *ct_alloc_bytes(ct_arena_t *a, size_t n)
+{
     n = (n + 15) & ~(size_t)15;
     if (n == 0) {
         n = 16;
@@ -38,7 +47,6 @@ void *ct_alloc(ct_arena_t *a, size_t n)
     void *p = c->data + c->used;
     c->used += n;
     a->used += n;
-    memset(p, 0, n);
     return p;
 }
 

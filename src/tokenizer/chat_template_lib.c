@@ -132,7 +132,7 @@ enum { CASE_UPPER, CASE_LOWER, CASE_TITLE, CASE_CAPITALIZE };
 
 static ct_value_t recase(ct_rt_t *rt, const ct_value_t *s, int mode)
 {
-    char *o = ct_rt_alloc(rt, s->u.s.n * 3 + 4);
+    char *o = ct_rt_bytes(rt, s->u.s.n * 3 + 4);
     size_t n = 0, i = 0;
     bool prev_cased = false, first = true;
     while (i < s->u.s.n) {

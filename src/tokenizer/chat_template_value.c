@@ -19,7 +19,7 @@ ct_value_t ct_str(const char *p, size_t n)
 
 ct_value_t ct_str_copy(ct_rt_t *rt, const char *p, size_t n)
 {
-    char *s = ct_rt_alloc(rt, n + 1);
+    char *s = ct_rt_bytes(rt, n);
     if (n) {
         memcpy(s, p, n);
     }
@@ -703,7 +703,7 @@ int ct_compare(ct_rt_t *rt, const char *op, const ct_value_t *a, const ct_value_
 static ct_value_t concat_str(ct_rt_t *rt, const ct_value_t *a, const ct_value_t *b)
 {
     size_t n = a->u.s.n + b->u.s.n;
-    char *s = ct_rt_alloc(rt, n + 1);
+    char *s = ct_rt_bytes(rt, n);
     memcpy(s, a->u.s.p, a->u.s.n);
     memcpy(s + a->u.s.n, b->u.s.p, b->u.s.n);
     return ct_str(s, n);
@@ -726,7 +726,7 @@ static ct_value_t repeat(ct_rt_t *rt, const ct_value_t *seq, int64_t times)
         ct_throw(rt, BATON_ETOOBIG, "repetition over the memory limit");
     }
     if (seq->k == V_STR) {
-        char *s = ct_rt_alloc(rt, unit * (size_t)times + 1);
+        char *s = ct_rt_bytes(rt, unit * (size_t)times);
         for (int64_t i = 0; i < times; i++) {
             memcpy(s + unit * (size_t)i, seq->u.s.p, unit);
         }
