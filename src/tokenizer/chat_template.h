@@ -58,6 +58,16 @@ int baton_tmpl_compile(const char *src, size_t len, baton_tmpl_t **out, char *er
 int baton_tmpl_render(const baton_tmpl_t *t, const struct json_t *vars,
                       const baton_tmpl_limits_t *lim, baton_buf_t *out, char *err, size_t errlen);
 
+/* Renders an OpenAI chat request body (/v1/chat/completions) as vLLM does: messages, tools,
+ * add_generation_prompt (true unless the body says false), the tokenizer's bos_token and
+ * eos_token (tok may be NULL: both empty), and the keys of chat_template_kwargs (the body's own
+ * fields win). The rendered prompt is to be encoded with BATON_TOK_PARSE_SPECIAL and without
+ * BATON_TOK_ADD_SPECIAL (the template writes its own bos). */
+struct baton_tok;
+int baton_tmpl_render_chat(const baton_tmpl_t *t, const struct baton_tok *tok,
+                           const struct json_t *body, const baton_tmpl_limits_t *lim,
+                           baton_buf_t *out, char *err, size_t errlen);
+
 void baton_tmpl_free(baton_tmpl_t *t);
 
 #endif

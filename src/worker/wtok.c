@@ -107,27 +107,5 @@ int wk_tok_encode(const char *s, size_t len, bool chat, int64_t **ids_p, uint32_
 
 int wk_tok_render_chat(const json_t *body, baton_buf_t *out, char *err, size_t errlen)
 {
-    json_t *vars = json_object();
-    if (!vars) {
-        return BATON_ENOMEM;
-    }
-    /* chat_template_kwargs first: the request's own fields below take precedence */
-    json_t *kw = json_object_get(body, "chat_template_kwargs");
-    if (json_is_object(kw)) {
-        json_object_update(vars, kw);
-    }
-    json_object_set(vars, "messages", json_object_get(body, "messages"));
-    json_t *tools = json_object_get(body, "tools");
-    if (tools && !json_is_null(tools)) {
-        json_object_set(vars, "tools", tools);
-    }
-    json_t *agp = json_object_get(body, "add_generation_prompt");
-    json_object_set_new(vars, "add_generation_prompt", json_boolean(!json_is_false(agp)));
-    const char *bos = baton_tok_config_str(g_tok, "bos_token");
-    const char *eos = baton_tok_config_str(g_tok, "eos_token");
-    json_object_set_new(vars, "bos_token", json_string(bos ? bos : ""));
-    json_object_set_new(vars, "eos_token", json_string(eos ? eos : ""));
-    int rc = baton_tmpl_render(g_tmpl, vars, NULL, out, err, errlen);
-    json_decref(vars);
-    return rc;
+    return baton_tmpl_render_chat(g_tmpl, g_tok, body, NULL, out, err, errlen);
 }
