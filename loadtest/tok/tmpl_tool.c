@@ -52,8 +52,8 @@ static int time_cases(int reps, const char *path)
     }
     char err[512];
     baton_tmpl_t *t;
-    if (baton_tmpl_compile(json_string_value(src), json_string_length(src), &t, err,
-                           sizeof(err)) < 0) {
+    if (baton_tmpl_compile(json_string_value(src), json_string_length(src), &t, err, sizeof(err)) <
+        0) {
         fprintf(stderr, "baton-tmpl: %s\n", err);
         json_decref(root);
         return 1;
@@ -61,7 +61,8 @@ static int time_cases(int reps, const char *path)
     double *us = calloc((size_t)reps, sizeof(*us));
     size_t i;
     json_t *vars;
-    json_array_foreach(json_object_get(root, "cases"), i, vars) {
+    json_array_foreach(json_object_get(root, "cases"), i, vars)
+    {
         size_t bytes = 0;
         for (int r = 0; r < reps; r++) {
             baton_buf_t b = BATON_BUF_INIT;
@@ -107,7 +108,8 @@ int main(int argc, char **argv)
         return 0;
     }
     if (argc != 2) {
-        fprintf(stderr, "usage: baton-tmpl CASES.json | --check TEMPLATE_FILE | --time N CASES.json\n");
+        fprintf(stderr,
+                "usage: baton-tmpl CASES.json | --check TEMPLATE_FILE | --time N CASES.json\n");
         return 2;
     }
     json_error_t jerr;
@@ -125,11 +127,12 @@ int main(int argc, char **argv)
     }
     json_t *out = json_array();
     baton_tmpl_t *t;
-    int rc = baton_tmpl_compile(src, json_string_length(json_object_get(root, "template")), &t,
-                                err, sizeof(err));
+    int rc = baton_tmpl_compile(src, json_string_length(json_object_get(root, "template")), &t, err,
+                                sizeof(err));
     size_t i;
     json_t *vars;
-    json_array_foreach(cases, i, vars) {
+    json_array_foreach(cases, i, vars)
+    {
         if (rc < 0) {
             json_array_append_new(out, json_pack("{s:s,s:i}", "error", err, "code", rc));
             continue;

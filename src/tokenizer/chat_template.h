@@ -37,10 +37,10 @@ typedef struct baton_tmpl baton_tmpl_t;
 
 /* Bounds of one render. Zero fields take the defaults (BATON_TMPL_DEFAULT_*). */
 typedef struct {
-    size_t max_output;     /* bytes rendered */
-    size_t max_memory;     /* bytes of working values (strings built, lists, dicts) */
-    uint64_t max_steps;    /* loop iterations plus macro calls, all loops together */
-    unsigned max_depth;    /* nesting of macro calls, evaluation and input JSON */
+    size_t max_output;  /* bytes rendered */
+    size_t max_memory;  /* bytes of working values (strings built, lists, dicts) */
+    uint64_t max_steps; /* loop iterations plus macro calls, all loops together */
+    unsigned max_depth; /* nesting of macro calls, evaluation and input JSON */
 } baton_tmpl_limits_t;
 
 #define BATON_TMPL_MAX_SOURCE         (512u * 1024u) /* template source bytes */

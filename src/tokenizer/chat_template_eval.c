@@ -575,7 +575,8 @@ int baton_tmpl_render(const baton_tmpl_t *t, const json_t *vars, const baton_tmp
             }
             const char *k;
             json_t *v;
-            json_object_foreach((json_t *)vars, k, v) {
+            json_object_foreach((json_t *)vars, k, v)
+            {
                 assign(rt, k, ct_from_json(rt, v, 0));
             }
         }

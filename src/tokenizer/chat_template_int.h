@@ -40,33 +40,33 @@ typedef struct {
 /* ---- AST ---- */
 typedef enum {
     /* expressions */
-    N_LIT,     /* literal value v */
-    N_NAME,    /* name s */
-    N_LIST,    /* kids[] */
-    N_TUPLE,   /* kids[] (a list at runtime) */
-    N_DICT,    /* kids[] alternating key, value */
-    N_ATTR,    /* a.s */
-    N_INDEX,   /* a[b] */
-    N_SLICE,   /* a[b:c:d], absent parts NULL */
-    N_CALL,    /* a(kids..., names[i] for keyword args (NULL positional)) */
-    N_FILTER,  /* a | s(kids...) */
-    N_TEST,    /* a is [not] s(kids...); flag = negated */
-    N_UNARY,   /* op s: "not" or "-" or "+" ; a */
-    N_BINARY,  /* a op b */
+    N_LIT,    /* literal value v */
+    N_NAME,   /* name s */
+    N_LIST,   /* kids[] */
+    N_TUPLE,  /* kids[] (a list at runtime) */
+    N_DICT,   /* kids[] alternating key, value */
+    N_ATTR,   /* a.s */
+    N_INDEX,  /* a[b] */
+    N_SLICE,  /* a[b:c:d], absent parts NULL */
+    N_CALL,   /* a(kids..., names[i] for keyword args (NULL positional)) */
+    N_FILTER, /* a | s(kids...) */
+    N_TEST,   /* a is [not] s(kids...); flag = negated */
+    N_UNARY,  /* op s: "not" or "-" or "+" ; a */
+    N_BINARY, /* a op b */
     N_AND,
     N_OR,
     N_COMPARE, /* a then kids[] with ops[] */
     N_COND,    /* b if a else c (c may be NULL) */
     /* statements */
-    S_TEXT,     /* s */
-    S_OUTPUT,   /* {{ a }} */
-    S_IF,       /* if a: body else: els (an elif is an S_IF alone in els) */
-    S_FOR,      /* for targets(names) in a [if b]: body else els */
-    S_SET,      /* set target (name s, or a.s via ns) = a ; or block body */
-    S_MACRO,    /* macro s(params names / defaults kids) body */
+    S_TEXT,   /* s */
+    S_OUTPUT, /* {{ a }} */
+    S_IF,     /* if a: body else: els (an elif is an S_IF alone in els) */
+    S_FOR,    /* for targets(names) in a [if b]: body else els */
+    S_SET,    /* set target (name s, or a.s via ns) = a ; or block body */
+    S_MACRO,  /* macro s(params names / defaults kids) body */
     S_BREAK,
     S_CONTINUE,
-    S_NOOP,     /* generation / endgeneration */
+    S_NOOP, /* generation / endgeneration */
 } ct_node_kind_t;
 
 typedef struct ct_value ct_value_t;
@@ -162,7 +162,7 @@ typedef struct {
     size_t used, limit; /* limit 0: unbounded */
 } ct_arena_t;
 
-void *ct_alloc(ct_arena_t *a, size_t n); /* zeroed; NULL over the limit or out of memory */
+void *ct_alloc(ct_arena_t *a, size_t n);       /* zeroed; NULL over the limit or out of memory */
 void *ct_alloc_bytes(ct_arena_t *a, size_t n); /* not zeroed: for string bytes */
 void ct_arena_free(ct_arena_t *a);
 
@@ -237,6 +237,22 @@ ct_value_t ct_slice(ct_rt_t *rt, const ct_value_t *obj, const ct_value_t *start,
                     const ct_value_t *stop, const ct_value_t *step);
 int ct_compare(ct_rt_t *rt, const char *op, const ct_value_t *a, const ct_value_t *b);
 ct_value_t ct_binop(ct_rt_t *rt, const char *op, const ct_value_t *a, const ct_value_t *b);
+
+/* strings and tojson (chat_template_str.c) */
+enum { CASE_UPPER, CASE_LOWER, CASE_TITLE, CASE_CAPITALIZE };
+int32_t ct_next_cp(const char *s, size_t n, size_t *i); /* -1 (one byte skipped): not UTF-8 */
+bool ct_py_space(int32_t c);                            /* Python's str.isspace() */
+/* chars NULL: Python's whitespace */
+ct_value_t ct_strip(const ct_value_t *s, const ct_value_t *chars, bool left, bool right);
+ct_value_t ct_recase(ct_rt_t *rt, const ct_value_t *s, int mode);
+size_t ct_cp_len(const ct_value_t *s);
+ct_value_t ct_replace(ct_rt_t *rt, const ct_value_t *s, const ct_value_t *old,
+                      const ct_value_t *new, int64_t count);
+ct_value_t ct_split(ct_rt_t *rt, const ct_value_t *s, const ct_value_t *sep, int64_t max);
+ct_value_t ct_join(ct_rt_t *rt, const ct_list_t *items, const ct_value_t *sep);
+/* indent < 0: one line */
+void ct_to_json(ct_rt_t *rt, const ct_value_t *v, baton_buf_t *b, int64_t indent, bool sort,
+                unsigned depth);
 
 /* the library: names known at compile time, applied at render */
 bool ct_filter_known(const char *name);

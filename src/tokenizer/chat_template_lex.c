@@ -252,18 +252,40 @@ static int lex_string(toks_t *t, const char *src, size_t len, size_t *ip, int *l
             continue;
         }
         switch (e) {
-        case 'n': o[n++] = '\n'; break;
-        case 't': o[n++] = '\t'; break;
-        case 'r': o[n++] = '\r'; break;
-        case 'b': o[n++] = '\b'; break;
-        case 'f': o[n++] = '\f'; break;
-        case 'v': o[n++] = '\v'; break;
-        case '0': o[n++] = '\0'; break;
-        case '\\': o[n++] = '\\'; break;
-        case '\'': o[n++] = '\''; break;
-        case '"': o[n++] = '"'; break;
-        case '\n': (*line)++; break; /* a backslash-newline continues the literal */
-        default: /* Python keeps an unknown escape as it is */
+        case 'n':
+            o[n++] = '\n';
+            break;
+        case 't':
+            o[n++] = '\t';
+            break;
+        case 'r':
+            o[n++] = '\r';
+            break;
+        case 'b':
+            o[n++] = '\b';
+            break;
+        case 'f':
+            o[n++] = '\f';
+            break;
+        case 'v':
+            o[n++] = '\v';
+            break;
+        case '0':
+            o[n++] = '\0';
+            break;
+        case '\\':
+            o[n++] = '\\';
+            break;
+        case '\'':
+            o[n++] = '\'';
+            break;
+        case '"':
+            o[n++] = '"';
+            break;
+        case '\n':
+            (*line)++;
+            break; /* a backslash-newline continues the literal */
+        default:   /* Python keeps an unknown escape as it is */
             o[n++] = '\\';
             o[n++] = e;
         }
@@ -273,9 +295,9 @@ static int lex_string(toks_t *t, const char *src, size_t len, size_t *ip, int *l
     return k ? 0 : -1;
 }
 
-static const char *const OPS[] = {"**", "//", "==", "!=", "<=", ">=", "(", ")", "[", "]", "{",
-                                  "}",  ",",  ".",  ":",  "|",  "<",  ">", "+", "-", "~", "*",
-                                  "/",  "%",  "="};
+static const char *const OPS[] = {"**", "//", "==", "!=", "<=", ">=", "(", ")", "[",
+                                  "]",  "{",  "}",  ",",  ".",  ":",  "|", "<", ">",
+                                  "+",  "-",  "~",  "*",  "/",  "%",  "="};
 
 int ct_lex(ct_diag_t *d, const char *src0, size_t len0, ct_tok_t **toks, size_t *ntoks)
 {
@@ -385,7 +407,8 @@ int ct_lex(ct_diag_t *d, const char *src0, size_t len0, ct_tok_t **toks, size_t 
             while (j < len && src[j] >= '0' && src[j] <= '9') {
                 j++;
             }
-            bool is_float = j + 1 < len && src[j] == '.' && src[j + 1] >= '0' && src[j + 1] <= '9' &&
+            bool is_float = j + 1 < len && src[j] == '.' && src[j + 1] >= '0' &&
+                            src[j + 1] <= '9' &&
                             !(t.n && t.v[t.n - 1].kind == TK_OP && t.v[t.n - 1].s[0] == '.');
             if (is_float) {
                 j++;
@@ -435,8 +458,9 @@ int ct_lex(ct_diag_t *d, const char *src0, size_t len0, ct_tok_t **toks, size_t 
         }
         if (c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) {
             size_t j = i;
-            while (j < len && (src[j] == '_' || (src[j] >= 'a' && src[j] <= 'z') ||
-                               (src[j] >= 'A' && src[j] <= 'Z') || (src[j] >= '0' && src[j] <= '9'))) {
+            while (j < len &&
+                   (src[j] == '_' || (src[j] >= 'a' && src[j] <= 'z') ||
+                    (src[j] >= 'A' && src[j] <= 'Z') || (src[j] >= '0' && src[j] <= '9'))) {
                 j++;
             }
             if (!push(&t, TK_NAME, src + i, j - i, line)) {

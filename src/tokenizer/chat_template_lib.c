@@ -11,21 +11,21 @@
 #include "tokenizer/chat_template_int.h"
 
 static const char *const FILTERS[] = {
-    "abs",  "capitalize", "count",      "d",       "default", "first",     "float",   "indent",
-    "int",  "items",      "join",       "last",    "length",  "list",      "lower",   "map",
-    "rejectattr", "replace", "reverse", "safe",    "selectattr", "sort",   "string",  "title",
-    "tojson", "trim",     "unique",     "upper",   "wordcount"};
+    "abs",        "capitalize", "count",   "d",     "default",    "first", "float",  "indent",
+    "int",        "items",      "join",    "last",  "length",     "list",  "lower",  "map",
+    "rejectattr", "replace",    "reverse", "safe",  "selectattr", "sort",  "string", "title",
+    "tojson",     "trim",       "unique",  "upper", "wordcount"};
 static const char *const TESTS[] = {
-    "boolean", "callable", "defined",  "divisibleby", "eq",    "equalto", "even",     "false",
-    "float",   "ge",       "gt",       "in",          "integer", "iterable", "le",    "lower",
-    "lt",      "mapping",  "ne",       "none",        "number", "odd",     "sameas",  "sequence",
-    "string",  "true",     "undefined", "upper"};
+    "boolean", "callable", "defined",  "divisibleby", "eq",   "equalto",   "even",
+    "false",   "float",    "ge",       "gt",          "in",   "integer",   "iterable",
+    "le",      "lower",    "lt",       "mapping",     "ne",   "none",      "number",
+    "odd",     "sameas",   "sequence", "string",      "true", "undefined", "upper"};
 static const char *const GLOBALS[] = {"raise_exception", "namespace", "range", "dict",
                                       "strftime_now"};
-static const char *const METHODS[] = {"strip", "lstrip", "rstrip", "startswith", "endswith",
-                                      "split", "upper",  "lower",  "title",      "capitalize",
-                                      "replace", "join", "find",   "count",      "items",
-                                      "keys",  "values", "get",    "cycle"};
+static const char *const METHODS[] = {"strip",   "lstrip", "rstrip", "startswith", "endswith",
+                                      "split",   "upper",  "lower",  "title",      "capitalize",
+                                      "replace", "join",   "find",   "count",      "items",
+                                      "keys",    "values", "get",    "cycle"};
 
 static bool in_set(const char *name, const char *const *set, size_t n)
 {
@@ -67,333 +67,6 @@ ct_value_t ct_global(const char *name)
     return v;
 }
 
-/* ---- strings ---- */
-
-static int32_t next_cp(const char *s, size_t n, size_t *i)
-{
-    utf8proc_int32_t cp;
-    utf8proc_ssize_t r = utf8proc_iterate((const utf8proc_uint8_t *)s + *i, (utf8proc_ssize_t)(n - *i), &cp);
-    if (r <= 0) {
-        (*i)++;
-        return -1;
-    }
-    *i += (size_t)r;
-    return cp;
-}
-
-/* Python's str.isspace() */
-static bool py_space(int32_t c)
-{
-    return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
-           c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-           c == 0x202F || c == 0x205F || c == 0x3000;
-}
-
-static bool in_chars(int32_t c, const ct_value_t *chars)
-{
-    if (!chars) {
-        return py_space(c);
-    }
-    size_t i = 0;
-    while (i < chars->u.s.n) {
-        if (next_cp(chars->u.s.p, chars->u.s.n, &i) == c) {
-            return true;
-        }
-    }
-    return false;
-}
-
-static ct_value_t strip(const ct_value_t *s, const ct_value_t *chars, bool left, bool right)
-{
-    const char *p = s->u.s.p;
-    size_t a = 0, b = s->u.s.n;
-    while (left && a < b) {
-        size_t j = a;
-        if (!in_chars(next_cp(p, b, &j), chars)) {
-            break;
-        }
-        a = j;
-    }
-    while (right && b > a) {
-        size_t st = b - 1;
-        while (st > a && ((unsigned char)p[st] & 0xC0) == 0x80) {
-            st--;
-        }
-        size_t j = st;
-        if (!in_chars(next_cp(p, b, &j), chars)) {
-            break;
-        }
-        b = st;
-    }
-    return ct_str(p + a, b - a);
-}
-
-enum { CASE_UPPER, CASE_LOWER, CASE_TITLE, CASE_CAPITALIZE };
-
-static ct_value_t recase(ct_rt_t *rt, const ct_value_t *s, int mode)
-{
-    char *o = ct_rt_bytes(rt, s->u.s.n * 3 + 4);
-    size_t n = 0, i = 0;
-    bool prev_cased = false, first = true;
-    while (i < s->u.s.n) {
-        size_t st = i;
-        int32_t c = next_cp(s->u.s.p, s->u.s.n, &i);
-        if (c < 0) {
-            memcpy(o + n, s->u.s.p + st, i - st);
-            n += i - st;
-            continue;
-        }
-        int32_t r = c;
-        switch (mode) {
-        case CASE_UPPER: r = utf8proc_toupper(c); break;
-        case CASE_LOWER: r = utf8proc_tolower(c); break;
-        case CASE_TITLE: r = prev_cased ? utf8proc_tolower(c) : utf8proc_totitle(c); break;
-        default: r = first ? utf8proc_totitle(c) : utf8proc_tolower(c); break;
-        }
-        first = false;
-        const utf8proc_property_t *pr = utf8proc_get_property(c);
-        prev_cased = pr->category == UTF8PROC_CATEGORY_LU || pr->category == UTF8PROC_CATEGORY_LL ||
-                     pr->category == UTF8PROC_CATEGORY_LT;
-        n += (size_t)utf8proc_encode_char(r, (utf8proc_uint8_t *)o + n);
-    }
-    return ct_str(o, n);
-}
-
-static size_t cp_len(const ct_value_t *s)
-{
-    size_t k = 0;
-    for (size_t i = 0; i < s->u.s.n; i++) {
-        k += ((unsigned char)s->u.s.p[i] & 0xC0) != 0x80;
-    }
-    return k;
-}
-
-static ct_value_t replace(ct_rt_t *rt, const ct_value_t *s, const ct_value_t *old,
-                          const ct_value_t *new, int64_t count)
-{
-    baton_buf_t *bp = ct_buf_open(rt);
-    size_t i = 0;
-    int64_t done = 0;
-    int rc = 0;
-    if (old->u.s.n == 0) { /* Python inserts new between every character */
-        while ((count < 0 || done < count) && i <= s->u.s.n) {
-            rc |= baton_buf_append(bp, new->u.s.p, new->u.s.n);
-            done++;
-            if (i == s->u.s.n) {
-                i++;
-                break;
-            }
-            size_t st = i;
-            next_cp(s->u.s.p, s->u.s.n, &i);
-            rc |= baton_buf_append(bp, s->u.s.p + st, i - st);
-        }
-        if (i <= s->u.s.n) {
-            rc |= baton_buf_append(bp, s->u.s.p + i, s->u.s.n - i);
-        }
-    } else {
-        while (count < 0 || done < count) {
-            const char *hit = memmem(s->u.s.p + i, s->u.s.n - i, old->u.s.p, old->u.s.n);
-            if (!hit) {
-                break;
-            }
-            size_t at = (size_t)(hit - s->u.s.p);
-            rc |= baton_buf_append(bp, s->u.s.p + i, at - i);
-            rc |= baton_buf_append(bp, new->u.s.p, new->u.s.n);
-            i = at + old->u.s.n;
-            done++;
-            if (bp->len > rt->lim.max_memory) {
-                break;
-            }
-        }
-        rc |= baton_buf_append(bp, s->u.s.p + i, s->u.s.n - i);
-    }
-    if (rc || bp->len > rt->lim.max_memory) {
-        ct_throw(rt, BATON_ETOOBIG, "replace: result over the memory limit");
-    }
-    return ct_buf_close(rt, bp);
-}
-
-static ct_value_t split(ct_rt_t *rt, const ct_value_t *s, const ct_value_t *sep, int64_t max)
-{
-    ct_list_t *l = ct_list_new(rt, 4);
-    const char *p = s->u.s.p;
-    size_t n = s->u.s.n, i = 0;
-    if (!sep || sep->k == V_NONE) {
-        for (;;) {
-            while (i < n) { /* skip whitespace */
-                size_t j = i;
-                if (!py_space(next_cp(p, n, &j))) {
-                    break;
-                }
-                i = j;
-            }
-            if (i >= n) {
-                break;
-            }
-            if (max >= 0 && (int64_t)l->n >= max) {
-                size_t e = n;
-                ct_value_t rest = strip(&(ct_value_t){.k = V_STR, .u.s = {p + i, e - i}}, NULL,
-                                        false, true);
-                ct_list_push(rt, l, rest);
-                break;
-            }
-            size_t st = i;
-            while (i < n) {
-                size_t j = i;
-                if (py_space(next_cp(p, n, &j))) {
-                    break;
-                }
-                i = j;
-            }
-            ct_list_push(rt, l, ct_str(p + st, i - st));
-        }
-    } else {
-        if (sep->k != V_STR) {
-            ct_throw(rt, BATON_EINVAL, "split: the separator must be a string");
-        }
-        if (sep->u.s.n == 0) {
-            ct_throw(rt, BATON_EINVAL, "split: empty separator");
-        }
-        for (;;) {
-            const char *hit = (max < 0 || (int64_t)l->n < max)
-                                  ? memmem(p + i, n - i, sep->u.s.p, sep->u.s.n)
-                                  : NULL;
-            if (!hit) {
-                ct_list_push(rt, l, ct_str(p + i, n - i));
-                break;
-            }
-            ct_list_push(rt, l, ct_str(p + i, (size_t)(hit - (p + i))));
-            i = (size_t)(hit - p) + sep->u.s.n;
-        }
-    }
-    return (ct_value_t){.k = V_LIST, .u.list = l};
-}
-
-static ct_value_t join(ct_rt_t *rt, const ct_list_t *items, const ct_value_t *sep)
-{
-    baton_buf_t *b = ct_buf_open(rt);
-    for (size_t i = 0; i < items->n; i++) {
-        if (i && sep) {
-            baton_buf_append(b, sep->u.s.p, sep->u.s.n);
-        }
-        ct_to_str(rt, &items->v[i], b);
-    }
-    return ct_buf_close(rt, b);
-}
-
-/* ---- tojson: json.dumps(x, ensure_ascii=False, indent=indent, sort_keys=sort_keys) ---- */
-
-static void json_str(baton_buf_t *b, const char *s, size_t n)
-{
-    baton_buf_append(b, "\"", 1);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        const char *e = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n"
-                      : c == '\r' ? "\\r" : c == '\t' ? "\\t" : c == '\b' ? "\\b"
-                      : c == '\f' ? "\\f" : NULL;
-        if (e) {
-            baton_buf_append(b, e, 2);
-        } else if (c < 0x20) {
-            baton_buf_printf(b, "\\u%04x", c);
-        } else {
-            baton_buf_append(b, &s[i], 1);
-        }
-    }
-    baton_buf_append(b, "\"", 1);
-}
-
-static int key_cmp(const void *a, const void *b, void *d_)
-{
-    const ct_dict_t *d = d_;
-    size_t x = *(const size_t *)a, y = *(const size_t *)b;
-    size_t n = d->klen[x] < d->klen[y] ? d->klen[x] : d->klen[y];
-    int c = memcmp(d->keys[x], d->keys[y], n);
-    return c ? c : (d->klen[x] > d->klen[y]) - (d->klen[x] < d->klen[y]);
-}
-
-static void newline(baton_buf_t *b, int64_t indent, unsigned depth)
-{
-    baton_buf_append(b, "\n", 1);
-    for (uint64_t i = 0; i < (uint64_t)indent * depth; i++) {
-        baton_buf_append(b, " ", 1);
-    }
-}
-
-static void to_json(ct_rt_t *rt, const ct_value_t *v, baton_buf_t *b, int64_t indent, bool sort,
-                    unsigned depth)
-{
-    if (depth > rt->lim.max_depth) {
-        ct_throw(rt, BATON_ETOOBIG, "tojson: value nested deeper than %u", rt->lim.max_depth);
-    }
-    if (b->len > rt->lim.max_memory) {
-        ct_throw(rt, BATON_ETOOBIG, "tojson: output over the memory limit");
-    }
-    const char *isep = indent >= 0 ? "," : ", ";
-    switch (v->k) {
-    case V_NONE: baton_buf_append_str(b, "null"); return;
-    case V_BOOL: baton_buf_append_str(b, v->u.b ? "true" : "false"); return;
-    case V_INT: baton_buf_printf(b, "%lld", (long long)v->u.i); return;
-    case V_FLOAT:
-        if (isnan(v->u.f)) {
-            baton_buf_append_str(b, "NaN");
-        } else if (isinf(v->u.f)) {
-            baton_buf_append_str(b, v->u.f < 0 ? "-Infinity" : "Infinity");
-        } else {
-            ct_to_str(rt, v, b);
-        }
-        return;
-    case V_STR: json_str(b, v->u.s.p, v->u.s.n); return;
-    case V_LIST:
-        baton_buf_append(b, "[", 1);
-        for (size_t i = 0; i < v->u.list->n; i++) {
-            if (i) {
-                baton_buf_append_str(b, isep);
-            }
-            if (indent >= 0) {
-                newline(b, indent, depth + 1);
-            }
-            to_json(rt, &v->u.list->v[i], b, indent, sort, depth + 1);
-        }
-        if (indent >= 0 && v->u.list->n) {
-            newline(b, indent, depth);
-        }
-        baton_buf_append(b, "]", 1);
-        return;
-    case V_DICT:
-    case V_NS: {
-        const ct_dict_t *d = v->u.dict;
-        size_t *order = ct_rt_alloc(rt, (d->n + 1) * sizeof(*order));
-        for (size_t i = 0; i < d->n; i++) {
-            order[i] = i;
-        }
-        if (sort) {
-            qsort_r(order, d->n, sizeof(*order), key_cmp, (void *)d);
-        }
-        baton_buf_append(b, "{", 1);
-        for (size_t k = 0; k < d->n; k++) {
-            size_t i = order[k];
-            if (k) {
-                baton_buf_append_str(b, isep);
-            }
-            if (indent >= 0) {
-                newline(b, indent, depth + 1);
-            }
-            json_str(b, d->keys[i], d->klen[i]);
-            baton_buf_append(b, ": ", 2);
-            to_json(rt, &d->vals[i], b, indent, sort, depth + 1);
-        }
-        if (indent >= 0 && d->n) {
-            newline(b, indent, depth);
-        }
-        baton_buf_append(b, "}", 1);
-        return;
-    }
-    default:
-        ct_throw(rt, BATON_EINVAL, "tojson: %s is not JSON serializable",
-                 v->k == V_UNDEF && v->undef_name ? v->undef_name : ct_type_name(v));
-    }
-}
-
 /* ---- arguments ---- */
 
 typedef struct {
@@ -429,8 +102,9 @@ static void check_args(ct_rt_t *rt, const char *what, const args_t *a, int maxpo
                 ok |= strcmp(*n, a->kw[i]) == 0;
             }
             if (!ok) {
-                ct_throw(rt, BATON_ENOTSUP, "%s: keyword argument '%s' is outside the supported subset",
-                         what, a->kw[i]);
+                ct_throw(rt, BATON_ENOTSUP,
+                         "%s: keyword argument '%s' is outside the supported subset", what,
+                         a->kw[i]);
             }
         } else {
             p++;
@@ -444,7 +118,8 @@ static void check_args(ct_rt_t *rt, const char *what, const args_t *a, int maxpo
 static const ct_value_t *need_str(ct_rt_t *rt, const char *what, const ct_value_t *v)
 {
     if (!v || v->k != V_STR) {
-        ct_throw(rt, BATON_EINVAL, "%s: expected a string, got %s", what, v ? ct_type_name(v) : "nothing");
+        ct_throw(rt, BATON_EINVAL, "%s: expected a string, got %s", what,
+                 v ? ct_type_name(v) : "nothing");
     }
     return v;
 }
@@ -543,21 +218,21 @@ ct_value_t ct_apply_filter(ct_rt_t *rt, const char *name, const ct_value_t *v, i
             ct_throw(rt, BATON_EINVAL, "tojson: indent over 64");
         }
         baton_buf_t *b = ct_buf_open(rt);
-        to_json(rt, v, b, indent, sk && ct_truthy(sk), 0);
+        ct_to_json(rt, v, b, indent, sk && ct_truthy(sk), 0);
         return ct_buf_close(rt, b);
     }
     if (!strcmp(name, "safe")) {
         return *v;
     }
-    if (v->k == V_UNDEF && strcmp(name, "string") && strcmp(name, "length") && strcmp(name, "count") &&
-        strcmp(name, "list")) {
+    if (v->k == V_UNDEF && strcmp(name, "string") && strcmp(name, "length") &&
+        strcmp(name, "count") && strcmp(name, "list")) {
         ct_throw(rt, BATON_EINVAL, "'%s' is undefined (filter %s)",
                  v->undef_name ? v->undef_name : "value", name);
     }
     if (!strcmp(name, "length") || !strcmp(name, "count")) {
         check_args(rt, name, &a, 0, NULL);
         if (v->k == V_STR) {
-            return ct_int((int64_t)cp_len(v));
+            return ct_int((int64_t)ct_cp_len(v));
         }
         if (v->k == V_UNDEF) {
             return ct_int(0);
@@ -579,20 +254,23 @@ ct_value_t ct_apply_filter(ct_rt_t *rt, const char *name, const ct_value_t *v, i
         check_args(rt, name, &a, 1, NULL);
         const ct_value_t *chars = arg(&a, 0, NULL);
         ct_value_t s = ct_stringify(rt, v);
-        return strip(&s, chars ? need_str(rt, name, chars) : NULL, true, true);
+        return ct_strip(&s, chars ? need_str(rt, name, chars) : NULL, true, true);
     }
     if (!strcmp(name, "upper") || !strcmp(name, "lower") || !strcmp(name, "title") ||
         !strcmp(name, "capitalize")) {
         ct_value_t s = ct_stringify(rt, v);
-        int mode = name[0] == 'u' ? CASE_UPPER : name[0] == 'l' ? CASE_LOWER
-                   : name[0] == 't' ? CASE_TITLE : CASE_CAPITALIZE;
-        return recase(rt, &s, mode);
+        int mode = name[0] == 'u'   ? CASE_UPPER
+                   : name[0] == 'l' ? CASE_LOWER
+                   : name[0] == 't' ? CASE_TITLE
+                                    : CASE_CAPITALIZE;
+        return ct_recase(rt, &s, mode);
     }
     if (!strcmp(name, "replace")) {
         check_args(rt, name, &a, 3, NULL);
         ct_value_t s = ct_stringify(rt, v);
-        return replace(rt, &s, need_str(rt, name, arg(&a, 0, NULL)),
-                       need_str(rt, name, arg(&a, 1, NULL)), need_int(rt, name, arg(&a, 2, NULL), -1));
+        return ct_replace(rt, &s, need_str(rt, name, arg(&a, 0, NULL)),
+                          need_str(rt, name, arg(&a, 1, NULL)),
+                          need_int(rt, name, arg(&a, 2, NULL), -1));
     }
     if (!strcmp(name, "join")) {
         static const char *const kw[] = {"d", "attribute", NULL};
@@ -607,7 +285,7 @@ ct_value_t ct_apply_filter(ct_rt_t *rt, const char *name, const ct_value_t *v, i
             }
             l = m;
         }
-        return join(rt, l, sep ? need_str(rt, name, sep) : NULL);
+        return ct_join(rt, l, sep ? need_str(rt, name, sep) : NULL);
     }
     if (!strcmp(name, "first") || !strcmp(name, "last")) {
         const ct_list_t *l = ct_iterable(rt, v, name);
@@ -725,7 +403,7 @@ ct_value_t ct_apply_filter(ct_rt_t *rt, const char *name, const ct_value_t *v, i
         }
         if (v->k == V_STR) {
             char buf[32];
-            ct_value_t s = strip(v, NULL, true, true);
+            ct_value_t s = ct_strip(v, NULL, true, true);
             if (s.u.s.n && s.u.s.n < sizeof(buf)) {
                 memcpy(buf, s.u.s.p, s.u.s.n);
                 buf[s.u.s.n] = 0;
@@ -811,7 +489,7 @@ ct_value_t ct_apply_filter(ct_rt_t *rt, const char *name, const ct_value_t *v, i
     }
     if (!strcmp(name, "wordcount")) {
         ct_value_t s = ct_stringify(rt, v);
-        return ct_int((int64_t)split(rt, &s, NULL, -1).u.list->n);
+        return ct_int((int64_t)ct_split(rt, &s, NULL, -1).u.list->n);
     }
     ct_throw(rt, BATON_ENOTSUP, "filter '%s' is outside the supported subset", name);
 }
@@ -822,30 +500,45 @@ bool ct_apply_test(ct_rt_t *rt, const char *name, const ct_value_t *v, int argc,
                    const ct_value_t *argv)
 {
     const ct_value_t *x = argc > 0 ? &argv[0] : NULL;
-    if (!strcmp(name, "defined")) return v->k != V_UNDEF;
-    if (!strcmp(name, "undefined")) return v->k == V_UNDEF;
-    if (!strcmp(name, "none")) return v->k == V_NONE;
-    if (!strcmp(name, "boolean")) return v->k == V_BOOL;
-    if (!strcmp(name, "true")) return v->k == V_BOOL && v->u.b;
-    if (!strcmp(name, "false")) return v->k == V_BOOL && !v->u.b;
-    if (!strcmp(name, "string")) return v->k == V_STR;
-    if (!strcmp(name, "number")) return v->k == V_INT || v->k == V_FLOAT || v->k == V_BOOL;
-    if (!strcmp(name, "integer")) return v->k == V_INT;
-    if (!strcmp(name, "float")) return v->k == V_FLOAT;
-    if (!strcmp(name, "mapping")) return v->k == V_DICT || v->k == V_NS;
-    if (!strcmp(name, "iterable")) return v->k == V_LIST || v->k == V_DICT || v->k == V_STR || v->k == V_NS;
-    if (!strcmp(name, "sequence")) return v->k == V_LIST || v->k == V_DICT || v->k == V_STR;
-    if (!strcmp(name, "callable")) return v->k == V_FUNC || v->k == V_MACRO;
+    if (!strcmp(name, "defined"))
+        return v->k != V_UNDEF;
+    if (!strcmp(name, "undefined"))
+        return v->k == V_UNDEF;
+    if (!strcmp(name, "none"))
+        return v->k == V_NONE;
+    if (!strcmp(name, "boolean"))
+        return v->k == V_BOOL;
+    if (!strcmp(name, "true"))
+        return v->k == V_BOOL && v->u.b;
+    if (!strcmp(name, "false"))
+        return v->k == V_BOOL && !v->u.b;
+    if (!strcmp(name, "string"))
+        return v->k == V_STR;
+    if (!strcmp(name, "number"))
+        return v->k == V_INT || v->k == V_FLOAT || v->k == V_BOOL;
+    if (!strcmp(name, "integer"))
+        return v->k == V_INT;
+    if (!strcmp(name, "float"))
+        return v->k == V_FLOAT;
+    if (!strcmp(name, "mapping"))
+        return v->k == V_DICT || v->k == V_NS;
+    if (!strcmp(name, "iterable"))
+        return v->k == V_LIST || v->k == V_DICT || v->k == V_STR || v->k == V_NS;
+    if (!strcmp(name, "sequence"))
+        return v->k == V_LIST || v->k == V_DICT || v->k == V_STR;
+    if (!strcmp(name, "callable"))
+        return v->k == V_FUNC || v->k == V_MACRO;
     if (!strcmp(name, "lower") || !strcmp(name, "upper")) {
         if (v->k != V_STR) {
             return false;
         }
-        ct_value_t r = recase(rt, v, name[0] == 'l' ? CASE_LOWER : CASE_UPPER);
+        ct_value_t r = ct_recase(rt, v, name[0] == 'l' ? CASE_LOWER : CASE_UPPER);
         return ct_equal(&r, v);
     }
     if (!strcmp(name, "odd") || !strcmp(name, "even") || !strcmp(name, "divisibleby")) {
         if (v->k != V_INT) {
-            ct_throw(rt, BATON_EINVAL, "test %s: expected an integer, got %s", name, ct_type_name(v));
+            ct_throw(rt, BATON_EINVAL, "test %s: expected an integer, got %s", name,
+                     ct_type_name(v));
         }
         int64_t d = name[0] == 'd' ? need_int(rt, name, x, 1) : 2;
         if (d == 0) {
@@ -857,18 +550,27 @@ bool ct_apply_test(ct_rt_t *rt, const char *name, const ct_value_t *v, int argc,
     if (!x) {
         ct_throw(rt, BATON_EINVAL, "test %s needs an argument", name);
     }
-    if (!strcmp(name, "eq") || !strcmp(name, "equalto")) return ct_equal(v, x);
-    if (!strcmp(name, "ne")) return !ct_equal(v, x);
+    if (!strcmp(name, "eq") || !strcmp(name, "equalto"))
+        return ct_equal(v, x);
+    if (!strcmp(name, "ne"))
+        return !ct_equal(v, x);
     if (!strcmp(name, "sameas")) {
-        if (v->k != x->k) return false;
-        if (v->k == V_BOOL) return v->u.b == x->u.b;
+        if (v->k != x->k)
+            return false;
+        if (v->k == V_BOOL)
+            return v->u.b == x->u.b;
         return v->k == V_NONE || v->k == V_UNDEF || ct_equal(v, x);
     }
-    if (!strcmp(name, "lt")) return ct_compare(rt, "<", v, x);
-    if (!strcmp(name, "le")) return ct_compare(rt, "<=", v, x);
-    if (!strcmp(name, "gt")) return ct_compare(rt, ">", v, x);
-    if (!strcmp(name, "ge")) return ct_compare(rt, ">=", v, x);
-    if (!strcmp(name, "in")) return ct_compare(rt, "in", v, x);
+    if (!strcmp(name, "lt"))
+        return ct_compare(rt, "<", v, x);
+    if (!strcmp(name, "le"))
+        return ct_compare(rt, "<=", v, x);
+    if (!strcmp(name, "gt"))
+        return ct_compare(rt, ">", v, x);
+    if (!strcmp(name, "ge"))
+        return ct_compare(rt, ">=", v, x);
+    if (!strcmp(name, "in"))
+        return ct_compare(rt, "in", v, x);
     ct_throw(rt, BATON_ENOTSUP, "test '%s' is outside the supported subset", name);
 }
 
@@ -910,8 +612,8 @@ static ct_value_t call_method(ct_rt_t *rt, const char *name, const ct_value_t *s
         if (chars && chars->k == V_NONE) {
             chars = NULL;
         }
-        return strip(self, chars ? need_str(rt, name, chars) : NULL, name[0] != 'r',
-                     name[0] != 'l');
+        return ct_strip(self, chars ? need_str(rt, name, chars) : NULL, name[0] != 'r',
+                        name[0] != 'l');
     }
     if (!strcmp(name, "startswith") || !strcmp(name, "endswith")) {
         check_args(rt, name, a, 1, NULL);
@@ -934,7 +636,7 @@ static ct_value_t call_method(ct_rt_t *rt, const char *name, const ct_value_t *s
     }
     if (!strcmp(name, "split")) {
         check_args(rt, name, a, 2, kw_split);
-        return split(rt, self, arg(a, 0, "sep"), need_int(rt, name, arg(a, 1, "maxsplit"), -1));
+        return ct_split(rt, self, arg(a, 0, "sep"), need_int(rt, name, arg(a, 1, "maxsplit"), -1));
     }
     if (!strcmp(name, "upper") || !strcmp(name, "lower") || !strcmp(name, "title") ||
         !strcmp(name, "capitalize")) {
@@ -944,9 +646,9 @@ static ct_value_t call_method(ct_rt_t *rt, const char *name, const ct_value_t *s
     if (!strcmp(name, "replace")) {
         static const char *const kw[] = {"count", NULL};
         check_args(rt, name, a, 3, kw);
-        return replace(rt, self, need_str(rt, name, arg(a, 0, NULL)),
-                       need_str(rt, name, arg(a, 1, NULL)),
-                       need_int(rt, name, arg(a, 2, "count"), -1));
+        return ct_replace(rt, self, need_str(rt, name, arg(a, 0, NULL)),
+                          need_str(rt, name, arg(a, 1, NULL)),
+                          need_int(rt, name, arg(a, 2, "count"), -1));
     }
     if (!strcmp(name, "join")) {
         check_args(rt, name, a, 1, NULL);
@@ -958,22 +660,22 @@ static ct_value_t call_method(ct_rt_t *rt, const char *name, const ct_value_t *s
         for (size_t i = 0; i < l->n; i++) {
             need_str(rt, "join", &l->v[i]);
         }
-        return join(rt, l, self);
+        return ct_join(rt, l, self);
     }
     if (!strcmp(name, "find") || !strcmp(name, "count")) {
         check_args(rt, name, a, 1, NULL);
         const ct_value_t *sub = need_str(rt, name, arg(a, 0, NULL));
         if (name[0] == 'f') {
-            const char *hit = sub->u.s.n ? memmem(self->u.s.p, self->u.s.n, sub->u.s.p, sub->u.s.n)
-                                         : self->u.s.p;
+            const char *hit =
+                sub->u.s.n ? memmem(self->u.s.p, self->u.s.n, sub->u.s.p, sub->u.s.n) : self->u.s.p;
             if (!hit) {
                 return ct_int(-1);
             }
             ct_value_t pre = ct_str(self->u.s.p, (size_t)(hit - self->u.s.p));
-            return ct_int((int64_t)cp_len(&pre));
+            return ct_int((int64_t)ct_cp_len(&pre));
         }
         if (!sub->u.s.n) {
-            return ct_int((int64_t)cp_len(self) + 1);
+            return ct_int((int64_t)ct_cp_len(self) + 1);
         }
         int64_t c = 0;
         size_t i = 0;

@@ -120,32 +120,52 @@ bool ct_truthy(const ct_value_t *v)
 {
     switch (v->k) {
     case V_UNDEF:
-    case V_NONE: return false;
-    case V_BOOL: return v->u.b;
-    case V_INT: return v->u.i != 0;
-    case V_FLOAT: return v->u.f != 0.0;
-    case V_STR: return v->u.s.n != 0;
-    case V_LIST: return v->u.list->n != 0;
-    case V_DICT: return v->u.dict->n != 0;
-    default: return true;
+    case V_NONE:
+        return false;
+    case V_BOOL:
+        return v->u.b;
+    case V_INT:
+        return v->u.i != 0;
+    case V_FLOAT:
+        return v->u.f != 0.0;
+    case V_STR:
+        return v->u.s.n != 0;
+    case V_LIST:
+        return v->u.list->n != 0;
+    case V_DICT:
+        return v->u.dict->n != 0;
+    default:
+        return true;
     }
 }
 
 const char *ct_type_name(const ct_value_t *v)
 {
     switch (v->k) {
-    case V_UNDEF: return "undefined";
-    case V_NONE: return "none";
-    case V_BOOL: return "bool";
-    case V_INT: return "int";
-    case V_FLOAT: return "float";
-    case V_STR: return "str";
-    case V_LIST: return "list";
-    case V_DICT: return "dict";
-    case V_NS: return "namespace";
-    case V_LOOP: return "loop";
-    case V_MACRO: return "macro";
-    case V_FUNC: return "function";
+    case V_UNDEF:
+        return "undefined";
+    case V_NONE:
+        return "none";
+    case V_BOOL:
+        return "bool";
+    case V_INT:
+        return "int";
+    case V_FLOAT:
+        return "float";
+    case V_STR:
+        return "str";
+    case V_LIST:
+        return "list";
+    case V_DICT:
+        return "dict";
+    case V_NS:
+        return "namespace";
+    case V_LOOP:
+        return "loop";
+    case V_MACRO:
+        return "macro";
+    case V_FUNC:
+        return "function";
     }
     return "value";
 }
@@ -178,8 +198,10 @@ bool ct_equal(const ct_value_t *a, const ct_value_t *b)
     }
     switch (a->k) {
     case V_UNDEF:
-    case V_NONE: return true;
-    case V_STR: return a->u.s.n == b->u.s.n && memcmp(a->u.s.p, b->u.s.p, a->u.s.n) == 0;
+    case V_NONE:
+        return true;
+    case V_STR:
+        return a->u.s.n == b->u.s.n && memcmp(a->u.s.p, b->u.s.p, a->u.s.n) == 0;
     case V_LIST:
         if (a->u.list->n != b->u.list->n) {
             return false;
@@ -201,9 +223,12 @@ bool ct_equal(const ct_value_t *a, const ct_value_t *b)
             }
         }
         return true;
-    case V_NS: return a->u.dict == b->u.dict;
-    case V_MACRO: return a->u.macro == b->u.macro;
-    default: return false;
+    case V_NS:
+        return a->u.dict == b->u.dict;
+    case V_MACRO:
+        return a->u.macro == b->u.macro;
+    default:
+        return false;
     }
 }
 
@@ -305,11 +330,20 @@ static void to_str(ct_rt_t *rt, const ct_value_t *v, baton_buf_t *b, bool repr, 
         ct_throw(rt, BATON_ETOOBIG, "value nested deeper than %u", rt->lim.max_depth);
     }
     switch (v->k) {
-    case V_UNDEF: break;
-    case V_NONE: baton_buf_append_str(b, "None"); break;
-    case V_BOOL: baton_buf_append_str(b, v->u.b ? "True" : "False"); break;
-    case V_INT: baton_buf_printf(b, "%lld", (long long)v->u.i); break;
-    case V_FLOAT: fmt_float(v->u.f, b); break;
+    case V_UNDEF:
+        break;
+    case V_NONE:
+        baton_buf_append_str(b, "None");
+        break;
+    case V_BOOL:
+        baton_buf_append_str(b, v->u.b ? "True" : "False");
+        break;
+    case V_INT:
+        baton_buf_printf(b, "%lld", (long long)v->u.i);
+        break;
+    case V_FLOAT:
+        fmt_float(v->u.f, b);
+        break;
     case V_STR:
         if (repr) {
             repr_str(v->u.s.p, v->u.s.n, b);
@@ -345,7 +379,9 @@ static void to_str(ct_rt_t *rt, const ct_value_t *v, baton_buf_t *b, bool repr, 
             baton_buf_append(b, ">", 1);
         }
         break;
-    default: baton_buf_printf(b, "<%s>", ct_type_name(v)); break;
+    default:
+        baton_buf_printf(b, "<%s>", ct_type_name(v));
+        break;
     }
     if (b->len > rt->lim.max_memory) {
         ct_throw(rt, BATON_ETOOBIG, "a string over %zu bytes", rt->lim.max_memory);
@@ -379,7 +415,8 @@ ct_value_t ct_from_json(ct_rt_t *rt, const json_t *j, unsigned depth)
         ct_dict_t *d = ct_dict_new(rt, json_object_size(j));
         const char *k;
         json_t *v;
-        json_object_foreach((json_t *)j, k, v) {
+        json_object_foreach((json_t *)j, k, v)
+        {
             ct_dict_set(rt, d, k, strlen(k), ct_from_json(rt, v, depth + 1));
         }
         return (ct_value_t){.k = V_DICT, .u.dict = d};
@@ -391,16 +428,21 @@ ct_value_t ct_from_json(ct_rt_t *rt, const json_t *j, unsigned depth)
         }
         return (ct_value_t){.k = V_LIST, .u.list = l};
     }
-    case JSON_STRING: return ct_str(json_string_value(j), json_string_length(j));
-    case JSON_INTEGER: return ct_int((int64_t)json_integer_value(j));
+    case JSON_STRING:
+        return ct_str(json_string_value(j), json_string_length(j));
+    case JSON_INTEGER:
+        return ct_int((int64_t)json_integer_value(j));
     case JSON_REAL: {
         ct_value_t v = {.k = V_FLOAT};
         v.u.f = json_real_value(j);
         return v;
     }
-    case JSON_TRUE: return ct_bool(true);
-    case JSON_FALSE: return ct_bool(false);
-    default: return ct_none();
+    case JSON_TRUE:
+        return ct_bool(true);
+    case JSON_FALSE:
+        return ct_bool(false);
+    default:
+        return ct_none();
     }
 }
 
@@ -424,8 +466,10 @@ static size_t *cp_offsets(ct_rt_t *rt, const char *s, size_t n, size_t *cps)
 const ct_list_t *ct_iterable(ct_rt_t *rt, const ct_value_t *v, const char *what)
 {
     switch (v->k) {
-    case V_LIST: return v->u.list;
-    case V_UNDEF: return ct_list_new(rt, 1); /* Jinja2: an undefined value iterates as empty */
+    case V_LIST:
+        return v->u.list;
+    case V_UNDEF:
+        return ct_list_new(rt, 1); /* Jinja2: an undefined value iterates as empty */
     case V_DICT:
     case V_NS: {
         ct_list_t *l = ct_list_new(rt, v->u.dict->n);
@@ -443,7 +487,8 @@ const ct_list_t *ct_iterable(ct_rt_t *rt, const ct_value_t *v, const char *what)
         }
         return l;
     }
-    default: break;
+    default:
+        break;
     }
     ct_throw(rt, BATON_EINVAL, "%s: %s is not iterable", what, ct_type_name(v));
 }
@@ -468,10 +513,9 @@ static ct_value_t bound(ct_rt_t *rt, const ct_value_t *obj, const char *name)
 ct_value_t ct_getattr(ct_rt_t *rt, const ct_value_t *obj, const char *name, size_t n)
 {
     static const char *const dict_methods[] = {"items", "keys", "values", "get"};
-    static const char *const str_methods[] = {"strip",   "lstrip",     "rstrip", "startswith",
-                                              "endswith", "split",     "upper",  "lower",
-                                              "title",   "capitalize", "replace", "join",
-                                              "find",    "count"};
+    static const char *const str_methods[] = {
+        "strip", "lstrip", "rstrip",     "startswith", "endswith", "split", "upper",
+        "lower", "title",  "capitalize", "replace",    "join",     "find",  "count"};
     switch (obj->k) {
     case V_UNDEF:
         ct_throw(rt, BATON_EINVAL, "'%s' is undefined (reading its attribute '%s')",
@@ -497,19 +541,30 @@ ct_value_t ct_getattr(ct_rt_t *rt, const ct_value_t *obj, const char *name, size
     case V_LOOP: {
         const ct_loop_t *l = obj->u.loop;
         size_t len = l->items->n, i = l->index0;
-        if (!strcmp(name, "index0")) return ct_int((int64_t)i);
-        if (!strcmp(name, "index")) return ct_int((int64_t)i + 1);
-        if (!strcmp(name, "revindex")) return ct_int((int64_t)(len - i));
-        if (!strcmp(name, "revindex0")) return ct_int((int64_t)(len - i - 1));
-        if (!strcmp(name, "first")) return ct_bool(i == 0);
-        if (!strcmp(name, "last")) return ct_bool(i + 1 == len);
-        if (!strcmp(name, "length")) return ct_int((int64_t)len);
-        if (!strcmp(name, "previtem")) return i ? l->items->v[i - 1] : undef(name);
-        if (!strcmp(name, "nextitem")) return i + 1 < len ? l->items->v[i + 1] : undef(name);
-        if (!strcmp(name, "cycle")) return bound(rt, obj, "cycle");
+        if (!strcmp(name, "index0"))
+            return ct_int((int64_t)i);
+        if (!strcmp(name, "index"))
+            return ct_int((int64_t)i + 1);
+        if (!strcmp(name, "revindex"))
+            return ct_int((int64_t)(len - i));
+        if (!strcmp(name, "revindex0"))
+            return ct_int((int64_t)(len - i - 1));
+        if (!strcmp(name, "first"))
+            return ct_bool(i == 0);
+        if (!strcmp(name, "last"))
+            return ct_bool(i + 1 == len);
+        if (!strcmp(name, "length"))
+            return ct_int((int64_t)len);
+        if (!strcmp(name, "previtem"))
+            return i ? l->items->v[i - 1] : undef(name);
+        if (!strcmp(name, "nextitem"))
+            return i + 1 < len ? l->items->v[i + 1] : undef(name);
+        if (!strcmp(name, "cycle"))
+            return bound(rt, obj, "cycle");
         return undef(name);
     }
-    default: return undef(name);
+    default:
+        return undef(name);
     }
 }
 
@@ -558,7 +613,8 @@ ct_value_t ct_getitem(ct_rt_t *rt, const ct_value_t *obj, const ct_value_t *key)
             }
         }
         return undef("item");
-    default: return undef("item");
+    default:
+        return undef("item");
     }
 }
 
@@ -646,8 +702,7 @@ static bool contains(ct_rt_t *rt, const ct_value_t *hay, const ct_value_t *needl
         return false;
     case V_DICT:
     case V_NS:
-        return needle->k == V_STR &&
-               ct_dict_get(hay->u.dict, needle->u.s.p, needle->u.s.n) != NULL;
+        return needle->k == V_STR && ct_dict_get(hay->u.dict, needle->u.s.p, needle->u.s.n) != NULL;
     default:
         ct_throw(rt, BATON_EINVAL, "'in' on %s", ct_type_name(hay));
     }
@@ -853,7 +908,8 @@ ct_value_t ct_binop(ct_rt_t *rt, const char *op, const ct_value_t *a, const ct_v
             r += y;
         }
         return ct_int(r);
-    default: break;
+    default:
+        break;
     }
     ct_throw(rt, BATON_EINVAL, "unknown operator %s", op);
 }

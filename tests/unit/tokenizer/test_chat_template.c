@@ -22,8 +22,8 @@
 
 /* Renders src with vars (JSON text, NULL for none); returns the output (caller frees) or NULL
  * with *rc set and err filled. */
-static char *render_lim(const char *src, const char *vars, const baton_tmpl_limits_t *lim,
-                        int *rc, char *err, size_t errlen)
+static char *render_lim(const char *src, const char *vars, const baton_tmpl_limits_t *lim, int *rc,
+                        char *err, size_t errlen)
 {
     baton_tmpl_t *t;
     *rc = baton_tmpl_compile(src, strlen(src), &t, err, errlen);
@@ -101,8 +101,9 @@ static void test_python_semantics(void **state)
            "endfor %}",
            NULL, "12");
     expect("{% for i in [] %}{{ i }}{% else %}E{% endfor %}", NULL, "E");
-    expect("{% for i in [1, 2, 3] if i != 2 %}{{ loop.index }}{{ i }}{{ loop.length }},{% endfor %}",
-           NULL, "112,232,");
+    expect(
+        "{% for i in [1, 2, 3] if i != 2 %}{{ loop.index }}{{ i }}{{ loop.length }},{% endfor %}",
+        NULL, "112,232,");
     /* a set inside a loop stays in the loop; a namespace carries it out */
     expect("{% set x = 1 %}{% set ns = namespace(y=1) %}{% for i in [5] %}{% set x = i %}{% set "
            "ns.y = i %}{% endfor %}{{ x }}{{ ns.y }}",
@@ -194,8 +195,8 @@ static void test_render_bounds(void **state)
     char err[256];
     int rc;
     baton_tmpl_limits_t lim = {.max_output = 1000};
-    char *s = render_lim("{% for i in range(2000) %}x{% endfor %}", NULL, &lim, &rc, err,
-                         sizeof(err));
+    char *s =
+        render_lim("{% for i in range(2000) %}x{% endfor %}", NULL, &lim, &rc, err, sizeof(err));
     assert_null(s);
     assert_int_equal(rc, BATON_ETOOBIG);
     assert_non_null(strstr(err, "output over 1000 bytes"));
@@ -268,7 +269,8 @@ static void test_shared_by_threads(void **state)
     json_t *v1 = json_loads("{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], "
                             "\"add_generation_prompt\": true}",
                             0, NULL);
-    json_t *v2 = json_loads("{\"messages\": [{\"role\": \"system\", \"content\": \"b\"}]}", 0, NULL);
+    json_t *v2 =
+        json_loads("{\"messages\": [{\"role\": \"system\", \"content\": \"b\"}]}", 0, NULL);
     thr_arg_t args[4] = {{t, v1, "<user>a<assistant>", false},
                          {t, v2, "<system>b", false},
                          {t, v1, "<user>a<assistant>", false},
@@ -289,9 +291,9 @@ static void test_shared_by_threads(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_python_semantics),   cmocka_unit_test(test_whitespace_control),
+        cmocka_unit_test(test_python_semantics),     cmocka_unit_test(test_whitespace_control),
         cmocka_unit_test(test_errors_and_undefined), cmocka_unit_test(test_refused_at_compile),
-        cmocka_unit_test(test_render_bounds),      cmocka_unit_test(test_shared_by_threads),
+        cmocka_unit_test(test_render_bounds),        cmocka_unit_test(test_shared_by_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
