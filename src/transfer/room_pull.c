@@ -113,7 +113,9 @@ static int export_locked(baton_xfer_engine_t *eng, const baton_xfer_export_t *x,
         return BATON_ENOMEM;
     }
     if (x->timeout_ms && eng->caller_loop == NULL) {
-        ex->deadline_ms = baton_now_ms() + x->timeout_ms;
+        /* The current millisecond rounded up: the expiry test (now_ms >= deadline) then never
+         * fires before timeout_ms whole milliseconds have passed since this call. */
+        ex->deadline_ms = (uv_hrtime() + 999999u) / 1000000u + x->timeout_ms;
         uint64_t due = atomic_load(&eng->pull_due_ms);
         if (due == 0 || ex->deadline_ms < due)
             atomic_store(&eng->pull_due_ms, ex->deadline_ms);
