@@ -462,6 +462,18 @@ def test_worker_tokenizer():
         assert r.returncode == 2 and "--tokenizer" in r.stderr, (r.returncode, r.stderr[-500:])
 
 
+def test_benchmark_smoke():
+    """loadtest/scenarios/chat_template.py --smoke: every family's template renders both sizes
+    and the table names them."""
+    need_references()
+    script = os.path.join(HERE, "..", "..", "loadtest", "scenarios", "chat_template.py")
+    r = subprocess.run([sys.executable, script, "--smoke", "--build-dir", BUILD,
+                        "--node-modules", NODE_MODULES], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [ln.split("|")[1].strip() for ln in r.stdout.splitlines() if ln.startswith("| ")]
+    assert rows[1:] == MODELS, r.stdout
+
+
 if __name__ == "__main__":
     t = TestRunner()
     t.run(test_refusals_name_the_construct)
@@ -472,6 +484,7 @@ if __name__ == "__main__":
     t.run(test_constructs_template)
     t.run(test_real_templates_compile)
     t.run(test_worker_tokenizer)
+    t.run(test_benchmark_smoke)
     if t.skipped and not t.passed and not t.failed:
         print(f"0 passed, 0 failed, {t.skipped} skipped", flush=True)
         sys.exit(77)
