@@ -70,7 +70,7 @@ static int parse_normalizer(baton_tok_t *t, json_t *n, int depth, char *err, siz
         } else {
             t->unicode_forms = true;
         }
-        if (a || b) {
+        if (nm->kind == NORM_PREPEND || nm->kind == NORM_REPLACE) { /* a missing string too */
             if (!json_is_string(a) || !json_is_string(b)) {
                 tok__err(err, errlen, "normalizer %s needs its strings", forms[i].name);
                 return BATON_EINVAL;
