@@ -9,9 +9,10 @@
 set -eu
 
 PKGS="build-essential cmake pkg-config libuv1-dev node-llhttp libjansson-dev libmbedtls-dev
-libcmocka-dev libibverbs-dev libpcre2-dev libutf8proc-dev python3 curl procps"
+libcmocka-dev libibverbs-dev libpcre2-dev libutf8proc-dev libzmq3-dev libmsgpack-dev python3 curl
+procps"
 if [ "${1:-}" = "--test" ]; then
-    PKGS="$PKGS prometheus etcd-server python3-yaml openssl"
+    PKGS="$PKGS prometheus etcd-server python3-yaml openssl python3-zmq python3-msgpack"
     PKGS="$PKGS clang libclang-rt-14-dev"
     # A node that is already installed (another distribution's build) is used as it is.
     if ! command -v npm >/dev/null 2>&1; then
