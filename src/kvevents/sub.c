@@ -20,7 +20,8 @@ struct baton_kvev_sub {
     uint32_t replay_max;
     baton_kvev_sub_cb cb;
     void *ud;
-    int64_t next; /* the next sequence expected; -1 before the first */
+    int64_t next;    /* the next sequence expected; -1 before the first */
+    int64_t live_hi; /* the highest sequence seen live: one publisher's live stream only rises */
     int failed;
     baton_kvev_sub_stats_t st;
 };
@@ -188,6 +189,7 @@ baton_kvev_sub_t *baton_kvev_sub_open(const baton_kvev_sub_opts_t *o, baton_kvev
     s->cb = cb;
     s->ud = ud;
     s->next = -1;
+    s->live_hi = -1;
     s->st.last_seq = -1;
     if (o->replay_endpoint && o->replay_endpoint[0])
         s->replay_ep = strdup(o->replay_endpoint);
@@ -234,11 +236,13 @@ int baton_kvev_sub_sync(baton_kvev_sub_t *s)
 /* One live batch: in sequence, a gap to fill first, or a restarted publisher. */
 static int live(baton_kvev_sub_t *s, int64_t seq, const baton_kvev_frame_t *payload)
 {
-    if (s->next >= 0 && seq < s->next) {
-        if (seq != 0)
-            return 0; /* already delivered by a replay */
-        s->next = -1; /* sequence 0 again: a new publisher, its history starts empty */
+    int64_t hi = s->live_hi;
+    s->live_hi = seq;
+    if (hi >= 0 && seq <= hi) {
+        s->next = -1; /* the live stream went back: a new publisher, its history starts empty */
         reset(s, "publisher restarted");
+    } else if (s->next >= 0 && seq < s->next) {
+        return 0; /* already delivered by a replay */
     } else if (s->next >= 0 && seq > s->next) {
         s->st.gaps++;
         int64_t first = replay(s, s->next, 1);
