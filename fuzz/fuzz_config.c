@@ -6,7 +6,7 @@
 #include "baton/error.h"
 #include "common/log.h"
 #include "fuzz_check.h"
-#include "router/config.h"
+#include "router/control/config.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {

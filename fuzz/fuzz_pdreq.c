@@ -7,7 +7,7 @@
 #include "baton/error.h"
 #include "common/log.h"
 #include "fuzz_check.h"
-#include "router/pdreq.h"
+#include "router/dataplane/pdreq.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {

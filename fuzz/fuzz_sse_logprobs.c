@@ -7,7 +7,7 @@
 #include "common/log.h"
 #include "fuzz_check.h"
 #include "http/sse.h"
-#include "router/pdreq.h"
+#include "router/dataplane/pdreq.h"
 
 typedef struct {
     baton_pdreq_lp_t *lp;

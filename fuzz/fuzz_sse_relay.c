@@ -12,7 +12,7 @@
 #include "common/buf.h"
 #include "common/log.h"
 #include "fuzz_check.h"
-#include "router/proxy_internal.h"
+#include "router/dataplane/proxy_internal.h"
 
 #define EVENT_CAP 256 /* --max-sse-event-bytes here: small, so the cap is reached */
 

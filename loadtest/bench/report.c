@@ -124,7 +124,7 @@ int bb_report_json(const bb_config_t *cfg, const bb_results_t *res, const char *
         (json_int_t)cfg->out_lo, (json_int_t)cfg->out_hi, "multi_turn", (json_int_t)cfg->multi_turn,
         "seed", (json_int_t)cfg->seed, "slo_ttft_ms", cfg->slo_ttft_ms, "slo_tpot_ms",
         cfg->slo_tpot_ms, "slo_e2e_ms", cfg->slo_e2e_ms, "timeout_s", cfg->timeout_s);
-    if (conf) { /* issue 13's workload knobs */
+    if (conf) { /* the workload knobs of a cache-routing run */
         json_object_set_new(conf, "shared_prefix_words",
                             json_integer((json_int_t)cfg->shared_prefix_words));
         json_object_set_new(conf, "shared_prefix_groups",
@@ -169,7 +169,7 @@ int bb_report_json(const bb_config_t *cfg, const bb_results_t *res, const char *
         summary_json(&res->e2e), "max_lag_ms", res->max_lag_ms, "connections_opened",
         (json_int_t)res->connections_opened, "bench_cpu_s", res->bench_cpu_s, "bench_cpu_util",
         per_s(res->bench_cpu_s, d), "interrupted", res->interrupted);
-    if (root) /* issue 13: what the server said it found in its prefix cache */
+    if (root) /* what the server said it found in its prefix cache */
         json_object_set_new(
             root, "cache",
             json_pack("{s:I,s:I,s:f}", "usage_prompt_tokens", (json_int_t)res->usage_prompt_tokens,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""allocs.py — heap calls (and optionally syscalls) per request of the ROUTER process (issue 15).
+"""allocs.py — heap calls (and optionally syscalls) per request of the ROUTER process.
 
 The router runs under libbaton_allocs.so (loadtest/allocs/, LD_PRELOAD), which counts malloc,
 calloc, realloc, the aligned allocators and free of every thread into a shared file mapping; the

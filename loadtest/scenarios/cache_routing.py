@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""cache_routing.py — issue 13: cache- and session-aware routing on multi-turn chat.
+"""cache_routing.py — cache- and session-aware routing on multi-turn chat.
 
 4 prefill + 4 decode baton-workers whose prefix caches hold less than the workload's working set,
 behind Baton with each policy in turn (round_robin, power_of_two, least_load, consistent_hash,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""pd_protocols.py — TTFT of the PD protocols (issue 12): the same baton-worker pair and load
+"""pd_protocols.py — TTFT of the PD protocols: the same baton-worker pair and load
 through Baton with sglang (both legs at once), vllm-nixl (prefill answers first, then the decode
 pulls; sequential by design) and vllm-mooncake (one transfer_id, both legs at once). Closed loop
 at each concurrency, streaming chat; prints TTFT/E2E per protocol and NIXL's TTFT over SGLang's.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""profile.py — where the router's CPU goes: profiles of Baton under load (issue 15).
+"""profile.py — where the router's CPU goes: profiles of Baton under load.
 
 Zero-cost baton-workers (one regular; one prefill + one decode for PD) behind a router in
 regular or PD mode, the same requests as router_cpu.py (chat, 128 prompt words, 16 output

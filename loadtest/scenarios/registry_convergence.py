@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""registry_convergence.py — several routers over one etcd registry (issue 14): how fast a
+"""registry_convergence.py — several routers over one etcd registry: how fast a
 change made through one router reaches the other, what a watching router costs etcd, and what
 a router spends when 1,000 workers churn.
 

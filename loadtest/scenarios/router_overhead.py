@@ -9,7 +9,7 @@ time (closed loop, c=1) and at saturation (closed loop, c=32). Prints the latenc
 over the direct path (p50/p99, and as ratios), the most requests per second each path
 sustained (as a ratio of the direct path), and each proxy's CPU time per request from /proc
 (utime + stime of its whole process tree: nginx's master and workers, Baton's process with
-its threads) — then the ratios issue 15's goals are stated in (Baton PD and regular against
+its threads) — then the overhead goals, as ratios (Baton PD and regular against
 nginx: CPU per request at c=32, added p50 at c=1 and c=32).
 """
 
@@ -21,7 +21,7 @@ import scenlib
 
 med = scenlib.med
 
-# Issue 15's goals: (name, numerator path, denominator path, what, goal or None); {c} is the
+# The overhead goals: (name, numerator path, denominator path, what, goal or None); {c} is the
 # saturation concurrency.
 GOALS = [("CPU/request at c={c}, Baton PD / nginx", "baton-pd", "nginx", "cpu", 1.5),
          ("CPU/request at c={c}, Baton regular / nginx", "baton", "nginx", "cpu", 1.0),
@@ -184,12 +184,12 @@ def main():
                 rows = goal_rows(figs, args.concurrency, args.rate)
                 figures.setdefault("goals", {})[mode] = rows
                 scenlib.print_table(
-                    f"{mode}: issue 15's ratios (one run, side by side)",
+                    f"{mode}: overhead ratios (one run, side by side)",
                     ["ratio", "Baton", "nginx", "ratio x", "goal", "verdict"], rows,
                     note=f"CPU in us per request (c={args.concurrency}), added p50 in us over "
                          "the direct path; an added latency at or under zero gives no ratio (-).")
             else:
-                scenlib.skip_note("nginx is not installed: no issue 15 ratios")
+                scenlib.skip_note("nginx is not installed: no overhead ratios")
         # baton-bench's own ceiling: the cheapest server at hand (nginx answering a fixed body,
         # one worker process) — the bench has to parse the same bytes as from baton-worker.
         words = " ".join(["w"] * args.output_len).split(" ")

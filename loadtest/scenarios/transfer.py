@@ -8,7 +8,7 @@ as many streams as the engine has tcp lanes. With --repeat N the whole set runs 
 interleaved, and every figure is the median over the repeats (each bench figure is itself a
 median over its runs). Targets: tcp >= 90% of iperf3, shm >= 80% of memcpy.
 
-Then pull vs push (libbaton's pull mode, issue 12; --pull-rounds 0 skips it): the same sizes in
+Then pull vs push (libbaton's pull mode; --pull-rounds 0 skips it): the same sizes in
 both modes on tcp and shm. A holder process (baton-xfer-pull --hold) either EXPORTS its keys
 (pull: its engine serves each pull on its own) or, with --push, has its application write each
 offered key (the SGLang flow's write path); the same puller process fetches them and verifies

@@ -8,8 +8,8 @@
 
 #include "baton/error.h"
 #include "common/log.h"
-#include "router/policy.h"
-#include "router/registry.h"
+#include "router/dataplane/policy.h"
+#include "router/control/registry.h"
 
 /* This thread's CPU time: the machine is shared, wall time would count others' work. */
 static double cpu_s(void)

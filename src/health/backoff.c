@@ -41,7 +41,8 @@ void baton_backoff_init(baton_backoff_t *b, uint32_t min_ms, uint32_t max_ms, ui
     b->rng = seed != 0 ? seed : BATON_GOLDEN_GAMMA;
 }
 
-uint64_t baton_backoff_rand(baton_backoff_t *b)
+/* A uniform 64-bit draw from the back-off's own generator (its jitter). */
+static uint64_t backoff_rand(baton_backoff_t *b)
 {
     return baton_xorshift64s(&b->rng);
 }
@@ -51,7 +52,7 @@ uint32_t baton_backoff_next(baton_backoff_t *b)
     uint64_t cap = baton_backoff_cap(b->min_ms, b->max_ms, b->attempt);
     if (b->attempt < 64)
         b->attempt++;
-    uint64_t d = baton_backoff_jitter(cap, BATON_BACKOFF_EQUAL_JITTER, baton_backoff_rand(b));
+    uint64_t d = baton_backoff_jitter(cap, BATON_BACKOFF_EQUAL_JITTER, backoff_rand(b));
     if (d < b->min_ms)
         d = b->min_ms;
     return (uint32_t)d;

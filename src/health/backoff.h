@@ -7,8 +7,9 @@
 
 /*
  * The one implementation behind every back-off in Baton: peers' reconnects (baton_backoff_t
- * below), the router's retries (router/retry.c) and the breakers' cool-downs (health/breaker.c).
- * Each keeps its own parameters; the arithmetic lives here once. Pure functions, any thread.
+ * below), the router's retries (router/dataplane/retry.c) and the breakers' cool-downs
+ * (health/breaker.c). Each keeps its own parameters; the arithmetic lives here once. Pure
+ * functions, any thread.
  *
  * baton_backoff_cap(): the un-jittered delay of attempt n (n = 0 is the first):
  *   min(base_ms * 2^n, max_ms), saturating, never overflowing (base_ms 0 stays 0).
@@ -42,8 +43,5 @@ void baton_backoff_init(baton_backoff_t *b, uint32_t min_ms, uint32_t max_ms, ui
 /* The next delay; advances the attempt counter. */
 uint32_t baton_backoff_next(baton_backoff_t *b);
 void baton_backoff_reset(baton_backoff_t *b);
-
-/* A uniform 64-bit draw from the same generator (used for jitter elsewhere). */
-uint64_t baton_backoff_rand(baton_backoff_t *b);
 
 #endif

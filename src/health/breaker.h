@@ -43,7 +43,7 @@
  * Defaults (baton_breaker_config_init): failure_threshold 5, cooldown_base_ms 1000,
  * cooldown_max_ms 30000, jitter 0.2, probe_timeout_ms 60000.
  *
- * Outcomes (PROTOCOLS.md §1, issue 4): connect errors, timeouts, 5xx, an early close or a
+ * Outcomes (PROTOCOLS.md §1): connect errors, timeouts, 5xx, an early close or a
  * malformed response are FAILUREs; 1xx-3xx are SUCCESSes; 4xx (the request's fault, or the
  * worker shedding load while alive) and cancels are NEUTRAL — they never count against a worker.
  *

@@ -3,7 +3,7 @@
 #ifndef BATON_HEALTH_BREAKER_STATE_H
 #define BATON_HEALTH_BREAKER_STATE_H
 
-/* Circuit-breaker state (issue 4). A new worker starts CLOSED. OPEN workers are never picked;
+/* Circuit-breaker state. A new worker starts CLOSED. OPEN workers are never picked;
  * HALF_OPEN workers are eligible (the breaker limits the probes). The values are stored in the
  * registry's atomics and exported as a gauge: never renumber them. */
 typedef enum {

@@ -14,7 +14,7 @@
 #include "baton/error.h"
 #include "common/hash.h"
 #include "common/token_bucket.h"
-#include "router/registry.h"
+#include "router/control/registry.h"
 
 /* Rate-limit buckets: a fixed table, so a flood of identities costs no memory. A new identity
  * takes a free slot or the idlest of RATE_PROBE slots (an idle bucket is a full one, the same

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "http/server.h"
-#include "router/config.h"
+#include "router/control/config.h"
 
 /*
  * Threading: created on the main thread before the loops start; baton_auth_check and

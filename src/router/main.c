@@ -17,22 +17,22 @@
 #include "common/fd_limit.h"
 #include "common/log.h"
 #include "common/metrics.h"
-#include "router/load_poll.h"
-#include "router/worker_check.h"
-#include "router/worker_health.h"
+#include "router/control/load_poll.h"
+#include "router/control/worker_check.h"
+#include "router/control/worker_health.h"
 #include "http/server.h"
 #include "http/tls.h"
-#include "router/admission.h"
-#include "router/config.h"
-#include "router/etcd_sync.h"
-#include "router/policy.h"
-#include "router/proxy.h"
-#include "router/registry.h"
-#include "router/reload.h"
-#include "router/resil_metrics.h"
-#include "router/router_metrics.h"
+#include "router/dataplane/admission.h"
+#include "router/control/config.h"
+#include "router/control/etcd_sync.h"
+#include "router/dataplane/policy.h"
+#include "router/dataplane/proxy.h"
+#include "router/control/registry.h"
+#include "router/control/reload.h"
+#include "router/dataplane/resil_metrics.h"
+#include "router/dataplane/router_metrics.h"
 #include "router/routes.h"
-#include "router/token_metrics.h"
+#include "router/dataplane/token_metrics.h"
 
 /* After the drain deadline, requests are cancelled; if something still holds the process (an
  * upstream that never reports its close), it exits anyway this much later. */
@@ -509,7 +509,7 @@ static int create_shared(app_t *app, char *err, size_t errlen)
     return create_health(app, err, errlen);
 }
 
-/* TLS (issue 11): the client port's and the upstream side's configurations. */
+/* TLS: the client port's and the upstream side's configurations. */
 static int create_tls(app_t *app, char *err, size_t errlen)
 {
     const baton_config_t *c = &app->cfg;

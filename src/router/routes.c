@@ -12,9 +12,9 @@
 #include "baton/error.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "router/admin.h"
-#include "router/policy_metrics.h"
-#include "router/proxy.h"
+#include "router/control/admin.h"
+#include "router/dataplane/policy_metrics.h"
+#include "router/dataplane/proxy.h"
 
 typedef void (*route_fn)(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route);
 

@@ -167,7 +167,7 @@ void baton__auth_decode_start(baton__conn_t *c)
         return;
     }
     if (c->state != BATON__CONN_CLOSING)
-        c->state = BATON__CONN_AUTH;
+        (void)BATON__CONN_MOVE(c, BATON__CONN_AUTH);
 }
 
 static int decode_on_response(baton__conn_t *c, const baton__auth_t *a)
@@ -217,7 +217,7 @@ static int prefill_on_challenge(baton__conn_t *c, const baton__auth_t *a)
     if (rc == 0)
         rc = send_auth(c, BATON__AUTH_RESPONSE, mac);
     if (rc == 0 && c->state != BATON__CONN_CLOSING)
-        c->state = BATON__CONN_AUTH;
+        (void)BATON__CONN_MOVE(c, BATON__CONN_AUTH);
     return rc;
 }
 
@@ -241,7 +241,7 @@ static int prefill_on_proof(baton__conn_t *c, const baton__auth_t *a)
         return 0;
     }
     c->authed = 1;
-    c->state = BATON__CONN_PENDING; /* its HELLO comes next */
+    (void)BATON__CONN_MOVE(c, BATON__CONN_PENDING); /* its HELLO comes next */
     return 0;
 }
 

@@ -7,6 +7,33 @@
 #include "common/log.h"
 #include "transfer/internal.h"
 
+#define B(s)  BATON_PHASE_BIT(s)
+#define CLOSE B(BATON__CONN_CLOSING)
+static const uint32_t conn_legal[BATON__CONN_N_STATES] = {
+    [BATON__CONN_NEW] = B(BATON__CONN_PENDING) | B(BATON__CONN_CONNECTING) | CLOSE,
+    [BATON__CONN_CONNECTING] = B(BATON__CONN_AUTH) | B(BATON__CONN_HELLO) | CLOSE,
+    [BATON__CONN_PENDING] = B(BATON__CONN_AUTH) | B(BATON__CONN_HELLO) | CLOSE,
+    [BATON__CONN_AUTH] = B(BATON__CONN_PENDING) | B(BATON__CONN_HELLO) | CLOSE,
+    [BATON__CONN_HELLO] = B(BATON__CONN_TP_CONNECT) | B(BATON__CONN_UP) | CLOSE,
+    /* A transport that refuses the peer hands over to the next one offered. */
+    [BATON__CONN_TP_CONNECT] = B(BATON__CONN_TP_CONNECT) | B(BATON__CONN_UP) | CLOSE,
+    [BATON__CONN_UP] = CLOSE,
+};
+#undef CLOSE
+#undef B
+static const char *const conn_names[BATON__CONN_N_STATES] = {
+    [BATON__CONN_NEW] = "new",
+    [BATON__CONN_PENDING] = "pending",
+    [BATON__CONN_CONNECTING] = "connecting",
+    [BATON__CONN_HELLO] = "hello",
+    [BATON__CONN_TP_CONNECT] = "transport_connect",
+    [BATON__CONN_UP] = "up",
+    [BATON__CONN_CLOSING] = "closing",
+    [BATON__CONN_AUTH] = "auth",
+};
+const baton_phase_table_t baton__conn_phases = {BATON__LOG, "conn", BATON__CONN_N_STATES,
+                                                conn_legal, conn_names};
+
 static const char *role_name(int role)
 {
     return role == BATON__ROLE_DECODE ? "decode" : "prefill";
@@ -178,16 +205,14 @@ void baton__conn_fail(baton__conn_t *c, int status, const char *why)
         return;
     baton_xfer_engine_t *eng = c->eng;
     baton__conn_state_t prev = c->state;
-    c->state = BATON__CONN_CLOSING;
+    (void)BATON__CONN_MOVE(c, BATON__CONN_CLOSING);
     c->fail_status = status;
     c->pending = 1; /* released by finish_deferred: conn_finish never runs inside this call */
 
-    static const char *const state_names[] = {
-        "?", "pending", "connecting", "hello", "transport_connect", "up", "closing", "auth"};
     if (c->role == BATON__ROLE_DECODE && prev != BATON__CONN_UP) {
         /* A failed attempt: the peer state machine logs it once, with its retry delay. */
         log_debug(BATON__LOG, "attempt_failed peer=%s state=%s reason=\"%s\"", c->addr,
-                  state_names[prev], why);
+                  baton_phase_name(&baton__conn_phases, prev), why);
     } else if (status == BATON_EAUTH || status == BATON_EBUSY) {
         /* ctrl_auth.c / ctrl_admit.c's callers logged the refusal, rate-limited: an outsider can
          * repeat it at will. */
@@ -205,7 +230,8 @@ void baton__conn_fail(baton__conn_t *c, int status, const char *why)
                   "reason=\"%s\" rooms=%zu",
                   role_name(c->role), c->peer ? c->peer->endpoint : c->addr,
                   c->remote_id[0] ? c->remote_id : "-", (unsigned long long)c->remote_inc,
-                  state_names[prev], baton_err_name(status), why, c->rooms.count);
+                  baton_phase_name(&baton__conn_phases, prev), baton_err_name(status), why,
+                  c->rooms.count);
     }
     if (prev == BATON__CONN_UP)
         atomic_fetch_sub(&eng->st_peers_up, 1);
@@ -222,8 +248,8 @@ void baton__conn_fail(baton__conn_t *c, int status, const char *why)
         size_t it = 0;
         baton__droom_t *dr;
         while ((dr = baton_u64map_next(&c->rooms, &it, NULL)) != NULL)
-            if (dr->state != BATON__DR_ABORTING)
-                dr->state = BATON__DR_FAILING;
+            if (dr->state != BATON__DR_ABORTING && dr->state != BATON__DR_FAILING)
+                (void)BATON__DR_MOVE(dr, BATON__DR_FAILING);
     }
     for (int i = 0; i < BATON__MAX_TP; i++) {
         if (c->cand[i] != NULL) {
@@ -497,7 +523,7 @@ void baton__listener_accept(uv_stream_t *server, int status)
         }
         return;
     }
-    c->state = BATON__CONN_PENDING;
+    (void)BATON__CONN_MOVE(c, BATON__CONN_PENDING);
     int rc = uv_accept(server, (uv_stream_t *)c->tcp);
     if (rc == 0) {
         fill_addr(c);

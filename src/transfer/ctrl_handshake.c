@@ -51,7 +51,7 @@ static void retire_tp(baton_xfer_engine_t *eng, baton__tp_peer_t *tpp)
 static void mark_up(baton__conn_t *c)
 {
     baton_xfer_engine_t *eng = c->eng;
-    c->state = BATON__CONN_UP;
+    (void)BATON__CONN_MOVE(c, BATON__CONN_UP);
     baton__admit_release(c); /* authenticated and through the handshake: no longer pending */
     uint64_t now = baton_now_ms();
     baton_heartbeat_init(&c->hb, eng->cfg.heartbeat_interval_ms, eng->cfg.heartbeat_misses, now);
@@ -113,7 +113,7 @@ void baton__hs_decode_hello(baton__conn_t *c)
         baton__conn_fail(c, rc, "cannot encode HELLO");
         return;
     }
-    c->state = BATON__CONN_HELLO;
+    (void)BATON__CONN_MOVE(c, BATON__CONN_HELLO);
     baton__conn_send(c, &b);
     baton_buf_free(&b);
 }
@@ -173,7 +173,7 @@ static int decode_on_hello(baton__conn_t *c, const baton__hello_t *h)
             c->cand[i] = NULL;
         }
     }
-    c->state = BATON__CONN_TP_CONNECT;
+    (void)BATON__CONN_MOVE(c, BATON__CONN_TP_CONNECT);
     int rc = c->tp_peer->tp->ops->peer_connect(c->tp_peer, h->tp[0].blob, h->tp[0].len,
                                                on_decode_tp_connected, c);
     if (rc != 0) {
@@ -278,7 +278,7 @@ static void prefill_try_next(baton__conn_t *c)
         set_remote_addr(c, tpp);
         c->tp_peer = tpp;
         c->tp_index = idx;
-        c->state = BATON__CONN_TP_CONNECT;
+        (void)BATON__CONN_MOVE(c, BATON__CONN_TP_CONNECT);
         rc = tp->ops->peer_connect(tpp, t->blob, t->len, on_prefill_tp_connected, c);
         if (rc == 0)
             return;
@@ -326,7 +326,7 @@ static int prefill_on_hello(baton__conn_t *c, const baton__hello_t *h)
         c->peer_hello->tp[i].blob = c->peer_hello_buf + off;
         off += h->tp[i].len;
     }
-    c->state = BATON__CONN_HELLO;
+    (void)BATON__CONN_MOVE(c, BATON__CONN_HELLO);
     c->prefill_try = 0;
     prefill_try_next(c);
     return 0;

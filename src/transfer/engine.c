@@ -131,34 +131,7 @@ int baton__tp_index(const baton_xfer_engine_t *eng, baton_xfer_transport_t id)
 
 /* ---- transport helpers (transport.h) ---------------------------------------------------- */
 
-int baton__tp_notsup_flush(baton__tp_peer_t *peer, baton__tp_done_cb cb, void *arg)
-{
-    return BATON_ENOTSUP;
-}
-
-int baton__tp_notsup_adopt_lane(baton__tp_peer_t *peer, uv_tcp_t *stream, uint32_t lane_index,
-                                const uint8_t *rest, size_t rest_len)
-{
-    return BATON_ENOTSUP;
-}
-
-int baton__tp_notsup_mem_add(baton__tp_peer_t *peer, uint32_t mem_id, uint64_t base, uint64_t len,
-                             baton_xfer_mem_kind_t kind, const uint8_t *blob, size_t blob_len)
-{
-    return BATON_ENOTSUP;
-}
-
-int baton__tp_notsup_read(baton__tp_peer_t *peer, baton__tp_write_t *w)
-{
-    (void)peer;
-    (void)w;
-    return BATON_ENOTSUP;
-}
-
-int baton__tp_notsup_mem_del(baton__tp_peer_t *peer, uint32_t mem_id)
-{
-    return BATON_ENOTSUP;
-}
+/* The "not supported" stubs are in tp_notsup.c. */
 
 typedef struct {
     baton_list_t link;
@@ -417,7 +390,7 @@ static void progress_main(void *arg)
      * the kernel raise SIGPIPE in the writing thread, and its default action ends the HOST
      * process (a library must not impose SIG_IGN on its host): blocked here, it stays pending
      * on this thread only, the write fails with EPIPE and the lane / connection fails as it
-     * should (issue 12: a holder killed silently by its puller's death). */
+     * should (otherwise a holder dies silently with its puller). */
     sigset_t pipe_set;
     sigemptyset(&pipe_set);
     sigaddset(&pipe_set, SIGPIPE);
@@ -667,23 +640,90 @@ static void close_walk_cb(uv_handle_t *h, void *arg)
         uv_close(h, NULL);
 }
 
-static void teardown_unstarted(baton_xfer_engine_t *eng, int free_it)
+/* The caller's settings are in range (the engine id printable, a secret long enough). */
+static int config_ok(const baton_xfer_config_t *cfg, const baton_xfer_callbacks_t *cbs)
 {
-    for (int i = 0; i < eng->n_tp; i++)
-        eng->tp[i]->ops->fini(eng->tp[i]);
-    uv_walk(&eng->ploop, close_walk_cb, NULL);
-    uv_run(&eng->ploop, UV_RUN_DEFAULT);
-    uv_loop_close(&eng->ploop);
-    uv_mutex_destroy(&eng->qlock);
-    if (eng->caller_loop == NULL) {
-        uv_mutex_destroy(&eng->api_lock);
-        close(eng->evfd);
+    if (cfg->log_level < -1 || cfg->log_level > BATON_XFER_LOG_ERROR)
+        return 0;
+    if (cfg->listen_host != NULL &&
+        (cbs == NULL || cbs->room_cb == NULL || cbs->room_closed_cb == NULL))
+        return 0; /* the prefill role must be able to hand rooms over */
+    if (cfg->listen_port < 0 || cfg->listen_port > 65535 || cfg->n_transports < 0 ||
+        cfg->n_transports > BATON_XFER_MAX_TRANSPORTS)
+        return 0;
+    if (cfg->engine_id != NULL &&
+        (cfg->engine_id[0] == '\0' || strlen(cfg->engine_id) > BATON_XFER_ENGINE_ID_MAX))
+        return 0;
+    if (cfg->engine_id != NULL)
+        for (const char *p = cfg->engine_id; *p; p++)
+            if (*p <= 0x20 || *p >= 0x7f)
+                return 0;
+    if (cfg->lanes > 16)
+        return 0;
+    if (cfg->secret != NULL &&
+        (cfg->secret_len < BATON_XFER_SECRET_MIN || cfg->secret_len > BATON_XFER_SECRET_MAX))
+        return 0;
+    return 1;
+}
+
+/* Each configured transport that this build has and that starts, in the caller's order (the
+ * others are logged and skipped: the next one is the fallback). */
+static void open_transports(baton_xfer_engine_t *eng)
+{
+    for (int i = 0; i < eng->cfg.n_transports && eng->n_tp < BATON__MAX_TP; i++) {
+        baton_xfer_transport_t id = eng->cfg.transports[i];
+        if (baton__tp_index(eng, id) >= 0)
+            continue;
+        const baton__tp_ops_t *ops = tp_ops_for(id);
+        if (ops == NULL) {
+            log_warn(BATON__LOG, "transport_unavailable transport=%s err=not_built_in",
+                     baton_xfer_transport_name(id));
+            continue;
+        }
+        baton__tp_t *tp = NULL;
+        int rc = ops->init(&eng->env, &tp);
+        if (rc != 0) {
+            log_warn(BATON__LOG, "transport_unavailable transport=%s err=%s fallback=next",
+                     ops->name, baton_err_name(rc));
+            continue;
+        }
+        tp->ops = ops;
+        tp->env = &eng->env;
+        tp->id = id;
+        memset(&eng->caps[eng->n_tp], 0, sizeof(eng->caps[0]));
+        ops->query(tp, &eng->caps[eng->n_tp]);
+        eng->tp_ids[eng->n_tp] = id;
+        eng->tp[eng->n_tp++] = tp;
     }
-    if (eng->has_log)
-        baton_log_sink_swap(eng->create_prev_log); /* create's own scope ends on failure */
-    explicit_bzero(eng->secret, sizeof(eng->secret));
-    if (free_it)
-        free(eng);
+}
+
+/* What the engine runs with: its transports, whether peers must authenticate, its port. */
+static void log_started(const baton_xfer_engine_t *eng, const char *listen_host)
+{
+    char tps[64] = "";
+    for (int i = 0; i < eng->n_tp; i++) {
+        strcat(tps, i ? "," : "");
+        strcat(tps, baton_xfer_transport_name(eng->tp_ids[i]));
+    }
+    log_info(BATON__LOG, "engine_started id=%s incarnation=%016llx transports=%s kv_auth=%s",
+             eng->engine_id, (unsigned long long)eng->incarnation, tps,
+             eng->secret_len ? "hmac-sha256" : "off");
+    /* no secret: a warning when other hosts can reach the bootstrap port, else (loopback) info */
+    const char *lh = listen_host;
+    int exposed = lh && strncmp(lh, "127.", 4) && strcmp(lh, "::1") && strcmp(lh, "localhost");
+    if (eng->secret_len == 0)
+        baton_log(exposed ? BATON_LOG_WARN : BATON_LOG_INFO, BATON__LOG,
+                  "kv_auth_disabled id=%s reason=\"no shared secret configured: any "
+                  "host that reaches the bootstrap port or connects to it as a peer can "
+                  "exchange KV and memory keys with this engine\"",
+                  eng->engine_id);
+    if (listen_host != NULL) {
+        int port = atomic_load(&((baton_xfer_engine_t *)eng)->port);
+        if (strchr(listen_host, ':') != NULL)
+            log_info(BATON__LOG, "bootstrap_listening addr=[%s]:%d", listen_host, port);
+        else
+            log_info(BATON__LOG, "bootstrap_listening addr=%s:%d", listen_host, port);
+    }
 }
 
 static void free_after_close(uv_handle_t *h)
@@ -703,25 +743,7 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
     memcpy(&known, cfg, cfg->size < sizeof(known) ? cfg->size : sizeof(known));
     known.size = sizeof(known);
     cfg = &known;
-    if (cfg->log_level < -1 || cfg->log_level > BATON_XFER_LOG_ERROR)
-        return BATON_EINVAL;
-    if (cfg->listen_host != NULL &&
-        (cbs == NULL || cbs->room_cb == NULL || cbs->room_closed_cb == NULL))
-        return BATON_EINVAL; /* the prefill role must be able to hand rooms over */
-    if (cfg->listen_port < 0 || cfg->listen_port > 65535 || cfg->n_transports < 0 ||
-        cfg->n_transports > BATON_XFER_MAX_TRANSPORTS)
-        return BATON_EINVAL;
-    if (cfg->engine_id != NULL &&
-        (cfg->engine_id[0] == '\0' || strlen(cfg->engine_id) > BATON_XFER_ENGINE_ID_MAX))
-        return BATON_EINVAL;
-    if (cfg->engine_id != NULL)
-        for (const char *p = cfg->engine_id; *p; p++)
-            if (*p <= 0x20 || *p >= 0x7f)
-                return BATON_EINVAL;
-    if (cfg->lanes > 16)
-        return BATON_EINVAL;
-    if (cfg->secret != NULL &&
-        (cfg->secret_len < BATON_XFER_SECRET_MIN || cfg->secret_len > BATON_XFER_SECRET_MAX))
+    if (!config_ok(cfg, cbs))
         return BATON_EINVAL;
 
     baton_xfer_engine_t *eng = calloc(1, sizeof(*eng));
@@ -799,35 +821,23 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
         eng->log.level = eng->cfg.log_level;
         eng->has_log = 1;
     }
-    if (uv_mutex_init(&eng->qlock) != 0) {
-        free(eng);
-        return BATON_ENOMEM;
-    }
+    /* Resources in order; a failure unwinds what was taken, in reverse (the ladder below). */
+    int rc = BATON_ENOMEM, async_open = 0;
+    if (uv_mutex_init(&eng->qlock) != 0)
+        goto fail_free;
     if (loop == NULL) {
         eng->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
         if (eng->evfd < 0) {
-            int err = uv_translate_sys_error(errno);
-            uv_mutex_destroy(&eng->qlock);
-            free(eng);
-            return err;
+            rc = uv_translate_sys_error(errno);
+            goto fail_qlock;
         }
         if (uv_mutex_init_recursive(&eng->api_lock) != 0) {
-            close(eng->evfd);
-            uv_mutex_destroy(&eng->qlock);
-            free(eng);
-            return BATON_ENOMEM;
+            rc = BATON_ENOMEM;
+            goto fail_evfd;
         }
     }
-    int rc = uv_loop_init(&eng->ploop);
-    if (rc != 0) {
-        if (loop == NULL) {
-            uv_mutex_destroy(&eng->api_lock);
-            close(eng->evfd);
-        }
-        uv_mutex_destroy(&eng->qlock);
-        free(eng);
-        return rc;
-    }
+    if ((rc = uv_loop_init(&eng->ploop)) != 0)
+        goto fail_api_lock;
     /* Lines logged while creating go to this engine's sink too (undone on every exit). */
     if (eng->has_log)
         eng->create_prev_log = baton_log_sink_swap(&eng->log);
@@ -847,94 +857,58 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
     eng->env.resolve_dst = baton__resolve_dst;
     eng->env.placed = baton__placed;
 
-    for (int i = 0; i < eng->cfg.n_transports && eng->n_tp < BATON__MAX_TP; i++) {
-        baton_xfer_transport_t id = eng->cfg.transports[i];
-        if (baton__tp_index(eng, id) >= 0)
-            continue;
-        const baton__tp_ops_t *ops = tp_ops_for(id);
-        if (ops == NULL) {
-            log_warn(BATON__LOG, "transport_unavailable transport=%s err=not_built_in",
-                     baton_xfer_transport_name(id));
-            continue;
-        }
-        baton__tp_t *tp = NULL;
-        rc = ops->init(&eng->env, &tp);
-        if (rc != 0) {
-            log_warn(BATON__LOG, "transport_unavailable transport=%s err=%s fallback=next",
-                     ops->name, baton_err_name(rc));
-            continue;
-        }
-        tp->ops = ops;
-        tp->env = &eng->env;
-        tp->id = id;
-        memset(&eng->caps[eng->n_tp], 0, sizeof(eng->caps[0]));
-        ops->query(tp, &eng->caps[eng->n_tp]);
-        eng->tp_ids[eng->n_tp] = id;
-        eng->tp[eng->n_tp++] = tp;
-    }
+    open_transports(eng);
     if (eng->n_tp == 0) {
         log_error(BATON__LOG, "engine_create_failed err=no_usable_transport");
-        teardown_unstarted(eng, 1);
-        return BATON_ENODEV;
+        rc = BATON_ENODEV;
+        goto fail_ploop;
     }
     if (cfg->listen_host != NULL) {
         eng->cfg.listen_host = cfg->listen_host;
         rc = start_listener(eng);
         eng->cfg.listen_host = NULL;
-        if (rc != 0) {
-            teardown_unstarted(eng, 1);
-            return rc;
-        }
+        if (rc != 0)
+            goto fail_ploop;
     }
     if (loop != NULL) {
-        rc = uv_async_init(loop, &eng->caller_async, on_caller_async);
-        if (rc != 0) {
-            teardown_unstarted(eng, 1);
-            return rc;
-        }
+        if ((rc = uv_async_init(loop, &eng->caller_async, on_caller_async)) != 0)
+            goto fail_ploop;
         eng->caller_async.data = eng;
+        async_open = 1;
     }
     uv_timer_start(&eng->tick, on_tick, eng->tick_ms, eng->tick_ms);
-    rc = uv_thread_create(&eng->thread, progress_main, eng);
-    if (rc != 0) {
-        if (loop == NULL) {
-            teardown_unstarted(eng, 1);
-            return rc;
-        }
-        /* caller_async lives on the caller loop: the engine is freed by its close callback. */
-        teardown_unstarted(eng, 0);
-        uv_close((uv_handle_t *)&eng->caller_async, free_after_close);
-        return rc;
-    }
+    if ((rc = uv_thread_create(&eng->thread, progress_main, eng)) != 0)
+        goto fail_ploop;
     eng->thread_started = 1;
-    char tps[64] = "";
-    for (int i = 0; i < eng->n_tp; i++) {
-        strcat(tps, i ? "," : "");
-        strcat(tps, baton_xfer_transport_name(eng->tp_ids[i]));
-    }
-    log_info(BATON__LOG, "engine_started id=%s incarnation=%016llx transports=%s kv_auth=%s",
-             eng->engine_id, (unsigned long long)eng->incarnation, tps,
-             eng->secret_len ? "hmac-sha256" : "off");
-    /* no secret: a warning when other hosts can reach the bootstrap port, else (loopback) info */
-    const char *lh = cfg->listen_host;
-    int exposed = lh && strncmp(lh, "127.", 4) && strcmp(lh, "::1") && strcmp(lh, "localhost");
-    if (eng->secret_len == 0)
-        baton_log(exposed ? BATON_LOG_WARN : BATON_LOG_INFO, BATON__LOG,
-                  "kv_auth_disabled id=%s reason=\"no shared secret configured: any "
-                  "host that reaches the bootstrap port or connects to it as a peer can "
-                  "exchange KV and memory keys with this engine\"",
-                  eng->engine_id);
-    if (cfg->listen_host != NULL) {
-        int port = atomic_load(&eng->port);
-        if (strchr(cfg->listen_host, ':') != NULL)
-            log_info(BATON__LOG, "bootstrap_listening addr=[%s]:%d", cfg->listen_host, port);
-        else
-            log_info(BATON__LOG, "bootstrap_listening addr=%s:%d", cfg->listen_host, port);
-    }
+    log_started(eng, cfg->listen_host);
     if (eng->has_log)
         baton_log_sink_swap(eng->create_prev_log);
     *engine_p = eng;
     return 0;
+
+fail_ploop: /* the progress loop, its handles and the transports on it */
+    for (int i = 0; i < eng->n_tp; i++)
+        eng->tp[i]->ops->fini(eng->tp[i]);
+    uv_walk(&eng->ploop, close_walk_cb, NULL);
+    uv_run(&eng->ploop, UV_RUN_DEFAULT);
+    uv_loop_close(&eng->ploop);
+    if (eng->has_log)
+        baton_log_sink_swap(eng->create_prev_log); /* create's own scope ends on failure */
+fail_api_lock:
+    if (loop == NULL)
+        uv_mutex_destroy(&eng->api_lock);
+fail_evfd:
+    if (loop == NULL)
+        close(eng->evfd);
+fail_qlock:
+    uv_mutex_destroy(&eng->qlock);
+fail_free:
+    explicit_bzero(eng->secret, sizeof(eng->secret));
+    if (async_open) /* on the caller's loop: the engine is freed by its close callback */
+        uv_close((uv_handle_t *)&eng->caller_async, free_after_close);
+    else
+        free(eng);
+    return rc;
 }
 
 int baton_xfer_engine_listen_port(const baton_xfer_engine_t *engine)

@@ -2,6 +2,7 @@
 #ifndef BATON_TRANSFER_INTERNAL_H
 #define BATON_TRANSFER_INTERNAL_H
 
+#include <inttypes.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -12,6 +13,7 @@
 #include "common/clock.h"
 #include "common/list.h"
 #include "common/log.h"
+#include "common/phase.h"
 #include "health/heartbeat.h"
 #include "health/peer_state.h"
 #include "transfer/ctrl_frame.h"
@@ -170,13 +172,23 @@ typedef struct {
 
 /* ---- rooms ------------------------------------------------------------------------------ */
 
+/* A decode room's phases; only BATON__DR_MOVE changes them (the table is in room_decode.c):
+ *   (new) -> QUEUED | SENT;  QUEUED -> SENT;  SENT -> ABORTING | READING | FAILING;
+ *   READING -> SENT (the READ could not start) | FAILING.  ABORTING and FAILING end with the
+ *   room's completion (it leaves the maps; no further move). */
 typedef enum {
-    BATON__DR_QUEUED = 1, /* waiting for its peer to come UP */
-    BATON__DR_SENT,       /* OFFER sent */
-    BATON__DR_ABORTING,   /* ABORT sent, waiting for ABORT_ACK / DONE / fence */
-    BATON__DR_FAILING,    /* its connection failed; completes after the fence */
-    BATON__DR_READING,    /* pull by RDMA READ: GRANT arrived, our READs are in flight */
+    BATON__DR_NEW = 0, /* allocated, not yet offered or queued */
+    BATON__DR_QUEUED = 1,
+    /* waiting for its peer to come UP */ /* waiting for its peer to come UP */
+    BATON__DR_SENT,                       /* OFFER sent */
+    BATON__DR_ABORTING,                   /* ABORT sent, waiting for ABORT_ACK / DONE / fence */
+    BATON__DR_FAILING,                    /* its connection failed; completes after the fence */
+    BATON__DR_READING, /* pull by RDMA READ: GRANT arrived, our READs are in flight */
+    BATON__DR_N_STATES
 } baton__droom_state_t;
+extern const baton_phase_table_t baton__droom_phases;
+#define BATON__DR_MOVE(dr, to)                                                                     \
+    BATON_PHASE_MOVE(&baton__droom_phases, (dr)->state, (to), "room=%" PRIu64, (dr)->room_id)
 
 typedef struct {
     uint64_t addr;
@@ -222,14 +234,24 @@ struct baton__droom_s {
     baton__done_copy_t done;
 };
 
+/* A prefill room's phases; only BATON__PR_MOVE changes them (the table is in room_prefill.c):
+ *   (new) -> OPEN | CLOSED;  OPEN -> COMPLETING | ABORT_LOCAL | ABORT_PEER | GRANTED | CLOSED;
+ *   COMPLETING -> ABORT_LOCAL | ABORT_PEER | CLOSED;  ABORT_LOCAL -> ABORT_PEER | CLOSED;
+ *   ABORT_PEER -> ABORT_PEER (a repeated ABORT restates its reason) | CLOSED;
+ *   GRANTED -> ABORT_PEER | CLOSED;  CLOSED is terminal. */
 typedef enum {
+    BATON__PR_NEW = 0, /* allocated, not yet announced */
     BATON__PR_OPEN = 1,
     BATON__PR_COMPLETING,  /* DONE waits for in-flight writes */
     BATON__PR_ABORT_LOCAL, /* our abort: ABORT waits for in-flight writes */
     BATON__PR_ABORT_PEER,  /* peer's ABORT: ABORT_ACK waits for in-flight writes */
     BATON__PR_CLOSED,
     BATON__PR_GRANTED, /* pull by RDMA READ: GRANT sent, the puller reads until READ_DONE */
+    BATON__PR_N_STATES
 } baton__proom_state_t;
+extern const baton_phase_table_t baton__proom_phases;
+#define BATON__PR_MOVE(room, to)                                                                   \
+    BATON_PHASE_MOVE(&baton__proom_phases, (room)->state, (to), "room=%" PRIu64, (room)->room_id)
 
 struct baton_xfer_room_s {
     atomic_int refs;
@@ -278,15 +300,26 @@ struct baton__wreq_s {
 
 /* ---- connections and peers (progress thread) --------------------------------------------- */
 
+/* A control connection's phases; only BATON__CONN_MOVE changes them (table in ctrl_conn.c):
+ *   (new) -> PENDING (accepted) | CONNECTING (decode);
+ *   CONNECTING -> AUTH | HELLO;  PENDING -> AUTH | HELLO;  AUTH -> PENDING (prefill: proven,
+ *   HELLO next) | HELLO (decode: proven, sends HELLO);  HELLO -> TP_CONNECT | UP;
+ *   TP_CONNECT -> TP_CONNECT (the next transport) | UP;  every phase but CLOSING -> CLOSING. */
 typedef enum {
-    BATON__CONN_PENDING = 1, /* accepted, first frame not seen yet */
-    BATON__CONN_CONNECTING,  /* decode: TCP connect under way */
-    BATON__CONN_HELLO,       /* HELLO sent (decode) / awaited (prefill) */
-    BATON__CONN_TP_CONNECT,  /* the chosen transport's peer_connect is under way */
+    BATON__CONN_NEW = 0, /* allocated */
+    BATON__CONN_PENDING = 1,
+    /* accepted, first frame not seen yet */ /* accepted, first frame not seen yet */
+    BATON__CONN_CONNECTING,                  /* decode: TCP connect under way */
+    BATON__CONN_HELLO,                       /* HELLO sent (decode) / awaited (prefill) */
+    BATON__CONN_TP_CONNECT,                  /* the chosen transport's peer_connect is under way */
     BATON__CONN_UP,
     BATON__CONN_CLOSING,
     BATON__CONN_AUTH, /* challenge-response under way (a shared secret is set; ctrl_auth.c) */
+    BATON__CONN_N_STATES
 } baton__conn_state_t;
+extern const baton_phase_table_t baton__conn_phases;
+#define BATON__CONN_MOVE(c, to)                                                                    \
+    BATON_PHASE_MOVE(&baton__conn_phases, (c)->state, (to), "peer=%s", (c)->addr)
 
 /* One side of the KV bootstrap's challenge-response (ctrl_auth.c). */
 typedef struct {

@@ -96,7 +96,7 @@ static void connect_addr(baton__peer_t *p, const struct sockaddr *sa)
         return;
     }
     c->peer = p;
-    c->state = BATON__CONN_CONNECTING;
+    (void)BATON__CONN_MOVE(c, BATON__CONN_CONNECTING);
     snprintf(c->addr, sizeof(c->addr), "%.79s", p->endpoint);
     p->conn = c;
     c->creq.data = c;

@@ -281,13 +281,13 @@ static int rdma_peer_connect(baton__tp_peer_t *bp, const uint8_t *blob, size_t l
     peer->clen = calloc((size_t)peer->nqps, sizeof(*peer->clen));
     if (!peer->cwr || !peer->csge || !peer->clen)
         return BATON_ENOMEM;
-    peer->state = RDMA_PEER_UP;
+    RDMA_PEER_MOVE(peer, RDMA_PEER_UP);
     peer->connect_pending = 1;
     peer->connect_cb = cb;
     peer->connect_arg = arg;
     baton__rdma_schedule_sweep(peer);
     if (!peer->sweep_queued) {
-        peer->state = RDMA_PEER_NEW;
+        RDMA_PEER_MOVE(peer, RDMA_PEER_NEW);
         peer->connect_pending = 0;
         return BATON_ENOMEM;
     }

@@ -40,6 +40,8 @@
 #include <infiniband/verbs.h>
 #include <uv.h>
 
+#include "common/phase.h"
+
 #include "transfer/transport.h"
 
 /* Knobs the config does not expose. Defaults as Mooncake; tests lower them to reach limits.
@@ -161,6 +163,7 @@ typedef enum {
     RDMA_QP_RTR,
     RDMA_QP_RTS,
     RDMA_QP_ERR,
+    RDMA_QP_N_STATES
 } rdma_qp_state_t;
 
 struct rdma_qp_s {
@@ -223,7 +226,18 @@ typedef enum {
     RDMA_PEER_NEW = 0, /* created; TARGET: its QPs are in INIT */
     RDMA_PEER_UP,      /* QPs in RTS: writes flow */
     RDMA_PEER_FAILED,  /* an error: QPs in ERR, draining, no new writes */
+    RDMA_PEER_N_STATES
 } rdma_peer_state_t;
+
+/* The QP's and the peer's phase tables (rdma_qp.c, common/phase.h): only these moves change them.
+ *   QP: NONE -> INIT -> RTR -> RTS; INIT, RTR, RTS -> ERR; any created -> NONE (destroyed).
+ *   peer: NEW -> UP (connecting) -> NEW (the sweep could not be queued); NEW, UP -> FAILED. */
+extern const baton_phase_table_t baton__rdma_qp_phases, baton__rdma_peer_phases;
+#define RDMA_QP_MOVE(q, to)                                                                        \
+    (void)BATON_PHASE_MOVE(&baton__rdma_qp_phases, (q)->state, (to), "qpn=%u", (q)->qpn)
+#define RDMA_PEER_MOVE(p, to)                                                                      \
+    (void)BATON_PHASE_MOVE(&baton__rdma_peer_phases, (p)->state, (to), "generation=%llu",          \
+                           (unsigned long long)(p)->base.generation)
 
 typedef struct rdma_flush_s {
     struct rdma_flush_s *next;

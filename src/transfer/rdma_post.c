@@ -592,7 +592,7 @@ void baton__rdma_peer_fail(rdma_peer_t *peer, int err)
     if (peer->fail_err)
         return;
     peer->fail_err = err;
-    peer->state = RDMA_PEER_FAILED;
+    RDMA_PEER_MOVE(peer, RDMA_PEER_FAILED);
     peer->fail_ms = uv_now(peer->tp->base.env->loop);
     baton__rdma_watchdog_arm(peer->tp);
     if (err != BATON_ECANCELED)

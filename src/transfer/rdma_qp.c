@@ -16,10 +16,34 @@
 #define QP_RD_ATOMIC     16
 #define QP_HOP_LIMIT     64
 
+#define B(s) BATON_PHASE_BIT(s)
+static const uint32_t qp_legal[RDMA_QP_N_STATES] = {
+    [RDMA_QP_NONE] = B(RDMA_QP_INIT),
+    [RDMA_QP_INIT] = B(RDMA_QP_RTR) | B(RDMA_QP_ERR) | B(RDMA_QP_NONE),
+    [RDMA_QP_RTR] = B(RDMA_QP_RTS) | B(RDMA_QP_ERR) | B(RDMA_QP_NONE),
+    [RDMA_QP_RTS] = B(RDMA_QP_ERR) | B(RDMA_QP_NONE),
+    [RDMA_QP_ERR] = B(RDMA_QP_NONE),
+};
+static const uint32_t peer_legal[RDMA_PEER_N_STATES] = {
+    [RDMA_PEER_NEW] = B(RDMA_PEER_UP) | B(RDMA_PEER_FAILED),
+    /* UP -> NEW: the connect is taken back when its first sweep cannot be queued */
+    [RDMA_PEER_UP] = B(RDMA_PEER_NEW) | B(RDMA_PEER_FAILED),
+};
+#undef B
+static const char *const qp_names[RDMA_QP_N_STATES] = {
+    [RDMA_QP_NONE] = "none", [RDMA_QP_INIT] = "init", [RDMA_QP_RTR] = "rtr",
+    [RDMA_QP_RTS] = "rts",   [RDMA_QP_ERR] = "err",
+};
+static const char *const peer_names[RDMA_PEER_N_STATES] = {
+    [RDMA_PEER_NEW] = "new", [RDMA_PEER_UP] = "up", [RDMA_PEER_FAILED] = "failed"};
+const baton_phase_table_t baton__rdma_qp_phases = {"rdma", "qp", RDMA_QP_N_STATES, qp_legal,
+                                                   qp_names};
+const baton_phase_table_t baton__rdma_peer_phases = {"rdma", "peer", RDMA_PEER_N_STATES, peer_legal,
+                                                     peer_names};
+
 static const char *state_name(rdma_qp_state_t s)
 {
-    static const char *n[] = {"none", "init", "rtr", "rts", "err"};
-    return n[s];
+    return baton_phase_name(&baton__rdma_qp_phases, s);
 }
 
 /* A PSN only has to differ between incarnations of a pair: the transport's own generator
@@ -95,7 +119,7 @@ int baton__rdma_qp_create(rdma_peer_t *peer, rdma_qp_t *qp, rdma_dev_t *dev)
                   baton_strerror(err));
         goto fail;
     }
-    qp->state = RDMA_QP_INIT;
+    RDMA_QP_MOVE(qp, RDMA_QP_INIT);
     baton__rdma_qp_hash_add(dev, qp);
     return 0;
 
@@ -154,7 +178,7 @@ int baton__rdma_qp_connect(rdma_qp_t *qp, uint32_t remote_qpn, uint32_t remote_p
                   dev->name, qp->qpn, remote_qpn, 128 << mtu, baton_strerror(err));
         return err;
     }
-    qp->state = RDMA_QP_RTR;
+    RDMA_QP_MOVE(qp, RDMA_QP_RTR);
 
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTS;
@@ -178,7 +202,7 @@ int baton__rdma_qp_connect(rdma_qp_t *qp, uint32_t remote_qpn, uint32_t remote_p
                   baton_strerror(err));
         return err;
     }
-    qp->state = RDMA_QP_RTS;
+    RDMA_QP_MOVE(qp, RDMA_QP_RTS);
     qp->max_rd = rd;
     qp->reads_out = 0;
     return 0;
@@ -198,7 +222,7 @@ int baton__rdma_qp_error(rdma_qp_t *qp)
                   qp->qpn, state_name(qp->state), baton_strerror(err));
         return err;
     }
-    qp->state = RDMA_QP_ERR;
+    RDMA_QP_MOVE(qp, RDMA_QP_ERR);
     return 0;
 }
 
@@ -213,7 +237,7 @@ void baton__rdma_qp_destroy(rdma_qp_t *qp)
                   baton_strerror(err));
     log_debug("rdma", "qp_destroyed dev=%s qpn=%u", qp->dev->name, qp->qpn);
     qp->qp = NULL;
-    qp->state = RDMA_QP_NONE;
+    RDMA_QP_MOVE(qp, RDMA_QP_NONE);
     free(qp->ring);
     qp->ring = NULL;
 }

@@ -8,6 +8,23 @@
 #include "common/log.h"
 #include "transfer/internal.h"
 
+#define B(s) BATON_PHASE_BIT(s)
+static const uint32_t droom_legal[BATON__DR_N_STATES] = {
+    [BATON__DR_NEW] = B(BATON__DR_QUEUED) | B(BATON__DR_SENT),
+    [BATON__DR_QUEUED] = B(BATON__DR_SENT),
+    [BATON__DR_SENT] = B(BATON__DR_ABORTING) | B(BATON__DR_READING) | B(BATON__DR_FAILING),
+    /* A READ that cannot start leaves the room offered, as before the GRANT. */
+    [BATON__DR_READING] = B(BATON__DR_SENT) | B(BATON__DR_FAILING),
+};
+#undef B
+static const char *const droom_names[BATON__DR_N_STATES] = {
+    [BATON__DR_NEW] = "new",         [BATON__DR_QUEUED] = "queued",
+    [BATON__DR_SENT] = "sent",       [BATON__DR_ABORTING] = "aborting",
+    [BATON__DR_FAILING] = "failing", [BATON__DR_READING] = "reading",
+};
+const baton_phase_table_t baton__droom_phases = {BATON__LOG, "droom", BATON__DR_N_STATES,
+                                                 droom_legal, droom_names};
+
 void baton__droom_finish(baton__droom_t *dr, int status)
 {
     baton_xfer_engine_t *eng = dr->eng;
@@ -51,7 +68,7 @@ void baton__droom_submit(baton_xfer_engine_t *eng, baton__droom_t *dr)
     if (p->conn != NULL && p->conn->state == BATON__CONN_UP) {
         baton__droom_send(p->conn, dr);
     } else if (p->health.state == BATON_PEER_CONNECTING) {
-        dr->state = BATON__DR_QUEUED;
+        (void)BATON__DR_MOVE(dr, BATON__DR_QUEUED);
         baton_list_push(&p->queued, &dr->link);
     } else {
         /* Down and waiting for its back-off: fail fast so the caller can pick another pair. */
@@ -110,7 +127,7 @@ void baton__droom_send(baton__conn_t *c, baton__droom_t *dr)
         return;
     }
     dr->conn = c;
-    dr->state = BATON__DR_SENT;
+    (void)BATON__DR_MOVE(dr, BATON__DR_SENT);
     baton__conn_send(c, &b);
     baton_buf_free(&b);
 }
@@ -126,7 +143,7 @@ void baton__droom_abort(baton_xfer_engine_t *eng, uint64_t room_id, int status)
         baton__droom_finish(dr, status); /* never offered: nothing can land */
         break;
     case BATON__DR_SENT: {
-        dr->state = BATON__DR_ABORTING;
+        (void)BATON__DR_MOVE(dr, BATON__DR_ABORTING);
         dr->abort_status = status;
         baton_buf_t b = BATON_BUF_INIT;
         if (baton__enc_abort(&b, room_id, status) == 0)
@@ -168,7 +185,7 @@ static void on_tp_read(baton__tp_write_t *w, int status)
     if (status != 0) {
         /* The transport failed the connection (a READ completed in error: the peer is told
          * through peer_failed); the room completes after the fence, like a write's. */
-        dr->state = BATON__DR_FAILING;
+        (void)BATON__DR_MOVE(dr, BATON__DR_FAILING);
         return;
     }
     /* Every READ completed: the bytes are in place and nothing more lands in the pages. */
@@ -226,10 +243,10 @@ int baton__droom_on_grant(baton__conn_t *c, const baton__grant_t *g)
         dr->done.first_token = g->done.first_token;
         dr->done.len = g->done.payload_len;
         memcpy(dr->done.payload, g->done.payload, g->done.payload_len);
-        dr->state = BATON__DR_READING;
+        (void)BATON__DR_MOVE(dr, BATON__DR_READING);
         rc = c->tp_peer->tp->ops->read(c->tp_peer, &dr->rd);
         if (rc != 0)
-            dr->state = BATON__DR_SENT;
+            (void)BATON__DR_MOVE(dr, BATON__DR_SENT);
     } else {
         free(sg);
     }

@@ -10,6 +10,32 @@
 
 #include "transfer/cuda_shim.h"
 
+#define B(s) BATON_PHASE_BIT(s)
+#define ENDS (B(BATON__PR_ABORT_PEER) | B(BATON__PR_CLOSED))
+static const uint32_t proom_legal[BATON__PR_N_STATES] = {
+    [BATON__PR_NEW] = B(BATON__PR_OPEN) | B(BATON__PR_CLOSED),
+    [BATON__PR_OPEN] =
+        B(BATON__PR_COMPLETING) | B(BATON__PR_ABORT_LOCAL) | B(BATON__PR_GRANTED) | ENDS,
+    [BATON__PR_COMPLETING] = B(BATON__PR_ABORT_LOCAL) | ENDS,
+    [BATON__PR_ABORT_LOCAL] = ENDS,
+    /* The peer may repeat its ABORT: the last reason is the one reported. */
+    [BATON__PR_ABORT_PEER] = ENDS,
+    [BATON__PR_GRANTED] = ENDS,
+};
+#undef ENDS
+#undef B
+static const char *const proom_names[BATON__PR_N_STATES] = {
+    [BATON__PR_NEW] = "new",
+    [BATON__PR_OPEN] = "open",
+    [BATON__PR_COMPLETING] = "completing",
+    [BATON__PR_ABORT_LOCAL] = "abort_local",
+    [BATON__PR_ABORT_PEER] = "abort_peer",
+    [BATON__PR_CLOSED] = "closed",
+    [BATON__PR_GRANTED] = "granted",
+};
+const baton_phase_table_t baton__proom_phases = {BATON__LOG, "proom", BATON__PR_N_STATES,
+                                                 proom_legal, proom_names};
+
 static void send_frame_abort(baton__conn_t *c, uint64_t room, int reason)
 {
     baton_buf_t b = BATON_BUF_INIT;
@@ -24,7 +50,7 @@ static void room_close(baton_xfer_room_t *room, int status)
 {
     baton_xfer_engine_t *eng = room->eng;
     fail_cuda_waits(room, status ? status : BATON_ECANCELED);
-    room->state = BATON__PR_CLOSED;
+    (void)BATON__PR_MOVE(room, BATON__PR_CLOSED);
     if (room->conn != NULL) {
         baton_u64map_del(&room->conn->rooms, room->room_id);
         room->conn = NULL;
@@ -141,7 +167,7 @@ int baton__proom_on_offer(baton__conn_t *c, const baton__offer_t *o)
     room->tp_index = c->tp_index;
     room->peer_proto = c->remote_proto;
     room->conn = c;
-    room->state = BATON__PR_OPEN;
+    (void)BATON__PR_MOVE(room, BATON__PR_OPEN);
     room->ev_room.type = BATON__EV_ROOM;
     room->ev_room.embedded = 1;
     room->ev_room.u.room = room;
@@ -172,7 +198,7 @@ int baton__proom_on_abort(baton__conn_t *c, uint64_t room_id, int reason)
         baton_buf_free(&b);
         return 0;
     }
-    room->state = BATON__PR_ABORT_PEER;
+    (void)BATON__PR_MOVE(room, BATON__PR_ABORT_PEER);
     room->abort_reason = reason;
     room_progress(room);
     return 0;
@@ -239,12 +265,12 @@ void baton__proom_grant(baton_xfer_engine_t *eng, baton__grant_cmd_t *g)
             for (uint32_t i = 0; i < g->n_pages; i++)
                 room->granted_bytes += g->pages[i].len;
             /* From here the puller's NIC may read the sources until READ_DONE or the fence. */
-            room->state = BATON__PR_GRANTED;
+            (void)BATON__PR_MOVE(room, BATON__PR_GRANTED);
             baton__conn_send(c, &b);
         } else {
             log_warn(BATON__LOG, "grant_failed room=%" PRIu64 " err=%s", room->room_id,
                      baton_err_name(rc));
-            room->state = BATON__PR_ABORT_LOCAL;
+            (void)BATON__PR_MOVE(room, BATON__PR_ABORT_LOCAL);
             room->abort_reason = rc;
             room_progress(room);
         }
@@ -428,7 +454,7 @@ void baton__proom_complete(baton_xfer_engine_t *eng, baton_xfer_room_t *room,
     if (room->state != BATON__PR_OPEN)
         return; /* aborted or closed meanwhile: its closing event says so */
     room->done = *done;
-    room->state = BATON__PR_COMPLETING;
+    (void)BATON__PR_MOVE(room, BATON__PR_COMPLETING);
     room_progress(room);
 }
 
@@ -437,7 +463,7 @@ void baton__proom_abort(baton_xfer_engine_t *eng, baton_xfer_room_t *room, int r
     (void)eng;
     if (room->state != BATON__PR_OPEN && room->state != BATON__PR_COMPLETING)
         return;
-    room->state = BATON__PR_ABORT_LOCAL;
+    (void)BATON__PR_MOVE(room, BATON__PR_ABORT_LOCAL);
     room->abort_reason = reason;
     room_progress(room);
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/phase.h"
 #include "transfer/ctrl_frame.h"
 #include "transfer/transport.h"
 
@@ -77,7 +78,25 @@ typedef struct {
     tcp_slice_t *head, *tail;
 } slice_q_t;
 
-enum { LANE_NONE = 0, LANE_CONNECTING, LANE_HELLO, LANE_READY, LANE_CLOSED };
+/* A lane's phases (only LANE_MOVE changes them): the initiator's NONE -> CONNECTING -> HELLO ->
+ * READY, the target's NONE -> READY (a lane handed over by the engine); any -> CLOSED. */
+enum { LANE_NONE = 0, LANE_CONNECTING, LANE_HELLO, LANE_READY, LANE_CLOSED, LANE_N_STATES };
+#define B(s) BATON_PHASE_BIT(s)
+static const uint32_t lane_legal[LANE_N_STATES] = {
+    [LANE_NONE] = B(LANE_CONNECTING) | B(LANE_READY) | B(LANE_CLOSED),
+    [LANE_CONNECTING] = B(LANE_HELLO) | B(LANE_CLOSED),
+    [LANE_HELLO] = B(LANE_READY) | B(LANE_CLOSED),
+    [LANE_READY] = B(LANE_CLOSED),
+};
+#undef B
+static const char *const lane_names[LANE_N_STATES] = {
+    [LANE_NONE] = "none",   [LANE_CONNECTING] = "connecting", [LANE_HELLO] = "hello",
+    [LANE_READY] = "ready", [LANE_CLOSED] = "closed",
+};
+static const baton_phase_table_t lane_phases = {"xfer", "tcp_lane", LANE_N_STATES, lane_legal,
+                                                lane_names};
+#define LANE_MOVE(l, to)                                                                           \
+    (void)BATON_PHASE_MOVE(&lane_phases, (l)->state, (to), "lane=%" PRIu32, (l)->index)
 enum { RD_HDR = 0, RD_DATA, RD_DISCARD };
 
 struct tcp_lane_s {
@@ -439,7 +458,7 @@ static void target_payload_done(tcp_lane_t *l)
 static void lane_ready(tcp_lane_t *l)
 {
     tcp_peer_t *p = l->peer;
-    l->state = LANE_READY;
+    LANE_MOVE(l, LANE_READY);
     if (++p->lanes_ready == p->n_lanes && p->connect_cb != NULL) {
         baton__tp_done_cb cb = p->connect_cb;
         p->connect_cb = NULL;
@@ -572,7 +591,7 @@ static void lane_closed(uv_handle_t *h)
     free(h);
     tcp_peer_t *p = l->peer;
     l->tcp = NULL;
-    l->state = LANE_CLOSED;
+    LANE_MOVE(l, LANE_CLOSED);
     if (--p->open_handles == 0 && p->fencing)
         fence_complete(p);
 }
@@ -621,7 +640,7 @@ static void lane_connected(uv_connect_t *req, int status)
     baton_buf_free(&b);
     uv_buf_t ub = uv_buf_init((char *)l->hello, sizeof(l->hello));
     l->hreq.data = l;
-    l->state = LANE_HELLO;
+    LANE_MOVE(l, LANE_HELLO);
     int rc = uv_write(&l->hreq, (uv_stream_t *)l->tcp, &ub, 1, hello_sent);
     if (rc == 0)
         rc = uv_read_start((uv_stream_t *)l->tcp, lane_alloc, lane_read);
@@ -651,7 +670,7 @@ static int tcp_adopt_lane(baton__tp_peer_t *tpp, uv_tcp_t *stream, uint32_t inde
     l->tcp = stream;
     stream->data = l;
     p->open_handles++;
-    l->state = LANE_READY;
+    LANE_MOVE(l, LANE_READY);
     uv_tcp_nodelay(stream, 1);
     int rc = uv_read_start((uv_stream_t *)stream, lane_alloc, lane_read);
     if (rc != 0) {
@@ -799,7 +818,7 @@ static int tcp_peer_connect(baton__tp_peer_t *tpp, const uint8_t *blob, size_t l
         uv_tcp_init(loop, l->tcp);
         l->tcp->data = l;
         p->open_handles++;
-        l->state = LANE_CONNECTING;
+        LANE_MOVE(l, LANE_CONNECTING);
         l->creq.data = l;
         int rc = uv_tcp_connect(&l->creq, l->tcp, (const struct sockaddr *)&p->base.remote_addr,
                                 lane_connected);

@@ -19,9 +19,9 @@
 
 /* ---- phases ------------------------------------------------------------------------------- */
 
-#define B(p) (1u << (p))
+#define B(p) BATON_PHASE_BIT(p)
 #define ENDS (B(WK_JOB_FAILED) | B(WK_JOB_ABORTED))
-static const unsigned job_legal[WK_JOB_N_PHASES] = {
+static const uint32_t job_legal[WK_JOB_N_PHASES] = {
     [WK_JOB_NEW] = B(WK_JOB_RUNNING) | B(WK_JOB_MATCHING) | B(WK_JOB_PAGES) | ENDS,
     [WK_JOB_MATCHING] = B(WK_JOB_PAGES) | ENDS,
     [WK_JOB_PAGES] = B(WK_JOB_RUNNING) | B(WK_JOB_RECEIVING) | ENDS,
@@ -29,11 +29,14 @@ static const unsigned job_legal[WK_JOB_N_PHASES] = {
     [WK_JOB_RUNNING] = B(WK_JOB_DONE) | ENDS,
 };
 static const char *const job_names[WK_JOB_N_PHASES] = {
-    "new", "matching", "pages", "receiving", "running", "done", "failed", "aborted",
+    [WK_JOB_NEW] = "new",         [WK_JOB_MATCHING] = "matching",
+    [WK_JOB_PAGES] = "pages",     [WK_JOB_RECEIVING] = "receiving",
+    [WK_JOB_RUNNING] = "running", [WK_JOB_DONE] = "done",
+    [WK_JOB_FAILED] = "failed",   [WK_JOB_ABORTED] = "aborted",
 };
-const wk_phase_table_t wk_job_phases = {WK_JOB_N_PHASES, job_legal, job_names};
+const wk_phase_table_t wk_job_phases = {COMP, "job", WK_JOB_N_PHASES, job_legal, job_names};
 
-static const unsigned seq_legal[WK_SS_N_PHASES] = {
+static const uint32_t seq_legal[WK_SS_N_PHASES] = {
     [WK_SS_NEW] = B(WK_SS_RUNNING) | B(WK_SS_KV_WAIT) | B(WK_SS_GONE),
     [WK_SS_KV_WAIT] = B(WK_SS_MATCHED) | B(WK_SS_KV_IN) | B(WK_SS_GONE),
     [WK_SS_MATCHED] = B(WK_SS_RUNNING) | B(WK_SS_GONE),
@@ -42,22 +45,13 @@ static const unsigned seq_legal[WK_SS_N_PHASES] = {
     [WK_SS_HANDOFF] = B(WK_SS_DONE) | B(WK_SS_GONE),
 };
 static const char *const seq_names[WK_SS_N_PHASES] = {
-    "new", "kv_wait", "matched", "kv_in", "running", "handoff", "done", "gone",
+    [WK_SS_NEW] = "new",     [WK_SS_KV_WAIT] = "kv_wait", [WK_SS_MATCHED] = "matched",
+    [WK_SS_KV_IN] = "kv_in", [WK_SS_RUNNING] = "running", [WK_SS_HANDOFF] = "handoff",
+    [WK_SS_DONE] = "done",   [WK_SS_GONE] = "gone",
 };
-const wk_phase_table_t wk_seq_phases = {WK_SS_N_PHASES, seq_legal, seq_names};
-
-int wk_phase_legal(const wk_phase_table_t *t, unsigned from, unsigned to)
-{
-    return from < t->n && to < t->n && (t->legal[from] & B(to)) != 0;
-}
-
-static int refuse_move(const char *what, const char *id, const wk_phase_table_t *t, unsigned from,
-                       unsigned to)
-{
-    log_error(COMP, "%s_bad_transition id=%s from=%s to=%s", what, id,
-              from < t->n ? t->names[from] : "?", to < t->n ? t->names[to] : "?");
-    return BATON_EINVAL;
-}
+const wk_phase_table_t wk_seq_phases = {COMP, "seq", WK_SS_N_PHASES, seq_legal, seq_names};
+#undef ENDS
+#undef B
 
 /* The rendezvous phases: the job waits on its deadline. */
 static int rendezvous(wk_job_phase_t p)
@@ -70,8 +64,8 @@ static void dl_unlink(wk_job_t *job);
 
 int wk_job_to(wk_job_t *job, wk_job_phase_t to)
 {
-    if (!wk_phase_legal(&wk_job_phases, job->phase, to))
-        return refuse_move("job", job->id, &wk_job_phases, job->phase, to);
+    if (!baton_phase_legal(&wk_job_phases, job->phase, to))
+        return baton_phase_refuse(&wk_job_phases, job->phase, to, "id=%s", job->id);
     int was = rendezvous(job->phase), is = rendezvous(to);
     job->phase = to;
     if (!was && is)
@@ -91,8 +85,8 @@ static int kv_waiting(wk_seq_phase_t p)
 int wk_seq_to(wk_sstate_t *ss, wk_seq_phase_t to)
 {
     wk_worker_t *w = ss->job->w;
-    if (!wk_phase_legal(&wk_seq_phases, ss->phase, to))
-        return refuse_move("seq", ss->job->id, &wk_seq_phases, ss->phase, to);
+    if (!baton_phase_legal(&wk_seq_phases, ss->phase, to))
+        return baton_phase_refuse(&wk_seq_phases, ss->phase, to, "id=%s", ss->job->id);
     w->n_kv_waiting += (unsigned)kv_waiting(to) - (unsigned)kv_waiting(ss->phase);
     w->n_boot_pub += (unsigned)(to == WK_SS_HANDOFF) - (unsigned)(ss->phase == WK_SS_HANDOFF);
     ss->phase = to;
@@ -586,7 +580,7 @@ void wk_job_handle(wk_worker_t *w, baton_http_req_t *http, wk_api_t api)
                perr.code);
         return;
     }
-    /* vLLM protocols (issue 12): the leg must be the one this worker plays */
+    /* vLLM protocols: the leg must be the one this worker plays */
     const char *bad = wk_vllm_refused(w->cfg.protocol, w->cfg.mode, &job->req);
     int vbad = bad != NULL;
     if (!bad && w->cfg.mode != WK_MODE_REGULAR && !job->req.has_boot &&

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "common/list.h"
+#include "common/phase.h"
 #include "http/server.h"
 #include "worker/render.h"
 #include "worker/request.h"
@@ -116,14 +117,13 @@ struct wk_job_s {
     struct wk_vllm_hb_s *hb; /* vllm-nixl decode: lease heartbeats until its KV is in */
 };
 
-/* A phase table (bit `to` of legal[from] allows from -> to); both tables are for the tests. */
-typedef struct wk_phase_table_s {
-    unsigned n;
-    const unsigned *legal;
-    const char *const *names;
-} wk_phase_table_t;
+/* The job's and the sequence's phase tables (common/phase.h; exported for the tests). */
+typedef baton_phase_table_t wk_phase_table_t;
 extern const wk_phase_table_t wk_job_phases, wk_seq_phases;
-int wk_phase_legal(const wk_phase_table_t *t, unsigned from, unsigned to);
+static inline int wk_phase_legal(const wk_phase_table_t *t, unsigned from, unsigned to)
+{
+    return baton_phase_legal(t, from, to);
+}
 
 /* ---- job.c ---- */
 

@@ -20,27 +20,6 @@
 
 #define COMP WK_KV_COMP
 
-/* ---- phase tables (both sides) ------------------------------------------------------------ */
-
-int wk__kv_phase_legal(const wk_kv_phases_t *t, unsigned from, unsigned to)
-{
-    return from < t->n && to < t->n && (t->legal[from] & (1u << to)) != 0;
-}
-
-const char *wk__kv_phase_name(const wk_kv_phases_t *t, unsigned p)
-{
-    return p < t->n ? t->names[p] : "?";
-}
-
-int wk__kv_phase_check(const wk_kv_phases_t *t, unsigned from, unsigned to, uint64_t room_id)
-{
-    if (wk__kv_phase_legal(t, from, to))
-        return 0;
-    log_error(COMP, "kv_%s_bad_transition room=%" PRIu64 " from=%s to=%s", t->side, room_id,
-              wk__kv_phase_name(t, from), wk__kv_phase_name(t, to));
-    return BATON_EINVAL;
-}
-
 /* ---- deferred work: matched callbacks and pool waiters ------------------------------------ */
 
 static void defer_cb(uv_idle_t *h);

@@ -4,11 +4,13 @@
 #ifndef BATON_WORKER_KVXFER_INT_H
 #define BATON_WORKER_KVXFER_INT_H
 
+#include <inttypes.h>
 #include <stdint.h>
 #include <uv.h>
 
 #include "baton/transfer.h"
 #include "common/list.h"
+#include "common/phase.h"
 #include "common/metrics.h"
 #include "common/u64map.h"
 #include "worker/kvdone.h"
@@ -228,19 +230,17 @@ void wk__kv_work_end(wk_kv_work_t *w, wk_kvlease_t *lease);
 /* Shuts the engine down once closing and no thread-pool job runs. */
 void wk__kv_maybe_destroy_engine(wk_kv_t *kv);
 
-/* A side's phase table: legal[from] has bit `to` set when from -> to is allowed. */
-typedef struct wk_kv_phases_s {
-    const char *side; /* "send", "recv": names the log line of a refused move */
-    unsigned n;
-    const unsigned *legal;
-    const char *const *names;
-} wk_kv_phases_t;
+/* A side's phase table (common/phase.h); the two below are the tests' names for its calls. */
+typedef baton_phase_table_t wk_kv_phases_t;
 
-int wk__kv_phase_legal(const wk_kv_phases_t *t, unsigned from, unsigned to);
-const char *wk__kv_phase_name(const wk_kv_phases_t *t, unsigned p);
-/* Checks from -> to: 0, or BATON_EINVAL after logging `kv_<side>_bad_transition` (the caller
- * then leaves the phase as it is). */
-int wk__kv_phase_check(const wk_kv_phases_t *t, unsigned from, unsigned to, uint64_t room_id);
+static inline int wk__kv_phase_legal(const wk_kv_phases_t *t, unsigned from, unsigned to)
+{
+    return baton_phase_legal(t, from, to);
+}
+static inline const char *wk__kv_phase_name(const wk_kv_phases_t *t, unsigned p)
+{
+    return baton_phase_name(t, p);
+}
 
 /* ---- kvxfer_send.c: the prefill side ---- */
 

@@ -24,9 +24,9 @@ struct wk_kv_ep_s {
 
 /* ---- phases ---------------------------------------------------------------------------- */
 
-#define B(p) (1u << (p))
+#define B(p) BATON_PHASE_BIT(p)
 /* legal[from]: the phases `from` may move to (kvxfer_int.h draws the same table). */
-static const unsigned legal[WK_RECV_N_PHASES] = {
+static const uint32_t legal[WK_RECV_N_PHASES] = {
     [WK_RECV_NEW] = B(WK_RECV_OFFERED),
     [WK_RECV_OFFERED] = B(WK_RECV_CHECKING) | B(WK_RECV_ENDED) | B(WK_RECV_ABORTING),
     [WK_RECV_CHECKING] = B(WK_RECV_GOT) | B(WK_RECV_ENDED),
@@ -35,17 +35,17 @@ static const unsigned legal[WK_RECV_N_PHASES] = {
     [WK_RECV_ENDED] = 0,
 };
 
-static const char *const names[WK_RECV_N_PHASES] = {"new", "offered",  "checking",
-                                                    "got", "aborting", "ended"};
+static const char *const names[WK_RECV_N_PHASES] = {
+    [WK_RECV_NEW] = "new", [WK_RECV_OFFERED] = "offered",   [WK_RECV_CHECKING] = "checking",
+    [WK_RECV_GOT] = "got", [WK_RECV_ABORTING] = "aborting", [WK_RECV_ENDED] = "ended",
+};
 
-const wk_kv_phases_t wk__kv_recv_phases = {"recv", WK_RECV_N_PHASES, legal, names};
+const wk_kv_phases_t wk__kv_recv_phases = {COMP, "kv_recv", WK_RECV_N_PHASES, legal, names};
+#undef B
 
 int wk__kv_recv_to(wk_kv_recv_t *r, wk_kv_recv_phase_t to)
 {
-    int rc = wk__kv_phase_check(&wk__kv_recv_phases, r->phase, to, r->room_id);
-    if (rc == 0)
-        r->phase = to;
-    return rc;
+    return BATON_PHASE_MOVE(&wk__kv_recv_phases, r->phase, to, "room=%" PRIu64, r->room_id);
 }
 
 /* Whether the request holds the handle (gets the callback, may drop it). */

@@ -20,9 +20,9 @@
 
 /* ---- phases ---------------------------------------------------------------------------- */
 
-#define B(p) (1u << (p))
+#define B(p) BATON_PHASE_BIT(p)
 /* legal[from]: the phases `from` may move to (kvxfer_int.h draws the same table). */
-static const unsigned legal[WK_SEND_N_PHASES] = {
+static const uint32_t legal[WK_SEND_N_PHASES] = {
     [WK_SEND_NEW] = B(WK_SEND_ORPHAN) | B(WK_SEND_WAITING) | B(WK_SEND_TOMB),
     [WK_SEND_ORPHAN] = B(WK_SEND_MATCHED) | B(WK_SEND_TOMB),
     [WK_SEND_WAITING] = B(WK_SEND_MATCHED) | B(WK_SEND_TOMB),
@@ -36,17 +36,17 @@ static const unsigned legal[WK_SEND_N_PHASES] = {
 };
 
 static const char *const names[WK_SEND_N_PHASES] = {
-    "new", "orphan", "waiting", "matched", "finishing", "ending", "dropped", "closed", "tomb",
+    [WK_SEND_NEW] = "new",         [WK_SEND_ORPHAN] = "orphan",       [WK_SEND_WAITING] = "waiting",
+    [WK_SEND_MATCHED] = "matched", [WK_SEND_FINISHING] = "finishing", [WK_SEND_ENDING] = "ending",
+    [WK_SEND_DROPPED] = "dropped", [WK_SEND_CLOSED] = "closed",       [WK_SEND_TOMB] = "tomb",
 };
 
-const wk_kv_phases_t wk__kv_send_phases = {"send", WK_SEND_N_PHASES, legal, names};
+const wk_kv_phases_t wk__kv_send_phases = {COMP, "kv_send", WK_SEND_N_PHASES, legal, names};
+#undef B
 
 int wk__kv_send_to(wk_kv_send_t *s, wk_kv_send_phase_t to)
 {
-    int rc = wk__kv_phase_check(&wk__kv_send_phases, s->phase, to, s->room_id);
-    if (rc == 0)
-        s->phase = to;
-    return rc;
+    return BATON_PHASE_MOVE(&wk__kv_send_phases, s->phase, to, "room=%" PRIu64, s->room_id);
 }
 
 /* Whether a request holds the room (may call wk_kv_send_*, gets `sent`). */

@@ -151,6 +151,7 @@ enum {
     OPT_LAYERWISE,
     OPT_FAULT_CORRUPT,
     OPT_VERSION,
+    /* --register */
     OPT_REGISTER,
     OPT_REGISTER_TTL,
     OPT_REGISTER_URL,

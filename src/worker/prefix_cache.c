@@ -80,11 +80,6 @@ void wk_pcache_destroy(wk_pcache_t *pc)
     free(pc);
 }
 
-uint32_t wk_pcache_page_tokens(const wk_pcache_t *pc)
-{
-    return pc->page_tokens;
-}
-
 static node_t *find(const wk_pcache_t *pc, const node_t *parent, const int64_t *ids)
 {
     uint64_t h = page_hash(parent, ids, pc->page_tokens);
@@ -222,12 +217,6 @@ uint32_t wk_pcache_insert(wk_pcache_t *pc, const int64_t *ids, uint32_t n)
         got += P;
     }
     return got;
-}
-
-void wk_pcache_clear(wk_pcache_t *pc)
-{
-    while (evict_one(pc, NULL))
-        ;
 }
 
 void wk_pcache_stats(const wk_pcache_t *pc, wk_pcache_stats_t *st)

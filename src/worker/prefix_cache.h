@@ -23,6 +23,11 @@
  * are evicted, the whole matched path) until wk_pcache_release(): the KV a prefill reads from
  * the cache cannot be evicted under it.
  *
+ * It shares no core with the router's cache_aware tree (router/dataplane/policy_tree.h): that
+ * one records hashed names of what was sent, approximately, evicting any name under a mutex;
+ * this one is exact (page contents compared), ref-counted and leaf-evicting, on one thread. The
+ * LRU list both use is common/list.h.
+ *
  * Threading: none; the worker's loop thread owns the cache. Ownership: the cache owns its
  * nodes; a wk_pcache_hold_t is an opaque handle to give back exactly once.
  */
@@ -45,8 +50,6 @@ int wk_pcache_create(wk_pcache_t **pc_p, uint64_t capacity_tokens, uint32_t page
 /* Every hold must have been released. NULL is ignored. */
 void wk_pcache_destroy(wk_pcache_t *pc);
 
-uint32_t wk_pcache_page_tokens(const wk_pcache_t *pc);
-
 /*
  * How many leading tokens of ids[0..n) are cached: a multiple of page_tokens, and at most
  * n - 1 so at least one token is always computed (the first output token needs it, as in
@@ -63,9 +66,6 @@ void wk_pcache_release(wk_pcache_t *pc, wk_pcache_hold_t hold);
  * tokens now cached along this path (a multiple of page_tokens, maybe less than asked when the
  * capacity is held by others). 0 or BATON_ENOMEM never: allocation failures just stop it. */
 uint32_t wk_pcache_insert(wk_pcache_t *pc, const int64_t *ids, uint32_t n);
-
-/* Drops every unheld page (tests; a reset). */
-void wk_pcache_clear(wk_pcache_t *pc);
 
 void wk_pcache_stats(const wk_pcache_t *pc, wk_pcache_stats_t *st);
 

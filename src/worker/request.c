@@ -670,7 +670,7 @@ int wk_request_parse(wk_request_t *req, wk_api_t api, const char *body, size_t l
     if (rc == 0)
         rc = parse_bootstrap(root, req, err);
     if (rc == 0)
-        rc = wk_vllm_parse(root, req, err); /* kv_transfer_params (issue 12) */
+        rc = wk_vllm_parse(root, req, err); /* kv_transfer_params */
 out:
     json_decref(root);
     if (rc != 0)

@@ -56,7 +56,7 @@ typedef struct wk_item_s {
     uint64_t room;
 } wk_item_t;
 
-/* vLLM PD protocols (issue 12): the leg a body's kv_transfer_params make of it (vllm.h). */
+/* vLLM PD protocols: the leg a body's kv_transfer_params make of it (vllm.h). */
 typedef enum {
     WK_VLLM_NONE = 0,
     WK_VLLM_NIXL_PREFILL,

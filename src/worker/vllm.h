@@ -1,4 +1,4 @@
-/* vllm.h — baton-worker as a vLLM disaggregated-prefill engine (issue 12): the
+/* vllm.h — baton-worker as a vLLM disaggregated-prefill engine: the
  * kv_transfer_params of the NixlConnector and MooncakeConnector protocols, and the NIXL prefill's
  * held KV pages (kept until the decode pulls them, a timeout or an abort releases them). */
 #ifndef BATON_WORKER_VLLM_H

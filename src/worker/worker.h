@@ -35,12 +35,12 @@ typedef struct wk_config_s {
     int n_transports;                /* fallback order */
     int layerwise;                   /* prefill: write each layer as it is computed */
     uint32_t fault_corrupt_kv_every; /* tests only: prefill corrupts every Nth room */
-    /* TLS (issue 11): HTTPS on the HTTP port when set; main.c owns it (and reloads it on
+    /* TLS: HTTPS on the HTTP port when set; main.c owns it (and reloads it on
      * SIGHUP), the worker only uses it. */
     struct baton_tls_s *tls;
     /* prefix cache (prefix_cache.h), every mode: capacity in tokens, 0 = off */
     uint64_t cache_tokens;
-    /* vLLM PD protocols (issue 12, vllm.h) */
+    /* vLLM PD protocols (vllm.h) */
     int protocol;                /* wk_proto_t: sglang (default), vllm-nixl, vllm-mooncake */
     uint64_t kv_hold_timeout_ms; /* vllm-nixl: the lease (vLLM's kv_lease_duration), vllm.h */
     const char *kv_secret_file;  /* KV bootstrap shared secret (file contents); NULL: none */

@@ -27,7 +27,8 @@ HOST = "127.0.0.1"
 _LISTEN_RE = re.compile(r"\s(?:([a-z]+)_)?listening addr=(\S+):(\d+)")
 
 
-# Issue 11: no answer a client gets may name an internal worker address. Each router started
+# No answer a client gets may name an internal worker address (it would map the private
+# network for an outsider). Each router started
 # here records the "host:port" of every worker URL on its command line (and in its --config
 # file, and those added through the admin API); request() fails on any response from that
 # router that names one, except on the admin and metrics routes, whose purpose is to show them.

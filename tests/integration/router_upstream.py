@@ -353,7 +353,7 @@ class SSEClient:
             data = [ln[5:].lstrip(b" ") for ln in block.split(b"\n") if ln.startswith(b"data:")]
             if data:
                 ev = b"\n".join(data).decode()
-                # issue 11: no SSE error event names a worker's address (harness.py)
+                # no SSE error event names a worker's address (harness.py)
                 from harness import assert_no_worker_addr
                 assert_no_worker_addr(self.port, "POST", self.path, ev)
                 return ev

@@ -1,4 +1,4 @@
-"""test_auth.py — issue 11, authentication and authorisation of the router: API keys (flags and a
+"""test_auth.py — authentication and authorisation of the router: API keys (flags and a
 file re-read on SIGHUP) with 401 invalid_api_key in the OpenAI format, open health routes,
 /metrics with and without a token, admin routes behind a token (or loopback only), per-key rate
 limits with 429 + Retry-After, what reaches workers (no client Authorization unless

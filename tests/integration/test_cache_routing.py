@@ -1,4 +1,4 @@
-"""test_cache_routing.py — issue 13 end to end: real baton-workers with their prefix caches
+"""test_cache_routing.py — cache-aware routing end to end: real baton-workers with their prefix caches
 behind a router with cache_aware / consistent_hash / least_load, in regular and PD mode.
 Scripted sessions assert where each turn went through what the workers report: a follow-up
 turn on the worker that served the earlier one reports exactly the earlier prompt's whole pages
@@ -120,7 +120,7 @@ def test_regular_consistent_hash_and_least_load():
             u = complete(r2.port, t, user=f"user-{s}")
             assert u["prompt_tokens_details"]["cached_tokens"] == 40, (s, u)
 
-        # the `user` key is read decoded (issue 15's scanner): turns 1-2 send it \u-escaped
+        # the `user` key is read decoded (the one-pass body scanner): turns 1-2 send it \u-escaped
         # (json.dumps), turn 3 as raw UTF-8, and turn 3 still meets their cache
         for s in range(5):
             two_turns(rp, 500 + s, user=f"us\u00e9r-{s}")

@@ -1,4 +1,4 @@
-"""test_chaos_vllm.py — test_chaos.py's scenarios for the vLLM protocols (issue 12): a real
+"""test_chaos_vllm.py — test_chaos.py's scenarios for the vLLM protocols: a real
 router in front of baton-workers speaking vllm-nixl or vllm-mooncake, under continuous load,
 while a decode is killed (-9) mid-stream and restarted, and a NIXL prefill is killed between
 its answer and the decode's pull. The same assertions as test_chaos.py: the router never

@@ -1,4 +1,4 @@
-"""test_etcd.py — several routers over one etcd registry (issue 14), with real processes: a
+"""test_etcd.py — several routers over one etcd registry, with real processes: a
 3-member etcd cluster on loopback, two routers, simulated workers.
 
 Skips visibly when Debian's etcd-server is not installed (scripts/install-deps.sh --test).

@@ -1,4 +1,4 @@
-"""test_etcd_tls.py — the shared etcd registry over TLS (issue 14): a real etcd serving its client
+"""test_etcd_tls.py — the shared etcd registry over TLS: a real etcd serving its client
 port with --cert-file/--key-file/--trusted-ca-file/--client-cert-auth on loopback, certificates
 made at test time with the openssl CLI (tls_pki.Pki), routers on --registry etcds://... with
 --registry-ca/-cert/-key, and a worker registering itself with --register-ca/-cert/-key.

@@ -1,4 +1,4 @@
-"""test_limits.py — issue 11, resource exhaustion as an attacker would try it: the router out of
+"""test_limits.py — resource exhaustion as an attacker would try it: the router out of
 file descriptors (a low RLIMIT_NOFILE set in its child) backs off instead of spinning, writes a
 bounded log, and recovers by itself; 30 clients sending big bodies and stalling keep the
 router's RSS within --max-buffered-bytes plus a bound, while normal requests still succeed and

@@ -1,4 +1,4 @@
-"""test_pd_protocols.py — the router's PD protocols beside SGLang's (issue 12), against scripted
+"""test_pd_protocols.py — the router's PD protocols beside SGLang's, against scripted
 upstreams that check every field as a vLLM engine reads it: vllm-nixl (two phases, the
 prefill's kv_transfer_params copied verbatim to the decode, one X-Request-Id, a clean 502 when
 the prefill gives none, stranded blocks released when the decode never reads them),
@@ -150,7 +150,7 @@ def test_nixl_prefill_without_params():
                 res = post(r.port, "/v1/chat/completions", dict(CHAT, stream=stream), timeout=15)
                 assert res.status == 502, (res.status, res.text)
                 err = res.json()["error"]
-                # the worker by id, never its address (issue 11: logs keep the URL)
+                # the worker by id, never its address (logs keep the URL)
                 assert err["code"] == code and "prefill worker w-" in err["message"] and \
                     p.url not in err["message"], err
             assert d.requests == [], "decode was asked without kv_transfer_params"

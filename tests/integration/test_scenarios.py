@@ -72,7 +72,7 @@ def test_router_overhead():
         if "saturation" in title:
             for p in paths:
                 assert float(col(header, rows, "max req/s", p)) > 0
-    # Issue 15: Baton in PD mode beside regular, one user at a time, and every proxy's CPU time
+    # Baton in PD mode beside regular, one user at a time, and every proxy's CPU time
     # per request from /proc (a number, never '-', for each proxy row; '-' for direct).
     for title in ("non-streaming: E2E latency", "non-streaming: E2E latency, closed loop, "
                   "concurrency 1", "non-streaming: saturation", "streaming: TTFT at",
@@ -88,7 +88,7 @@ def test_router_overhead():
                 assert float(cpu) >= 0, (title, r)
     if nginx_installed():
         for mode in ("non-streaming", "streaming"):
-            header, rows = table_rows(out, f"{mode}: issue 15's ratios")
+            header, rows = table_rows(out, f"{mode}: overhead ratios")
             names = [r[0] for r in rows]
             assert any("CPU/request" in n and "Baton PD / nginx" in n for n in names), rows
             assert any("added p50 at c=1, Baton PD / nginx" in n for n in names), rows
@@ -155,7 +155,7 @@ def test_nginx_columns():
 
 
 def test_allocs():
-    """Issue 15: the router's heap calls per request under the LD_PRELOAD counter."""
+    """The router's heap calls per request under the LD_PRELOAD counter."""
     if not os.path.exists(os.path.join(BUILD_DIR, "libbaton_allocs.so")):
         raise SkipTest("libbaton_allocs.so is not built (left out of sanitizer builds)")
     out = run_scenario("allocs.py")
@@ -170,7 +170,8 @@ def test_allocs():
         # every block a request allocates is freed again: nothing leaks per request
         assert float(r[header.index("free/req")]) >= new_blocks - 0.5, r
     # counts, not times: the pooled request structs and buffers keep these below the 39 and 60
-    # heap calls per request of the code before issue 15 (jansson's parse is most of the rest)
+    # heap calls per request of a router that parsed bodies with jansson (its parse is most of
+    # the rest)
     assert float(got[("regular", "json")][header.index("allocs/req")]) <= 34, got
     assert float(got[("pd", "json")][header.index("allocs/req")]) <= 50, got
     assert "allocs done: 0 failed requests" in out, out
@@ -191,7 +192,7 @@ def profile_tables(out, unit):
 
 
 def test_profile_perf():
-    """Issue 15: profile.py --tool perf samples the router under load and prints its top
+    """profile.py --tool perf samples the router under load and prints its top
     symbols; the long-prompt case is no longer dominated by a jansson parse."""
     import shutil
     if not shutil.which("perf"):
@@ -210,7 +211,7 @@ def test_profile_perf():
 
 
 def test_profile_callgrind():
-    """Issue 15: profile.py --tool callgrind counts the router's instructions per request,
+    """profile.py --tool callgrind counts the router's instructions per request,
     by function, deterministically."""
     import shutil
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):

@@ -1,5 +1,5 @@
-"""test_worker_vllm.py — baton-worker --protocol vllm-nixl | vllm-mooncake behind the router
-(issue 12): exact text through each protocol (chat and completions, stream or not, n>1,
+"""test_worker_vllm.py — baton-worker --protocol vllm-nixl | vllm-mooncake behind the router:
+exact text through each protocol (chat and completions, stream or not, n>1,
 logprobs), the KV moved through libbaton and verified byte by byte by the decode, the NIXL
 prefill's held pages released by the pull, by timeout and by abort (with their metrics), a late
 pull after a release refused at once, kill -9 of the holder between the phases, and legs of the

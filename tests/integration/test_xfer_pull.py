@@ -1,4 +1,4 @@
-"""test_xfer_pull.py — libbaton's pull mode between real processes on loopback (issue 12), through
+"""test_xfer_pull.py — libbaton's pull mode between real processes on loopback, through
 baton-xfer-pull: keys exported by a holder process and pulled by another over tcp and shm with
 every byte verified; an export released after its timeout (a later pull is refused at once);
 kill -9 of the holder in the middle of a pull (the puller's pull fails once, promptly); kill -9 of

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "router/config.h"
+#include "router/control/config.h"
 
 /* Prints the router's --help into memory and fails the test on the first of want[0..n) it lacks. */
 static void assert_help_lists(const char *const *want, size_t n)

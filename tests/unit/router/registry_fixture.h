@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "router/registry.h"
+#include "router/control/registry.h"
 
 #define N 4
 

@@ -20,8 +20,8 @@
 
 #include "baton/error.h"
 #include "http/server.h"
-#include "router/admin.h"
-#include "router/registry.h"
+#include "router/control/admin.h"
+#include "router/control/registry.h"
 
 /* ---- a server on its own loop thread ---- */
 

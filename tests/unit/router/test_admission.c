@@ -9,7 +9,7 @@
 #include <pthread.h>
 
 #include "baton/error.h"
-#include "router/admission.h"
+#include "router/dataplane/admission.h"
 
 typedef struct {
     int wakes;

@@ -14,7 +14,7 @@
 
 #include "baton/error.h"
 #include "router/auth.h"
-#include "router/config.h"
+#include "router/control/config.h"
 
 #define SEC 1000000000ull
 

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "baton/error.h"
-#include "router/config.h"
+#include "router/control/config.h"
 #include "help_check.h"
 
 #ifndef BATON_SOURCE_DIR
@@ -137,7 +137,7 @@ static void test_bad_cli(void **state)
     BAD("--port", "");
     BAD("--threads", "0");
     BAD("--threads", "99999");
-    BAD("--policy", "cache-aware"); /* cache_aware is a policy since issue 13; names are exact */
+    BAD("--policy", "cache-aware"); /* cache_aware is the name; names are exact */
     BAD("--cache-threshold-pct", "101");
     BAD("--balance-rel-threshold-pct", "99");
     BAD("--cache-max-blocks", "0");

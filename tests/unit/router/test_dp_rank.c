@@ -11,7 +11,7 @@
 #include <stdio.h>
 
 #include "baton/error.h"
-#include "router/dp_rank.h"
+#include "router/dataplane/dp_rank.h"
 
 static baton_registry_t *reg;
 

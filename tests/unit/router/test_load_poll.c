@@ -16,9 +16,9 @@
 #include "baton/error.h"
 #include "common/clock.h"
 #include "http/server.h"
-#include "router/load_poll.h"
-#include "router/policy.h"
-#include "router/registry.h"
+#include "router/control/load_poll.h"
+#include "router/dataplane/policy.h"
+#include "router/control/registry.h"
 
 static baton_worker_t *add_worker(baton_registry_t *reg, const char *url, const char *key)
 {

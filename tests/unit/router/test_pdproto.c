@@ -1,5 +1,5 @@
 /* test_pdproto.c — unit tests for the vLLM PD protocol bodies and the SGLang DP-attention rank
- * and room arithmetic (src/router/pdproto.c), and protocol fields at registration. */
+ * and room arithmetic (src/router/dataplane/pdproto.c), and protocol fields at registration. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,9 +12,9 @@
 #include <jansson.h>
 
 #include "baton/error.h"
-#include "router/pdproto.h"
-#include "router/pdreq.h"
-#include "router/registry.h"
+#include "router/dataplane/pdproto.h"
+#include "router/dataplane/pdreq.h"
+#include "router/control/registry.h"
 
 static json_t *load(const char *text)
 {

@@ -1,5 +1,5 @@
 /* test_pdreq.c — unit tests for request validation, batch detection, bootstrap injection,
- * logprob merging (src/router/pdreq.c) and SSE framing (src/router/sse.c). */
+ * logprob merging (src/router/dataplane/pdreq.c) and SSE framing (src/http/sse.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,8 +12,8 @@
 #include <jansson.h>
 
 #include "baton/error.h"
-#include "router/pdreq.h"
-#include "router/policy.h"
+#include "router/dataplane/pdreq.h"
+#include "router/dataplane/policy.h"
 #include "http/sse.h"
 
 /* ---- helpers ---- */

@@ -10,8 +10,8 @@
 #include <stdio.h>
 
 #include "baton/error.h"
-#include "router/worker_health.h"
-#include "router/pick.h"
+#include "router/control/worker_health.h"
+#include "router/dataplane/pick.h"
 
 static baton_registry_t *reg;
 static baton_policy_t *rr;

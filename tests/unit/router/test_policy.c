@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "baton/error.h"
-#include "router/policy.h"
-#include "router/registry.h"
+#include "router/dataplane/policy.h"
+#include "router/control/registry.h"
 #include "registry_fixture.h"
 
 static int setup(void **state)
@@ -39,7 +39,7 @@ static void test_names(void **state)
     assert_int_equal(k, BATON_POLICY_RANDOM);
     assert_int_equal(baton_policy_parse("power_of_two", &k), 0);
     assert_int_equal(k, BATON_POLICY_POWER_OF_TWO);
-    /* issue 13 added these three */
+    /* the load- and cache-aware ones */
     assert_int_equal(baton_policy_parse("least_load", &k), 0);
     assert_int_equal(k, BATON_POLICY_LEAST_LOAD);
     assert_int_equal(baton_policy_parse("consistent_hash", &k), 0);

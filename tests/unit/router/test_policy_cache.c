@@ -1,5 +1,5 @@
-/* test_policy_cache.c — issue 13's routing state: the approximate prefix tree (insert, match,
- * LRU bound, restart drop, concurrent readers on N threads), the consistent-hash ring
+/* test_policy_cache.c — cache- and load-aware routing state: the approximate prefix tree (insert,
+ * match, LRU bound, restart drop, concurrent readers on N threads), the consistent-hash ring
  * (distribution, remapping on join/leave), the load guard, and the three new policies. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,11 +13,11 @@
 #include <string.h>
 
 #include "baton/error.h"
-#include "router/pick.h"
-#include "router/policy.h"
-#include "router/policy_ring.h"
-#include "router/policy_tree.h"
-#include "router/registry.h"
+#include "router/dataplane/pick.h"
+#include "router/dataplane/policy.h"
+#include "router/dataplane/policy_ring.h"
+#include "router/dataplane/policy_tree.h"
+#include "router/control/registry.h"
 #include "registry_fixture.h"
 
 static int setup(void **state)

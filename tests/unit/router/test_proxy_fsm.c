@@ -16,7 +16,7 @@
 
 #include "baton/error.h"
 #include "common/buf.h"
-#include "router/proxy_internal.h"
+#include "router/dataplane/proxy_internal.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* The client side: baton_http_respond*, baton_http_stream_* are wrapped (-Wl,--wrap=...)     */

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "baton/error.h"
-#include "router/registry.h"
+#include "router/control/registry.h"
 
 static int add(baton_registry_t *reg, const char *url, baton_worker_role_t role, int bport,
                baton_worker_t **w_p)

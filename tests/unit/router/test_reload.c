@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "baton/error.h"
-#include "router/config.h"
-#include "router/registry.h"
-#include "router/reload.h"
+#include "router/control/config.h"
+#include "router/control/registry.h"
+#include "router/control/reload.h"
 
 static char errbuf[512];
 

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "baton/error.h"
-#include "router/config.h"
+#include "router/control/config.h"
 #include "help_check.h"
 
 static char errbuf[512];

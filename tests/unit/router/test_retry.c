@@ -7,7 +7,7 @@
 #include <cmocka.h>
 
 #include "baton/error.h"
-#include "router/retry.h"
+#include "router/dataplane/retry.h"
 
 static void test_classify(void **state)
 {

@@ -11,8 +11,8 @@
 
 #include "baton/error.h"
 #include "common/metrics.h"
-#include "router/registry.h"
-#include "router/router_metrics.h"
+#include "router/control/registry.h"
+#include "router/dataplane/router_metrics.h"
 
 static char *render(baton_router_metrics_t *m, baton_registry_t *reg)
 {

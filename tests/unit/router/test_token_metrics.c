@@ -10,7 +10,7 @@
 
 #include "common/buf.h"
 #include "common/metrics.h"
-#include "router/token_metrics.h"
+#include "router/dataplane/token_metrics.h"
 
 #define S(x) ((uint64_t)((x)*1e9))
 

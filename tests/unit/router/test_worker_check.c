@@ -19,10 +19,10 @@
 #include <uv.h>
 
 #include "baton/error.h"
-#include "router/worker_check.h"
-#include "router/worker_health.h"
+#include "router/control/worker_check.h"
+#include "router/control/worker_health.h"
 #include "http/server.h"
-#include "router/registry.h"
+#include "router/control/registry.h"
 
 #define INTERVAL      300
 #define FAST          40

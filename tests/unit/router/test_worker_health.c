@@ -12,9 +12,9 @@
 #include "baton/error.h"
 #include "common/buf.h"
 #include "common/metrics.h"
-#include "router/worker_health.h"
-#include "router/policy.h"
-#include "router/registry.h"
+#include "router/control/worker_health.h"
+#include "router/dataplane/policy.h"
+#include "router/control/registry.h"
 
 /* ---- the counter ---- */
 

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include "../phase_checks.h"
 #include <ftw.h>
 #include <pthread.h>
 #include <sys/mman.h>
@@ -1417,7 +1419,7 @@ static void test_cq_budget_shared_by_peers(void **state)
     fence_destroy(&pd2, &r2d);
 }
 
-/* ---- real-fabric behaviour (issue 16) ------------------------------------------------------ */
+/* ---- real-fabric behaviour ------------------------------------------------------ */
 
 /* Every live QP of one side: its sgid index, and whether a write through each pair lands. */
 static void assert_sgid(int prefill, int dev, int want)
@@ -2472,6 +2474,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_gpu_two_regions_one_write, setup_default, teardown),
         cmocka_unit_test_setup_teardown(test_gpu_registration_paths, setup_default, teardown),
         cmocka_unit_test_teardown(test_gpu_memory_uses_near_nics, teardown),
+        cmocka_unit_test(test_no_refused_phase_moves),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

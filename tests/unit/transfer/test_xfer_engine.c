@@ -17,6 +17,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include "../phase_checks.h"
 #include <dlfcn.h>
 #include <uv.h>
 
@@ -1924,6 +1926,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_cuda_device_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kv_auth_rogues, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kv_auth_mismatch, setup, teardown),
+        cmocka_unit_test(test_no_refused_phase_moves),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     uv_close((uv_handle_t *)&keepalive, NULL);

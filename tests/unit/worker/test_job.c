@@ -13,6 +13,8 @@
 
 #include <cmocka.h>
 
+#include "../phase_checks.h"
+
 #include "baton/error.h"
 #include "common/buf.h"
 #include "loop_test.h"
@@ -566,6 +568,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_phase_tables),
         cmocka_unit_test(test_movers),
+        cmocka_unit_test(test_refused_count_starts),
         cmocka_unit_test(test_generate_full),
         cmocka_unit_test(test_chat_stream),
         cmocka_unit_test(test_refusals),
@@ -573,6 +576,7 @@ int main(void)
         cmocka_unit_test(test_pd),
         cmocka_unit_test(test_pd_deadline),
         cmocka_unit_test(test_pd_pages),
+        cmocka_unit_test(test_no_refused_phase_moves),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

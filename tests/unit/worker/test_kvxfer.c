@@ -13,6 +13,8 @@
 
 #include <cmocka.h>
 
+#include "../phase_checks.h"
+
 #include "baton/error.h"
 #include "common/buf.h"
 #include "loop_test.h"
@@ -743,6 +745,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_send_phases),
         cmocka_unit_test(test_recv_phases),
+        cmocka_unit_test(test_refused_count_starts),
         cmocka_unit_test(test_kvdone),
         cmocka_unit_test(test_handoff_tcp_request_first),
         cmocka_unit_test(test_handoff_tcp_offer_first_whole_room),
@@ -761,6 +764,7 @@ int main(void)
         cmocka_unit_test(test_export_pull_tcp),
         cmocka_unit_test(test_export_pull_shm),
         cmocka_unit_test(test_export_timeout_and_release),
+        cmocka_unit_test(test_no_refused_phase_moves),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

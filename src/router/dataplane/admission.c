@@ -1,0 +1,133 @@
+/* admission.c — the router-wide concurrency cap, queue accounting and cross-loop wake-ups. */
+#include "router/dataplane/admission.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "baton/error.h"
+
+struct baton_admission_s {
+    unsigned max_active; /* 0 = unlimited */
+    unsigned queue_size;
+    atomic_uint active;
+    atomic_uint queued;
+    pthread_mutex_t lock; /* the waker list */
+    baton_admission_waker_t *wakers;
+};
+
+int baton_admission_create(baton_admission_t **a_p, unsigned max_active, unsigned queue_size)
+{
+    baton_admission_t *a = calloc(1, sizeof(*a));
+    if (a == NULL)
+        return BATON_ENOMEM;
+    if (pthread_mutex_init(&a->lock, NULL) != 0) {
+        free(a);
+        return BATON_ENOMEM;
+    }
+    a->max_active = max_active;
+    a->queue_size = queue_size;
+    atomic_init(&a->active, 0);
+    atomic_init(&a->queued, 0);
+    *a_p = a;
+    return 0;
+}
+
+void baton_admission_destroy(baton_admission_t *a)
+{
+    if (a == NULL)
+        return;
+    pthread_mutex_destroy(&a->lock);
+    free(a);
+}
+
+int baton_admission_try_acquire(baton_admission_t *a, int fair)
+{
+    if (fair && atomic_load(&a->queued) > 0)
+        return 0;
+    unsigned cur = atomic_load(&a->active);
+    do {
+        if (a->max_active && cur >= a->max_active)
+            return 0;
+    } while (!atomic_compare_exchange_weak(&a->active, &cur, cur + 1));
+    return 1;
+}
+
+void baton_admission_kick(baton_admission_t *a)
+{
+    if (atomic_load(&a->queued) == 0)
+        return;
+    pthread_mutex_lock(&a->lock);
+    for (baton_admission_waker_t *w = a->wakers; w != NULL; w = w->next_)
+        if (atomic_load(&w->waiting) > 0)
+            w->wake(w->ctx);
+    pthread_mutex_unlock(&a->lock);
+}
+
+void baton_admission_release_quiet(baton_admission_t *a)
+{
+    atomic_fetch_sub(&a->active, 1);
+}
+
+void baton_admission_release(baton_admission_t *a)
+{
+    atomic_fetch_sub(&a->active, 1);
+    baton_admission_kick(a);
+}
+
+int baton_admission_enqueue(baton_admission_t *a, baton_admission_waker_t *wk)
+{
+    unsigned cur = atomic_load(&a->queued);
+    do {
+        if (cur >= a->queue_size)
+            return BATON_EBUSY;
+    } while (!atomic_compare_exchange_weak(&a->queued, &cur, cur + 1));
+    atomic_fetch_add(&wk->waiting, 1);
+    return 0;
+}
+
+void baton_admission_dequeue(baton_admission_t *a, baton_admission_waker_t *wk)
+{
+    atomic_fetch_sub(&wk->waiting, 1);
+    atomic_fetch_sub(&a->queued, 1);
+}
+
+void baton_admission_register(baton_admission_t *a, baton_admission_waker_t *wk)
+{
+    pthread_mutex_lock(&a->lock);
+    wk->next_ = a->wakers;
+    a->wakers = wk;
+    pthread_mutex_unlock(&a->lock);
+}
+
+void baton_admission_unregister(baton_admission_t *a, baton_admission_waker_t *wk)
+{
+    pthread_mutex_lock(&a->lock);
+    for (baton_admission_waker_t **pp = &a->wakers; *pp != NULL; pp = &(*pp)->next_) {
+        if (*pp == wk) {
+            *pp = wk->next_;
+            break;
+        }
+    }
+    wk->next_ = NULL;
+    pthread_mutex_unlock(&a->lock);
+}
+
+unsigned baton_admission_active(baton_admission_t *a)
+{
+    return atomic_load(&a->active);
+}
+
+unsigned baton_admission_queued(baton_admission_t *a)
+{
+    return atomic_load(&a->queued);
+}
+
+unsigned baton_admission_max_active(const baton_admission_t *a)
+{
+    return a->max_active;
+}
+
+unsigned baton_admission_queue_size(const baton_admission_t *a)
+{
+    return a->queue_size;
+}
