@@ -50,6 +50,9 @@ static void usage(FILE *f)
             "  --tls-client-ca FILE         require client certificates from this CA (mTLS)\n"
             "  --cache-tokens N             prefix cache capacity in tokens, every mode; 0 = off\n"
             "                               (default %llu)\n"
+            "  --kv-events-endpoint EP      publish the prefix cache's pages as vLLM KV events\n"
+            "                               on this ZMQ PUB endpoint (bound; tcp://H:P)\n"
+            "  --kv-events-replay-endpoint EP  and answer replays on this ROUTER endpoint\n"
             "  -h, --help                   this text\n"
             "  --version                    print the version and exit\n"
             "\n"
@@ -164,6 +167,8 @@ enum {
     OPT_TLS_KEY,
     OPT_TLS_CLIENT_CA,
     OPT_CACHE_TOKENS,
+    OPT_KV_EVENTS,
+    OPT_KV_EVENTS_REPLAY,
     OPT_PROTOCOL, /* vLLM PD protocols */
     OPT_HOLD_TIMEOUT,
     OPT_KV_SECRET_FILE, /* KV bootstrap authentication */
@@ -206,6 +211,8 @@ static const struct option long_opts[] = {
     {"transport", required_argument, NULL, OPT_TRANSPORT},
     {"layerwise", required_argument, NULL, OPT_LAYERWISE},
     {"cache-tokens", required_argument, NULL, OPT_CACHE_TOKENS},
+    {"kv-events-endpoint", required_argument, NULL, OPT_KV_EVENTS},
+    {"kv-events-replay-endpoint", required_argument, NULL, OPT_KV_EVENTS_REPLAY},
     /* tests only, not in --help (docs/WORKER.md): corrupt one KV byte of every Nth room */
     {"fault-corrupt-kv-every", required_argument, NULL, OPT_FAULT_CORRUPT},
     {"register", required_argument, NULL, OPT_REGISTER},
@@ -392,6 +399,12 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
         case OPT_CACHE_TOKENS:
             if (parse_u64("--cache-tokens", optarg, 0, 1ull << 32, &cfg->cache_tokens))
                 return -1;
+            break;
+        case OPT_KV_EVENTS:
+            cfg->kv_events_endpoint = optarg;
+            break;
+        case OPT_KV_EVENTS_REPLAY:
+            cfg->kv_events_replay_endpoint = optarg;
             break;
         case OPT_POOL_TOKENS:
             if (parse_u64("--kv-pool-tokens", optarg, 0, 1ull << 32, &cfg->kv_pool_tokens))

@@ -342,10 +342,75 @@ def test_baton_publisher_read_by_python():
             p.wait()
 
 
+def free_ports(n):
+    import socket
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def replay_all(rep, start=0):
+    """Every batch the replay endpoint holds from start, decoded here."""
+    d = CTX.socket(zmq.DEALER)
+    d.connect(rep)
+    d.send_multipart([b"", start.to_bytes(8, "big")])
+    got = []
+    while True:
+        assert d.poll(10000), "no replay reply"
+        frames = d.recv_multipart()[1:]
+        seq = int.from_bytes(frames[-2], "big", signed=True)
+        if seq == -1:
+            break
+        got.append((seq, msgpack.unpackb(frames[-1], raw=False)))
+    d.close(0)
+    return got
+
+
+def test_worker_publishes_its_cache():
+    """baton-worker --kv-events-endpoint: each prompt's whole pages as BlockStored (chained by
+    parent, the page's token ids, medium GPU), evictions as BlockRemoved of the same hashes."""
+    from harness import Cluster, post
+    ep_port, rep_port = free_ports(2)
+    ep, rep = f"tcp://127.0.0.1:{ep_port}", f"tcp://127.0.0.1:{rep_port}"
+    with Cluster("kv-events-worker") as c:
+        w = c.worker("regular", "--decode-us-per-token", "0", "--prefill-us-per-token", "0",
+                     "--page-tokens", "4", "--cache-tokens", "8",
+                     "--kv-events-endpoint", ep, "--kv-events-replay-endpoint", rep)
+        a = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+        assert post(w.port, "/generate", {"input_ids": a, "sampling_params": {"max_new_tokens": 1}}).status == 200
+        got = wait_until(lambda: replay_all(rep) or None, what="the first batch")
+        assert [s for s, _ in got] == [0]
+        ts, events, dp = got[0][1]
+        assert dp == 0 and [e["type"] for e in events] == ["BlockStored", "BlockStored"], events
+        first, second = events
+        assert first["token_ids"] == a[0:4] and second["token_ids"] == a[4:8]
+        assert first["parent_block_hash"] is None and second["parent_block_hash"] == first["block_hashes"][0]
+        assert first["block_size"] == 4 and first["medium"] == "GPU"
+        b = [31, 32, 33, 34, 35]  # one page more than the capacity leaves: the oldest leaf goes
+        assert post(w.port, "/generate", {"input_ids": b, "sampling_params": {"max_new_tokens": 1}}).status == 200
+        got = wait_until(lambda: [x for x in replay_all(rep) if x[0] == 1] or None, what="the second batch")
+        events = got[0][1][1]
+        assert [e["type"] for e in events] == ["BlockRemoved", "BlockStored"], events
+        assert events[0]["block_hashes"] == second["block_hashes"]
+        assert events[1]["token_ids"] == b[0:4] and events[1]["parent_block_hash"] is None
+        # The same pages in another worker process hash the same (no seed, no addresses).
+        w.stop()
+        ep2, rep2 = (f"tcp://127.0.0.1:{p}" for p in free_ports(2))
+        w2 = c.worker("regular", "--page-tokens", "4", "--cache-tokens", "8",
+                      "--kv-events-endpoint", ep2, "--kv-events-replay-endpoint", rep2)
+        assert post(w2.port, "/generate", {"input_ids": a, "sampling_params": {"max_new_tokens": 1}}).status == 200
+        again = wait_until(lambda: replay_all(rep2) or None, what="the restarted worker's batch")
+        assert again[0][1][1][0]["block_hashes"] == first["block_hashes"]
+
+
 if __name__ == "__main__":
     r = TestRunner()
     for t in (test_map_events_topic_replies, test_array_events_seq_replies, test_map_batch,
               test_gap_replayed, test_gap_lost_and_restart_reset, test_hostile_streams,
-              test_baton_publisher_read_by_python):
+              test_baton_publisher_read_by_python, test_worker_publishes_its_cache):
         r.run(t)
     r.finish()
