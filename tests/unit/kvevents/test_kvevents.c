@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvevents/index.h"
 #include "kvevents/wire.h"
 
 static baton_kvev_hash_t H_INT(int64_t v)
@@ -400,6 +401,102 @@ static void test_framing(void **state)
     assert_int_equal(baton_kvev_parse_replay(r3, 4, &seq, &payload), BATON_KVEV_MSG_BAD);
 }
 
+/* One BlockStored of n blocks of 2 tokens, ids from base, engine hashes from h0 (digests when
+ * dig), below parent (none when parent < 0). */
+typedef struct {
+    baton_kvev_hash_t h[8];
+    uint32_t ids[16];
+    baton_kvev_event_t e;
+    baton_kvev_batch_t b;
+} one_t;
+
+static void stored_ev(one_t *o, int n, uint32_t base, int64_t h0, int dig, int64_t parent,
+                      const char *medium)
+{
+    memset(o, 0, sizeof(*o));
+    for (int k = 0; k < n; k++)
+        o->h[k] = dig ? H_DIG((uint8_t)(h0 + k)) : H_INT(h0 + k);
+    for (int k = 0; k < 2 * n; k++)
+        o->ids[k] = base + (uint32_t)k;
+    o->e = (baton_kvev_event_t){.type = BATON_KVEV_STORED, .hashes = o->h, .n_hashes = (uint32_t)n,
+                                .token_ids = o->ids, .n_tokens = 2u * n, .block_size = 2};
+    if (parent >= 0) {
+        o->e.has_parent = 1;
+        o->e.parent = dig ? H_DIG((uint8_t)parent) : H_INT(parent);
+    }
+    strcpy(o->e.medium, medium);
+    o->b = (baton_kvev_batch_t){.dp_rank = -1, .events = &o->e, .n_events = 1};
+}
+
+static void removed_ev(one_t *o, int64_t h, int dig)
+{
+    memset(o, 0, sizeof(*o));
+    o->h[0] = dig ? H_DIG((uint8_t)h) : H_INT(h);
+    o->e = (baton_kvev_event_t){.type = BATON_KVEV_REMOVED, .hashes = o->h, .n_hashes = 1};
+    o->b = (baton_kvev_batch_t){.dp_rank = -1, .events = &o->e, .n_events = 1};
+}
+
+/* Sources 0 (integer hashes) and 1 (digests, other values) store the same tokens: both match,
+ * keyed by tokens, not by engine hashes; a chain continued through a parent; L2 after L1;
+ * removal cuts the prefix; clear forgets one source; orphans and wrong block sizes. */
+static void test_index(void **state)
+{
+    (void)state;
+    baton_kvidx_t *x = baton_kvidx_create(2);
+    one_t o;
+    uint32_t req[9] = {100, 101, 102, 103, 104, 105, 106, 107, 999};
+    uint32_t l1[3], l2[3];
+    stored_ev(&o, 2, 100, 50, 0, -1, "GPU"); /* blocks [100 101] [102 103] */
+    assert_int_equal(baton_kvidx_apply(x, 0, &o.b), 0);
+    stored_ev(&o, 2, 104, 52, 0, 51, "CPU"); /* continues below hash 51 in L2 */
+    assert_int_equal(baton_kvidx_apply(x, 0, &o.b), 0);
+    stored_ev(&o, 3, 100, 7, 1, -1, ""); /* source 1: digests, nil medium (L1) */
+    assert_int_equal(baton_kvidx_apply(x, 1, &o.b), 0);
+    assert_int_equal(baton_kvidx_match(x, req, 9, 3, l1, l2), 4);
+    assert_int_equal(l1[0], 2);
+    assert_int_equal(l2[0], 2);
+    assert_int_equal(l1[1], 3);
+    assert_int_equal(l2[1], 0);
+    assert_int_equal(l1[2] + l2[2], 0);
+    uint64_t blocks;
+    size_t bytes;
+    baton_kvidx_size(x, &blocks, &bytes);
+    assert_int_equal(blocks, 4);
+    /* Removing source 1's second block leaves it the first only. */
+    removed_ev(&o, 8, 1);
+    baton_kvidx_apply(x, 1, &o.b);
+    baton_kvidx_match(x, req, 9, 3, l1, l2);
+    assert_int_equal(l1[1], 1);
+    assert_int_equal(l1[0], 2);
+    /* An orphan (parent never announced) is counted, not indexed; unknown removals counted. */
+    stored_ev(&o, 1, 500, 90, 0, 12345, "GPU");
+    baton_kvidx_apply(x, 0, &o.b);
+    removed_ev(&o, 4242, 0);
+    baton_kvidx_apply(x, 0, &o.b);
+    baton_kvidx_source_stats_t st;
+    baton_kvidx_source_stats(x, 0, &st);
+    assert_int_equal(st.orphaned, 1);
+    assert_int_equal(st.unknown_removes, 1);
+    assert_int_equal(st.blocks, 4);
+    assert_true(st.requests_hit >= 2);
+    /* AllBlocksCleared on source 0: source 1 keeps its block. */
+    baton_kvev_event_t clr = {.type = BATON_KVEV_CLEARED};
+    baton_kvev_batch_t cb = {.dp_rank = -1, .events = &clr, .n_events = 1};
+    baton_kvidx_apply(x, 0, &cb);
+    baton_kvidx_match(x, req, 9, 3, l1, l2);
+    assert_int_equal(l1[0] + l2[0], 0);
+    assert_int_equal(l1[1], 1);
+    baton_kvidx_clear(x, 1);
+    baton_kvidx_size(x, &blocks, &bytes);
+    assert_int_equal(blocks, 0);
+    /* Another block size is refused. */
+    stored_ev(&o, 1, 1, 1, 0, -1, "GPU");
+    o.e.block_size = 1;
+    o.e.n_tokens = 1;
+    assert_int_equal(baton_kvidx_apply(x, 0, &o.b), -1);
+    baton_kvidx_destroy(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -410,6 +507,7 @@ int main(void)
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_truncations_and_flips),
         cmocka_unit_test(test_framing),
+        cmocka_unit_test(test_index),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
