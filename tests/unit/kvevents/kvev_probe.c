@@ -8,6 +8,7 @@
 
 #include <zmq.h>
 
+#include "kvevents/index.h"
 #include "kvevents/zsock.h"
 
 static void print_hash(const baton_kvev_hash_t *h)
@@ -159,8 +160,80 @@ static int run_pub(char **av)
     return 0;
 }
 
+/* bench BLOCKS: one thread decodes and applies BLOCKS blocks (block size 16, 64 blocks a
+ * batch, chained, 32-byte digests, current vLLM's map encoding) spread over 8 sources, then
+ * removes them all; prints blocks/s for each and the index's bytes per 1 M blocks. */
+static int run_bench(long total)
+{
+    enum { BS = 16, PER = 64, SOURCES = 8 };
+    long nb = total / PER;
+    baton_buf_t *enc = calloc((size_t)nb, sizeof(*enc));
+    baton_buf_t *rem = calloc((size_t)nb, sizeof(*rem));
+    static baton_kvev_hash_t h[PER];
+    static uint32_t ids[PER * BS];
+    for (long b = 0; b < nb; b++) {
+        for (int k = 0; k < PER; k++) {
+            h[k].len = 32;
+            uint64_t v = (uint64_t)b * PER + k;
+            memset(h[k].b, 0, 32);
+            memcpy(h[k].b, &v, 8);
+        }
+        for (int k = 0; k < PER * BS; k++)
+            ids[k] = (uint32_t)((b * 7919 + k) & 0xffffff);
+        baton_kvev_event_t e = {.type = BATON_KVEV_STORED, .hashes = h, .n_hashes = PER,
+                                .token_ids = ids, .n_tokens = PER * BS, .block_size = BS};
+        strcpy(e.medium, "GPU");
+        baton_kvev_batch_t bt = {.ts = 1, .dp_rank = 0, .events = &e, .n_events = 1};
+        baton_kvev_encode(&bt, BATON_KVEV_ENC_MAP, &enc[b]);
+        e.type = BATON_KVEV_REMOVED;
+        baton_kvev_encode(&bt, BATON_KVEV_ENC_MAP, &rem[b]);
+    }
+    baton_kvidx_t *x = baton_kvidx_create(BS);
+    char err[128];
+    struct timespec t0, t1, t2;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long b = 0; b < nb; b++) {
+        baton_kvev_batch_t d;
+        if (baton_kvev_decode((uint8_t *)enc[b].data, enc[b].len, NULL, &d, err, sizeof(err)) < 0)
+            return 1;
+        baton_kvidx_apply(x, (int)(b % SOURCES), &d);
+        baton_kvev_batch_free(&d);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    uint64_t blocks;
+    size_t bytes;
+    baton_kvidx_size(x, &blocks, &bytes);
+    for (long b = 0; b < nb; b++) {
+        baton_kvev_batch_t d;
+        if (baton_kvev_decode((uint8_t *)rem[b].data, rem[b].len, NULL, &d, err, sizeof(err)) < 0)
+            return 1;
+        baton_kvidx_apply(x, (int)(b % SOURCES), &d);
+        baton_kvev_batch_free(&d);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t2);
+    uint64_t after;
+    size_t bytes_after;
+    baton_kvidx_size(x, &after, &bytes_after);
+    double s1 = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    double s2 = (double)(t2.tv_sec - t1.tv_sec) + (t2.tv_nsec - t1.tv_nsec) / 1e9;
+    printf("{\"blocks\": %llu, \"stored_blocks_per_s\": %.0f, \"removed_blocks_per_s\": %.0f, "
+           "\"index_bytes\": %zu, \"bytes_per_1M_blocks\": %.0f, \"left_after_removal\": %llu}\n",
+           (unsigned long long)blocks, nb * PER / s1, nb * PER / s2, bytes,
+           (double)bytes / (double)blocks * 1e6, (unsigned long long)after);
+    baton_kvidx_destroy(x);
+    for (long b = 0; b < nb; b++) {
+        baton_buf_free(&enc[b]);
+        baton_buf_free(&rem[b]);
+    }
+    free(enc);
+    free(rem);
+    return 0;
+}
+
 int main(int ac, char **av)
 {
+    if (ac == 3 && strcmp(av[1], "bench") == 0)
+        return run_bench(atol(av[2]));
     if (ac >= 6 && strcmp(av[1], "sub") == 0)
         return run_sub(av + 2, ac - 2);
     if (ac >= 8 && strcmp(av[1], "pub") == 0)
