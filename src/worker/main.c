@@ -557,6 +557,20 @@ static int start_registration(uv_loop_t *loop, const wk_config_t *cfg)
     json_t *j =
         json_pack("{s:s, s:s, s:o, s:s}", "url", url, "worker_type", wk_mode_name(cfg->mode),
                   "bootstrap_port", boot, "model_id", cfg->model_name);
+    /* KV-event endpoints as the router connects to them: a wildcard bind names this host. */
+    const char *kv_eps[2] = {cfg->kv_events_endpoint, cfg->kv_events_replay_endpoint};
+    const char *kv_keys[2] = {"kv_events_endpoint", "kv_events_replay_endpoint"};
+    for (int k = 0; j && k < 2; k++) {
+        if (!kv_eps[k])
+            continue;
+        char ep[300];
+        if (strncmp(kv_eps[k], "tcp://*:", 8) == 0)
+            snprintf(ep, sizeof(ep), strchr(cfg->host, ':') ? "tcp://[%s]:%s" : "tcp://%s:%s",
+                     cfg->host, kv_eps[k] + 8);
+        else
+            snprintf(ep, sizeof(ep), "%s", kv_eps[k]);
+        json_object_set_new(j, kv_keys[k], json_string(ep));
+    }
     char *value = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(j);
     if (value == NULL)
