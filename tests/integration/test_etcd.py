@@ -9,9 +9,9 @@ registry_convergence.py).
 
 import http.server
 import json
-import socket
 import os
 import signal
+import socket
 import socketserver
 import sys
 import threading
