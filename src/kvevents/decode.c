@@ -537,7 +537,8 @@ static int rd_dp_rank(rd_t *r, baton_kvev_batch_t *b)
         return -1;
     if (v.kind == MP_NIL)
         return 0;
-    if (v.kind != MP_INT || v.neg || v.i > INT32_MAX)
+    /* v.i < 0 without neg: a uint 64 above INT64_MAX, no rank either. */
+    if (v.kind != MP_INT || v.neg || v.i < 0 || v.i > INT32_MAX)
         return fail(r, "data_parallel_rank neither nil nor a rank");
     b->dp_rank = (int32_t)v.i;
     return 0;

@@ -287,6 +287,14 @@ static void test_hostile(void **state)
     u8(&m, 0x91);
     u8(&m, 1);
     expect_refused(&m, "shorter than");
+    /* A DP rank of 2^64 - 2 (uint 64: no rank, however its bits read as int64). */
+    m.n = 0;
+    u8(&m, 0x93);
+    u8(&m, 1);
+    u8(&m, 0x90);
+    u8(&m, 0xcf);
+    put(&m, "\xff\xff\xff\xff\xff\xff\xff\xfe", 8);
+    expect_refused(&m, "data_parallel_rank");
     /* A negative token id. */
     m.n = 0;
     u8(&m, 0x92);
