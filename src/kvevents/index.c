@@ -102,12 +102,10 @@ static int rehash(baton_kvidx_t *x, size_t cap)
     return 0;
 }
 
-/* The slot of key, inserted empty when absent; NULL when out of memory. */
+/* The slot of key, inserted empty when absent (one probe sequence: the first tombstone on the
+ * way is reused); NULL when out of memory. */
 static slot_t *upsert(baton_kvidx_t *x, uint64_t key)
 {
-    slot_t *s = lookup(x, key);
-    if (s)
-        return s;
     if ((x->used + 1) * 4 > x->cap * 3) {
         size_t cap = x->cap ? x->cap : 1024;
         while ((x->count + 1) * 2 > cap)
@@ -115,14 +113,23 @@ static slot_t *upsert(baton_kvidx_t *x, uint64_t key)
         if (rehash(x, cap) < 0)
             return NULL;
     }
-    size_t i = baton_mix64(key) & (x->cap - 1);
-    while (x->t[i].key >= 2)
-        i = (i + 1) & (x->cap - 1);
-    if (x->t[i].key == EMPTY)
-        x->used++;
-    x->t[i] = (slot_t){.key = key};
-    x->count++;
-    return &x->t[i];
+    slot_t *tomb = NULL;
+    for (size_t i = baton_mix64(key) & (x->cap - 1);; i = (i + 1) & (x->cap - 1)) {
+        slot_t *s = &x->t[i];
+        if (s->key == key)
+            return s;
+        if (s->key == TOMB && !tomb)
+            tomb = s;
+        if (s->key == EMPTY) {
+            if (tomb)
+                s = tomb;
+            else
+                x->used++;
+            *s = (slot_t){.key = key};
+            x->count++;
+            return s;
+        }
+    }
 }
 
 static void drop_holder(baton_kvidx_t *x, int src, uint64_t key)
