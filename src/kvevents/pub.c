@@ -34,6 +34,7 @@ typedef struct {
 struct baton_kvev_pub {
     void *pub, *replay;
     char topic[64];
+    char ep[2][256]; /* the endpoints as bound (a wildcard port resolved) */
     int reply_topic; /* reply [topic, seq, payload] (current vLLM) or [seq, payload] */
     baton_kvev_encoding_t enc;
     slot_t *ring;
@@ -74,6 +75,8 @@ baton_kvev_pub_t *baton_kvev_pub_open(const baton_kvev_pub_opts_t *o, char *err,
         baton_kvev_pub_close(p);
         return NULL;
     }
+    size_t len = sizeof(p->ep[0]);
+    zmq_getsockopt(p->pub, ZMQ_LAST_ENDPOINT, p->ep[0], &len);
     if (o->replay_endpoint && o->replay_endpoint[0]) {
         p->replay = zmq_socket(ctx, ZMQ_ROUTER);
         if (!p->replay || (zmq_setsockopt(p->replay, ZMQ_LINGER, &linger, sizeof(linger)),
@@ -82,6 +85,8 @@ baton_kvev_pub_t *baton_kvev_pub_open(const baton_kvev_pub_opts_t *o, char *err,
             baton_kvev_pub_close(p);
             return NULL;
         }
+        len = sizeof(p->ep[1]);
+        zmq_getsockopt(p->replay, ZMQ_LAST_ENDPOINT, p->ep[1], &len);
     }
     return p;
 }
@@ -137,6 +142,11 @@ int baton_kvev_pub_send(baton_kvev_pub_t *p, const baton_kvev_batch_t *b)
     int rc = baton_kvev_encode(b, p->enc, &out) == 0 ? baton_kvev_pub_send_payload(p, out.data, out.len) : -1;
     baton_buf_free(&out);
     return rc;
+}
+
+const char *baton_kvev_pub_endpoint(const baton_kvev_pub_t *p, int replay)
+{
+    return p->ep[replay ? 1 : 0];
 }
 
 int64_t baton_kvev_pub_next_seq(const baton_kvev_pub_t *p)

@@ -16,7 +16,7 @@ void *baton_kvev_zctx(void);
 typedef struct baton_kvev_pub baton_kvev_pub_t;
 
 typedef struct {
-    const char *endpoint;        /* PUB, bound: "tcp://127.0.0.1:5557", "ipc://..." */
+    const char *endpoint; /* PUB, bound: "tcp://127.0.0.1:5557" (port "*": any), or "ipc:..." */
     const char *replay_endpoint; /* ROUTER, bound; NULL or "": no replay */
     const char *topic;           /* NULL: "" */
     baton_kvev_encoding_t encoding;
@@ -31,6 +31,9 @@ void baton_kvev_pub_close(baton_kvev_pub_t *p);
 int baton_kvev_pub_send(baton_kvev_pub_t *p, const baton_kvev_batch_t *b);
 int baton_kvev_pub_send_payload(baton_kvev_pub_t *p, const void *payload, size_t len);
 int64_t baton_kvev_pub_next_seq(const baton_kvev_pub_t *p);
+/* The PUB (replay 0) or ROUTER (replay 1) endpoint as bound, a wildcard port ("tcp://H:*")
+ * resolved: "tcp://127.0.0.1:40123"; "" when there is none. */
+const char *baton_kvev_pub_endpoint(const baton_kvev_pub_t *p, int replay);
 /* The replay socket's descriptor (-1 without one), and answering what requests wait there. */
 int baton_kvev_pub_replay_fd(baton_kvev_pub_t *p);
 int baton_kvev_pub_service(baton_kvev_pub_t *p);

@@ -62,6 +62,11 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+const char *wk_kvev_endpoint(const wk_kvev_t *k, int replay)
+{
+    return k ? baton_kvev_pub_endpoint(k->pub, replay) : "";
+}
+
 void wk_kvev_flush(wk_kvev_t *k)
 {
     if (!k || (k->n == 0 && !k->overflow))
@@ -133,7 +138,15 @@ int wk_kvev_create(wk_kvev_t **out, uv_loop_t *loop, wk_pcache_t *pc, uint32_t p
     k->timer.data = k;
     uv_timer_start(&k->timer, on_timer, 100, 100);
     wk_pcache_observe(pc, on_block, k);
-    log_info(COMP, "publishing endpoint=%s replay=%s", endpoint, replay_endpoint ? replay_endpoint : "-");
+    /* "kvevents_listening addr=H:P" (and "kvreplay_..."): the ports a wildcard bind got, in the
+     * form the other listeners log theirs. */
+    for (int r = 0; r < 2; r++) {
+        const char *ep = baton_kvev_pub_endpoint(k->pub, r);
+        if (strncmp(ep, "tcp://", 6) == 0)
+            log_info(COMP, "%s_listening addr=%s", r ? "kvreplay" : "kvevents", ep + 6);
+        else if (ep[0])
+            log_info(COMP, "%s_listening endpoint=%s", r ? "kvreplay" : "kvevents", ep);
+    }
     *out = k;
     return 0;
 }

@@ -11,6 +11,7 @@
 #include "baton/error.h"
 #include "common/fd_limit.h"
 #include "common/log.h"
+#include "worker/kvev.h"
 #include "worker/register.h"
 #include "http/tls.h"
 #include "worker/vllm.h"
@@ -557,18 +558,24 @@ static int start_registration(uv_loop_t *loop, const wk_config_t *cfg)
     json_t *j =
         json_pack("{s:s, s:s, s:o, s:s}", "url", url, "worker_type", wk_mode_name(cfg->mode),
                   "bootstrap_port", boot, "model_id", cfg->model_name);
-    /* KV-event endpoints as the router connects to them: a wildcard bind names this host. */
-    const char *kv_eps[2] = {cfg->kv_events_endpoint, cfg->kv_events_replay_endpoint};
+    /* KV-event endpoints as the router connects to them: as bound (a wildcard port resolved),
+     * a wildcard address named by this worker's host. */
     const char *kv_keys[2] = {"kv_events_endpoint", "kv_events_replay_endpoint"};
-    for (int k = 0; j && k < 2; k++) {
-        if (!kv_eps[k])
+    for (int k = 0; j && worker.kvev && k < 2; k++) {
+        const char *bound = wk_kvev_endpoint(worker.kvev, k);
+        if (!bound[0])
             continue;
         char ep[300];
-        if (strncmp(kv_eps[k], "tcp://*:", 8) == 0)
+        const char *port = NULL;
+        if (strncmp(bound, "tcp://0.0.0.0:", 14) == 0)
+            port = bound + 14;
+        else if (strncmp(bound, "tcp://[::]:", 11) == 0)
+            port = bound + 11;
+        if (port)
             snprintf(ep, sizeof(ep), strchr(cfg->host, ':') ? "tcp://[%s]:%s" : "tcp://%s:%s",
-                     cfg->host, kv_eps[k] + 8);
+                     cfg->host, port);
         else
-            snprintf(ep, sizeof(ep), "%s", kv_eps[k]);
+            snprintf(ep, sizeof(ep), "%s", bound);
         json_object_set_new(j, kv_keys[k], json_string(ep));
     }
     char *value = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;

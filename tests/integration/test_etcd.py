@@ -11,7 +11,6 @@ import http.server
 import json
 import os
 import signal
-import socket
 import socketserver
 import sys
 import threading
@@ -244,13 +243,11 @@ def test_lease_expiry_removes_killed_worker(etcd):
     prefix = "/t4"
     with Cluster("etcd-t4") as c:
         a, b = two_routers(c, etcd.url(prefix))
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        kv_port = s.getsockname()[1]
-        s.close()
-        # A wildcard KV-event bind is registered under the worker's host.
+        # A wildcard KV-event bind (any address, any port) is registered under the worker's
+        # host and the port it got.
         w = c.worker("regular", "--register", etcd.url(prefix), "--register-ttl", "2",
-                     "--kv-events-endpoint", f"tcp://*:{kv_port}")
+                     "--kv-events-endpoint", "tcp://*:*")
+        kv_port = w.wait_port("kvevents")
         converge([a, b], lambda u: url(w.port) in u, "self-registered worker")
         assert chat_ok(a) and chat_ok(b)
         for r in (a, b):

@@ -287,19 +287,13 @@ def test_hostile_streams():
 def test_baton_publisher_read_by_python():
     """kvev_probe pub (Baton's encoder and replay ROUTER) decoded here with msgpack, for each
     encoding and reply form; the replay from 0 returns the batches published before we came."""
-    import socket
     for enc, reply_topic in (("map", 1), ("array", 0)):
-        ports = []
-        for _ in range(2):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-            s.close()
-        ep, rep = (f"tcp://127.0.0.1:{p}" for p in ports)
-        p = subprocess.Popen([PROBE, "pub", ep, rep, enc, str(reply_topic), "3", "20"],
-                             stdout=subprocess.PIPE, text=True)
+        p = subprocess.Popen([PROBE, "pub", "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", enc,
+                              str(reply_topic), "3", "20"], stdout=subprocess.PIPE, text=True)
         try:
-            assert json.loads(p.stdout.readline())["ev"] == "ready"
+            ready = json.loads(p.stdout.readline())
+            assert ready["ev"] == "ready", ready
+            ep, rep = ready["endpoint"], ready["replay"]
             d = CTX.socket(zmq.DEALER)
             d.connect(rep)
             d.send_multipart([b"", (0).to_bytes(8, "big")])
@@ -342,17 +336,6 @@ def test_baton_publisher_read_by_python():
             p.wait()
 
 
-def free_ports(n):
-    import socket
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def replay_all(rep, start=0):
     """Every batch the replay endpoint holds from start, decoded here."""
     d = CTX.socket(zmq.DEALER)
@@ -374,12 +357,12 @@ def test_worker_publishes_its_cache():
     """baton-worker --kv-events-endpoint: each prompt's whole pages as BlockStored (chained by
     parent, the page's token ids, medium GPU), evictions as BlockRemoved of the same hashes."""
     from harness import Cluster, post
-    ep_port, rep_port = free_ports(2)
-    ep, rep = f"tcp://127.0.0.1:{ep_port}", f"tcp://127.0.0.1:{rep_port}"
+    any_port = "tcp://127.0.0.1:*"
     with Cluster("kv-events-worker") as c:
         w = c.worker("regular", "--decode-us-per-token", "0", "--prefill-us-per-token", "0",
                      "--page-tokens", "4", "--cache-tokens", "8",
-                     "--kv-events-endpoint", ep, "--kv-events-replay-endpoint", rep)
+                     "--kv-events-endpoint", any_port, "--kv-events-replay-endpoint", any_port)
+        rep = f"tcp://127.0.0.1:{w.wait_port('kvreplay')}"
         a = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
         assert post(w.port, "/generate", {"input_ids": a, "sampling_params": {"max_new_tokens": 1}}).status == 200
         got = wait_until(lambda: replay_all(rep) or None, what="the first batch")
@@ -399,9 +382,9 @@ def test_worker_publishes_its_cache():
         assert events[1]["token_ids"] == b[0:4] and events[1]["parent_block_hash"] is None
         # The same pages in another worker process hash the same (no seed, no addresses).
         w.stop()
-        ep2, rep2 = (f"tcp://127.0.0.1:{p}" for p in free_ports(2))
         w2 = c.worker("regular", "--page-tokens", "4", "--cache-tokens", "8",
-                      "--kv-events-endpoint", ep2, "--kv-events-replay-endpoint", rep2)
+                      "--kv-events-endpoint", any_port, "--kv-events-replay-endpoint", any_port)
+        rep2 = f"tcp://127.0.0.1:{w2.wait_port('kvreplay')}"
         assert post(w2.port, "/generate", {"input_ids": a, "sampling_params": {"max_new_tokens": 1}}).status == 200
         again = wait_until(lambda: replay_all(rep2) or None, what="the restarted worker's batch")
         assert again[0][1][1][0]["block_hashes"] == first["block_hashes"]

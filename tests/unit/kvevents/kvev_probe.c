@@ -152,7 +152,8 @@ static int run_pub(char **av)
         if (baton_kvev_pub_send(p, &b) < 0)
             return 1;
         if (k == 0) {
-            printf("{\"ev\": \"ready\"}\n");
+            printf("{\"ev\": \"ready\", \"endpoint\": \"%s\", \"replay\": \"%s\"}\n",
+                   baton_kvev_pub_endpoint(p, 0), baton_kvev_pub_endpoint(p, 1));
             fflush(stdout);
         }
     }
