@@ -2,6 +2,7 @@
  * uncached tokens are charged), storing a computed or received prompt, releasing holds, and the
  * cache's metrics. */
 #include "worker/job.h"
+#include "worker/kvev.h"
 
 #include <stdlib.h>
 
@@ -67,6 +68,7 @@ void wk__job_cache_store(wk_sstate_t *ss)
     int64_t *tmp;
     if (wk__item_ids(it, &ids, &tmp) == 0) {
         wk_pcache_insert(w->pcache, ids, it->prompt_tokens);
+        wk_kvev_flush(w->kvev); /* this insert's stores and evictions, one batch */
         free(tmp);
     }
     wk_pcache_release(w->pcache, ss->cache_hold);

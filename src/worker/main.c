@@ -11,6 +11,7 @@
 #include "baton/error.h"
 #include "common/fd_limit.h"
 #include "common/log.h"
+#include "worker/kvev.h"
 #include "worker/register.h"
 #include "http/tls.h"
 #include "worker/vllm.h"
@@ -56,6 +57,9 @@ static void usage(FILE *f)
             "  --tls-client-ca FILE         require client certificates from this CA (mTLS)\n"
             "  --cache-tokens N             prefix cache capacity in tokens, every mode; 0 = off\n"
             "                               (default %llu)\n"
+            "  --kv-events-endpoint EP      publish the prefix cache's pages as vLLM KV events\n"
+            "                               on this ZMQ PUB endpoint (bound; tcp://H:P)\n"
+            "  --kv-events-replay-endpoint EP  and answer replays on this ROUTER endpoint\n"
             "  -h, --help                   this text\n"
             "  --version                    print the version and exit\n"
             "\n"
@@ -171,6 +175,8 @@ enum {
     OPT_TLS_KEY,
     OPT_TLS_CLIENT_CA,
     OPT_CACHE_TOKENS,
+    OPT_KV_EVENTS,
+    OPT_KV_EVENTS_REPLAY,
     OPT_PROTOCOL, /* vLLM PD protocols */
     OPT_HOLD_TIMEOUT,
     OPT_KV_SECRET_FILE, /* KV bootstrap authentication */
@@ -217,6 +223,8 @@ static const struct option long_opts[] = {
     {"transport", required_argument, NULL, OPT_TRANSPORT},
     {"layerwise", required_argument, NULL, OPT_LAYERWISE},
     {"cache-tokens", required_argument, NULL, OPT_CACHE_TOKENS},
+    {"kv-events-endpoint", required_argument, NULL, OPT_KV_EVENTS},
+    {"kv-events-replay-endpoint", required_argument, NULL, OPT_KV_EVENTS_REPLAY},
     /* tests only, not in --help (docs/WORKER.md): corrupt one KV byte of every Nth room */
     {"fault-corrupt-kv-every", required_argument, NULL, OPT_FAULT_CORRUPT},
     {"register", required_argument, NULL, OPT_REGISTER},
@@ -411,6 +419,12 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
             if (parse_u64("--cache-tokens", optarg, 0, 1ull << 32, &cfg->cache_tokens))
                 return -1;
             break;
+        case OPT_KV_EVENTS:
+            cfg->kv_events_endpoint = optarg;
+            break;
+        case OPT_KV_EVENTS_REPLAY:
+            cfg->kv_events_replay_endpoint = optarg;
+            break;
         case OPT_POOL_TOKENS:
             if (parse_u64("--kv-pool-tokens", optarg, 0, 1ull << 32, &cfg->kv_pool_tokens))
                 return -1;
@@ -562,6 +576,26 @@ static int start_registration(uv_loop_t *loop, const wk_config_t *cfg)
     json_t *j =
         json_pack("{s:s, s:s, s:o, s:s}", "url", url, "worker_type", wk_mode_name(cfg->mode),
                   "bootstrap_port", boot, "model_id", cfg->model_name);
+    /* KV-event endpoints as the router connects to them: as bound (a wildcard port resolved),
+     * a wildcard address named by this worker's host. */
+    const char *kv_keys[2] = {"kv_events_endpoint", "kv_events_replay_endpoint"};
+    for (int k = 0; j && worker.kvev && k < 2; k++) {
+        const char *bound = wk_kvev_endpoint(worker.kvev, k);
+        if (!bound[0])
+            continue;
+        char ep[300];
+        const char *port = NULL;
+        if (strncmp(bound, "tcp://0.0.0.0:", 14) == 0)
+            port = bound + 14;
+        else if (strncmp(bound, "tcp://[::]:", 11) == 0)
+            port = bound + 11;
+        if (port)
+            snprintf(ep, sizeof(ep), strchr(cfg->host, ':') ? "tcp://[%s]:%s" : "tcp://%s:%s",
+                     cfg->host, port);
+        else
+            snprintf(ep, sizeof(ep), "%s", bound);
+        json_object_set_new(j, kv_keys[k], json_string(ep));
+    }
     char *value = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(j);
     if (value == NULL)

@@ -14,6 +14,7 @@ typedef struct wk_pcache_node_s {
     struct wk_pcache_node_s *hnext;  /* hash chain */
     baton_list_t lru;                /* in pc->lru, least recently used first */
     uint64_t hash;
+    uint64_t ev_hash; /* the block's published hash: a chain over the pages from the root */
     uint32_t children;
     uint32_t refs;
     int64_t ids[]; /* page_tokens ids */
@@ -26,7 +27,25 @@ struct wk_pcache_s {
     size_t n_buckets; /* a power of two */
     baton_list_t lru;
     wk_pcache_stats_t st;
+    wk_pcache_observer_t obs;
+    void *obs_ud;
 };
+
+void wk_pcache_observe(wk_pcache_t *pc, wk_pcache_observer_t cb, void *ud)
+{
+    pc->obs = cb;
+    pc->obs_ud = ud;
+}
+
+static void notify(wk_pcache_t *pc, int stored, const node_t *v)
+{
+    if (!pc->obs)
+        return;
+    wk_pcache_block_t b = {.hash = v->ev_hash, .has_parent = v->parent != NULL,
+                           .parent_hash = v->parent ? v->parent->ev_hash : 0, .ids = v->ids,
+                           .n = pc->page_tokens};
+    pc->obs(pc->obs_ud, stored, &b);
+}
 
 static uint64_t page_hash(const node_t *parent, const int64_t *ids, uint32_t n)
 {
@@ -148,6 +167,7 @@ static int evict_one(wk_pcache_t *pc, const node_t *keep)
     for (baton_list_t *l = pc->lru.next; l != &pc->lru; l = l->next) {
         node_t *v = container_of(l, node_t, lru);
         if (v->children == 0 && v->refs == 0 && v != keep) {
+            notify(pc, 0, v);
             unlink_node(pc, v);
             pc->st.evictions++;
             pc->st.evicted_tokens += pc->page_tokens;
@@ -200,6 +220,10 @@ uint32_t wk_pcache_insert(wk_pcache_t *pc, const int64_t *ids, uint32_t n)
             c->children = 0;
             c->refs = 0;
             c->hash = page_hash(at, c->ids, P);
+            /* Stable across runs and processes (page_hash mixes in the parent's address). */
+            c->ev_hash = baton_mix64((at ? at->ev_hash : BATON_GOLDEN_GAMMA) ^ P);
+            for (uint32_t i = 0; i < P; i++)
+                c->ev_hash = baton_mix64(c->ev_hash ^ (uint64_t)c->ids[i]);
             c->hnext = pc->table[c->hash & (pc->n_buckets - 1)];
             pc->table[c->hash & (pc->n_buckets - 1)] = c;
             baton_list_init(&c->lru);
@@ -210,6 +234,7 @@ uint32_t wk_pcache_insert(wk_pcache_t *pc, const int64_t *ids, uint32_t n)
             pc->st.cached_tokens += P;
             if (pc->st.nodes > pc->n_buckets)
                 grow(pc);
+            notify(pc, 1, c);
         } else {
             touch(pc, c);
         }

@@ -69,4 +69,19 @@ uint32_t wk_pcache_insert(wk_pcache_t *pc, const int64_t *ids, uint32_t n);
 
 void wk_pcache_stats(const wk_pcache_t *pc, wk_pcache_stats_t *st);
 
+/* One page as the cache's observer sees it: its hash (stable: a chain over the page contents
+ * from the root, the same in every process), its parent's (none for a first page) and its ids. */
+typedef struct {
+    uint64_t hash;
+    int has_parent;
+    uint64_t parent_hash;
+    const int64_t *ids;
+    uint32_t n;
+} wk_pcache_block_t;
+
+/* Called once per page cached (stored 1) and per page evicted (stored 0), synchronously; not at
+ * wk_pcache_destroy. The KV-event publisher (kvev.h) is the one observer. */
+typedef void (*wk_pcache_observer_t)(void *ud, int stored, const wk_pcache_block_t *b);
+void wk_pcache_observe(wk_pcache_t *pc, wk_pcache_observer_t cb, void *ud);
+
 #endif

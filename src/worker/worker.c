@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "worker/vllm.h"
 #include "worker/job.h"
+#include "worker/kvev.h"
 #include "worker/worker.h"
 
 #define COMP                 "worker"
@@ -206,6 +207,10 @@ int wk_worker_init(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
         log_error(COMP, "start_failed what=prefix_cache err=%s", baton_strerror(rc));
         return rc;
     }
+    if (cfg->kv_events_endpoint &&
+        wk_kvev_create(&w->kvev, loop, w->pcache, cfg->shape.page_tokens, cfg->kv_events_endpoint,
+                       cfg->kv_events_replay_endpoint) != 0)
+        return BATON_EINVAL;
 
     uv_timer_init(loop, &w->dl_timer);
     w->dl_timer.data = w;
@@ -274,6 +279,8 @@ void wk_worker_close(wk_worker_t *w)
     /* every request was aborted and finished by now; anything left is a bug worth a line */
     while (!baton_list_empty(&w->jobs)) /* newest first */
         wk_job_leftover(container_of(w->jobs.prev, wk_job_t, link));
+    wk_kvev_destroy(w->kvev); /* stops observing the cache first */
+    w->kvev = NULL;
     wk_pcache_destroy(w->pcache); /* no job holds a page any more */
     w->pcache = NULL;
     w->n_closing = 1;

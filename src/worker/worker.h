@@ -40,6 +40,8 @@ typedef struct wk_config_s {
     struct baton_tls_s *tls;
     /* prefix cache (prefix_cache.h), every mode: capacity in tokens, 0 = off */
     uint64_t cache_tokens;
+    /* KV events (kvev.h): the prefix cache's pages published on these ZMQ endpoints; NULL = off */
+    const char *kv_events_endpoint, *kv_events_replay_endpoint;
     /* vLLM PD protocols (vllm.h) */
     int protocol;                /* wk_proto_t: sglang (default), vllm-nixl, vllm-mooncake */
     uint64_t kv_hold_timeout_ms; /* vllm-nixl: the lease (vLLM's kv_lease_duration), vllm.h */
@@ -94,6 +96,7 @@ typedef struct wk_worker_s {
     baton_http_budget_t budget; /* cfg.max_buffered_bytes, shown as baton_worker_buffered_bytes */
     /* prefix cache (job_cache.c); pcache NULL when --cache-tokens 0 */
     wk_pcache_t *pcache;
+    struct wk_kvev_s *kvev; /* its KV-event publisher (kvev.h); NULL when off */
     baton_metric_child_t *m_cache_hit, *m_cache_miss, *m_cache_evict, *m_cache_size;
     uint64_t cache_evictions_seen;
 } wk_worker_t;

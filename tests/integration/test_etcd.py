@@ -243,9 +243,17 @@ def test_lease_expiry_removes_killed_worker(etcd):
     prefix = "/t4"
     with Cluster("etcd-t4") as c:
         a, b = two_routers(c, etcd.url(prefix))
-        w = c.worker("regular", "--register", etcd.url(prefix), "--register-ttl", "2")
+        # A wildcard KV-event bind (any address, any port) is registered under the worker's
+        # host and the port it got.
+        w = c.worker("regular", "--register", etcd.url(prefix), "--register-ttl", "2",
+                     "--kv-events-endpoint", "tcp://*:*")
+        kv_port = w.wait_port("kvevents")
         converge([a, b], lambda u: url(w.port) in u, "self-registered worker")
         assert chat_ok(a) and chat_ok(b)
+        for r in (a, b):
+            got = worker_entry(r, url(w.port))
+            assert got["kv_events_endpoint"] == f"tcp://127.0.0.1:{kv_port}", got
+            assert got["kv_events_replay_endpoint"] is None, got
         keys = etcd.keys(prefix + "/")
         assert len(keys) == 1 and json.loads(next(iter(keys.values())))["url"] == url(w.port)
         time.sleep(3)  # longer than the TTL: the keep-alive holds it

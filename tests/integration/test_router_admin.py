@@ -40,16 +40,27 @@ def test_workers_api():
                     # api_key becomes a header on every request: control bytes are refused
                     {"url": b.url, "worker_type": "decode", "api_key": "k\r\nX-Evil: 1"},
                     {"url": b.url, "worker_type": "decode", "api_key": "k\tk"},
-                    {"url": b.url, "worker_type": "decode", "api_key": "k\u0000"}):
+                    {"url": b.url, "worker_type": "decode", "api_key": "k\u0000"},
+                    # KV-event endpoints are ZMQ URLs the router connects to
+                    {"url": b.url, "worker_type": "decode", "kv_events_endpoint": "http://h:1"},
+                    {"url": b.url, "worker_type": "decode", "kv_events_endpoint": "tcp://h"},
+                    {"url": b.url, "worker_type": "decode", "kv_events_endpoint": "tcp://h:0"},
+                    {"url": b.url, "worker_type": "decode", "kv_events_endpoint": "tcp://h:1 x"},
+                    {"url": b.url, "worker_type": "decode", "kv_events_replay_endpoint": 5}):
             res = post(port, "/workers", bad)
             assert res.status == 400, (bad, res.status, res.text)
             assert res.json()["error"]["code"] == "BAD_REQUEST", res.text
         res = request(port, "POST", "/workers", body=b"{not json",
                       headers={"Content-Type": "application/json"})
         assert res.status == 400
-        res = post(port, "/workers", {"url": b.url, "worker_type": "decode", "api_key": "k"})
+        res = post(port, "/workers", {"url": b.url, "worker_type": "decode", "api_key": "k",
+                                      "kv_events_endpoint": "tcp://127.0.0.1:5557",
+                                      "kv_events_replay_endpoint": "ipc:///run/kv-replay"})
         assert res.status == 202, res.text
         bid = res.json()["id"]
+        w = get(port, f"/workers/{bid}").json()
+        assert w["kv_events_endpoint"] == "tcp://127.0.0.1:5557" and \
+            w["kv_events_replay_endpoint"] == "ipc:///run/kv-replay", w
 
         res = get(port, "/workers")
         j = res.json()
@@ -60,6 +71,7 @@ def test_workers_api():
         w = res.json()
         assert w["url"] == a.url and w["worker_type"] == "prefill" and \
             w["bootstrap_port"] == 8999 and w["model_id"] == "m1", w
+        assert w["kv_events_endpoint"] is None and w["kv_events_replay_endpoint"] is None, w
         assert "api_key" not in get(port, f"/workers/{bid}").text
         assert get(port, "/workers/w-00000000").status == 404
         # the registered pair serves (recording upstreams answer with default JSON)

@@ -18,6 +18,7 @@
 #define DEF_ROLE   BATON_ROLE_REGULAR
 #define DEF_PORT   (-1)
 #define DEF_STR    NULL
+#define DEF_ZMQ    NULL
 #define DEF_PRIO   50
 #define DEF_COST   1.0
 #define DEF_LABELS NULL
@@ -29,6 +30,7 @@
 #define NULLABLE_ROLE   0
 #define NULLABLE_PORT   1
 #define NULLABLE_STR    1
+#define NULLABLE_ZMQ    1
 #define NULLABLE_PRIO   0
 #define NULLABLE_COST   0
 #define NULLABLE_LABELS 0
@@ -40,6 +42,7 @@
 #define MUST_ROLE   "must be \"prefill\", \"decode\" or \"regular\""
 #define MUST_PORT   "must be an integer 1..65535 or null"
 #define MUST_STR    "must be a string or null"
+#define MUST_ZMQ    "must be a ZMQ endpoint tcp://host:port or ipc://path (at most 255 bytes), or null"
 #define MUST_PRIO   "must be a non-negative integer"
 #define MUST_COST   "must be a number >= 0"
 #define MUST_LABELS "must be an object"
@@ -53,6 +56,7 @@ static int text_dup(char **dst, const char *src)
 }
 #define DUP_URL(d, s)    text_dup(&(d), (s))
 #define DUP_STR(d, s)    text_dup(&(d), (s))
+#define DUP_ZMQ(d, s)    text_dup(&(d), (s))
 #define DUP_LABELS(d, s) text_dup(&(d), (s))
 #define DUP_ROLE(d, s)   ((d) = (s), 0)
 #define DUP_PORT(d, s)   ((d) = (s), 0)
@@ -63,6 +67,7 @@ static int text_dup(char **dst, const char *src)
 
 #define FREE_URL(x)    free(x)
 #define FREE_STR(x)    free(x)
+#define FREE_ZMQ(x)    free(x)
 #define FREE_LABELS(x) free(x)
 #define FREE_ROLE(x)   (void)0
 #define FREE_PORT(x)   (void)0
@@ -96,6 +101,7 @@ static int labels_eq(const char *a, const char *b)
 }
 #define EQ_URL(a, b)    url_eq((a), (b))
 #define EQ_STR(a, b)    str_eq((a), (b))
+#define EQ_ZMQ(a, b)    str_eq((a), (b))
 #define EQ_LABELS(a, b) labels_eq((a), (b))
 #define EQ_ROLE(a, b)   ((a) == (b))
 #define EQ_PORT(a, b)   ((a) == (b))
@@ -116,6 +122,7 @@ static json_t *labels_json(const char *s)
 }
 #define OUT_URL(v)    text_or_null(v)
 #define OUT_STR(v)    text_or_null(v)
+#define OUT_ZMQ(v)    text_or_null(v)
 #define OUT_LABELS(v) labels_json(v)
 #define OUT_ROLE(v)   json_string(baton_worker_role_name(v))
 #define OUT_PORT(v)   ((v) >= 0 ? json_integer(v) : json_null())
@@ -131,6 +138,28 @@ static int in_text(json_t *v, char **out)
         return BATON_EINVAL;
     free(*out);
     return (*out = strdup(json_string_value(v))) ? 0 : BATON_ENOMEM;
+}
+
+/* A ZMQ endpoint the router connects to: tcp://host:port or ipc://path, printable, bounded. */
+static int in_zmq(json_t *v, char **out)
+{
+    if (!json_is_string(v))
+        return BATON_EINVAL;
+    const char *t = json_string_value(v);
+    size_t n = strlen(t);
+    if (n > 255 || (strncmp(t, "tcp://", 6) != 0 && strncmp(t, "ipc://", 6) != 0) || n == 6)
+        return BATON_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)t[i] <= ' ' || t[i] == 0x7f)
+            return BATON_EINVAL;
+    if (strncmp(t, "tcp://", 6) == 0) {
+        const char *colon = strrchr(t + 6, ':');
+        char *end;
+        long port = colon ? strtol(colon + 1, &end, 10) : 0;
+        if (!colon || colon == t + 6 || *end || port < 1 || port > 65535)
+            return BATON_EINVAL;
+    }
+    return in_text(v, out);
 }
 
 static int in_int(json_t *v, json_int_t lo, json_int_t hi, int *out)
@@ -172,6 +201,7 @@ static int in_proto(json_t *v, baton_pd_protocol_t *out)
 }
 #define IN_URL(v, p)    in_text((v), (p))
 #define IN_STR(v, p)    in_text((v), (p))
+#define IN_ZMQ(v, p)    in_zmq((v), (p))
 #define IN_LABELS(v, p) in_labels((v), (p))
 #define IN_ROLE(v, p)   in_role((v), (p))
 #define IN_PORT(v, p)   in_int((v), 1, 65535, (p))

@@ -45,6 +45,9 @@ typedef enum {
  *   engine_id       vllm-mooncake prefill: its kv_transfer_config engine_id; NULL = none
  *   bootstrap_addr  vllm-mooncake prefill: "http://host:port" of its bootstrap; NULL = none
  *   dp_size         sglang, or a vllm-mooncake prefill: data-parallel ranks (0 = not DP)
+ *   kv_events_endpoint         the worker's KV-event PUB socket, "tcp://host:port" or
+ *                              "ipc://path" (docs/PROTOCOLS.md §7); NULL = none
+ *   kv_events_replay_endpoint  its replay ROUTER socket; NULL = none
  */
 #define BATON_WORKER_DESC_FIELDS(X)                                                                \
     X(URL, url, "url")                                                                             \
@@ -58,7 +61,9 @@ typedef enum {
     X(PROTO, pd_protocol, "pd_protocol")                                                           \
     X(STR, engine_id, "engine_id")                                                                 \
     X(STR, bootstrap_addr, "bootstrap_addr")                                                       \
-    X(DP, dp_size, "dp_size")
+    X(DP, dp_size, "dp_size")                                                                      \
+    X(ZMQ, kv_events_endpoint, "kv_events_endpoint")                                               \
+    X(ZMQ, kv_events_replay_endpoint, "kv_events_replay_endpoint")
 
 /* Each kind's C type: owned (T) and borrowed (CT). */
 #define BATON__WD_T_URL     char *
@@ -70,6 +75,7 @@ typedef enum {
 #define BATON__WD_T_LABELS  char *
 #define BATON__WD_T_PROTO   baton_pd_protocol_t
 #define BATON__WD_T_DP      int
+#define BATON__WD_T_ZMQ     char *
 #define BATON__WD_CT_URL    const char *
 #define BATON__WD_CT_ROLE   baton_worker_role_t
 #define BATON__WD_CT_PORT   int
@@ -79,6 +85,7 @@ typedef enum {
 #define BATON__WD_CT_LABELS const char *
 #define BATON__WD_CT_PROTO  baton_pd_protocol_t
 #define BATON__WD_CT_DP     int
+#define BATON__WD_CT_ZMQ    const char *
 
 /* Declares the fields inside a struct: owned strings, or borrowed ones. */
 #define BATON_WORKER_DESC_DECL(kind, name, key)  BATON__WD_T_##kind name;
