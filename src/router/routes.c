@@ -13,6 +13,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "router/control/admin.h"
+#include "router/dataplane/models.h"
 #include "router/dataplane/policy_metrics.h"
 #include "router/dataplane/proxy.h"
 
@@ -40,24 +41,10 @@ static void h_generate(baton_proxy_loop_t *pl, baton_http_req_t *req, const char
     baton_proxy_inference(pl, req, BATON_API_GENERATE);
 }
 
-static void respond_json(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
-                         int status, json_t *j)
-{
-    baton_router_t *r = baton_proxy_loop_router(pl);
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    json_decref(j);
-    if (!s) {
-        baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
-                             "internal_error");
-        return;
-    }
-    baton__respond(r, req, route, status, "application/json", s, strlen(s));
-    free(s);
-}
-
 static void h_health(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
 {
-    respond_json(pl, req, route, 200, json_pack("{s:s}", "status", "ok"));
+    baton__respond_json(baton_proxy_loop_router(pl), req, route, 200,
+                        json_pack("{s:s}", "status", "ok"));
 }
 
 static void h_readiness(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
@@ -84,7 +71,7 @@ static void h_readiness(baton_proxy_loop_t *pl, baton_http_req_t *req, const cha
             json_object_set_new(j, "registry",
                                 json_pack("{s:s,s:b,s:s}", "source", src, "connected", connected,
                                           "detail", detail));
-        respond_json(pl, req, route, 200, j);
+        baton__respond_json(baton_proxy_loop_router(pl), req, route, 200, j);
         return;
     }
     char msg[600], src[16], detail[256];
@@ -143,35 +130,9 @@ static void h_metrics(baton_proxy_loop_t *pl, baton_http_req_t *req, const char 
     baton_buf_free(&out);
 }
 
-/* The model list from the registry's model ids (no worker to ask). */
-static void models_synth(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
-{
-    baton_router_t *r = baton_proxy_loop_router(pl);
-    baton_worker_t *ws[256];
-    size_t n = baton_registry_snapshot(r->registry, BATON_ROLE_ANY, BATON_SNAP_ALL, ws, 256);
-    if (n > 256)
-        n = 256;
-    json_t *data = json_array(), *seen = json_object();
-    for (size_t i = 0; data && seen && i < n; i++) {
-        const char *id = ws[i]->model_id;
-        if (!id || json_object_get(seen, id))
-            continue;
-        json_object_set_new(seen, id, json_true());
-        json_array_append_new(data, json_pack("{s:s,s:s,s:i,s:s}", "id", id, "object", "model",
-                                              "created", 0, "owned_by", "baton"));
-    }
-    baton_workers_unref(ws, n);
-    json_decref(seen);
-    respond_json(pl, req, route, 200,
-                 data ? json_pack("{s:s,s:o}", "object", "list", "data", data) : NULL);
-}
-
 static void h_models(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
 {
-    static const baton_worker_role_t roles[] = {BATON_ROLE_DECODE, BATON_ROLE_REGULAR,
-                                                BATON_ROLE_PREFILL};
-    if (baton_proxy_forward(pl, req, route, roles, 3) == BATON_ENOWORKER)
-        models_synth(pl, req, route);
+    baton_models_list(pl, req, route);
 }
 
 static void h_info(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
@@ -281,6 +242,20 @@ void baton_routes_handle(baton_http_req_t *req, void *ctx)
             return;
         }
         routes[i].fn(pl, req, routes[i].path);
+        return;
+    }
+    /* GET /v1/models/{id}: one prefix route (the id may hold '/': "org/name"). */
+    if (strncmp(req->path, BATON_MODELS_PREFIX, strlen(BATON_MODELS_PREFIX)) == 0 &&
+        req->path[strlen(BATON_MODELS_PREFIX)] != '\0') {
+        static const route_t model_rt = {"/v1/models/{id}", "GET", baton_models_get,
+                                         BATON_ROUTE_INFERENCE};
+        if (!authorize(pl, req, model_rt.path, model_rt.cls))
+            return;
+        if (strcmp(req->method, model_rt.method) != 0) {
+            method_not_allowed(pl, req, &model_rt);
+            return;
+        }
+        model_rt.fn(pl, req, model_rt.path);
         return;
     }
     baton_router_t *r = baton_proxy_loop_router(pl);

@@ -2,6 +2,7 @@
  * them, its life time, the upstream and client events that drive it, and the entry points
  * (inference requests, GET forwarding). The other concerns are in proxy_*.c. */
 #include "router/dataplane/proxy_internal.h"
+#include "router/dataplane/models.h"
 #include "router/dataplane/proxy_pd.h"
 
 #include <stdio.h>
@@ -426,6 +427,10 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
     if (rc) {
         baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
                              "internal_error");
+        return;
+    }
+    if (baton_models_refuse(r, req, route, &pd)) {
+        baton_pdreq_free(&pd);
         return;
     }
     baton__preq_t *pr = pr_new(pl, req, route, MODE_PD);

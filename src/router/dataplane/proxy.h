@@ -4,6 +4,7 @@
 #define BATON_ROUTER_PROXY_H
 
 #include <stdint.h>
+#include <jansson.h>
 #include <uv.h>
 
 #include <stdatomic.h>
@@ -143,5 +144,8 @@ int baton__respond(baton_router_t *r, baton_http_req_t *req, const char *route, 
 int baton__respond_error(baton_router_t *r, baton_http_req_t *req, const char *route, int status,
                          const char *message, const char *type, const char *param,
                          const char *code);
+/* Responds with j as compact JSON (j is consumed; NULL, or out of memory: a 500). */
+void baton__respond_json(baton_router_t *r, baton_http_req_t *req, const char *route, int status,
+                         json_t *j);
 
 #endif
