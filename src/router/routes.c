@@ -36,6 +36,11 @@ static void h_completions(baton_proxy_loop_t *pl, baton_http_req_t *req, const c
     baton_proxy_inference(pl, req, BATON_API_COMPLETIONS);
 }
 
+static void h_responses(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    baton_proxy_inference(pl, req, BATON_API_RESPONSES);
+}
+
 static void h_generate(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
 {
     baton_proxy_inference(pl, req, BATON_API_GENERATE);
@@ -148,6 +153,7 @@ static const route_t routes[] = {
     {"/v1/chat/completions", "POST", h_chat, BATON_ROUTE_INFERENCE},
     {"/v1/completions", "POST", h_completions, BATON_ROUTE_INFERENCE},
     {"/generate", "POST", h_generate, BATON_ROUTE_INFERENCE},
+    {"/v1/responses", "POST", h_responses, BATON_ROUTE_INFERENCE},
     {"/v1/models", "GET", h_models, BATON_ROUTE_INFERENCE},
     {"/health", "GET", h_health, BATON_ROUTE_OPEN},
     {"/liveness", "GET", h_health, BATON_ROUTE_OPEN},

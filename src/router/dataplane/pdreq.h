@@ -37,6 +37,7 @@ typedef enum {
     BATON_API_CHAT = 0,    /* POST /v1/chat/completions */
     BATON_API_COMPLETIONS, /* POST /v1/completions */
     BATON_API_GENERATE,    /* POST /generate (SGLang native) */
+    BATON_API_RESPONSES,   /* POST /v1/responses (OpenAI Responses API): never a batch */
     BATON_API__COUNT,
 } baton_api_t;
 

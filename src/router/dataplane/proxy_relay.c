@@ -158,6 +158,7 @@ static void client_write(baton__preq_t *pr, const char *data, size_t len)
     unsigned events = baton_token_scan_events(&pr->tokens, data, len);
     if (events)
         baton_token_scan_observe(&pr->tokens, events, uv_hrtime());
+    pr->events_out += events;
     baton_http_stream_write(pr->req, data, len);
     /* Back-pressure: decode is not read while the client's queue is over the watermark, or
      * holds anything while streams together have more than their share of the budget queued;

@@ -84,6 +84,23 @@ static int prompt_text(const baton_pdreq_t *pd, baton_buf_t *b)
         }
         return 0;
     }
+    if (pd->api == BATON_API_RESPONSES) {
+        /* instructions, then the input: a string, or items whose content counts as chat's. */
+        baton_json_iter_t it;
+        val_t m, content;
+        if ((v = baton_pdreq_get(pd, "instructions")) && v->type == BATON_JSON_STRING &&
+            add_str(b, v))
+            return BATON_ENOMEM;
+        if (!(v = baton_pdreq_get(pd, "input")))
+            return 0;
+        if (v->type == BATON_JSON_STRING)
+            return add_str(b, v);
+        baton_json_iter_init(&it, v);
+        while (baton_json_array_next(&it, &m))
+            if (baton_json_object_get(&m, "content", &content) && add_content(b, &content))
+                return BATON_ENOMEM;
+        return 0;
+    }
     if (pd->api == BATON_API_COMPLETIONS)
         v = baton_pdreq_get(pd, "prompt");
     else if (!(v = baton_pdreq_get(pd, "text")))

@@ -1,0 +1,184 @@
+"""test_responses.py — POST /v1/responses through the router: PD with each protocol's fields
+injected (SGLang bootstrap fields on both legs, vLLM NIXL's two phases with max_output_tokens and
+kv_transfer_params), regular mode passed through untouched, the stream's typed events relayed as
+they come, a worker failing mid-stream ending the stream with the API's own error event, and bad
+bodies refused in the API's error shape."""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import Cluster, TestRunner, post, request  # noqa: E402
+from router_upstream import SSEClient, Upstream  # noqa: E402
+
+BODY = {"model": "m", "input": [{"role": "user", "content": "hello there"}],
+        "instructions": "be brief", "max_output_tokens": 6, "temperature": 0.2}
+ONE_SHOT = ("--max-retries", "0", "--check-interval-ms", "0", "--breaker-threshold", "0")
+P_KTP = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [1, 2],
+         "remote_engine_id": "eng-p0", "remote_request_id": "resp-p-1",
+         "remote_host": "10.0.0.7", "remote_port": 5600, "tp_size": 1}
+EVENTS = ["response.created", "response.in_progress", "response.output_item.added",
+          "response.content_part.added", "response.output_text.delta",
+          "response.output_text.delta", "response.output_text.done",
+          "response.content_part.done", "response.output_item.done", "response.completed"]
+
+
+def response_obj(text="ok"):
+    return {"id": "resp_1", "object": "response", "status": "completed", "model": "m",
+            "output": [{"type": "message", "id": "msg_1", "role": "assistant",
+                        "status": "completed",
+                        "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+            "usage": {"input_tokens": 3, "output_tokens": 1, "total_tokens": 4}}
+
+
+def stream_events(io, die_after=None):
+    io.start_sse()
+    for i, ev in enumerate(EVENTS):
+        if die_after is not None and i == die_after:
+            io.die()
+            return
+        data = {"type": ev, "sequence_number": i}
+        if ev.endswith(".delta"):
+            data["delta"] = f"t{i}"
+        io.chunk(f"event: {ev}\ndata: {json.dumps(data)}\n\n")
+    io.end_sse()
+
+
+def decode_script(req, io):
+    body = req.json()
+    if body.get("stream"):
+        stream_events(io, die_after=body.get("metadata", {}).get("die_after"))
+    else:
+        io.respond(200, dict(response_obj("decoded"), seen=body))
+
+
+def prefill_script(req, io):
+    io.respond(200, dict(response_obj(""), kv_transfer_params=P_KTP))
+
+
+def read_stream(cl, timeout=10.0):
+    """The rest of a chunked answer, raw, up to its last chunk (the connection stays open)."""
+    cl.sock.settimeout(timeout)
+    while not cl.buf.endswith(b"0\r\n\r\n"):
+        d = cl.sock.recv(65536)
+        if not d:
+            break
+        cl.buf += d
+    return cl.buf
+
+
+def relayed_types(raw):
+    return [ln.split(": ", 1)[1] for ln in raw.decode(errors="replace").splitlines()
+            if ln.startswith("event: ")]
+
+
+def test_sglang_pd_injects_bootstrap_fields():
+    with Upstream("prefill", prefill_script) as p, Upstream("decode", decode_script) as d, \
+            Cluster("responses-sglang") as c:
+        r = c.router("--prefill", p.url, "8998", "--decode", d.url, *ONE_SHOT)
+        res = post(r.port, "/v1/responses", BODY)
+        assert res.status == 200, res.text
+        assert res.json()["output"][0]["content"][0]["text"] == "decoded", res.text
+        # the two legs go out together: the prefill's may arrive after the client's answer
+        pr, dr = p.wait_requests(1)[0], d.requests[-1]
+        assert pr.path == dr.path == "/v1/responses"
+        assert pr.body == dr.body, "both legs carry one body"
+        sent = pr.json()
+        for k, v in BODY.items():
+            assert sent[k] == v, (k, sent[k])
+        assert sent["bootstrap_host"] == "127.0.0.1" and sent["bootstrap_port"] == 8998, sent
+        assert isinstance(sent["bootstrap_room"], int), sent
+        # streamed: every typed event reaches the client, in order, as sent
+        cl = SSEClient(r.port, "/v1/responses", dict(BODY, stream=True))
+        try:
+            assert cl.status == 200
+            raw = read_stream(cl)
+        finally:
+            cl.close()
+        assert relayed_types(raw) == EVENTS, raw
+        assert b"[DONE]" not in raw
+        assert d.requests[-1].json()["stream"] is True
+
+
+def test_nixl_two_phases():
+    with Upstream("prefill", prefill_script) as p, Upstream("decode", decode_script) as d, \
+            Cluster("responses-nixl") as c:
+        r = c.router("--prefill", p.url, "--decode", d.url, "--pd-protocol", "vllm-nixl",
+                     *ONE_SHOT)
+        for stream in (False, True):
+            body = dict(BODY, stream=True) if stream else BODY
+            if stream:
+                cl = SSEClient(r.port, "/v1/responses", body)
+                try:
+                    assert cl.status == 200
+                    assert relayed_types(read_stream(cl)) == EVENTS
+                finally:
+                    cl.close()
+            else:
+                res = post(r.port, "/v1/responses", body)
+                assert res.status == 200, res.text
+            pr, dr = p.requests[-1], d.requests[-1]
+            want = {k: v for k, v in body.items() if k not in ("max_output_tokens",)}
+            want.update(stream=False, max_output_tokens=1)
+            got = pr.json()
+            ktp = got.pop("kv_transfer_params")
+            assert got == want, got
+            assert ktp["do_remote_decode"] is True, ktp
+            assert dr.json() == dict(body, kv_transfer_params=P_KTP), dr.json()
+
+
+def test_regular_passes_through():
+    with Upstream("w", decode_script) as w, Cluster("responses-regular") as c:
+        r = c.router("--worker", w.url, *ONE_SHOT)
+        raw = json.dumps(BODY, indent=2).encode()
+        res = request(r.port, "POST", "/v1/responses", body=raw,
+                      headers={"Content-Type": "application/json"})
+        assert res.status == 200, res.text
+        assert w.requests[-1].body == raw, "regular mode must not rewrite the body"
+
+
+def test_stream_failure_ends_with_error_event():
+    with Upstream("prefill", prefill_script) as p, Upstream("decode", decode_script) as d, \
+            Cluster("responses-fail") as c:
+        r = c.router("--prefill", p.url, "8998", "--decode", d.url, *ONE_SHOT)
+        cl = SSEClient(r.port, "/v1/responses",
+                       dict(BODY, stream=True, metadata={"die_after": 5}))
+        try:
+            assert cl.status == 200
+            raw = read_stream(cl)
+        finally:
+            cl.close()
+        types = relayed_types(raw)
+        assert types == EVENTS[:5] + ["error"], types
+        text = raw.decode(errors="replace")
+        data = text[text.index("event: error\ndata: ") + len("event: error\ndata: "):]
+        err = json.loads(data.split("\n", 1)[0])
+        assert err["type"] == "error" and err["sequence_number"] == 5 and err["message"], err
+        assert "[DONE]" not in text
+
+
+def test_bad_bodies():
+    with Upstream("w", decode_script) as w, Cluster("responses-bad") as c:
+        r = c.router("--worker", w.url, *ONE_SHOT)
+        for body, param in (({"model": "m"}, "input"), ({"input": 5}, "input"),
+                            ({"input": []}, "input"), ({"input": ["x"]}, "input"),
+                            ({"input": "x", "max_output_tokens": -1}, "max_output_tokens"),
+                            ({"input": "x", "previous_response_id": 3},
+                             "previous_response_id")):
+            res = post(r.port, "/v1/responses", body)
+            assert res.status == 400, (body, res.status, res.text)
+            assert res.json()["error"]["param"] == param, res.text
+        assert not w.requests
+        assert request(r.port, "PUT", "/v1/responses").status == 405
+
+
+if __name__ == "__main__":
+    t = TestRunner()
+    t.run(test_sglang_pd_injects_bootstrap_fields)
+    t.run(test_nixl_two_phases)
+    t.run(test_regular_passes_through)
+    t.run(test_stream_failure_ends_with_error_event)
+    t.run(test_bad_bodies)
+    t.finish()
