@@ -41,6 +41,21 @@ static void h_responses(baton_proxy_loop_t *pl, baton_http_req_t *req, const cha
     baton_proxy_inference(pl, req, BATON_API_RESPONSES);
 }
 
+static void h_embeddings(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    baton_proxy_inference(pl, req, BATON_API_EMBEDDINGS);
+}
+
+static void h_rerank(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    baton_proxy_inference(pl, req, BATON_API_RERANK);
+}
+
+static void h_score(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    baton_proxy_inference(pl, req, BATON_API_SCORE);
+}
+
 static void h_generate(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
 {
     baton_proxy_inference(pl, req, BATON_API_GENERATE);
@@ -154,6 +169,9 @@ static const route_t routes[] = {
     {"/v1/completions", "POST", h_completions, BATON_ROUTE_INFERENCE},
     {"/generate", "POST", h_generate, BATON_ROUTE_INFERENCE},
     {"/v1/responses", "POST", h_responses, BATON_ROUTE_INFERENCE},
+    {"/v1/embeddings", "POST", h_embeddings, BATON_ROUTE_INFERENCE},
+    {"/v1/rerank", "POST", h_rerank, BATON_ROUTE_INFERENCE},
+    {"/v1/score", "POST", h_score, BATON_ROUTE_INFERENCE},
     {"/v1/models", "GET", h_models, BATON_ROUTE_INFERENCE},
     {"/health", "GET", h_health, BATON_ROUTE_OPEN},
     {"/liveness", "GET", h_health, BATON_ROUTE_OPEN},

@@ -9,6 +9,7 @@
  * The handler for baton_http_server_create(); ctx is the loop's baton_proxy_loop_t.
  *   POST /v1/chat/completions, /v1/completions, /generate, /v1/responses
  *                            → proxy (PD or regular)
+ *   POST /v1/embeddings, /v1/rerank, /v1/score → proxy to a regular worker (501 without one)
  *   GET  /v1/models          → the union of the workers' models, or a worker's list when none
  *                              is named (models.h)
  *   GET  /v1/models/{id}     → that model (models.h), 404 model_not_found

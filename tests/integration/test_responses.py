@@ -174,6 +174,35 @@ def test_bad_bodies():
         assert request(r.port, "PUT", "/v1/responses").status == 405
 
 
+def test_embeddings_rerank_score_regular_only():
+    """Passed to a regular worker untouched, never to a PD pair; a PD-only router refuses them
+    (501) without calling a worker."""
+    def echo(req, io):
+        io.respond(200, {"object": "list", "path": req.path, "data": []})
+
+    with Upstream("prefill", prefill_script) as p, Upstream("decode", decode_script) as d, \
+            Upstream("w", echo) as w, Cluster("regular-only") as c:
+        r = c.router("--prefill", p.url, "8998", "--decode", d.url, "--worker", w.url, *ONE_SHOT)
+        for path, body in (("/v1/embeddings", {"model": "m", "input": ["a", "b"]}),
+                           ("/v1/rerank", {"query": "q", "documents": ["a", "b"]}),
+                           ("/v1/score", {"text_1": "a", "text_2": ["b"]})):
+            raw = json.dumps(body, indent=1).encode()
+            res = request(r.port, "POST", path, body=raw,
+                          headers={"Content-Type": "application/json"})
+            assert res.status == 200 and res.json()["path"] == path, res.text
+            assert w.requests[-1].body == raw
+        assert not p.requests and not d.requests
+        # PD-only: refused clearly
+        r2 = c.router("--prefill", p.url, "8998", "--decode", d.url, *ONE_SHOT, name="pd-only")
+        res = post(r2.port, "/v1/embeddings", {"input": "a"})
+        assert res.status == 501, res.text
+        err = res.json()["error"]
+        assert err["code"] == "unsupported_in_pd_mode" and "regular" in err["message"], err
+        assert not p.requests and not d.requests
+        res = post(r2.port, "/v1/embeddings", [1, 2])
+        assert res.status == 400, res.text
+
+
 if __name__ == "__main__":
     t = TestRunner()
     t.run(test_sglang_pd_injects_bootstrap_fields)
@@ -181,4 +210,5 @@ if __name__ == "__main__":
     t.run(test_regular_passes_through)
     t.run(test_stream_failure_ends_with_error_event)
     t.run(test_bad_bodies)
+    t.run(test_embeddings_rerank_score_regular_only)
     t.finish()

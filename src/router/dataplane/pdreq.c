@@ -16,7 +16,15 @@ static const char *const api_paths[BATON_API__COUNT] = {
     [BATON_API_COMPLETIONS] = "/v1/completions",
     [BATON_API_GENERATE] = "/generate",
     [BATON_API_RESPONSES] = "/v1/responses",
+    [BATON_API_EMBEDDINGS] = "/v1/embeddings",
+    [BATON_API_RERANK] = "/v1/rerank",
+    [BATON_API_SCORE] = "/v1/score",
 };
+
+int baton_api_regular_only(baton_api_t api)
+{
+    return api == BATON_API_EMBEDDINGS || api == BATON_API_RERANK || api == BATON_API_SCORE;
+}
 
 const char *baton_api_path(baton_api_t api)
 {
@@ -472,6 +480,11 @@ int baton_pdreq_parse(baton_pdreq_t *r, baton_api_t api, const char *body, size_
         break;
     case BATON_API_RESPONSES:
         rc = validate_responses(r, err);
+        break;
+    case BATON_API_EMBEDDINGS:
+    case BATON_API_RERANK:
+    case BATON_API_SCORE:
+        rc = 0; /* the worker judges its own fields: passed through untouched */
         break;
     default:
         rc = validate_generate(r, err);

@@ -411,6 +411,14 @@ static baton__preq_t *pr_new(baton_proxy_loop_t *pl, baton_http_req_t *req, cons
     return pr;
 }
 
+/* 1 when a regular worker is registered (eligible or not: a down one is a 503, not a 501). */
+static int regular_workers(baton_router_t *r)
+{
+    size_t counts[BATON_ROLE_COUNT];
+    baton_registry_counts(r->registry, counts, NULL);
+    return counts[BATON_ROLE_REGULAR] > 0;
+}
+
 void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_api_t api)
 {
     baton_router_t *r = pl->router;
@@ -427,6 +435,17 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
     if (rc) {
         baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
                              "internal_error");
+        return;
+    }
+    if (baton_api_regular_only(api) && !regular_workers(r)) {
+        baton_pdreq_free(&pd);
+        char msg[200];
+        snprintf(msg, sizeof(msg),
+                 "%s is served by regular workers only, and this router has none (prefill/decode "
+                 "workers do not serve it)",
+                 route);
+        baton__respond_error(r, req, route, 501, msg, "invalid_request_error", NULL,
+                             "unsupported_in_pd_mode");
         return;
     }
     if (baton_models_refuse(r, req, route, &pd)) {
