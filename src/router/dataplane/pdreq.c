@@ -12,12 +12,9 @@
 #include "http/sse.h"
 
 static const char *const api_paths[BATON_API__COUNT] = {
-    [BATON_API_CHAT] = "/v1/chat/completions",
-    [BATON_API_COMPLETIONS] = "/v1/completions",
-    [BATON_API_GENERATE] = "/generate",
-    [BATON_API_RESPONSES] = "/v1/responses",
-    [BATON_API_EMBEDDINGS] = "/v1/embeddings",
-    [BATON_API_RERANK] = "/v1/rerank",
+    [BATON_API_CHAT] = "/v1/chat/completions", [BATON_API_COMPLETIONS] = "/v1/completions",
+    [BATON_API_GENERATE] = "/generate",        [BATON_API_RESPONSES] = "/v1/responses",
+    [BATON_API_EMBEDDINGS] = "/v1/embeddings", [BATON_API_RERANK] = "/v1/rerank",
     [BATON_API_SCORE] = "/v1/score",
 };
 
