@@ -16,6 +16,7 @@
 #include "router/dataplane/models.h"
 #include "router/dataplane/policy_metrics.h"
 #include "router/dataplane/proxy.h"
+#include "router/dataplane/responses.h"
 
 typedef void (*route_fn)(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route);
 
@@ -268,18 +269,38 @@ void baton_routes_handle(baton_http_req_t *req, void *ctx)
         routes[i].fn(pl, req, routes[i].path);
         return;
     }
-    /* GET /v1/models/{id}: one prefix route (the id may hold '/': "org/name"). */
-    if (strncmp(req->path, BATON_MODELS_PREFIX, strlen(BATON_MODELS_PREFIX)) == 0 &&
-        req->path[strlen(BATON_MODELS_PREFIX)] != '\0') {
-        static const route_t model_rt = {"/v1/models/{id}", "GET", baton_models_get,
-                                         BATON_ROUTE_INFERENCE};
-        if (!authorize(pl, req, model_rt.path, model_rt.cls))
+    /* The routes whose last segment is an id (a model's may hold '/': "org/name"). */
+    static const struct {
+        const char *prefix;
+        route_t rt;
+        const char *also; /* a second method served, or NULL */
+    } by_id[] = {
+        {BATON_MODELS_PREFIX,
+         {"/v1/models/{id}", "GET", baton_models_get, BATON_ROUTE_INFERENCE},
+         NULL},
+        {BATON_RESPONSES_PREFIX,
+         {"/v1/responses/{id}", "GET", baton_responses_by_id, BATON_ROUTE_INFERENCE},
+         "DELETE"},
+    };
+    for (size_t i = 0; i < sizeof(by_id) / sizeof(*by_id); i++) {
+        size_t plen = strlen(by_id[i].prefix);
+        if (strncmp(req->path, by_id[i].prefix, plen) != 0 || req->path[plen] == '\0')
+            continue;
+        const route_t *rt = &by_id[i].rt;
+        if (!authorize(pl, req, rt->path, rt->cls))
             return;
-        if (strcmp(req->method, model_rt.method) != 0) {
-            method_not_allowed(pl, req, &model_rt);
+        if (strcmp(req->method, rt->method) != 0 &&
+            !(by_id[i].also && strcmp(req->method, by_id[i].also) == 0)) {
+            char msg[160], allow[32];
+            snprintf(msg, sizeof(msg), "method %.16s not allowed on %s", req->method, rt->path);
+            snprintf(allow, sizeof(allow), "%s%s%s", rt->method, by_id[i].also ? ", " : "",
+                     by_id[i].also ? by_id[i].also : "");
+            const baton_http_header_t hdr = {"Allow", allow};
+            respond_error_hdr(pl, req, rt->path, 405, msg, "invalid_request_error",
+                              "method_not_allowed", &hdr);
             return;
         }
-        model_rt.fn(pl, req, model_rt.path);
+        rt->fn(pl, req, rt->path);
         return;
     }
     baton_router_t *r = baton_proxy_loop_router(pl);

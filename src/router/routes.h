@@ -13,6 +13,7 @@
  *   GET  /v1/models          → the union of the workers' models, or a worker's list when none
  *                              is named (models.h)
  *   GET  /v1/models/{id}     → that model (models.h), 404 model_not_found
+ *   GET, DELETE /v1/responses/{id} → the worker that answered it (responses.h), else 404
  *   GET  /get_server_info, /get_model_info → forwarded to a worker (503 without one)
  *   GET  /health, /liveness  → 200 while the router runs
  *   GET  /readiness          → 200 with >= 1 eligible prefill and decode, or >= 1 eligible

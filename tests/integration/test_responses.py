@@ -4,6 +4,7 @@ kv_transfer_params), regular mode passed through untouched, the stream's typed e
 they come, a worker failing mid-stream ending the stream with the API's own error event, and bad
 bodies refused in the API's error shape."""
 
+import itertools
 import json
 import os
 import sys
@@ -203,6 +204,63 @@ def test_embeddings_rerank_score_regular_only():
         assert res.status == 400, res.text
 
 
+def test_get_and_delete_go_to_the_worker_that_answered():
+    """Two regular workers round robin: each stored response's GET and DELETE reach the worker
+    that answered it (non-streamed: the body's id; streamed: response.created's response.id)."""
+    def holder(name):
+        counter = itertools.count()
+
+        def script(req, io):
+            if req.method in ("GET", "DELETE"):
+                io.respond(200, {"id": req.path.rsplit("/", 1)[1], "holder": name,
+                                 "deleted": req.method == "DELETE"})
+                return
+            rid = f"resp_{name}_{next(counter)}"
+            if req.json().get("stream"):
+                io.start_sse()
+                io.chunk("event: response.created\ndata: " + json.dumps(
+                    {"type": "response.created", "sequence_number": 0,
+                     "response": {"id": rid, "object": "response", "status": "in_progress"}})
+                    + "\n\n")
+                io.chunk("event: response.completed\ndata: " + json.dumps(
+                    {"type": "response.completed", "sequence_number": 1,
+                     "response": {"id": rid, "object": "response", "status": "completed"}})
+                    + "\n\n")
+                io.end_sse()
+            else:
+                io.respond(200, dict(response_obj(), id=rid))
+        return script
+
+    with Upstream("a") as a, Upstream("b") as b, Cluster("responses-sticky") as c:
+        for up, name in ((a, "a"), (b, "b")):
+            up.reset(holder(name))
+        r = c.router("--worker", a.url, "--worker", b.url, *ONE_SHOT)
+        ids = []
+        for i in range(4):
+            if i % 2:
+                cl = SSEClient(r.port, "/v1/responses", dict(BODY, stream=True))
+                try:
+                    raw = read_stream(cl).decode()
+                finally:
+                    cl.close()
+                ids.append(raw.split('"id": "', 1)[1].split('"', 1)[0])
+            else:
+                res = post(r.port, "/v1/responses", BODY)
+                assert res.status == 200, res.text
+                ids.append(res.json()["id"])
+        assert {i.split("_")[1] for i in ids} == {"a", "b"}, ids
+        for rid in ids:
+            for method in ("GET", "DELETE"):
+                res = request(r.port, method, f"/v1/responses/{rid}")
+                assert res.status == 200, res.text
+                assert res.json()["holder"] == rid.split("_")[1], (rid, res.text)
+                assert res.json()["id"] == rid and res.json()["deleted"] == (method == "DELETE")
+        res = request(r.port, "GET", "/v1/responses/resp_unknown")
+        assert res.status == 404 and res.json()["error"]["code"] == "not_found", res.text
+        res = request(r.port, "PUT", f"/v1/responses/{ids[0]}")
+        assert res.status == 405 and "DELETE" in res.headers.get("allow", ""), res.text
+
+
 if __name__ == "__main__":
     t = TestRunner()
     t.run(test_sglang_pd_injects_bootstrap_fields)
@@ -211,4 +269,5 @@ if __name__ == "__main__":
     t.run(test_stream_failure_ends_with_error_event)
     t.run(test_bad_bodies)
     t.run(test_embeddings_rerank_score_regular_only)
+    t.run(test_get_and_delete_go_to_the_worker_that_answered)
     t.finish()

@@ -473,19 +473,15 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
     baton__pr_maybe_free(pr);
 }
 
-int baton_proxy_forward(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
-                        const baton_worker_role_t *roles, size_t n_roles)
+/* Forwards req (its method and path, no body) to the worker of pick w (taken over). */
+static void forward_picked(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
+                           baton_pick_t *w)
 {
     baton_router_t *r = pl->router;
-    baton_pick_t w = {0};
-    for (size_t i = 0; i < n_roles && !w.w; i++)
-        baton__pick(r, roles[i], NULL, 0, 0, NULL, &w);
-    if (!w.w)
-        return BATON_ENOWORKER;
     baton__preq_t *pr = pr_new(pl, req, route, MODE_FORWARD);
-    baton__upstream_t *u = pr ? baton__up_new(pr, UP_MAIN, &w) : NULL;
+    baton__upstream_t *u = pr ? baton__up_new(pr, UP_MAIN, w) : NULL;
     if (!u) {
-        baton_pick_release(r->health, &w, BATON_OUTCOME_NEUTRAL);
+        baton_pick_release(r->health, w, BATON_OUTCOME_NEUTRAL);
         if (pr) {
             pr->req = NULL;
             baton__pr_set_phase(pr, PH_DONE, "oom");
@@ -496,15 +492,43 @@ int baton_proxy_forward(baton_proxy_loop_t *pl, baton_http_req_t *req, const cha
         }
         baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
                              "internal_error");
-        return 0;
+        return;
     }
     pr->up[UP_MAIN] = u;
     pr->attempts = 1;
     u->buffer = 1;
     baton__pr_set_phase(pr, PH_SENT, "forward");
-    int rc = baton__up_start(pr, u, "GET", req->path, NULL, 0);
+    int rc = baton__up_start(pr, u, req->method, req->path, NULL, 0);
     if (rc)
         baton__side_failed(pr, u, rc);
     baton__pr_maybe_free(pr);
+}
+
+int baton_proxy_forward(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
+                        const baton_worker_role_t *roles, size_t n_roles)
+{
+    baton_pick_t w = {0};
+    for (size_t i = 0; i < n_roles && !w.w; i++)
+        baton__pick(pl->router, roles[i], NULL, 0, 0, NULL, &w);
+    if (!w.w)
+        return BATON_ENOWORKER;
+    forward_picked(pl, req, route, &w);
+    return 0;
+}
+
+int baton_proxy_forward_to(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
+                           const char *worker_id)
+{
+    baton_worker_t *target = baton_registry_get(pl->router->registry, worker_id);
+    if (!target)
+        return BATON_ENOWORKER;
+    baton_route_ctx_t ctx = {.pin = worker_id};
+    baton_pick_t w = {0};
+    baton__pick(pl->router, target->role, NULL, 0, 0, &ctx, &w);
+    baton_route_ctx_free(&ctx);
+    baton_worker_unref(target);
+    if (!w.w)
+        return BATON_ENOWORKER;
+    forward_picked(pl, req, route, &w);
     return 0;
 }

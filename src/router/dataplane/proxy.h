@@ -135,6 +135,10 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
  */
 int baton_proxy_forward(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
                         const baton_worker_role_t *roles, size_t n_roles);
+/* The same (the request's own method, no body) to the worker with this id, when it is
+ * registered and eligible; else BATON_ENOWORKER (the request untouched). */
+int baton_proxy_forward_to(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
+                           const char *worker_id);
 
 /* ---- helpers shared with routes.c ---- */
 

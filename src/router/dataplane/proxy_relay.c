@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "router/control/worker_models.h"
+#include "router/dataplane/responses.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Client responses (each records the request in the metrics)                               */
@@ -273,8 +274,17 @@ static void event_too_large(baton__preq_t *pr)
  * (an error event) always starts at an event boundary; the bytes of an event not yet complete
  * wait in pr->sse, at most --max-sse-event-bytes of them.
  */
+/* A Responses answer: note which worker holds it (GET/DELETE by id go there). */
+static void note_response(baton__preq_t *pr, const char *data, size_t len)
+{
+    baton__upstream_t *u = pr->up[UP_MAIN];
+    if (pr->pd.api == BATON_API_RESPONSES && pr->mode != MODE_FORWARD && u && u->w && data)
+        baton_responses_note(u->w->id, data, len, &pr->resp_seen, &pr->resp_noted);
+}
+
 void baton__relay_stream_bytes(baton__preq_t *pr, const char *data, size_t len)
 {
+    note_response(pr, data, len);
     int merge = pr->mode == MODE_PD && pr->pd.logprobs && (!pr->lp_pass || pr->phase == PH_HOLDING);
     int rc;
     if (merge) {
@@ -402,6 +412,7 @@ void baton__relay_main_body_done(baton__preq_t *pr)
             return;
         }
     }
+    note_response(pr, u->resp.data, u->resp.len);
     baton__pr_respond(pr, u->status, ctype, u->resp.data ? u->resp.data : "", u->resp.len);
 }
 
