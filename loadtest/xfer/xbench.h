@@ -10,7 +10,7 @@
 
 #include "baton/error.h"
 #include "baton/transfer.h"
-#include "common/xfer_pattern.h"
+#include "xfer_pattern.h"
 
 /*
  * Processes. `baton-xfer-bench` (the DRIVER) owns the decode engine: it offers rooms, times them

@@ -104,7 +104,7 @@ static int offer_locked(baton_xfer_engine_t *engine, const char *host, int port,
         dr->pages[i].len = pg->len;
         dr->pages[i].mem_id = m->id;
         dr->total_bytes += pg->len;
-        if (m->memfd < 0)
+        if (m->memfd < 0 && m->kind != BATON_XFER_MEM_CUDA) /* CUDA: reached through IPC */
             dr->shm_ok = 0;
         if (m->kind == BATON_XFER_MEM_CUDA)
             dr->cuda = 1;

@@ -156,7 +156,7 @@ struct baton__lmem_s {
     uint32_t id;
     uint64_t base, len;
     baton_xfer_mem_kind_t kind;
-    int shm_ok;                 /* memfd-backed */
+    int shm_ok;                 /* reachable over shm: memfd-backed, or CUDA (IPC) */
     uint8_t reg[BATON__MAX_TP]; /* registered with that engine transport */
     uint16_t blob_len[BATON__MAX_TP];
     uint8_t *blob[BATON__MAX_TP];
@@ -208,7 +208,7 @@ struct baton__droom_s {
     baton_xfer_mem_t **mems; /* distinct regions referenced (refs held) */
     size_t n_mems;
     uint64_t total_bytes;
-    int shm_ok; /* every page in memfd memory */
+    int shm_ok; /* every page reachable over shm (memfd or CUDA) */
     int cuda;   /* some page in device memory */
     baton_xfer_offer_cb cb;
     baton_xfer_layer_cb layer_cb; /* NULL: no layer events */

@@ -118,7 +118,7 @@ static int do_register(baton_xfer_engine_t *eng, void *addr, size_t len, baton_x
     lm->base = (uint64_t)(uintptr_t)addr;
     lm->len = len;
     lm->kind = kind;
-    lm->shm_ok = memfd >= 0;
+    lm->shm_ok = memfd >= 0 || kind == BATON_XFER_MEM_CUDA; /* memfd, or CUDA IPC */
 
     baton__tp_mem_params_t p = {addr, len, kind, device, memfd, token};
     int rc = 0;

@@ -286,8 +286,10 @@ static int copy_some(shm_tp_t *t, shm_peer_t *p, uint64_t *budget)
         }
 #ifdef BATON_HAVE_CUDA
         if (rm->kind == BATON_XFER_MEM_CUDA || g->src_mr->kind == BATON_XFER_MEM_CUDA) {
-            CUresult r =
-                baton__cu.memcpy((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n);
+            /* the driver copies only with a context current on this (the progress) thread */
+            CUresult r = cuda_ready(t) != 0 ? CUDA_ERROR_INVALID_CONTEXT
+                                            : baton__cu.memcpy((CUdeviceptr)(uintptr_t)dst,
+                                                               (CUdeviceptr)(uintptr_t)src, n);
             atomic_store(&p->fence->busy, 0);
             if (r != CUDA_SUCCESS) {
                 finish_job(p, BATON_EINVAL);
@@ -414,7 +416,8 @@ static int shm_mem_reg(baton__tp_t *tp, const baton__tp_mem_params_t *prm, baton
 #ifdef BATON_HAVE_CUDA
         CUdeviceptr base = 0;
         size_t size = 0;
-        if (baton__cuda_load() != 0 ||
+        /* registration runs on the caller's thread, which may have no current context */
+        if (baton__cuda_bind((CUdeviceptr)(uintptr_t)prm->addr, NULL) != 0 ||
             baton__cu.mem_get_address_range(&base, &size, (CUdeviceptr)(uintptr_t)prm->addr) !=
                 CUDA_SUCCESS ||
             baton__cu.ipc_get_mem_handle(&m->ipc, base) != CUDA_SUCCESS) {

@@ -15,8 +15,9 @@
 
 /*
  * A transport moves bytes from the PREFILL side's registered memory into the DECODE side's
- * registered pages. The engine (src/transfer/engine.c, peer.c, room.c) owns the control
- * channel, the rooms and the peer health; a transport owns only its data path.
+ * registered pages. The engine owns the control channel (ctrl_*.c), the rooms (room_prefill.c,
+ * room_decode.c, room_pull.c), the peers and their health (peer.c, engine.c); a transport owns
+ * only its data path.
  *
  * Objects (each transport embeds the base struct FIRST in its own struct and recovers it with
  * container_of; the engine only ever sees the base):

@@ -202,6 +202,27 @@ def run_help(cmd, ctx):
     assert r.returncode == 0 and r.stdout, r
 
 
+def run_gpu_check(cmd, ctx):
+    """scripts/gpu-check.sh on the suite's build: without a GPU every check skips visibly (77);
+    --fake runs them on the fake driver and they pass; a build without the CUDA Toolkit has no
+    baton-gpu-check and the script says so (2)."""
+    argv = cmd.split()
+    argv[0] = os.path.join(ROOT, argv[0])
+    argv[argv.index("--build") + 1] = BUILD_DIR
+    argv += ["--out", os.path.join(ctx.tmp, "gpu-check")]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       stdin=subprocess.DEVNULL)
+    out = r.stdout + r.stderr
+    if not os.path.exists(os.path.join(BUILD_DIR, "baton-gpu-check")):
+        assert r.returncode == 2 and "is missing" in out, out[-2000:]
+    elif "--fake" in argv:
+        assert r.returncode == 0 and "0 failed" in out and "(fake driver)" in out, out[-2000:]
+    else:
+        assert r.returncode in (0, 77), out[-2000:]
+        if r.returncode == 77:
+            assert "SKIP" in out, out[-2000:]
+
+
 # ---- the rules --------------------------------------------------------------------------------
 
 OTHER_HOSTS = "names other machines (10.0.0.x, pod or etcd hosts): a multi-host deployment"
@@ -259,6 +280,11 @@ RULES = [
     (r"^mkdir -p /tmp/corpus-pdreq$", "the long fuzzing run's set-up (below)"),
     (r"^build-fuzz/fuzz/fuzz_pdreq ", "a long fuzzing run (10^7 inputs); fuzz_smoke runs "
      "each harness for 10 s"),
+    (r"^scripts/gpu-check\.sh --build build --no-build( --fake)?$", run_gpu_check),
+    (r"^scripts/gpu-check\.sh( --build build-gpu --bundle-to gpu-bundle)?$", "builds a second "
+     "tree (build-gpu) with the CUDA Toolkit; the --no-build forms run here on the suite's build"),
+    (r"^scripts/gpu-check\.sh --bundle gpu-bundle ", "runs on a GPU machine from a bundle made "
+     "by --bundle-to; the --no-build forms run the same checks here"),
 ]
 
 

@@ -25,7 +25,7 @@
 #include "baton/error.h"
 #include "baton/transfer.h"
 #include "transfer/ctrl_frame.h"
-#include "common/xfer_pattern.h"
+#include "xfer_pattern.h"
 #include "transfer/internal.h"
 
 #define SRC_LEN  (4u << 20)

@@ -1,4 +1,4 @@
-/* transfer/tools/xfer_pull.c — baton-xfer-pull: a libbaton pull-mode test peer. As holder it
+/* tools/xfer/xfer_pull.c — baton-xfer-pull: a libbaton pull-mode test peer. As holder it
  * exports keys 1..N over pattern pages and reports each export's end; as puller it pulls them
  * from a holder and verifies every byte. One line per event on stdout (tests/integration). */
 #include <getopt.h>
@@ -10,7 +10,7 @@
 #include <uv.h>
 
 #include "baton/transfer.h"
-#include "common/xfer_pattern.h"
+#include "xfer_pattern.h"
 
 typedef struct {
     int hold;

@@ -1,10 +1,9 @@
-/* common/xfer_pattern.h — the deterministic KV byte pattern shared by the transfer test peer,
- * baton-xfer-bench and the engine tests: both sides derive identical source bytes from a seed,
- * so the decode side can verify every received byte without being told what was sent. It lives
- * in common (beside rand.h, reproducible test data) so that loadtest/ needs no transfer-internal
- * header. */
-#ifndef BATON_COMMON_XFER_PATTERN_H
-#define BATON_COMMON_XFER_PATTERN_H
+/* tests/support/xfer_pattern.h — the deterministic KV byte pattern shared by the transfer test
+ * peers (tools/xfer), baton-xfer-bench and the engine tests: both sides derive identical source
+ * bytes from a seed, so the decode side can verify every received byte without being told what
+ * was sent. Test data, not library code: reached through the target baton_test_support. */
+#ifndef BATON_TEST_XFER_PATTERN_H
+#define BATON_TEST_XFER_PATTERN_H
 
 #include <stddef.h>
 #include <stdint.h>

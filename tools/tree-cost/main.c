@@ -1,5 +1,6 @@
-/* main.c — baton-tree-cost: what cache_aware's per-worker prefix trees cost the router, per
- * request (chain + match over the workers + insert) and in memory, at a given session count. */
+/* tools/tree-cost/main.c — baton-tree-cost: what cache_aware's per-worker prefix trees cost the
+ * router, per request (chain + match over the workers + insert) and in memory, at a given
+ * session count. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>

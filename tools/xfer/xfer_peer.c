@@ -1,4 +1,4 @@
-/* transfer/tools/xfer_peer.c — baton-xfer-peer: a libbaton test peer. As prefill it answers
+/* tools/xfer/xfer_peer.c — baton-xfer-peer: a libbaton test peer. As prefill it answers
  * every offered room with pattern bytes (layer by layer); as decode it drives rooms of mixed
  * sizes (optionally aborting some), verifies every received byte, checks that released pages
  * stay untouched, and prints the counts. Used by tests/integration/test_transfer.py. */
@@ -16,7 +16,7 @@
 #include "baton/error.h"
 #include "baton/transfer.h"
 #include "common/log.h"
-#include "common/xfer_pattern.h"
+#include "xfer_pattern.h"
 
 #define SRC_LEN (8u << 20)
 
