@@ -233,7 +233,12 @@ BENCH = "a benchmark run (minutes of load, the figures of docs/BENCHMARKS.md); t
 ROOT_ONLY = "changes the machine (sudo, systemctl, /etc): run by test_deploy_systemd against " \
             "a temporary prefix instead"
 
+STORE = "the baton-store recipe (a master and a node that run until stopped, fixed ports): the " \
+        "same commands run on ephemeral ports in test_store"
+
 RULES = [
+    (r"^head -c 32 /dev/urandom \| base64 > store\.secret$", STORE),
+    (r"^baton-store (master|node|put|get|exists|stat) ", STORE),
     (r"^make demo$", "run by test_demo: scripts/demo.sh, what `make demo` runs after its build"),
     (r"^make test$", "the test suite itself"),
     (r"^python3 -m sglang\.launch_server ", GPU_ENGINE),

@@ -1,0 +1,495 @@
+/* store/bench.c — `baton-store bench`: batches of puts and gets through the public client API,
+ * every byte compared, throughput per round beside this host's memcpy; with --duration-s it keeps
+ * going through faults (a stopped master, a killed node) and counts what failed and what came back
+ * wrong (never anything: a get fails rather than return bytes that may be stale). */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/rand.h"
+#include "store/sconn.h"
+
+int baton__parse_hostport(const char *s, char *host, size_t cap, int *port_p);
+
+typedef struct {
+    const char *master, *host, *secret_file, *ns;
+    uint64_t size;
+    uint32_t batch, rounds, replicas, duration_s, keys, interval_ms;
+    uint64_t last_print_ms;
+    uint8_t secret[BATON_XFER_SECRET_MAX];
+    size_t secret_len;
+    uv_loop_t *loop;
+    baton_xfer_engine_t *eng;
+    baton_store_client_t *cl;
+    baton_xfer_mem_t *src, *dst;
+    baton_store_obj_t *objs;
+    char (*keys_buf)[64];
+    uint64_t round, gen;
+    uint64_t t0;
+    int phase; /* 0 put, 1 get */
+    uint64_t put_ok, put_failed, get_ok, get_failed, missing, corrupted;
+    uint64_t bytes_put, bytes_got;
+    double put_s, get_s;
+    uint64_t deadline_ms;
+    int last_error;
+    uv_timer_t pause;
+} bench_t;
+
+/* The bytes of object i of generation g: distinct per object and generation. */
+static void fill(uint8_t *p, uint64_t len, uint64_t g, uint32_t i)
+{
+    uint64_t x = baton_mix64(g * 1000003u + i + 1);
+    for (uint64_t o = 0; o < len; o += 8) {
+        x = baton_xorshift64s(&x);
+        memcpy(p + o, &x, len - o < 8 ? len - o : 8);
+    }
+}
+
+static void next_round(bench_t *b);
+
+static void on_pause(uv_timer_t *t)
+{
+    next_round(t->data);
+}
+
+static void round_done(bench_t *b)
+{
+    uint64_t now = baton_now_ms();
+    int print = !b->duration_s || b->last_error || now - b->last_print_ms >= 500;
+    double put_gbps = b->put_s > 0 ? (double)b->bytes_put / b->put_s / 1e9 : 0;
+    double get_gbps = b->get_s > 0 ? (double)b->bytes_got / b->get_s / 1e9 : 0;
+    if (print)
+        printf("{\"round\":%llu,\"put_ok\":%llu,\"put_failed\":%llu,\"get_ok\":%llu,"
+               "\"get_failed\":%llu,\"corrupted\":%llu,\"put_GBps\":%.3f,\"get_GBps\":%.3f,"
+               "\"last_error\":\"%s\"}\n",
+               (unsigned long long)b->round, (unsigned long long)b->put_ok,
+               (unsigned long long)b->put_failed, (unsigned long long)b->get_ok,
+               (unsigned long long)b->get_failed, (unsigned long long)b->corrupted, put_gbps,
+               get_gbps, b->last_error ? baton_store_strerror(b->last_error) : "");
+    if (print) {
+        fflush(stdout);
+        b->last_print_ms = now;
+    }
+    b->round++;
+    int more = b->duration_s ? baton_now_ms() < b->deadline_ms : b->round < b->rounds;
+    if (!more) {
+        uv_stop(b->loop);
+        return;
+    }
+    /* after a failed round, a short pause instead of a busy loop against a stopped master */
+    uv_timer_start(&b->pause, on_pause, b->last_error ? 100 : b->interval_ms, 0);
+}
+
+static void on_get(void *data, int status, const baton_store_result_t *res, size_t n, size_t prefix)
+{
+    bench_t *b = data;
+    (void)prefix;
+    b->get_s += (double)(uv_hrtime() - b->t0) / 1e9;
+    uint8_t *dst = baton_xfer_mem_addr(b->dst);
+    uint8_t *want = malloc(b->size);
+    for (size_t i = 0; i < n; i++) {
+        int st = status ? status : res[i].status;
+        if (st == BATON_XFER_ENOTFOUND) {
+            b->missing++;
+            continue;
+        }
+        if (st != 0) {
+            b->get_failed++;
+            b->last_error = st;
+            continue;
+        }
+        fill(want, b->size, b->gen, (uint32_t)i);
+        if (res[i].len != b->size || memcmp(dst + i * b->size, want, b->size) != 0) {
+            b->corrupted++;
+            continue;
+        }
+        b->get_ok++;
+        b->bytes_got += b->size;
+    }
+    free(want);
+    round_done(b);
+}
+
+static void on_put(void *data, int status, const baton_store_result_t *res, size_t n, size_t prefix)
+{
+    bench_t *b = data;
+    (void)prefix;
+    b->put_s += (double)(uv_hrtime() - b->t0) / 1e9;
+    int any = 0;
+    for (size_t i = 0; i < n; i++) {
+        int st = status ? status : res[i].status;
+        if (st == 0) {
+            b->put_ok++;
+            b->bytes_put += b->size;
+            any = 1;
+        } else {
+            b->put_failed++;
+            b->last_error = st;
+        }
+    }
+    if (!any) {
+        round_done(b);
+        return;
+    }
+    for (uint32_t i = 0; i < b->batch; i++)
+        b->objs[i].addr = (uint8_t *)baton_xfer_mem_addr(b->dst) + (uint64_t)i * b->size;
+    memset(baton_xfer_mem_addr(b->dst), 0, (size_t)b->size * b->batch);
+    b->t0 = uv_hrtime();
+    int rc = baton_store_get(b->cl, b->objs, b->batch, on_get, b);
+    if (rc != 0) {
+        b->get_failed += b->batch;
+        b->last_error = rc;
+        round_done(b);
+    }
+}
+
+static void next_round(bench_t *b)
+{
+    b->last_error = 0;
+    b->gen = b->round;
+    uint8_t *src = baton_xfer_mem_addr(b->src);
+    for (uint32_t i = 0; i < b->batch; i++) {
+        fill(src + (uint64_t)i * b->size, b->size, b->gen, i);
+        snprintf(b->keys_buf[i], sizeof(b->keys_buf[i]), "bench-%d-%llu-%u", (int)getpid(),
+                 (unsigned long long)b->round, i);
+        b->objs[i] = (baton_store_obj_t){b->keys_buf[i], src + (uint64_t)i * b->size, b->size};
+    }
+    baton_store_put_opts_t po;
+    baton_store_put_opts_init(&po);
+    po.replicas = b->replicas;
+    b->t0 = uv_hrtime();
+    int rc = baton_store_put(b->cl, b->objs, b->batch, &po, on_put, b);
+    if (rc != 0) {
+        b->put_failed += b->batch;
+        b->last_error = rc;
+        round_done(b);
+    }
+}
+
+/* ---- --latency N: one small object read N times, p50 / p99 beside loopback TCP's round trip ----
+ */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* p50 of n one-byte ping-pongs over a loopback TCP connection (both ends in this thread,
+ * blocking sockets: the kernel's round trip without a second process's scheduling). */
+static uint64_t tcp_rtt_p50_ns(int n)
+{
+    int l = socket(AF_INET, SOCK_STREAM, 0), a = -1, c = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {0};
+    socklen_t sl = sizeof(sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    uint64_t *t = calloc((size_t)n, sizeof(*t)), p50 = 0;
+    int one = 1;
+    if (t && l >= 0 && c >= 0 && bind(l, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+        listen(l, 1) == 0 && getsockname(l, (struct sockaddr *)&sa, &sl) == 0 &&
+        connect(c, (struct sockaddr *)&sa, sizeof(sa)) == 0 && (a = accept(l, NULL, NULL)) >= 0) {
+        setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        setsockopt(a, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        char x = 'x';
+        int i;
+        for (i = 0; i < n; i++) {
+            uint64_t t0 = uv_hrtime();
+            if (write(c, &x, 1) != 1 || read(a, &x, 1) != 1 || write(a, &x, 1) != 1 ||
+                read(c, &x, 1) != 1)
+                break;
+            t[i] = uv_hrtime() - t0;
+        }
+        qsort(t, (size_t)i, sizeof(*t), cmp_u64);
+        p50 = i ? t[i / 2] : 0;
+    }
+    free(t);
+    if (a >= 0)
+        close(a);
+    if (l >= 0)
+        close(l);
+    if (c >= 0)
+        close(c);
+    return p50;
+}
+
+typedef struct {
+    bench_t *b;
+    int n, i;
+    uint64_t *lat, t0;
+    int failed;
+} lat_t;
+
+static void lat_next(lat_t *L);
+
+static void on_lat_get(void *data, int status, const baton_store_result_t *res, size_t n,
+                       size_t prefix)
+{
+    lat_t *L = data;
+    (void)n;
+    (void)prefix;
+    if (status != 0 || res[0].status != 0)
+        L->failed++;
+    else
+        L->lat[L->i++] = uv_hrtime() - L->t0;
+    if (L->i >= L->n || L->failed > 10) {
+        uv_stop(L->b->loop);
+        return;
+    }
+    lat_next(L);
+}
+
+static void lat_next(lat_t *L)
+{
+    L->t0 = uv_hrtime();
+    if (baton_store_get(L->b->cl, L->b->objs, 1, on_lat_get, L) != 0) {
+        L->failed = 100;
+        uv_stop(L->b->loop);
+    }
+}
+
+static void on_lat_put(void *data, int status, const baton_store_result_t *res, size_t n,
+                       size_t prefix)
+{
+    lat_t *L = data;
+    (void)n;
+    (void)prefix;
+    if (status != 0 || res[0].status != 0) {
+        L->failed = 100;
+        uv_stop(L->b->loop);
+        return;
+    }
+    L->b->objs[0].addr = baton_xfer_mem_addr(L->b->dst);
+    lat_next(L);
+}
+
+static int run_latency(bench_t *b, int n)
+{
+    lat_t L = {b, n, 0, calloc((size_t)n, sizeof(uint64_t)), 0, 0};
+    if (L.lat == NULL)
+        return 2;
+    snprintf(b->keys_buf[0], sizeof(b->keys_buf[0]), "bench-lat-%d", (int)getpid());
+    fill(baton_xfer_mem_addr(b->src), b->size, 1, 0);
+    b->objs[0] = (baton_store_obj_t){b->keys_buf[0], baton_xfer_mem_addr(b->src), b->size};
+    if (baton_store_put(b->cl, b->objs, 1, NULL, on_lat_put, &L) != 0)
+        return 2;
+    uv_run(b->loop, UV_RUN_DEFAULT);
+    if (L.i == 0) {
+        free(L.lat);
+        return 2;
+    }
+    qsort(L.lat, (size_t)L.i, sizeof(*L.lat), cmp_u64);
+    uint64_t rtt = tcp_rtt_p50_ns(1000);
+    printf("{\"latency\":true,\"size\":%llu,\"gets\":%d,\"failed\":%d,\"get_p50_us\":%.1f,"
+           "\"get_p99_us\":%.1f,\"tcp_rtt_p50_us\":%.1f,\"p50_over_rtt\":%.1f}\n",
+           (unsigned long long)b->size, L.i, L.failed, (double)L.lat[L.i / 2] / 1e3,
+           (double)L.lat[(size_t)L.i * 99 / 100] / 1e3, (double)rtt / 1e3,
+           rtt ? (double)L.lat[L.i / 2] / (double)rtt : 0.0);
+    fflush(stdout);
+    free(L.lat);
+    return L.failed ? 1 : 0;
+}
+
+static double memcpy_gbps(uint64_t len)
+{
+    uint8_t *a = malloc(len), *c = malloc(len);
+    if (a == NULL || c == NULL) {
+        free(a);
+        free(c);
+        return 0;
+    }
+    memset(a, 1, len);
+    memset(c, 2, len);
+    uint64_t t0 = uv_hrtime();
+    int reps = 0;
+    while (uv_hrtime() - t0 < 200000000ull || reps < 2) {
+        memcpy(c, a, len);
+        reps++;
+    }
+    double s = (double)(uv_hrtime() - t0) / 1e9;
+    double g = (double)len * reps / s / 1e9 + (c[len / 2] == 9 ? 1e-9 : 0);
+    free(a);
+    free(c);
+    return g;
+}
+
+static void on_room(baton_xfer_engine_t *e, baton_xfer_room_t *room, void *data)
+{
+    (void)e;
+    (void)data;
+    baton_xfer_room_abort(room, BATON_XFER_ENOTSUP);
+}
+
+static void on_room_closed(baton_xfer_engine_t *e, baton_xfer_room_t *room, int st, void *data)
+{
+    (void)e;
+    (void)room;
+    (void)st;
+    (void)data;
+}
+
+static int parse_size(const char *s, uint64_t *v)
+{
+    char *end;
+    unsigned long long x = strtoull(s, &end, 10);
+    uint64_t mul = 1;
+    if (*end == 'K' || *end == 'k')
+        mul = 1024, end++;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1024 * 1024, end++;
+    if (end == s || *end != '\0' || x == 0 || *s == '-')
+        return -1;
+    *v = x * mul;
+    return 0;
+}
+
+int baton__bench_main(int argc, char **argv);
+
+int baton__bench_main(int argc, char **argv)
+{
+    static const struct option lo[] = {
+        {"master", required_argument, NULL, 'm'},
+        {"kv-secret-file", required_argument, NULL, 'k'},
+        {"host", required_argument, NULL, 'H'},
+        {"size", required_argument, NULL, 's'},
+        {"batch", required_argument, NULL, 'b'},
+        {"rounds", required_argument, NULL, 'r'},
+        {"replicas", required_argument, NULL, 'R'},
+        {"duration-s", required_argument, NULL, 'd'},
+        {"namespace", required_argument, NULL, 'n'},
+        {"interval-ms", required_argument, NULL, 'i'},
+        {"latency", required_argument, NULL, 'L'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    bench_t b;
+    int latency_n = 0;
+    memset(&b, 0, sizeof(b));
+    b.size = 1 << 20;
+    b.batch = 128;
+    b.rounds = 3;
+    b.replicas = 1;
+    int o;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (o) {
+        case 'm':
+            b.master = optarg;
+            break;
+        case 'k':
+            b.secret_file = optarg;
+            break;
+        case 'H':
+            b.host = optarg;
+            break;
+        case 's':
+            if (parse_size(optarg, &b.size) != 0)
+                return 2;
+            break;
+        case 'b':
+            b.batch = (uint32_t)atoi(optarg);
+            break;
+        case 'r':
+            b.rounds = (uint32_t)atoi(optarg);
+            break;
+        case 'R':
+            b.replicas = (uint32_t)atoi(optarg);
+            break;
+        case 'd':
+            b.duration_s = (uint32_t)atoi(optarg);
+            break;
+        case 'n':
+            b.ns = optarg;
+            break;
+        case 'i':
+            b.interval_ms = (uint32_t)atoi(optarg);
+            break;
+        case 'L':
+            latency_n = atoi(optarg);
+            if (latency_n <= 0)
+                return 2;
+            break;
+        case 'h':
+            printf("usage: baton-store bench --master H:P [--size N[K|M]] [--batch N] "
+                   "[--rounds N | --duration-s S] [--replicas N] [--kv-secret-file F] "
+                   "[--host H] [--namespace NS] [--interval-ms N] [--latency N]\n"
+                   "--latency N: one object of --size read N times: p50 / p99 beside the p50 "
+                   "round trip of loopback TCP\n"
+                   "round lines report cumulative counts and GB/s (with --duration-s at most "
+                   "two a second, and every failed round)\n");
+            return 0;
+        default:
+            return 2;
+        }
+    }
+    if (b.master == NULL || b.batch == 0 || b.batch > BATON_STORE_BATCH_MAX || b.rounds == 0 ||
+        b.replicas == 0 || b.replicas > BATON_STORE_REPLICAS_MAX) {
+        fprintf(stderr, "baton-store bench: --master H:P is required; batch 1..%d\n",
+                BATON_STORE_BATCH_MAX);
+        return 2;
+    }
+    if (b.secret_file &&
+        baton__store_read_secret(b.secret_file, b.secret, sizeof(b.secret), &b.secret_len) != 0)
+        return 2;
+    b.loop = uv_default_loop();
+    baton_xfer_config_t xc;
+    baton_xfer_config_init(&xc);
+    xc.listen_host = b.host ? b.host : "127.0.0.1";
+    xc.log_level = BATON_XFER_LOG_WARN;
+    if (b.secret_len) {
+        xc.secret = b.secret;
+        xc.secret_len = b.secret_len;
+    }
+    baton_xfer_callbacks_t cbs = {on_room, on_room_closed, NULL, &b};
+    int rc = baton_xfer_engine_create(b.loop, &xc, &cbs, &b.eng);
+    if (rc == 0)
+        rc = baton_xfer_mem_alloc(b.eng, (size_t)b.size * b.batch, &b.src);
+    if (rc == 0)
+        rc = baton_xfer_mem_alloc(b.eng, (size_t)b.size * b.batch, &b.dst);
+    baton_store_config_t sc;
+    baton_store_config_init(&sc);
+    sc.master = b.master;
+    sc.engine = b.eng;
+    sc.host = b.host;
+    sc.ns = b.ns;
+    sc.secret = b.secret_len ? b.secret : NULL;
+    sc.secret_len = b.secret_len;
+    sc.request_timeout_ms = 2000;
+    if (rc == 0)
+        rc = baton_store_client_create(b.loop, &sc, &b.cl);
+    b.objs = calloc(b.batch, sizeof(*b.objs));
+    b.keys_buf = calloc(b.batch, sizeof(*b.keys_buf));
+    if (rc != 0 || b.objs == NULL || b.keys_buf == NULL) {
+        fprintf(stderr, "baton-store bench: %s\n", baton_store_strerror(rc ? rc : -12));
+        return 2;
+    }
+    if (latency_n) {
+        fflush(stdout);
+        _exit(run_latency(&b, latency_n));
+    }
+    printf("{\"memcpy_GBps\":%.3f,\"size\":%llu,\"batch\":%u,\"replicas\":%u}\n",
+           memcpy_gbps(b.size * b.batch), (unsigned long long)b.size, b.batch, b.replicas);
+    uv_timer_init(b.loop, &b.pause);
+    b.pause.data = &b;
+    b.deadline_ms = baton_now_ms() + (uint64_t)b.duration_s * 1000;
+    next_round(&b);
+    uv_run(b.loop, UV_RUN_DEFAULT);
+    printf("{\"summary\":true,\"put_ok\":%llu,\"put_failed\":%llu,\"get_ok\":%llu,"
+           "\"get_failed\":%llu,\"missing\":%llu,\"corrupted\":%llu}\n",
+           (unsigned long long)b.put_ok, (unsigned long long)b.put_failed,
+           (unsigned long long)b.get_ok, (unsigned long long)b.get_failed,
+           (unsigned long long)b.missing, (unsigned long long)b.corrupted);
+    fflush(stdout);
+    /* The process ends here: the engine's threads and regions go with it. */
+    int bad = b.corrupted != 0 || (!b.duration_s && (b.put_failed || b.get_failed));
+    _exit(bad ? 1 : 0);
+}

@@ -1,0 +1,403 @@
+/* store/client_data.c — the store client's data paths: put (export each slice, the node pulls it
+ * into its segment, then commit or revoke) and get (offer the caller's buffer to the node holding
+ * each slice, another replica on failure, then the checksum and the lease). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "store/client_int.h"
+#include "store/meta.h"
+
+#define COMP "store"
+
+/* ---- put --------------------------------------------------------------------------------------
+ */
+
+typedef struct {
+    op_t *op;
+    uint32_t obj;
+    uint64_t key;
+    int export_pending, reply_pending;
+    int status;
+} swrite_t;
+
+typedef struct {
+    op_t *op;
+    uint32_t *idx; /* the op's object of each item */
+    int revoke;
+} finish_call_t;
+
+static void on_finish_reply(void *data, int status, baton__sp_msg_t *r)
+{
+    finish_call_t *fc = data;
+    op_t *op = fc->op;
+    if (status == 0 && r->status != 0)
+        status = r->status;
+    /* A commit that did not go through leaves the object uncommitted: the master takes it over
+     * after its put timeout. A revoke changes nothing the caller sees. */
+    for (uint32_t j = 0; !fc->revoke && fc->idx[j] != UINT32_MAX; j++) {
+        int st = status;
+        if (st == 0)
+            st = j < r->n_ritems ? r->ritems[j].status : BATON_XFER_EPROTO;
+        op->o[fc->idx[j]].status = st;
+    }
+    free(fc->idx);
+    free(fc);
+    if (--op->pending == 0)
+        baton__op_finish(op, 0);
+}
+
+/* Commits the objects whose every slice landed, revokes the others that got a put id. */
+static void finish_put(op_t *op)
+{
+    op->pending = 1; /* guard */
+    for (int revoke = 0; revoke < 2; revoke++) {
+        finish_call_t *fc = calloc(1, sizeof(*fc));
+        baton__sp_item_t *items = calloc(op->n, sizeof(*items));
+        uint32_t *idx = calloc(op->n + 1, sizeof(*idx));
+        if (fc == NULL || items == NULL || idx == NULL) {
+            free(fc);
+            free(items);
+            free(idx);
+            continue; /* the put times out on the master and is taken over */
+        }
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < op->n; i++) {
+            oobj_t *o = &op->o[i];
+            if (o->put_id == 0 || (o->status == 0) == revoke)
+                continue;
+            memcpy(items[k].key, o->key, sizeof(items[k].key));
+            items[k].x = o->put_id;
+            idx[k++] = i;
+        }
+        idx[k] = UINT32_MAX;
+        baton__sp_msg_t m;
+        memset(&m, 0, sizeof(m));
+        m.type = revoke ? BATON__SP_PUT_REVOKE : BATON__SP_PUT_COMMIT;
+        snprintf(m.ns, sizeof(m.ns), "%s", op->cl->ns);
+        m.n_items = k;
+        m.items = items;
+        fc->op = op;
+        fc->idx = idx;
+        fc->revoke = revoke;
+        if (k > 0 &&
+            baton__srpc_call(op->cl->master, &m, op->cl->timeout_ms, on_finish_reply, fc) == 0) {
+            op->pending++;
+        } else {
+            if (k > 0 && !revoke)
+                for (uint32_t j = 0; j < k; j++)
+                    op->o[idx[j]].status = BATON_STORE_ENOLEADER;
+            free(fc);
+            free(idx);
+        }
+        free(items);
+    }
+    if (--op->pending == 0)
+        baton__op_finish(op, 0);
+}
+
+static void slice_write_done(swrite_t *sw)
+{
+    if (sw->export_pending || sw->reply_pending)
+        return;
+    op_t *op = sw->op;
+    oobj_t *o = &op->o[sw->obj];
+    if (sw->status != 0 && o->status == 0)
+        o->status = sw->status;
+    free(sw);
+    if (--op->pending == 0)
+        finish_put(op);
+}
+
+static void on_exported(baton_xfer_engine_t *eng, uint64_t key, int status, void *data)
+{
+    swrite_t *sw = data;
+    (void)eng;
+    (void)key;
+    sw->export_pending = 0;
+    if (status != 0 && sw->status == 0)
+        sw->status = status;
+    slice_write_done(sw);
+}
+
+static void on_node_written(void *data, int status, baton__sp_msg_t *r)
+{
+    swrite_t *sw = data;
+    sw->reply_pending = 0;
+    if (status == 0)
+        status = r->status;
+    if (status != 0 && sw->status == 0)
+        sw->status = status;
+    /* Refused or failed before pulling: nothing reads the sources any more. */
+    if (status != 0 && sw->export_pending &&
+        baton_xfer_export_release(sw->op->cl->eng, sw->key) == 0)
+        sw->export_pending = 0;
+    slice_write_done(sw);
+}
+
+static int start_slice_write(op_t *op, uint32_t i, uint32_t rep, uint32_t s)
+{
+    baton_store_client_t *cl = op->cl;
+    oobj_t *o = &op->o[i];
+    const baton__slice_t *sl = &o->slices[(size_t)rep * o->n_slices + s];
+    const baton__sp_node_t *nd = baton__op_node(op, sl->node);
+    if (nd == NULL)
+        return BATON_XFER_EPROTO;
+    baton__srpc_t *rpc = baton__client_node_rpc(cl, nd->host, nd->ctrl_port);
+    swrite_t *sw = calloc(1, sizeof(*sw));
+    if (rpc == NULL || sw == NULL) {
+        free(sw);
+        return BATON_XFER_ENOMEM;
+    }
+    sw->op = op;
+    sw->obj = i;
+    sw->key = ++cl->key_seq;
+    baton_xfer_iov_t src = {o->addr + baton__slice_obj_off(o, s), sl->len};
+    baton_xfer_export_t ex = {sw->key, 1, 1, &src, cl->timeout_ms, {0, -1, NULL, 0}};
+    int rc = baton_xfer_export(cl->eng, &ex, on_exported, sw);
+    if (rc != 0) {
+        free(sw);
+        return rc;
+    }
+    baton__slice_t one = *sl;
+    baton__sp_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = BATON__SP_NODE_WRITE;
+    snprintf(m.host, sizeof(m.host), "%s", cl->host);
+    m.xfer_port = (uint16_t)baton_xfer_engine_listen_port(cl->eng);
+    m.export_key = sw->key;
+    m.n_slices = 1;
+    m.slices = &one;
+    rc = baton__srpc_call(rpc, &m, cl->timeout_ms, on_node_written, sw);
+    if (rc != 0) {
+        baton_xfer_export_release(cl->eng, sw->key);
+        free(sw);
+        return rc;
+    }
+    sw->export_pending = sw->reply_pending = 1;
+    op->pending++;
+    return 0;
+}
+
+static void on_put_started(void *data, int status, baton__sp_msg_t *r)
+{
+    op_t *op = data;
+    if (status == 0 && r->status != 0)
+        status = r->status;
+    if (status == 0 && r->n_ritems != op->n)
+        status = BATON_XFER_EPROTO;
+    if (status == 0)
+        status = baton__op_keep_nodes(op, r);
+    if (status != 0) {
+        baton__op_finish(op, status);
+        return;
+    }
+    op->pending = 1; /* guard */
+    for (uint32_t i = 0; i < op->n; i++) {
+        oobj_t *o = &op->o[i];
+        const baton__sp_ritem_t *it = &r->ritems[i];
+        o->status = it->status;
+        if (o->status != 0)
+            continue;
+        o->put_id = it->put_id;
+        o->obj_len = o->len;
+        o->status = baton__op_take_placement(op, o, r, it);
+        for (uint32_t rep = 0; o->status == 0 && rep < o->n_replicas; rep++)
+            for (uint32_t s = 0; o->status == 0 && s < o->n_slices; s++)
+                o->status = start_slice_write(op, i, rep, s);
+    }
+    if (--op->pending == 0)
+        finish_put(op);
+}
+
+int baton_store_put(baton_store_client_t *cl, const baton_store_obj_t *objs, size_t n,
+                    const baton_store_put_opts_t *opts_in, baton_store_batch_cb cb, void *data)
+{
+    baton_store_put_opts_t opts;
+    baton_store_put_opts_init(&opts);
+    if (opts_in) {
+        if (opts_in->size < offsetof(baton_store_put_opts_t, flags) + sizeof(uint32_t))
+            return BATON_XFER_EINVAL;
+        memcpy(&opts, opts_in, opts_in->size < sizeof(opts) ? opts_in->size : sizeof(opts));
+    }
+    if (cl->closing)
+        return BATON_XFER_ESHUTDOWN;
+    if (objs == NULL || n == 0 || n > BATON_STORE_BATCH_MAX || cb == NULL || opts.replicas == 0 ||
+        opts.replicas > BATON_STORE_REPLICAS_MAX || baton_xfer_engine_listen_port(cl->eng) <= 0)
+        return BATON_XFER_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if (objs[i].addr == NULL || objs[i].len == 0)
+            return BATON_XFER_EINVAL;
+    op_t *op = baton__op_new(cl, BATON__SP_PUT_START, n, cb, data);
+    if (op == NULL)
+        return BATON_XFER_ENOMEM;
+    baton__sp_msg_t m;
+    baton__sp_item_t *items = NULL;
+    int rc = baton__op_copy_keys(op, NULL, objs);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        op->o[i].crc = baton_store_crc32c(0, objs[i].addr, objs[i].len);
+    if (rc == 0)
+        rc = baton__op_request(op, &m, &items);
+    if (rc == 0) {
+        m.replicas = opts.replicas;
+        m.flags = opts.flags;
+        rc = baton__srpc_call(cl->master, &m, cl->timeout_ms, on_put_started, op);
+    }
+    free(items);
+    if (rc != 0) {
+        cl->ops--;
+        free(op->o);
+        free(op->res);
+        free(op);
+    }
+    return rc;
+}
+
+/* ---- get --------------------------------------------------------------------------------------
+ */
+
+typedef struct {
+    op_t *op;
+    uint32_t obj, slice;
+} sread_t;
+
+static void get_obj_done(op_t *op, oobj_t *o)
+{
+    if (o->status == 0 && baton_store_crc32c(0, o->addr, o->obj_len) != o->crc)
+        o->status = BATON_STORE_ECHECKSUM;
+    if (o->status == 0 && !baton__store_lease_ok(op->start_ms, o->lease_ms, baton_now_ms()))
+        o->status = BATON_STORE_ELEASE;
+    if (o->status == BATON_STORE_ECHECKSUM)
+        log_warn(COMP, "store_checksum_mismatch key_len=%zu", strlen(o->key));
+}
+
+static void on_slice_read(void *data, uint64_t room_id, int status, const baton_xfer_done_t *done);
+
+static int read_slice(sread_t *rd)
+{
+    op_t *op = rd->op;
+    baton_store_client_t *cl = op->cl;
+    oobj_t *o = &op->o[rd->obj];
+    const baton__slice_t *sl =
+        &o->slices[(size_t)o->slice_try[rd->slice] * o->n_slices + rd->slice];
+    const baton__sp_node_t *nd = baton__op_node(op, sl->node);
+    if (nd == NULL)
+        return BATON_XFER_EPROTO;
+    baton_xfer_iov_t page = {o->addr + baton__slice_obj_off(o, rd->slice), sl->len};
+    baton_xfer_offer_t offer = {baton__sp_room_id(sl->off, ++cl->room_seq), 1, 1, &page, NULL};
+    return baton_xfer_offer(cl->eng, nd->host, nd->xfer_port, &offer, on_slice_read, rd);
+}
+
+/* Reads the slice from the next replica; 0 when one was started. */
+static int retry_slice(sread_t *rd)
+{
+    oobj_t *o = &rd->op->o[rd->obj];
+    while (o->slice_try[rd->slice] + 1 < o->n_replicas) {
+        o->slice_try[rd->slice]++;
+        if (read_slice(rd) == 0)
+            return 0;
+    }
+    return -1;
+}
+
+static void on_slice_read(void *data, uint64_t room_id, int status, const baton_xfer_done_t *done)
+{
+    sread_t *rd = data;
+    op_t *op = rd->op;
+    oobj_t *o = &op->o[rd->obj];
+    (void)room_id;
+    if (status == 0 && done && done->status != 0)
+        status = BATON_XFER_EPROTO;
+    if (status != 0 && retry_slice(rd) == 0)
+        return;
+    if (status != 0 && o->status == 0)
+        o->status = status;
+    free(rd);
+    if (--o->pending == 0)
+        get_obj_done(op, o);
+    if (--op->pending == 0)
+        baton__op_finish(op, 0);
+}
+
+static void on_get_reply(void *data, int status, baton__sp_msg_t *r)
+{
+    op_t *op = data;
+    if (status == 0 && r->status != 0)
+        status = r->status;
+    if (status == 0 && r->n_ritems != op->n)
+        status = BATON_XFER_EPROTO;
+    if (status == 0)
+        status = baton__op_keep_nodes(op, r);
+    if (status != 0) {
+        baton__op_finish(op, status);
+        return;
+    }
+    op->pending = 1; /* guard */
+    for (uint32_t i = 0; i < op->n; i++) {
+        oobj_t *o = &op->o[i];
+        const baton__sp_ritem_t *it = &r->ritems[i];
+        o->status = it->status;
+        o->obj_len = it->len;
+        o->crc = it->crc;
+        o->lease_ms = it->lease_ms;
+        if (o->status != 0)
+            continue;
+        if (it->len > o->len) {
+            o->status = BATON_STORE_ETOOSMALL;
+            continue;
+        }
+        o->status = baton__op_take_placement(op, o, r, it);
+        o->pending = 1; /* guard */
+        for (uint32_t s = 0; o->status == 0 && s < o->n_slices; s++) {
+            sread_t *rd = calloc(1, sizeof(*rd));
+            if (rd == NULL) {
+                o->status = BATON_XFER_ENOMEM;
+                break;
+            }
+            *rd = (sread_t){op, i, s};
+            if (read_slice(rd) != 0 && retry_slice(rd) != 0) {
+                free(rd);
+                o->status = BATON_STORE_ENOREPLICA;
+                break;
+            }
+            o->pending++;
+            op->pending++;
+        }
+        if (--o->pending == 0)
+            get_obj_done(op, o);
+    }
+    if (--op->pending == 0)
+        baton__op_finish(op, 0);
+}
+
+int baton_store_get(baton_store_client_t *cl, const baton_store_obj_t *objs, size_t n,
+                    baton_store_batch_cb cb, void *data)
+{
+    if (cl->closing)
+        return BATON_XFER_ESHUTDOWN;
+    if (objs == NULL || n == 0 || n > BATON_STORE_BATCH_MAX || cb == NULL)
+        return BATON_XFER_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if (objs[i].addr == NULL || objs[i].len == 0)
+            return BATON_XFER_EINVAL;
+    op_t *op = baton__op_new(cl, BATON__SP_GET, n, cb, data);
+    if (op == NULL)
+        return BATON_XFER_ENOMEM;
+    baton__sp_msg_t m;
+    baton__sp_item_t *items = NULL;
+    int rc = baton__op_copy_keys(op, NULL, objs);
+    if (rc == 0)
+        rc = baton__op_request(op, &m, &items);
+    op->start_ms = baton_now_ms(); /* the lease is measured from before the request */
+    if (rc == 0)
+        rc = baton__srpc_call(cl->master, &m, cl->timeout_ms, on_get_reply, op);
+    free(items);
+    if (rc != 0) {
+        cl->ops--;
+        free(op->o);
+        free(op->res);
+        free(op);
+    }
+    return rc;
+}

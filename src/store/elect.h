@@ -1,0 +1,36 @@
+/* store/elect.h — baton-store's masters elect a leader through etcd (a lease and a create-only
+ * transaction on one key), and clients and nodes find the leader by reading that key. */
+#ifndef BATON_STORE_ELECT_H
+#define BATON_STORE_ELECT_H
+
+#include <stdint.h>
+
+#include <uv.h>
+
+/*
+ * The key is <prefix>/store/leader of the etcd:// URL (the router's registry URL form); its
+ * value the leader's control address "host:port", attached to the leader's lease. A master
+ * campaigns with a transaction that puts the key only when it does not exist (create_revision
+ * 0); the one that succeeded leads while it keeps its lease alive (keepalive every ttl / 3).
+ * A leader that cannot renew within the TTL, or learns the lease is gone, has lost: it steps
+ * down (the caller stops serving). Standbys campaign again every 500 ms, so a leader killed
+ * with -9 is replaced within the TTL plus 500 ms.
+ */
+typedef struct baton__elect_s baton__elect_t;
+
+/* leader: 1 when this master became the leader, 0 when it lost the leadership. */
+typedef void (*baton__elect_cb)(void *data, int leader);
+
+int baton__elect_start(uv_loop_t *loop, const char *url, const char *value, uint32_t ttl_s,
+                       baton__elect_cb cb, void *data, baton__elect_t **e_p);
+int baton__elect_is_leader(const baton__elect_t *e);
+
+/* Reads the leader's address: cb(data, 0, host, port) or cb(data, error, NULL, 0)
+ * (BATON_STORE_ENOLEADER when the key is absent). */
+typedef struct baton__resolver_s baton__resolver_t;
+typedef void (*baton__resolve_cb)(void *data, int status, const char *host, int port);
+int baton__resolver_create(uv_loop_t *loop, const char *url, baton__resolver_t **r_p);
+int baton__resolve(baton__resolver_t *r, baton__resolve_cb cb, void *data);
+void baton__resolver_close(baton__resolver_t *r);
+
+#endif
