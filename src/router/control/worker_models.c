@@ -3,6 +3,8 @@
 #include "router/control/worker_models.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +22,8 @@ static int cmp_str(const void *a, const void *b)
 
 /* Guards every worker's models_found (swapped whole, read in place). */
 static pthread_mutex_t found_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Raised whenever a worker's found list changes content. */
+static _Atomic uint64_t found_version;
 
 /* 1 when the '\n'-separated list holds name. */
 static int list_has(const char *list, const char *name)
@@ -102,6 +106,8 @@ int baton_worker_models_found(baton_worker_t *w, const char *body, size_t len)
     old = w->models_found;
     w->models_found = b.data;
     pthread_mutex_unlock(&found_mu);
+    if (!old || strcmp(old, b.data) != 0)
+        atomic_fetch_add(&found_version, 1); /* the pools' cache is stale */
     free(old);
     return 0;
 }
@@ -137,18 +143,14 @@ static size_t snapshot(baton_registry_t *reg, baton_worker_t **stack, baton_work
 }
 
 typedef struct {
-    const char *want; /* the model asked for, or NULL */
-    int serves;       /* a worker serves want */
-    json_t *set;      /* every id seen: id → true */
-    size_t unnamed;   /* workers with no model */
+    json_t *set;    /* every id seen: id → true */
+    size_t unnamed; /* workers with no model */
     int oom;
 } survey_t;
 
 static void note_id(const char *id, void *arg)
 {
     survey_t *s = arg;
-    if (s->want && strcmp(id, s->want) == 0)
-        s->serves = 1;
     if (json_object_set_new(s->set, id, json_true()) != 0)
         s->oom = 1;
 }
@@ -174,21 +176,48 @@ static void survey(baton_registry_t *reg, survey_t *s)
     baton_workers_release(ws, n, stack);
 }
 
+/* The survey every request's pool is chosen from, kept until the registry or a found list
+ * changes (a request pays one look-up, not a walk over the workers). */
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    baton_registry_t *reg;
+    uint64_t gen, found;
+    json_t *set;
+    size_t unnamed;
+} cache;
+
 baton_model_pool_t baton_models_classify(baton_registry_t *reg, const char *model)
 {
     if (!model)
         return BATON_POOL_ANY;
-    survey_t s = {.want = model, .set = json_object()};
-    if (!s.set)
-        return BATON_POOL_ANY;
-    survey(reg, &s);
-    size_t names = json_object_size(s.set);
-    json_decref(s.set);
-    if (s.serves)
-        return BATON_POOL_NAMED;
-    if (s.oom || names <= 1)
-        return BATON_POOL_ANY;
-    return s.unnamed ? BATON_POOL_UNNAMED : BATON_POOL_UNKNOWN;
+    baton_model_pool_t pool = BATON_POOL_ANY;
+    pthread_mutex_lock(&cache_mu);
+    uint64_t gen = baton_registry_generation(reg), found = atomic_load(&found_version);
+    if (!cache.set || cache.reg != reg || cache.gen != gen || cache.found != found) {
+        survey_t s = {.set = json_object()};
+        if (s.set)
+            survey(reg, &s);
+        json_decref(cache.set);
+        cache.set = NULL;
+        if (s.set && !s.oom) {
+            cache.set = s.set;
+            cache.reg = reg;
+            cache.gen = gen;
+            cache.found = found;
+            cache.unnamed = s.unnamed;
+        } else {
+            json_decref(s.set);
+        }
+    }
+    if (cache.set) {
+        size_t names = json_object_size(cache.set);
+        if (json_object_get(cache.set, model))
+            pool = BATON_POOL_NAMED;
+        else if (names > 1)
+            pool = cache.unnamed ? BATON_POOL_UNNAMED : BATON_POOL_UNKNOWN;
+    }
+    pthread_mutex_unlock(&cache_mu);
+    return pool;
 }
 
 int baton_models_known(baton_registry_t *reg, const char *model)
