@@ -2,22 +2,29 @@
  * arbitrary chunks → llhttp → limits → requests handed to a handler (pipelining, chunked bodies,
  * 100-continue, error responses), on a socketpair instead of an accepted TCP connection. */
 
-/* White-box: the parsing path is static inside server.c and reached only from a socket's read
- * callback, so the harness compiles server.c itself and drives conn_feed() the way on_read()
- * does. Nothing of server.c is copied or changed. */
-#include "../src/http/server.c"
+/* White-box: the parsing path is reached only from a socket's read callback, so the harness
+ * uses the server's private header and drives baton__hs_feed() the way on_read() does. */
+#include "http/server_internal.h"
+
+#include "common/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "fuzz_check.h"
 #include <fcntl.h>
 
 static uv_loop_t loop;
-static baton_http_server_t *srv;
+static srv_t *srv;
 
 /* Checks what the server promises the handler, then answers in one of three ways. */
 static void handler(baton_http_req_t *req, void *ctx)
 {
     (void)ctx;
-    const baton_http_limits_t *lim = &req->server->limits;
+    const baton_http_limits_t *lim = &baton__hs_srv(req->server)->limits;
     CHECK(req->method != NULL && req->path != NULL && req->query != NULL);
     CHECK(req->body != NULL && req->body[req->body_len] == '\0');
     CHECK(req->body_len <= lim->max_body_bytes);
@@ -53,19 +60,21 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     lim.max_header_bytes = 1024;
     lim.max_headers = 12;
     lim.max_body_bytes = 2048;
-    if (baton_http_server_create(&srv, &loop, &lim, handler, NULL) != 0)
+    baton_http_server_t *pub;
+    if (baton_http_server_create(&pub, &loop, &lim, handler, NULL) != 0)
         abort();
+    srv = baton__hs_srv(pub);
     return 0;
 }
 
 /* What on_connection() does for an accepted socket, on one end of a socketpair. */
 static conn_t *fake_conn(int fd)
 {
-    conn_t *c = conn_new(srv, fd);
+    conn_t *c = baton__hs_conn_new(srv, fd);
     if (c == NULL)
         abort();
     snprintf(c->req.peer, sizeof(c->req.peer), "fuzz");
-    conn_admit(c);
+    baton__hs_conn_admit(c);
     return c;
 }
 
@@ -92,25 +101,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     unsigned live = srv->n_live;
     conn_t *c = fake_conn(sv[0]);
     size_t off = 0;
-    while (off < size && !c->closing) {
+    while (off < size && !baton__hs_closing(c)) {
         size_t n = size - off < step ? size - off : step;
         /* on_read()'s rule: bytes behind a request in the handler's hands wait in `pending`. */
-        if (c->req_active || c->pending.len > 0)
-            stash(c, (const char *)data + off, n);
+        if (c->state == CS_HANDLER || c->pending.len > 0)
+            baton__hs_stash(c, (const char *)data + off, n);
         else
-            conn_feed(c, (const char *)data + off, n);
+            baton__hs_feed(c, (const char *)data + off, n);
         off += n;
         uv_run(&loop, UV_RUN_NOWAIT); /* resume timers, write completions */
         drain(sv[1]);
     }
-    for (int i = 0; i < 4 && !c->closing; i++) {
+    for (int i = 0; i < 4 && !baton__hs_closing(c); i++) {
         uv_run(&loop, UV_RUN_NOWAIT);
         drain(sv[1]);
     }
-    conn_close_hard(c);
+    baton__hs_close_hard(c);
     for (int i = 0; i < 64 && srv->n_live > live; i++)
         uv_run(&loop, UV_RUN_NOWAIT);
-    CHECK(srv->n_live == live); /* the connection and all it held were freed */
+    CHECK(srv->n_live == live);     /* the connection and all it held were freed */
+    CHECK(srv->state_refused == 0); /* every state move was a legal one */
     close(sv[1]);
     return 0;
 }

@@ -8,7 +8,8 @@ src=$1
 bdir=$2
 secs=$3
 harnesses="fuzz_http_server fuzz_pdreq fuzz_sse_logprobs fuzz_ctrl_frame fuzz_config fuzz_json_scan
-    fuzz_kv_preauth fuzz_sse_relay fuzz_tokenizer fuzz_tokenizer_load fuzz_store_proto"
+    fuzz_kv_preauth fuzz_sse_relay fuzz_tokenizer fuzz_tokenizer_load fuzz_chat_template
+    fuzz_store_proto"
 
 cc=$(command -v clang || true)
 if [ -z "$cc" ]; then

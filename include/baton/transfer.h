@@ -45,6 +45,19 @@ extern "C" {
  * before the write counts as done (a read that follows writes on one RC connection returns
  * only after they are visible), so the same rule holds for kernels launched after the
  * callback. Where the attribute says the writes are already ordered, no read-back is made.
+ * tcp and device memory: a socket cannot read or fill device memory, so the tcp transport
+ * stages it through pinned host bounce buffers on the engine's progress thread (which makes a
+ * context current for it). A device source is copied (cuMemcpyDtoH) into a chunk before its
+ * slice is sent; the chunk is reused once the socket took the bytes. A device destination is
+ * read into its lane's chunk and copied (cuMemcpyHtoD, finished when the call returns) into the
+ * page before the slice is acknowledged, so a completed write, a layer callback and DONE mean
+ * the bytes are in device memory, ordered before any kernel launched after the callback. The
+ * chunks belong to the engine's connection to that peer (freed with it); their bound is
+ * max(8 MiB, 2 slices) per peer on the sending side and one 512 KiB chunk per lane on the
+ * receiving side; baton_xfer_stats_t counts the bytes staged (staged_bytes) and the chunk bytes
+ * held (stage_buffer_bytes). A failed copy (BATON_XFER_EINVAL), no usable driver context
+ * (BATON_XFER_ENODEV) or no pinned memory (BATON_XFER_ENOMEM) fails that write (its callback
+ * gets the error, on whichever side the copy failed); the connection stays up.
  *
  * Threads
  * -------
@@ -411,10 +424,10 @@ typedef enum {
  * mapped until baton_xfer_mem_deregister returns. Regions must not overlap.
  * Over shm a region is only reachable when it was made by baton_xfer_mem_alloc (a memfd);
  * a room whose pages are elsewhere fails with BATON_XFER_ENOTSUP on a shm peer. Device memory is
- * reachable over rdma (GPUDirect) and shm (CUDA IPC), not over tcp (BATON_XFER_ENOTSUP for the
- * room). `device` is the CUDA device ordinal (ignored for host memory). The handle stays valid
- * until baton_xfer_mem_deregister, or until the engine's close callback (the engine then releases
- * what is left).
+ * reachable over rdma (GPUDirect), shm (CUDA IPC) and tcp (through host bounce buffers: see
+ * "What "in place" means" above), as a source and as a destination. `device` is the CUDA device
+ * ordinal (ignored for host memory). The handle stays valid until baton_xfer_mem_deregister, or
+ * until the engine's close callback (the engine then releases what is left).
  */
 BATON_API int baton_xfer_mem_register(baton_xfer_engine_t *engine, void *addr, size_t len,
                                       baton_xfer_mem_kind_t kind, int device,
@@ -716,11 +729,14 @@ typedef struct {
     uint64_t frames_rejected; /* malformed / out-of-order frames (connections closed) */
     uint64_t writes_rejected; /* bounds/rkey violations refused by the receiver */
     /* Added after 0.1.0 (read with baton_xfer_engine_stats_sized): */
-    uint64_t auth_failures; /* control connections refused by the KV bootstrap's
-                             * challenge-response (no / wrong secret, replay, bad proof) */
-    uint64_t pending_conns; /* accepted control connections not UP yet (gauge) */
-    uint64_t pending_bytes; /* read-buffer bytes they hold (gauge, <= pending_buffer_bytes) */
-    uint64_t conns_refused; /* accepted connections closed over a pending cap or the budget */
+    uint64_t auth_failures;      /* control connections refused by the KV bootstrap's
+                                  * challenge-response (no / wrong secret, replay, bad proof) */
+    uint64_t pending_conns;      /* accepted control connections not UP yet (gauge) */
+    uint64_t pending_bytes;      /* read-buffer bytes they hold (gauge, <= pending_buffer_bytes) */
+    uint64_t conns_refused;      /* accepted connections closed over a pending cap or the budget */
+    uint64_t staged_bytes;       /* device-memory bytes tcp copied through host bounce buffers
+                                  * (sources and destinations) */
+    uint64_t stage_buffer_bytes; /* pinned bounce-buffer bytes tcp holds now (gauge) */
 } baton_xfer_stats_t;
 
 /* A snapshot of counters (relaxed atomics). Any thread. Fills the fields of 0.1 only (bytes_written

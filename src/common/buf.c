@@ -119,28 +119,21 @@ int baton_buf_append_json_string(baton_buf_t *b, const char *s, size_t len)
     return 0;
 }
 
-int baton_buf_vprintf(baton_buf_t *b, const char *fmt, va_list ap)
-{
-    va_list ap2;
-    va_copy(ap2, ap);
-    int n = vsnprintf(NULL, 0, fmt, ap2);
-    va_end(ap2);
-    if (n < 0)
-        return BATON_EINVAL;
-    if (baton_buf_reserve(b, (size_t)n) != 0)
-        return BATON_ENOMEM;
-    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
-    b->len += (size_t)n;
-    return 0;
-}
-
 int baton_buf_printf(baton_buf_t *b, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    int rc = baton_buf_vprintf(b, fmt, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    return rc;
+    if (n < 0)
+        return BATON_EINVAL;
+    if (baton_buf_reserve(b, (size_t)n) != 0)
+        return BATON_ENOMEM;
+    va_start(ap, fmt);
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+    return 0;
 }
 
 void baton_buf_consume(baton_buf_t *b, size_t n)

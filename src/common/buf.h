@@ -29,7 +29,6 @@ size_t baton_fmt_uint(char *out, uint64_t v, unsigned base);
 int baton_hex_value(int c);
 /* Appends v in decimal. 0 or BATON_ENOMEM. */
 int baton_buf_append_uint(baton_buf_t *b, uint64_t v);
-int baton_buf_vprintf(baton_buf_t *b, const char *fmt, va_list ap);
 /* Appends s[0..len) as a JSON string literal, quotes included: '"', '\\' and control characters
  * escaped (\n \r \t by name, the rest as \u00XX), every other byte (UTF-8 included) as it is.
  * 0 or BATON_ENOMEM; unlike the calls above, a failure may leave part of it appended. */

@@ -36,7 +36,12 @@
  *      header limit).
  *
  * Ownership: `body` and `data` passed to the respond/write calls are copied (or written before
- * return) and may be reused by the caller right away.
+ * return) and may be reused by the caller right away. The request's strings (method, path,
+ * query, headers, body) live in the connection's buffers (server_internal.h: the data path) and
+ * are the server's: valid until the request is finished, reused for the next request after it.
+ *
+ * Callbacks: handler, on_abort, on_drain and close_cb all run on the server's loop, from its
+ * I/O, timer or check callbacks, never inside a call to this API.
  */
 
 typedef struct baton_http_limits_s {
@@ -89,6 +94,12 @@ typedef struct baton_http_budget_s {
 
 typedef struct baton_http_server_s baton_http_server_t;
 typedef struct baton_http_req_s baton_http_req_t;
+
+/* The server's public part; the rest is private to the server's files (server_internal.h). */
+struct baton_http_server_s {
+    void *data; /* the caller's, as libuv's handle->data: never touched by the server (the
+                 * close callback finds its context here) */
+};
 
 typedef void (*baton_http_handler_cb)(baton_http_req_t *req, void *ctx);
 typedef void (*baton_http_abort_cb)(baton_http_req_t *req);
@@ -150,8 +161,8 @@ void baton_http_server_stop_accepting(baton_http_server_t *srv);
 
 /*
  * Closes the listener and every connection (in-flight requests see on_abort). close_cb runs
- * once everything is closed and all requests were finished by their handlers; the server is
- * freed after close_cb returns.
+ * once everything is closed and all requests were finished by their handlers, with the server
+ * (its `data` still the caller's); the server is freed after close_cb returns.
  */
 void baton_http_server_close(baton_http_server_t *srv, baton_http_server_close_cb close_cb);
 
@@ -189,8 +200,5 @@ size_t baton_http_write_queue_size(const baton_http_req_t *req);
 
 /* Writes the last chunk and finishes the request. */
 int baton_http_stream_end(baton_http_req_t *req);
-
-/* Standard reason phrase for a status ("OK", "Not Found", ...). */
-const char *baton_http_reason(int status);
 
 #endif

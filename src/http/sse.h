@@ -1,5 +1,4 @@
-/* http/sse.h — Server-Sent Events framing shared by the router, baton-bench and the tests:
- * splitting a stream into events, and the error event sent when a stream fails after it began. */
+/* sse.h — Server-Sent Events framing: splitting a stream into events, the mid-stream error. */
 #ifndef BATON_HTTP_SSE_H
 #define BATON_HTTP_SSE_H
 

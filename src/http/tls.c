@@ -64,15 +64,15 @@ const char *baton_tls_reason_label(baton_tls_reason_t reason)
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Counters and the rate-limited log                                                          */
+/* Counters                                                                                  */
 
 static _Atomic uint64_t st_handshakes[2], st_resumed[2], st_fail[2][BATON_TLS_R_COUNT];
 static _Atomic uint64_t st_reloads, st_reload_failures;
 /* Prometheus children, set once by baton_tls_metrics_init (NULL until then: no-ops). */
 static baton_metric_child_t *_Atomic m_handshakes[2], *_Atomic m_fail[2][BATON_TLS_R_COUNT];
 static baton_metric_child_t *_Atomic m_reload[2], *_Atomic m_resumed[2];
-static _Atomic uint64_t rl_second;
-static _Atomic unsigned rl_lines, rl_dropped;
+/* The failure lines' limiter (common/log.h): an outside party can trigger them at will. */
+static baton_log_limit_t fail_log = BATON_LOG_LIMIT_INIT("tls_failed", LOG_LINES_PER_SEC);
 
 void baton_tls_stats(baton_tls_stats_t *out)
 {
@@ -124,24 +124,6 @@ int baton_tls_metrics_init(baton_metrics_t *reg)
     const char *ok[] = {"ok"}, *bad[] = {"failed"};
     atomic_store(&m_reload[0], baton_metric_child(rl, ok));
     atomic_store(&m_reload[1], baton_metric_child(rl, bad));
-    return 0;
-}
-
-/* First LOG_LINES_PER_SEC lines of each second, then one line saying how many were dropped. */
-static int log_allowed(void)
-{
-    uint64_t sec = uv_hrtime() / 1000000000u;
-    uint64_t prev = atomic_load_explicit(&rl_second, memory_order_relaxed);
-    if (sec != prev && atomic_compare_exchange_strong_explicit(
-                           &rl_second, &prev, sec, memory_order_relaxed, memory_order_relaxed)) {
-        atomic_store_explicit(&rl_lines, 0, memory_order_relaxed);
-        unsigned dropped = atomic_exchange_explicit(&rl_dropped, 0, memory_order_relaxed);
-        if (dropped)
-            log_warn("tls", "log_suppressed lines=%u", dropped);
-    }
-    if (atomic_fetch_add_explicit(&rl_lines, 1, memory_order_relaxed) < LOG_LINES_PER_SEC)
-        return 1;
-    atomic_fetch_add_explicit(&rl_dropped, 1, memory_order_relaxed);
     return 0;
 }
 
@@ -618,7 +600,8 @@ static int conn_fail(baton_tls_conn_t *tc, baton_tls_reason_t reason, int mbed_r
     tc->reason = reason;
     atomic_fetch_add_explicit(&st_fail[tc->role][reason], 1, memory_order_relaxed);
     baton_counter_add(atomic_load_explicit(&m_fail[tc->role][reason], memory_order_relaxed), 1);
-    if (log_allowed()) {
+    if (baton_log_enabled(BATON_LOG_WARN) &&
+        baton_log_limit_pass(&fail_log, BATON_LOG_WARN, "tls")) {
         char m[128] = "-";
         if (mbed_rc)
             mbedtls_strerror(mbed_rc, m, sizeof(m));

@@ -91,9 +91,6 @@ struct app_s {
 
 /* ---- router threads ---- */
 
-/* The thread a loop runs on; the server's close callback carries no context of its own. */
-static __thread rthread_t *cur_thread;
-
 static void on_handle_closed(uv_handle_t *h)
 {
     (void)h;
@@ -101,8 +98,7 @@ static void on_handle_closed(uv_handle_t *h)
 
 static void on_srv_closed(baton_http_server_t *srv)
 {
-    rthread_t *t = cur_thread;
-    (void)srv;
+    rthread_t *t = srv->data;
     t->srv = NULL;
     /* No proxied request is alive any more: the pools can go (idle connections close). */
     baton_proxy_loop_destroy(t->pl);
@@ -166,13 +162,12 @@ static void thread_main(void *arg)
     app_t *app = t->app;
     int rc;
 
-    cur_thread = t;
     if ((rc = uv_loop_init(&t->loop)) != 0 ||
         (rc = baton_proxy_loop_create(&t->pl, &t->loop, &app->router)) != 0 ||
         (rc = baton_proxy_loop_start(t->pl)) != 0 ||
         (rc = baton_http_server_create(&t->srv, &t->loop, &app->cfg.limits, baton_routes_handle,
                                        t->pl)) != 0 ||
-        (baton_http_server_set_budget(t->srv, &app->budget), 0) ||
+        (t->srv->data = t, 0) || (baton_http_server_set_budget(t->srv, &app->budget), 0) ||
         (baton_http_server_set_tls(t->srv, app->router.server_tls), 0) ||
         (rc = baton_http_server_listen(t->srv, app->cfg.host, t->port, 1)) != 0) {
         /* Start-up failure: the process exits; nothing to unwind. */

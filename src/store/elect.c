@@ -7,7 +7,7 @@
 #include "baton/store.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "http/etcd.h"
+#include "etcd/etcd.h"
 #include "store/elect.h"
 
 #define COMP          "store"

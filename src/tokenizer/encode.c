@@ -260,7 +260,9 @@ static int normalize(enc_t *e, const char *s, size_t n, bool specials)
     char *cur = NULL;
     const char *in = s;
     size_t len = n;
-    for (int i = 0; i < t->n_norms; i++) {
+    /* A stage that empties the text ends the chain: every later stage leaves empty text empty
+     * (a Prepend skips it, as the reference does), and a stage's empty output may be NULL. */
+    for (int i = 0; i < t->n_norms && len > 0; i++) {
         const tok_norm_t *nm = &t->norms[i];
         if (ascii && nm->kind <= NORM_NFKD)
             continue; /* every Unicode normal form leaves ASCII as it is */

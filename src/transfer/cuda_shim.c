@@ -48,6 +48,10 @@ static void load(void)
     LOAD(ipc_open_mem_handle, cuIpcOpenMemHandle);
     LOAD(ipc_close_mem_handle, cuIpcCloseMemHandle);
     LOAD(memcpy, cuMemcpy);
+    LOAD(memcpy_htod, cuMemcpyHtoD);
+    LOAD(memcpy_dtoh, cuMemcpyDtoH);
+    LOAD(mem_host_alloc, cuMemHostAlloc);
+    LOAD(mem_free_host, cuMemFreeHost);
     LOAD(event_query, cuEventQuery);
     LOAD(ctx_get_current, cuCtxGetCurrent);
     LOAD(pointer_get_attribute, cuPointerGetAttribute);

@@ -17,6 +17,10 @@ typedef struct {
     __typeof__(&cuIpcOpenMemHandle) ipc_open_mem_handle;
     __typeof__(&cuIpcCloseMemHandle) ipc_close_mem_handle;
     __typeof__(&cuMemcpy) memcpy;
+    __typeof__(&cuMemcpyHtoD) memcpy_htod;      /* tcp: bounce buffer -> device page */
+    __typeof__(&cuMemcpyDtoH) memcpy_dtoh;      /* tcp: device source -> bounce buffer */
+    __typeof__(&cuMemHostAlloc) mem_host_alloc; /* tcp: pinned bounce buffers */
+    __typeof__(&cuMemFreeHost) mem_free_host;
     __typeof__(&cuEventQuery) event_query;
     __typeof__(&cuCtxGetCurrent) ctx_get_current;
     __typeof__(&cuPointerGetAttribute) pointer_get_attribute;

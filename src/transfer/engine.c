@@ -856,6 +856,8 @@ int baton_xfer_engine_create(uv_loop_t *loop, const baton_xfer_config_t *cfg,
     eng->env.peer_failed = env_peer_failed;
     eng->env.resolve_dst = baton__resolve_dst;
     eng->env.placed = baton__placed;
+    eng->env.staged_bytes = &eng->st_staged_bytes;
+    eng->env.stage_buffer_bytes = &eng->st_stage_buffer_bytes;
 
     open_transports(eng);
     if (eng->n_tp == 0) {

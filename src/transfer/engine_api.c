@@ -103,6 +103,7 @@ static int offer_locked(baton_xfer_engine_t *engine, const char *host, int port,
         dr->pages[i].addr = (uint64_t)a;
         dr->pages[i].len = pg->len;
         dr->pages[i].mem_id = m->id;
+        dr->pages[i].kind = m->kind;
         dr->total_bytes += pg->len;
         if (m->memfd < 0 && m->kind != BATON_XFER_MEM_CUDA) /* CUDA: reached through IPC */
             dr->shm_ok = 0;

@@ -29,5 +29,7 @@ void baton_xfer_engine_stats_sized(const baton_xfer_engine_t *engine, baton_xfer
     all.pending_conns = atomic_load_explicit(&e->st_pending_conns, memory_order_relaxed);
     all.pending_bytes = atomic_load_explicit(&e->st_pending_bytes, memory_order_relaxed);
     all.conns_refused = atomic_load_explicit(&e->st_conns_refused, memory_order_relaxed);
+    all.staged_bytes = atomic_load_explicit(&e->st_staged_bytes, memory_order_relaxed);
+    all.stage_buffer_bytes = atomic_load_explicit(&e->st_stage_buffer_bytes, memory_order_relaxed);
     memcpy(s, &all, size < sizeof(all) ? size : sizeof(all));
 }

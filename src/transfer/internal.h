@@ -194,6 +194,7 @@ typedef struct {
     uint64_t addr;
     uint64_t len;
     uint32_t mem_id;
+    baton_xfer_mem_kind_t kind; /* of the region the page lies in */
 } baton__dpage_t;
 
 struct baton__droom_s {
@@ -465,6 +466,8 @@ struct baton_xfer_engine_s {
         st_writes_rejected, st_auth_failures, st_conns_refused;
     /* Pending connections (ctrl_admit.c; written on the progress thread, read by stats). */
     atomic_uint_fast64_t st_pending_conns, st_pending_bytes;
+    /* Device memory staged through the tcp transport's bounce buffers (tcp_stage.c). */
+    atomic_uint_fast64_t st_staged_bytes, st_stage_buffer_bytes;
 
     /* KV bootstrap authentication: the shared secret (a copy; secret_len 0: none) and the
      * rate limit of refusal lines (progress thread). */
@@ -563,7 +566,7 @@ int baton__droom_on_layer_done(baton__conn_t *conn, uint64_t room_id, uint32_t l
 int baton__droom_on_grant(baton__conn_t *conn, const baton__grant_t *g);
 void baton__droom_tick(baton_xfer_engine_t *eng, uint64_t now);
 int baton__resolve_dst(baton__tp_peer_t *tpp, uint64_t room_id, uint32_t page, uint64_t addr,
-                       uint64_t len, void **dst_p);
+                       uint64_t len, void **dst_p, baton_xfer_mem_kind_t *kind_p);
 void baton__placed(baton__tp_peer_t *tpp, uint64_t room_id, uint64_t len);
 
 /* ---- room_prefill.c ----------------------------------------------------------------------- */

@@ -359,7 +359,7 @@ void baton__droom_tick(baton_xfer_engine_t *eng, uint64_t now)
 }
 
 int baton__resolve_dst(baton__tp_peer_t *tpp, uint64_t room_id, uint32_t page, uint64_t addr,
-                       uint64_t len, void **dst_p)
+                       uint64_t len, void **dst_p, baton_xfer_mem_kind_t *kind_p)
 {
     baton__conn_t *c = tpp->ctx;
     if (c == NULL || c->state == BATON__CONN_CLOSING || c->tp_peer != tpp)
@@ -375,6 +375,7 @@ int baton__resolve_dst(baton__tp_peer_t *tpp, uint64_t room_id, uint32_t page, u
     if (addr < pg->addr || len > pg->len || addr - pg->addr > pg->len - len)
         goto reject;
     *dst_p = (void *)(uintptr_t)addr;
+    *kind_p = pg->kind;
     return 0;
 reject:
     atomic_fetch_add(&c->eng->st_writes_rejected, 1);

@@ -1,5 +1,6 @@
 /* transfer/tcp.c — the tcp transport: several lanes per peer, the receiver reads each payload
- * straight into its destination page, every slice acknowledged before a write completes. */
+ * straight into its destination page (device pages through tcp_stage.c's bounce buffers), every
+ * slice acknowledged before a write completes. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +9,7 @@
 #include "common/log.h"
 #include "common/phase.h"
 #include "transfer/ctrl_frame.h"
+#include "transfer/tcp_stage.h"
 #include "transfer/transport.h"
 
 /*
@@ -22,6 +24,7 @@
  * alloc callback hands libuv the destination page itself, so recv() lands the bytes in place.
  * Before that the engine checks [addr, addr+len) against the pages offered for the room
  * (resolve_dst); a refused or aborted slice is drained into a scratch buffer.
+ * Device memory goes through pinned host chunks instead (tcp_stage.h: data path, owner, bound).
  *
  * Acks are batched. A WACK is still queued only once its slice's last byte is in the page, but
  * the target sends the WACKs of one loop iteration together from a uv_check handle (it runs
@@ -58,10 +61,12 @@ typedef struct tcp_slice_s {
     uint8_t hdr[BATON__WRITE_HDR];
     baton__tp_write_t *w;
     const uint8_t *src;
+    uint8_t *stage; /* device source: its pinned copy, held until the write callback */
     uint64_t dst;
     uint32_t page;
     uint32_t len;
     uint32_t seq;
+    uint8_t dev;     /* the source is device memory */
     uint8_t written; /* libuv's write callback ran (or the slice was never sent) */
     uint8_t acked;   /* its WACK arrived (or it was cancelled) */
     int status;
@@ -97,7 +102,7 @@ static const baton_phase_table_t lane_phases = {"xfer", "tcp_lane", LANE_N_STATE
                                                 lane_names};
 #define LANE_MOVE(l, to)                                                                           \
     (void)BATON_PHASE_MOVE(&lane_phases, (l)->state, (to), "lane=%" PRIu32, (l)->index)
-enum { RD_HDR = 0, RD_DATA, RD_DISCARD };
+enum { RD_HDR = 0, RD_DATA, RD_DISCARD, RD_STAGE };
 
 struct tcp_lane_s {
     tcp_peer_t *peer;
@@ -116,6 +121,8 @@ struct tcp_lane_s {
     int rstate;
     uint8_t *dst;
     uint64_t left;
+    uint8_t *stage;   /* RD_STAGE: the chunk the payload is read into, then copied to dst */
+    size_t stage_len; /* bytes in it not copied yet */
     uint32_t wseq;
     uint64_t wroom;
     uint32_t wlen;
@@ -140,6 +147,7 @@ struct tcp_peer_s {
     baton__tp_done_cb fence_cb;
     void *fence_arg;
     uint8_t *scratch;
+    tcp_stage_t stage;     /* device memory: pinned bounce chunks (tcp_stage.h) */
     uv_check_t *ack_flush; /* target: sends the buffered WACKs once per loop iteration */
     int ack_flush_on;
     baton__tp_done_cb deferred_cb; /* for the connect / fence callbacks run from a defer */
@@ -224,16 +232,27 @@ static void slice_finish(tcp_slice_t *s)
     }
 }
 
+static void pump(tcp_peer_t *p);
+
 static void on_slice_written(uv_write_t *req, int status)
 {
     tcp_slice_t *s = container_of(req, tcp_slice_t, req);
     tcp_lane_t *lane = req->data;
+    tcp_peer_t *p = lane->peer;
+    int staged = s->stage != NULL;
+    if (staged) {
+        /* the kernel holds the bytes now: the chunk may carry the next device slice */
+        tcp_stage_put(&p->stage, s->stage);
+        s->stage = NULL;
+    }
     s->written = 1;
     if (status < 0 && s->status == 0)
         s->status = BATON_EPEERDOWN;
     if (status < 0 && status != UV_ECANCELED)
-        peer_fail(lane->peer, BATON_EPEERDOWN, uv_strerror(status));
+        peer_fail(p, BATON_EPEERDOWN, uv_strerror(status));
     slice_finish(s);
+    if (staged)
+        pump(p); /* device slices may be waiting for a chunk */
 }
 
 static tcp_lane_t *pick_lane(tcp_peer_t *p, uint32_t len)
@@ -267,14 +286,32 @@ static void pump(tcp_peer_t *p)
         tcp_lane_t *l = pick_lane(p, s->len);
         if (l == NULL)
             return;
+        const uint8_t *data = s->src;
+        if (s->dev) {
+            int err = tcp_stage_source(&p->stage, s->src, s->len, &s->stage);
+            if (err == 0 && s->stage == NULL)
+                return; /* every chunk is on the wire: on_slice_written pumps again */
+            if (err != 0) {
+                /* this write fails (the rest of its slices are skipped above); the peer stays */
+                q_pop(&p->pending);
+                s->written = s->acked = 1;
+                s->status = err;
+                slice_finish(s);
+                continue;
+            }
+            data = s->stage;
+        }
         q_pop(&p->pending);
         s->seq = l->next_seq++;
         baton__enc_write_hdr(s->hdr, s->w->room_id, s->dst, s->page, s->seq, s->len);
         uv_buf_t bufs[2] = {uv_buf_init((char *)s->hdr, BATON__WRITE_HDR),
-                            uv_buf_init((char *)s->src, s->len)};
+                            uv_buf_init((char *)data, s->len)};
         s->req.data = l;
         int rc = uv_write(&s->req, (uv_stream_t *)l->tcp, bufs, 2, on_slice_written);
         if (rc != 0) {
+            if (s->stage != NULL)
+                tcp_stage_put(&p->stage, s->stage);
+            s->stage = NULL;
             s->written = 1;
             s->acked = 1;
             s->status = BATON_EPEERDOWN;
@@ -287,14 +324,19 @@ static void pump(tcp_peer_t *p)
     }
 }
 
+/* The bytes of one WRITE frame's payload (a device slice's chunk has this size). */
+static uint64_t tcp_slice_size(const baton__tp_env_t *env)
+{
+    uint64_t slice = env->cfg->slice_size;
+    return slice == 0 || slice > BATON__WRITE_DATA_MAX ? 64 * 1024 : slice;
+}
+
 static int tcp_write(baton__tp_peer_t *tpp, baton__tp_write_t *w)
 {
     tcp_peer_t *p = (tcp_peer_t *)tpp;
     if (p->failed || p->fencing)
         return BATON_EPEERDOWN;
-    uint64_t slice = env_of(p)->cfg->slice_size;
-    if (slice == 0 || slice > BATON__WRITE_DATA_MAX)
-        slice = 64 * 1024;
+    uint64_t slice = tcp_slice_size(env_of(p));
     uint64_t n = 0;
     for (size_t i = 0; i < w->n_sges; i++) {
         if (w->sges[i].len == 0)
@@ -318,6 +360,7 @@ static int tcp_write(baton__tp_peer_t *tpp, baton__tp_write_t *w)
             tcp_slice_t *s = &slices[k++];
             s->w = w;
             s->src = (const uint8_t *)g->src + off;
+            s->dev = g->src_mr != NULL && g->src_mr->kind == BATON_XFER_MEM_CUDA;
             s->dst = g->dst + off;
             s->page = g->dst_page;
             s->len = (uint32_t)(g->len - off < slice ? g->len - off : slice);
@@ -376,6 +419,13 @@ static void lane_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
             *buf = uv_buf_init((char *)l->dst, (unsigned)n);
             return;
         }
+        if (l->rstate == RD_STAGE) {
+            /* Into the lane's chunk, at most to its end; lane_read copies it to the device. */
+            size_t room = p->stage.chunk - l->stage_len;
+            size_t n = l->left > room ? room : (size_t)l->left;
+            *buf = uv_buf_init((char *)l->stage + l->stage_len, (unsigned)n);
+            return;
+        }
         if (l->rstate == RD_DISCARD) {
             size_t n = l->left > SCRATCH ? SCRATCH : (size_t)l->left;
             *buf = uv_buf_init((char *)p->scratch, (unsigned)n);
@@ -392,6 +442,8 @@ static void lane_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     }
     *buf = uv_buf_init((char *)l->rbuf + l->rlen, (unsigned)(sizeof(l->rbuf) - l->rlen));
 }
+
+static void target_payload_done(tcp_lane_t *l);
 
 static void target_write_header(tcp_lane_t *l)
 {
@@ -410,15 +462,42 @@ static void target_write_header(tcp_lane_t *l)
     l->wlen = f.u.write.data_len;
     l->left = f.u.write.data_len;
     void *dst = NULL;
+    baton_xfer_mem_kind_t kind = BATON_XFER_MEM_HOST;
     rc = env_of(p)->resolve_dst(&p->base, f.u.write.room, f.u.write.page, f.u.write.addr,
-                                f.u.write.data_len, &dst);
+                                f.u.write.data_len, &dst, &kind);
+    if (rc == 0 && kind == BATON_XFER_MEM_CUDA) {
+        /* one chunk per lane: the pool's bound is the lane count, so only errors return NULL */
+        l->stage = tcp_stage_get(&p->stage, dst, &rc);
+        if (l->stage == NULL && rc == 0)
+            rc = BATON_ENOMEM;
+        l->stage_len = 0;
+    }
     l->wstatus = rc;
     if (rc == 0) {
         l->dst = dst;
-        l->rstate = RD_DATA;
+        l->rstate = kind == BATON_XFER_MEM_CUDA ? RD_STAGE : RD_DATA;
     } else {
         l->rstate = RD_DISCARD;
     }
+}
+
+/* RD_STAGE: nread more bytes are in the lane's chunk. A full chunk, or the slice's last bytes,
+ * go to the device page now; the slice ends (and may be acknowledged) only after that. */
+static void target_staged(tcp_lane_t *l, size_t nread)
+{
+    tcp_peer_t *p = l->peer;
+    l->left -= nread;
+    int rc = tcp_stage_arrived(&p->stage, l->stage, &l->stage_len, nread, &l->dst, l->left);
+    if (rc != 0 || l->left == 0) {
+        tcp_stage_put(&p->stage, l->stage);
+        l->stage = NULL;
+    }
+    if (rc != 0) {
+        l->wstatus = rc; /* its WACK carries the error; the rest of the payload is drained */
+        l->rstate = RD_DISCARD;
+    }
+    if (l->left == 0)
+        target_payload_done(l);
 }
 
 static void flush_acks(tcp_lane_t *l)
@@ -541,6 +620,9 @@ static void lane_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
                 if (baton__frame_decode(l->rbuf, l->rlen, &f, &used, &why) < 0)
                     peer_fail(p, BATON_EPROTO, why);
             }
+            break;
+        case RD_STAGE:
+            target_staged(l, (size_t)nread);
             break;
         case RD_DATA:
             l->dst += nread;
@@ -705,13 +787,18 @@ static int tcp_query(baton__tp_t *tp, baton__tp_caps_t *caps)
     memset(caps, 0, sizeof(*caps));
     caps->max_slice = BATON__WRITE_DATA_MAX;
     caps->remote_check = 1;
+#ifdef BATON_HAVE_CUDA
+    caps->cuda_local = 1; /* through the bounce buffers of tcp_stage.c */
+    caps->cuda_remote = 1;
+#endif
     return 0;
 }
 
 static int tcp_mem_reg(baton__tp_t *tp, const baton__tp_mem_params_t *prm, baton__tp_mr_t **mr_p)
 {
-    if (prm->kind != BATON_XFER_MEM_HOST)
-        return BATON_ENOTSUP; /* sockets cannot read or fill device memory */
+    if (prm->kind != BATON_XFER_MEM_HOST &&
+        (prm->kind != BATON_XFER_MEM_CUDA || tcp_stage_reg(prm->addr, prm->len) != 0))
+        return BATON_ENOTSUP;
     tcp_mr_t *m = calloc(1, sizeof(*m));
     if (m == NULL)
         return BATON_ENOMEM;
@@ -749,6 +836,8 @@ static int tcp_peer_create(baton__tp_t *tp, baton__tp_role_t role, uint64_t gene
         p->lanes[i].peer = p;
         p->lanes[i].index = i;
     }
+    tcp_stage_init(&p->stage, tp->env, role == BATON__TP_ROLE_TARGET, tcp_slice_size(tp->env),
+                   MAX_LANES);
     if (role == BATON__TP_ROLE_TARGET) {
         p->scratch = malloc(SCRATCH);
         p->ack_flush = malloc(sizeof(*p->ack_flush));
@@ -867,6 +956,7 @@ static void tcp_peer_destroy(baton__tp_peer_t *tpp)
         if (!uv_is_closing((uv_handle_t *)p->ack_flush))
             uv_close((uv_handle_t *)p->ack_flush, free_handle);
     }
+    tcp_stage_fini(&p->stage);
     free(p->scratch);
     free(p);
 }
@@ -874,7 +964,10 @@ static void tcp_peer_destroy(baton__tp_peer_t *tpp)
 static int tcp_mem_add(baton__tp_peer_t *peer, uint32_t mem_id, uint64_t base, uint64_t len,
                        baton_xfer_mem_kind_t kind, const uint8_t *blob, size_t blob_len)
 {
-    return kind == BATON_XFER_MEM_HOST ? 0 : BATON_ENOTSUP;
+    /* device pages: the peer fills them from its bounce buffers (tcp_stage.h) */
+    return kind == BATON_XFER_MEM_HOST || (kind == BATON_XFER_MEM_CUDA && TCP_STAGE_CUDA)
+               ? 0
+               : BATON_ENOTSUP;
 }
 
 static int tcp_mem_del(baton__tp_peer_t *peer, uint32_t mem_id)

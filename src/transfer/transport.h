@@ -2,6 +2,7 @@
 #ifndef BATON_TRANSFER_TRANSPORT_H
 #define BATON_TRANSFER_TRANSPORT_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -87,12 +88,17 @@ typedef struct {
      * page `page`. Returns 0 and *dst_p (== addr, checked to lie inside that page of an open
      * room offered on this connection); BATON_ERKEY for a bounds violation; BATON_EABORTED or
      * BATON_ENOTFOUND when the room is aborting or gone (the transport then discards the
-     * payload and answers the write with that error). The pointer is valid only until the
-     * transport returns to the loop. */
+     * payload and answers the write with that error). *kind_p says what memory the page is in
+     * (a CUDA page must be filled through the driver, never by the CPU). The pointer is valid
+     * only until the transport returns to the loop. */
     int (*resolve_dst)(baton__tp_peer_t *peer, uint64_t room_id, uint32_t page, uint64_t addr,
-                       uint64_t len, void **dst_p);
+                       uint64_t len, void **dst_p, baton_xfer_mem_kind_t *kind_p);
     /* TARGET side: `len` bytes were placed for room_id (statistics, progress). */
     void (*placed)(baton__tp_peer_t *peer, uint64_t room_id, uint64_t len);
+    /* The engine's counters of device bytes copied through host bounce buffers (tcp) and of
+     * the bounce-buffer bytes held now (a gauge). Any thread, relaxed. */
+    atomic_uint_fast64_t *staged_bytes;
+    atomic_uint_fast64_t *stage_buffer_bytes;
 } baton__tp_env_t;
 
 /* Base of a started transport. */

@@ -254,13 +254,9 @@ int wk_worker_start(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
 
 /* ---- shutdown ---- */
 
-/* One worker per process: the server's close callback carries no context. */
-static wk_worker_t *closing_worker;
-
 static void http_closed_cb(baton_http_server_t *srv)
 {
-    wk_worker_t *w = closing_worker;
-    (void)srv;
+    wk_worker_t *w = srv->data;
     w->http = NULL;
     wk_worker_close(w);
 }
@@ -272,9 +268,10 @@ void wk_worker_shutdown(wk_worker_t *w, void (*on_closed)(wk_worker_t *w))
     log_info(COMP, "shutting_down inflight=%u", w->n_jobs);
     w->shutting_down = 1;
     w->on_closed = on_closed;
-    closing_worker = w;
-    if (w->http)
+    if (w->http) {
+        w->http->data = w;
         baton_http_server_close(w->http, http_closed_cb);
-    else
-        http_closed_cb(NULL);
+    } else {
+        wk_worker_close(w);
+    }
 }

@@ -14,6 +14,10 @@ int wk__item_ids(const wk_item_t *it, const int64_t **ids_p, int64_t **tmp_p)
         *ids_p = it->ids; /* a token-id prompt: its ids are the tokens */
         return 0;
     }
+    if (it->text_ids != NULL) {
+        *ids_p = it->text_ids; /* --tokenizer: the model's ids of the text */
+        return 0;
+    }
     int64_t *ids = malloc((size_t)it->prompt_tokens * sizeof(*ids));
     if (ids == NULL)
         return BATON_ENOMEM;

@@ -15,6 +15,7 @@
 #include "http/tls.h"
 #include "worker/vllm.h"
 #include "worker/worker.h"
+#include "worker/wtok.h"
 
 #define COMP "worker"
 
@@ -35,6 +36,11 @@ static void usage(FILE *f)
             "  --port PORT                  HTTP port, 0 = ephemeral (default %d)\n"
             "  --bootstrap-port PORT        prefill: bootstrap port, 0 = ephemeral (default %d)\n"
             "  --model-name NAME            model name to report (default %s)\n"
+            "  --tokenizer DIR|FILE         the model's Hugging Face tokenizer.json (a directory\n"
+            "                               with it and tokenizer_config.json, or the file):\n"
+            "                               prompts are counted in its tokens and chat messages\n"
+            "                               rendered with its chat template (docs/TOKENIZER.md);\n"
+            "                               without it, a word is a token\n"
             "  --prefill-us-per-token US    prefill cost per prompt token (default %llu)\n"
             "  --decode-us-per-token US     cost of one decode step (default %llu)\n"
             "  --max-batch N                running sequences at most (default %u)\n"
@@ -134,6 +140,7 @@ enum {
     OPT_PORT,
     OPT_BOOT_PORT,
     OPT_MODEL,
+    OPT_TOKENIZER,
     OPT_PREFILL_US,
     OPT_DECODE_US,
     OPT_MAX_BATCH,
@@ -175,6 +182,9 @@ enum {
     OPT_MAX_CONNECTIONS,
 };
 
+/* --tokenizer: loaded once by main() before the worker starts (worker/wtok.h). */
+static const char *tokenizer_path;
+
 /* --register: kept here, not in wk_config_t, since only main() uses them. */
 static const char *register_etcd;
 static const char *register_url;
@@ -190,6 +200,7 @@ static const struct option long_opts[] = {
     {"port", required_argument, NULL, OPT_PORT},
     {"bootstrap-port", required_argument, NULL, OPT_BOOT_PORT},
     {"model-name", required_argument, NULL, OPT_MODEL},
+    {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
     {"prefill-us-per-token", required_argument, NULL, OPT_PREFILL_US},
     {"decode-us-per-token", required_argument, NULL, OPT_DECODE_US},
     {"max-batch", required_argument, NULL, OPT_MAX_BATCH},
@@ -309,6 +320,13 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
             if (parse_u64("--bootstrap-port", optarg, 0, 65535, &v))
                 return -1;
             cfg->bootstrap_port = (int)v;
+            break;
+        case OPT_TOKENIZER:
+            if (optarg[0] == '\0') {
+                fprintf(stderr, "baton-worker: --tokenizer: empty\n");
+                return -1;
+            }
+            tokenizer_path = optarg;
             break;
         case OPT_MODEL:
             if (optarg[0] == '\0' || strlen(optarg) > 200) {
@@ -677,6 +695,16 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (tokenizer_path) {
+        char err[512] = "";
+        if (wk_tok_load(tokenizer_path, err, sizeof(err)) != 0) {
+            fprintf(stderr, "baton-worker: --tokenizer %s: %s\n", tokenizer_path, err);
+            baton_tls_destroy(cfg.tls);
+            return 2;
+        }
+        log_info(COMP, "tokenizer path=%s chat_template=%s", tokenizer_path,
+                 wk_tok_has_template() ? "yes" : "no");
+    }
     if (create_register_tls() != 0) {
         baton_tls_destroy(cfg.tls);
         return 2;
@@ -701,5 +729,6 @@ int main(int argc, char **argv)
     uv_loop_close(loop);
     baton_tls_destroy(cfg.tls);
     baton_tls_destroy(register_tls); /* the registration, its user, ended with the loop */
+    wk_tok_unload();
     return 0;
 }

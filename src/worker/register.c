@@ -3,7 +3,7 @@
 
 #include "baton/error.h"
 #include "common/log.h"
-#include "http/etcd.h"
+#include "etcd/etcd.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -213,12 +213,14 @@ static json_t *input_logprobs(const wk_render_ctx_t *ctx, const wk_item_t *it)
     if (!ctx->input_logprobs || a == NULL)
         return a;
     uint32_t j = 0;
-    if (it->prompt == NULL) {
-        for (size_t k = 0; k < it->n_ids; k++, j++) {
+    if (it->prompt == NULL || it->text_ids != NULL) { /* ids given, or the model's (--tokenizer) */
+        const int64_t *ids = it->prompt == NULL ? it->ids : it->text_ids;
+        size_t n_ids = it->prompt == NULL ? it->n_ids : it->prompt_tokens;
+        for (size_t k = 0; k < n_ids; k++, j++) {
             if (j < it->logprob_start)
                 continue;
             json_t *lp = j == 0 ? json_null() : json_real(wk_sim_input_logprob(it->seed, j));
-            json_array_append_new(a, json_pack("[o,I,n]", lp, (json_int_t)it->ids[k]));
+            json_array_append_new(a, json_pack("[o,I,n]", lp, (json_int_t)ids[k]));
         }
         return a;
     }

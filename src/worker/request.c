@@ -10,6 +10,7 @@
 #include "baton/error.h"
 #include "common/buf.h"
 #include "worker/vllm.h"
+#include "worker/wtok.h"
 
 /* Sampling fields shared by every item of one prompt (before bootstrap fields are applied). */
 typedef struct params_s {
@@ -185,7 +186,10 @@ static int apply_params(wk_item_t *it, const params_t *p)
     return 0;
 }
 
-static int set_text_prompt(wk_item_t *it, const char *s, size_t len)
+/* chat: s is a rendered chat prompt (with --tokenizer: special-token text parsed, nothing
+ * added); otherwise a completion / generate prompt. */
+static int set_text_prompt(wk_item_t *it, const char *s, size_t len, bool chat,
+                           wk_parse_err_t *err)
 {
     it->prompt = dup_mem(s, len);
     if (it->prompt == NULL)
@@ -193,6 +197,20 @@ static int set_text_prompt(wk_item_t *it, const char *s, size_t len)
     it->prompt_len = len;
     it->seed = wk_sim_seed_text(s, len);
     it->prompt_tokens = wk_sim_count_words(s, len);
+    if (wk_tok_enabled()) {
+        uint32_t n;
+        int rc = wk_tok_encode(s, len, chat, &it->text_ids, &n);
+        if (rc == BATON_EINVAL)
+            return fail(err, "prompt", "the prompt is not valid UTF-8");
+        if (rc != 0)
+            return rc;
+        if (n == 0) { /* an empty prompt: one token, as the word tokenizer counts it */
+            free(it->text_ids);
+            it->text_ids = NULL;
+        } else {
+            it->prompt_tokens = n;
+        }
+    }
     return 0;
 }
 
@@ -390,6 +408,15 @@ static int parse_chat(json_t *root, wk_request_t *req, wk_parse_err_t *err)
     baton_buf_t prompt = BATON_BUF_INIT;
     if ((rc = render_messages(json_object_get(root, "messages"), &prompt, err)) != 0)
         goto out;
+    if (wk_tok_has_template()) { /* the model's own rendering replaces the simple one */
+        char terr[256];
+        baton_buf_reset(&prompt);
+        if ((rc = wk_tok_render_chat(root, &prompt, terr, sizeof(terr))) != 0) {
+            if (rc != BATON_ENOMEM)
+                rc = fail(err, "messages", "%s", terr);
+            goto out;
+        }
+    }
     if ((rc = parse_openai_common(root, req, &p, &n, err)) != 0)
         goto out;
     json_t *mct = json_object_get(root, "max_completion_tokens");
@@ -408,7 +435,7 @@ static int parse_chat(json_t *root, wk_request_t *req, wk_parse_err_t *err)
         goto out;
     for (size_t i = 0; i < n; i++) {
         wk_item_t *it = &req->items[i];
-        if ((rc = set_text_prompt(it, prompt.data ? prompt.data : "", prompt.len)) != 0 ||
+        if ((rc = set_text_prompt(it, prompt.data ? prompt.data : "", prompt.len, true, err)) != 0 ||
             (rc = apply_params(it, &p)) != 0)
             goto out;
     }
@@ -566,11 +593,12 @@ static int parse_completions(json_t *root, wk_request_t *req, wk_parse_err_t *er
             it->prompt_index = pi;
             switch (kind) {
             case 0:
-                rc = set_text_prompt(it, json_string_value(prompt), json_string_length(prompt));
+                rc = set_text_prompt(it, json_string_value(prompt), json_string_length(prompt),
+                                     false, err);
                 break;
             case 1: {
                 json_t *s = json_array_get(prompt, pi);
-                rc = set_text_prompt(it, json_string_value(s), json_string_length(s));
+                rc = set_text_prompt(it, json_string_value(s), json_string_length(s), false, err);
                 break;
             }
             case 2:
@@ -719,7 +747,7 @@ static int parse_generate(json_t *root, wk_request_t *req, wk_parse_err_t *err)
         }
         if (text != NULL) {
             json_t *s = req->is_batch ? json_array_get(text, i) : text;
-            rc = set_text_prompt(it, json_string_value(s), json_string_length(s));
+            rc = set_text_prompt(it, json_string_value(s), json_string_length(s), false, err);
         } else {
             rc = set_ids_prompt(it, req->is_batch ? json_array_get(ids, i) : ids);
         }
@@ -781,6 +809,7 @@ void wk_request_free(wk_request_t *req)
         wk_item_t *it = &req->items[i];
         free(it->prompt);
         free(it->ids);
+        free(it->text_ids);
         for (size_t j = 0; j < it->n_stop; j++)
             free(it->stop_strs[j]);
         free(it->stop_strs);

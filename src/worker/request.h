@@ -31,6 +31,8 @@ typedef struct wk_item_s {
     size_t prompt_len;
     int64_t *ids; /* token-id prompt (owned), n_ids >= 1 */
     size_t n_ids;
+    int64_t *text_ids; /* --tokenizer: the model's ids of prompt (owned), prompt_tokens of them;
+                        * NULL: the word tokenizer's */
     uint64_t seed;
     uint32_t prompt_tokens;
     uint32_t cached_tokens; /* of prompt_tokens, found in the worker's prefix cache (job sets) */

@@ -232,6 +232,21 @@ FAKE_API CUresult cuMemFree(CUdeviceptr p)
     NEED_CTX();
     return unmap(p, 0);
 }
+/* Pinned host memory is ordinary host memory here; like the real driver it needs a context. */
+FAKE_API CUresult cuMemHostAlloc(void **p, size_t len, unsigned int flags)
+{
+    NEED_CTX();
+    if (len == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *p = malloc(len);
+    return *p != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+FAKE_API CUresult cuMemFreeHost(void *p)
+{
+    NEED_CTX();
+    free(p);
+    return CUDA_SUCCESS;
+}
 FAKE_API CUresult cuMemGetInfo(size_t *free_b, size_t *total)
 {
     NEED_CTX();

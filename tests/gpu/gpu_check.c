@@ -66,7 +66,7 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* One result: status "pass", "fail", "skip", "refused" (a documented ENOTSUP) or "info";
+/* One result: status "pass", "fail", "skip" or "info";
  * `fields` is a JSON fragment (may be empty). */
 static void result(const char *name, const char *status, const char *fields, const char *fmt, ...)
 {
@@ -298,7 +298,7 @@ static void poison(void *ptr, int device, uint64_t len)
 /* A verified hand-off: poison the destination, hand off, compare every byte. */
 static void check_handoff(const char *name, baton_xfer_engine_t *e, int port, unsigned mode,
                           unsigned flags, void *dst, int dst_dev, uint32_t layers, uint32_t ppl,
-                          uint64_t page_len, int refusal_ok)
+                          uint64_t page_len)
 {
     uint64_t total = page_offset(layers, 0, ppl, page_len);
     poison(dst, dst_dev, total);
@@ -310,12 +310,6 @@ static void check_handoff(const char *name, baton_xfer_engine_t *e, int port, un
     snprintf(f, sizeof(f), "\"bytes\": %" PRIu64 ", \"layers\": %u, \"pages_per_layer\": %u", total,
              layers, ppl);
     int status = rc != 0 ? rc : res.status;
-    if (status == BATON_XFER_ENOTSUP || (refusal_ok && status == BATON_XFER_EABORTED)) {
-        result(name, refusal_ok ? "refused" : "fail", f, "room ended %s (%s)",
-               baton_xfer_err_name(status),
-               refusal_ok ? "transfer.h: tcp cannot reach device memory" : "unexpected");
-        return;
-    }
     if (status != 0) {
         result(name, "fail", f, "room ended %s", baton_xfer_err_name(status));
         return;
@@ -481,13 +475,6 @@ static void check_bandwidth(baton_xfer_engine_t *shm, baton_xfer_engine_t *tcp, 
             snprintf(name, sizeof(name), "bw_tcp_%s_%s", dev ? "device" : "host",
                      human(s, hb, sizeof(hb)));
             int rc = measure(tcp, R.port, dev ? 0 : FLAG_HOST_SRC, hdst, s, reps, &best, &med);
-            if (rc == BATON_XFER_EABORTED || rc == BATON_XFER_ENOTSUP) {
-                result(name, "refused", "",
-                       "tcp from device memory: %s (tcp reads host memory "
-                       "only)",
-                       baton_xfer_err_name(rc));
-                continue;
-            }
             if (rc != 0) {
                 result(name, "fail", "", "hand-off failed: %s", baton_xfer_err_name(rc));
                 continue;
@@ -538,13 +525,12 @@ static void check_rdma(void *ddst, uint8_t *hdst, uint64_t hlen)
     int rc = baton_xfer_mem_register(e, hdst, hlen, BATON_XFER_MEM_HOST, 0, &hm);
     if (rc == 0)
         check_handoff("rdma_host_to_host", e, R.port, MODE_ROOM, FLAG_HOST_SRC, hdst, 0, 4, 4,
-                      256 * KiB, 0);
+                      256 * KiB);
     else
         result("rdma_host_to_host", "fail", "", "register host: %s", baton_xfer_err_name(rc));
     rc = baton_xfer_mem_register(e, ddst, 4 * MiB, BATON_XFER_MEM_CUDA, 0, &dm);
     if (rc == 0)
-        check_handoff("rdma_device_to_device", e, R.port, MODE_ROOM, 0, ddst, 1, 4, 4, 256 * KiB,
-                      0);
+        check_handoff("rdma_device_to_device", e, R.port, MODE_ROOM, 0, ddst, 1, 4, 4, 256 * KiB);
     else
         result("rdma_device_to_device", "fail", "",
                "register device memory (dma-buf): %s (see the log for the driver's reason)",
@@ -676,20 +662,20 @@ static int run(int argc, char **argv)
 
     /* shm: CUDA IPC between the two processes */
     uint64_t odd = 256 * KiB + 3; /* not a multiple of the slice: the tail matters */
-    check_handoff("ipc_layerwise", shm, R.port, MODE_LAYER, 0, ddst, 1, 4, 8, odd, 0);
-    check_handoff("ipc_whole_room", shm, R.port, MODE_ROOM, 0, ddst, 1, 4, 8, odd, 0);
+    check_handoff("ipc_layerwise", shm, R.port, MODE_LAYER, 0, ddst, 1, 4, 8, odd);
+    check_handoff("ipc_whole_room", shm, R.port, MODE_ROOM, 0, ddst, 1, 4, 8, odd);
     check_handoff("ipc_whole_room_slice16M", shm, R.port_big, MODE_ROOM, 0, ddst, 1, 2, 4,
-                  dbytes / 8 < 8 * MiB ? dbytes / 8 : 8 * MiB, 0);
+                  dbytes / 8 < 8 * MiB ? dbytes / 8 : 8 * MiB);
     check_handoff("ipc_host_src_to_device", shm, R.port, MODE_ROOM, FLAG_HOST_SRC, ddst, 1, 4, 8,
-                  odd, 0);
+                  odd);
     baton_xfer_mem_t *shm_h = NULL;
     int rc = baton_xfer_mem_alloc(shm, 16 * MiB, &shm_h);
     if (rc == 0)
         check_handoff("ipc_device_src_to_host", shm, R.port, MODE_ROOM, 0,
-                      baton_xfer_mem_addr(shm_h), 0, 4, 8, odd, 0);
+                      baton_xfer_mem_addr(shm_h), 0, 4, 8, odd);
 
     /* the event: a kernel writes each layer after 20 ms; the copy must wait for it */
-    check_handoff("after_event_kernel", shm, R.port, MODE_EVENT, 0, ddst, 1, 4, 4, MiB, 0);
+    check_handoff("after_event_kernel", shm, R.port, MODE_EVENT, 0, ddst, 1, 4, 4, MiB);
 
     /* aborts with device memory: the callback only after the fence, nothing lands after it */
     for (int side = 0; side < 2; side++) {
@@ -750,11 +736,25 @@ static int run(int argc, char **argv)
         result("tcp", "fail", "", "registration on the tcp engine: %s", baton_xfer_err_name(rc));
     } else {
         uint8_t *hdst = baton_xfer_mem_addr(tcp_h);
-        check_handoff("tcp_host_to_host", tcp, R.port, MODE_ROOM, FLAG_HOST_SRC, hdst, 0, 4, 8, odd,
-                      0);
-        check_handoff("tcp_device_src_to_host", tcp, R.port, MODE_ROOM, 0, hdst, 0, 4, 8, odd, 1);
+        check_handoff("tcp_host_to_host", tcp, R.port, MODE_ROOM, FLAG_HOST_SRC, hdst, 0, 4, 8,
+                      odd);
+        check_handoff("tcp_device_src_to_host", tcp, R.port, MODE_ROOM, 0, hdst, 0, 4, 8, odd);
+        baton_xfer_stats_t st0, st1;
+        baton_xfer_engine_stats_sized(tcp, &st0, sizeof(st0));
         check_handoff("tcp_host_src_to_device", tcp, R.port, MODE_ROOM, FLAG_HOST_SRC, ddst, 1, 4,
-                      8, odd, 1);
+                      8, odd);
+        check_handoff("tcp_device_to_device", tcp, R.port, MODE_ROOM, 0, ddst, 1, 4, 8, odd);
+        baton_xfer_engine_stats_sized(tcp, &st1, sizeof(st1));
+        /* this (decode) side copied both rooms out of its bounce buffers, bounded per lane */
+        uint64_t want = 2 * page_offset(4, 0, 8, odd);
+        uint64_t got = st1.staged_bytes - st0.staged_bytes;
+        result("tcp_stage_stats",
+               got == want && st1.stage_buffer_bytes <= 16 * 512 * KiB ? "pass" : "fail", "",
+               "staged_bytes +%" PRIu64 " (expected %" PRIu64 "), stage_buffer_bytes %" PRIu64, got,
+               want, st1.stage_buffer_bytes);
+        /* 1 MiB slices: a receiver chunk (512 KiB) fills and is copied more than once a slice */
+        check_handoff("tcp_device_to_device_slice16M", tcp, R.port_big, MODE_ROOM, 0, ddst, 1, 2, 4,
+                      MiB + odd);
         check_bandwidth(shm, tcp, (CUdeviceptr)(uintptr_t)ddst, scratch, hdst, dbytes, hbytes);
     }
 

@@ -237,7 +237,7 @@ def test_failure_log_rate_limited():
         wait_until(lambda: failures(ctx, r.port, "bad_record") >= flood, what="all counted")
         time.sleep(1.1)  # the next second's first line reports how many were dropped
         raw_exchange(r.port, b"\x00garbage", timeout=5)
-        r.wait_log(r"log_suppressed lines=\d+")
+        r.wait_log(r"log_suppressed event=tls_failed count=\d+")
         with open(r.log_path) as f:
             lines = sum(1 for ln in f if "tls_failed" in ln)
         assert lines < flood, f"{lines} failure lines for {flood} bad connections"

@@ -6,7 +6,7 @@
 #include "common/list.h"
 #include "common/log.h"
 #include "common/u64map.h"
-#include "http/etcd.h"
+#include "etcd/etcd.h"
 #include "router/control/admin.h"
 
 #include <jansson.h>

@@ -15,7 +15,16 @@
 /* How the baton server under test answers. */
 enum smode { S_ECHO, S_CHUNKED, S_HOLD, S_PARTIAL_HOLD, S_CANCEL, S_STOP };
 /* How the raw (scripted) server answers. */
-enum rmode { R_NONE, R_UNTIL_CLOSE, R_STALE, R_MALFORMED, R_SHORT, R_INTERIM, R_TRAILING };
+enum rmode {
+    R_NONE,
+    R_UNTIL_CLOSE,
+    R_STALE,
+    R_MALFORMED,
+    R_SHORT,
+    R_INTERIM,
+    R_TRAILING,
+    R_TRAILERS
+};
 
 #define MAX_RAW_CONNS 8
 #define MAX_RESULTS   4
@@ -195,6 +204,22 @@ static void raw_on_request(rconn_t *rc)
     case R_TRAILING:
         raw_send(rc, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokJUNK");
         break;
+    case R_TRAILERS: {
+        /* A head of 990 headers, then a chunked body with 20 trailers: together they pass the
+         * client's 1000-header limit, the head alone does not. */
+        baton_buf_t b = BATON_BUF_INIT;
+        baton_buf_append_str(&b, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
+                                 "X-Reply: head\r\n");
+        for (int i = 0; i < 988; i++)
+            baton_buf_printf(&b, "X-H%d: v\r\n", i);
+        baton_buf_append_str(&b, "\r\n2\r\nok\r\n0\r\n");
+        for (int i = 0; i < 20; i++)
+            baton_buf_printf(&b, "X-Reply: trailer%d\r\n", i);
+        baton_buf_append_str(&b, "\r\n");
+        raw_send(rc, b.data);
+        baton_buf_free(&b);
+        break;
+    }
     }
 }
 
@@ -643,6 +668,20 @@ static void test_trailing_bytes_not_reused(void **state)
     cfx_free(fx);
 }
 
+/* Trailers of a chunked response are counted against the head's byte limit and dropped: they
+ * neither count as headers (990 + 20 would pass the 1000-header limit) nor grow the arena that
+ * the headers handed to on_head point into. */
+static void test_trailers_dropped(void **state)
+{
+    cfx_t *fx = run_simple(S_ECHO, R_TRAILERS);
+    assert_one_done(fx, 0);
+    assert_int_equal(fx->res[0].head_calls, 1);
+    assert_int_equal(fx->res[0].status, 200);
+    assert_string_equal(fx->res[0].x_reply, "head");
+    assert_string_equal(fx->res[0].body.data, "ok");
+    cfx_free(fx);
+}
+
 static void test_pause_resume(void **state)
 {
     cfx_t *fx = cfx_new(S_CHUNKED, R_NONE, NULL);
@@ -710,6 +749,7 @@ int main(void)
         cmocka_unit_test(test_short_body),
         cmocka_unit_test(test_interim_response),
         cmocka_unit_test(test_trailing_bytes_not_reused),
+        cmocka_unit_test(test_trailers_dropped),
         cmocka_unit_test(test_pause_resume),
         cmocka_unit_test(test_bad_args),
     };

@@ -34,6 +34,7 @@
 static uv_loop_t loop;
 static uv_timer_t keepalive;
 static uint8_t *src;
+static uint8_t *wsrc; /* what the prefill writes from: src, or a device copy of it */
 
 /* P_CHAIN: layer i+1 is written only once layer i's write callback confirmed it (strictly
  * in-order writes); P_WHOLE: one baton_xfer_write_room call. */
@@ -141,7 +142,7 @@ static int write_layer(baton_xfer_room_t *room, uint32_t l)
     uint64_t id = baton_xfer_room_id(room);
     for (uint32_t j = 0; j < ppl; j++) {
         uint64_t len = baton_xfer_room_page_len(room, l, j);
-        iov[j].addr = src + xfer_src_offset(id, l, j, SRC_LEN, (size_t)len);
+        iov[j].addr = wsrc + xfer_src_offset(id, l, j, SRC_LEN, (size_t)len);
         iov[j].len = len;
     }
     return API(baton_xfer_write_layer(room, l, iov, ppl, on_write, NULL));
@@ -270,12 +271,15 @@ typedef struct {
     int layer_after_done; /* a layer callback after the room's completion */
     int layer_bad;        /* a layer's bytes were not in place when its callback ran */
     int layer_dup;
+    int device; /* pages in device memory: the test copies them back and checks them itself */
 } droom_t;
 
 static uint8_t *page_at(const droom_t *r, uint32_t l, uint32_t j)
 {
     return r->base + ((size_t)l * r->ppl + j) * r->slot;
 }
+
+static void check_pages(const droom_t *r);
 
 static void on_offer_done(void *data, uint64_t room_id, int status, const baton_xfer_done_t *done)
 {
@@ -297,6 +301,13 @@ static void on_offer_done(void *data, uint64_t room_id, int status, const baton_
     assert_int_equal(done->first_token, (int64_t)(r->id % 1000));
     assert_int_equal(done->payload_len, 8);
     assert_memory_equal(done->payload, &r->id, 8);
+    if (!r->device)
+        check_pages(r);
+}
+
+/* Every page holds its bytes of the source and nothing was written past a page's end. */
+static void check_pages(const droom_t *r)
+{
     for (uint32_t l = 0; l < r->layers; l++)
         for (uint32_t j = 0; j < r->ppl; j++) {
             const uint8_t *pg = page_at(r, l, j);
@@ -1500,56 +1511,112 @@ static void test_listener_pending_caps(void **state)
     assert_int_equal(T.corrupt, 0);
 }
 
-/* CUDA device memory: registration with the transports that can reach it (shm through CUDA IPC)
- * and a clear refusal from those that cannot (tcp). Skips visibly without a GPU. */
+/* CUDA device memory over tcp, both ways: a device source (the sender stages it through its
+ * bounce buffers) into host pages and into device pages, and a host source into device pages
+ * (the receiver fills them from its bounce buffers before it acknowledges). Every byte is copied
+ * back and compared; the stats count the staged bytes and bound the bounce buffers. Runs on a
+ * real driver, or on tests/gpu/fake_cuda.c (whose device memory faults if the CPU touches it:
+ * test xfer_engine_cuda_fake); skips visibly without either. */
+/* A visible skip; a failure where the run promised a driver (XFER_CUDA_REQUIRED: the fake). */
+#define cuda_skip(why)                                                                             \
+    do {                                                                                           \
+        if (getenv("XFER_CUDA_REQUIRED") != NULL)                                                  \
+            fail_msg("no skip allowed here: %s", why);                                             \
+        print_message("SKIP: %s\n", why);                                                          \
+        skip();                                                                                    \
+    } while (0)
+
 static void test_cuda_device_memory(void **state)
 {
 #ifndef BATON_HAVE_CUDA
-    print_message("SKIP: built without CUDA\n");
-    skip();
+    cuda_skip("built without CUDA");
 #else
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (h == NULL) {
-        print_message("SKIP: no CUDA driver (libcuda.so.1) on this host\n");
-        skip();
+        cuda_skip("no CUDA driver (libcuda.so.1) on this host");
     }
+    typedef unsigned long long dptr_t;
     int (*cu_init)(unsigned) = (int (*)(unsigned))dlsym(h, "cuInit");
     int (*cu_count)(int *) = (int (*)(int *))dlsym(h, "cuDeviceGetCount");
     int (*cu_get)(int *, int) = (int (*)(int *, int))dlsym(h, "cuDeviceGet");
     int (*cu_retain)(void **, int) = (int (*)(void **, int))dlsym(h, "cuDevicePrimaryCtxRetain");
     int (*cu_set)(void *) = (int (*)(void *))dlsym(h, "cuCtxSetCurrent");
-    int (*cu_alloc)(unsigned long long *, size_t) =
-        (int (*)(unsigned long long *, size_t))dlsym(h, "cuMemAlloc_v2");
-    int (*cu_free)(unsigned long long) = (int (*)(unsigned long long))dlsym(h, "cuMemFree_v2");
+    int (*cu_alloc)(dptr_t *, size_t) = (int (*)(dptr_t *, size_t))dlsym(h, "cuMemAlloc_v2");
+    int (*cu_free)(dptr_t) = (int (*)(dptr_t))dlsym(h, "cuMemFree_v2");
+    int (*cu_htod)(dptr_t, const void *, size_t) =
+        (int (*)(dptr_t, const void *, size_t))dlsym(h, "cuMemcpyHtoD_v2");
+    int (*cu_dtoh)(void *, dptr_t, size_t) =
+        (int (*)(void *, dptr_t, size_t))dlsym(h, "cuMemcpyDtoH_v2");
     int n = 0, dev = 0;
     void *ctx = NULL;
     if (!cu_init || !cu_count || cu_init(0) != 0 || cu_count(&n) != 0 || n == 0) {
-        print_message("SKIP: no CUDA device\n");
-        skip();
+        cuda_skip("no CUDA device");
     }
+    assert_non_null(cu_htod);
+    assert_non_null(cu_dtoh);
     assert_int_equal(cu_get(&dev, 0), 0);
     assert_int_equal(cu_retain(&ctx, dev), 0);
     assert_int_equal(cu_set(ctx), 0);
-    unsigned long long dptr = 0;
-    assert_int_equal(cu_alloc(&dptr, 1 << 20), 0);
+    const size_t dlen = 1 << 20;
+    dptr_t dsrc = 0, ddst = 0;
+    assert_int_equal(cu_alloc(&dsrc, SRC_LEN), 0);
+    assert_int_equal(cu_alloc(&ddst, dlen), 0);
+    assert_int_equal(cu_htod(dsrc, src, SRC_LEN), 0);
+    uint8_t *poison = malloc(dlen), *mirror = malloc(dlen);
+    assert_non_null(poison);
+    assert_non_null(mirror);
+    memset(poison, XFER_POISON, dlen);
     start_engines(BATON_XFER_TRANSPORT_TCP, BATON_XFER_TRANSPORT_TCP, 0);
-    baton_xfer_mem_t *m = NULL;
-    assert_int_equal(API(baton_xfer_mem_register(T.d, (void *)(uintptr_t)dptr, 1 << 20,
-                                                 BATON_XFER_MEM_CUDA, 0, &m)),
+    baton_xfer_mem_t *ms = NULL, *md = NULL;
+    assert_int_equal(API(baton_xfer_mem_register(T.p, (void *)(uintptr_t)dsrc, SRC_LEN,
+                                                 BATON_XFER_MEM_CUDA, 0, &ms)),
                      0);
-    /* tcp cannot place bytes in device memory: the room is refused, cleanly, once. */
+    assert_int_equal(API(baton_xfer_mem_register(T.d, (void *)(uintptr_t)ddst, dlen,
+                                                 BATON_XFER_MEM_CUDA, 0, &md)),
+                     0);
     T.pmode = P_AUTO;
-    droom_t r[2] = {{.id = 808, .layers = 1, .ppl = 1, .page_len = 4096, .slot = 4096}, {0}};
-    baton_xfer_iov_t iov = {(void *)(uintptr_t)dptr, 4096};
-    baton_xfer_offer_t o = {808, 1, 1, &iov, NULL};
-    assert_int_equal(API(baton_xfer_offer(T.d, "127.0.0.1", baton_xfer_engine_listen_port(T.p), &o,
-                                          on_offer_done, &r[0])),
-                     0);
-    run_until(all_done, r, 10000, "device-memory room");
-    assert_int_equal(r[0].status, BATON_ENOTSUP);
-    assert_int_equal(API(baton_xfer_mem_deregister(T.d, m)), 0);
+    int port = baton_xfer_engine_listen_port(T.p);
+    /* page_len 40000: not a multiple of the 16 KiB slices or of the receiver's chunk */
+    const struct {
+        int dev_src, dev_dst;
+    } cases[] = {{1, 0}, {1, 1}, {0, 1}};
+    uint64_t want_p = 0, want_d = 0;
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        droom_t r[2] = {{.id = 808 + c, .layers = 3, .ppl = 8, .page_len = 40000, .slot = 40960},
+                        {0}};
+        uint64_t bytes = (uint64_t)r[0].layers * r[0].ppl * r[0].page_len;
+        r[0].device = cases[c].dev_dst;
+        wsrc = cases[c].dev_src ? (uint8_t *)(uintptr_t)dsrc : src;
+        if (cases[c].dev_dst)
+            assert_int_equal(cu_htod(ddst, poison, dlen), 0);
+        assert_int_equal(
+            offer_room(&r[0], port, cases[c].dev_dst ? (uint8_t *)(uintptr_t)ddst : T.pool), 0);
+        run_until(all_done, r, 10000, "device-memory room");
+        assert_int_equal(r[0].status, 0);
+        if (cases[c].dev_dst) {
+            assert_int_equal(cu_dtoh(mirror, ddst, dlen), 0);
+            r[0].base = mirror;
+            check_pages(&r[0]);
+        }
+        assert_int_equal(T.corrupt, 0);
+        want_p += cases[c].dev_src ? bytes : 0;
+        want_d += cases[c].dev_dst ? bytes : 0;
+    }
+    wsrc = src;
+    baton_xfer_stats_t sp, sd;
+    baton_xfer_engine_stats_sized(T.p, &sp, sizeof(sp));
+    baton_xfer_engine_stats_sized(T.d, &sd, sizeof(sd));
+    assert_int_equal(sp.staged_bytes, want_p);
+    assert_int_equal(sd.staged_bytes, want_d);
+    assert_true(sp.stage_buffer_bytes > 0 && sp.stage_buffer_bytes <= (8u << 20));
+    assert_true(sd.stage_buffer_bytes > 0 && sd.stage_buffer_bytes <= 3 * (512u << 10));
+    assert_int_equal(API(baton_xfer_mem_deregister(T.d, md)), 0);
+    assert_int_equal(API(baton_xfer_mem_deregister(T.p, ms)), 0);
     stop_engines();
-    cu_free(dptr);
+    free(poison);
+    free(mirror);
+    cu_free(dsrc);
+    cu_free(ddst);
     dlclose(h);
 #endif
 }
@@ -1903,6 +1970,9 @@ int main(void)
     uv_timer_start(&keepalive, on_keepalive, 5, 5); /* UV_RUN_ONCE never blocks for long */
     src = aligned_alloc(4096, SRC_LEN);
     xfer_fill_source(src, SRC_LEN, 42);
+    wsrc = src;
+    if (getenv("XFER_TEST_FILTER") != NULL) /* e.g. the fake-driver run of the CUDA test */
+        cmocka_set_test_filter(getenv("XFER_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_tcp_mixed_rooms, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shm_mixed_rooms, setup, teardown),

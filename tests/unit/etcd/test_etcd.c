@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "baton/error.h"
-#include "http/etcd.h"
+#include "etcd/etcd.h"
 
 static void url_parse(void **state)
 {

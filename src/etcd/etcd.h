@@ -1,7 +1,6 @@
-/* etcd.h — a small etcd v3 client over the JSON gateway (HTTP/1.1 + jansson): calls, watches,
- * endpoint fail-over and user/password authentication. */
-#ifndef BATON_HTTP_ETCD_H
-#define BATON_HTTP_ETCD_H
+/* etcd.h — etcd v3 client over the JSON gateway: calls, watches, fail-over, authentication. */
+#ifndef BATON_ETCD_ETCD_H
+#define BATON_ETCD_ETCD_H
 
 #include <jansson.h>
 #include <stddef.h>

@@ -1,5 +1,5 @@
 /* etcd.c — etcd v3 JSON-gateway client: calls with endpoint fail-over, watch streams, auth. */
-#include "http/etcd.h"
+#include "etcd/etcd.h"
 
 #include "baton/error.h"
 #include "common/buf.h"
