@@ -13,8 +13,10 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "router/control/admin.h"
+#include "router/dataplane/models.h"
 #include "router/dataplane/policy_metrics.h"
 #include "router/dataplane/proxy.h"
+#include "router/dataplane/responses.h"
 
 typedef void (*route_fn)(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route);
 
@@ -35,29 +37,35 @@ static void h_completions(baton_proxy_loop_t *pl, baton_http_req_t *req, const c
     baton_proxy_inference(pl, req, BATON_API_COMPLETIONS);
 }
 
+static void h_responses(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    baton_proxy_inference(pl, req, BATON_API_RESPONSES);
+}
+
+static void h_embeddings(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    baton_proxy_inference(pl, req, BATON_API_EMBEDDINGS);
+}
+
+static void h_rerank(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    baton_proxy_inference(pl, req, BATON_API_RERANK);
+}
+
+static void h_score(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    baton_proxy_inference(pl, req, BATON_API_SCORE);
+}
+
 static void h_generate(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
 {
     baton_proxy_inference(pl, req, BATON_API_GENERATE);
 }
 
-static void respond_json(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
-                         int status, json_t *j)
-{
-    baton_router_t *r = baton_proxy_loop_router(pl);
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    json_decref(j);
-    if (!s) {
-        baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
-                             "internal_error");
-        return;
-    }
-    baton__respond(r, req, route, status, "application/json", s, strlen(s));
-    free(s);
-}
-
 static void h_health(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
 {
-    respond_json(pl, req, route, 200, json_pack("{s:s}", "status", "ok"));
+    baton__respond_json(baton_proxy_loop_router(pl), req, route, 200,
+                        json_pack("{s:s}", "status", "ok"));
 }
 
 static void h_readiness(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
@@ -84,7 +92,7 @@ static void h_readiness(baton_proxy_loop_t *pl, baton_http_req_t *req, const cha
             json_object_set_new(j, "registry",
                                 json_pack("{s:s,s:b,s:s}", "source", src, "connected", connected,
                                           "detail", detail));
-        respond_json(pl, req, route, 200, j);
+        baton__respond_json(baton_proxy_loop_router(pl), req, route, 200, j);
         return;
     }
     char msg[600], src[16], detail[256];
@@ -143,35 +151,9 @@ static void h_metrics(baton_proxy_loop_t *pl, baton_http_req_t *req, const char 
     baton_buf_free(&out);
 }
 
-/* The model list from the registry's model ids (no worker to ask). */
-static void models_synth(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
-{
-    baton_router_t *r = baton_proxy_loop_router(pl);
-    baton_worker_t *ws[256];
-    size_t n = baton_registry_snapshot(r->registry, BATON_ROLE_ANY, BATON_SNAP_ALL, ws, 256);
-    if (n > 256)
-        n = 256;
-    json_t *data = json_array(), *seen = json_object();
-    for (size_t i = 0; data && seen && i < n; i++) {
-        const char *id = ws[i]->model_id;
-        if (!id || json_object_get(seen, id))
-            continue;
-        json_object_set_new(seen, id, json_true());
-        json_array_append_new(data, json_pack("{s:s,s:s,s:i,s:s}", "id", id, "object", "model",
-                                              "created", 0, "owned_by", "baton"));
-    }
-    baton_workers_unref(ws, n);
-    json_decref(seen);
-    respond_json(pl, req, route, 200,
-                 data ? json_pack("{s:s,s:o}", "object", "list", "data", data) : NULL);
-}
-
 static void h_models(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
 {
-    static const baton_worker_role_t roles[] = {BATON_ROLE_DECODE, BATON_ROLE_REGULAR,
-                                                BATON_ROLE_PREFILL};
-    if (baton_proxy_forward(pl, req, route, roles, 3) == BATON_ENOWORKER)
-        models_synth(pl, req, route);
+    baton_models_list(pl, req, route);
 }
 
 static void h_info(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
@@ -187,6 +169,10 @@ static const route_t routes[] = {
     {"/v1/chat/completions", "POST", h_chat, BATON_ROUTE_INFERENCE},
     {"/v1/completions", "POST", h_completions, BATON_ROUTE_INFERENCE},
     {"/generate", "POST", h_generate, BATON_ROUTE_INFERENCE},
+    {"/v1/responses", "POST", h_responses, BATON_ROUTE_INFERENCE},
+    {"/v1/embeddings", "POST", h_embeddings, BATON_ROUTE_INFERENCE},
+    {"/v1/rerank", "POST", h_rerank, BATON_ROUTE_INFERENCE},
+    {"/v1/score", "POST", h_score, BATON_ROUTE_INFERENCE},
     {"/v1/models", "GET", h_models, BATON_ROUTE_INFERENCE},
     {"/health", "GET", h_health, BATON_ROUTE_OPEN},
     {"/liveness", "GET", h_health, BATON_ROUTE_OPEN},
@@ -281,6 +267,40 @@ void baton_routes_handle(baton_http_req_t *req, void *ctx)
             return;
         }
         routes[i].fn(pl, req, routes[i].path);
+        return;
+    }
+    /* The routes whose last segment is an id (a model's may hold '/': "org/name"). */
+    static const struct {
+        const char *prefix;
+        route_t rt;
+        const char *also; /* a second method served, or NULL */
+    } by_id[] = {
+        {BATON_MODELS_PREFIX,
+         {"/v1/models/{id}", "GET", baton_models_get, BATON_ROUTE_INFERENCE},
+         NULL},
+        {BATON_RESPONSES_PREFIX,
+         {"/v1/responses/{id}", "GET", baton_responses_by_id, BATON_ROUTE_INFERENCE},
+         "DELETE"},
+    };
+    for (size_t i = 0; i < sizeof(by_id) / sizeof(*by_id); i++) {
+        size_t plen = strlen(by_id[i].prefix);
+        if (strncmp(req->path, by_id[i].prefix, plen) != 0 || req->path[plen] == '\0')
+            continue;
+        const route_t *rt = &by_id[i].rt;
+        if (!authorize(pl, req, rt->path, rt->cls))
+            return;
+        if (strcmp(req->method, rt->method) != 0 &&
+            !(by_id[i].also && strcmp(req->method, by_id[i].also) == 0)) {
+            char msg[160], allow[32];
+            snprintf(msg, sizeof(msg), "method %.16s not allowed on %s", req->method, rt->path);
+            snprintf(allow, sizeof(allow), "%s%s%s", rt->method, by_id[i].also ? ", " : "",
+                     by_id[i].also ? by_id[i].also : "");
+            const baton_http_header_t hdr = {"Allow", allow};
+            respond_error_hdr(pl, req, rt->path, 405, msg, "invalid_request_error",
+                              "method_not_allowed", &hdr);
+            return;
+        }
+        rt->fn(pl, req, rt->path);
         return;
     }
     baton_router_t *r = baton_proxy_loop_router(pl);

@@ -7,9 +7,13 @@
 
 /*
  * The handler for baton_http_server_create(); ctx is the loop's baton_proxy_loop_t.
- *   POST /v1/chat/completions, /v1/completions, /generate   → proxy (PD or regular)
- *   GET  /v1/models          → a decode/regular/prefill worker's list, else synthesized from
- *                              the registry's model ids
+ *   POST /v1/chat/completions, /v1/completions, /generate, /v1/responses
+ *                            → proxy (PD or regular)
+ *   POST /v1/embeddings, /v1/rerank, /v1/score → proxy to a regular worker (501 without one)
+ *   GET  /v1/models          → the union of the workers' models, or a worker's list when none
+ *                              is named (models.h)
+ *   GET  /v1/models/{id}     → that model (models.h), 404 model_not_found
+ *   GET, DELETE /v1/responses/{id} → the worker that answered it (responses.h), else 404
  *   GET  /get_server_info, /get_model_info → forwarded to a worker (503 without one)
  *   GET  /health, /liveness  → 200 while the router runs
  *   GET  /readiness          → 200 with >= 1 eligible prefill and decode, or >= 1 eligible

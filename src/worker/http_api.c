@@ -83,7 +83,15 @@ static void handle_metrics(wk_worker_t *w, baton_http_req_t *req)
     baton_buf_free(&b);
 }
 
-typedef enum { R_GENERATE, R_CHAT, R_COMPLETIONS, R_GET, R_ABORT, R_LEASE } route_kind_t;
+typedef enum {
+    R_GENERATE,
+    R_CHAT,
+    R_COMPLETIONS,
+    R_RESPONSES,
+    R_GET,
+    R_ABORT,
+    R_LEASE
+} route_kind_t;
 
 typedef struct route_s {
     const char *path;
@@ -95,6 +103,7 @@ static const route_t routes[] = {
     {"/generate", "POST", R_GENERATE},
     {"/v1/chat/completions", "POST", R_CHAT},
     {"/v1/completions", "POST", R_COMPLETIONS},
+    {"/v1/responses", "POST", R_RESPONSES},
     {"/health", "GET", R_GET},
     {"/health_generate", "GET", R_GET},
     {"/get_server_info", "GET", R_GET},
@@ -178,6 +187,9 @@ static void http_handler(baton_http_req_t *req, void *ctx)
         break;
     case R_COMPLETIONS:
         wk_job_handle(w, req, WK_API_COMPLETIONS);
+        break;
+    case R_RESPONSES:
+        wk_job_handle(w, req, WK_API_RESPONSES);
         break;
     case R_LEASE:
     case R_ABORT:

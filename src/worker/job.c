@@ -11,6 +11,7 @@
 #include "common/buf.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "worker/responses_store.h"
 #include "worker/job.h"
 #include "worker/vllm.h"
 #include "worker/render.h"
@@ -192,6 +193,7 @@ static void job_unlink_free(wk_job_t *job)
     free(job->gens);
     free(job->slots);
     wk_request_free(&job->req);
+    json_decref(job->conv);
     free(job);
 }
 
@@ -232,6 +234,7 @@ static void render_ctx(wk_job_t *job, wk_render_ctx_t *ctx)
     ctx->created = job->created;
     ctx->input_logprobs = w->cfg.mode != WK_MODE_DECODE;
     ctx->e2e_s = baton_seconds_since(job->start_ns);
+    ctx->seq = &job->resp_seq;
 }
 
 void wk__job_fail_reason(wk_job_t *job, int status, const char *message, const char *code,
@@ -244,7 +247,11 @@ void wk__job_fail_reason(wk_job_t *job, int status, const char *message, const c
              job->route, status, code, message);
     if (job->streaming) {
         baton_buf_t b = BATON_BUF_INIT;
-        if (wk_render_stream_error(message, type, code, &b) == 0)
+        wk_render_ctx_t ctx;
+        render_ctx(job, &ctx);
+        if ((job->req.api == WK_API_RESPONSES
+                 ? wk_render_responses_error(&ctx, message, code, &b)
+                 : wk_render_stream_error(message, type, code, &b)) == 0)
             baton_http_stream_write(job->http, b.data, b.len);
         baton_buf_free(&b);
         baton_http_stream_end(job->http);
@@ -398,6 +405,9 @@ void wk__job_complete(wk_job_t *job)
     wk_worker_t *w = job->w;
     wk_render_ctx_t ctx;
     render_ctx(job, &ctx);
+    /* Kept before the answer goes out: a follow-up may name it as soon as the client has it. */
+    if (job->conv && job->req.n_items > 0)
+        wk_resp_store(w, job->id, job->conv, job->gens[0]->text.data, job->gens[0]->final_len);
     baton_buf_t b = BATON_BUF_INIT;
     int rc;
     if (job->req.stream) {
@@ -573,8 +583,21 @@ void wk_job_handle(wk_worker_t *w, baton_http_req_t *http, wk_api_t api)
         reject(w, http, route, 500, "out of memory", NULL, "internal_error");
         return;
     }
-    int rc = wk_request_parse(&job->req, api, http->body, http->body_len, &perr);
+    char *expanded = NULL;
+    int rc = api == WK_API_RESPONSES
+                 ? wk_resp_prepare(w, http->body, http->body_len, &expanded, &job->conv, &perr)
+                 : 0;
+    if (rc == 0)
+        rc = wk_request_parse(&job->req, api, expanded ? expanded : http->body,
+                              expanded ? strlen(expanded) : http->body_len, &perr);
+    free(expanded);
+    if (rc == BATON_ENOMEM && perr.status == 0) {
+        perr.status = 500;
+        perr.code = "internal_error";
+        snprintf(perr.message, sizeof(perr.message), "out of memory");
+    }
     if (rc != 0) {
+        json_decref(job->conv);
         free(job);
         reject(w, http, route, perr.status, perr.message, perr.param[0] ? perr.param : NULL,
                perr.code);
@@ -640,6 +663,7 @@ void wk_job_handle(wk_worker_t *w, baton_http_req_t *http, wk_api_t api)
     snprintf(job->id, sizeof(job->id), "%s%016llx",
              api == WK_API_CHAT          ? "chatcmpl-"
              : api == WK_API_COMPLETIONS ? "cmpl-"
+             : api == WK_API_RESPONSES   ? "resp_"
                                          : "",
              (unsigned long long)idv);
     uint64_t prompt_tokens = 0;

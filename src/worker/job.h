@@ -97,6 +97,8 @@ struct wk_job_s {
     wk_sstate_t *ss;
     const wk_gen_t **gens;
     char id[48];
+    uint32_t resp_seq;   /* Responses API stream: the next event's sequence_number */
+    struct json_t *conv; /* Responses API: the conversation this response continues */
     long long created;
     uint64_t start_ns;
     size_t n_done, n_booted, n_matched;

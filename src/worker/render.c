@@ -288,6 +288,8 @@ static json_t *generate_obj(const wk_render_ctx_t *ctx, const wk_item_t *it, con
 int wk_render_full(const wk_render_ctx_t *ctx, const wk_request_t *req, const wk_gen_t *const *gens,
                    baton_buf_t *out)
 {
+    if (req->api == WK_API_RESPONSES)
+        return wk_render_responses_full(ctx, req, gens, out);
     if (req->api == WK_API_GENERATE) {
         if (!req->is_batch)
             return put_json(out,
@@ -340,6 +342,8 @@ int wk_render_stream_progress(const wk_render_ctx_t *ctx, const wk_request_t *re
     const wk_item_t *it = &req->items[i];
     if (st->finished)
         return 0;
+    if (req->api == WK_API_RESPONSES)
+        return wk_render_responses_progress(ctx, req, g, st, out);
     int done = g->finish != WK_FINISH_NONE;
     size_t vis = wk_gen_visible_len(g);
     if (vis < st->sent_bytes)
@@ -398,6 +402,8 @@ out:
 int wk_render_stream_tail(const wk_render_ctx_t *ctx, const wk_request_t *req,
                           const wk_gen_t *const *gens, baton_buf_t *out)
 {
+    if (req->api == WK_API_RESPONSES)
+        return wk_render_responses_tail(ctx, req, gens, out);
     if (req->api != WK_API_GENERATE && req->include_usage) {
         int chat = req->api == WK_API_CHAT;
         int rc = sse_json(out, json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", ctx->id, "object",

@@ -15,6 +15,7 @@ typedef struct wk_render_ctx_s {
     long long created;  /* unix seconds */
     int input_logprobs; /* /generate: include prompt logprobs (0 on a PD decode: they are []) */
     double e2e_s;       /* /generate meta_info.e2e_latency */
+    uint32_t *seq;      /* Responses API stream: the next event's sequence_number (counted up) */
 } wk_render_ctx_t;
 
 /* What one sequence has streamed so far. Zero-initialise. */
@@ -41,6 +42,19 @@ int wk_render_stream_tail(const wk_render_ctx_t *ctx, const wk_request_t *req,
 /* A mid-stream error: data: {"error":{"message","type","code"}} then data: [DONE]. */
 int wk_render_stream_error(const char *message, const char *type, const char *code,
                            baton_buf_t *out);
+
+/* The Responses API's renderings (render_responses.c): the response object, the stream's typed
+ * events as text arrives (the first call adds response.created and the output item's start),
+ * the closing events with response.completed (or response.incomplete at max_output_tokens), and
+ * a mid-stream error event. One sequence per request. */
+int wk_render_responses_full(const wk_render_ctx_t *ctx, const wk_request_t *req,
+                             const wk_gen_t *const *gens, baton_buf_t *out);
+int wk_render_responses_progress(const wk_render_ctx_t *ctx, const wk_request_t *req,
+                                 const wk_gen_t *g, wk_stream_state_t *st, baton_buf_t *out);
+int wk_render_responses_tail(const wk_render_ctx_t *ctx, const wk_request_t *req,
+                             const wk_gen_t *const *gens, baton_buf_t *out);
+int wk_render_responses_error(const wk_render_ctx_t *ctx, const char *message, const char *code,
+                              baton_buf_t *out);
 
 /* Usage numbers: prompt tokens count once per prompt (not per choice). */
 void wk_render_usage(const wk_request_t *req, const wk_gen_t *const *gens, uint64_t *prompt_p,

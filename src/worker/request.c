@@ -46,6 +46,8 @@ const char *wk_api_name(wk_api_t api)
         return "chat";
     case WK_API_COMPLETIONS:
         return "completions";
+    case WK_API_RESPONSES:
+        return "responses";
     }
     return "?";
 }
@@ -442,6 +444,92 @@ out:
     return rc;
 }
 
+/* ---- OpenAI Responses ---- */
+
+/* One input item's content as chat content: a string, or its text parts (input_text,
+ * output_text) as chat's text parts. NULL when it has another kind of part. */
+static json_t *item_content(json_t *content)
+{
+    if (json_is_string(content))
+        return json_incref(content);
+    if (!json_is_array(content))
+        return NULL;
+    json_t *parts = json_array();
+    size_t j;
+    json_t *part;
+    json_array_foreach(content, j, part)
+    {
+        const char *type = json_string_value(json_object_get(part, "type"));
+        json_t *text = json_object_get(part, "text");
+        if (!type || !json_is_string(text) ||
+            (strcmp(type, "input_text") && strcmp(type, "output_text") && strcmp(type, "text"))) {
+            json_decref(parts);
+            return NULL;
+        }
+        json_array_append_new(parts, json_pack("{s:s,s:O}", "type", "text", "text", text));
+    }
+    return parts;
+}
+
+/* The Responses request as the chat it amounts to: instructions as the system turn, the input
+ * (a string: one user turn; items: their roles and text), max_output_tokens as max_tokens. */
+static int parse_responses(json_t *root, wk_request_t *req, wk_parse_err_t *err)
+{
+    json_t *input = json_object_get(root, "input");
+    json_t *instr = json_object_get(root, "instructions");
+    json_t *prev = json_object_get(root, "previous_response_id");
+    if (!json_is_string(input) && !(json_is_array(input) && json_array_size(input) > 0))
+        return fail(err, "input", "'input' must be a string or a non-empty array of items");
+    if (instr && !json_is_null(instr) && !json_is_string(instr))
+        return fail(err, "instructions", "'instructions' must be a string");
+    if (prev && !json_is_null(prev) && !json_is_string(prev))
+        return fail(err, "previous_response_id", "'previous_response_id' must be a string");
+    json_t *chat = json_deep_copy(root), *msgs = json_array();
+    if (!chat || !msgs) {
+        json_decref(chat);
+        json_decref(msgs);
+        return BATON_ENOMEM;
+    }
+    if (json_is_string(instr))
+        json_array_append_new(msgs, json_pack("{s:s,s:O}", "role", "system", "content", instr));
+    if (json_is_string(input)) {
+        json_array_append_new(msgs, json_pack("{s:s,s:O}", "role", "user", "content", input));
+    } else {
+        size_t i;
+        json_t *item;
+        json_array_foreach(input, i, item)
+        {
+            json_t *role = json_object_get(item, "role");
+            json_t *content =
+                json_is_object(item) ? item_content(json_object_get(item, "content")) : NULL;
+            if (!json_is_string(role) || !content) {
+                json_decref(content);
+                json_decref(chat);
+                json_decref(msgs);
+                return fail(err, "input",
+                            "input[%zu]: only messages with text content are supported", i);
+            }
+            json_array_append_new(msgs, json_pack("{s:O,s:o}", "role", role, "content", content));
+        }
+    }
+    json_object_set_new(chat, "messages", msgs);
+    json_t *mot = json_object_get(root, "max_output_tokens");
+    json_object_del(chat, "max_completion_tokens");
+    if (mot && !json_is_null(mot))
+        json_object_set(chat, "max_tokens", mot);
+    else
+        json_object_del(chat, "max_tokens");
+    json_object_del(chat, "n"); /* one output per response */
+    int rc = parse_chat(chat, req, err);
+    json_decref(chat);
+    if (rc == 0 && json_is_string(prev) &&
+        !(req->prev_id = dup_mem(json_string_value(prev), json_string_length(prev))))
+        rc = BATON_ENOMEM;
+    if (rc == BATON_EINVAL && strcmp(err->param, "max_tokens") == 0)
+        snprintf(err->param, sizeof(err->param), "max_output_tokens");
+    return rc;
+}
+
 /* ---- OpenAI completions ---- */
 
 static int parse_completions(json_t *root, wk_request_t *req, wk_parse_err_t *err)
@@ -691,6 +779,9 @@ int wk_request_parse(wk_request_t *req, wk_api_t api, const char *body, size_t l
     case WK_API_CHAT:
         rc = parse_chat(root, req, err);
         break;
+    case WK_API_RESPONSES:
+        rc = parse_responses(root, req, err);
+        break;
     default:
         rc = parse_completions(root, req, err);
         break;
@@ -729,6 +820,8 @@ void wk_request_free(wk_request_t *req)
     }
     free(req->items);
     free(req->model);
+    free(req->prev_id);
+    req->prev_id = NULL;
     free(req->vllm_rid);
     req->vllm_rid = NULL;
     req->items = NULL;

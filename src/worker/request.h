@@ -12,6 +12,7 @@ typedef enum {
     WK_API_GENERATE,    /* SGLang POST /generate */
     WK_API_CHAT,        /* POST /v1/chat/completions */
     WK_API_COMPLETIONS, /* POST /v1/completions */
+    WK_API_RESPONSES,   /* POST /v1/responses: parsed as the chat it amounts to */
 } wk_api_t;
 
 #define WK_MAX_ITEMS      1024      /* sequences in one request (batch × n) */
@@ -73,6 +74,7 @@ typedef struct wk_request_s {
     int stream;
     int include_usage; /* stream_options.include_usage */
     char *model;       /* the body's "model" (owned) or NULL */
+    char *prev_id;     /* Responses: previous_response_id (owned) or NULL */
     size_t n_prompts;
     size_t n_items;
     wk_item_t *items;

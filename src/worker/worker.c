@@ -8,6 +8,7 @@
 
 #include "baton/error.h"
 #include "common/log.h"
+#include "worker/responses_store.h"
 #include "worker/vllm.h"
 #include "worker/job.h"
 #include "worker/kvev.h"
@@ -255,6 +256,7 @@ static void maybe_closed(wk_worker_t *w)
     if (--w->n_closing > 0)
         return;
     wk_sched_free(&w->sched);
+    wk_resp_free(w);
     if (w->metrics)
         baton_metrics_destroy(w->metrics);
     w->metrics = NULL;

@@ -82,6 +82,8 @@ typedef struct wk_worker_s {
     unsigned n_kv_waiting; /* PD sequences waiting for their peer's room or for KV pages */
     unsigned n_boot_pub;   /* prefill sequences computed, their KV going out */
     uint64_t id_salt, id_counter;
+    struct json_t *responses;      /* Responses API: id → conversation (responses_store.h) */
+    struct json_t *response_order; /* ... their ids, oldest first */
     long long started_at;
     int shutting_down;
     unsigned n_closing; /* handles and parts still closing */

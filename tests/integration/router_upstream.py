@@ -121,8 +121,13 @@ def default_script(req, io):
 
 
 class Upstream:
-    def __init__(self, name="upstream", script=None, scripted_health=False):
+    def __init__(self, name="upstream", script=None, scripted_health=False, models=None):
         self.name = name
+        # The router's health checker also reads GET <prefix>/v1/models of a worker registered
+        # without a model_id: answered here like /health (not recorded, not scripted): the
+        # `models` ids as an OpenAI list, or 404 (an unnamed worker) when None.
+        self.models = models
+        self.model_reads = 0
         self.script = script or default_script
         # The router checks every worker with GET <prefix>/health. Like a real worker, the
         # upstream answers those itself (200, not recorded, not scripted) unless a test wants
@@ -194,6 +199,18 @@ class Upstream:
                     with self.cond:
                         self.health_checks += 1
                     IO(self, s, req).respond(200, b"")
+                    continue
+                if (not self.scripted_health and req.method == "GET"
+                        and req.headers.get("user-agent") == "baton-health"
+                        and req.path.split("?")[0].endswith("/v1/models")):
+                    with self.cond:
+                        self.model_reads += 1
+                    if self.models is None:
+                        IO(self, s, req).respond(404, {"error": {"message": "not found"}})
+                    else:
+                        IO(self, s, req).respond(200, {"object": "list", "data": [
+                            {"id": m, "object": "model", "created": 0, "owned_by": "vllm",
+                             "root": "/models/" + m} for m in self.models]})
                     continue
                 with self.cond:
                     self.requests.append(req)

@@ -80,9 +80,11 @@ def test_workers_api():
         assert res.status == 200, res.text
         assert a.wait_requests(1)[-1].json()["bootstrap_port"] == 8999
         assert b.requests[-1].headers.get("authorization") == "Bearer k"
-        # model list synthesized? no: forwarded to the decode worker
+        # the model list: the router's own, from the registered model ids
+        n = len(b.requests)
         res = get(port, "/v1/models")
-        assert res.status == 200 and b.requests[-1].path == "/v1/models"
+        assert res.status == 200 and [m["id"] for m in res.json()["data"]] == ["m1"], res.text
+        assert len(b.requests) == n
 
         res = request(port, "DELETE", f"/workers/{bid}")
         assert res.status == 202, res.text

@@ -124,6 +124,7 @@ static void worker_free(baton_worker_t *w)
     BATON_WORKER_DESC_COPY_FIELDS(&d, w); /* its strings, freed as a descriptor's */
     baton_worker_desc_free(&d);
     free(w->dp_in_flight);
+    free(w->models_found);
     free(w);
 }
 

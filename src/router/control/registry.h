@@ -88,6 +88,9 @@ typedef struct baton_worker_s {
     atomic_long reported_load;
     atomic_long reported_base;
     _Atomic uint64_t reported_until_ms;
+    /* The models the worker lists at its own /v1/models when it was registered without a
+     * model_id (worker_models.h): '\n'-separated names, NULL when none was read. */
+    char *models_found;
 
     /* Private to registry.c. */
     atomic_long refcount;

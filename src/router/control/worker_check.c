@@ -5,7 +5,9 @@
 #include "baton/error.h"
 #include "common/log.h"
 #include "common/rand.h"
+#include "common/buf.h"
 #include "http/client.h"
+#include "router/control/worker_models.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +24,9 @@ typedef struct target_s {
     int status;              /* of the check in flight, 0 until its head arrived */
     char *path;              /* worker prefix + check path */
     char *auth;              /* "Bearer <api_key>" or NULL */
+    char *models_path;       /* worker prefix + /v1/models: read when it has no model_id */
+    baton_buf_t models;      /* the model list being read */
+    int models_status;       /* of the model list request, 0 until its head arrived */
     int dropping;            /* removed: freed once the timer closed and no check is out */
     int timer_open;
     int seen;            /* mark for the registry sweep */
@@ -132,6 +137,8 @@ static void target_maybe_free(target_t *t)
     baton_worker_unref(t->w);
     free(t->path);
     free(t->auth);
+    free(t->models_path);
+    baton_buf_free(&t->models);
     free(t);
     wc->n_alive--;
     maybe_finish_close(wc);
@@ -195,6 +202,8 @@ static void report(target_t *t, int ok, int status, int err)
     schedule_after(t, state);
 }
 
+static int start_models(target_t *t);
+
 static void on_check_head(baton_http_creq_t *req, int status, const baton_http_header_t *headers,
                           size_t n_headers)
 {
@@ -211,6 +220,8 @@ static void on_check_done(baton_http_creq_t *req, int err)
         return;
     }
     int ok = err == 0 && t->status >= 200 && t->status < 400;
+    if (ok && t->w->model_id == NULL && start_models(t) == 0)
+        return; /* reported once the list is read */
     report(t, ok, t->status, err);
 }
 
@@ -219,6 +230,69 @@ static const baton_http_client_cb_t check_cb = {
     .on_data = NULL,
     .on_done = on_check_done,
 };
+
+/* ---- the model list of a worker registered without a model_id ---- */
+
+#define MODELS_BODY_MAX (256u * 1024u)
+
+static void on_models_head(baton_http_creq_t *req, int status, const baton_http_header_t *headers,
+                           size_t n_headers)
+{
+    target_t *t = req->data;
+    t->models_status = status;
+}
+
+static void on_models_data(baton_http_creq_t *req, const char *data, size_t len)
+{
+    target_t *t = req->data;
+    if (t->models.len + len <= MODELS_BODY_MAX)
+        baton_buf_append(&t->models, data, len); /* out of memory: the list is not understood */
+}
+
+static void on_models_done(baton_http_creq_t *req, int err)
+{
+    target_t *t = req->data;
+    t->req = NULL;
+    if (t->dropping || t->wc->closing) {
+        target_maybe_free(t);
+        return;
+    }
+    /* The health check passed: a worker without a model list (404, not JSON) stays unnamed
+     * and serves as a single-model worker does. */
+    if (err == 0 && t->models_status == 200 &&
+        baton_worker_models_found(t->w, t->models.data ? t->models.data : "", t->models.len) == 0)
+        log_debug(COMP, "worker_models id=%s read", t->w->id);
+    baton_buf_free(&t->models);
+    report(t, 1, 200, 0);
+}
+
+static const baton_http_client_cb_t models_cb = {
+    .on_head = on_models_head,
+    .on_data = on_models_data,
+    .on_done = on_models_done,
+};
+
+/* Starts reading t's /v1/models on the check's pool. 0, or an error (nothing started). */
+static int start_models(target_t *t)
+{
+    baton_wcheck_t *wc = t->wc;
+    if (t->models_path == NULL) {
+        size_t plen = strlen(t->w->parsed.prefix) + sizeof("/v1/models");
+        t->models_path = malloc(plen);
+        if (t->models_path == NULL)
+            return BATON_ENOMEM;
+        snprintf(t->models_path, plen, "%s/v1/models", t->w->parsed.prefix);
+    }
+    baton_http_header_t hdr[2] = {{"User-Agent", "baton-health"}, {"Authorization", t->auth}};
+    baton_http_timeouts_t to = {.connect_ms = wc->cfg.timeout_ms, .total_ms = wc->cfg.timeout_ms};
+    t->models_status = 0;
+    baton_buf_free(&t->models);
+    int err = baton_http_request(&t->req, t->pool, "GET", t->models_path, hdr, t->auth ? 2 : 1,
+                                 NULL, 0, &to, &models_cb, t);
+    if (err != 0)
+        t->req = NULL;
+    return err;
+}
 
 static void on_target_timer(uv_timer_t *h)
 {

@@ -32,9 +32,13 @@ int baton_pdproto_prefill_body(const baton_pdreq_t *r, const char *ktp, size_t l
                                        "stream",
                                        "max_tokens",
                                        "max_completion_tokens",
+                                       "max_output_tokens",
                                        "kv_transfer_params"};
     baton_buf_t tail = BATON_BUF_INIT;
-    int rc = baton_buf_append_str(&tail, ",\"stream\":false,\"max_tokens\":1");
+    /* The Responses API names its limit max_output_tokens (and knows no max_tokens). */
+    int rc = baton_buf_append_str(&tail, r->api == BATON_API_RESPONSES
+                                             ? ",\"stream\":false,\"max_output_tokens\":1"
+                                             : ",\"stream\":false,\"max_tokens\":1");
     if (!rc && baton_json_scan_get(&r->scan, "max_completion_tokens"))
         rc = baton_buf_append_str(&tail, ",\"max_completion_tokens\":1");
     if (!rc)

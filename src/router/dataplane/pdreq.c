@@ -12,10 +12,16 @@
 #include "http/sse.h"
 
 static const char *const api_paths[BATON_API__COUNT] = {
-    [BATON_API_CHAT] = "/v1/chat/completions",
-    [BATON_API_COMPLETIONS] = "/v1/completions",
-    [BATON_API_GENERATE] = "/generate",
+    [BATON_API_CHAT] = "/v1/chat/completions", [BATON_API_COMPLETIONS] = "/v1/completions",
+    [BATON_API_GENERATE] = "/generate",        [BATON_API_RESPONSES] = "/v1/responses",
+    [BATON_API_EMBEDDINGS] = "/v1/embeddings", [BATON_API_RERANK] = "/v1/rerank",
+    [BATON_API_SCORE] = "/v1/score",
 };
+
+int baton_api_regular_only(baton_api_t api)
+{
+    return api == BATON_API_EMBEDDINGS || api == BATON_API_RERANK || api == BATON_API_SCORE;
+}
 
 const char *baton_api_path(baton_api_t api)
 {
@@ -77,6 +83,11 @@ static int is_array(const val_t *v)
 static int is_string(const val_t *v)
 {
     return is_type(v, BATON_JSON_STRING);
+}
+
+static int is_object(const val_t *v)
+{
+    return is_type(v, BATON_JSON_OBJECT);
 }
 
 enum kind { K_BOOL, K_NUMBER, K_INT, K_UINT, K_POS, K_STRING, K_STOP, K_OBJECT, K_LOGPROBS };
@@ -307,6 +318,28 @@ static int validate_completions(baton_pdreq_t *r, baton_pdreq_error_t *err)
     return set_batch(r, prompts, opt(r, "n"), err);
 }
 
+/* The Responses API: `input` a string or a non-empty array of input items (objects); one
+ * sequence per request (the API has no n), so never a batch. */
+static int validate_responses(baton_pdreq_t *r, baton_pdreq_error_t *err)
+{
+    static const field_t fields[] = {{"max_output_tokens", K_UINT},
+                                     {"instructions", K_STRING},
+                                     {"previous_response_id", K_STRING}};
+    const val_t *in = opt(r, "input");
+    if (!in)
+        return fail(err, "input", "missing_parameter", "'input' is required");
+    if (!is_string(in) &&
+        !(is_array(in) && baton_json_array_size(in) > 0 && array_all(in, is_object)))
+        return fail(err, "input", "invalid_type",
+                    "'input' must be a string or a non-empty array of input items");
+    for (size_t i = 0; i < sizeof(fields) / sizeof(*fields); i++) {
+        const val_t *v = opt(r, fields[i].name);
+        if (v && !kind_ok(v, fields[i].kind))
+            return field_fail(err, "", &fields[i]);
+    }
+    return 0;
+}
+
 static int validate_sampling(const val_t *sp, val_t *n, int *has_n, baton_pdreq_error_t *err)
 {
     if (sp->type == BATON_JSON_OBJECT) {
@@ -441,6 +474,14 @@ int baton_pdreq_parse(baton_pdreq_t *r, baton_api_t api, const char *body, size_
         break;
     case BATON_API_COMPLETIONS:
         rc = validate_completions(r, err);
+        break;
+    case BATON_API_RESPONSES:
+        rc = validate_responses(r, err);
+        break;
+    case BATON_API_EMBEDDINGS:
+    case BATON_API_RERANK:
+    case BATON_API_SCORE:
+        rc = 0; /* the worker judges its own fields: passed through untouched */
         break;
     default:
         rc = validate_generate(r, err);

@@ -37,11 +37,18 @@ typedef enum {
     BATON_API_CHAT = 0,    /* POST /v1/chat/completions */
     BATON_API_COMPLETIONS, /* POST /v1/completions */
     BATON_API_GENERATE,    /* POST /generate (SGLang native) */
+    BATON_API_RESPONSES,   /* POST /v1/responses (OpenAI Responses API): never a batch */
+    /* Regular mode only (baton_api_regular_only): no generation to split into PD legs. */
+    BATON_API_EMBEDDINGS, /* POST /v1/embeddings */
+    BATON_API_RERANK,     /* POST /v1/rerank */
+    BATON_API_SCORE,      /* POST /v1/score */
     BATON_API__COUNT,
 } baton_api_t;
 
 /* The route path of an API ("/v1/chat/completions", ...). */
 const char *baton_api_path(baton_api_t api);
+/* 1 for the APIs served by regular workers only (embeddings, rerank, score). */
+int baton_api_regular_only(baton_api_t api);
 
 /* A validation failure, ready for baton_http_respond_error(). */
 typedef struct baton_pdreq_error_s {

@@ -4,6 +4,8 @@
 
 #include <string.h>
 
+#include "router/control/worker_models.h"
+
 #define PICK_STACK 64
 
 /* Takes one in-flight slot on w if it is under cap (0 = no cap). */
@@ -100,7 +102,9 @@ baton_pick_rc_t baton_pick_ctx(baton_registry_t *reg, baton_policy_t *policy,
     /* Candidates under the cap; those not avoided first. */
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        if (keep && !keep(cands[i], keep_arg)) {
+        if ((keep && !keep(cands[i], keep_arg)) ||
+            (ctx && ctx->model_pool &&
+             !baton_worker_in_pool(cands[i], (baton_model_pool_t)ctx->model_pool, ctx->model))) {
             baton_worker_unref(cands[i]);
         } else if (cap && baton_worker_in_flight(cands[i]) >= (long)cap) {
             capped = 1;

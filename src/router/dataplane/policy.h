@@ -97,6 +97,10 @@ typedef struct baton_route_ctx_s {
     size_t session_len;
     uint32_t words;
     const char *pin; /* X-Baton-Target-Worker (pick.c), NULL when none */
+    /* The requested model and the pool it selects (worker_models.h: baton_model_pool_t; 0 =
+     * every worker); pick.c keeps only the pool's workers. */
+    const char *model;
+    int model_pool;
     /* private: text built from the request (route_ctx.c), freed with the context */
     char *owned;
     /* private to policy.c */

@@ -2,6 +2,7 @@
  * them, its life time, the upstream and client events that drive it, and the entry points
  * (inference requests, GET forwarding). The other concerns are in proxy_*.c. */
 #include "router/dataplane/proxy_internal.h"
+#include "router/dataplane/models.h"
 #include "router/dataplane/proxy_pd.h"
 
 #include <stdio.h>
@@ -410,6 +411,14 @@ static baton__preq_t *pr_new(baton_proxy_loop_t *pl, baton_http_req_t *req, cons
     return pr;
 }
 
+/* 1 when a regular worker is registered (eligible or not: a down one is a 503, not a 501). */
+static int regular_workers(baton_router_t *r)
+{
+    size_t counts[BATON_ROLE_COUNT];
+    baton_registry_counts(r->registry, counts, NULL);
+    return counts[BATON_ROLE_REGULAR] > 0;
+}
+
 void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_api_t api)
 {
     baton_router_t *r = pl->router;
@@ -426,6 +435,21 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
     if (rc) {
         baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
                              "internal_error");
+        return;
+    }
+    if (baton_api_regular_only(api) && !regular_workers(r)) {
+        baton_pdreq_free(&pd);
+        char msg[200];
+        snprintf(msg, sizeof(msg),
+                 "%s is served by regular workers only, and this router has none (prefill/decode "
+                 "workers do not serve it)",
+                 route);
+        baton__respond_error(r, req, route, 501, msg, "invalid_request_error", NULL,
+                             "unsupported_in_pd_mode");
+        return;
+    }
+    if (baton_models_refuse(r, req, route, &pd)) {
+        baton_pdreq_free(&pd);
         return;
     }
     baton__preq_t *pr = pr_new(pl, req, route, MODE_PD);
@@ -449,19 +473,15 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
     baton__pr_maybe_free(pr);
 }
 
-int baton_proxy_forward(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
-                        const baton_worker_role_t *roles, size_t n_roles)
+/* Forwards req (its method and path, no body) to the worker of pick w (taken over). */
+static void forward_picked(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
+                           baton_pick_t *w)
 {
     baton_router_t *r = pl->router;
-    baton_pick_t w = {0};
-    for (size_t i = 0; i < n_roles && !w.w; i++)
-        baton__pick(r, roles[i], NULL, 0, 0, NULL, &w);
-    if (!w.w)
-        return BATON_ENOWORKER;
     baton__preq_t *pr = pr_new(pl, req, route, MODE_FORWARD);
-    baton__upstream_t *u = pr ? baton__up_new(pr, UP_MAIN, &w) : NULL;
+    baton__upstream_t *u = pr ? baton__up_new(pr, UP_MAIN, w) : NULL;
     if (!u) {
-        baton_pick_release(r->health, &w, BATON_OUTCOME_NEUTRAL);
+        baton_pick_release(r->health, w, BATON_OUTCOME_NEUTRAL);
         if (pr) {
             pr->req = NULL;
             baton__pr_set_phase(pr, PH_DONE, "oom");
@@ -472,15 +492,43 @@ int baton_proxy_forward(baton_proxy_loop_t *pl, baton_http_req_t *req, const cha
         }
         baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
                              "internal_error");
-        return 0;
+        return;
     }
     pr->up[UP_MAIN] = u;
     pr->attempts = 1;
     u->buffer = 1;
     baton__pr_set_phase(pr, PH_SENT, "forward");
-    int rc = baton__up_start(pr, u, "GET", req->path, NULL, 0);
+    int rc = baton__up_start(pr, u, req->method, req->path, NULL, 0);
     if (rc)
         baton__side_failed(pr, u, rc);
     baton__pr_maybe_free(pr);
+}
+
+int baton_proxy_forward(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
+                        const baton_worker_role_t *roles, size_t n_roles)
+{
+    baton_pick_t w = {0};
+    for (size_t i = 0; i < n_roles && !w.w; i++)
+        baton__pick(pl->router, roles[i], NULL, 0, 0, NULL, &w);
+    if (!w.w)
+        return BATON_ENOWORKER;
+    forward_picked(pl, req, route, &w);
+    return 0;
+}
+
+int baton_proxy_forward_to(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
+                           const char *worker_id)
+{
+    baton_worker_t *target = baton_registry_get(pl->router->registry, worker_id);
+    if (!target)
+        return BATON_ENOWORKER;
+    baton_route_ctx_t ctx = {.pin = worker_id};
+    baton_pick_t w = {0};
+    baton__pick(pl->router, target->role, NULL, 0, 0, &ctx, &w);
+    baton_route_ctx_free(&ctx);
+    baton_worker_unref(target);
+    if (!w.w)
+        return BATON_ENOWORKER;
+    forward_picked(pl, req, route, &w);
     return 0;
 }

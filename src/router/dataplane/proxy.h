@@ -4,6 +4,7 @@
 #define BATON_ROUTER_PROXY_H
 
 #include <stdint.h>
+#include <jansson.h>
 #include <uv.h>
 
 #include <stdatomic.h>
@@ -134,6 +135,10 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
  */
 int baton_proxy_forward(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
                         const baton_worker_role_t *roles, size_t n_roles);
+/* The same (the request's own method, no body) to the worker with this id, when it is
+ * registered and eligible; else BATON_ENOWORKER (the request untouched). */
+int baton_proxy_forward_to(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
+                           const char *worker_id);
 
 /* ---- helpers shared with routes.c ---- */
 
@@ -143,5 +148,8 @@ int baton__respond(baton_router_t *r, baton_http_req_t *req, const char *route, 
 int baton__respond_error(baton_router_t *r, baton_http_req_t *req, const char *route, int status,
                          const char *message, const char *type, const char *param,
                          const char *code);
+/* Responds with j as compact JSON (j is consumed; NULL, or out of memory: a 500). */
+void baton__respond_json(baton_router_t *r, baton_http_req_t *req, const char *route, int status,
+                         json_t *j);
 
 #endif

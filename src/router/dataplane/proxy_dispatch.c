@@ -259,6 +259,10 @@ void baton__respond_no_worker(baton__preq_t *pr, int pd_missing_prefill)
         msg = "no worker available";
         code = "no_worker";
     }
+    if (baton_api_regular_only(pr->pd.api)) {
+        msg = "no regular worker available";
+        code = "no_regular_worker";
+    }
     baton__pr_respond_error(pr, 503, msg, "service_unavailable_error", code);
 }
 
@@ -274,7 +278,10 @@ enum baton__start_rc baton__start_attempt(baton__preq_t *pr, int *missing_prefil
         pr->rctx_built = 1;
     }
     baton_route_ctx_t *ctx = &pr->rctx;
-    prc = baton__pick(r, BATON_ROLE_PREFILL, pr->avoid, pr->n_avoid, 1, ctx, &p);
+    /* Embeddings and the like have no generation to split: regular workers only. */
+    prc = baton_api_regular_only(pr->pd.api)
+              ? BATON_PICK_NONE
+              : baton__pick(r, BATON_ROLE_PREFILL, pr->avoid, pr->n_avoid, 1, ctx, &p);
     if (prc == BATON_PICK_OK) {
         drc = pick_decode_for(r, pr, p.w, ctx, &d);
         if (drc != BATON_PICK_OK) {

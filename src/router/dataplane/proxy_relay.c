@@ -3,6 +3,7 @@
  * held until prefill answers), buffered answers passed on. */
 #include "router/dataplane/proxy_internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
@@ -10,6 +11,8 @@
 #include "baton/error.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "router/control/worker_models.h"
+#include "router/dataplane/responses.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Client responses (each records the request in the metrics)                               */
@@ -42,6 +45,30 @@ int baton__respond_error(baton_router_t *r, baton_http_req_t *req, const char *r
     return rc;
 }
 
+/* The request by model: the label is a model some registered worker serves (its pool was
+ * chosen by name), else "other", so clients' names cannot grow the label set. */
+static void record_model(baton__preq_t *pr, int status, int rc)
+{
+    const char *model =
+        pr->rctx_built && pr->rctx.model_pool == (int)BATON_POOL_NAMED ? pr->rctx.model : "other";
+    baton_router_metrics_model_done(pr->pl->router->metrics, model,
+                                    rc == BATON_ECLOSED ? 499 : status);
+}
+
+void baton__respond_json(baton_router_t *r, baton_http_req_t *req, const char *route, int status,
+                         json_t *j)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!s) {
+        baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
+                             "internal_error");
+        return;
+    }
+    baton__respond(r, req, route, status, "application/json", s, strlen(s));
+    free(s);
+}
+
 /* The client request, taken out of pr for the one call that finishes it (phase DONE). */
 static baton_http_req_t *take_req(baton__preq_t *pr, const char *why)
 {
@@ -58,7 +85,8 @@ void baton__pr_respond(baton__preq_t *pr, int status, const char *ctype, const c
 {
     baton_http_req_t *req = take_req(pr, "respond");
     if (req)
-        baton__respond(pr->pl->router, req, pr->route, status, ctype, body, len);
+        record_model(pr, status,
+                     baton__respond(pr->pl->router, req, pr->route, status, ctype, body, len));
 }
 
 void baton__pr_respond_error(baton__preq_t *pr, int status, const char *message, const char *type,
@@ -66,7 +94,9 @@ void baton__pr_respond_error(baton__preq_t *pr, int status, const char *message,
 {
     baton_http_req_t *req = take_req(pr, "respond_error");
     if (req)
-        baton__respond_error(pr->pl->router, req, pr->route, status, message, type, NULL, code);
+        record_model(pr, status,
+                     baton__respond_error(pr->pl->router, req, pr->route, status, message, type,
+                                          NULL, code));
 }
 
 /* 429 with Retry-After: the router is saturated now, a later try may pass. */
@@ -88,6 +118,7 @@ void baton__pr_respond_queue_full(baton__preq_t *pr)
                                           "queue_full");
     free(s);
     record(r, start, pr->route, 429, rc, uv_hrtime());
+    record_model(pr, 429, rc);
 }
 
 void baton__pr_stream_start(baton__preq_t *pr)
@@ -107,6 +138,7 @@ void baton__pr_stream_end(baton__preq_t *pr, int status_for_metrics)
     uint64_t start = req->start_ns;
     int rc = baton_http_stream_end(req);
     record(pr->pl->router, start, pr->route, status_for_metrics, rc, pr->ttfb_ns);
+    record_model(pr, status_for_metrics, rc);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -127,6 +159,7 @@ static void client_write(baton__preq_t *pr, const char *data, size_t len)
     unsigned events = baton_token_scan_events(&pr->tokens, data, len);
     if (events)
         baton_token_scan_observe(&pr->tokens, events, uv_hrtime());
+    pr->events_out += events;
     baton_http_stream_write(pr->req, data, len);
     /* Back-pressure: decode is not read while the client's queue is over the watermark, or
      * holds anything while streams together have more than their share of the budget queued;
@@ -241,8 +274,17 @@ static void event_too_large(baton__preq_t *pr)
  * (an error event) always starts at an event boundary; the bytes of an event not yet complete
  * wait in pr->sse, at most --max-sse-event-bytes of them.
  */
+/* A Responses answer: note which worker holds it (GET/DELETE by id go there). */
+static void note_response(baton__preq_t *pr, const char *data, size_t len)
+{
+    baton__upstream_t *u = pr->up[UP_MAIN];
+    if (pr->pd.api == BATON_API_RESPONSES && pr->mode != MODE_FORWARD && u && u->w && data)
+        baton_responses_note(u->w->id, data, len, &pr->resp_seen, &pr->resp_noted);
+}
+
 void baton__relay_stream_bytes(baton__preq_t *pr, const char *data, size_t len)
 {
+    note_response(pr, data, len);
     int merge = pr->mode == MODE_PD && pr->pd.logprobs && (!pr->lp_pass || pr->phase == PH_HOLDING);
     int rc;
     if (merge) {
@@ -370,6 +412,7 @@ void baton__relay_main_body_done(baton__preq_t *pr)
             return;
         }
     }
+    note_response(pr, u->resp.data, u->resp.len);
     baton__pr_respond(pr, u->status, ctype, u->resp.data ? u->resp.data : "", u->resp.len);
 }
 

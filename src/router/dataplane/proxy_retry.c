@@ -3,6 +3,7 @@
  * jittered back-off, the other side cancelled at once, answers deferred until nothing in flight
  * borrows the client's body, and blame for the breakers. */
 #include "router/dataplane/proxy_internal.h"
+#include "router/dataplane/responses.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,7 +57,9 @@ static void emit_failure(baton__preq_t *pr)
          * so the error event is an event of its own that every SSE parser sees. */
         baton_sse_splitter_free(&pr->sse);
         baton_buf_t ev = BATON_BUF_INIT;
-        if (baton_sse_error_event(&ev, msg, type, code) == 0)
+        if ((pr->pd.api == BATON_API_RESPONSES
+                 ? baton_responses_error_event(&ev, msg, code, pr->events_out)
+                 : baton_sse_error_event(&ev, msg, type, code)) == 0)
             baton_http_stream_write(pr->req, ev.data, ev.len);
         baton_buf_free(&ev);
         baton__pr_stream_end(pr, 200);

@@ -8,6 +8,7 @@
 #include "baton/error.h"
 #include "common/log.h"
 #include "router/auth.h"
+#include "router/control/worker_models.h"
 
 typedef baton_json_val_t val_t;
 
@@ -83,6 +84,23 @@ static int prompt_text(const baton_pdreq_t *pd, baton_buf_t *b)
         }
         return 0;
     }
+    if (pd->api == BATON_API_RESPONSES) {
+        /* instructions, then the input: a string, or items whose content counts as chat's. */
+        baton_json_iter_t it;
+        val_t m, content;
+        if ((v = baton_pdreq_get(pd, "instructions")) && v->type == BATON_JSON_STRING &&
+            add_str(b, v))
+            return BATON_ENOMEM;
+        if (!(v = baton_pdreq_get(pd, "input")))
+            return 0;
+        if (v->type == BATON_JSON_STRING)
+            return add_str(b, v);
+        baton_json_iter_init(&it, v);
+        while (baton_json_array_next(&it, &m))
+            if (baton_json_object_get(&m, "content", &content) && add_content(b, &content))
+                return BATON_ENOMEM;
+        return 0;
+    }
     if (pd->api == BATON_API_COMPLETIONS)
         v = baton_pdreq_get(pd, "prompt");
     else if (!(v = baton_pdreq_get(pd, "text")))
@@ -155,6 +173,18 @@ int baton_route_ctx_build(baton_route_ctx_t *ctx, baton_router_t *r, const baton
             session_len = b.len - 1 - session_at;
         }
     }
+    /* The model, decoded after the session key: its pool is chosen once per request. */
+    size_t model_at = 0;
+    int has_model = 0;
+    const baton_json_val_t *mv = baton_pdreq_get(pd, "model");
+    if (mv && mv->type == BATON_JSON_STRING && baton_json_str_len(mv)) {
+        model_at = b.len;
+        if (baton_json_str_append(mv, &b) || baton_buf_append(&b, "", 1)) {
+            baton_buf_free(&b);
+            return BATON_ENOMEM;
+        }
+        has_model = 1;
+    }
     if (b.data) {
         ctx->owned = b.data; /* NUL-terminated pieces, owned by the context */
         if (text_len) {
@@ -166,7 +196,10 @@ int baton_route_ctx_build(baton_route_ctx_t *ctx, baton_router_t *r, const baton
             ctx->session = b.data + session_at;
             ctx->session_len = session_len;
         }
+        if (has_model)
+            ctx->model = b.data + model_at;
     }
+    ctx->model_pool = (int)baton_models_classify(r->registry, ctx->model);
     const baton_http_header_t *pin = baton_http_req_header(req, "X-Baton-Target-Worker");
     if (pin && pin->value[0] && baton_pin_allowed(r, req))
         ctx->pin = pin->value;

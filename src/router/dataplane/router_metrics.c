@@ -27,6 +27,7 @@ struct baton_router_metrics_s {
     baton_metric_family_t *in_flight;
     baton_metric_family_t *workers;
     baton_metric_family_t *upstream_errors;
+    baton_metric_family_t *model_requests;
 
     pthread_mutex_t sync_lock; /* the worker series published by the last sync */
     seen_worker_t *seen;
@@ -50,6 +51,7 @@ int baton_router_metrics_create(baton_router_metrics_t **m_p, baton_metrics_t *r
     const char *worker_role[] = {"worker", "role"};
     const char *role[] = {"role"};
     const char *role_kind[] = {"role", "kind"};
+    const char *model_status[] = {"model", "status"};
     m->requests = baton_metrics_counter(reg, "baton_requests_total",
                                         "Client requests answered by the router, by route and "
                                         "HTTP status.",
@@ -69,7 +71,12 @@ int baton_router_metrics_create(baton_router_metrics_t **m_p, baton_metrics_t *r
     m->upstream_errors = baton_metrics_counter(
         reg, "baton_upstream_errors_total",
         "Failed upstream requests to workers, by worker role and error kind.", 2, role_kind);
-    if (m->requests == NULL || m->duration == NULL || m->ttfb == NULL || m->in_flight == NULL ||
+    m->model_requests = baton_metrics_counter(
+        reg, "baton_model_requests_total",
+        "Inference requests answered, by requested model (\"other\": a name no registered "
+        "worker serves, or none) and HTTP status.",
+        2, model_status);
+    if (m->model_requests == NULL || m->requests == NULL || m->duration == NULL || m->ttfb == NULL || m->in_flight == NULL ||
         m->workers == NULL || m->upstream_errors == NULL) {
         /* Families already registered stay in `reg` (a registry cannot drop one); the usual
          * cause is calling create twice on the same registry. */
@@ -127,6 +134,15 @@ void baton_router_metrics_request_done(baton_router_metrics_t *m, const char *ro
         baton_histogram_observe(baton_metric_child(m->duration, r), duration_s);
     if (ttfb_s >= 0)
         baton_histogram_observe(baton_metric_child(m->ttfb, r), ttfb_s);
+}
+
+void baton_router_metrics_model_done(baton_router_metrics_t *m, const char *model, int status)
+{
+    if (m == NULL)
+        return;
+    char st[16];
+    const char *v[] = {model ? model : "other", status_label(status, st)};
+    baton_counter_add(baton_metric_child(m->model_requests, v), 1);
 }
 
 void baton_router_metrics_upstream_error(baton_router_metrics_t *m, baton_worker_role_t role,

@@ -13,6 +13,8 @@
  *                                                                response byte
  *   baton_time_to_first_byte_seconds{route}            histogram first request byte → first
  *                                                                response byte (router-observed)
+ *   baton_model_requests_total{model,status}           counter   proxied inference requests
+ *       answered, by requested model ("other" when no registered worker names it)
  *   baton_worker_in_flight_requests{worker,role}       gauge     per worker (label = worker id)
  *   baton_workers{role}                                gauge     registered workers per role
  *   baton_upstream_errors_total{role,kind}             counter   failed upstream requests,
@@ -39,6 +41,9 @@ void baton_router_metrics_request_done(baton_router_metrics_t *m, const char *ro
                                        double duration_s, double ttfb_s);
 
 /* One failed upstream request; `kind` from the list above. */
+/* One finished inference request for `model` (a registered model's id, or "other"). */
+void baton_router_metrics_model_done(baton_router_metrics_t *m, const char *model, int status);
+
 void baton_router_metrics_upstream_error(baton_router_metrics_t *m, baton_worker_role_t role,
                                          const char *kind);
 

@@ -117,7 +117,7 @@ static void check_exposition(const char *text)
         strtod(p + 1, &end);
         assert_true(*end == '\0' && end != p + 1);
     }
-    assert_int_equal(n_families, 6);
+    assert_int_equal(n_families, 7);
     free(copy);
 }
 
@@ -137,6 +137,9 @@ static void test_families_and_updates(void **state)
     baton_router_metrics_upstream_error(m, BATON_ROLE_PREFILL, "connect");
     baton_router_metrics_upstream_error(m, BATON_ROLE_DECODE,
                                         baton_router_metrics_error_kind(BATON_ETIMEOUT_IDLE));
+    baton_router_metrics_model_done(m, "llama", 200);
+    baton_router_metrics_model_done(m, "llama", 200);
+    baton_router_metrics_model_done(m, NULL, 404);
 
     char *s = render(m, NULL);
     check_exposition(s);
@@ -157,6 +160,8 @@ static void test_families_and_updates(void **state)
     assert_true(
         has_line(s, "baton_request_duration_seconds_bucket{route=\"/generate\",le=\"+Inf\"} 1"));
     assert_true(has_line(s, "baton_upstream_errors_total{role=\"prefill\",kind=\"connect\"} 2"));
+    assert_true(has_line(s, "baton_model_requests_total{model=\"llama\",status=\"200\"} 2"));
+    assert_true(has_line(s, "baton_model_requests_total{model=\"other\",status=\"404\"} 1"));
     free(s);
 
     /* A worker chooses the statuses passed through: unknown ones share a bucket, so the label

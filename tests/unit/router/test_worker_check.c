@@ -45,6 +45,9 @@ typedef struct srv_s {
     int requests;
     char last_path[256];
     char last_auth[128];
+    int model_reads; /* GET <prefix>/v1/models after a passing check (no model_id) */
+    char models_path[256];
+    char models_auth[128];
     baton_http_req_t *held[MAX_HELD];
     int closed;
 } srv_t;
@@ -66,9 +69,18 @@ static void on_held_abort(baton_http_req_t *req)
 static void handler(baton_http_req_t *req, void *ctx)
 {
     srv_t *s = ctx;
+    const baton_http_header_t *auth = baton_http_req_header(req, "authorization");
+    size_t plen = strlen(req->path);
+    if (plen >= 10 && strcmp(req->path + plen - 10, "/v1/models") == 0) {
+        /* not a health check: the model list of a worker registered without a model_id */
+        s->model_reads++;
+        snprintf(s->models_path, sizeof(s->models_path), "%s", req->path);
+        snprintf(s->models_auth, sizeof(s->models_auth), "%s", auth != NULL ? auth->value : "");
+        baton_http_respond(req, 404, "text/plain", NULL, 0, "no", 2);
+        return;
+    }
     s->requests++;
     snprintf(s->last_path, sizeof(s->last_path), "%s", req->path);
-    const baton_http_header_t *auth = baton_http_req_header(req, "authorization");
     snprintf(s->last_auth, sizeof(s->last_auth), "%s", auth != NULL ? auth->value : "");
     if (s->mode == S_OK) {
         baton_http_respond(req, 200, "text/plain", NULL, 0, "ok", 2);
@@ -355,6 +367,10 @@ static void test_settles_up_with_prefix_and_key(void **state)
     assert_true(run_until(&fx, watch_settled_up, BOUND_MS));
     assert_string_equal(fx.srv[i].last_path, "/pfx/health");
     assert_string_equal(fx.srv[i].last_auth, "Bearer sekret");
+    /* passing checks of a worker without a model_id read its model list, same prefix and key */
+    assert_true(fx.srv[i].model_reads > 0);
+    assert_string_equal(fx.srv[i].models_path, "/pfx/v1/models");
+    assert_string_equal(fx.srv[i].models_auth, "Bearer sekret");
     assert_int_equal(baton_worker_health(fx.w[i]), BATON_HEALTH_HEALTHY);
     baton_whealth_info_t in = info_of(&fx, fx.w[i]);
     assert_int_equal(in.checks, FALL - 1); /* a new worker is up, confirmed by fall-1 passes */
