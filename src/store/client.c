@@ -220,6 +220,40 @@ int baton__op_request(op_t *op, baton__sp_msg_t *m, baton__sp_item_t **items_p)
     return 0;
 }
 
+int baton__op_send(op_t *op, const char *const *keys, const baton_store_obj_t *objs,
+                   baton__srpc_cb cb)
+{
+    baton_store_client_t *cl = op->cl;
+    baton__sp_msg_t m;
+    baton__sp_item_t *items = NULL;
+    int rc = baton__op_copy_keys(op, keys, objs);
+    if (rc == 0)
+        rc = baton__op_request(op, &m, &items);
+    if (rc == 0) {
+        m.replicas = op->replicas;
+        m.flags = op->flags;
+        op->start_ms = baton_now_ms(); /* a get's lease is measured from before the request */
+        rc = baton__srpc_call(cl->master, &m, cl->timeout_ms, cb, op);
+    }
+    free(items);
+    if (rc != 0) {
+        cl->ops--;
+        free(op->o);
+        free(op->res);
+        free(op);
+    }
+    return rc;
+}
+
+int baton__op_reply_status(const op_t *op, int status, const baton__sp_msg_t *r)
+{
+    if (status == 0 && r->status != 0)
+        status = r->status;
+    if (status == 0 && r->n_ritems != op->n)
+        status = BATON_XFER_EPROTO;
+    return status;
+}
+
 /* Keeps an object's placement from the master's reply. */
 int baton__op_take_placement(op_t *op, oobj_t *o, const baton__sp_msg_t *r,
                              const baton__sp_ritem_t *it)
@@ -276,10 +310,7 @@ uint64_t baton__slice_obj_off(const oobj_t *o, uint32_t s)
 static void on_simple_reply(void *data, int status, baton__sp_msg_t *r)
 {
     op_t *op = data;
-    if (status == 0 && r->status != 0)
-        status = r->status;
-    if (status == 0 && r->n_ritems != op->n)
-        status = BATON_XFER_EPROTO;
+    status = baton__op_reply_status(op, status, r);
     for (size_t i = 0; status == 0 && i < op->n; i++) {
         op->o[i].status = r->ritems[i].status;
         op->o[i].obj_len = r->ritems[i].len;
@@ -298,21 +329,7 @@ static int simple_call(baton_store_client_t *cl, uint8_t type, const char *const
     op_t *op = baton__op_new(cl, type, n, cb, data);
     if (op == NULL)
         return BATON_XFER_ENOMEM;
-    baton__sp_msg_t m;
-    baton__sp_item_t *items = NULL;
-    int rc = baton__op_copy_keys(op, keys, NULL);
-    if (rc == 0)
-        rc = baton__op_request(op, &m, &items);
-    if (rc == 0)
-        rc = baton__srpc_call(cl->master, &m, cl->timeout_ms, on_simple_reply, op);
-    free(items);
-    if (rc != 0) {
-        cl->ops--;
-        free(op->o);
-        free(op->res);
-        free(op);
-    }
-    return rc;
+    return baton__op_send(op, keys, NULL, on_simple_reply);
 }
 
 int baton_store_exists(baton_store_client_t *cl, const char *const *keys, size_t n,

@@ -183,10 +183,7 @@ static int start_slice_write(op_t *op, uint32_t i, uint32_t rep, uint32_t s)
 static void on_put_started(void *data, int status, baton__sp_msg_t *r)
 {
     op_t *op = data;
-    if (status == 0 && r->status != 0)
-        status = r->status;
-    if (status == 0 && r->n_ritems != op->n)
-        status = BATON_XFER_EPROTO;
+    status = baton__op_reply_status(op, status, r);
     if (status == 0)
         status = baton__op_keep_nodes(op, r);
     if (status != 0) {
@@ -232,26 +229,11 @@ int baton_store_put(baton_store_client_t *cl, const baton_store_obj_t *objs, siz
     op_t *op = baton__op_new(cl, BATON__SP_PUT_START, n, cb, data);
     if (op == NULL)
         return BATON_XFER_ENOMEM;
-    baton__sp_msg_t m;
-    baton__sp_item_t *items = NULL;
-    int rc = baton__op_copy_keys(op, NULL, objs);
-    for (size_t i = 0; rc == 0 && i < n; i++)
+    for (size_t i = 0; i < n; i++)
         op->o[i].crc = baton_store_crc32c(0, objs[i].addr, objs[i].len);
-    if (rc == 0)
-        rc = baton__op_request(op, &m, &items);
-    if (rc == 0) {
-        m.replicas = opts.replicas;
-        m.flags = opts.flags;
-        rc = baton__srpc_call(cl->master, &m, cl->timeout_ms, on_put_started, op);
-    }
-    free(items);
-    if (rc != 0) {
-        cl->ops--;
-        free(op->o);
-        free(op->res);
-        free(op);
-    }
-    return rc;
+    op->replicas = opts.replicas;
+    op->flags = opts.flags;
+    return baton__op_send(op, NULL, objs, on_put_started);
 }
 
 /* ---- get --------------------------------------------------------------------------------------
@@ -323,10 +305,7 @@ static void on_slice_read(void *data, uint64_t room_id, int status, const baton_
 static void on_get_reply(void *data, int status, baton__sp_msg_t *r)
 {
     op_t *op = data;
-    if (status == 0 && r->status != 0)
-        status = r->status;
-    if (status == 0 && r->n_ritems != op->n)
-        status = BATON_XFER_EPROTO;
+    status = baton__op_reply_status(op, status, r);
     if (status == 0)
         status = baton__op_keep_nodes(op, r);
     if (status != 0) {
@@ -384,20 +363,5 @@ int baton_store_get(baton_store_client_t *cl, const baton_store_obj_t *objs, siz
     op_t *op = baton__op_new(cl, BATON__SP_GET, n, cb, data);
     if (op == NULL)
         return BATON_XFER_ENOMEM;
-    baton__sp_msg_t m;
-    baton__sp_item_t *items = NULL;
-    int rc = baton__op_copy_keys(op, NULL, objs);
-    if (rc == 0)
-        rc = baton__op_request(op, &m, &items);
-    op->start_ms = baton_now_ms(); /* the lease is measured from before the request */
-    if (rc == 0)
-        rc = baton__srpc_call(cl->master, &m, cl->timeout_ms, on_get_reply, op);
-    free(items);
-    if (rc != 0) {
-        cl->ops--;
-        free(op->o);
-        free(op->res);
-        free(op);
-    }
-    return rc;
+    return baton__op_send(op, NULL, objs, on_get_reply);
 }

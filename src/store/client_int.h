@@ -73,6 +73,14 @@ int baton__op_request(op_t *op, baton__sp_msg_t *m, baton__sp_item_t **items_p);
 int baton__op_take_placement(op_t *op, oobj_t *o, const baton__sp_msg_t *r,
                              const baton__sp_ritem_t *it);
 int baton__op_keep_nodes(op_t *op, const baton__sp_msg_t *r);
+/* Copies the keys (and, for puts and gets, the buffers) and sends the op's request to the master
+ * with cb for its reply (replicas and flags from the op). On failure the op never started: it is
+ * freed without a callback and the error returned. */
+int baton__op_send(op_t *op, const char *const *keys, const baton_store_obj_t *objs,
+                   baton__srpc_cb cb);
+/* The status of a master's reply to the op: the call's, else the reply's, else EPROTO when it
+ * does not have one item per object. */
+int baton__op_reply_status(const op_t *op, int status, const baton__sp_msg_t *r);
 const baton__sp_node_t *baton__op_node(const op_t *op, uint32_t node);
 uint64_t baton__slice_obj_off(const oobj_t *o, uint32_t s);
 /* The control channel to a node's ctrl port (created on first use). */
