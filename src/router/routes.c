@@ -189,21 +189,9 @@ static void respond_error_hdr(baton_proxy_loop_t *pl, baton_http_req_t *req, con
                               int status, const char *msg, const char *type, const char *code,
                               const baton_http_header_t *hdr)
 {
-    baton_router_t *r = baton_proxy_loop_router(pl);
     json_t *j = json_pack("{s:{s:s,s:s,s:n,s:s}}", "error", "message", msg, "type", type, "param",
                           "code", code);
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    json_decref(j);
-    if (!s) {
-        baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
-                             "internal_error");
-        return;
-    }
-    uint64_t start = req->start_ns;
-    int rc = baton_http_respond(req, status, "application/json", hdr, 1, s, strlen(s));
-    free(s);
-    double d = baton_seconds_since(start);
-    baton_router_metrics_request_done(r->metrics, route, rc == BATON_ECLOSED ? 499 : status, d, d);
+    baton__respond_json_hdr(baton_proxy_loop_router(pl), req, route, status, j, hdr);
 }
 
 static void method_not_allowed(baton_proxy_loop_t *pl, baton_http_req_t *req, const route_t *rt)

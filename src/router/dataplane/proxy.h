@@ -151,5 +151,8 @@ int baton__respond_error(baton_router_t *r, baton_http_req_t *req, const char *r
 /* Responds with j as compact JSON (j is consumed; NULL, or out of memory: a 500). */
 void baton__respond_json(baton_router_t *r, baton_http_req_t *req, const char *route, int status,
                          json_t *j);
+/* The same with one extra header (Allow, WWW-Authenticate, Retry-After); hdr may be NULL. */
+void baton__respond_json_hdr(baton_router_t *r, baton_http_req_t *req, const char *route,
+                             int status, json_t *j, const baton_http_header_t *hdr);
 
 #endif

@@ -55,8 +55,8 @@ static void record_model(baton__preq_t *pr, int status, int rc)
                                     rc == BATON_ECLOSED ? 499 : status);
 }
 
-void baton__respond_json(baton_router_t *r, baton_http_req_t *req, const char *route, int status,
-                         json_t *j)
+void baton__respond_json_hdr(baton_router_t *r, baton_http_req_t *req, const char *route,
+                             int status, json_t *j, const baton_http_header_t *hdr)
 {
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
@@ -65,8 +65,16 @@ void baton__respond_json(baton_router_t *r, baton_http_req_t *req, const char *r
                              "internal_error");
         return;
     }
-    baton__respond(r, req, route, status, "application/json", s, strlen(s));
+    uint64_t start = req->start_ns; /* req is gone once finished */
+    int rc = baton_http_respond(req, status, "application/json", hdr, hdr ? 1 : 0, s, strlen(s));
+    record(r, start, route, status, rc, uv_hrtime());
     free(s);
+}
+
+void baton__respond_json(baton_router_t *r, baton_http_req_t *req, const char *route, int status,
+                         json_t *j)
+{
+    baton__respond_json_hdr(r, req, route, status, j, NULL);
 }
 
 /* The client request, taken out of pr for the one call that finishes it (phase DONE). */
