@@ -101,6 +101,11 @@ typedef struct baton_route_ctx_s {
      * every worker); pick.c keeps only the pool's workers. */
     const char *model;
     int model_pool;
+    /* The prompt's token ids from the model's tokenizer, as the engine will see them (chat
+     * template rendered): NULL / 0 when the router has no tokenizer for the model. Borrowed from
+     * the request like the strings above. Exact-prefix policies hash these, never the text. */
+    const uint32_t *tokens;
+    size_t n_tokens;
     /* private: text built from the request (route_ctx.c), freed with the context */
     char *owned;
     /* private to policy.c */
