@@ -308,12 +308,13 @@ int baton_rtok_create(baton_rtok_t **out, baton_rtok_set_t *set, size_t cache_by
                                  *const reason[] = {"reason"};
         baton_metric_family_t *sec = baton_metrics_histogram(
             reg, "baton_tokenize_seconds",
-            "Time the router took to compute a prompt's token ids (chat template rendered and "
-            "encoded), by API.",
+            "Time the router took to compute a routed request's prompt token ids (chat template "
+            "rendered and encoded), by API.",
             1, api, tok_buckets, sizeof(tok_buckets) / sizeof(tok_buckets[0]));
         baton_metric_family_t *tok = baton_metrics_counter(
             reg, "baton_prompt_tokens_total",
-            "Prompt tokens the router counted with the model's tokenizer, by API.", 1, api);
+            "Prompt tokens of routed requests the router counted with the model's tokenizer, by "
+            "API.", 1, api);
         rt->refused = baton_metrics_counter(
             reg, "baton_context_length_refusals_total",
             "Requests refused with 400 because prompt tokens (+ max_tokens) exceed the model's "
@@ -694,7 +695,6 @@ fail:
 int baton_rtok_encode(baton_rtok_local_t *L, const baton_rtok_model_t *m, const char *text,
                       size_t len, int chat, int add_special, baton_tok_ids_t *out)
 {
-    uint64_t t0 = uv_hrtime();
     size_t base = out->len;
     int rc;
     if (chat) {
@@ -710,9 +710,11 @@ int baton_rtok_encode(baton_rtok_local_t *L, const baton_rtok_model_t *m, const 
         if (rc)
             out->len = base;
     }
-    if (rc == 0) {
-        baton_histogram_observe(L->rt->seconds[!!chat], baton_seconds_since(t0));
-        baton_counter_add(L->rt->tokens[!!chat], (double)(out->len - base));
-    }
     return rc;
+}
+
+void baton_rtok_observe(baton_rtok_local_t *L, int chat, uint64_t t0_ns, size_t n_tokens)
+{
+    baton_histogram_observe(L->rt->seconds[!!chat], baton_seconds_since(t0_ns));
+    baton_counter_add(L->rt->tokens[!!chat], (double)n_tokens);
 }

@@ -83,11 +83,13 @@ const baton_rtok_set_t *baton_rtok_local_set(baton_rtok_local_t *L);
  *          the loop's prefix cache;
  *   else:  a completion prompt; special-token text parsed, with add_special the
  *          post-processor's tokens (and the bos transformers adds, add_bos).
- * 0, BATON_EINVAL (not UTF-8) or BATON_ENOMEM. The time taken and tokens counted go to the
- * metrics.
+ * 0, BATON_EINVAL (not UTF-8) or BATON_ENOMEM.
  */
 int baton_rtok_encode(baton_rtok_local_t *L, const baton_rtok_model_t *m, const char *text,
                       size_t len, int chat, int add_special, baton_tok_ids_t *out);
+/* Records one routed request's tokenization (baton_tokenize_seconds from t0_ns, a uv_hrtime()
+ * reading, and baton_prompt_tokens_total). */
+void baton_rtok_observe(baton_rtok_local_t *L, int chat, uint64_t t0_ns, size_t n_tokens);
 /* The loop's scratch (for callers that encode pieces themselves). */
 baton_tok_scratch_t *baton_rtok_scratch(baton_rtok_local_t *L);
 

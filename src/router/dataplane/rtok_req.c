@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <uv.h>
 
 #include "baton/error.h"
 #include "common/log.h"
@@ -145,6 +146,7 @@ int baton_rtok_request(baton_rtok_local_t *L, const baton_pdreq_t *pd, baton_rou
         return 0;
     baton_tok_ids_t ids = BATON_TOK_IDS_INIT;
     const char *why = "other";
+    uint64_t t0 = uv_hrtime();
     int rc = prompt_ids(L, m, pd, &ids, &why);
     if (rc == BATON_ENOMEM) {
         baton_tok_ids_free(&ids);
@@ -155,6 +157,7 @@ int baton_rtok_request(baton_rtok_local_t *L, const baton_pdreq_t *pd, baton_rou
         baton_rtok_count_failure(L, why);
         return 0;
     }
+    baton_rtok_observe(L, pd->api == BATON_API_CHAT, t0, ids.len);
     ctx->owned_tokens = ids.ids;
     ctx->tokens = ids.ids;
     ctx->n_tokens = ids.len;
