@@ -26,8 +26,8 @@ import scenlib
 def metric_sum(url, name):
     """Sum of a metric's samples in the router's /metrics (0 when absent)."""
     text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    return sum(float(m.group(1)) for m in re.finditer(r"^" + re.escape(name) + r"(?:\{[^}]*\})? (\S+)$",
-                                                      text, re.M))
+    pat = r"^" + re.escape(name) + r"(?:\{[^}]*\})? (\S+)$"
+    return sum(float(m.group(1)) for m in re.finditer(pat, text, re.M))
 
 
 def tokenize_ab(args):
@@ -36,7 +36,8 @@ def tokenize_ab(args):
     print(scenlib.machine_line())
     cases = [("chat 2k words", ["--input-len", 2000], 100.0),
              ("chat 100k words", ["--input-len", 100000], 3.0),
-             ("chat 8 turns, ~2k words at the last", ["--input-len", 250, "--multi-turn", 8], 100.0)]
+             ("chat 8 turns, ~2k words at the last", ["--input-len", 250, "--multi-turn", 8],
+              100.0)]
     if args.smoke:
         cases = [(n, a, r / 4) for n, a, r in cases[:1] + cases[2:]]
     arms = {"off": [], "on": ["--tokenizer", args.tokenizer, "--tokenize-cache-entries", 0],
