@@ -27,6 +27,7 @@ typedef struct {
     uint64_t last_print_ms;
     uint8_t secret[BATON_XFER_SECRET_MAX];
     size_t secret_len;
+    baton_xfer_transport_t transport; /* tried first; tcp after it */
     uv_loop_t *loop;
     baton_xfer_engine_t *eng;
     baton_store_client_t *cl;
@@ -227,6 +228,9 @@ typedef struct {
     int n, i;
     uint64_t *lat, t0;
     int failed;
+    int exists_phase; /* then: the master's round trip alone (exists of the same key) */
+    uint64_t *lat_ex;
+    int i_ex;
 } lat_t;
 
 static void lat_next(lat_t *L);
@@ -241,7 +245,26 @@ static void on_lat_get(void *data, int status, const baton_store_result_t *res, 
         L->failed++;
     else
         L->lat[L->i++] = uv_hrtime() - L->t0;
-    if (L->i >= L->n || L->failed > 10) {
+    if (L->failed > 10) {
+        uv_stop(L->b->loop);
+        return;
+    }
+    if (L->i >= L->n)
+        L->exists_phase = 1;
+    lat_next(L);
+}
+
+static void on_lat_exists(void *data, int status, const baton_store_result_t *res, size_t n,
+                          size_t prefix)
+{
+    lat_t *L = data;
+    (void)n;
+    (void)prefix;
+    if (status != 0 || res[0].status != 0)
+        L->failed++;
+    else
+        L->lat_ex[L->i_ex++] = uv_hrtime() - L->t0;
+    if (L->i_ex >= L->n || L->failed > 10) {
         uv_stop(L->b->loop);
         return;
     }
@@ -251,6 +274,14 @@ static void on_lat_get(void *data, int status, const baton_store_result_t *res, 
 static void lat_next(lat_t *L)
 {
     L->t0 = uv_hrtime();
+    if (L->exists_phase) {
+        const char *key = L->b->objs[0].key;
+        if (baton_store_exists(L->b->cl, &key, 1, on_lat_exists, L) != 0) {
+            L->failed = 100;
+            uv_stop(L->b->loop);
+        }
+        return;
+    }
     if (baton_store_get(L->b->cl, L->b->objs, 1, on_lat_get, L) != 0) {
         L->failed = 100;
         uv_stop(L->b->loop);
@@ -274,8 +305,9 @@ static void on_lat_put(void *data, int status, const baton_store_result_t *res, 
 
 static int run_latency(bench_t *b, int n)
 {
-    lat_t L = {b, n, 0, calloc((size_t)n, sizeof(uint64_t)), 0, 0};
-    if (L.lat == NULL)
+    lat_t L = {b, n, 0, calloc((size_t)n, sizeof(uint64_t)), 0, 0, 0,
+               calloc((size_t)n, sizeof(uint64_t)), 0};
+    if (L.lat == NULL || L.lat_ex == NULL)
         return 2;
     snprintf(b->keys_buf[0], sizeof(b->keys_buf[0]), "bench-lat-%d", (int)getpid());
     fill(baton_xfer_mem_addr(b->src), b->size, 1, 0);
@@ -283,19 +315,23 @@ static int run_latency(bench_t *b, int n)
     if (baton_store_put(b->cl, b->objs, 1, NULL, on_lat_put, &L) != 0)
         return 2;
     uv_run(b->loop, UV_RUN_DEFAULT);
-    if (L.i == 0) {
+    if (L.i == 0 || L.i_ex == 0) {
         free(L.lat);
+        free(L.lat_ex);
         return 2;
     }
     qsort(L.lat, (size_t)L.i, sizeof(*L.lat), cmp_u64);
+    qsort(L.lat_ex, (size_t)L.i_ex, sizeof(*L.lat_ex), cmp_u64);
     uint64_t rtt = tcp_rtt_p50_ns(1000);
     printf("{\"latency\":true,\"size\":%llu,\"gets\":%d,\"failed\":%d,\"get_p50_us\":%.1f,"
-           "\"get_p99_us\":%.1f,\"tcp_rtt_p50_us\":%.1f,\"p50_over_rtt\":%.1f}\n",
+           "\"get_p99_us\":%.1f,\"exists_p50_us\":%.1f,\"tcp_rtt_p50_us\":%.1f,"
+           "\"p50_over_rtt\":%.1f}\n",
            (unsigned long long)b->size, L.i, L.failed, (double)L.lat[L.i / 2] / 1e3,
-           (double)L.lat[(size_t)L.i * 99 / 100] / 1e3, (double)rtt / 1e3,
-           rtt ? (double)L.lat[L.i / 2] / (double)rtt : 0.0);
+           (double)L.lat[(size_t)L.i * 99 / 100] / 1e3, (double)L.lat_ex[L.i_ex / 2] / 1e3,
+           (double)rtt / 1e3, rtt ? (double)L.lat[L.i / 2] / (double)rtt : 0.0);
     fflush(stdout);
     free(L.lat);
+    free(L.lat_ex);
     return L.failed ? 1 : 0;
 }
 
@@ -368,6 +404,7 @@ int baton__bench_main(int argc, char **argv)
         {"namespace", required_argument, NULL, 'n'},
         {"interval-ms", required_argument, NULL, 'i'},
         {"latency", required_argument, NULL, 'L'},
+        {"transport", required_argument, NULL, 't'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -413,6 +450,10 @@ int baton__bench_main(int argc, char **argv)
         case 'i':
             b.interval_ms = (uint32_t)atoi(optarg);
             break;
+        case 't':
+            if (baton_xfer_transport_parse(optarg, &b.transport) != 0)
+                return 2;
+            break;
         case 'L':
             latency_n = atoi(optarg);
             if (latency_n <= 0)
@@ -421,7 +462,8 @@ int baton__bench_main(int argc, char **argv)
         case 'h':
             printf("usage: baton-store bench --master H:P [--size N[K|M]] [--batch N] "
                    "[--rounds N | --duration-s S] [--replicas N] [--kv-secret-file F] "
-                   "[--host H] [--namespace NS] [--interval-ms N] [--latency N]\n"
+                   "[--host H] [--namespace NS] [--interval-ms N] [--latency N] "
+                   "[--transport tcp|shm|rdma]\n"
                    "--latency N: one object of --size read N times: p50 / p99 beside the p50 "
                    "round trip of loopback TCP\n"
                    "round lines report cumulative counts and GB/s (with --duration-s at most "
@@ -445,6 +487,11 @@ int baton__bench_main(int argc, char **argv)
     baton_xfer_config_init(&xc);
     xc.listen_host = b.host ? b.host : "127.0.0.1";
     xc.log_level = BATON_XFER_LOG_WARN;
+    if (b.transport && b.transport != BATON_XFER_TRANSPORT_TCP) {
+        xc.transports[0] = b.transport;
+        xc.transports[1] = BATON_XFER_TRANSPORT_TCP;
+        xc.n_transports = 2;
+    }
     if (b.secret_len) {
         xc.secret = b.secret;
         xc.secret_len = b.secret_len;
