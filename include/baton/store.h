@@ -131,6 +131,15 @@ typedef struct {
      * call that times out, or a standby's answer, makes the next call look the leader up. */
     uint32_t reconnect_min_ms;
     uint32_t reconnect_max_ms;
+    /* Objects whose location the client remembers (default 4096; 0: none). A get or exists
+     * grants a lease; within it the object can be neither evicted nor removed, so a get of an
+     * object located less than half a lease ago (and with at least request_timeout_ms of the
+     * lease left) reads straight from the nodes, without a request to the master: exists then
+     * get costs one master round trip, not two. Such gets are not seen by the master (its
+     * gets_total, hits and LRU order count the exists or get that located the object); a
+     * cached read that fails, or a master connection that dropped since, falls back to asking
+     * the master. Direct mapped: at most one entry per hash slot. */
+    uint32_t location_cache;
 } baton_store_config_t;
 
 /* Fills the defaults and cfg->size. Any thread. */

@@ -24,6 +24,7 @@ typedef struct {
     const char *master, *host, *secret_file, *ns;
     uint64_t size;
     uint32_t batch, rounds, replicas, duration_s, keys, interval_ms;
+    uint32_t reads, reads_left; /* gets of each round's batch (after the first: located) */
     uint64_t last_print_ms;
     uint8_t secret[BATON_XFER_SECRET_MAX];
     size_t secret_len;
@@ -90,6 +91,22 @@ static void round_done(bench_t *b)
     uv_timer_start(&b->pause, on_pause, b->last_error ? 100 : b->interval_ms, 0);
 }
 
+static void on_get(void *data, int status, const baton_store_result_t *res, size_t n,
+                   size_t prefix);
+
+static void start_get(bench_t *b)
+{
+    b->reads_left--;
+    memset(baton_xfer_mem_addr(b->dst), 0, (size_t)b->size * b->batch);
+    b->t0 = uv_hrtime();
+    int rc = baton_store_get(b->cl, b->objs, b->batch, on_get, b);
+    if (rc != 0) {
+        b->get_failed += b->batch;
+        b->last_error = rc;
+        round_done(b);
+    }
+}
+
 static void on_get(void *data, int status, const baton_store_result_t *res, size_t n, size_t prefix)
 {
     bench_t *b = data;
@@ -117,7 +134,10 @@ static void on_get(void *data, int status, const baton_store_result_t *res, size
         b->bytes_got += b->size;
     }
     free(want);
-    round_done(b);
+    if (b->reads_left > 0 && status == 0)
+        start_get(b);
+    else
+        round_done(b);
 }
 
 static void on_put(void *data, int status, const baton_store_result_t *res, size_t n, size_t prefix)
@@ -143,14 +163,8 @@ static void on_put(void *data, int status, const baton_store_result_t *res, size
     }
     for (uint32_t i = 0; i < b->batch; i++)
         b->objs[i].addr = (uint8_t *)baton_xfer_mem_addr(b->dst) + (uint64_t)i * b->size;
-    memset(baton_xfer_mem_addr(b->dst), 0, (size_t)b->size * b->batch);
-    b->t0 = uv_hrtime();
-    int rc = baton_store_get(b->cl, b->objs, b->batch, on_get, b);
-    if (rc != 0) {
-        b->get_failed += b->batch;
-        b->last_error = rc;
-        round_done(b);
-    }
+    b->reads_left = b->reads;
+    start_get(b);
 }
 
 static void next_round(bench_t *b)
@@ -185,58 +199,93 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* p50 of n one-byte ping-pongs over a loopback TCP connection (both ends in this thread,
- * blocking sockets: the kernel's round trip without a second process's scheduling). */
-static uint64_t tcp_rtt_p50_ns(int n)
+/* A connected loopback TCP pair (c, a) with Nagle off. 0, or -1 with nothing left open. */
+static int loopback_pair(int *c_p, int *a_p)
 {
     int l = socket(AF_INET, SOCK_STREAM, 0), a = -1, c = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {0};
     socklen_t sl = sizeof(sa);
     sa.sin_family = AF_INET;
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    uint64_t *t = calloc((size_t)n, sizeof(*t)), p50 = 0;
     int one = 1;
-    if (t && l >= 0 && c >= 0 && bind(l, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-        listen(l, 1) == 0 && getsockname(l, (struct sockaddr *)&sa, &sl) == 0 &&
-        connect(c, (struct sockaddr *)&sa, sizeof(sa)) == 0 && (a = accept(l, NULL, NULL)) >= 0) {
-        setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        setsockopt(a, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        char x = 'x';
-        int i;
-        for (i = 0; i < n; i++) {
-            uint64_t t0 = uv_hrtime();
-            if (write(c, &x, 1) != 1 || read(a, &x, 1) != 1 || write(a, &x, 1) != 1 ||
-                read(c, &x, 1) != 1)
-                break;
-            t[i] = uv_hrtime() - t0;
-        }
-        qsort(t, (size_t)i, sizeof(*t), cmp_u64);
-        p50 = i ? t[i / 2] : 0;
-    }
-    free(t);
-    if (a >= 0)
-        close(a);
+    if (l >= 0 && c >= 0 && bind(l, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(l, 1) == 0 &&
+        getsockname(l, (struct sockaddr *)&sa, &sl) == 0 &&
+        connect(c, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+        a = accept(l, NULL, NULL);
     if (l >= 0)
         close(l);
-    if (c >= 0)
-        close(c);
+    if (a < 0) {
+        if (c >= 0)
+            close(c);
+        return -1;
+    }
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(a, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    *c_p = c;
+    *a_p = a;
+    return 0;
+}
+
+/* The echoing end of a two-thread round trip. */
+static void echo_thread(void *arg)
+{
+    int fd = *(int *)arg;
+    char x;
+    while (read(fd, &x, 1) == 1 && write(fd, &x, 1) == 1)
+        ;
+}
+
+/* p50 of n one-byte ping-pongs over loopback TCP. threads 1: both ends in this thread (blocking
+ * sockets): the kernel's round trip without any wake-up. threads 2: the echoing end on another
+ * thread, so each direction wakes a sleeping thread, as every hop between two processes (client,
+ * master, node) does. */
+static uint64_t tcp_rtt_p50_ns(int n, int threads)
+{
+    int c, a;
+    uint64_t *t = calloc((size_t)n, sizeof(*t)), p50 = 0;
+    uv_thread_t th;
+    if (t == NULL || loopback_pair(&c, &a) != 0) {
+        free(t);
+        return 0;
+    }
+    if (threads == 2 && uv_thread_create(&th, echo_thread, &a) != 0)
+        threads = 0;
+    char x = 'x';
+    int i;
+    for (i = 0; threads && i < n; i++) {
+        uint64_t t0 = uv_hrtime();
+        if (write(c, &x, 1) != 1 ||
+            (threads == 1 && (read(a, &x, 1) != 1 || write(a, &x, 1) != 1)) || read(c, &x, 1) != 1)
+            break;
+        t[i] = uv_hrtime() - t0;
+    }
+    if (threads == 2) {
+        shutdown(c, SHUT_WR); /* the echo thread reads EOF and ends */
+        uv_thread_join(&th);
+    }
+    qsort(t, (size_t)i, sizeof(*t), cmp_u64);
+    p50 = i ? t[i / 2] : 0;
+    free(t);
+    close(a);
+    close(c);
     return p50;
 }
 
+/* Phases of --latency: gets through the location cache (the object located within its lease),
+ * gets that ask the master each time (a second client without the cache), exists alone. */
+enum { LAT_CACHED, LAT_MASTER, LAT_EXISTS, LAT_PHASES };
+
 typedef struct {
     bench_t *b;
-    int n, i;
-    uint64_t *lat, t0;
-    int failed;
-    int exists_phase; /* then: the master's round trip alone (exists of the same key) */
-    uint64_t *lat_ex;
-    int i_ex;
+    baton_store_client_t *uncached;
+    int n, phase, i, failed;
+    uint64_t *lat[LAT_PHASES], t0;
 } lat_t;
 
 static void lat_next(lat_t *L);
 
-static void on_lat_get(void *data, int status, const baton_store_result_t *res, size_t n,
-                       size_t prefix)
+static void on_lat_done(void *data, int status, const baton_store_result_t *res, size_t n,
+                        size_t prefix)
 {
     lat_t *L = data;
     (void)n;
@@ -244,45 +293,30 @@ static void on_lat_get(void *data, int status, const baton_store_result_t *res, 
     if (status != 0 || res[0].status != 0)
         L->failed++;
     else
-        L->lat[L->i++] = uv_hrtime() - L->t0;
+        L->lat[L->phase][L->i++] = uv_hrtime() - L->t0;
     if (L->failed > 10) {
         uv_stop(L->b->loop);
         return;
     }
-    if (L->i >= L->n)
-        L->exists_phase = 1;
-    lat_next(L);
-}
-
-static void on_lat_exists(void *data, int status, const baton_store_result_t *res, size_t n,
-                          size_t prefix)
-{
-    lat_t *L = data;
-    (void)n;
-    (void)prefix;
-    if (status != 0 || res[0].status != 0)
-        L->failed++;
-    else
-        L->lat_ex[L->i_ex++] = uv_hrtime() - L->t0;
-    if (L->i_ex >= L->n || L->failed > 10) {
-        uv_stop(L->b->loop);
-        return;
+    if (L->i >= L->n) {
+        L->i = 0;
+        if (++L->phase == LAT_PHASES) {
+            uv_stop(L->b->loop);
+            return;
+        }
     }
     lat_next(L);
 }
 
 static void lat_next(lat_t *L)
 {
+    const char *key = L->b->objs[0].key;
     L->t0 = uv_hrtime();
-    if (L->exists_phase) {
-        const char *key = L->b->objs[0].key;
-        if (baton_store_exists(L->b->cl, &key, 1, on_lat_exists, L) != 0) {
-            L->failed = 100;
-            uv_stop(L->b->loop);
-        }
-        return;
-    }
-    if (baton_store_get(L->b->cl, L->b->objs, 1, on_lat_get, L) != 0) {
+    int rc = L->phase == LAT_EXISTS
+                 ? baton_store_exists(L->b->cl, &key, 1, on_lat_done, L)
+                 : baton_store_get(L->phase == LAT_CACHED ? L->b->cl : L->uncached, L->b->objs, 1,
+                                   on_lat_done, L);
+    if (rc != 0) {
         L->failed = 100;
         uv_stop(L->b->loop);
     }
@@ -303,11 +337,20 @@ static void on_lat_put(void *data, int status, const baton_store_result_t *res, 
     lat_next(L);
 }
 
-static int run_latency(bench_t *b, int n)
+static double pct_us(const uint64_t *v, int n, int pct)
 {
-    lat_t L = {b, n, 0, calloc((size_t)n, sizeof(uint64_t)), 0, 0, 0,
-               calloc((size_t)n, sizeof(uint64_t)), 0};
-    if (L.lat == NULL || L.lat_ex == NULL)
+    return (double)v[(size_t)n * (size_t)pct / 100] / 1e3;
+}
+
+static int run_latency(bench_t *b, const baton_store_config_t *sc, int n)
+{
+    lat_t L = {b, NULL, n, 0, 0, 0, {NULL}, 0};
+    baton_store_config_t c2 = *sc;
+    c2.location_cache = 0;
+    int ok = baton_store_client_create(b->loop, &c2, &L.uncached) == 0;
+    for (int p = 0; p < LAT_PHASES; p++)
+        ok = ok && (L.lat[p] = calloc((size_t)n, sizeof(uint64_t))) != NULL;
+    if (!ok)
         return 2;
     snprintf(b->keys_buf[0], sizeof(b->keys_buf[0]), "bench-lat-%d", (int)getpid());
     fill(baton_xfer_mem_addr(b->src), b->size, 1, 0);
@@ -315,23 +358,23 @@ static int run_latency(bench_t *b, int n)
     if (baton_store_put(b->cl, b->objs, 1, NULL, on_lat_put, &L) != 0)
         return 2;
     uv_run(b->loop, UV_RUN_DEFAULT);
-    if (L.i == 0 || L.i_ex == 0) {
-        free(L.lat);
-        free(L.lat_ex);
+    if (L.phase < LAT_PHASES)
         return 2;
-    }
-    qsort(L.lat, (size_t)L.i, sizeof(*L.lat), cmp_u64);
-    qsort(L.lat_ex, (size_t)L.i_ex, sizeof(*L.lat_ex), cmp_u64);
-    uint64_t rtt = tcp_rtt_p50_ns(1000);
+    for (int p = 0; p < LAT_PHASES; p++)
+        qsort(L.lat[p], (size_t)n, sizeof(uint64_t), cmp_u64);
+    uint64_t rtt = tcp_rtt_p50_ns(1000, 1), rtt2 = tcp_rtt_p50_ns(1000, 2);
+    double p50 = pct_us(L.lat[LAT_CACHED], n, 50);
     printf("{\"latency\":true,\"size\":%llu,\"gets\":%d,\"failed\":%d,\"get_p50_us\":%.1f,"
-           "\"get_p99_us\":%.1f,\"exists_p50_us\":%.1f,\"tcp_rtt_p50_us\":%.1f,"
+           "\"get_p99_us\":%.1f,\"get_via_master_p50_us\":%.1f,\"get_via_master_p99_us\":%.1f,"
+           "\"exists_p50_us\":%.1f,\"tcp_rtt_p50_us\":%.1f,\"tcp_rtt_2threads_p50_us\":%.1f,"
            "\"p50_over_rtt\":%.1f}\n",
-           (unsigned long long)b->size, L.i, L.failed, (double)L.lat[L.i / 2] / 1e3,
-           (double)L.lat[(size_t)L.i * 99 / 100] / 1e3, (double)L.lat_ex[L.i_ex / 2] / 1e3,
-           (double)rtt / 1e3, rtt ? (double)L.lat[L.i / 2] / (double)rtt : 0.0);
+           (unsigned long long)b->size, n, L.failed, p50, pct_us(L.lat[LAT_CACHED], n, 99),
+           pct_us(L.lat[LAT_MASTER], n, 50), pct_us(L.lat[LAT_MASTER], n, 99),
+           pct_us(L.lat[LAT_EXISTS], n, 50), (double)rtt / 1e3, (double)rtt2 / 1e3,
+           rtt ? p50 * 1e3 / (double)rtt : 0.0);
     fflush(stdout);
-    free(L.lat);
-    free(L.lat_ex);
+    for (int p = 0; p < LAT_PHASES; p++)
+        free(L.lat[p]);
     return L.failed ? 1 : 0;
 }
 
@@ -405,6 +448,7 @@ int baton__bench_main(int argc, char **argv)
         {"interval-ms", required_argument, NULL, 'i'},
         {"latency", required_argument, NULL, 'L'},
         {"transport", required_argument, NULL, 't'},
+        {"reads", required_argument, NULL, 'G'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -415,6 +459,7 @@ int baton__bench_main(int argc, char **argv)
     b.batch = 128;
     b.rounds = 3;
     b.replicas = 1;
+    b.reads = 1;
     int o;
     optind = 1;
     while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -450,6 +495,9 @@ int baton__bench_main(int argc, char **argv)
         case 'i':
             b.interval_ms = (uint32_t)atoi(optarg);
             break;
+        case 'G':
+            b.reads = (uint32_t)atoi(optarg);
+            break;
         case 't':
             if (baton_xfer_transport_parse(optarg, &b.transport) != 0)
                 return 2;
@@ -463,9 +511,12 @@ int baton__bench_main(int argc, char **argv)
             printf("usage: baton-store bench --master H:P [--size N[K|M]] [--batch N] "
                    "[--rounds N | --duration-s S] [--replicas N] [--kv-secret-file F] "
                    "[--host H] [--namespace NS] [--interval-ms N] [--latency N] "
-                   "[--transport tcp|shm|rdma]\n"
-                   "--latency N: one object of --size read N times: p50 / p99 beside the p50 "
-                   "round trip of loopback TCP\n"
+                   "[--transport tcp|shm|rdma] [--reads N]\n"
+                   "--reads N: gets of each round's batch (default 1; later ones find the "
+                   "objects through the location cache)\n"
+                   "--latency N: one object of --size read N times through the location cache, N "
+                   "times asking the master, and N exists: p50 / p99 beside loopback TCP's round "
+                   "trip (one thread, and two threads)\n"
                    "round lines report cumulative counts and GB/s (with --duration-s at most "
                    "two a second, and every failed round)\n");
             return 0;
@@ -474,7 +525,7 @@ int baton__bench_main(int argc, char **argv)
         }
     }
     if (b.master == NULL || b.batch == 0 || b.batch > BATON_STORE_BATCH_MAX || b.rounds == 0 ||
-        b.replicas == 0 || b.replicas > BATON_STORE_REPLICAS_MAX) {
+        b.reads == 0 || b.replicas == 0 || b.replicas > BATON_STORE_REPLICAS_MAX) {
         fprintf(stderr, "baton-store bench: --master H:P is required; batch 1..%d\n",
                 BATON_STORE_BATCH_MAX);
         return 2;
@@ -521,7 +572,7 @@ int baton__bench_main(int argc, char **argv)
     }
     if (latency_n) {
         fflush(stdout);
-        _exit(run_latency(&b, latency_n));
+        _exit(run_latency(&b, &sc, latency_n));
     }
     printf("{\"memcpy_GBps\":%.3f,\"size\":%llu,\"batch\":%u,\"replicas\":%u}\n",
            memcpy_gbps(b.size * b.batch), (unsigned long long)b.size, b.batch, b.replicas);

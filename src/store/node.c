@@ -3,6 +3,7 @@
  * a client exports into the segment) and serves gets (writes a segment range into the room a
  * client offers). It never looks at the bytes. */
 #include <getopt.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,42 +48,39 @@ typedef struct node_s {
     uv_timer_t hb;
     uv_signal_t sigint, sigterm;
     pwrite_t *writes;
-    uint64_t reads, writes_done, refused;
+    atomic_uint_fast64_t reads, refused; /* also the progress thread's (serve_read) */
+    uint64_t writes_done;
 } node_t;
 
 /* ---- gets: a client's offer names the range ------------------------------------------------- */
 
-static void on_read_written(baton_xfer_room_t *room, uint32_t layer, int status, void *data)
+/* Runs on the engine's progress thread (baton_xfer_engine_serve): the engine writes the range
+ * and sends DONE itself, so a get never waits for this process's loop. Reads only what never
+ * changes after start (base, size, region). */
+static int serve_read(void *data, uint64_t room_id, uint64_t len, baton_xfer_mem_t **mem_p,
+                      uint64_t *off_p)
 {
-    (void)room;
-    (void)layer;
-    (void)data;
-    (void)status; /* a failed write closes the room with its error: room_closed_cb reports it */
+    node_t *nd = data;
+    uint64_t off = baton__sp_room_off(room_id);
+    if (len == 0 || off > nd->seg_bytes || len > nd->seg_bytes - off) {
+        atomic_fetch_add(&nd->refused, 1);
+        return BATON_XFER_ERKEY;
+    }
+    atomic_fetch_add(&nd->reads, 1);
+    *mem_p = nd->mem;
+    *off_p = off;
+    return 0;
 }
 
+/* Offers of any other shape (not a store client's): refused. */
 static void on_room(baton_xfer_engine_t *eng, baton_xfer_room_t *room, void *data)
 {
     node_t *nd = data;
     (void)eng;
-    uint64_t off = baton__sp_room_off(baton_xfer_room_id(room));
-    uint64_t len = baton_xfer_room_page_len(room, 0, 0);
-    if (baton_xfer_room_layers(room) != 1 || baton_xfer_room_pages_per_layer(room) != 1 ||
-        baton_xfer_room_first_page(room) != 0 || len == 0 || off > nd->seg_bytes ||
-        len > nd->seg_bytes - off) {
-        nd->refused++;
-        log_warn(COMP, "node_read_refused peer=%s reason=\"range outside the segment\"",
-                 baton_xfer_room_peer_id(room));
-        baton_xfer_room_abort(room, BATON_XFER_ERKEY);
-        return;
-    }
-    baton_xfer_iov_t src = {nd->base + off, len};
-    /* DONE is queued with the write: the engine sends it once the write is acknowledged, without
-     * a round trip through this loop (two thread hand-offs less per get). */
-    baton_xfer_done_t done = {0, -1, NULL, 0};
-    if (baton_xfer_write_room(room, &src, 1, on_read_written, nd) != 0)
-        baton_xfer_room_abort(room, BATON_XFER_EINVAL);
-    else if (baton_xfer_room_complete(room, &done) == 0)
-        nd->reads++;
+    atomic_fetch_add(&nd->refused, 1);
+    log_warn(COMP, "node_read_refused peer=%s reason=\"not a one-page read\"",
+             baton_xfer_room_peer_id(room));
+    baton_xfer_room_abort(room, BATON_XFER_ERKEY);
 }
 
 static void on_room_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, int status,
@@ -141,7 +139,7 @@ static void do_write(node_t *nd, baton__sconn_t *c, const baton__sp_msg_t *m)
     for (uint32_t i = 0; i < m->n_slices; i++) {
         uint64_t off = m->slices[i].off, len = m->slices[i].len;
         if (len == 0 || off > nd->seg_bytes || len > nd->seg_bytes - off) {
-            nd->refused++;
+            atomic_fetch_add(&nd->refused, 1);
             free(pages);
             free(w);
             reply(c, m->req_id, BATON_XFER_ERKEY);
@@ -404,6 +402,11 @@ int baton__node_main(int argc, char **argv)
         return 2;
     }
     nd.base = baton_xfer_mem_addr(nd.mem);
+    rc = baton_xfer_engine_serve(nd.eng, serve_read, &nd);
+    if (rc != 0) {
+        log_error(COMP, "node_start_failed reason=\"%s\"", baton_store_strerror(rc));
+        return 2;
+    }
 
     baton__sconn_opts_t so = {0};
     so.loop = nd.loop;

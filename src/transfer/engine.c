@@ -266,6 +266,9 @@ static void run_cmd(baton_xfer_engine_t *eng, baton__cmd_t *cmd)
     case BATON__CMD_GRANT:
         baton__proom_grant(eng, cmd->u.grant);
         break;
+    case BATON__CMD_SERVE:
+        baton__proom_set_serve(eng, cmd->u.serve.cb, cmd->u.serve.data);
+        break;
     case BATON__CMD_MEM_DEL:
         for (baton_list_t *it = eng->lmems.next; it != &eng->lmems; it = it->next) {
             baton__lmem_t *m = container_of(it, baton__lmem_t, link);

@@ -399,6 +399,27 @@ static int room_abort_locked(baton_xfer_room_t *room, int reason)
 
 /* ---- public entry points: the engine lock and log scope around the calls above ----------- */
 
+static int serve_locked(baton_xfer_engine_t *engine, baton_xfer_serve_cb cb, void *data)
+{
+    if (engine->destroying)
+        return BATON_ESHUTDOWN;
+    baton__cmd_t *cmd = calloc(1, sizeof(*cmd));
+    if (cmd == NULL)
+        return BATON_ENOMEM;
+    cmd->type = BATON__CMD_SERVE;
+    cmd->u.serve.cb = cb;
+    cmd->u.serve.data = data;
+    baton__cmd_post(engine, cmd);
+    return 0;
+}
+
+int baton_xfer_engine_serve(baton_xfer_engine_t *engine, baton_xfer_serve_cb cb, void *data)
+{
+    if (engine == NULL)
+        return BATON_EINVAL;
+    return BATON__LOCKED(engine, serve_locked(engine, cb, data));
+}
+
 int baton_xfer_connect(baton_xfer_engine_t *engine, const char *host, int port)
 {
     if (engine == NULL)

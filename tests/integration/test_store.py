@@ -326,7 +326,9 @@ def test_node_stopped_then_back():
     other replicas; when it resumes it registers again by itself."""
     with harness.Cluster("store-node-stop") as c:
         st = Store(c, master_args=("--lease-ttl-ms", "1000"))
-        p = bench(st, "--replicas", "2", "--duration-s", "10")
+        # every batch read three times: the later reads go straight to the nodes the client
+        # located (the location cache), and must find the replicas on the live nodes
+        p = bench(st, "--replicas", "2", "--duration-s", "10", "--reads", "3")
         time.sleep(1.5)
         st.nodes[2].signal(signal.SIGSTOP)
         harness.wait_until(lambda: st.stat()["nodes"] == 2, timeout=15, what="node lost")
@@ -337,6 +339,25 @@ def test_node_stopped_then_back():
         assert summary["corrupted"] == 0, summary
         assert summary["get_ok"] > 0, summary
         assert st.metric("nodes_lost_total") == 1
+
+
+def test_location_cache():
+    """A get of an object located within its lease (by a get or an exists) reads from the nodes
+    without asking the master: bench --latency N makes N gets through the cache, N through a client
+    without one and N exists (which locate too), so the master counts 2N (+1, the first located
+    get) lookups instead of 3N; every read passes its checksum and lease checks."""
+    n = 40
+    with harness.Cluster("store-loc-cache") as c:
+        st = Store(c, nodes=2)
+        before = st.metric("gets_total")
+        p = subprocess.run([harness.binary("baton-store"), "bench", "--master", st.addr,
+                            "--kv-secret-file", st.secret, "--size", "4K", "--latency", str(n)],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout + p.stderr
+        line = json.loads(p.stdout.splitlines()[-1])
+        assert line["failed"] == 0, line
+        gets = st.metric("gets_total") - before
+        assert 2 * n < gets < 3 * n, (gets, line)
 
 
 def test_metrics_promtool():
@@ -363,5 +384,6 @@ if __name__ == "__main__":
     r.run(test_exit_codes)
     r.run(test_master_stopped_then_back)
     r.run(test_node_stopped_then_back)
+    r.run(test_location_cache)
     r.run(test_metrics_promtool)
     r.finish()
