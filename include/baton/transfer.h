@@ -460,6 +460,19 @@ BATON_API int baton_xfer_mem_deregister(baton_xfer_engine_t *engine, baton_xfer_
  */
 BATON_API int baton_xfer_connect(baton_xfer_engine_t *engine, const char *host, int port);
 
+/*
+ * Decode side: forgets the peer at host:port (as given to baton_xfer_connect, _offer or _pull):
+ * its control connection closes and it is never reconnected; a later offer to host:port starts a
+ * fresh peer (a new handshake). A peer that rooms still use is dropped once the last of them has
+ * ended; an offer or connect made to it meanwhile keeps it. For engines that reach many
+ * short-lived peers (a store node pulling from every client that ever wrote to it): without it the
+ * engine keeps every peer it ever reached, and retries the gone ones with back-off, for its whole
+ * life. baton_xfer_stats_t counts the peers kept (peers) and those forgotten (peers_forgotten).
+ * Returns 0 (an unknown endpoint included: nothing to forget), BATON_XFER_EINVAL,
+ * BATON_XFER_ESHUTDOWN or BATON_XFER_ENOMEM.
+ */
+BATON_API int baton_xfer_forget(baton_xfer_engine_t *engine, const char *host, int port);
+
 /* ---- decode side: rooms ------------------------------------------------------------------- */
 
 typedef struct {
@@ -773,6 +786,8 @@ typedef struct {
     uint64_t staged_bytes;       /* device-memory bytes tcp copied through host bounce buffers
                                   * (sources and destinations) */
     uint64_t stage_buffer_bytes; /* pinned bounce-buffer bytes tcp holds now (gauge) */
+    uint64_t peers;              /* decode-side peers the engine keeps, up or not (gauge) */
+    uint64_t peers_forgotten;    /* peers dropped by baton_xfer_forget */
 } baton_xfer_stats_t;
 
 /* A snapshot of counters (relaxed atomics). Any thread. Fills the fields of 0.1 only (bytes_written

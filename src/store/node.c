@@ -14,8 +14,24 @@
 #include "store/elect.h"
 #include "store/sconn.h"
 
-#define COMP         "store"
-#define HEARTBEAT_MS 500
+#define COMP               "store"
+#define HEARTBEAT_MS       500
+#define CLIENT_PEERS_MAX   1024 /* default --max-client-peers */
+#define PEERS_LOG_EVERY_MS 5000
+
+/* A client engine this node pulled puts from (its libbaton listener host:port): the node's engine
+ * keeps a peer for it while the client's control connections to this node live (conns), and
+ * forgets it when the last one closes, so a node does not collect one peer per client it ever
+ * served. At most max_client_peers are kept at once (live); beyond, the least recently used one
+ * is forgotten even with its client still connected (its next put makes a fresh peer). */
+typedef struct cpeer_s {
+    struct cpeer_s *next;
+    char host[BATON__SP_HOST_MAX + 1];
+    int port;
+    uint32_t conns;
+    int live; /* the engine keeps a peer for it */
+    uint64_t last_ms;
+} cpeer_t;
 
 typedef struct pwrite_s {
     struct pwrite_s *next;
@@ -50,6 +66,10 @@ typedef struct node_s {
     pwrite_t *writes;
     atomic_uint_fast64_t reads, refused; /* also the progress thread's (serve_read) */
     uint64_t writes_done;
+    cpeer_t *cpeers;
+    uint32_t live_cpeers, max_cpeers;
+    uint64_t cpeers_forgotten;
+    uint64_t peers_logged, forgotten_logged, peers_log_ms; /* last logged, and when */
 } node_t;
 
 /* ---- gets: a client's offer names the range ------------------------------------------------- */
@@ -90,6 +110,93 @@ static void on_room_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, in
     (void)room;
     (void)status;
     (void)data;
+}
+
+/* ---- client peers ------------------------------------------------------------------------ */
+
+static void cpeer_forget(node_t *nd, cpeer_t *cp, const char *why)
+{
+    if (!cp->live)
+        return;
+    cp->live = 0;
+    nd->live_cpeers--;
+    nd->cpeers_forgotten++;
+    log_debug(COMP, "node_client_peer_forgotten addr=%s:%d reason=%s", cp->host, cp->port, why);
+    baton_xfer_forget(nd->eng, cp->host, cp->port);
+}
+
+/* Connection c's puts come from the engine at host:port. */
+static void cpeer_use(node_t *nd, baton__sconn_t *c, const char *host, int port)
+{
+    cpeer_t *cp = nd->cpeers, *old = baton__sconn_get_data(c);
+    while (cp && !(cp->port == port && strcmp(cp->host, host) == 0))
+        cp = cp->next;
+    if (cp == NULL && (cp = calloc(1, sizeof(*cp))) != NULL) {
+        snprintf(cp->host, sizeof(cp->host), "%s", host);
+        cp->port = port;
+        cp->next = nd->cpeers;
+        nd->cpeers = cp;
+    }
+    if (cp == NULL)
+        return; /* untracked: kept by the engine until its end (out of memory only) */
+    cp->last_ms = uv_now(nd->loop);
+    if (old != cp) {
+        cp->conns++;
+        baton__sconn_set_data(c, cp);
+        if (old && --old->conns == 0) { /* the same connection, another engine: rare */
+            cpeer_forget(nd, old, "client_gone");
+            for (cpeer_t **pp = &nd->cpeers; *pp; pp = &(*pp)->next)
+                if (*pp == old) {
+                    *pp = old->next;
+                    break;
+                }
+            free(old);
+        }
+    }
+    if (cp->live)
+        return;
+    cp->live = 1;
+    if (++nd->live_cpeers <= nd->max_cpeers)
+        return;
+    cpeer_t *lru = NULL;
+    for (cpeer_t *x = nd->cpeers; x; x = x->next)
+        if (x->live && x != cp && (lru == NULL || x->last_ms < lru->last_ms))
+            lru = x;
+    if (lru)
+        cpeer_forget(nd, lru, "bound");
+}
+
+/* A client's control connection closed: its peer goes with its last one. */
+static void cpeer_release(node_t *nd, baton__sconn_t *c)
+{
+    cpeer_t *cp = baton__sconn_get_data(c);
+    if (cp == NULL || --cp->conns > 0)
+        return;
+    cpeer_forget(nd, cp, "client_gone");
+    for (cpeer_t **pp = &nd->cpeers; *pp; pp = &(*pp)->next)
+        if (*pp == cp) {
+            *pp = cp->next;
+            break;
+        }
+    free(cp);
+}
+
+/* The engine's peer count and the client peers forgotten, logged when either changed (at most
+ * every PEERS_LOG_EVERY_MS): the node's account of what it keeps per client. */
+static void log_peers(node_t *nd)
+{
+    baton_xfer_stats_t st;
+    baton_xfer_engine_stats_sized(nd->eng, &st, sizeof(st));
+    uint64_t now = uv_now(nd->loop);
+    if ((st.peers == nd->peers_logged && nd->cpeers_forgotten == nd->forgotten_logged) ||
+        now - nd->peers_log_ms < PEERS_LOG_EVERY_MS)
+        return;
+    nd->peers_logged = st.peers;
+    nd->forgotten_logged = nd->cpeers_forgotten;
+    nd->peers_log_ms = now;
+    log_info(COMP, "node_peers xfer_peers=%llu client_peers=%u client_peers_forgotten=%llu",
+             (unsigned long long)st.peers, nd->live_cpeers,
+             (unsigned long long)nd->cpeers_forgotten);
 }
 
 /* ---- puts: the client asks, the node pulls -------------------------------------------------- */
@@ -152,6 +259,7 @@ static void do_write(node_t *nd, baton__sconn_t *c, const baton__sp_msg_t *m)
     w->conn = c;
     w->req_id = m->req_id;
     w->key = m->export_key;
+    cpeer_use(nd, c, m->host, m->xfer_port);
     int rc = baton_xfer_pull(nd->eng, m->host, m->xfer_port, &offer, on_pulled, w);
     free(pages);
     if (rc != 0) {
@@ -181,6 +289,7 @@ static void on_ctrl_closed(baton__sconn_t *c, int status, void *data)
     for (pwrite_t *w = nd->writes; w; w = w->next)
         if (w->conn == c)
             w->conn = NULL; /* the pull goes on; its answer has nowhere to go */
+    cpeer_release(nd, c);   /* a pull still running keeps the engine's peer until it ends */
 }
 
 /* ---- the master --------------------------------------------------------------------------- */
@@ -238,6 +347,7 @@ static void send_heartbeat(node_t *nd)
 static void on_hb(uv_timer_t *t)
 {
     send_heartbeat(t->data);
+    log_peers(t->data);
 }
 
 static void on_signal(uv_signal_t *s, int signum)
@@ -258,6 +368,7 @@ static void usage(FILE *f)
                "  --host H                     address clients reach this node at (127.0.0.1)\n"
                "  --transport tcp|shm|rdma     libbaton transport (tcp)\n"
                "  --id ID                      node id (hostname-pid)\n"
+               "  --max-client-peers N         client engines kept connected at once (1024)\n"
                "  --kv-secret-file F           shared secret (control and data channels)\n");
 }
 
@@ -308,6 +419,7 @@ int baton__node_main(int argc, char **argv)
         {"host", required_argument, NULL, 'H'},
         {"transport", required_argument, NULL, 't'},
         {"id", required_argument, NULL, 'i'},
+        {"max-client-peers", required_argument, NULL, 'P'},
         {"kv-secret-file", required_argument, NULL, 'k'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -316,6 +428,7 @@ int baton__node_main(int argc, char **argv)
     memset(&nd, 0, sizeof(nd));
     nd.host = "127.0.0.1";
     nd.transport = BATON_XFER_TRANSPORT_TCP;
+    nd.max_cpeers = CLIENT_PEERS_MAX;
     char mhost[BATON__SP_HOST_MAX + 1] = "", idbuf[64];
     const char *secret_file = NULL, *registry = NULL;
     int c;
@@ -349,6 +462,16 @@ int baton__node_main(int argc, char **argv)
         case 'i':
             nd.id = optarg;
             break;
+        case 'P': {
+            char *end;
+            unsigned long v = strtoul(optarg, &end, 10);
+            if (*end != '\0' || v == 0 || v > 1000000) {
+                fprintf(stderr, "baton-store node: bad --max-client-peers '%s'\n", optarg);
+                return 2;
+            }
+            nd.max_cpeers = (uint32_t)v;
+            break;
+        }
         case 'k':
             secret_file = optarg;
             break;

@@ -420,6 +420,29 @@ int baton_xfer_engine_serve(baton_xfer_engine_t *engine, baton_xfer_serve_cb cb,
     return BATON__LOCKED(engine, serve_locked(engine, cb, data));
 }
 
+static int forget_locked(baton_xfer_engine_t *engine, const char *host, int port)
+{
+    if (!endpoint_ok(host, port))
+        return BATON_EINVAL;
+    if (engine->destroying)
+        return BATON_ESHUTDOWN;
+    baton__cmd_t *cmd = calloc(1, sizeof(*cmd));
+    if (cmd == NULL)
+        return BATON_ENOMEM;
+    cmd->type = BATON__CMD_FORGET;
+    strcpy(cmd->u.connect.host, host);
+    cmd->u.connect.port = port;
+    baton__cmd_post(engine, cmd);
+    return 0;
+}
+
+int baton_xfer_forget(baton_xfer_engine_t *engine, const char *host, int port)
+{
+    if (engine == NULL)
+        return BATON_EINVAL;
+    return BATON__LOCKED(engine, forget_locked(engine, host, port));
+}
+
 int baton_xfer_connect(baton_xfer_engine_t *engine, const char *host, int port)
 {
     if (engine == NULL)

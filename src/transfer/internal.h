@@ -51,7 +51,8 @@ typedef enum {
     BATON__CMD_MEM_DEL,
     BATON__CMD_SHUTDOWN,
     BATON__CMD_GRANT, /* pull by RDMA READ: u.grant (room_pull.c -> room_prefill.c) */
-    BATON__CMD_SERVE, /* baton_xfer_engine_serve: u.serve */
+    BATON__CMD_SERVE,  /* baton_xfer_engine_serve: u.serve */
+    BATON__CMD_FORGET, /* baton_xfer_forget: u.connect (host, port) */
 } baton__cmd_type_t;
 
 typedef struct baton__droom_s baton__droom_t;
@@ -394,6 +395,7 @@ struct baton__peer_s {
     baton_xfer_transport_t transport;
     uv_getaddrinfo_t gai;
     int resolving;
+    int forget; /* baton_xfer_forget: dropped once no room uses it (peer.c) */
 };
 
 /* ---- engine ----------------------------------------------------------------------------- */
@@ -477,6 +479,8 @@ struct baton_xfer_engine_s {
     atomic_uint_fast64_t st_pending_conns, st_pending_bytes;
     /* Device memory staged through the tcp transport's bounce buffers (tcp_stage.c). */
     atomic_uint_fast64_t st_staged_bytes, st_stage_buffer_bytes;
+    /* Decode-side peers kept, and those dropped by baton_xfer_forget (peer.c). */
+    atomic_uint_fast64_t st_peers, st_peers_forgotten;
 
     /* KV bootstrap authentication: the shared secret (a copy; secret_len 0: none) and the
      * rate limit of refusal lines (progress thread). */
@@ -560,6 +564,10 @@ void baton__peer_on_conn_failed(baton__peer_t *peer, baton__conn_t *conn, int st
                                 const char *why);
 void baton__peer_tick(baton__peer_t *peer, uint64_t now);
 void baton__peer_free(baton__peer_t *peer);
+/* baton_xfer_forget: drops the peer now when no room uses it, else marks it for the tick. */
+void baton__peer_forget(baton__peer_t *peer);
+/* The tick: 1 when a peer marked for forgetting was dropped (it is freed). */
+int baton__peer_forget_due(baton__peer_t *peer);
 
 /* ---- room_decode.c ------------------------------------------------------------------------ */
 void baton__droom_submit(baton_xfer_engine_t *eng, baton__droom_t *dr);

@@ -8,6 +8,7 @@ node data) and a client with the wrong secret, after which everything still serv
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -360,6 +361,39 @@ def test_location_cache():
         assert 2 * n < gets < 3 * n, (gets, line)
 
 
+def node_peers(node):
+    """The node's last logged libbaton peer count and client peers forgotten, or None."""
+    last = None
+    for line in node.tail(100000).splitlines():
+        m = re.search(r"node_peers xfer_peers=(\d+) client_peers=\d+ client_peers_forgotten=(\d+)",
+                      line)
+        if m:
+            last = (int(m.group(1)), int(m.group(2)))
+    return last
+
+
+def test_node_forgets_clients():
+    """Every short-lived client that puts makes the node's engine connect to it (the node pulls the
+    bytes); once the client is gone the node forgets that peer, so its peer count returns to its
+    baseline (0) instead of growing by one per client it ever served, and a later client still
+    writes and reads."""
+    n = 8
+    with harness.Cluster("store-forget") as c:
+        st = Store(c, nodes=1)
+        for i in range(n):
+            rc, out = st.put(f"short-{i}", os.urandom(3000 + i))
+            assert rc == 0, out
+        def back_to_baseline():
+            last = node_peers(st.nodes[0])
+            return last is not None and last[0] == 0 and last[1] >= n
+
+        harness.wait_until(back_to_baseline, timeout=40,
+                           what="the node's peer count back to 0, every client forgotten")
+        data = os.urandom(5000)
+        assert st.put("after", data)[0] == 0
+        assert st.get("after")[1] == data
+
+
 def test_metrics_promtool():
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -385,5 +419,6 @@ if __name__ == "__main__":
     r.run(test_master_stopped_then_back)
     r.run(test_node_stopped_then_back)
     r.run(test_location_cache)
+    r.run(test_node_forgets_clients)
     r.run(test_metrics_promtool)
     r.finish()

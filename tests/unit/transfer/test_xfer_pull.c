@@ -4,7 +4,8 @@
  * waiting, release, and an unexported key reaching the application as an ordinary offer. Served
  * rooms (baton_xfer_engine_serve): one-page offers answered on the holder's progress thread from
  * a region, the application never seeing them; declined ones reaching room_cb, refused and
- * out-of-range ones aborted, offers of another shape never asked about. */
+ * out-of-range ones aborted, offers of another shape never asked about. Forgetting a peer
+ * (baton_xfer_forget): at once when idle, only after its last room when one is open. */
 #include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -38,6 +39,8 @@ typedef struct pt_s {
     char payload[16];
     int closed;
     atomic_int serve_calls; /* the holder's progress thread */
+    int hold;               /* on_room keeps the room (held) instead of aborting it */
+    baton_xfer_room_t *held;
 } pt_t;
 
 static uint8_t pattern(size_t i)
@@ -50,6 +53,10 @@ static void on_room(baton_xfer_engine_t *eng, baton_xfer_room_t *room, void *dat
     pt_t *t = data;
     (void)eng;
     t->app_rooms++;
+    if (t->hold) {
+        t->held = room;
+        return;
+    }
     baton_xfer_room_abort(room, BATON_XFER_EABORTED); /* this application serves no offers */
 }
 
@@ -311,6 +318,66 @@ static void test_served_shm(void **state)
     served(BATON_XFER_TRANSPORT_SHM);
 }
 
+/* ---- forgetting peers ---- */
+
+/* Runs the loop until the puller keeps `peers` peers and has forgotten `forgotten`. */
+static void wait_peers(pt_t *t, uint64_t peers, uint64_t forgotten)
+{
+    uint64_t deadline = uv_hrtime() / 1000000 + WAIT_MS;
+    baton_xfer_stats_t st;
+    for (;;) {
+        baton_xfer_engine_stats_sized(t->puller, &st, sizeof(st));
+        if (st.peers == peers && st.peers_forgotten == forgotten)
+            return;
+        if (uv_hrtime() / 1000000 > deadline)
+            fail_msg("peers %llu forgotten %llu", (unsigned long long)st.peers,
+                     (unsigned long long)st.peers_forgotten);
+        uv_run(&t->loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+}
+
+static void test_forget(void **state)
+{
+    (void)state;
+    pt_t t;
+    setup(&t, BATON_XFER_TRANSPORT_TCP);
+    int port = baton_xfer_engine_listen_port(t.holder);
+    assert_int_equal(baton_xfer_forget(t.puller, NULL, port), BATON_XFER_EINVAL);
+    assert_int_equal(baton_xfer_forget(t.puller, "127.0.0.1", 1), 0); /* unknown: nothing */
+    /* a pull makes a peer; forgetting it when idle drops it at once */
+    assert_int_equal(do_export(&t, 21, 0), 0);
+    assert_int_equal(do_pull(&t, 21, N_PAGES), 0);
+    run_until(&t, &t.offer_cbs, 1);
+    assert_int_equal(t.offer_status, 0);
+    wait_peers(&t, 1, 0);
+    assert_int_equal(baton_xfer_forget(t.puller, "127.0.0.1", port), 0);
+    wait_peers(&t, 0, 1);
+
+    /* a room still open keeps it until the room ends; the next offer makes a fresh peer */
+    t.hold = 1;
+    assert_int_equal(do_pull(&t, 22, N_PAGES), 0); /* no export: the application's room */
+    run_until(&t, &t.app_rooms, 1);
+    wait_peers(&t, 1, 1);
+    assert_int_equal(baton_xfer_forget(t.puller, "127.0.0.1", port), 0);
+    for (int i = 0; i < 50; i++) { /* its turn has come and gone: the room holds it */
+        uv_run(&t.loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+    wait_peers(&t, 1, 1);
+    assert_int_equal(baton_xfer_room_abort(t.held, BATON_XFER_EABORTED), 0);
+    run_until(&t, &t.offer_cbs, 2);
+    assert_int_equal(t.offer_status, BATON_XFER_EABORTED);
+    wait_peers(&t, 0, 2);
+    t.hold = 0;
+    assert_int_equal(do_export(&t, 23, 0), 0);
+    assert_int_equal(do_pull(&t, 23, N_PAGES), 0);
+    run_until(&t, &t.offer_cbs, 3);
+    assert_int_equal(t.offer_status, 0);
+    wait_peers(&t, 1, 2);
+    teardown(&t);
+}
+
 /* Own-progress mode: polls the engine fd and dispatches until *counter reaches want. */
 static void dispatch_until(baton_xfer_engine_t *eng, int *counter, int want)
 {
@@ -386,6 +453,7 @@ int main(void)
         cmocka_unit_test(test_pull_own_progress_timeout),
         cmocka_unit_test(test_served_tcp),
         cmocka_unit_test(test_served_shm),
+        cmocka_unit_test(test_forget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
