@@ -378,6 +378,107 @@ static int run_latency(bench_t *b, const baton_store_config_t *sc, int n)
     return L.failed ? 1 : 0;
 }
 
+/* ---- --exists N: N objects of --size put in batches of --batch, then batches of exists over
+ * them for --duration-s through a client that locates (the API's default) and one that does not.
+ * ---- */
+
+typedef struct {
+    bench_t *b;
+    baton_store_client_t *plain; /* location_cache 0: a plain exists */
+    uint64_t n, next, done;
+    const char **keys;
+    int phase; /* 0 put, 1 exists (locating), 2 exists (plain) */
+    uint64_t t0, deadline_ms;
+    double put_s, keys_per_s[2];
+    int failed;
+} ex_t;
+
+static void ex_next(ex_t *E);
+
+static void ex_keys(ex_t *E, uint64_t first, uint32_t count)
+{
+    for (uint32_t j = 0; j < count; j++) {
+        snprintf(E->b->keys_buf[j], sizeof(E->b->keys_buf[j]), "ex-%d-%llu", (int)getpid(),
+                 (unsigned long long)(first + j));
+        E->keys[j] = E->b->keys_buf[j];
+    }
+}
+
+static void on_ex_done(void *data, int status, const baton_store_result_t *res, size_t n,
+                       size_t prefix)
+{
+    ex_t *E = data;
+    (void)prefix;
+    for (size_t i = 0; i < n; i++)
+        if (status != 0 || res[i].status != 0)
+            E->failed++;
+    E->done += n;
+    if (E->failed) {
+        uv_stop(E->b->loop);
+        return;
+    }
+    uint64_t now = uv_hrtime();
+    if (E->phase == 0 && E->done >= E->n) {
+        E->put_s = (double)(now - E->t0) / 1e9;
+    } else if (E->phase > 0 && baton_now_ms() >= E->deadline_ms) {
+        E->keys_per_s[E->phase - 1] = (double)E->done / ((double)(now - E->t0) / 1e9);
+    } else {
+        ex_next(E);
+        return;
+    }
+    if (++E->phase == 3) {
+        uv_stop(E->b->loop);
+        return;
+    }
+    E->done = E->next = 0;
+    E->t0 = uv_hrtime();
+    E->deadline_ms = baton_now_ms() + (uint64_t)(E->b->duration_s ? E->b->duration_s : 3) * 1000;
+    ex_next(E);
+}
+
+static void ex_next(ex_t *E)
+{
+    bench_t *b = E->b;
+    uint64_t first = E->next % E->n;
+    uint32_t count = (uint32_t)(E->n - first < b->batch ? E->n - first : b->batch);
+    E->next += count;
+    ex_keys(E, first, count);
+    int rc;
+    if (E->phase == 0) {
+        for (uint32_t j = 0; j < count; j++)
+            b->objs[j] = (baton_store_obj_t){
+                E->keys[j], (uint8_t *)baton_xfer_mem_addr(b->src) + j * b->size, b->size};
+        rc = baton_store_put(b->cl, b->objs, count, NULL, on_ex_done, E);
+    } else {
+        rc = baton_store_exists(E->phase == 1 ? b->cl : E->plain, E->keys, count, on_ex_done, E);
+    }
+    if (rc != 0) {
+        E->failed++;
+        uv_stop(b->loop);
+    }
+}
+
+static int run_exists(bench_t *b, const baton_store_config_t *sc, uint64_t n)
+{
+    ex_t E = {b, NULL, n, 0, 0, calloc(b->batch, sizeof(char *)), 0, 0, 0, 0, {0, 0}, 0};
+    baton_store_config_t c2 = *sc;
+    c2.location_cache = 0;
+    if (E.keys == NULL || baton_store_client_create(b->loop, &c2, &E.plain) != 0)
+        return 2;
+    fill(baton_xfer_mem_addr(b->src), b->size * b->batch, 7, 0);
+    E.t0 = uv_hrtime();
+    ex_next(&E);
+    uv_run(b->loop, UV_RUN_DEFAULT);
+    printf("{\"exists\":true,\"objects\":%llu,\"size\":%llu,\"batch\":%u,\"failed\":%d,"
+           "\"puts_per_s\":%.0f,\"exists_locating_keys_per_s\":%.0f,"
+           "\"exists_plain_keys_per_s\":%.0f}\n",
+           (unsigned long long)n, (unsigned long long)b->size, b->batch, E.failed,
+           E.put_s > 0 ? (double)n / E.put_s : 0.0, E.keys_per_s[0], E.keys_per_s[1]);
+    fflush(stdout);
+    free(E.keys);
+    return E.failed || E.phase < 3 ? 1 : 0;
+}
+
 static double memcpy_gbps(uint64_t len)
 {
     uint8_t *a = malloc(len), *c = malloc(len);
@@ -432,6 +533,7 @@ static int parse_size(const char *s, uint64_t *v)
 }
 
 int baton__bench_main(int argc, char **argv);
+int baton__bench_meta_scale(uint64_t n);
 
 int baton__bench_main(int argc, char **argv)
 {
@@ -449,11 +551,14 @@ int baton__bench_main(int argc, char **argv)
         {"latency", required_argument, NULL, 'L'},
         {"transport", required_argument, NULL, 't'},
         {"reads", required_argument, NULL, 'G'},
+        {"exists", required_argument, NULL, 'E'},
+        {"meta-objects", required_argument, NULL, 'M'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     bench_t b;
     int latency_n = 0;
+    uint64_t exists_n = 0;
     memset(&b, 0, sizeof(b));
     b.size = 1 << 20;
     b.batch = 128;
@@ -498,6 +603,13 @@ int baton__bench_main(int argc, char **argv)
         case 'G':
             b.reads = (uint32_t)atoi(optarg);
             break;
+        case 'E':
+            exists_n = strtoull(optarg, NULL, 10);
+            if (exists_n == 0)
+                return 2;
+            break;
+        case 'M':
+            return baton__bench_meta_scale(strtoull(optarg, NULL, 10));
         case 't':
             if (baton_xfer_transport_parse(optarg, &b.transport) != 0)
                 return 2;
@@ -511,9 +623,13 @@ int baton__bench_main(int argc, char **argv)
             printf("usage: baton-store bench --master H:P [--size N[K|M]] [--batch N] "
                    "[--rounds N | --duration-s S] [--replicas N] [--kv-secret-file F] "
                    "[--host H] [--namespace NS] [--interval-ms N] [--latency N] "
-                   "[--transport tcp|shm|rdma] [--reads N]\n"
+                   "[--transport tcp|shm|rdma] [--reads N] [--exists N] [--meta-objects N]\n"
                    "--reads N: gets of each round's batch (default 1; later ones find the "
                    "objects through the location cache)\n"
+                   "--exists N: N objects of --size put in batches, then exists over them for "
+                   "--duration-s (3) locating and plain: keys/s\n"
+                   "--meta-objects N: the master's object table in this process with N objects "
+                   "(no master needed): heap per object, exists/s on one core\n"
                    "--latency N: one object of --size read N times through the location cache, N "
                    "times asking the master, and N exists: p50 / p99 beside loopback TCP's round "
                    "trip (one thread, and two threads)\n"
@@ -573,6 +689,10 @@ int baton__bench_main(int argc, char **argv)
     if (latency_n) {
         fflush(stdout);
         _exit(run_latency(&b, &sc, latency_n));
+    }
+    if (exists_n) {
+        fflush(stdout);
+        _exit(run_exists(&b, &sc, exists_n));
     }
     printf("{\"memcpy_GBps\":%.3f,\"size\":%llu,\"batch\":%u,\"replicas\":%u}\n",
            memcpy_gbps(b.size * b.batch), (unsigned long long)b.size, b.batch, b.replicas);
