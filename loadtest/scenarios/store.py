@@ -44,7 +44,7 @@ def label(n):
 class Store:
     """A master and n nodes of one transport."""
 
-    def __init__(self, lab, name, n, transport, segment):
+    def __init__(self, lab, name, n, transport, segment, master_args=()):
         self.lab = lab
         self.secret = os.path.join(lab.dir, "secret")
         if not os.path.exists(self.secret):
@@ -54,7 +54,8 @@ class Store:
         exe = lab.bin("baton-store")
         self.master = lab.start(f"{name}-master", [exe, "master", "--host", scenlib.HOST,
                                                    "--port", "0", "--http-port", "0",
-                                                   "--kv-secret-file", self.secret],
+                                                   "--kv-secret-file", self.secret,
+                                                   *master_args],
                                 keys=("master",))
         self.addr = f"{scenlib.HOST}:{self.master.ports['master']}"
         self.nodes = [lab.start(f"{name}-node{i}", [exe, "node", "--master", self.addr,
@@ -114,7 +115,8 @@ def throughput(lab, args, figures):
     rows, corrupted = [], 0
     for tp in args.transports.split(","):
         for n in node_counts:
-            st = Store(lab, f"{tp}{n}", n, tp, args.segment)
+            # short leases: the objects of the sizes before are evictable when a put needs room
+            st = Store(lab, f"{tp}{n}", n, tp, args.segment, ("--lease-ttl-ms", "2000"))
             try:
                 for size in sizes:
                     batch = max(1, min(args.batch, BATCH_BYTES // size))

@@ -534,6 +534,8 @@ static int parse_size(const char *s, uint64_t *v)
 
 int baton__bench_main(int argc, char **argv);
 int baton__bench_meta_scale(uint64_t n);
+int baton__bench_own_progress(const char *master, const uint8_t *secret, size_t secret_len,
+                              uint64_t size, uint32_t batch);
 
 int baton__bench_main(int argc, char **argv)
 {
@@ -553,12 +555,14 @@ int baton__bench_main(int argc, char **argv)
         {"reads", required_argument, NULL, 'G'},
         {"exists", required_argument, NULL, 'E'},
         {"meta-objects", required_argument, NULL, 'M'},
+        {"own-progress", no_argument, NULL, 'O'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     bench_t b;
     int latency_n = 0;
     uint64_t exists_n = 0;
+    int own_progress = 0;
     memset(&b, 0, sizeof(b));
     b.size = 1 << 20;
     b.batch = 128;
@@ -610,6 +614,9 @@ int baton__bench_main(int argc, char **argv)
             break;
         case 'M':
             return baton__bench_meta_scale(strtoull(optarg, NULL, 10));
+        case 'O':
+            own_progress = 1;
+            break;
         case 't':
             if (baton_xfer_transport_parse(optarg, &b.transport) != 0)
                 return 2;
@@ -623,13 +630,16 @@ int baton__bench_main(int argc, char **argv)
             printf("usage: baton-store bench --master H:P [--size N[K|M]] [--batch N] "
                    "[--rounds N | --duration-s S] [--replicas N] [--kv-secret-file F] "
                    "[--host H] [--namespace NS] [--interval-ms N] [--latency N] "
-                   "[--transport tcp|shm|rdma] [--reads N] [--exists N] [--meta-objects N]\n"
+                   "[--transport tcp|shm|rdma] [--reads N] [--exists N] [--meta-objects N] "
+                   "[--own-progress]\n"
                    "--reads N: gets of each round's batch (default 1; later ones find the "
                    "objects through the location cache)\n"
                    "--exists N: N objects of --size put in batches, then exists over them for "
                    "--duration-s (3) locating and plain: keys/s\n"
                    "--meta-objects N: the master's object table in this process with N objects "
                    "(no master needed): heap per object, exists/s on one core\n"
+                   "--own-progress: one batch put, read back, checked, from a client and an "
+                   "engine without a loop (own-progress mode)\n"
                    "--latency N: one object of --size read N times through the location cache, N "
                    "times asking the master, and N exists: p50 / p99 beside loopback TCP's round "
                    "trip (one thread, and two threads)\n"
@@ -649,6 +659,8 @@ int baton__bench_main(int argc, char **argv)
     if (b.secret_file &&
         baton__store_read_secret(b.secret_file, b.secret, sizeof(b.secret), &b.secret_len) != 0)
         return 2;
+    if (own_progress)
+        return baton__bench_own_progress(b.master, b.secret, b.secret_len, b.size, b.batch);
     b.loop = uv_default_loop();
     baton_xfer_config_t xc;
     baton_xfer_config_init(&xc);

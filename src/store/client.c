@@ -44,8 +44,6 @@ int baton_store_client_create(uv_loop_t *loop, const baton_store_config_t *cfg_i
     if (cfg_in == NULL || cfg_in->size < offsetof(baton_store_config_t, host))
         return BATON_XFER_EINVAL;
     memcpy(&cfg, cfg_in, cfg_in->size < sizeof(cfg) ? cfg_in->size : sizeof(cfg));
-    if (loop == NULL)
-        return BATON_XFER_ENOTSUP;
     if (cfg.master == NULL || cfg.engine == NULL ||
         (cfg.secret &&
          (cfg.secret_len < BATON_XFER_SECRET_MIN || cfg.secret_len > BATON_XFER_SECRET_MAX)))
@@ -62,8 +60,19 @@ int baton_store_client_create(uv_loop_t *loop, const baton_store_config_t *cfg_i
         free(cl);
         return BATON_XFER_EINVAL;
     }
-    cl->loop = loop;
     cl->eng = cfg.engine;
+    if ((loop == NULL) != (baton_xfer_engine_fd(cfg.engine) >= 0)) {
+        free(cl);
+        return BATON_XFER_EINVAL; /* the client adopts the engine's mode */
+    }
+    if (loop == NULL) {
+        int rc = baton__own_start(cl, &loop);
+        if (rc != 0) {
+            free(cl);
+            return rc;
+        }
+    }
+    cl->loop = loop;
     snprintf(cl->ns, sizeof(cl->ns), "%s", cfg.ns ? cfg.ns : "default");
     snprintf(cl->host, sizeof(cl->host), "%s", cfg.host ? cfg.host : "127.0.0.1");
     snprintf(cl->id, sizeof(cl->id), "%s", baton_xfer_engine_id(cfg.engine));
@@ -83,29 +92,30 @@ int baton_store_client_create(uv_loop_t *loop, const baton_store_config_t *cfg_i
         rc = baton__resolver_create(loop, cfg.master, &cl->resolver);
     if (rc == 0)
         rc = baton__srpc_create(&cl->so, mhost, mport, BATON_STORE_ENOLEADER, &cl->master);
+    if (rc == 0 && cl->resolver)
+        baton__srpc_set_resolver(cl->master, cl->resolver);
+    if (rc == 0 && cl->own)
+        rc = baton__own_run(cl);
     if (rc != 0) {
+        if (cl->master)
+            baton__srpc_destroy(cl->master);
         if (cl->resolver)
             baton__resolver_close(cl->resolver);
+        if (cl->own)
+            baton__own_abort(cl);
         baton__loc_free(cl);
         free(cl);
         return rc;
     }
-    if (cl->resolver)
-        baton__srpc_set_resolver(cl->master, cl->resolver);
     *client_p = cl;
     return 0;
 }
 
-int baton_store_client_fd(const baton_store_client_t *client)
+void baton__client_free(baton_store_client_t *cl)
 {
-    (void)client;
-    return -1;
-}
-
-int baton_store_client_dispatch(baton_store_client_t *client)
-{
-    (void)client;
-    return BATON_XFER_ENOTSUP;
+    baton__loc_free(cl);
+    free(cl->nodes);
+    free(cl);
 }
 
 static void on_close_poll(uv_timer_t *t)
@@ -117,13 +127,16 @@ static void on_close_poll(uv_timer_t *t)
     if (cl->close_cb)
         cl->close_cb(cl, cl->close_data);
     uv_close((uv_handle_t *)t, NULL);
-    baton__loc_free(cl);
-    free(cl->nodes);
-    free(cl); /* the timer is not used after uv_close here: no callback was given */
+    if (cl->own == NULL)        /* own-progress: freed by the host's dispatch, after its close_cb */
+        baton__client_free(cl); /* the timer is not used after uv_close: no callback was given */
 }
 
 void baton_store_client_destroy(baton_store_client_t *cl, baton_store_close_cb close_cb, void *data)
 {
+    if (cl->own && !baton__own_here(cl)) {
+        (void)baton__own_destroy(cl, close_cb, data); /* fails only for a second destroy */
+        return;
+    }
     cl->closing = 1;
     cl->close_cb = close_cb;
     cl->close_data = data;
@@ -359,10 +372,12 @@ static void on_simple_reply(void *data, int status, baton__sp_msg_t *r)
 static int simple_call(baton_store_client_t *cl, uint8_t type, const char *const *keys, size_t n,
                        baton_store_batch_cb cb, void *data)
 {
-    if (cl->closing)
-        return BATON_XFER_ESHUTDOWN;
     if (keys == NULL || n == 0 || n > BATON_STORE_BATCH_MAX || cb == NULL)
         return BATON_XFER_EINVAL;
+    if (cl->own && !baton__own_here(cl))
+        return baton__own_post(cl, type, NULL, keys, n, NULL, cb, data);
+    if (cl->closing)
+        return BATON_XFER_ESHUTDOWN;
     op_t *op = baton__op_new(cl, type, n, cb, data);
     if (op == NULL)
         return BATON_XFER_ENOMEM;

@@ -218,14 +218,16 @@ int baton_store_put(baton_store_client_t *cl, const baton_store_obj_t *objs, siz
             return BATON_XFER_EINVAL;
         memcpy(&opts, opts_in, opts_in->size < sizeof(opts) ? opts_in->size : sizeof(opts));
     }
-    if (cl->closing)
-        return BATON_XFER_ESHUTDOWN;
     if (objs == NULL || n == 0 || n > BATON_STORE_BATCH_MAX || cb == NULL || opts.replicas == 0 ||
         opts.replicas > BATON_STORE_REPLICAS_MAX || baton_xfer_engine_listen_port(cl->eng) <= 0)
         return BATON_XFER_EINVAL;
     for (size_t i = 0; i < n; i++)
         if (objs[i].addr == NULL || objs[i].len == 0)
             return BATON_XFER_EINVAL;
+    if (cl->own && !baton__own_here(cl))
+        return baton__own_post(cl, BATON__SP_PUT_START, objs, NULL, n, &opts, cb, data);
+    if (cl->closing)
+        return BATON_XFER_ESHUTDOWN;
     op_t *op = baton__op_new(cl, BATON__SP_PUT_START, n, cb, data);
     if (op == NULL)
         return BATON_XFER_ENOMEM;
@@ -427,13 +429,15 @@ static int get_cached(op_t *op)
 int baton_store_get(baton_store_client_t *cl, const baton_store_obj_t *objs, size_t n,
                     baton_store_batch_cb cb, void *data)
 {
-    if (cl->closing)
-        return BATON_XFER_ESHUTDOWN;
     if (objs == NULL || n == 0 || n > BATON_STORE_BATCH_MAX || cb == NULL)
         return BATON_XFER_EINVAL;
     for (size_t i = 0; i < n; i++)
         if (objs[i].addr == NULL || objs[i].len == 0)
             return BATON_XFER_EINVAL;
+    if (cl->own && !baton__own_here(cl))
+        return baton__own_post(cl, BATON__SP_GET, objs, NULL, n, NULL, cb, data);
+    if (cl->closing)
+        return BATON_XFER_ESHUTDOWN;
     op_t *op = baton__op_new(cl, BATON__SP_GET, n, cb, data);
     if (op == NULL)
         return BATON_XFER_ENOMEM;

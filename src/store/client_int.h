@@ -11,7 +11,8 @@ typedef struct {
     baton__srpc_t *rpc;
 } node_rpc_t;
 
-typedef struct loc_s loc_t; /* a located object (client_cache.c) */
+typedef struct loc_s loc_t;             /* a located object (client_cache.c) */
+typedef struct baton__own_s baton__own_t; /* own-progress mode (client_own.c) */
 
 struct baton_store_client_s {
     uv_loop_t *loop;
@@ -28,7 +29,8 @@ struct baton_store_client_s {
     size_t n_nodes;
     uint32_t room_seq;
     uint64_t key_seq;
-    loc_t **locs; /* the location cache: n_locs slots (a power of two), 0: off */
+    baton__own_t *own; /* own-progress mode: the client's thread and queues, else NULL */
+    loc_t **locs;      /* the location cache: n_locs slots (a power of two), 0: off */
     uint32_t n_locs;
     size_t ops;
     int closing;
@@ -93,6 +95,24 @@ int baton__op_reply_status(const op_t *op, int status, const baton__sp_msg_t *r)
 const baton__sp_node_t *baton__op_node(const op_t *op, const oobj_t *o, uint32_t node);
 /* Frees an object's placement (slices, replica choice, cached nodes) and clears it. */
 void baton__obj_reset(oobj_t *o);
+
+/* Frees what the client still holds (after its close callback). */
+void baton__client_free(baton_store_client_t *cl);
+
+/* ---- own-progress mode (client_own.c) ---- */
+/* Sets the mode up (its loop in *loop_p, the engine's fd polled there); _run starts the thread,
+ * _abort undoes a start whose client could not be made. */
+int baton__own_start(baton_store_client_t *cl, uv_loop_t **loop_p);
+int baton__own_run(baton_store_client_t *cl);
+void baton__own_abort(baton_store_client_t *cl);
+/* 1 on the client's own thread. */
+int baton__own_here(const baton_store_client_t *cl);
+/* A call from another thread, posted to the client's (type: BATON__SP_PUT_START, _GET, _EXISTS,
+ * _REMOVE); its callback later runs in baton_store_client_dispatch. */
+int baton__own_post(baton_store_client_t *cl, int type, const baton_store_obj_t *objs,
+                    const char *const *keys, size_t n, const baton_store_put_opts_t *opts,
+                    baton_store_batch_cb cb, void *data);
+int baton__own_destroy(baton_store_client_t *cl, baton_store_close_cb close_cb, void *data);
 
 /* ---- the location cache (client_cache.c) ---- */
 int baton__loc_init(baton_store_client_t *cl, uint32_t entries);

@@ -394,6 +394,21 @@ def test_node_forgets_clients():
         assert st.get("after")[1] == data
 
 
+def test_own_progress():
+    """The client without a caller loop (own-progress mode, bench --own-progress): a batch put,
+    read back with every byte compared, exists from this thread and from a second one, remove,
+    every callback run through the client's fd and dispatch; then the client and its engine
+    close in order."""
+    with harness.Cluster("store-own") as c:
+        st = Store(c, nodes=2)
+        p = subprocess.run([harness.binary("baton-store"), "bench", "--master", st.addr,
+                            "--kv-secret-file", st.secret, "--size", "300K", "--batch", "6",
+                            "--own-progress"], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout + p.stderr
+        line = json.loads(p.stdout.splitlines()[-1])
+        assert line["put_ok"] == 6 and line["get_ok"] == 6 and line["corrupted"] == 0, line
+
+
 def test_metrics_promtool():
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -420,5 +435,6 @@ if __name__ == "__main__":
     r.run(test_node_stopped_then_back)
     r.run(test_location_cache)
     r.run(test_node_forgets_clients)
+    r.run(test_own_progress)
     r.run(test_metrics_promtool)
     r.finish()
