@@ -11,7 +11,7 @@ typedef struct {
     baton__srpc_t *rpc;
 } node_rpc_t;
 
-typedef struct loc_s loc_t;             /* a located object (client_cache.c) */
+typedef struct loc_s loc_t;               /* a located object (client_cache.c) */
 typedef struct baton__own_s baton__own_t; /* own-progress mode (client_own.c) */
 
 struct baton_store_client_s {
@@ -50,7 +50,8 @@ typedef struct {
     uint32_t n_replicas, n_slices;
     baton__slice_t *slices; /* replica-major */
     uint32_t *slice_try;    /* get: the replica each slice is read from */
-    baton__sp_node_t *nodes; /* from the location cache: the nodes its slices name (else the op's) */
+    baton__sp_node_t
+        *nodes; /* from the location cache: the nodes its slices name (else the op's) */
     uint32_t n_nodes;
     uint64_t lease_start_ms; /* get: the lease runs from here (before the request that got it) */
     uint32_t pending;

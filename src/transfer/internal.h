@@ -50,7 +50,7 @@ typedef enum {
     BATON__CMD_MEM_ADD,
     BATON__CMD_MEM_DEL,
     BATON__CMD_SHUTDOWN,
-    BATON__CMD_GRANT, /* pull by RDMA READ: u.grant (room_pull.c -> room_prefill.c) */
+    BATON__CMD_GRANT,  /* pull by RDMA READ: u.grant (room_pull.c -> room_prefill.c) */
     BATON__CMD_SERVE,  /* baton_xfer_engine_serve: u.serve */
     BATON__CMD_FORGET, /* baton_xfer_forget: u.connect (host, port) */
 } baton__cmd_type_t;
