@@ -28,7 +28,8 @@ MIB = 1 << 20
 class Store:
     """A master and its nodes in one harness.Cluster, and the client commands against them."""
 
-    def __init__(self, cluster, nodes=3, segment="64M", master_args=(), secret=None):
+    def __init__(self, cluster, nodes=3, segment="64M", master_args=(), secret=None,
+                 node_args=()):
         self.c = cluster
         self.dir = tempfile.mkdtemp(prefix="baton-store-data-")
         self.secret = os.path.join(self.dir, "secret")
@@ -41,6 +42,7 @@ class Store:
                        "--node-timeout-ms", "1500", *master_args], wait=("master", "http"))
         self.addr = f"{HOST}:{self.master.wait_port('master')}"
         self.http = self.master.wait_port("http")
+        self.node_args = node_args
         self.nodes = [self.node(f"n{i}", segment) for i in range(nodes)]
         harness.wait_until(lambda: self.stat().get("nodes") == nodes, timeout=20,
                            what=f"{nodes} nodes registered")
@@ -48,7 +50,8 @@ class Store:
     def node(self, name, segment):
         return self.c.start(name, [harness.binary("baton-store"), "node", "--master", self.addr,
                                    "--segment-bytes", segment, "--id", name, "--host", HOST,
-                                   "--kv-secret-file", self.secret], wait=("node", "bootstrap"))
+                                   "--kv-secret-file", self.secret, *self.node_args],
+                            wait=("node", "bootstrap"))
 
     def cmd(self, *args, secret=None):
         p = subprocess.run([harness.binary("baton-store"), *args, "--master", self.addr,
@@ -409,6 +412,29 @@ def test_own_progress():
         assert line["put_ok"] == 6 and line["get_ok"] == 6 and line["corrupted"] == 0, line
 
 
+def test_node_peer_bound():
+    """--max-client-peers 1 with two long-lived clients writing at once: the node keeps one
+    client's peer, forgets the other's (even while its client lives) and makes it again at its
+    next put; every put and get still succeeds and no byte comes back wrong."""
+    with harness.Cluster("store-peer-bound") as c:
+        # short leases: the two clients' working set stays below the store's capacity
+        st = Store(c, nodes=1, node_args=("--max-client-peers", "1"),
+                   master_args=("--lease-ttl-ms", "1000"))
+        ps = [bench(st, "--duration-s", "4") for _ in range(2)]
+        for p in ps:
+            lines = bench_lines(p)
+            summary = lines[-1]
+            errors = {x["last_error"] for x in lines if x.get("last_error")}
+            assert summary["corrupted"] == 0 and summary["put_failed"] == 0, (summary, errors)
+            assert summary["get_failed"] == 0 and summary["get_ok"] > 0, summary
+
+        def forgot_live_ones():  # two when the clients left, more for the bound's evictions
+            last = node_peers(st.nodes[0])
+            return last is not None and last[1] > 2
+
+        harness.wait_until(forgot_live_ones, timeout=20, what="clients forgotten past the bound")
+
+
 def test_metrics_promtool():
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -436,5 +462,6 @@ if __name__ == "__main__":
     r.run(test_location_cache)
     r.run(test_node_forgets_clients)
     r.run(test_own_progress)
+    r.run(test_node_peer_bound)
     r.run(test_metrics_promtool)
     r.finish()
