@@ -116,7 +116,9 @@ def throughput(lab, args, figures):
     for tp in args.transports.split(","):
         for n in node_counts:
             # short leases: the objects of the sizes before are evictable when a put needs room
-            st = Store(lab, f"{tp}{n}", n, tp, args.segment, ("--lease-ttl-ms", "2000"))
+            # the nodes share --segment-total (each prefaults its part at start)
+            seg = f"{parse_size(args.segment_total) // n // MIB}M"
+            st = Store(lab, f"{tp}{n}", n, tp, seg, ("--lease-ttl-ms", "2000"))
             try:
                 for size in sizes:
                     batch = max(1, min(args.batch, BATCH_BYTES // size))
@@ -157,7 +159,7 @@ def latency(lab, args, figures):
 
 
 def metadata(lab, args, figures):
-    st = Store(lab, "meta", 1, "tcp", args.segment)
+    st = Store(lab, "meta", 1, "tcp", "256M")  # 1 M objects of 64 bytes: 64 MiB
     try:
         rss0 = scenlib.rss_kib(st.master.pid)
         lines, cmd = st.bench("--size", "64", "--batch", 1024, "--exists", args.exists_objects,
@@ -188,14 +190,14 @@ def main():
     p.add_argument("--batch", type=int, default=128, help="objects per batch (at most; a batch "
                    "holds at most 256 MiB)")
     p.add_argument("--rounds", type=int, default=3, help="put+get rounds per size")
-    p.add_argument("--segment", default="2G", help="segment bytes per node")
+    p.add_argument("--segment-total", default="4G", help="segment bytes of all nodes together")
     p.add_argument("--latency-gets", type=int, default=2000)
     p.add_argument("--exists-objects", type=int, default=1000000)
     p.add_argument("--meta-objects", type=int, default=1000000)
     args = p.parse_args()
     if args.smoke:
         args.nodes, args.sizes, args.batch, args.rounds = "1,2", "64K,1M", 16, 1
-        args.segment, args.latency_gets = "256M", 200
+        args.segment_total, args.latency_gets = "256M", 200
         args.exists_objects, args.meta_objects = 5000, 20000
     print("# baton-store: throughput, latency and metadata against this machine's limits")
     print(scenlib.machine_line())
