@@ -429,13 +429,16 @@ static void on_tp_write(baton__tp_write_t *w, int status)
     /* The last write of a completed room: its LAYER_DONE and the DONE leave in one send (one
      * segment, one read on the decode side), and before the caller thread is woken. */
     int ended = room_end_frame(room, &b, &end_status);
+    if (room->served)
+        write_done(wr, status); /* its region is free before DONE can reach the puller */
     if (room->conn != NULL)
         baton__conn_send(room->conn, &b);
     baton_buf_free(&b);
     /* After write_done the caller thread may free wr and drop the write's room reference at
      * any moment; room itself stays valid: this thread's own reference lasts until room_close.
      * The write's event goes before the room's closing event, as the header promises. */
-    write_done(wr, status);
+    if (!room->served)
+        write_done(wr, status);
     if (ended)
         room_close(room, end_status);
 }
