@@ -408,7 +408,7 @@ int wk__job_seq_push(wk_sstate_t *ss, int32_t token, const char *what)
             return -1;
         }
         if (ss->gen.finish != WK_FINISH_NONE)
-            return 0; /* it caught up to its end */
+            return 0;                     /* it caught up to its end */
         token = wk_gen_next_id(&ss->gen); /* it may have caught up past the one computed */
     }
     if (wk_gen_push(&ss->gen, token) != 0) {
