@@ -362,9 +362,12 @@ static void job_emit(wk_job_t *job, wk_sstate_t *ss)
     if (!job->req.stream)
         return;
     if (!job->streaming) {
-        static const baton_http_header_t hdrs[] = {{"Cache-Control", "no-cache"}};
+        /* X-Baton-Continuation: this stream can be continued elsewhere (continuation.h) */
+        static const baton_http_header_t hdrs[] = {{"Cache-Control", "no-cache"},
+                                                   {"X-Baton-Continuation", "1"}};
         job->streaming = 1;
-        baton_http_stream_start(job->http, 200, "text/event-stream", hdrs, 1);
+        baton_http_stream_start(job->http, 200, "text/event-stream", hdrs,
+                                job->req.api == WK_API_RESPONSES ? 1 : 2);
     }
     wk_render_ctx_t ctx;
     render_ctx(job, &ctx);

@@ -9,6 +9,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import Cluster, post, sse_events  # noqa: E402
+import migration_ref as mref  # noqa: E402
 from migration_ref import continuation, normalize  # noqa: E402
 
 FAST = ("--prefill-us-per-token", "1", "--decode-us-per-token", "100")
@@ -85,12 +86,118 @@ def test_worker_continuation_refused(port):
         assert r.json()["error"]["param"] == "baton_continuation", r.body
 
 
+SLOW = ("--prefill-us-per-token", "100", "--decode-us-per-token", "15000")
+ROUTED = [
+    ("chat", {"messages": MSGS, "max_tokens": 24}),
+    ("chat", {"messages": MSGS, "max_tokens": 20, "n": 2, "stream_options": {"include_usage": True}}),
+    ("completions", {"prompt": "once upon a time", "max_tokens": 20, "n": 3}),
+    ("generate", {"text": ["x", "y y"], "sampling_params": {"max_new_tokens": 20}}),
+]
+
+
+def inflight(w):
+    m = mref.re.search(r"baton_worker_inflight_requests (\d+)", harness.get(w.port, "/metrics").text)
+    return int(m.group(1)) if m else 0
+
+
+def routed_cluster(c, mode, *router_args):
+    """A router in front of two workers (PD: one prefill, two decodes) that can be killed."""
+    argv, ws = [], []
+    if mode == "pd":
+        p = c.worker("prefill", *SLOW)
+        argv += ["--prefill", harness.url(p.port), str(p.wait_port("bootstrap"))]
+    for i in range(2):
+        w = c.worker("decode" if mode == "pd" else "regular", *SLOW)
+        ws.append(w)
+        argv += ["--decode" if mode == "pd" else "--worker", harness.url(w.port)]
+    r = c.router(*argv, *mref.ROUTER_ARGS, *router_args)
+    harness.wait_until(lambda: harness.get(r.port, "/readiness").status == 200, what="ready")
+    return r, ws
+
+
+def all_up(r, n):
+    """Waits until the router's health checks see n workers up (a restarted one is back)."""
+    def up():
+        text = harness.get(r.port, "/metrics").text
+        return len(mref.re.findall(r"^baton_worker_health\{[^}]*\} 1$", text, mref.re.M)) >= n
+    harness.wait_until(up, what=f"{n} workers up")
+
+
+def kill_serving(ws):
+    """kill -9 the worker that serves the stream now; returns it."""
+    for w in ws:
+        if w.alive() and inflight(w) > 0:
+            w.kill()
+            return w
+    raise AssertionError("no worker serves the stream")
+
+
+def test_router_migration(mode, ref_port):
+    """Each stream's worker is killed -9 after its 4th event: the client's stream goes on on the
+    other worker, event for event the uninterrupted twin's, with one id."""
+    with Cluster(f"migrate-{mode}") as c:
+        r, ws = routed_cluster(c, mode)
+        for api, body in ROUTED:
+            body = dict(body, stream=True)
+            _, twin = mref.stream(ref_port, mref.PATHS[api], body)
+            killed = []
+
+            def on_event(k, ev):
+                if k == 4:
+                    killed.append(kill_serving(ws))
+
+            st, got = mref.stream(r.port, mref.PATHS[api], body, on_event)
+            assert st == 200 and killed, (st, got)
+            why = mref.check_stream(api, body, got, twin)
+            assert not why, (mode, api, why)
+            # the dead one back on its port for the next case
+            k = ws.index(killed[0])
+            ws[k] = c.worker("decode" if mode == "pd" else "regular", *SLOW, "--port",
+                             str(killed[0].port))
+            all_up(r, len(ws) + (mode == "pd"))
+        m = harness.get(r.port, "/metrics").text
+        assert mref.migrations(m, "started") >= len(ROUTED), m
+        assert mref.migrations(m, "completed") >= len(ROUTED), m
+        assert mref.migrations(m, "failed") == 0, m
+
+
+def test_migration_off(ref_port):
+    """--migration-limit 0: a dead worker ends the stream with the error event, as without
+    migration; the text before it is the twin's beginning."""
+    with Cluster("migrate-off") as c:
+        r, ws = routed_cluster(c, "regular", "--migration-limit", "0")
+        api, body = ROUTED[0]
+        body = dict(body, stream=True)
+        st, got = mref.stream(r.port, mref.PATHS[api], body,
+                              lambda k, ev: k == 4 and kill_serving(ws))
+        assert st == 200 and got[-1] == "[DONE]", got
+        assert "error" in json.loads(got[-2]), got[-2:]
+        m = harness.get(r.port, "/metrics").text
+        assert mref.migrations(m, "started") == 0, m
+
+
+def test_chaos_smoke(mode):
+    """kill -9 at random points of many streams (chat, completions, generate; n = 1 and n > 1):
+    every stream completes and equals its uninterrupted twin."""
+    with Cluster(f"migrate-chaos-{mode}") as c:
+        failures, m = mref.chaos_run(c, mode, n_streams=30, concurrency=6, seed=7,
+                                     worker_args=("--prefill-us-per-token", "100",
+                                                  "--decode-us-per-token", "4000"))
+        assert not failures, failures[:3]
+        assert mref.migrations(m, "started") > 0, m
+
+
 def main():
     t = harness.TestRunner()
     with Cluster("migration") as c:
         w = c.worker("regular", *FAST)
         t.run(test_worker_continuation, w.port)
         t.run(test_worker_continuation_refused, w.port)
+        for mode in ("regular", "pd"):
+            t.run(test_router_migration, mode, w.port)
+        t.run(test_migration_off, w.port)
+        for mode in ("regular", "pd"):
+            t.run(test_chaos_smoke, mode)
     t.finish()
 
 

@@ -2,6 +2,7 @@
  * them, its life time, the upstream and client events that drive it, and the entry points
  * (inference requests, GET forwarding). The other concerns are in proxy_*.c. */
 #include "router/dataplane/proxy_internal.h"
+#include "router/dataplane/migrate.h"
 #include "router/dataplane/models.h"
 #include "router/dataplane/proxy_pd.h"
 
@@ -29,7 +30,8 @@ static const uint32_t phase_next[PH_COUNT] = {
     [PH_SENT] = B(PH_STREAMING) | B(PH_WAIT_PREFILL) | B(PH_RETRY_WAIT) | DECIDED,
     /* Prefill may still fail (retried: nothing reached the client). */
     [PH_WAIT_PREFILL] = B(PH_RETRY_WAIT) | DECIDED,
-    [PH_STREAMING] = B(PH_HOLDING) | DECIDED,
+    /* RETRY_WAIT from STREAMING: the stream goes on on another worker (a migration). */
+    [PH_STREAMING] = B(PH_HOLDING) | B(PH_RETRY_WAIT) | DECIDED,
     [PH_HOLDING] = B(PH_STREAMING) | B(PH_HELD_END) | DECIDED,
     [PH_HELD_END] = DECIDED,
     [PH_RETRY_WAIT] = B(PH_SENT) | DECIDED,
@@ -157,6 +159,7 @@ static void pr_free(baton__preq_t *pr)
     baton_workers_unref(pr->avoid, pr->n_avoid);
     free(pr->avoid);
     baton_pdreq_free(&pr->pd);
+    baton_mig_free(pr->mig);
     baton_route_ctx_free(&pr->rctx);
     baton_pdreq_lp_free(pr->lp);
     baton_sse_splitter_free(&pr->sse);
@@ -260,11 +263,12 @@ void baton__proxy_on_head(baton_http_creq_t *creq, int status, const baton_http_
     baton__upstream_t *u = creq->data;
     baton__preq_t *pr = u->pr;
     u->status = status;
+    int capable = 0;
     for (size_t i = 0; i < n_headers; i++) {
-        if (strcasecmp(headers[i].name, "Content-Type") == 0) {
+        if (strcasecmp(headers[i].name, "Content-Type") == 0)
             snprintf(u->ctype, sizeof(u->ctype), "%s", headers[i].value);
-            break;
-        }
+        else if (strcasecmp(headers[i].name, BATON_MIG_HEADER) == 0)
+            capable = 1;
     }
     u->sse = strncasecmp(u->ctype, "text/event-stream", 17) == 0;
     if (u->cancelled || u->stale || !pr->req)
@@ -275,7 +279,7 @@ void baton__proxy_on_head(baton_http_creq_t *creq, int status, const baton_http_
             /* The worker answers: that is its outcome for the breaker (a half-open probe must
              * not wait for the end of a long stream). */
             baton__up_report(u, BATON_OUTCOME_SUCCESS); /* the in-flight slot stays */
-            baton__pr_stream_start(pr);
+            baton__stream_answer(pr, u, capable);
         } else {
             u->buffer = 1;
             if (!baton__is_2xx(status))
@@ -376,7 +380,8 @@ void baton__proxy_on_done(baton_http_creq_t *creq, int err)
     } else if (err) {
         baton__side_failed(pr, u, err);
     } else if (baton__pr_streamed(pr)) {
-        baton__relay_stream_done(pr);
+        if (!baton__try_migrate(pr, u)) /* a stream that ended before [DONE] goes on */
+            baton__relay_stream_done(pr);
     } else {
         if (baton__is_2xx(u->status) && pr->pd_ops)
             pr->pd_ops->on_decode_progress(pr); /* decode answered: it read the KV */

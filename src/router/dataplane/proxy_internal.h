@@ -223,6 +223,7 @@ typedef struct preq_s {
     size_t resp_seen;    /* /v1/responses: answer bytes searched for its id (responses.h) */
     int resp_noted;      /* ... and whether the search is over */
     baton_token_scan_t tokens;    /* TTFT / inter-token latency of the relayed stream */
+    struct baton_mig_s *mig;      /* a stream that can go on on another worker (migrate.h) */
     char reqid[BATON__REQID_MAX]; /* vLLM protocols: X-Request-Id on both legs; "" otherwise */
     baton_list_t link;            /* in pl->live */
     baton_list_t qlink;           /* in pl->queue while QUEUED */
@@ -343,6 +344,14 @@ void baton__finish_failure(baton__preq_t *pr, const char *abort_reason);
 void baton__run_deferred(baton__preq_t *pr);
 /* The back-off passed: the next attempt, or the last failure when no pair can be picked. */
 void baton__retry_fire(baton__preq_t *pr);
+/* The main side's stream broke (u: its upstream) after the client's stream started: 1 when the
+ * request goes on (a continuation on another worker after a back-off, or only [DONE] was
+ * missing and the stream was ended), 0 when it cannot (the caller answers as before). */
+int baton__try_migrate(baton__preq_t *pr, baton__upstream_t *u);
+/* The main side answered 2xx SSE with `capable` (it takes continuations): starts the client's
+ * stream, or goes on with it after a migration. 0, or -1 when the answer cannot continue the
+ * stream (it was failed through baton__side_failed). */
+int baton__stream_answer(baton__preq_t *pr, baton__upstream_t *u, int capable);
 /* A decode's 5xx that reports its prefill peer's failure (not charged to either breaker). */
 int baton__blames_prefill(const baton__preq_t *pr, const baton__upstream_t *u, int err);
 int baton__is_timeout(int err);

@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "router/control/worker_models.h"
+#include "router/dataplane/migrate.h"
 #include "router/dataplane/responses.h"
 
 /* ---------------------------------------------------------------------------------------- */
@@ -217,6 +218,25 @@ static int stream_event_cb(const char *raw, size_t len, void *arg)
     return 0;
 }
 
+/* One complete SSE event of a stream that may go on on another worker: what the client gets
+ * of it is noted (migrate.h), and after a migration it carries the first stream's ids. */
+static int mig_event_cb(const char *raw, size_t len, void *arg)
+{
+    baton__preq_t *pr = arg;
+    const char *payload;
+    size_t plen;
+    if (!baton_sse_single_data(raw, len, &payload, &plen)) {
+        client_write(pr, raw, len); /* comments, other fields: nothing to note */
+        return 0;
+    }
+    baton_buf_reset(&pr->scratch);
+    int rc = baton_mig_event(pr->mig, payload, plen, &pr->scratch);
+    if (rc < 0)
+        return rc;
+    client_write(pr, rc > 0 ? pr->scratch.data : raw, rc > 0 ? pr->scratch.len : len);
+    return 0;
+}
+
 static void flush_pending_raw(baton__preq_t *pr)
 {
     if (baton_sse_pending(&pr->sse)) {
@@ -297,6 +317,8 @@ void baton__relay_stream_bytes(baton__preq_t *pr, const char *data, size_t len)
     int rc;
     if (merge) {
         rc = baton_sse_feed(&pr->sse, data, len, stream_event_cb, pr);
+    } else if (pr->mig && pr->mig->capable) {
+        rc = baton_sse_feed(&pr->sse, data, len, mig_event_cb, pr);
     } else if (!baton_sse_pending(&pr->sse) && ends_event(data, len)) {
         client_write(pr, data, len); /* the usual read: whole events, nothing left open */
         rc = 0;
@@ -318,6 +340,8 @@ void baton__relay_stream_bytes(baton__preq_t *pr, const char *data, size_t len)
 
 void baton__relay_stream_done(baton__preq_t *pr)
 {
+    if (pr->mig && pr->mig->migrations && pr->mig->done)
+        baton_resil_metrics_migration(pr->pl->router->resil, "completed");
     if (pr->phase == PH_HOLDING) {
         /* Ends when prefill's logprobs release the held events. */
         baton__pr_set_phase(pr, PH_HELD_END, "decode_ended_holding");
@@ -395,6 +419,11 @@ void baton__relay_main_body_done(baton__preq_t *pr)
 {
     baton__upstream_t *u = pr->up[UP_MAIN];
     const char *ctype = u->ctype[0] ? u->ctype : "application/json";
+    if (baton__is_2xx(u->status) && baton__pr_streamed(pr)) {
+        /* a continuation answered, but not with a stream: the client's stream cannot take it */
+        baton__side_failed(pr, u, BATON_EUPSTREAM);
+        return;
+    }
     if (!baton__is_2xx(u->status)) {
         baton__main_status_failed(pr, u, ctype);
         return;
