@@ -49,6 +49,8 @@
  *    ├──► SENT ──► STREAMING ◄──► HOLDING ──► HELD_END
  *    │     │  └──► WAIT_PREFILL ──► RETRY_WAIT (prefill failed: nothing was sent yet)
  *    │     └─────► RETRY_WAIT ──► SENT (the next attempt)
+ *    │   STREAMING ──► RETRY_WAIT: a migration (migrate.h); its attempt is SENT with the
+ *    │                 client's stream already started (ttfb_ns set), then STREAMING again
  *    │
  *   SENT and after ──► FAIL_DEFERRED (the failure waits for requests borrowing the body)
  *   NEW, SENT and after ──► ABORTED (the client went away) ──► DONE
@@ -59,7 +61,8 @@
 typedef enum baton__proxy_phase_e {
     PH_NEW,           /* not queued, no attempt in flight, client not answered */
     PH_QUEUED,        /* in the loop's admission queue (the timer is the queue timeout) */
-    PH_SENT,          /* an attempt is in flight; nothing went to the client yet */
+    PH_SENT,          /* an attempt is in flight; nothing went to the client yet (but for a
+                       * migration's attempt: baton__pr_streamed tells) */
     PH_WAIT_PREFILL,  /* not streamed: decode's answer is in, prefill's logprobs are needed */
     PH_STREAMING,     /* the client's stream started: decode's bytes pass through */
     PH_HOLDING,       /* streaming, decode paused: an event waits for prefill's logprobs */
