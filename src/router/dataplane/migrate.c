@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "baton/error.h"
+#include "common/json_scan.h"
 
 baton_mig_t *baton_mig_new(const baton_pdreq_t *req)
 {
@@ -45,77 +46,115 @@ int baton_mig_possible(const baton_mig_t *m)
     return m && m->capable && !m->broken && !m->done;
 }
 
-/* The sequence an index names, or NULL (the stream is then not understood). */
-static baton_mig_seq_t *seq_at(baton_mig_t *m, json_t *index)
+/* The sequence an index names (absent: 0), or NULL (the stream is then not understood). */
+static baton_mig_seq_t *seq_at(baton_mig_t *m, const baton_json_val_t *obj)
 {
-    json_int_t i = index ? (json_is_integer(index) ? json_integer_value(index) : -1) : 0;
-    return i >= 0 && (size_t)i < m->n_seq ? &m->seq[i] : NULL;
+    baton_json_val_t v;
+    if (!baton_json_object_get(obj, "index", &v))
+        return m->n_seq ? &m->seq[0] : NULL;
+    if (v.type != BATON_JSON_INTEGER)
+        return NULL;
+    int64_t i = baton_json_int(&v);
+    return i >= 0 && (uint64_t)i < m->n_seq ? &m->seq[i] : NULL;
 }
 
-static int note_choices(baton_mig_t *m, json_t *ev)
+static int is_set(const baton_json_val_t *obj, const char *key)
 {
-    json_t *choices = json_object_get(ev, "choices"), *c;
-    size_t k;
-    if (json_object_get(ev, "usage") && !json_is_null(json_object_get(ev, "usage")))
+    baton_json_val_t v;
+    return baton_json_object_get(obj, key, &v) && v.type != BATON_JSON_NULL;
+}
+
+/* chat / completions: every choice's piece of text and whether it finished. */
+static int note_choices(baton_mig_t *m, const baton_json_val_t *ev)
+{
+    baton_json_val_t choices, c, holder, t;
+    if (is_set(ev, "usage"))
         m->usage = 1;
-    json_array_foreach(choices, k, c)
-    {
-        baton_mig_seq_t *s = seq_at(m, json_object_get(c, "index"));
+    if (!baton_json_object_get(ev, "choices", &choices))
+        return 0;
+    if (choices.type != BATON_JSON_ARRAY)
+        return BATON_EINVAL;
+    baton_json_iter_t it;
+    baton_json_iter_init(&it, &choices);
+    while (baton_json_array_next(&it, &c)) {
+        baton_mig_seq_t *s = c.type == BATON_JSON_OBJECT ? seq_at(m, &c) : NULL;
         if (!s)
             return BATON_EINVAL;
-        json_t *t = m->api == BATON_API_CHAT
-                        ? json_object_get(json_object_get(c, "delta"), "content")
-                        : json_object_get(c, "text");
-        if (t && !json_is_null(t) && !json_is_string(t))
-            return BATON_EINVAL;
-        if (json_is_string(t) &&
-            baton_buf_append(&s->text, json_string_value(t), json_string_length(t)) != 0)
+        int has = m->api == BATON_API_CHAT ? baton_json_object_get(&c, "delta", &holder) &&
+                                                 baton_json_object_get(&holder, "content", &t)
+                                           : baton_json_object_get(&c, "text", &t);
+        if (has && t.type == BATON_JSON_STRING && baton_json_str_append(&t, &s->text) != 0)
             return BATON_ENOMEM;
+        if (has && t.type != BATON_JSON_STRING && t.type != BATON_JSON_NULL)
+            return BATON_EINVAL;
         s->seen = 1;
-        json_t *f = json_object_get(c, "finish_reason");
-        if (f && !json_is_null(f))
+        if (is_set(&c, "finish_reason"))
             s->finished = 1;
     }
     return 0;
 }
 
-static int note_generate(baton_mig_t *m, json_t *ev)
+/* /generate: the whole text so far, its token count, whether it finished. */
+static int note_generate(baton_mig_t *m, const baton_json_val_t *ev)
 {
-    baton_mig_seq_t *s = seq_at(m, json_object_get(ev, "index"));
-    json_t *t = json_object_get(ev, "text");
-    json_t *meta = json_object_get(ev, "meta_info");
-    json_t *ct = json_object_get(meta, "completion_tokens");
-    if (!s || !json_is_string(t) || !json_is_integer(ct))
+    baton_json_val_t t, meta, ct;
+    baton_mig_seq_t *s = seq_at(m, ev);
+    if (!s || !baton_json_object_get(ev, "text", &t) || t.type != BATON_JSON_STRING ||
+        !baton_json_object_get(ev, "meta_info", &meta) ||
+        !baton_json_object_get(&meta, "completion_tokens", &ct) || ct.type != BATON_JSON_INTEGER)
         return BATON_EINVAL;
-    baton_buf_reset(&s->text); /* /generate's text is the whole text so far */
-    if (baton_buf_append(&s->text, json_string_value(t), json_string_length(t)) != 0)
+    baton_buf_reset(&s->text);
+    if (baton_json_str_append(&t, &s->text) != 0)
         return BATON_ENOMEM;
-    s->tokens = json_integer_value(ct);
+    s->tokens = baton_json_int(&ct);
     s->seen = 1;
-    json_t *f = json_object_get(meta, "finish_reason");
-    if (f && !json_is_null(f))
+    if (is_set(&meta, "finish_reason"))
         s->finished = 1;
     return 0;
 }
 
-/* The first stream's id and created on this event (after a migration). 1 when changed. */
-static int rewrite(baton_mig_t *m, json_t *ev)
+/* The event's id (chat / completions: its own; /generate: meta_info's) and created (0 when
+ * absent). 0, or BATON_EINVAL when it has no string id. */
+static int ids_of(const baton_mig_t *m, const baton_json_val_t *ev, baton_json_val_t *id,
+                  int64_t *created)
 {
-    json_t *holder = m->api == BATON_API_GENERATE ? json_object_get(ev, "meta_info") : ev;
-    json_t *id = json_object_get(holder, "id");
-    int changed = 0;
-    if (json_is_string(id) && strcmp(json_string_value(id), m->id) != 0) {
-        json_object_set_new(holder, "id", json_string(m->id));
-        changed = 1;
+    baton_json_val_t meta, cr;
+    const baton_json_val_t *holder = ev;
+    if (m->api == BATON_API_GENERATE) {
+        if (!baton_json_object_get(ev, "meta_info", &meta))
+            return BATON_EINVAL;
+        holder = &meta;
     }
-    json_t *cr = json_object_get(ev, "created");
-    if (json_is_integer(cr) && json_integer_value(cr) != m->created) {
-        json_object_set_new(ev, "created", json_integer(m->created));
-        changed = 1;
-    }
-    return changed;
+    if (!baton_json_object_get(holder, "id", id) || id->type != BATON_JSON_STRING)
+        return BATON_EINVAL;
+    *created = baton_json_object_get(ev, "created", &cr) && cr.type == BATON_JSON_INTEGER
+                   ? baton_json_int(&cr)
+                   : 0;
+    return 0;
 }
 
+/* The event with the first stream's id and created, as a whole event into out. */
+static int rewrite(baton_mig_t *m, const char *payload, size_t len, baton_buf_t *out)
+{
+    json_t *ev = json_loadb(payload, len, 0, NULL);
+    json_t *holder = m->api == BATON_API_GENERATE ? json_object_get(ev, "meta_info") : ev;
+    if (json_is_object(holder))
+        json_object_set_new(holder, "id", json_string(m->id));
+    if (json_is_integer(json_object_get(ev, "created")))
+        json_object_set_new(ev, "created", json_integer(m->created));
+    char *s = ev ? json_dumps(ev, JSON_COMPACT | JSON_REAL_PRECISION(12)) : NULL;
+    json_decref(ev);
+    baton_buf_reset(out);
+    int rc = s && baton_buf_append_str(out, "data: ") == 0 && baton_buf_append_str(out, s) == 0 &&
+                     baton_buf_append_str(out, "\n\n") == 0
+                 ? 1
+                 : BATON_ENOMEM;
+    free(s);
+    return rc;
+}
+
+/* Every event of a continued stream is read with the scanner (no tree, no allocation): this
+ * runs for every event of every stream of a worker that takes continuations. */
 int baton_mig_event(baton_mig_t *m, const char *payload, size_t len, baton_buf_t *out)
 {
     if (m->broken)
@@ -124,41 +163,45 @@ int baton_mig_event(baton_mig_t *m, const char *payload, size_t len, baton_buf_t
         m->done = 1;
         return 0;
     }
-    json_t *ev = json_loadb(payload, len, 0, NULL);
-    int rc = 0;
-    if (!json_is_object(ev) || json_object_get(ev, "error")) {
-        m->broken = 1; /* the worker's own error event: it goes out, and the stream ends */
+    baton_json_member_t space[16];
+    baton_json_scan_t sc;
+    baton_json_scan_init(&sc, space, sizeof(space) / sizeof(space[0]));
+    baton_json_val_t id;
+    int64_t created;
+    int rc = baton_json_scan(&sc, payload, len);
+    if (rc == BATON_ENOMEM)
+        goto out;
+    if (rc != 0 || sc.root.type != BATON_JSON_OBJECT || baton_json_scan_get(&sc, "error") ||
+        ids_of(m, &sc.root, &id, &created) != 0) {
+        rc = 0;
+        m->broken = 1; /* the worker's own error event, or not understood: the stream ends */
         goto out;
     }
-    rc = m->api == BATON_API_GENERATE ? note_generate(m, ev) : note_choices(m, ev);
+    rc = m->api == BATON_API_GENERATE ? note_generate(m, &sc.root) : note_choices(m, &sc.root);
     if (rc == BATON_EINVAL) {
-        m->broken = 1;
         rc = 0;
+        m->broken = 1;
         goto out;
     }
     if (rc)
         goto out;
     if (!m->id[0]) {
-        json_t *holder = m->api == BATON_API_GENERATE ? json_object_get(ev, "meta_info") : ev;
-        const char *id = json_string_value(json_object_get(holder, "id"));
-        size_t n = id ? strlen(id) : 0;
-        if (!id || !n || n >= sizeof(m->id)) {
+        size_t n = baton_json_str_len(&id);
+        baton_buf_t b = BATON_BUF_INIT;
+        if (n == 0 || n >= sizeof(m->id) || baton_json_str_append(&id, &b) != 0) {
+            baton_buf_free(&b);
             m->broken = 1;
             goto out;
         }
-        memcpy(m->id, id, n + 1);
-        m->created = json_integer_value(json_object_get(ev, "created"));
-    } else if (m->migrations && rewrite(m, ev)) {
-        char *s = json_dumps(ev, JSON_COMPACT | JSON_REAL_PRECISION(12));
-        baton_buf_reset(out);
-        rc = s && baton_buf_append_str(out, "data: ") == 0 && baton_buf_append_str(out, s) == 0 &&
-                     baton_buf_append_str(out, "\n\n") == 0
-                 ? 1
-                 : BATON_ENOMEM;
-        free(s);
+        memcpy(m->id, b.data, n);
+        m->id[n] = '\0';
+        baton_buf_free(&b);
+        m->created = created;
+    } else if (m->migrations && (!baton_json_str_eq(&id, m->id) || created != m->created)) {
+        rc = rewrite(m, payload, len, out);
     }
 out:
-    json_decref(ev);
+    baton_json_scan_free(&sc);
     return rc;
 }
 

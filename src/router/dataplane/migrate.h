@@ -35,7 +35,7 @@ typedef struct baton_mig_s {
     size_t n_seq;
     baton_mig_seq_t *seq;
     char id[128]; /* the first stream's id ("" before its first event) */
-    long long created;
+    int64_t created;
     unsigned migrations;  /* continuations started */
     unsigned capable : 1; /* the current attempt's worker takes continuations */
     unsigned usage : 1;   /* the usage chunk went out: only [DONE] is missing */
