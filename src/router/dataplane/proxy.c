@@ -5,6 +5,7 @@
 #include "router/dataplane/migrate.h"
 #include "router/dataplane/models.h"
 #include "router/dataplane/proxy_pd.h"
+#include "router/dataplane/resp_history.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,6 +161,8 @@ static void pr_free(baton__preq_t *pr)
     free(pr->avoid);
     baton_pdreq_free(&pr->pd);
     baton_mig_free(pr->mig);
+    free(pr->resp_conv);
+    baton_buf_free(&pr->resp_body);
     baton_route_ctx_free(&pr->rctx);
     baton_pdreq_lp_free(pr->lp);
     baton_sse_splitter_free(&pr->sse);
@@ -430,8 +433,19 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
     const char *route = baton_api_path(api);
     baton_pdreq_error_t perr;
     baton_pdreq_t pd;
+    baton_buf_t expanded = BATON_BUF_INIT; /* a follow-up with its conversation as input */
+    char *conv = NULL;
 
-    int rc = baton_pdreq_parse(&pd, api, req->body, req->body_len, &perr);
+    int rc = api == BATON_API_RESPONSES
+                 ? baton_resp_history_prepare(req->body, req->body_len, &expanded, &conv)
+                 : 0;
+    if (rc == 0)
+        rc = expanded.len ? baton_pdreq_parse(&pd, api, expanded.data, expanded.len, &perr)
+                          : baton_pdreq_parse(&pd, api, req->body, req->body_len, &perr);
+    if (rc) {
+        free(conv);
+        baton_buf_free(&expanded);
+    }
     if (rc == BATON_EINVAL) {
         baton__respond_error(r, req, route, perr.status, perr.message, "invalid_request_error",
                              perr.param[0] ? perr.param : NULL, perr.code);
@@ -455,16 +469,22 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
     }
     if (baton_models_refuse(r, req, route, &pd)) {
         baton_pdreq_free(&pd);
+        free(conv);
+        baton_buf_free(&expanded);
         return;
     }
     baton__preq_t *pr = pr_new(pl, req, route, MODE_PD);
     if (!pr) {
         baton_pdreq_free(&pd);
+        free(conv);
+        baton_buf_free(&expanded);
         baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
                              "internal_error");
         return;
     }
     baton_pdreq_move(&pr->pd, &pd); /* it points into itself: never a plain copy */
+    pr->resp_conv = conv;
+    pr->resp_body = expanded; /* pd borrows its bytes, which stay where they are */
     if (baton__try_start(pr, 1) == ST_WAIT) {
         if (baton__queue_add(pr) != 0) {
             baton_resil_metrics_rejected(r->resil, "queue_full");

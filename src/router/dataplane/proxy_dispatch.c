@@ -343,7 +343,7 @@ enum baton__start_rc baton__start_attempt(baton__preq_t *pr, int *missing_prefil
         baton__pr_set_phase(pr, PH_SENT, "regular_dispatch");
         int rc = u->body
                      ? baton__up_start(pr, u, "POST", route, u->body->buf.data, u->body->buf.len)
-                     : baton__up_start(pr, u, "POST", route, pr->req->body, pr->req->body_len);
+                     : baton__up_start(pr, u, "POST", route, pr->pd.body, pr->pd.body_len);
         if (rc)
             baton__side_failed(pr, u, rc);
         return ST_STARTED;

@@ -222,11 +222,14 @@ typedef struct preq_s {
     /* When the first response byte went to the client; 0 before. Non-zero also tells that the
      * client's stream started (a failure then goes out as an SSE event, never retried). */
     uint64_t ttfb_ns;
-    uint64_t events_out; /* SSE events relayed to the client (a Responses error's sequence) */
-    size_t resp_seen;    /* /v1/responses: answer bytes searched for its id (responses.h) */
-    int resp_noted;      /* ... and whether the search is over */
-    baton_token_scan_t tokens;    /* TTFT / inter-token latency of the relayed stream */
-    struct baton_mig_s *mig;      /* a stream that can go on on another worker (migrate.h) */
+    uint64_t events_out;       /* SSE events relayed to the client (a Responses error's sequence) */
+    size_t resp_seen;          /* /v1/responses: answer bytes searched for its id (responses.h) */
+    int resp_noted;            /* ... and whether the search is over */
+    baton_token_scan_t tokens; /* TTFT / inter-token latency of the relayed stream */
+    struct baton_mig_s *mig;   /* a stream that can go on on another worker (migrate.h) */
+    char *resp_conv;           /* /v1/responses: its conversation so far (resp_history.h) */
+    baton_buf_t resp_body;     /* ... and its body with the earlier conversation as input,
+                                * which pd borrows (empty: pd borrows the client's bytes) */
     char reqid[BATON__REQID_MAX]; /* vLLM protocols: X-Request-Id on both legs; "" otherwise */
     baton_list_t link;            /* in pl->live */
     baton_list_t qlink;           /* in pl->queue while QUEUED */

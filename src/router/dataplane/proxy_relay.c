@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "router/control/worker_models.h"
 #include "router/dataplane/migrate.h"
+#include "router/dataplane/resp_history.h"
 #include "router/dataplane/responses.h"
 
 /* ---------------------------------------------------------------------------------------- */
@@ -237,6 +238,20 @@ static int mig_event_cb(const char *raw, size_t len, void *arg)
     return 0;
 }
 
+/* One complete event of a Responses stream: its final event's response is kept with the
+ * conversation (resp_history.h), for a follow-up. */
+static int resp_event_cb(const char *raw, size_t len, void *arg)
+{
+    baton__preq_t *pr = arg;
+    const char *payload;
+    size_t plen;
+    if (baton_sse_single_data(raw, len, &payload, &plen) &&
+        baton_resp_history_final_event(payload, plen))
+        baton_resp_history_note(pr->resp_conv, payload, plen);
+    client_write(pr, raw, len);
+    return 0;
+}
+
 static void flush_pending_raw(baton__preq_t *pr)
 {
     if (baton_sse_pending(&pr->sse)) {
@@ -319,6 +334,8 @@ void baton__relay_stream_bytes(baton__preq_t *pr, const char *data, size_t len)
         rc = baton_sse_feed(&pr->sse, data, len, stream_event_cb, pr);
     } else if (pr->mig && pr->mig->capable) {
         rc = baton_sse_feed(&pr->sse, data, len, mig_event_cb, pr);
+    } else if (pr->resp_conv) {
+        rc = baton_sse_feed(&pr->sse, data, len, resp_event_cb, pr);
     } else if (!baton_sse_pending(&pr->sse) && ends_event(data, len)) {
         client_write(pr, data, len); /* the usual read: whole events, nothing left open */
         rc = 0;
@@ -450,6 +467,8 @@ void baton__relay_main_body_done(baton__preq_t *pr)
         }
     }
     note_response(pr, u->resp.data, u->resp.len);
+    if (pr->resp_conv && u->resp.data)
+        baton_resp_history_note(pr->resp_conv, u->resp.data, u->resp.len);
     baton__pr_respond(pr, u->status, ctype, u->resp.data ? u->resp.data : "", u->resp.len);
 }
 
