@@ -161,6 +161,42 @@ def test_router_migration(mode, ref_port):
         assert mref.migrations(m, "failed") == 0, m
 
 
+def test_prefill_dead_in_migration(ref_port):
+    """A migration's pair whose prefill is down: the decode would wait for a KV that never
+    comes; the pair is given up at once and the stream goes on with another one."""
+    from router_upstream import closed_port
+    with Cluster("migrate-prefill") as c:
+        p = c.worker("prefill", *SLOW)
+        ds = [c.worker("decode", *SLOW, "--bootstrap-timeout-ms", "60000") for _ in range(2)]
+        argv = ["--prefill", harness.url(p.port), str(p.wait_port("bootstrap")),
+                "--prefill", harness.url(closed_port()), str(closed_port())]
+        for d in ds:
+            argv += ["--decode", harness.url(d.port)]
+        # no health checks nor breakers: the dead prefill stays a candidate for every pick;
+        # a decode waiting for its KV would wait a minute
+        r = c.router(*argv, *mref.ROUTER_ARGS, "--check-interval-ms", "0", "--breaker-threshold",
+                     "0", "--first-byte-timeout-ms", "60000", "--max-retries", "5")
+        api, body = ROUTED[0]
+        body = dict(body, stream=True)
+        _, twin = mref.stream(ref_port, mref.PATHS[api], body)
+        hit = 0
+        for _ in range(8):
+            killed = []
+            st, got = mref.stream(r.port, mref.PATHS[api], body,
+                                  lambda k, ev: k == 4 and killed.append(kill_serving(ds)),
+                                  timeout=20)
+            why = mref.check_stream(api, body, got, twin)
+            assert st == 200 and not why, why
+            k = ds.index(killed[0])
+            ds[k] = c.worker("decode", *SLOW, "--bootstrap-timeout-ms", "60000", "--port",
+                             str(killed[0].port))
+            hit = len([ln for ln in r.tail(400).splitlines()
+                       if "upstream_failed" in ln and "side=prefill" in ln and "streaming=1" in ln])
+            if hit:
+                break
+        assert hit, "no migration met the dead prefill"
+
+
 def test_migration_off(ref_port):
     """--migration-limit 0: a dead worker ends the stream with the error event, as without
     migration; the text before it is the twin's beginning."""
@@ -195,6 +231,7 @@ def main():
         t.run(test_worker_continuation_refused, w.port)
         for mode in ("regular", "pd"):
             t.run(test_router_migration, mode, w.port)
+        t.run(test_prefill_dead_in_migration, w.port)
         t.run(test_migration_off, w.port)
         for mode in ("regular", "pd"):
             t.run(test_chaos_smoke, mode)

@@ -254,10 +254,12 @@ static void on_client_drain(baton_http_req_t *req)
  * Prefill failed after decode began streaming tokens: decode had its KV by then (it streams
  * only after the hand-off), so its answer is right and stays; ending it would turn a good
  * answer into an error. Only when prefill's logprobs are still needed is the stream failed.
+ * A migration's pair whose decode has not answered yet (SENT) is not late: its decode waits
+ * for that prefill's KV.
  */
 static int prefill_failure_is_late(const baton__preq_t *pr)
 {
-    return baton__pr_streamed(pr) && !pr->pd.logprobs;
+    return baton__pr_streamed(pr) && !pr->pd.logprobs && pr->phase != PH_SENT;
 }
 
 void baton__proxy_on_head(baton_http_creq_t *creq, int status, const baton_http_header_t *headers,

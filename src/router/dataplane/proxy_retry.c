@@ -128,15 +128,18 @@ static void avoid_add(baton__preq_t *pr, baton_worker_t *w)
 }
 
 /* Drops the current attempt: its in-flight requests are closed now and freed when they report;
- * per-attempt response state is reset. Its workers are avoided by the next pick. */
-static void abandon_attempt(baton__preq_t *pr, const char *abort_reason)
+ * per-attempt response state is reset. Its workers are avoided by the next pick (only the
+ * failed one's when `failed` is set: a migration keeps its innocent side a candidate). */
+static void abandon_attempt(baton__preq_t *pr, const char *abort_reason,
+                            const baton__upstream_t *failed)
 {
     for (int i = 0; i < 2; i++) {
         baton__upstream_t *u = pr->up[i];
         if (!u)
             continue;
         pr->up[i] = NULL;
-        avoid_add(pr, u->w);
+        if (!failed || u == failed)
+            avoid_add(pr, u->w);
         if (u->creq) {
             baton__up_cancel(u, abort_reason);
             u->stale = 1;
@@ -194,7 +197,7 @@ static int try_retry(baton__preq_t *pr, baton__upstream_t *u, int err)
              pr->route, pr->attempts + 1, baton__side_name(u), u->w->url,
              baton_retry_reason_name(why), err ? baton_err_name(err) : "-", u->status,
              (unsigned long long)delay);
-    abandon_attempt(pr, "peer_failed");
+    abandon_attempt(pr, "peer_failed", NULL);
     baton__pr_set_phase(pr, PH_RETRY_WAIT, baton_retry_reason_name(why));
     baton__pr_timer_start(pr, delay);
     return 1;
@@ -363,12 +366,15 @@ int baton__try_migrate(baton__preq_t *pr, baton__upstream_t *u)
 {
     baton_router_t *r = pr->pl->router;
     baton_mig_t *m = pr->mig;
-    if (!m || !u || u->side != UP_MAIN || !pr->req || baton__pr_decided(pr) ||
-        !baton__pr_streamed(pr) || !baton_mig_possible(m) || pr->no_retry)
+    /* The main side broke, or the prefill of a migration's pair failed before its decode
+     * answered (SENT: the decode waits for a KV hand-off that will not come). */
+    if (!m || !u || (u->side != UP_MAIN && pr->phase != PH_SENT) || !pr->req ||
+        baton__pr_decided(pr) || !baton__pr_streamed(pr) || !baton_mig_possible(m) || pr->no_retry)
         return 0;
-    baton_sse_splitter_free(&pr->sse); /* the part of an event that never ended is dropped */
     if (all_finished(m) && (m->usage || m->api == BATON_API_GENERATE)) {
-        /* Everything but [DONE] went out: the stream is ended here. */
+        /* Everything but [DONE] went out: the stream is ended here (the part of an event that
+         * never ended is dropped). */
+        baton_sse_splitter_free(&pr->sse);
         baton__pr_cancel_all(pr, "peer_failed");
         baton_http_stream_write(pr->req, "data: [DONE]\n\n", 14);
         m->done = 1;
@@ -397,7 +403,7 @@ int baton__try_migrate(baton__preq_t *pr, baton__upstream_t *u)
     log_info("router", "migrate route=%s migration=%u worker=%s err=%s status=%d delay_ms=%llu",
              pr->route, m->migrations, u->w->url, u->err ? baton_err_name(u->err) : "-", u->status,
              (unsigned long long)delay);
-    abandon_attempt(pr, "peer_failed");
+    abandon_attempt(pr, "peer_failed", u);
     pr->pd.extra = &m->member; /* every later body carries it (PD: baton_pdreq_inject) */
     baton__pr_set_phase(pr, PH_RETRY_WAIT, "migrate");
     baton__pr_timer_start(pr, delay);
