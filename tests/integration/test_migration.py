@@ -212,6 +212,24 @@ def test_migration_off(ref_port):
         assert mref.migrations(m, "started") == 0, m
 
 
+def test_migration_limit(ref_port):
+    """--migration-limit 1: the first dead worker is survived, the second ends the stream with
+    the error event; the text before it is still the twin's."""
+    with Cluster("migrate-limit") as c:
+        r, ws = routed_cluster(c, "regular", "--migration-limit", "1")
+        api, body = ROUTED[0]
+        body = dict(body, stream=True)
+        _, twin = mref.stream(ref_port, mref.PATHS[api], body)
+        st, got = mref.stream(r.port, mref.PATHS[api], body,
+                              lambda k, ev: k in (4, 10) and kill_serving(ws))
+        assert st == 200 and got[-1] == "[DONE]" and "error" in json.loads(got[-2]), got[-3:]
+        assert [mref.masked(e) for e in got[:-2]] == [mref.masked(e) for e in twin[:len(got) - 2]]
+        assert len(got) - 2 >= 10, got  # the first migration carried it past the 4th event
+        m = harness.get(r.port, "/metrics").text
+        assert mref.migrations(m, "started") == 1 and mref.migrations(m, "limit") == 1, m
+        assert mref.migrations(m, "failed") == 1, m  # a migrated stream that ended in error
+
+
 def test_chaos_smoke(mode):
     """kill -9 at random points of many streams (chat, completions, generate; n = 1 and n > 1):
     every stream completes and equals its uninterrupted twin."""
@@ -233,6 +251,7 @@ def main():
             t.run(test_router_migration, mode, w.port)
         t.run(test_prefill_dead_in_migration, w.port)
         t.run(test_migration_off, w.port)
+        t.run(test_migration_limit, w.port)
         for mode in ("regular", "pd"):
             t.run(test_chaos_smoke, mode)
     t.finish()
