@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """chaos_migration.py — streams that survive a dead decode: many streams (chat, completions,
 generate; n = 1 and n > 1) through Baton while a random decode (PD) or regular worker is killed
--9 and restarted on its port every 0.05-0.25 s; every stream must complete and equal its
+-9 and restarted on its port every 0.1-0.4 s; every stream must complete and equal its
 uninterrupted twin (the same request to a worker nobody kills), event for event but for ids.
 The same run as test_migration's chaos smoke (tests/integration/migration_ref.py), at full size.
 """

@@ -155,7 +155,8 @@ def check_stream(api, body, events, twin):
     if got != want:
         k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
         return (f"differs from its twin at event {k} of {len(got)} (twin: {len(want)}):\n"
-                f" got {got[max(0, k - 1):k + 2]}\nwant {want[max(0, k - 1):k + 2]}")
+                f" got {got[max(0, k - 1):k + 2]}\nwant {want[max(0, k - 1):k + 2]}\n"
+                f" got ends {got[-2:]}")
     ids = set()
     for e in events[:-1]:
         c = json.loads(e)
@@ -209,7 +210,7 @@ def chaos_run(c, mode, n_streams, concurrency, seed, worker_args, n_workers=3):
 
     def killer():
         krng = random.Random(seed + 1)
-        while not stop.wait(krng.uniform(0.05, 0.25)):
+        while not stop.wait(krng.uniform(0.1, 0.4)):
             k = krng.randrange(len(victims))
             old = victims[k]
             old.kill()

@@ -87,7 +87,7 @@ def test_worker_continuation_refused(port):
 
 
 SLOW = ("--prefill-us-per-token", "100", "--decode-us-per-token", "15000")
-ROUTED = [
+ROUTED = [  # the last one is /generate: not for the vLLM protocols
     ("chat", {"messages": MSGS, "max_tokens": 24}),
     ("chat", {"messages": MSGS, "max_tokens": 20, "n": 2, "stream_options": {"include_usage": True}}),
     ("completions", {"prompt": "once upon a time", "max_tokens": 20, "n": 3}),
@@ -100,16 +100,36 @@ def inflight(w):
     return int(m.group(1)) if m else 0
 
 
+def worker_args(mode):
+    """regular, pd (SGLang's protocol), vllm-nixl, vllm-mooncake: the workers' flags."""
+    return SLOW + (("--protocol", mode) if mode.startswith("vllm") else ())
+
+
 def routed_cluster(c, mode, *router_args):
     """A router in front of two workers (PD: one prefill, two decodes) that can be killed."""
-    argv, ws = [], []
-    if mode == "pd":
-        p = c.worker("prefill", *SLOW)
-        argv += ["--prefill", harness.url(p.port), str(p.wait_port("bootstrap"))]
+    argv, ws, cfg = [], [], []
+    if mode != "regular":
+        p = c.worker("prefill", *worker_args(mode))
+        boot = p.wait_port("bootstrap")
+        if mode == "vllm-mooncake":  # the prefill's engine id and bootstrap come with it
+            cfg.append({"url": harness.url(p.port), "worker_type": "prefill",
+                        "engine_id": "prefill-0", "bootstrap_addr": harness.url(boot)})
+        elif mode == "vllm-nixl":
+            argv += ["--pd-protocol", mode, "--prefill", harness.url(p.port)]
+        else:
+            argv += ["--prefill", harness.url(p.port), str(boot)]
     for i in range(2):
-        w = c.worker("decode" if mode == "pd" else "regular", *SLOW)
+        w = c.worker("decode" if mode != "regular" else "regular", *worker_args(mode))
         ws.append(w)
-        argv += ["--decode" if mode == "pd" else "--worker", harness.url(w.port)]
+        if cfg:
+            cfg.append({"url": harness.url(w.port), "worker_type": "decode"})
+        else:
+            argv += ["--decode" if mode != "regular" else "--worker", harness.url(w.port)]
+    if cfg:
+        path = os.path.join(c.logdir, "baton.json")
+        with open(path, "w") as f:
+            json.dump({"pd_protocol": mode, "workers": cfg}, f)
+        argv += ["--config", path]
     r = c.router(*argv, *mref.ROUTER_ARGS, *router_args)
     harness.wait_until(lambda: harness.get(r.port, "/readiness").status == 200, what="ready")
     return r, ws
@@ -137,7 +157,8 @@ def test_router_migration(mode, ref_port):
     other worker, event for event the uninterrupted twin's, with one id."""
     with Cluster(f"migrate-{mode}") as c:
         r, ws = routed_cluster(c, mode)
-        for api, body in ROUTED:
+        cases = ROUTED[:-1] if mode.startswith("vllm") else ROUTED
+        for api, body in cases:
             body = dict(body, stream=True)
             _, twin = mref.stream(ref_port, mref.PATHS[api], body)
             killed = []
@@ -152,12 +173,12 @@ def test_router_migration(mode, ref_port):
             assert not why, (mode, api, why)
             # the dead one back on its port for the next case
             k = ws.index(killed[0])
-            ws[k] = c.worker("decode" if mode == "pd" else "regular", *SLOW, "--port",
-                             str(killed[0].port))
-            all_up(r, len(ws) + (mode == "pd"))
+            ws[k] = c.worker("decode" if mode != "regular" else "regular", *worker_args(mode),
+                             "--port", str(killed[0].port))
+            all_up(r, len(ws) + (mode != "regular"))
         m = harness.get(r.port, "/metrics").text
-        assert mref.migrations(m, "started") >= len(ROUTED), m
-        assert mref.migrations(m, "completed") >= len(ROUTED), m
+        assert mref.migrations(m, "started") >= len(cases), m
+        assert mref.migrations(m, "completed") >= len(cases), m
         assert mref.migrations(m, "failed") == 0, m
 
 
@@ -247,7 +268,7 @@ def main():
         w = c.worker("regular", *FAST)
         t.run(test_worker_continuation, w.port)
         t.run(test_worker_continuation_refused, w.port)
-        for mode in ("regular", "pd"):
+        for mode in ("regular", "pd", "vllm-nixl", "vllm-mooncake"):
             t.run(test_router_migration, mode, w.port)
         t.run(test_prefill_dead_in_migration, w.port)
         t.run(test_migration_off, w.port)

@@ -4,7 +4,6 @@
  * borrows the client's body, and blame for the breakers. */
 #include "router/dataplane/proxy_internal.h"
 #include "router/dataplane/migrate.h"
-#include "router/dataplane/proxy_pd.h"
 #include "router/dataplane/responses.h"
 
 #include <stdio.h>
@@ -324,10 +323,10 @@ void baton__main_status_failed(baton__preq_t *pr, baton__upstream_t *u, const ch
 /* Migration: a stream goes on on another worker                                            */
 
 /* Whether the attempt's way of sending the request carries the continuation: a regular
- * worker's body, or SGLang's PD body (baton_pdreq_inject appends it). */
+ * worker's body, and every PD protocol's decode leg (baton_pdreq_inject, pdproto.c). */
 static int carries_continuation(const baton__preq_t *pr)
 {
-    return pr->mode == MODE_REGULAR || (pr->mode == MODE_PD && pr->pd_ops == &baton__pd_sglang);
+    return pr->mode == MODE_REGULAR || pr->mode == MODE_PD;
 }
 
 int baton__stream_answer(baton__preq_t *pr, baton__upstream_t *u, int capable)
