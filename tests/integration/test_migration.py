@@ -218,6 +218,92 @@ def test_prefill_dead_in_migration(ref_port):
         assert hit, "no migration met the dead prefill"
 
 
+CONT = (("X-Baton-Continuation", "1"),)
+
+
+def chunk_ev(wid, created, delta=None, finish=None):
+    d = {} if delta is None else {"content": delta}
+    return {"id": wid, "object": "chat.completion.chunk", "created": created, "model": "m",
+            "choices": [{"index": 0, "delta": d, "finish_reason": finish}]}
+
+
+def scripted(first, second):
+    """A worker script: a body without baton_continuation gets first(io, body), one with it
+    second(io, body)."""
+    def script(req, io):
+        body = req.json()
+        (second if "baton_continuation" in body else first)(io, body)
+    return script
+
+
+def test_continuation_wire():
+    """Against scripted workers: the continuation the router sends (the client's body plus what
+    the client has), the first stream's id and created on the continued events, a stream that
+    lost only its [DONE] ended by the router, and a worker that does not take continuations
+    never reaching the client."""
+    from router_upstream import Upstream
+    body = {"model": "m", "messages": MSGS, "max_tokens": 5, "stream": True,
+            "stream_options": {"include_usage": True}}
+    seen = []
+
+    def first(io, b):
+        io.start_sse(headers=CONT)
+        io.event(chunk_ev("chatcmpl-A", 100, ""))
+        io.event(chunk_ev("chatcmpl-A", 100, "hello"))
+        io.die()
+
+    def second(io, b):
+        seen.append(b)
+        io.start_sse(headers=CONT)
+        io.event(chunk_ev("chatcmpl-B", 200, " world", "length"))
+        io.event("[DONE]")
+        io.end_sse()
+
+    with Upstream("a", scripted(first, second)) as a, Upstream("b", scripted(first, second)) as b, \
+            Cluster("migrate-wire") as c:
+        r = c.router("--worker", a.url, "--worker", b.url, *mref.ROUTER_ARGS)
+        harness.wait_until(lambda: harness.get(r.port, "/readiness").status == 200, what="ready")
+        st, got = mref.stream(r.port, "/v1/chat/completions", body)
+        assert st == 200, got
+        evs = [json.loads(e) for e in got[:-1]]
+        assert got[-1] == "[DONE]" and all("error" not in e for e in evs), got
+        assert {(e["id"], e["created"]) for e in evs} == {("chatcmpl-A", 100)}, got
+        assert "".join(e["choices"][0]["delta"].get("content", "") for e in evs) == "hello world"
+        want = dict(body, baton_continuation={"choices": [{"text": "hello", "finished": False}]})
+        assert seen == [want], seen
+
+    # everything but [DONE] went out: the router ends the stream itself
+    def all_but_done(io, b):
+        io.start_sse(headers=CONT)
+        io.event(chunk_ev("chatcmpl-A", 100, "hi", "stop"))
+        io.event({"id": "chatcmpl-A", "object": "chat.completion.chunk", "created": 100,
+                  "model": "m", "choices": [], "usage": {"prompt_tokens": 3,
+                                                         "completion_tokens": 1}})
+        io.die()
+
+    with Upstream("a", scripted(all_but_done, second)) as a, Cluster("migrate-done") as c:
+        r = c.router("--worker", a.url, *mref.ROUTER_ARGS)
+        harness.wait_until(lambda: harness.get(r.port, "/readiness").status == 200, what="ready")
+        st, got = mref.stream(r.port, "/v1/chat/completions", body)
+        assert st == 200 and got[-1] == "[DONE]" and len(got) == 3, got
+        assert mref.migrations(harness.get(r.port, "/metrics").text, "finished") == 1
+
+    # a worker without the header would start over: nothing of it reaches the client
+    def starts_over(io, b):
+        io.start_sse()
+        io.event(chunk_ev("chatcmpl-C", 300, "hello again"))
+        io.event("[DONE]")
+        io.end_sse()
+
+    with Upstream("a", scripted(first, starts_over)) as a, \
+            Upstream("b", scripted(first, starts_over)) as b, Cluster("migrate-refused") as c:
+        r = c.router("--worker", a.url, "--worker", b.url, *mref.ROUTER_ARGS)
+        harness.wait_until(lambda: harness.get(r.port, "/readiness").status == 200, what="ready")
+        st, got = mref.stream(r.port, "/v1/chat/completions", body)
+        assert st == 200 and got[-1] == "[DONE]" and "error" in json.loads(got[-2]), got
+        assert "hello again" not in "".join(got), got
+
+
 def test_migration_off(ref_port):
     """--migration-limit 0: a dead worker ends the stream with the error event, as without
     migration; the text before it is the twin's beginning."""
@@ -271,6 +357,7 @@ def main():
         for mode in ("regular", "pd", "vllm-nixl", "vllm-mooncake"):
             t.run(test_router_migration, mode, w.port)
         t.run(test_prefill_dead_in_migration, w.port)
+        t.run(test_continuation_wire)
         t.run(test_migration_off, w.port)
         t.run(test_migration_limit, w.port)
         for mode in ("regular", "pd"):
