@@ -34,13 +34,14 @@ def main():
              str(args.decode_us_per_token))
     print("== chaos: kill -9 a worker at random points of many streams ==")
     print(f"{args.streams} streams per mode, {args.concurrency} at a time, seed {args.seed}, "
-          f"decode {args.decode_us_per_token} us/token, 3 workers (PD: + 1 prefill)")
+          f"decode {args.decode_us_per_token} us/token, 3 workers (PD: + 1 prefill); "
+          f"vllm-nixl: chat and completions")
     print("\n### streams against their uninterrupted twins\n")
     print("| mode | streams | equal to twin | migrations started | completed | finished "
           "([DONE] only) | failed | limit | no_worker | wall s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     bad = 0
-    for mode in ("regular", "pd"):
+    for mode in ("regular", "pd", "vllm-nixl"):
         with harness.Cluster(f"chaos-migration-{mode}") as c:
             t0 = time.monotonic()
             failures, m = mref.chaos_run(c, mode, args.streams, args.concurrency, args.seed,

@@ -127,8 +127,8 @@ def stream(port, path, body, on_event=None, timeout=60.0):
         conn.close()
 
 
-def random_case(rng):
-    api = rng.choice(["chat", "chat", "completions", "completions", "generate"])
+def random_case(rng, generate=True):
+    api = rng.choice(["chat", "chat", "completions", "completions"] + ["generate"] * generate)
     words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12)))
     max_t = rng.randint(12, 40)
     n = rng.choice([1, 1, 2, 3])
@@ -168,12 +168,18 @@ def check_stream(api, body, events, twin):
 
 def chaos_run(c, mode, n_streams, concurrency, seed, worker_args, n_workers=3):
     """Streams through a router while a random decode (or regular worker) is killed -9 and
-    restarted on its port, again and again. Returns (failures, router metrics text)."""
+    restarted on its port, again and again. mode: regular, pd (SGLang's protocol) or vllm-nixl
+    (chat and completions only: vLLM has no /generate). Returns (failures, router metrics)."""
     rng = random.Random(seed)
     ref = c.worker("regular", "--prefill-us-per-token", "1", "--decode-us-per-token", "1",
                    name="twin")
     victims, argv = [], []
-    if mode == "pd":
+    if mode == "vllm-nixl":
+        worker_args = tuple(worker_args) + ("--protocol", mode)
+        p = c.worker("prefill", *worker_args, name="prefill")
+        argv += ["--pd-protocol", mode, "--prefill", url(p.port)]
+        role = "decode"
+    elif mode == "pd":
         p = c.worker("prefill", *worker_args, name="prefill")
         argv += ["--prefill", url(p.port), str(p.wait_port("bootstrap"))]
         role = "decode"
@@ -182,11 +188,11 @@ def chaos_run(c, mode, n_streams, concurrency, seed, worker_args, n_workers=3):
     for i in range(n_workers):
         w = c.worker(role, *worker_args, name=f"{role}{i}")
         victims.append(w)
-        argv += ["--decode" if mode == "pd" else "--worker", url(w.port)]
+        argv += ["--decode" if role == "decode" else "--worker", url(w.port)]
     r = c.router(*argv, *ROUTER_ARGS)
     wait_until(lambda: get(r.port, "/readiness").status == 200, what="router ready")
 
-    cases = [random_case(rng) for _ in range(n_streams)]
+    cases = [random_case(rng, generate=mode != "vllm-nixl") for _ in range(n_streams)]
     twins = []
     for api, body in cases:
         st, ev = stream(ref.port, PATHS[api], body)

@@ -360,7 +360,7 @@ def main():
         t.run(test_continuation_wire)
         t.run(test_migration_off, w.port)
         t.run(test_migration_limit, w.port)
-        for mode in ("regular", "pd"):
+        for mode in ("regular", "pd", "vllm-nixl"):
             t.run(test_chaos_smoke, mode)
     t.finish()
 
