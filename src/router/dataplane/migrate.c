@@ -47,89 +47,106 @@ int baton_mig_possible(const baton_mig_t *m)
 }
 
 /* The sequence an index names (absent: 0), or NULL (the stream is then not understood). */
-static baton_mig_seq_t *seq_at(baton_mig_t *m, const baton_json_val_t *obj)
+static baton_mig_seq_t *seq_at(baton_mig_t *m, const baton_json_val_t *index)
 {
-    baton_json_val_t v;
-    if (!baton_json_object_get(obj, "index", &v))
+    if (!index)
         return m->n_seq ? &m->seq[0] : NULL;
-    if (v.type != BATON_JSON_INTEGER)
+    if (index->type != BATON_JSON_INTEGER)
         return NULL;
-    int64_t i = baton_json_int(&v);
+    int64_t i = baton_json_int(index);
     return i >= 0 && (uint64_t)i < m->n_seq ? &m->seq[i] : NULL;
 }
 
-static int is_set(const baton_json_val_t *obj, const char *key)
+/* The members of one small object, read in one walk (every event is read: no lookup walks an
+ * object twice). Absent members stay NULL; the last duplicate wins, as everywhere. */
+typedef struct fields_s {
+    const char *const *keys;
+    size_t n;
+    baton_json_val_t val[6];
+    const baton_json_val_t *got[6];
+} fields_t;
+
+static void fields_read(fields_t *f, const baton_json_val_t *obj)
 {
-    baton_json_val_t v;
-    return baton_json_object_get(obj, key, &v) && v.type != BATON_JSON_NULL;
+    baton_json_iter_t it;
+    baton_json_val_t k, v;
+    for (size_t i = 0; i < f->n; i++)
+        f->got[i] = NULL;
+    if (obj->type != BATON_JSON_OBJECT)
+        return;
+    baton_json_iter_init(&it, obj);
+    while (baton_json_object_next(&it, &k, &v)) {
+        for (size_t i = 0; i < f->n; i++) {
+            if (baton_json_str_eq(&k, f->keys[i])) {
+                f->val[i] = v;
+                f->got[i] = &f->val[i];
+                break;
+            }
+        }
+    }
+}
+
+static int is_set(const baton_json_val_t *v)
+{
+    return v && v->type != BATON_JSON_NULL;
+}
+
+static const baton_json_val_t *top(const baton_json_scan_t *sc, const char *key)
+{
+    const baton_json_member_t *m = baton_json_scan_get(sc, key);
+    return m ? &m->val : NULL;
 }
 
 /* chat / completions: every choice's piece of text and whether it finished. */
-static int note_choices(baton_mig_t *m, const baton_json_val_t *ev)
+static int note_choices(baton_mig_t *m, const baton_json_scan_t *sc)
 {
-    baton_json_val_t choices, c, holder, t;
-    if (is_set(ev, "usage"))
+    static const char *const keys[] = {"index", "delta", "text", "finish_reason"};
+    enum { K_INDEX, K_DELTA, K_TEXT, K_FINISH };
+    const baton_json_val_t *choices = top(sc, "choices");
+    baton_json_val_t c, t;
+    if (is_set(top(sc, "usage")))
         m->usage = 1;
-    if (!baton_json_object_get(ev, "choices", &choices))
+    if (!choices)
         return 0;
-    if (choices.type != BATON_JSON_ARRAY)
+    if (choices->type != BATON_JSON_ARRAY)
         return BATON_EINVAL;
     baton_json_iter_t it;
-    baton_json_iter_init(&it, &choices);
+    baton_json_iter_init(&it, choices);
     while (baton_json_array_next(&it, &c)) {
-        baton_mig_seq_t *s = c.type == BATON_JSON_OBJECT ? seq_at(m, &c) : NULL;
+        fields_t f = {keys, 4, {{0}}, {0}};
+        fields_read(&f, &c);
+        baton_mig_seq_t *s = c.type == BATON_JSON_OBJECT ? seq_at(m, f.got[K_INDEX]) : NULL;
         if (!s)
             return BATON_EINVAL;
-        int has = m->api == BATON_API_CHAT ? baton_json_object_get(&c, "delta", &holder) &&
-                                                 baton_json_object_get(&holder, "content", &t)
-                                           : baton_json_object_get(&c, "text", &t);
+        int has = m->api == BATON_API_CHAT
+                      ? f.got[K_DELTA] && baton_json_object_get(f.got[K_DELTA], "content", &t)
+                      : f.got[K_TEXT] && (t = *f.got[K_TEXT], 1);
         if (has && t.type == BATON_JSON_STRING && baton_json_str_append(&t, &s->text) != 0)
             return BATON_ENOMEM;
         if (has && t.type != BATON_JSON_STRING && t.type != BATON_JSON_NULL)
             return BATON_EINVAL;
         s->seen = 1;
-        if (is_set(&c, "finish_reason"))
+        if (is_set(f.got[K_FINISH]))
             s->finished = 1;
     }
     return 0;
 }
 
 /* /generate: the whole text so far, its token count, whether it finished. */
-static int note_generate(baton_mig_t *m, const baton_json_val_t *ev)
+static int note_generate(baton_mig_t *m, const baton_json_scan_t *sc,
+                         const baton_json_val_t *const *meta)
 {
-    baton_json_val_t t, meta, ct;
-    baton_mig_seq_t *s = seq_at(m, ev);
-    if (!s || !baton_json_object_get(ev, "text", &t) || t.type != BATON_JSON_STRING ||
-        !baton_json_object_get(ev, "meta_info", &meta) ||
-        !baton_json_object_get(&meta, "completion_tokens", &ct) || ct.type != BATON_JSON_INTEGER)
+    const baton_json_val_t *t = top(sc, "text"), *ct = meta[1];
+    baton_mig_seq_t *s = seq_at(m, top(sc, "index"));
+    if (!s || !t || t->type != BATON_JSON_STRING || !ct || ct->type != BATON_JSON_INTEGER)
         return BATON_EINVAL;
     baton_buf_reset(&s->text);
-    if (baton_json_str_append(&t, &s->text) != 0)
+    if (baton_json_str_append(t, &s->text) != 0)
         return BATON_ENOMEM;
-    s->tokens = baton_json_int(&ct);
+    s->tokens = baton_json_int(ct);
     s->seen = 1;
-    if (is_set(&meta, "finish_reason"))
+    if (is_set(meta[2]))
         s->finished = 1;
-    return 0;
-}
-
-/* The event's id (chat / completions: its own; /generate: meta_info's) and created (0 when
- * absent). 0, or BATON_EINVAL when it has no string id. */
-static int ids_of(const baton_mig_t *m, const baton_json_val_t *ev, baton_json_val_t *id,
-                  int64_t *created)
-{
-    baton_json_val_t meta, cr;
-    const baton_json_val_t *holder = ev;
-    if (m->api == BATON_API_GENERATE) {
-        if (!baton_json_object_get(ev, "meta_info", &meta))
-            return BATON_EINVAL;
-        holder = &meta;
-    }
-    if (!baton_json_object_get(holder, "id", id) || id->type != BATON_JSON_STRING)
-        return BATON_EINVAL;
-    *created = baton_json_object_get(ev, "created", &cr) && cr.type == BATON_JSON_INTEGER
-                   ? baton_json_int(&cr)
-                   : 0;
     return 0;
 }
 
@@ -153,10 +170,12 @@ static int rewrite(baton_mig_t *m, const char *payload, size_t len, baton_buf_t 
     return rc;
 }
 
-/* Every event of a continued stream is read with the scanner (no tree, no allocation): this
- * runs for every event of every stream of a worker that takes continuations. */
+/* Every event of a continued stream is read with the scanner (no tree, no allocation, each
+ * object walked once): this runs for every event of every stream of a worker that takes
+ * continuations. */
 int baton_mig_event(baton_mig_t *m, const char *payload, size_t len, baton_buf_t *out)
 {
+    static const char *const meta_keys[] = {"id", "completion_tokens", "finish_reason"};
     if (m->broken)
         return 0;
     if (len == 6 && memcmp(payload, "[DONE]", 6) == 0) {
@@ -166,18 +185,29 @@ int baton_mig_event(baton_mig_t *m, const char *payload, size_t len, baton_buf_t
     baton_json_member_t space[16];
     baton_json_scan_t sc;
     baton_json_scan_init(&sc, space, sizeof(space) / sizeof(space[0]));
-    baton_json_val_t id;
-    int64_t created;
+    fields_t meta = {meta_keys, 3, {{0}}, {0}};
+    const baton_json_val_t *id = NULL, *cr = NULL;
     int rc = baton_json_scan(&sc, payload, len);
     if (rc == BATON_ENOMEM)
         goto out;
-    if (rc != 0 || sc.root.type != BATON_JSON_OBJECT || baton_json_scan_get(&sc, "error") ||
-        ids_of(m, &sc.root, &id, &created) != 0) {
+    if (rc == 0 && sc.root.type == BATON_JSON_OBJECT && !top(&sc, "error")) {
+        if (m->api == BATON_API_GENERATE) {
+            const baton_json_val_t *mi = top(&sc, "meta_info");
+            if (mi)
+                fields_read(&meta, mi);
+            id = meta.got[0];
+        } else {
+            id = top(&sc, "id");
+        }
+        cr = top(&sc, "created");
+    }
+    if (!id || id->type != BATON_JSON_STRING) {
         rc = 0;
         m->broken = 1; /* the worker's own error event, or not understood: the stream ends */
         goto out;
     }
-    rc = m->api == BATON_API_GENERATE ? note_generate(m, &sc.root) : note_choices(m, &sc.root);
+    int64_t created = cr && cr->type == BATON_JSON_INTEGER ? baton_json_int(cr) : 0;
+    rc = m->api == BATON_API_GENERATE ? note_generate(m, &sc, meta.got) : note_choices(m, &sc);
     if (rc == BATON_EINVAL) {
         rc = 0;
         m->broken = 1;
@@ -186,9 +216,9 @@ int baton_mig_event(baton_mig_t *m, const char *payload, size_t len, baton_buf_t
     if (rc)
         goto out;
     if (!m->id[0]) {
-        size_t n = baton_json_str_len(&id);
+        size_t n = baton_json_str_len(id);
         baton_buf_t b = BATON_BUF_INIT;
-        if (n == 0 || n >= sizeof(m->id) || baton_json_str_append(&id, &b) != 0) {
+        if (n == 0 || n >= sizeof(m->id) || baton_json_str_append(id, &b) != 0) {
             baton_buf_free(&b);
             m->broken = 1;
             goto out;
@@ -197,7 +227,7 @@ int baton_mig_event(baton_mig_t *m, const char *payload, size_t len, baton_buf_t
         m->id[n] = '\0';
         baton_buf_free(&b);
         m->created = created;
-    } else if (m->migrations && (!baton_json_str_eq(&id, m->id) || created != m->created)) {
+    } else if (m->migrations && (!baton_json_str_eq(id, m->id) || created != m->created)) {
         rc = rewrite(m, payload, len, out);
     }
 out:

@@ -219,25 +219,6 @@ static int stream_event_cb(const char *raw, size_t len, void *arg)
     return 0;
 }
 
-/* One complete SSE event of a stream that may go on on another worker: what the client gets
- * of it is noted (migrate.h), and after a migration it carries the first stream's ids. */
-static int mig_event_cb(const char *raw, size_t len, void *arg)
-{
-    baton__preq_t *pr = arg;
-    const char *payload;
-    size_t plen;
-    if (!baton_sse_single_data(raw, len, &payload, &plen)) {
-        client_write(pr, raw, len); /* comments, other fields: nothing to note */
-        return 0;
-    }
-    baton_buf_reset(&pr->scratch);
-    int rc = baton_mig_event(pr->mig, payload, plen, &pr->scratch);
-    if (rc < 0)
-        return rc;
-    client_write(pr, rc > 0 ? pr->scratch.data : raw, rc > 0 ? pr->scratch.len : len);
-    return 0;
-}
-
 /* One complete event of a Responses stream: its final event's response is kept with the
  * conversation (resp_history.h), for a follow-up. */
 static int resp_event_cb(const char *raw, size_t len, void *arg)
@@ -288,6 +269,29 @@ static int pass_event_cb(const char *raw, size_t len, void *arg)
     return 0;
 }
 
+/* One complete SSE event of a stream that may go on on another worker: what the client gets
+ * of it is noted (migrate.h), and after a migration it carries the first stream's ids. Events
+ * that go as they came are coalesced like pass_event_cb's (arg: its pass_run_t). */
+static int mig_event_cb(const char *raw, size_t len, void *arg)
+{
+    pass_run_t *p = arg;
+    baton__preq_t *pr = p->pr;
+    const char *payload;
+    size_t plen;
+    int rc = 0;
+    if (baton_sse_single_data(raw, len, &payload, &plen)) {
+        baton_buf_reset(&pr->scratch);
+        rc = baton_mig_event(pr->mig, payload, plen, &pr->scratch);
+    }
+    if (rc <= 0)
+        return rc < 0 ? rc : pass_event_cb(raw, len, p);
+    if (p->len) /* what came before it goes first */
+        client_write(pr, p->run, p->len);
+    p->len = 0;
+    client_write(pr, pr->scratch.data, pr->scratch.len);
+    return 0;
+}
+
 /* Whether bytes that start at an event boundary end at one: their last line is blank ("\n" or
  * "\r\n" after a line end), so every event in them is complete (the splitter's rule). */
 static int ends_event(const char *d, size_t n)
@@ -333,7 +337,10 @@ void baton__relay_stream_bytes(baton__preq_t *pr, const char *data, size_t len)
     if (merge) {
         rc = baton_sse_feed(&pr->sse, data, len, stream_event_cb, pr);
     } else if (pr->mig && pr->mig->capable) {
-        rc = baton_sse_feed(&pr->sse, data, len, mig_event_cb, pr);
+        pass_run_t p = {pr, NULL, 0, baton_sse_pending(&pr->sse) == 0};
+        rc = baton_sse_feed(&pr->sse, data, len, mig_event_cb, &p);
+        if (p.len)
+            client_write(pr, p.run, p.len);
     } else if (pr->resp_conv) {
         rc = baton_sse_feed(&pr->sse, data, len, resp_event_cb, pr);
     } else if (!baton_sse_pending(&pr->sse) && ends_event(data, len)) {
