@@ -6,6 +6,8 @@
 #include "router/dataplane/models.h"
 #include "router/dataplane/proxy_pd.h"
 #include "router/dataplane/resp_history.h"
+#include "router/dataplane/route_ctx.h"
+#include "router/dataplane/rtok_req.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -429,6 +431,46 @@ static int regular_workers(baton_router_t *r)
     return counts[BATON_ROLE_REGULAR] > 0;
 }
 
+/* /tokenize, /detokenize: answered here when the router has the model's tokenizer (1), else
+ * forwarded to a regular worker like any regular-only API (0). */
+static int answer_tokenize(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
+                           baton_api_t api)
+{
+    baton_rtok_local_t *L = baton__pl_rtok(pl);
+    if (!L || (api != BATON_API_TOKENIZE && api != BATON_API_DETOKENIZE))
+        return 0;
+    json_t *resp = NULL;
+    baton_rtok_refusal_t ref;
+    int rc = baton_rtok_api(L, api == BATON_API_DETOKENIZE, req->body, req->body_len, &resp, &ref);
+    if (rc == BATON_ENOTFOUND)
+        return 0;
+    if (rc == 1)
+        baton__respond_json(pl->router, req, route, 400,
+                            baton_tok_api_error_json(ref.message, ref.param));
+    else if (rc)
+        baton__respond_error(pl->router, req, route, 500, "router out of memory", "server_error",
+                             NULL, "internal_error");
+    else
+        baton__respond_json(pl->router, req, route, 200, resp);
+    return 1;
+}
+
+/* The route context, with the prompt's token ids when the router has the model's tokenizer:
+ * 0, 1 when refused for its context length (answered), or BATON_ENOMEM. */
+static int prepare_ctx(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
+                       const baton_pdreq_t *pd, baton_route_ctx_t *ctx)
+{
+    int rc = baton_route_ctx_build(ctx, pl->router, pd, req);
+    baton_rtok_local_t *L = rc ? NULL : baton__pl_rtok(pl);
+    baton_rtok_refusal_t ref;
+    if (L && (rc = baton_rtok_request(L, pd, ctx, &ref)) == 1)
+        baton__respond_json(pl->router, req, route, 400,
+                            baton_tok_api_error_json(ref.message, ref.param));
+    if (rc)
+        baton_route_ctx_free(ctx);
+    return rc;
+}
+
 void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_api_t api)
 {
     baton_router_t *r = pl->router;
@@ -444,22 +486,29 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
     if (rc == 0)
         rc = expanded.len ? baton_pdreq_parse(&pd, api, expanded.data, expanded.len, &perr)
                           : baton_pdreq_parse(&pd, api, req->body, req->body_len, &perr);
-    if (rc) {
+    if (rc == BATON_EINVAL) {
         free(conv);
         baton_buf_free(&expanded);
-    }
-    if (rc == BATON_EINVAL) {
         baton__respond_error(r, req, route, perr.status, perr.message, "invalid_request_error",
                              perr.param[0] ? perr.param : NULL, perr.code);
         return;
     }
     if (rc) {
+        free(conv);
+        baton_buf_free(&expanded);
         baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
                              "internal_error");
         return;
     }
-    if (baton_api_regular_only(api) && !regular_workers(r)) {
+    /* Until pr owns them, every early answer below frees pd, conv and expanded. */
+    if (answer_tokenize(pl, req, route, api)) {
         baton_pdreq_free(&pd);
+        free(conv);
+        baton_buf_free(&expanded);
+        return;
+    }
+    if (baton_api_regular_only(api) && !regular_workers(r)) {
+        baton_pdreq_free(&pd); /* not a Responses request: nothing else to free */
         char msg[200];
         snprintf(msg, sizeof(msg),
                  "%s is served by regular workers only, and this router has none (prefill/decode "
@@ -475,8 +524,19 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
         baton_buf_free(&expanded);
         return;
     }
+    baton_route_ctx_t ctx;
+    if ((rc = prepare_ctx(pl, req, route, &pd, &ctx)) != 0) {
+        baton_pdreq_free(&pd);
+        free(conv);
+        baton_buf_free(&expanded);
+        if (rc != 1)
+            baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
+                                 "internal_error");
+        return;
+    }
     baton__preq_t *pr = pr_new(pl, req, route, MODE_PD);
     if (!pr) {
+        baton_route_ctx_free(&ctx);
         baton_pdreq_free(&pd);
         free(conv);
         baton_buf_free(&expanded);
@@ -487,6 +547,8 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
     baton_pdreq_move(&pr->pd, &pd); /* it points into itself: never a plain copy */
     pr->resp_conv = conv;
     pr->resp_body = expanded; /* pd borrows its bytes, which stay where they are */
+    pr->rctx = ctx; /* its strings are its own or the request's, its chain not built yet */
+    pr->rctx_built = 1;
     if (baton__try_start(pr, 1) == ST_WAIT) {
         if (baton__queue_add(pr) != 0) {
             baton_resil_metrics_rejected(r->resil, "queue_full");
