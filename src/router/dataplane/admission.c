@@ -1,4 +1,5 @@
-/* admission.c — the router-wide concurrency cap, queue accounting and cross-loop wake-ups. */
+/* admission.c — the router-wide concurrency cap, per-class queue accounting and cross-loop
+ * wake-ups. */
 #include "router/dataplane/admission.h"
 
 #include <pthread.h>
@@ -10,7 +11,8 @@ struct baton_admission_s {
     unsigned max_active; /* 0 = unlimited */
     unsigned queue_size;
     atomic_uint active;
-    atomic_uint queued;
+    atomic_uint queued;                   /* all classes */
+    atomic_uint queued_cls[BATON_PRIO_COUNT]; /* per class */
     pthread_mutex_t lock; /* the waker list */
     baton_admission_waker_t *wakers;
 };
@@ -28,6 +30,8 @@ int baton_admission_create(baton_admission_t **a_p, unsigned max_active, unsigne
     a->queue_size = queue_size;
     atomic_init(&a->active, 0);
     atomic_init(&a->queued, 0);
+    for (int i = 0; i < BATON_PRIO_COUNT; i++)
+        atomic_init(&a->queued_cls[i], 0);
     *a_p = a;
     return 0;
 }
@@ -40,9 +44,18 @@ void baton_admission_destroy(baton_admission_t *a)
     free(a);
 }
 
-int baton_admission_try_acquire(baton_admission_t *a, int fair)
+/* Requests of class cls or above (from = cls) or strictly above (from = cls + 1) waiting. */
+static int waiting_from(baton_admission_t *a, int from)
 {
-    if (fair && atomic_load(&a->queued) > 0)
+    for (int i = from; i < BATON_PRIO_COUNT; i++)
+        if (atomic_load(&a->queued_cls[i]) > 0)
+            return 1;
+    return 0;
+}
+
+int baton_admission_try_acquire(baton_admission_t *a, baton_prio_t cls, int fair)
+{
+    if (atomic_load(&a->queued) > 0 && waiting_from(a, (int)cls + (fair ? 0 : 1)))
         return 0;
     unsigned cur = atomic_load(&a->active);
     do {
@@ -74,20 +87,23 @@ void baton_admission_release(baton_admission_t *a)
     baton_admission_kick(a);
 }
 
-int baton_admission_enqueue(baton_admission_t *a, baton_admission_waker_t *wk)
+int baton_admission_enqueue(baton_admission_t *a, baton_admission_waker_t *wk, baton_prio_t cls)
 {
+    unsigned limit = baton_prio_queue_limit(cls, a->queue_size);
     unsigned cur = atomic_load(&a->queued);
     do {
-        if (cur >= a->queue_size)
+        if (cur >= limit)
             return BATON_EBUSY;
     } while (!atomic_compare_exchange_weak(&a->queued, &cur, cur + 1));
+    atomic_fetch_add(&a->queued_cls[cls], 1);
     atomic_fetch_add(&wk->waiting, 1);
     return 0;
 }
 
-void baton_admission_dequeue(baton_admission_t *a, baton_admission_waker_t *wk)
+void baton_admission_dequeue(baton_admission_t *a, baton_admission_waker_t *wk, baton_prio_t cls)
 {
     atomic_fetch_sub(&wk->waiting, 1);
+    atomic_fetch_sub(&a->queued_cls[cls], 1);
     atomic_fetch_sub(&a->queued, 1);
 }
 
@@ -120,6 +136,11 @@ unsigned baton_admission_active(baton_admission_t *a)
 unsigned baton_admission_queued(baton_admission_t *a)
 {
     return atomic_load(&a->queued);
+}
+
+unsigned baton_admission_queued_class(baton_admission_t *a, baton_prio_t cls)
+{
+    return atomic_load(&a->queued_cls[cls]);
 }
 
 unsigned baton_admission_max_active(const baton_admission_t *a)

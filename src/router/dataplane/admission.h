@@ -1,23 +1,30 @@
 /* admission.h — router-wide admission control: a cap on concurrent requests over all threads,
- * and the accounting and wake-ups of the bounded queue in front of it. */
+ * and the per-class accounting and wake-ups of the bounded queue in front of it. */
 #ifndef BATON_ROUTER_ADMISSION_H
 #define BATON_ROUTER_ADMISSION_H
 
 #include <stdatomic.h>
 
+#include "router/dataplane/priority.h"
+
 /*
  * Every inference request holds one slot while it is proxied (from dispatch to its end). When
  * no slot is free, or every eligible worker is at its in-flight cap (--max-worker-requests),
  * the request waits in the queue of its own loop; the number of waiting requests over all loops
- * is bounded by queue_size:
- *   - queue full                    → 429 queue_full (with Retry-After: 1): the router is
- *                                     overloaded now, the client may come back;
- *   - waited queue_timeout_ms       → 503 queue_timeout: no capacity came in time;
+ * is bounded per priority class (priority.h: bulk half of queue_size, default queue_size,
+ * interactive a quarter beyond it, system a half beyond it):
+ *   - queue at the class's limit      → 429 queue_full (with Retry-After: 1): the router is
+ *                                     overloaded now, the client may come back; the lowest
+ *                                     classes are refused first;
+ *   - waited queue_timeout_ms       → 408 queue_timeout: no capacity came in time;
  *   - no eligible worker at all     → 503 at once (waiting would not bring one back faster
  *                                     than the client's own retry).
- * Order: FIFO within a loop; a newcomer never overtakes waiting requests (try_acquire with
- * fair = 1 refuses while anyone waits); across loops the first woken loop to take a freed slot
- * wins (no global order: fair enough for a router, and no cross-thread hand-off).
+ * Order: strict priority, then FIFO within a class. A request never takes a slot while one of
+ * a higher class waits on any loop, and a newcomer (fair = 1) not while one of its own class
+ * waits either. Within a class, across loops, the first woken loop to take a freed slot wins
+ * (no global order there: fair enough for a router, and no cross-thread hand-off).
+ * Starvation: a lower class waits as long as higher classes keep the slots busy; its wait is
+ * bounded by queue_timeout_ms (then 408), never unbounded.
  *
  * Wake-ups: each loop registers a waker (a callback that posts to its loop, e.g. uv_async_send)
  * and counts its waiting requests in it. release() and kick() call the waker of every loop that
@@ -42,8 +49,9 @@ typedef struct baton_admission_waker_s {
 int baton_admission_create(baton_admission_t **a_p, unsigned max_active, unsigned queue_size);
 void baton_admission_destroy(baton_admission_t *a); /* NULL is ignored */
 
-/* Takes a slot: 1 when taken, 0 when at the limit (or, with fair, when requests are waiting). */
-int baton_admission_try_acquire(baton_admission_t *a, int fair);
+/* Takes a slot for a request of class cls: 1 when taken; 0 when at the limit, when requests of
+ * a higher class wait, or (with fair) when requests of class cls wait. */
+int baton_admission_try_acquire(baton_admission_t *a, baton_prio_t cls, int fair);
 
 /* Gives a slot back and wakes the loops with waiting requests. */
 void baton_admission_release(baton_admission_t *a);
@@ -52,11 +60,11 @@ void baton_admission_release(baton_admission_t *a);
  * worker at its cap (waking the others would only make them find the same). */
 void baton_admission_release_quiet(baton_admission_t *a);
 
-/* One more waiting request on the loop of `wk`: 0, or BATON_EBUSY when queue_size requests
- * wait already (then nothing changed). */
-int baton_admission_enqueue(baton_admission_t *a, baton_admission_waker_t *wk);
-/* One waiting request left the queue (admitted, timed out or gone). */
-void baton_admission_dequeue(baton_admission_t *a, baton_admission_waker_t *wk);
+/* One more waiting request of class cls on the loop of `wk`: 0, or BATON_EBUSY when the queue
+ * holds its class's limit already (baton_prio_queue_limit; then nothing changed). */
+int baton_admission_enqueue(baton_admission_t *a, baton_admission_waker_t *wk, baton_prio_t cls);
+/* One waiting request of class cls left the queue (admitted, timed out, shed or gone). */
+void baton_admission_dequeue(baton_admission_t *a, baton_admission_waker_t *wk, baton_prio_t cls);
 
 /* Wakes every loop with waiting requests (capacity may have come: a worker's in-flight count
  * dropped, a worker came back). Cheap when nobody waits. */
@@ -67,6 +75,7 @@ void baton_admission_unregister(baton_admission_t *a, baton_admission_waker_t *w
 
 unsigned baton_admission_active(baton_admission_t *a);
 unsigned baton_admission_queued(baton_admission_t *a);
+unsigned baton_admission_queued_class(baton_admission_t *a, baton_prio_t cls);
 unsigned baton_admission_max_active(const baton_admission_t *a);
 unsigned baton_admission_queue_size(const baton_admission_t *a);
 

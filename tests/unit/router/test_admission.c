@@ -1,5 +1,5 @@
 /* test_admission.c — the router-wide concurrency cap, queue bounds, fairness and wake-ups,
- * including from several threads at once. */
+ * including from several threads at once, and the per-class limits and order. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +10,8 @@
 
 #include "baton/error.h"
 #include "router/dataplane/admission.h"
+
+#define D BATON_PRIO_DEFAULT
 
 typedef struct {
     int wakes;
@@ -32,16 +34,16 @@ static void test_cap_and_queue(void **state)
     baton_admission_register(a, &k1);
     baton_admission_register(a, &k2);
 
-    assert_true(baton_admission_try_acquire(a, 1));
-    assert_true(baton_admission_try_acquire(a, 1));
-    assert_false(baton_admission_try_acquire(a, 1)); /* at the cap */
+    assert_true(baton_admission_try_acquire(a, D, 1));
+    assert_true(baton_admission_try_acquire(a, D, 1));
+    assert_false(baton_admission_try_acquire(a, D, 1)); /* at the cap */
     assert_int_equal(baton_admission_active(a), 2);
 
     /* three may wait, the fourth is refused */
-    assert_int_equal(baton_admission_enqueue(a, &k1), 0);
-    assert_int_equal(baton_admission_enqueue(a, &k1), 0);
-    assert_int_equal(baton_admission_enqueue(a, &k2), 0);
-    assert_int_equal(baton_admission_enqueue(a, &k2), BATON_EBUSY);
+    assert_int_equal(baton_admission_enqueue(a, &k1, D), 0);
+    assert_int_equal(baton_admission_enqueue(a, &k1, D), 0);
+    assert_int_equal(baton_admission_enqueue(a, &k2, D), 0);
+    assert_int_equal(baton_admission_enqueue(a, &k2, D), BATON_EBUSY);
     assert_int_equal(baton_admission_queued(a), 3);
     assert_int_equal(atomic_load(&k1.waiting), 2);
     assert_int_equal(atomic_load(&k2.waiting), 1);
@@ -51,9 +53,9 @@ static void test_cap_and_queue(void **state)
     assert_int_equal(w1.wakes, 1);
     assert_int_equal(w2.wakes, 1);
     /* a newcomer does not overtake the queue; a waiter (fair = 0) takes the slot */
-    assert_false(baton_admission_try_acquire(a, 1));
-    assert_true(baton_admission_try_acquire(a, 0));
-    baton_admission_dequeue(a, &k2);
+    assert_false(baton_admission_try_acquire(a, D, 1));
+    assert_true(baton_admission_try_acquire(a, D, 0));
+    baton_admission_dequeue(a, &k2, D);
     assert_int_equal(atomic_load(&k2.waiting), 0);
 
     /* release_quiet wakes nobody; kick wakes only loops that have waiters */
@@ -63,21 +65,21 @@ static void test_cap_and_queue(void **state)
     assert_int_equal(w1.wakes, 2);
     assert_int_equal(w2.wakes, 1);
 
-    baton_admission_dequeue(a, &k1);
-    baton_admission_dequeue(a, &k1);
+    baton_admission_dequeue(a, &k1, D);
+    baton_admission_dequeue(a, &k1, D);
     assert_int_equal(baton_admission_queued(a), 0);
     baton_admission_kick(a); /* nobody waits: no wake */
     assert_int_equal(w1.wakes, 2);
     /* with the queue empty, newcomers take free slots again */
-    assert_true(baton_admission_try_acquire(a, 1));
-    assert_false(baton_admission_try_acquire(a, 1));
+    assert_true(baton_admission_try_acquire(a, D, 1));
+    assert_false(baton_admission_try_acquire(a, D, 1));
 
     /* an unregistered waker is never called again */
     baton_admission_unregister(a, &k1);
-    assert_int_equal(baton_admission_enqueue(a, &k1), 0);
+    assert_int_equal(baton_admission_enqueue(a, &k1, D), 0);
     baton_admission_release(a);
     assert_int_equal(w1.wakes, 2);
-    baton_admission_dequeue(a, &k1);
+    baton_admission_dequeue(a, &k1, D);
     baton_admission_unregister(a, &k2);
     baton_admission_destroy(a);
 }
@@ -89,14 +91,97 @@ static void test_unlimited_and_no_queue(void **state)
     wake_ctx_t w = {0};
     baton_admission_waker_t k = {.wake = on_wake, .ctx = &w};
     for (int i = 0; i < 10000; i++)
-        assert_true(baton_admission_try_acquire(a, 1));
+        assert_true(baton_admission_try_acquire(a, D, 1));
     assert_int_equal(baton_admission_active(a), 10000);
-    assert_int_equal(baton_admission_enqueue(a, &k), BATON_EBUSY); /* queue_size 0 */
+    assert_int_equal(baton_admission_enqueue(a, &k, D), BATON_EBUSY); /* queue_size 0 */
     for (int i = 0; i < 10000; i++)
         baton_admission_release(a);
     assert_int_equal(baton_admission_active(a), 0);
     baton_admission_destroy(a);
     baton_admission_destroy(NULL);
+}
+
+/* Per-class queue limits (of --queue-size 8): bulk 4, default 8, interactive 10, system 12. */
+static void test_class_limits(void **state)
+{
+    assert_int_equal(baton_prio_queue_limit(BATON_PRIO_BULK, 8), 4);
+    assert_int_equal(baton_prio_queue_limit(BATON_PRIO_DEFAULT, 8), 8);
+    assert_int_equal(baton_prio_queue_limit(BATON_PRIO_INTERACTIVE, 8), 10);
+    assert_int_equal(baton_prio_queue_limit(BATON_PRIO_SYSTEM, 8), 12);
+    assert_int_equal(baton_prio_queue_limit(BATON_PRIO_BULK, 1), 1); /* at least one */
+    assert_int_equal(baton_prio_queue_limit(BATON_PRIO_SYSTEM, 0), 0); /* no queue */
+
+    baton_admission_t *a;
+    assert_int_equal(baton_admission_create(&a, 1, 8), 0);
+    wake_ctx_t w = {0};
+    baton_admission_waker_t k = {.wake = on_wake, .ctx = &w};
+    baton_admission_register(a, &k);
+    /* bulk fills half of the queue, then is shed; default fills the rest */
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(baton_admission_enqueue(a, &k, BATON_PRIO_BULK), 0);
+    assert_int_equal(baton_admission_enqueue(a, &k, BATON_PRIO_BULK), BATON_EBUSY);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(baton_admission_enqueue(a, &k, D), 0);
+    assert_int_equal(baton_admission_enqueue(a, &k, D), BATON_EBUSY);
+    /* interactive and system have their reserve beyond --queue-size */
+    assert_int_equal(baton_admission_enqueue(a, &k, BATON_PRIO_INTERACTIVE), 0);
+    assert_int_equal(baton_admission_enqueue(a, &k, BATON_PRIO_INTERACTIVE), 0);
+    assert_int_equal(baton_admission_enqueue(a, &k, BATON_PRIO_INTERACTIVE), BATON_EBUSY);
+    assert_int_equal(baton_admission_enqueue(a, &k, BATON_PRIO_SYSTEM), 0);
+    assert_int_equal(baton_admission_enqueue(a, &k, BATON_PRIO_SYSTEM), 0);
+    assert_int_equal(baton_admission_enqueue(a, &k, BATON_PRIO_SYSTEM), BATON_EBUSY);
+    assert_int_equal(baton_admission_queued(a), 12);
+    assert_int_equal(baton_admission_queued_class(a, BATON_PRIO_BULK), 4);
+    assert_int_equal(baton_admission_queued_class(a, D), 4);
+    assert_int_equal(baton_admission_queued_class(a, BATON_PRIO_INTERACTIVE), 2);
+    assert_int_equal(baton_admission_queued_class(a, BATON_PRIO_SYSTEM), 2);
+    assert_int_equal(atomic_load(&k.waiting), 12);
+    for (int i = 0; i < 4; i++) {
+        baton_admission_dequeue(a, &k, BATON_PRIO_BULK);
+        baton_admission_dequeue(a, &k, D);
+    }
+    for (int i = 0; i < 2; i++) {
+        baton_admission_dequeue(a, &k, BATON_PRIO_INTERACTIVE);
+        baton_admission_dequeue(a, &k, BATON_PRIO_SYSTEM);
+    }
+    assert_int_equal(baton_admission_queued(a), 0);
+    assert_int_equal(atomic_load(&k.waiting), 0);
+    baton_admission_unregister(a, &k);
+    baton_admission_destroy(a);
+}
+
+/* Strict order: no slot for a class while a higher one waits; a newcomer overtakes the lower
+ * classes' waiters but not its own class's. */
+static void test_class_order(void **state)
+{
+    baton_admission_t *a;
+    assert_int_equal(baton_admission_create(&a, 1, 8), 0);
+    wake_ctx_t w = {0};
+    baton_admission_waker_t k = {.wake = on_wake, .ctx = &w};
+    baton_admission_register(a, &k);
+    assert_int_equal(baton_admission_enqueue(a, &k, BATON_PRIO_BULK), 0);
+    /* only bulk waits: an interactive or default newcomer takes the free slot */
+    assert_true(baton_admission_try_acquire(a, BATON_PRIO_INTERACTIVE, 1));
+    baton_admission_release(a);
+    assert_true(baton_admission_try_acquire(a, D, 1));
+    baton_admission_release(a);
+    /* a bulk newcomer does not overtake the bulk waiter, the waiter itself takes it */
+    assert_false(baton_admission_try_acquire(a, BATON_PRIO_BULK, 1));
+    /* an interactive waiter: the bulk waiter may not take the slot, the interactive one may */
+    assert_int_equal(baton_admission_enqueue(a, &k, BATON_PRIO_INTERACTIVE), 0);
+    assert_false(baton_admission_try_acquire(a, BATON_PRIO_BULK, 0));
+    assert_false(baton_admission_try_acquire(a, D, 1));
+    assert_false(baton_admission_try_acquire(a, BATON_PRIO_INTERACTIVE, 1));
+    assert_true(baton_admission_try_acquire(a, BATON_PRIO_SYSTEM, 1)); /* above everyone */
+    baton_admission_release(a);
+    assert_true(baton_admission_try_acquire(a, BATON_PRIO_INTERACTIVE, 0));
+    baton_admission_dequeue(a, &k, BATON_PRIO_INTERACTIVE);
+    baton_admission_release(a);
+    assert_true(baton_admission_try_acquire(a, BATON_PRIO_BULK, 0)); /* now its turn */
+    baton_admission_dequeue(a, &k, BATON_PRIO_BULK);
+    baton_admission_release(a);
+    baton_admission_unregister(a, &k);
+    baton_admission_destroy(a);
 }
 
 #define THREADS 4
@@ -112,7 +197,7 @@ static void *hammer(void *arg)
 {
     thr_t *t = arg;
     for (int i = 0; i < ROUNDS; i++) {
-        if (!baton_admission_try_acquire(t->a, 0))
+        if (!baton_admission_try_acquire(t->a, D, 0))
             continue;
         int h = atomic_fetch_add(t->holding, 1) + 1;
         int m = atomic_load(t->max_seen);
@@ -147,6 +232,8 @@ int main(void)
         cmocka_unit_test(test_cap_and_queue),
         cmocka_unit_test(test_unlimited_and_no_queue),
         cmocka_unit_test(test_threads_never_exceed_cap),
+        cmocka_unit_test(test_class_limits),
+        cmocka_unit_test(test_class_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
