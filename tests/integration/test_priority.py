@@ -1,5 +1,6 @@
 """test_priority.py — priority classes end to end: a real router in front of a real baton-worker
-with one admission slot, so queues form. An interactive request overtakes queued bulk ones;
+with one admission slot (and, for interactive, its one reserve slot), so queues form. An
+interactive request takes the reserve slot at once, and a second one overtakes queued bulk ones;
 bulk is shed first when the queue fills; --priority-preempt sheds a queued bulk request for a
 default one; an API key's default class and the reserved system class; bad x-priority and body
 priority values answered 400 in the OpenAI shape without reaching a worker; the per-class
@@ -66,33 +67,38 @@ def wait_depth(port, prio, n):
     wait_until(lambda: depth(port, prio) == n, 30, what=f"{n} {prio} request(s) queued")
 
 
-def wait_active(port):
-    wait_until(lambda: mval(metrics(port), "baton_active_requests") == 1, 30,
-               what="the slot taken")
+def wait_active(port, n=1):
+    wait_until(lambda: mval(metrics(port), "baton_active_requests") == n, 30,
+               what=f"{n} slot(s) taken")
 
 
 def test_interactive_overtakes_bulk():
-    """One slot busy, two bulk requests queued, then an interactive one: the interactive one is
-    served as soon as the slot frees, before both older bulk requests."""
+    """The one slot busy: an interactive request takes the reserve slot beyond the cap at once;
+    with both busy, two bulk requests and then a second interactive one wait, and the
+    interactive one is served before both older bulk requests."""
     with Cluster("prio-order") as c:
         w = c.worker("regular", *WORKER_ARGS)
         r = c.router("--worker", url(w.port), *ONE_SLOT)
         f = Flight(r.port)
         f.send("first")
         wait_active(r.port)
+        f.send("inter0", "interactive")
+        wait_active(r.port, 2)
+        assert depth(r.port, "interactive") == 0
         f.send("bulk1", "bulk")
         wait_depth(r.port, "bulk", 1)
         f.send("bulk2", "bulk")
         wait_depth(r.port, "bulk", 2)
-        f.send("inter", "interactive")
+        f.send("inter1", "interactive")
         wait_depth(r.port, "interactive", 1)
         f.join()
         for name, res in f.res.items():
             assert res.status == 200, (name, res.status, res.text)
-        assert f.done == ["first", "inter", "bulk1", "bulk2"], f.done
+        assert sorted(f.done[:2]) == ["first", "inter0"], f.done
+        assert f.done[2:] == ["inter1", "bulk1", "bulk2"], f.done
         ms = metrics(r.port)
         assert mval(ms, "baton_priority_admitted_total", priority="bulk") == 2
-        assert mval(ms, "baton_priority_admitted_total", priority="interactive") == 1
+        assert mval(ms, "baton_priority_admitted_total", priority="interactive") == 2
         assert mval(ms, "baton_priority_admitted_total", priority="default") == 1
         assert mval(ms, "baton_priority_queued_total", priority="bulk") == 2
         assert mval(ms, "baton_priority_queued_total", priority="interactive") == 1
@@ -101,15 +107,18 @@ def test_interactive_overtakes_bulk():
 
 
 def test_bulk_shed_first():
-    """--queue-size 4: bulk may fill 2 places, default 4, interactive 5. With the slot busy the
-    third bulk request is refused (429, Retry-After) while default and interactive still queue;
-    then default is refused at 4 and interactive still gets the fifth place."""
+    """--queue-size 4: bulk may fill 2 places, default 4, interactive 5. With both slots busy
+    (the cap's and interactive's reserve) the third bulk request is refused (429, Retry-After)
+    while default and interactive still queue; then default is refused at 4 and interactive
+    still gets the fifth place."""
     with Cluster("prio-shed") as c:
         w = c.worker("regular", *WORKER_ARGS)
         r = c.router("--worker", url(w.port), *ONE_SLOT, "--queue-size", "4")
         f = Flight(r.port)
         f.send("first")
         wait_active(r.port)
+        f.send("inter0", "interactive")
+        wait_active(r.port, 2)
         for i in range(2):
             f.send(f"bulk{i}", "bulk")
             wait_depth(r.port, "bulk", i + 1)
@@ -120,13 +129,14 @@ def test_bulk_shed_first():
             f.send(f"def{i}")
             wait_depth(r.port, "default", i + 1)
         err_of(post(r.port, "/v1/completions", COMP), 429, "queue_full")
-        f.send("inter", "interactive")
+        f.send("inter1", "interactive")
         wait_depth(r.port, "interactive", 1)
         err_of(post(r.port, "/v1/completions", COMP, headers={"x-priority": "interactive"}),
                429, "queue_full")
         f.join()
         assert all(x.status == 200 for x in f.res.values()), f.res
-        assert f.done == ["first", "inter", "def0", "def1", "bulk0", "bulk1"], f.done
+        assert sorted(f.done[:2]) == ["first", "inter0"], f.done
+        assert f.done[2:] == ["inter1", "def0", "def1", "bulk0", "bulk1"], f.done
         ms = metrics(r.port)
         assert mval(ms, "baton_priority_shed_total", priority="bulk", reason="queue_full") == 1
         assert mval(ms, "baton_priority_shed_total", priority="default", reason="queue_full") == 1

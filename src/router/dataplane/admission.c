@@ -57,9 +57,10 @@ int baton_admission_try_acquire(baton_admission_t *a, baton_prio_t cls, int fair
 {
     if (atomic_load(&a->queued) > 0 && waiting_from(a, (int)cls + (fair ? 0 : 1)))
         return 0;
+    unsigned limit = baton_prio_slot_limit(cls, a->max_active);
     unsigned cur = atomic_load(&a->active);
     do {
-        if (a->max_active && cur >= a->max_active)
+        if (limit && cur >= limit)
             return 0;
     } while (!atomic_compare_exchange_weak(&a->active, &cur, cur + 1));
     return 1;

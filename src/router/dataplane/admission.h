@@ -8,8 +8,9 @@
 #include "router/dataplane/priority.h"
 
 /*
- * Every inference request holds one slot while it is proxied (from dispatch to its end). When
- * no slot is free, or every eligible worker is at its in-flight cap (--max-worker-requests),
+ * Every inference request holds one slot while it is proxied (from dispatch to its end).
+ * max_active bounds the slots bulk and default requests may take; interactive and system have
+ * a reserve beyond it (priority.h, baton_prio_slot_limit). When no slot is free for its class, or every eligible worker is at its in-flight cap (--max-worker-requests),
  * the request waits in the queue of its own loop; the number of waiting requests over all loops
  * is bounded per priority class (priority.h: bulk half of queue_size, default queue_size,
  * interactive a quarter beyond it, system a half beyond it):
@@ -49,8 +50,8 @@ typedef struct baton_admission_waker_s {
 int baton_admission_create(baton_admission_t **a_p, unsigned max_active, unsigned queue_size);
 void baton_admission_destroy(baton_admission_t *a); /* NULL is ignored */
 
-/* Takes a slot for a request of class cls: 1 when taken; 0 when at the limit, when requests of
- * a higher class wait, or (with fair) when requests of class cls wait. */
+/* Takes a slot for a request of class cls: 1 when taken; 0 when at its class's limit, when
+ * requests of a higher class wait, or (with fair) when requests of class cls wait. */
 int baton_admission_try_acquire(baton_admission_t *a, baton_prio_t cls, int fair);
 
 /* Gives a slot back and wakes the loops with waiting requests. */

@@ -65,6 +65,14 @@ unsigned baton_prio_queue_limit(baton_prio_t p, unsigned queue_size)
     return n ? (unsigned)n : 1;
 }
 
+unsigned baton_prio_slot_limit(baton_prio_t p, unsigned max_active)
+{
+    if (max_active == 0 || p < BATON_PRIO_INTERACTIVE)
+        return max_active;
+    unsigned extra = p == BATON_PRIO_SYSTEM ? max_active / 2 : max_active / 4;
+    return max_active + (extra ? extra : 1);
+}
+
 static int fail(baton_prio_error_t *err, int status, const char *code, const char *param,
                 const char *msg)
 {

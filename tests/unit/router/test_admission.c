@@ -150,6 +150,38 @@ static void test_class_limits(void **state)
     baton_admission_destroy(a);
 }
 
+/* Slots: bulk and default share the cap, interactive and system have a reserve beyond it. */
+static void test_class_slots(void **state)
+{
+    (void)state;
+    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_BULK, 8), 8);
+    assert_int_equal(baton_prio_slot_limit(D, 8), 8);
+    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_INTERACTIVE, 8), 10);
+    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_SYSTEM, 8), 12);
+    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_INTERACTIVE, 1), 2); /* at least one */
+    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_SYSTEM, 0), 0);      /* unlimited */
+    baton_admission_t *a;
+    assert_int_equal(baton_admission_create(&a, 4, 8), 0);
+    for (int i = 0; i < 4; i++)
+        assert_true(baton_admission_try_acquire(a, i % 2 ? D : BATON_PRIO_BULK, 1));
+    assert_false(baton_admission_try_acquire(a, D, 1));
+    assert_false(baton_admission_try_acquire(a, BATON_PRIO_BULK, 1));
+    assert_true(baton_admission_try_acquire(a, BATON_PRIO_INTERACTIVE, 1)); /* 5 of 5 */
+    assert_false(baton_admission_try_acquire(a, BATON_PRIO_INTERACTIVE, 1));
+    assert_true(baton_admission_try_acquire(a, BATON_PRIO_SYSTEM, 1)); /* 6 of 6 */
+    assert_false(baton_admission_try_acquire(a, BATON_PRIO_SYSTEM, 1));
+    assert_int_equal(baton_admission_active(a), 6);
+    /* one freed: no room for default (5 active, cap 4) nor interactive (5 of 5); system */
+    baton_admission_release(a);
+    assert_false(baton_admission_try_acquire(a, D, 1));
+    assert_false(baton_admission_try_acquire(a, BATON_PRIO_INTERACTIVE, 1));
+    assert_true(baton_admission_try_acquire(a, BATON_PRIO_SYSTEM, 1));
+    for (int i = 0; i < 6; i++)
+        baton_admission_release(a);
+    assert_int_equal(baton_admission_active(a), 0);
+    baton_admission_destroy(a);
+}
+
 /* Strict order: no slot for a class while a higher one waits; a newcomer overtakes the lower
  * classes' waiters but not its own class's. */
 static void test_class_order(void **state)
@@ -234,6 +266,7 @@ int main(void)
         cmocka_unit_test(test_threads_never_exceed_cap),
         cmocka_unit_test(test_class_limits),
         cmocka_unit_test(test_class_order),
+        cmocka_unit_test(test_class_slots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
