@@ -73,7 +73,9 @@
  *  retries.retry_budget_ms      --retry-budget-ms N         30000 (no retry starts later than
  *                                                               this after the request arrived)
  *  admission.max_concurrent_requests --max-concurrent-requests N  1024 (whole router, all
- *                                                               threads; 0 = unlimited)
+ *                                                               threads; 0 = unlimited;
+ *                                                               interactive and system requests
+ *                                                               have a reserve beyond it)
  *  admission.queue_size         --queue-size N              1024 (requests waiting for a slot or
  *                                                               for a worker under its cap; a
  *                                                               request beyond it gets 429
