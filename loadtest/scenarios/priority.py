@@ -3,7 +3,8 @@
 interactive requests at 10% of it, side by side in one run, against interactive alone
 (unloaded). Target: interactive TTFT p99 within 1.5x of its unloaded value and no interactive
 request shed. The same flood with every request in the default class shows what the classes
-change.
+change; a run with --priority-reserve-pct 25 (half the default) shows what the
+interactive reserve does.
 
 Capacity is measured first: a closed loop of --max-concurrent-requests users (the router's
 admission cap) through the router; its request rate is "capacity". Streaming chat everywhere,
@@ -69,8 +70,12 @@ def main():
     with scenlib.Lab(args, "priority") as lab:
         w = lab.worker("regular", "--decode-us-per-token", args.decode_us_per_token,
                        "--max-batch", 4 * cap, "--max-queue", 100000, name="worker")
-        r = lab.router("--worker", w.url, "--max-concurrent-requests", cap,
-                       "--queue-timeout-ms", 20000, "--check-interval-ms", 0)
+        def router(*extra):
+            return lab.router("--worker", w.url, "--max-concurrent-requests", cap,
+                              "--queue-timeout-ms", 20000, "--check-interval-ms", 0, *extra,
+                              name=f"baton-{lab.bench_runs}")
+
+        r = router()
         sat = lab.bench(r.url, *common, "--concurrency", cap, "--duration",
                         max(2.0, args.duration / 3), label="capacity")
         capacity = sat["request_throughput"]
@@ -90,8 +95,12 @@ def main():
                  alone["failed"], shed(alone), "-", "-"]]
         base = alone["ttft_ms"].get("p99")
         verdict = {}
-        for name, i_hdr, b_hdr in (("with classes", "interactive", "bulk"),
-                                   ("no classes", "default", "default")):
+        for name, i_hdr, b_hdr, extra in (
+                ("with classes", "interactive", "bulk", ()),
+                ("with classes, reserve 25%", "interactive", "bulk",
+                 ("--priority-reserve-pct", 25)),
+                ("no classes", "default", "default", ())):
+            r = router(*extra)  # a fresh router: no queue left over from the previous run
             # the flood starts first and runs a second past the interactive load at both ends
             flood = bench_async(lab, r.url, f"flood-{i_hdr}", *common, "--request-rate",
                                 f"{b_rate:.3f}", "--duration", args.duration + 2, "--seed", 3,

@@ -103,8 +103,7 @@ static void keyset_free(keyset_t *ks)
  * `priority=CLASS` (the key's default priority class; `system` also lets the key claim it).
  * 0, BATON_EINVAL (what is wrong in err, without the key) or BATON_ENOMEM.
  */
-static int keyset_add(keyset_t *ks, const char *s, size_t len, int attrs, char *err,
-                      size_t errlen)
+static int keyset_add(keyset_t *ks, const char *s, size_t len, int attrs, char *err, size_t errlen)
 {
     size_t klen = attrs ? 0 : len;
     while (klen < len && !isspace((unsigned char)s[klen]))
@@ -244,8 +243,8 @@ int baton_auth_create(baton_auth_t **auth_p, const baton_config_t *cfg, char *er
     int oom = 0;
     for (size_t i = 0; i < cfg->api_keys.n && !oom; i++) {
         char why[120] = "out of memory";
-        int rc = keyset_add(&a->flag_keys, cfg->api_keys.v[i], strlen(cfg->api_keys.v[i]), 1,
-                            why, sizeof(why));
+        int rc = keyset_add(&a->flag_keys, cfg->api_keys.v[i], strlen(cfg->api_keys.v[i]), 1, why,
+                            sizeof(why));
         if (rc == BATON_EINVAL) {
             snprintf(err, errlen, "--api-key: %s", why);
             baton_auth_free(a);

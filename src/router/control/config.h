@@ -82,6 +82,11 @@
  *                                                               queue_full; 0 = no queue)
  *  admission.queue_timeout_ms   --queue-timeout-ms N        30000 (a request queued longer gets
  *                                                               408 queue_timeout)
+ *  admission.priority_reserve_pct --priority-reserve-pct PCT 50  (slots interactive requests may
+ *                                                               hold beyond
+ *                                                               --max-concurrent-requests, in %
+ *                                                               of it, at least one; system
+ *                                                               twice that; 0 = none)
  *  admission.priority_preempt   --priority-preempt          off  (a request that finds the queue
  *                                                               at its class's limit
  *                                                               sheds the newest queued request
@@ -255,8 +260,9 @@ typedef struct baton_config_s {
     unsigned queue_size;
     uint64_t queue_timeout_ms;
     unsigned max_worker_requests;
-    int priority_preempt;    /* --priority-preempt */
-    int priority_to_workers; /* --priority-to-workers */
+    unsigned priority_reserve_pct; /* --priority-reserve-pct */
+    int priority_preempt;          /* --priority-preempt */
+    int priority_to_workers;       /* --priority-to-workers */
     uint64_t check_interval_ms;
     uint64_t check_fast_interval_ms;
     uint64_t check_down_interval_ms;

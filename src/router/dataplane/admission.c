@@ -10,10 +10,11 @@
 struct baton_admission_s {
     unsigned max_active; /* 0 = unlimited */
     unsigned queue_size;
+    unsigned reserve_pct; /* interactive's slots beyond max_active, % (system: twice) */
     atomic_uint active;
-    atomic_uint queued;                   /* all classes */
+    atomic_uint queued;                       /* all classes */
     atomic_uint queued_cls[BATON_PRIO_COUNT]; /* per class */
-    pthread_mutex_t lock; /* the waker list */
+    pthread_mutex_t lock;                     /* the waker list */
     baton_admission_waker_t *wakers;
 };
 
@@ -28,6 +29,7 @@ int baton_admission_create(baton_admission_t **a_p, unsigned max_active, unsigne
     }
     a->max_active = max_active;
     a->queue_size = queue_size;
+    a->reserve_pct = BATON_PRIO_RESERVE_PCT;
     atomic_init(&a->active, 0);
     atomic_init(&a->queued, 0);
     for (int i = 0; i < BATON_PRIO_COUNT; i++)
@@ -53,11 +55,16 @@ static int waiting_from(baton_admission_t *a, int from)
     return 0;
 }
 
+void baton_admission_set_reserve(baton_admission_t *a, unsigned pct)
+{
+    a->reserve_pct = pct;
+}
+
 int baton_admission_try_acquire(baton_admission_t *a, baton_prio_t cls, int fair)
 {
     if (atomic_load(&a->queued) > 0 && waiting_from(a, (int)cls + (fair ? 0 : 1)))
         return 0;
-    unsigned limit = baton_prio_slot_limit(cls, a->max_active);
+    unsigned limit = baton_prio_slot_limit(cls, a->max_active, a->reserve_pct);
     unsigned cur = atomic_load(&a->active);
     do {
         if (limit && cur >= limit)

@@ -10,10 +10,12 @@
 /*
  * Every inference request holds one slot while it is proxied (from dispatch to its end).
  * max_active bounds the slots bulk and default requests may take; interactive and system have
- * a reserve beyond it (priority.h, baton_prio_slot_limit). When no slot is free for its class, or every eligible worker is at its in-flight cap (--max-worker-requests),
- * the request waits in the queue of its own loop; the number of waiting requests over all loops
- * is bounded per priority class (priority.h: bulk half of queue_size, default queue_size,
- * interactive a quarter beyond it, system a half beyond it):
+ * a reserve beyond it (priority.h, baton_prio_slot_limit; its size set with
+ * baton_admission_set_reserve). When no slot is free for its class, or every eligible worker
+ * is at its in-flight cap (--max-worker-requests), the request waits in the queue of its own loop;
+ * the number of waiting requests over all loops is bounded per priority class (priority.h: bulk
+ * half of queue_size, default queue_size, interactive a quarter beyond it, system a half beyond
+ * it):
  *   - queue at the class's limit      → 429 queue_full (with Retry-After: 1): the router is
  *                                     overloaded now, the client may come back; the lowest
  *                                     classes are refused first;
@@ -49,6 +51,9 @@ typedef struct baton_admission_waker_s {
 /* max_active 0 = unlimited. 0 or BATON_ENOMEM. */
 int baton_admission_create(baton_admission_t **a_p, unsigned max_active, unsigned queue_size);
 void baton_admission_destroy(baton_admission_t *a); /* NULL is ignored */
+/* The interactive reserve in percent of max_active (default 50; system gets twice it). Set
+ * before the loops start. */
+void baton_admission_set_reserve(baton_admission_t *a, unsigned pct);
 
 /* Takes a slot for a request of class cls: 1 when taken; 0 when at its class's limit, when
  * requests of a higher class wait, or (with fair) when requests of class cls wait. */

@@ -2,6 +2,7 @@
  * vLLM priority integer (see priority.h). */
 #include "router/dataplane/priority.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -65,12 +66,14 @@ unsigned baton_prio_queue_limit(baton_prio_t p, unsigned queue_size)
     return n ? (unsigned)n : 1;
 }
 
-unsigned baton_prio_slot_limit(baton_prio_t p, unsigned max_active)
+unsigned baton_prio_slot_limit(baton_prio_t p, unsigned max_active, unsigned reserve_pct)
 {
-    if (max_active == 0 || p < BATON_PRIO_INTERACTIVE)
+    if (max_active == 0 || p < BATON_PRIO_INTERACTIVE || reserve_pct == 0)
         return max_active;
-    unsigned extra = p == BATON_PRIO_SYSTEM ? max_active / 2 : max_active / 4;
-    return max_active + (extra ? extra : 1);
+    unsigned long long pct = p == BATON_PRIO_SYSTEM ? 2ull * reserve_pct : reserve_pct;
+    unsigned long long extra = (unsigned long long)max_active * pct / 100;
+    unsigned long long limit = max_active + (extra ? extra : 1);
+    return limit > UINT32_MAX ? UINT32_MAX : (unsigned)limit;
 }
 
 static int fail(baton_prio_error_t *err, int status, const char *code, const char *param,

@@ -54,13 +54,14 @@ unsigned baton_prio_queue_limit(baton_prio_t p, unsigned queue_size);
 
 /*
  * How many requests may be proxied at once (all classes together) for a class to take a slot:
- * bulk and default up to --max-concurrent-requests, interactive a quarter beyond it and system
- * half beyond it (each at least one beyond). The reserve is what keeps interactive latency
- * flat under a flood of lower classes: a freed slot goes to the highest class waiting, but an
- * interactive request arriving while bulk fills every slot need not wait for one to free.
- * 0 = unlimited.
+ * bulk and default up to --max-concurrent-requests, interactive reserve_pct percent beyond it
+ * and system twice that (each at least one beyond when reserve_pct > 0; --priority-reserve-pct,
+ * default 50). The reserve is what keeps interactive latency flat under a flood of lower
+ * classes: a freed slot goes to the highest class waiting, but an interactive request arriving
+ * while bulk fills every slot need not wait for one to free. 0 = unlimited.
  */
-unsigned baton_prio_slot_limit(baton_prio_t p, unsigned max_active);
+#define BATON_PRIO_RESERVE_PCT 50
+unsigned baton_prio_slot_limit(baton_prio_t p, unsigned max_active, unsigned reserve_pct);
 
 /* Why a class could not be decided: status 400 (bad name or type) or 403 (system claimed). */
 typedef struct {

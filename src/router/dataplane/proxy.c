@@ -492,8 +492,8 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
         if (baton__queue_add(pr) != 0) {
             /* A client flood hits this once per request: rate-limited (common/log.h). */
             baton_log_limited(BATON_LOG_INFO, 10, "router", "queue_full",
-                              "queue_full route=%s peer=%s priority=%s queued=%u", route,
-                              req->peer, baton_prio_name(prio),
+                              "queue_full route=%s peer=%s priority=%s queued=%u", route, req->peer,
+                              baton_prio_name(prio),
                               r->admission ? baton_admission_queued(r->admission) : 0);
             baton__queue_shed(pr);
         }

@@ -24,10 +24,9 @@ static int prio_create(baton_resil_metrics_t *m, baton_metrics_t *reg)
         reg, "baton_priority_admitted_total",
         "Requests admitted (dispatched to a worker for the first time), by priority class.", 1,
         prio);
-    baton_metric_family_t *queued =
-        baton_metrics_counter(reg, "baton_priority_queued_total",
-                              "Requests that waited in the admission queue, by priority class.",
-                              1, prio);
+    baton_metric_family_t *queued = baton_metrics_counter(
+        reg, "baton_priority_queued_total",
+        "Requests that waited in the admission queue, by priority class.", 1, prio);
     baton_metric_family_t *depth = baton_metrics_gauge(
         reg, "baton_priority_queue_depth",
         "Requests waiting in the admission queue now, by priority class.", 1, prio);
@@ -185,8 +184,7 @@ void baton_resil_metrics_prio_admitted(baton_resil_metrics_t *m, baton_prio_t p)
         baton_counter_add(m->prio_admitted[p], 1);
 }
 
-void baton_resil_metrics_prio_depth(baton_resil_metrics_t *m, baton_prio_t p, int delta,
-                                    int fresh)
+void baton_resil_metrics_prio_depth(baton_resil_metrics_t *m, baton_prio_t p, int delta, int fresh)
 {
     if (m == NULL)
         return;
@@ -195,8 +193,7 @@ void baton_resil_metrics_prio_depth(baton_resil_metrics_t *m, baton_prio_t p, in
         baton_counter_add(m->prio_queued[p], 1);
 }
 
-void baton_resil_metrics_prio_queue_time(baton_resil_metrics_t *m, baton_prio_t p,
-                                         double seconds)
+void baton_resil_metrics_prio_queue_time(baton_resil_metrics_t *m, baton_prio_t p, double seconds)
 {
     if (m != NULL)
         baton_histogram_observe(m->prio_time[p], seconds);

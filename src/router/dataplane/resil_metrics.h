@@ -56,10 +56,8 @@ void baton_resil_metrics_active(baton_resil_metrics_t *m, int delta);
 
 void baton_resil_metrics_prio_admitted(baton_resil_metrics_t *m, baton_prio_t p);
 /* One request of class p joined (+1, counted in queued_total too when `fresh`) or left (-1). */
-void baton_resil_metrics_prio_depth(baton_resil_metrics_t *m, baton_prio_t p, int delta,
-                                    int fresh);
-void baton_resil_metrics_prio_queue_time(baton_resil_metrics_t *m, baton_prio_t p,
-                                         double seconds);
+void baton_resil_metrics_prio_depth(baton_resil_metrics_t *m, baton_prio_t p, int delta, int fresh);
+void baton_resil_metrics_prio_queue_time(baton_resil_metrics_t *m, baton_prio_t p, double seconds);
 void baton_resil_metrics_prio_shed(baton_resil_metrics_t *m, baton_prio_t p, const char *reason);
 
 #endif

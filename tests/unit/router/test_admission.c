@@ -108,7 +108,7 @@ static void test_class_limits(void **state)
     assert_int_equal(baton_prio_queue_limit(BATON_PRIO_DEFAULT, 8), 8);
     assert_int_equal(baton_prio_queue_limit(BATON_PRIO_INTERACTIVE, 8), 10);
     assert_int_equal(baton_prio_queue_limit(BATON_PRIO_SYSTEM, 8), 12);
-    assert_int_equal(baton_prio_queue_limit(BATON_PRIO_BULK, 1), 1); /* at least one */
+    assert_int_equal(baton_prio_queue_limit(BATON_PRIO_BULK, 1), 1);   /* at least one */
     assert_int_equal(baton_prio_queue_limit(BATON_PRIO_SYSTEM, 0), 0); /* no queue */
 
     baton_admission_t *a;
@@ -154,14 +154,20 @@ static void test_class_limits(void **state)
 static void test_class_slots(void **state)
 {
     (void)state;
-    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_BULK, 8), 8);
-    assert_int_equal(baton_prio_slot_limit(D, 8), 8);
-    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_INTERACTIVE, 8), 10);
-    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_SYSTEM, 8), 12);
-    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_INTERACTIVE, 1), 2); /* at least one */
-    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_SYSTEM, 0), 0);      /* unlimited */
+    const unsigned R = 25;
+    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_BULK, 8, R), 8);
+    assert_int_equal(baton_prio_slot_limit(D, 8, R), 8);
+    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_INTERACTIVE, 8, R), 10);
+    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_SYSTEM, 8, R), 12);
+    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_INTERACTIVE, 1, R), 2); /* at least one */
+    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_SYSTEM, 0, R), 0);      /* unlimited */
+    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_INTERACTIVE, 8, 50), 12);
+    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_SYSTEM, 8, 50), 16);
+    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_SYSTEM, 8, 0), 8); /* no reserve */
+    assert_int_equal(baton_prio_slot_limit(BATON_PRIO_INTERACTIVE, 8, BATON_PRIO_RESERVE_PCT), 12);
     baton_admission_t *a;
     assert_int_equal(baton_admission_create(&a, 4, 8), 0);
+    baton_admission_set_reserve(a, 25);
     for (int i = 0; i < 4; i++)
         assert_true(baton_admission_try_acquire(a, i % 2 ? D : BATON_PRIO_BULK, 1));
     assert_false(baton_admission_try_acquire(a, D, 1));
@@ -176,6 +182,9 @@ static void test_class_slots(void **state)
     assert_false(baton_admission_try_acquire(a, D, 1));
     assert_false(baton_admission_try_acquire(a, BATON_PRIO_INTERACTIVE, 1));
     assert_true(baton_admission_try_acquire(a, BATON_PRIO_SYSTEM, 1));
+    /* --priority-reserve-pct 0: every class shares the cap */
+    baton_admission_set_reserve(a, 0);
+    assert_false(baton_admission_try_acquire(a, BATON_PRIO_SYSTEM, 1));
     for (int i = 0; i < 6; i++)
         baton_admission_release(a);
     assert_int_equal(baton_admission_active(a), 0);

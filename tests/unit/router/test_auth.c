@@ -172,9 +172,9 @@ static void test_key_priority_class(void **state)
     /* the key is the first word: attributes are not part of it */
     assert_int_equal(baton_auth_check(a, mkreq(&f, "Bearer k-sys", "9.9.9.9:1"), inf),
                      BATON_AUTH_OK);
-    assert_int_equal(baton_auth_check(a, mkreq(&f, "Bearer k-sys priority=system", "9.9.9.9:1"),
-                                      inf),
-                     BATON_AUTH_NO_KEY);
+    assert_int_equal(
+        baton_auth_check(a, mkreq(&f, "Bearer k-sys priority=system", "9.9.9.9:1"), inf),
+        BATON_AUTH_NO_KEY);
     assert_int_equal(baton_auth_key_class(a, mkreq(&f, "Bearer k-sys", "9.9.9.9:1")),
                      BATON_PRIO_SYSTEM);
     assert_int_equal(baton_auth_key_class(a, mkreq(&f, "Bearer k-bulk", "9.9.9.9:1")),

@@ -307,10 +307,10 @@ static void test_registry_fields(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_nixl_prefill), cmocka_unit_test(test_nixl_decode),
-        cmocka_unit_test(test_priority_member),
-        cmocka_unit_test(test_mooncake),     cmocka_unit_test(test_dp_ranks_and_rooms),
-        cmocka_unit_test(test_dp_body),      cmocka_unit_test(test_registry_fields),
+        cmocka_unit_test(test_nixl_prefill),       cmocka_unit_test(test_nixl_decode),
+        cmocka_unit_test(test_priority_member),    cmocka_unit_test(test_mooncake),
+        cmocka_unit_test(test_dp_ranks_and_rooms), cmocka_unit_test(test_dp_body),
+        cmocka_unit_test(test_registry_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

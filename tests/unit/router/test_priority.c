@@ -57,22 +57,18 @@ static void test_resolve_order(void **state)
     assert_int_equal(baton_prio_resolve(NULL, NULL, BATON_PRIO_BULK, &p, &e), 0);
     assert_int_equal(p, BATON_PRIO_BULK);
     /* the body field, vLLM's sense, over the key */
-    assert_int_equal(baton_prio_resolve(NULL, field(&s, sp, "{\"priority\":-5}"), BATON_PRIO_BULK,
-                                        &p, &e),
-                     0);
+    assert_int_equal(
+        baton_prio_resolve(NULL, field(&s, sp, "{\"priority\":-5}"), BATON_PRIO_BULK, &p, &e), 0);
     assert_int_equal(p, BATON_PRIO_INTERACTIVE);
-    assert_int_equal(baton_prio_resolve(NULL, field(&s, sp, "{\"priority\":3}"), BATON_PRIO_NONE,
-                                        &p, &e),
-                     0);
+    assert_int_equal(
+        baton_prio_resolve(NULL, field(&s, sp, "{\"priority\":3}"), BATON_PRIO_NONE, &p, &e), 0);
     assert_int_equal(p, BATON_PRIO_BULK);
-    assert_int_equal(baton_prio_resolve(NULL, field(&s, sp, "{\"priority\":0}"), BATON_PRIO_BULK,
-                                        &p, &e),
-                     0);
+    assert_int_equal(
+        baton_prio_resolve(NULL, field(&s, sp, "{\"priority\":0}"), BATON_PRIO_BULK, &p, &e), 0);
     assert_int_equal(p, BATON_PRIO_DEFAULT);
     /* null is absent: the key's class */
-    assert_int_equal(baton_prio_resolve(NULL, field(&s, sp, "{\"priority\":null}"),
-                                        BATON_PRIO_BULK, &p, &e),
-                     0);
+    assert_int_equal(
+        baton_prio_resolve(NULL, field(&s, sp, "{\"priority\":null}"), BATON_PRIO_BULK, &p, &e), 0);
     assert_int_equal(p, BATON_PRIO_BULK);
     /* the header over both */
     assert_int_equal(baton_prio_resolve("interactive ", field(&s, sp, "{\"priority\":9}"),
@@ -98,14 +94,14 @@ static void test_resolve_errors_and_system(void **state)
     /* a value that is not short and printable is not echoed */
     assert_int_equal(baton_prio_resolve("\x01\x02", NULL, BATON_PRIO_NONE, &p, &e), BATON_EINVAL);
     assert_null(strchr(e.message, '\x01'));
-    assert_int_equal(baton_prio_resolve(NULL, field(&s, sp, "{\"priority\":\"high\"}"),
-                                        BATON_PRIO_NONE, &p, &e),
-                     BATON_EINVAL);
+    assert_int_equal(
+        baton_prio_resolve(NULL, field(&s, sp, "{\"priority\":\"high\"}"), BATON_PRIO_NONE, &p, &e),
+        BATON_EINVAL);
     assert_string_equal(e.code, "invalid_type");
     assert_string_equal(e.param, "priority");
-    assert_int_equal(baton_prio_resolve(NULL, field(&s, sp, "{\"priority\":1.5}"),
-                                        BATON_PRIO_NONE, &p, &e),
-                     BATON_EINVAL);
+    assert_int_equal(
+        baton_prio_resolve(NULL, field(&s, sp, "{\"priority\":1.5}"), BATON_PRIO_NONE, &p, &e),
+        BATON_EINVAL);
     /* system: only a key that has it */
     assert_int_equal(baton_prio_resolve("system", NULL, BATON_PRIO_NONE, &p, &e), BATON_EINVAL);
     assert_int_equal(e.status, 403);
@@ -118,9 +114,9 @@ static void test_resolve_errors_and_system(void **state)
     assert_int_equal(baton_prio_resolve(NULL, NULL, BATON_PRIO_SYSTEM, &p, &e), 0);
     assert_int_equal(p, BATON_PRIO_SYSTEM);
     /* a very negative integer is interactive, never system */
-    assert_int_equal(baton_prio_resolve(NULL, field(&s, sp, "{\"priority\":-1000}"),
-                                        BATON_PRIO_NONE, &p, &e),
-                     0);
+    assert_int_equal(
+        baton_prio_resolve(NULL, field(&s, sp, "{\"priority\":-1000}"), BATON_PRIO_NONE, &p, &e),
+        0);
     assert_int_equal(p, BATON_PRIO_INTERACTIVE);
 }
 

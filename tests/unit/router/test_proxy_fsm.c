@@ -766,7 +766,7 @@ static void test_priority_queue(void **state)
 
     answer_pair(&a, 0); /* a slot frees: the interactive waiter, before the older ones */
     assert_int_equal(preq(&i1)->phase, PH_SENT); /* ups 4, 5 */
-    answer_pair(&i0, 2); /* one active (i1): still none for default */
+    answer_pair(&i0, 2);                         /* one active (i1): still none for default */
     assert_int_equal(preq(&d1)->phase, PH_QUEUED);
     answer_pair(&i1, 4);
     assert_int_equal(preq(&d1)->phase, PH_SENT); /* ups 6, 7 */
