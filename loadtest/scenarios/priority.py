@@ -55,12 +55,15 @@ def main():
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--decode-us-per-token", type=int, default=2000)
+    ap.add_argument("--queue-size", type=int, default=1024,
+                    help="the router's --queue-size (default 1024, the router's own default)")
     ap.add_argument("--flood", type=float, default=5.0, help="bulk rate / capacity (5)")
     ap.add_argument("--interactive", type=float, default=0.1,
                     help="interactive rate / capacity (0.1)")
     args = ap.parse_args()
     if args.smoke:
-        args.duration, args.max_concurrent_requests = 3.0, 4
+        # a short queue: what the flood leaves queued drains in a moment
+        args.duration, args.max_concurrent_requests, args.queue_size = 3.0, 4, 64
     cap = args.max_concurrent_requests
     print("== Priority classes: interactive TTFT under a bulk flood ==")
     print(scenlib.machine_line())
@@ -72,7 +75,8 @@ def main():
                        "--max-batch", 4 * cap, "--max-queue", 100000, name="worker")
         def router(*extra):
             return lab.router("--worker", w.url, "--max-concurrent-requests", cap,
-                              "--queue-timeout-ms", 20000, "--check-interval-ms", 0, *extra,
+                              "--queue-size", args.queue_size, "--queue-timeout-ms", 20000,
+                              "--check-interval-ms", 0, *extra,
                               name=f"baton-{lab.bench_runs}")
 
         r = router()

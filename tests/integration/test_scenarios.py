@@ -144,12 +144,13 @@ def test_priority():
     header, rows = table_rows(out, "interactive TTFT under a bulk flood")
     names = [r[0] for r in rows]
     assert names == ["interactive alone", "interactive, with classes",
-                     "interactive, no classes"], names
+                     "interactive, with classes, reserve 25%", "interactive, no classes"], names
     for r in rows:
         assert int(r[header.index("completed")]) > 0, r
-    with_classes = rows[1]
-    assert with_classes[header.index("failed")] == "0", with_classes
-    assert with_classes[header.index("shed")] == "0", with_classes
+    for with_classes in rows[1:3]:
+        assert with_classes[header.index("failed")] == "0", with_classes
+        assert with_classes[header.index("shed")] == "0", with_classes
+        assert int(with_classes[header.index("flood shed")]) > 0, with_classes  # overloaded
     assert "priority done: 0 failed interactive requests" in out, out
 
 
