@@ -39,8 +39,12 @@ void baton__queue_remove(baton__preq_t *pr, int final)
         baton_admission_dequeue(r->admission, &pl->waker, pr->prio);
     baton_resil_metrics_queue_depth(r->resil, -1);
     baton_resil_metrics_prio_depth(r->resil, pr->prio, -1, 0);
-    if (final)
+    if (final) {
         observe_wait(pr);
+        /* It may have been what kept lower classes from a free slot (on any loop). */
+        if (r->admission)
+            baton_admission_kick(r->admission);
+    }
     baton__pr_set_phase(pr, PH_NEW, "dequeued"); /* stops the queue timer */
 }
 
