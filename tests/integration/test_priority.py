@@ -187,6 +187,35 @@ def test_preemption_and_timeout():
                     reason="queue_timeout") == 1
 
 
+def test_preemption_across_threads():
+    """--threads 4: the queued bulk requests and the default newcomers that shed them land on
+    whichever event loops the kernel gives their connections; every newcomer still finds its
+    bulk victim (another loop sheds it when this one has none), so every bulk request gets 429
+    and every default request is served."""
+    with Cluster("prio-preempt-mt") as c:
+        w = c.worker("regular", *WORKER_ARGS)
+        r = c.router("--worker", url(w.port), "--threads", "4", "--max-concurrent-requests",
+                     "1", "--check-interval-ms", "0", "--queue-size", "8",
+                     "--queue-timeout-ms", "60000", "--priority-preempt")
+        f = Flight(r.port)
+        f.send("first", body=dict(COMP, max_tokens=250))  # holds the slot ~10 s: queues form
+        wait_active(r.port)
+        for i in range(4):  # bulk may fill 4 of 8 places
+            f.send(f"bulk{i}", "bulk")
+            wait_depth(r.port, "bulk", i + 1)
+        for i in range(8):  # from the fifth on, each sheds a bulk waiter
+            f.send(f"def{i}")
+            wait_depth(r.port, "default", i + 1)
+        f.join()
+        for i in range(4):
+            err_of(f.res[f"bulk{i}"], 429, "queue_full")
+        for n in ["first"] + [f"def{i}" for i in range(8)]:
+            assert f.res[n].status == 200, (n, f.res[n].status, f.res[n].text)
+        ms = metrics(r.port)
+        assert mval(ms, "baton_priority_shed_total", priority="bulk", reason="preempted") == 4
+        assert mval(ms, "baton_priority_queue_depth") == 0
+
+
 def test_key_default_class_and_system():
     """A key's `priority=CLASS` is its requests' class unless they say otherwise; only a key
     with class system may claim system (403 otherwise)."""
@@ -277,6 +306,7 @@ def main():
     t.run(test_interactive_overtakes_bulk)
     t.run(test_bulk_shed_first)
     t.run(test_preemption_and_timeout)
+    t.run(test_preemption_across_threads)
     t.run(test_key_default_class_and_system)
     t.run(test_bad_values)
     t.run(test_priority_to_vllm_workers)

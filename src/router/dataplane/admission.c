@@ -14,6 +14,7 @@ struct baton_admission_s {
     atomic_uint active;
     atomic_uint queued;                       /* all classes */
     atomic_uint queued_cls[BATON_PRIO_COUNT]; /* per class */
+    atomic_uint evicting; /* sheddings asked of a loop and not yet settled (preempt) */
     pthread_mutex_t lock;                     /* the waker list */
     baton_admission_waker_t *wakers;
 };
@@ -32,6 +33,7 @@ int baton_admission_create(baton_admission_t **a_p, unsigned max_active, unsigne
     a->reserve_pct = BATON_PRIO_RESERVE_PCT;
     atomic_init(&a->active, 0);
     atomic_init(&a->queued, 0);
+    atomic_init(&a->evicting, 0);
     for (int i = 0; i < BATON_PRIO_COUNT; i++)
         atomic_init(&a->queued_cls[i], 0);
     *a_p = a;
@@ -104,13 +106,62 @@ int baton_admission_enqueue(baton_admission_t *a, baton_admission_waker_t *wk, b
             return BATON_EBUSY;
     } while (!atomic_compare_exchange_weak(&a->queued, &cur, cur + 1));
     atomic_fetch_add(&a->queued_cls[cls], 1);
+    atomic_fetch_add(&wk->waiting_cls_[cls], 1);
     atomic_fetch_add(&wk->waiting, 1);
     return 0;
+}
+
+int baton_admission_preempt(baton_admission_t *a, baton_admission_waker_t *self, baton_prio_t cls,
+                            baton_prio_t victim)
+{
+    unsigned limit = baton_prio_queue_limit(cls, a->queue_size);
+    int rc = BATON_EBUSY;
+    pthread_mutex_lock(&a->lock);
+    /* Sheddings already asked for count as gone: one more must bring the queue below cls's
+     * limit. */
+    unsigned q = atomic_load(&a->queued), ev = atomic_load(&a->evicting);
+    if (limit == 0 || (q > ev && q - ev > limit))
+        goto out;
+    if (victim >= cls)
+        goto out;
+    for (baton_admission_waker_t *w = a->wakers; w != NULL; w = w->next_) {
+        if (w == self)
+            continue;
+        int avail =
+            (int)atomic_load(&w->waiting_cls_[victim]) - (int)atomic_load(&w->evict_[victim]);
+        if (avail <= 0)
+            continue;
+        atomic_fetch_add(&w->evict_[victim], 1);
+        atomic_fetch_add(&a->evicting, 1);
+        atomic_fetch_add(&a->queued, 1);
+        atomic_fetch_add(&a->queued_cls[cls], 1);
+        atomic_fetch_add(&self->waiting_cls_[cls], 1);
+        atomic_fetch_add(&self->waiting, 1);
+        w->wake(w->ctx);
+        rc = 0;
+        break;
+    }
+out:
+    pthread_mutex_unlock(&a->lock);
+    return rc;
+}
+
+void baton_admission_take_evictions(baton_admission_waker_t *wk, unsigned n_p[BATON_PRIO_COUNT])
+{
+    for (int c = 0; c < BATON_PRIO_COUNT; c++)
+        n_p[c] = atomic_exchange(&wk->evict_[c], 0);
+}
+
+void baton_admission_evicted(baton_admission_t *a, unsigned n)
+{
+    if (n)
+        atomic_fetch_sub(&a->evicting, n);
 }
 
 void baton_admission_dequeue(baton_admission_t *a, baton_admission_waker_t *wk, baton_prio_t cls)
 {
     atomic_fetch_sub(&wk->waiting, 1);
+    atomic_fetch_sub(&wk->waiting_cls_[cls], 1);
     atomic_fetch_sub(&a->queued_cls[cls], 1);
     atomic_fetch_sub(&a->queued, 1);
 }
@@ -133,6 +184,12 @@ void baton_admission_unregister(baton_admission_t *a, baton_admission_waker_t *w
         }
     }
     wk->next_ = NULL;
+    /* Sheddings asked of a loop that leaves are settled: nobody will shed them. */
+    unsigned n[BATON_PRIO_COUNT], total = 0;
+    baton_admission_take_evictions(wk, n);
+    for (int c = 0; c < BATON_PRIO_COUNT; c++)
+        total += n[c];
+    baton_admission_evicted(a, total);
     pthread_mutex_unlock(&a->lock);
 }
 

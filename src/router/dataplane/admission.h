@@ -45,6 +45,11 @@ typedef struct baton_admission_waker_s {
     void (*wake)(void *ctx); /* must be safe from any thread */
     void *ctx;
     atomic_uint waiting; /* this loop's queued requests (enqueue/dequeue keep it) */
+    /* private: per class, this loop's queued requests and the ones other loops asked it to shed
+     * (baton_admission_preempt); zero them (or leave them from a zeroed allocation) before
+     * register */
+    atomic_uint waiting_cls_[BATON_PRIO_COUNT];
+    atomic_uint evict_[BATON_PRIO_COUNT];
     struct baton_admission_waker_s *next_; /* private */
 } baton_admission_waker_t;
 
@@ -71,6 +76,24 @@ void baton_admission_release_quiet(baton_admission_t *a);
 int baton_admission_enqueue(baton_admission_t *a, baton_admission_waker_t *wk, baton_prio_t cls);
 /* One waiting request of class cls left the queue (admitted, timed out, shed or gone). */
 void baton_admission_dequeue(baton_admission_t *a, baton_admission_waker_t *wk, baton_prio_t cls);
+
+/*
+ * --priority-preempt across loops: a request of class cls found the queue at its limit and its
+ * own loop (`self`) holds no waiter of class `victim` (< cls) to shed. Another loop holding one
+ * is asked to shed it (its waker is called; it then takes the request with
+ * baton_admission_take_evictions), and the newcomer is counted as queued in its place at once:
+ * 0. BATON_EBUSY when no other loop holds such a waiter, or when shedding one would not make
+ * room for cls (nothing changed). Until the other loop has shed it, the queue holds one
+ * request more than its limit; if that waiter left meanwhile (admitted, timed out), nothing is
+ * shed and the queue stays one over until a request leaves.
+ */
+int baton_admission_preempt(baton_admission_t *a, baton_admission_waker_t *self, baton_prio_t cls,
+                            baton_prio_t victim);
+/* The sheddings other loops asked of this loop's waiter: n_p[c] of class c (then cleared). The
+ * loop sheds up to that many of its newest class-c waiters (each with dequeue as usual), then
+ * calls baton_admission_evicted with the sum of n_p. */
+void baton_admission_take_evictions(baton_admission_waker_t *wk, unsigned n_p[BATON_PRIO_COUNT]);
+void baton_admission_evicted(baton_admission_t *a, unsigned n);
 
 /* Wakes every loop with waiting requests (capacity may have come: a worker's in-flight count
  * dropped, a worker came back). Cheap when nobody waits. */

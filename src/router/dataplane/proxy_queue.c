@@ -48,37 +48,68 @@ void baton__queue_remove(baton__preq_t *pr, int final)
     baton__pr_set_phase(pr, PH_NEW, "dequeued"); /* stops the queue timer */
 }
 
+/* Sheds pr from the queue for a higher class (--priority-preempt): 429, reason preempted. */
+static void shed_preempted(baton__preq_t *pr, const char *for_class)
+{
+    baton_router_t *r = pr->pl->router;
+    baton__queue_remove(pr, 1);
+    baton_resil_metrics_rejected(r->resil, "queue_full");
+    baton_resil_metrics_prio_shed(r->resil, pr->prio, "preempted");
+    baton_log_limited(BATON_LOG_INFO, 10, "router", "preempted",
+                      "preempted route=%s priority=%s for=%s", pr->route, baton_prio_name(pr->prio),
+                      for_class);
+    baton__pr_respond_queue_full(pr);
+    baton__pr_maybe_free(pr);
+}
+
+/* The newest waiter of class c on this loop, or NULL. */
+static baton__preq_t *newest(baton_proxy_loop_t *pl, int c)
+{
+    baton_list_t *last = pl->queue[c].prev;
+    return last == &pl->queue[c] ? NULL : container_of(last, baton__preq_t, qlink);
+}
+
 /*
  * --priority-preempt: a request of class c found the queue at its class's limit. The newest
- * waiter of the lowest class below c on this loop leaves the queue with 429, when that makes
- * room for c (a bulk waiter shed must free a place a default request may use). Only this loop's
- * waiters are candidates: another loop's queue belongs to its thread. 1 when one was shed.
+ * waiter of the lowest class below c leaves the queue with 429, when that makes room for c (a
+ * bulk waiter shed must free a place a default request may use), and pr joins. One on this loop
+ * is shed at once; one on another loop is shed by that loop when it wakes (admission.h,
+ * baton_admission_preempt), pr joining at once in its place. 0 when pr was counted in the queue, else BATON_EBUSY.
  */
-static int preempt_lower(baton__preq_t *pr)
+static int preempt_enqueue(baton__preq_t *pr)
 {
     baton_proxy_loop_t *pl = pr->pl;
     baton_router_t *r = pl->router;
-    if (!r->cfg->priority_preempt || !r->admission)
-        return 0;
+    if (!r->cfg->priority_preempt)
+        return BATON_EBUSY;
     unsigned limit = baton_prio_queue_limit(pr->prio, baton_admission_queue_size(r->admission));
-    if (baton_admission_queued(r->admission) >= limit + 1)
-        return 0;
-    for (int c = 0; c < (int)pr->prio; c++) {
-        baton_list_t *last = pl->queue[c].prev;
-        if (last == &pl->queue[c])
-            continue;
-        baton__preq_t *victim = container_of(last, baton__preq_t, qlink);
-        baton__queue_remove(victim, 1);
-        baton_resil_metrics_rejected(r->resil, "queue_full");
-        baton_resil_metrics_prio_shed(r->resil, victim->prio, "preempted");
-        baton_log_limited(BATON_LOG_INFO, 10, "router", "preempted",
-                          "preempted route=%s priority=%s for=%s", victim->route,
-                          baton_prio_name(victim->prio), baton_prio_name(pr->prio));
-        baton__pr_respond_queue_full(victim);
-        baton__pr_maybe_free(victim);
-        return 1;
+    if (baton_admission_queued(r->admission) > limit)
+        return BATON_EBUSY; /* shedding one here would not make room */
+    for (int c = 0; c < (int)pr->prio; c++) { /* the lowest class first, here or elsewhere */
+        baton__preq_t *victim = newest(pl, c);
+        if (victim) {
+            shed_preempted(victim, baton_prio_name(pr->prio));
+            return baton_admission_enqueue(r->admission, &pl->waker, pr->prio);
+        }
+        if (baton_admission_preempt(r->admission, &pl->waker, pr->prio, (baton_prio_t)c) == 0)
+            return 0;
     }
-    return 0;
+    return BATON_EBUSY;
+}
+
+/* What other loops asked this one to shed for their higher-class newcomers. */
+static void shed_evictions(baton_proxy_loop_t *pl)
+{
+    baton_router_t *r = pl->router;
+    unsigned n[BATON_PRIO_COUNT], total = 0;
+    baton_admission_take_evictions(&pl->waker, n);
+    for (int c = 0; c < BATON_PRIO_COUNT; c++) {
+        total += n[c];
+        baton__preq_t *victim;
+        for (unsigned i = 0; i < n[c] && (victim = newest(pl, c)) != NULL; i++)
+            shed_preempted(victim, "another loop's higher class");
+    }
+    baton_admission_evicted(r->admission, total);
 }
 
 /* Joins its class's queue at the tail (a new request) or head (one that left it to try for a
@@ -91,7 +122,7 @@ static int queue_join(baton__preq_t *pr, int front, uint64_t timeout_ms)
     if (!r->admission)
         return BATON_EBUSY;
     if (baton_admission_enqueue(r->admission, &pl->waker, pr->prio) != 0 &&
-        (!preempt_lower(pr) || baton_admission_enqueue(r->admission, &pl->waker, pr->prio) != 0))
+        preempt_enqueue(pr) != 0)
         return BATON_EBUSY;
     if (front)
         baton_list_push_front(&pl->queue[pr->prio], &pr->qlink);
@@ -158,6 +189,8 @@ void baton__queue_shed(baton__preq_t *pr)
 
 void baton__queue_run(baton_proxy_loop_t *pl)
 {
+    if (pl->router->admission)
+        shed_evictions(pl);
     baton__preq_t *pr;
     while ((pr = baton__queue_head(pl)) != NULL) {
         baton_router_t *r = pl->router;

@@ -225,6 +225,57 @@ static void test_class_order(void **state)
     baton_admission_destroy(a);
 }
 
+/* Preemption across loops: a default newcomer on k2 at the full queue asks k1 to shed its bulk
+ * waiter and is counted at once; k1 is woken and takes the request; the settled shedding
+ * frees the place. A second newcomer finds no bulk waiter left unclaimed. */
+static void test_preempt_across_loops(void **state)
+{
+    (void)state;
+    baton_admission_t *a;
+    assert_int_equal(baton_admission_create(&a, 1, 2), 0);
+    wake_ctx_t w1 = {0}, w2 = {0};
+    baton_admission_waker_t k1 = {.wake = on_wake, .ctx = &w1};
+    baton_admission_waker_t k2 = {.wake = on_wake, .ctx = &w2};
+    baton_admission_register(a, &k1);
+    baton_admission_register(a, &k2);
+    assert_int_equal(baton_admission_enqueue(a, &k1, BATON_PRIO_BULK), 0);
+    assert_int_equal(baton_admission_enqueue(a, &k2, D), 0);
+    assert_int_equal(baton_admission_enqueue(a, &k2, D), BATON_EBUSY); /* 2 of 2 */
+    /* no bulk waiter on k2 itself; one of default is not lower than default */
+    assert_int_equal(baton_admission_preempt(a, &k1, D, BATON_PRIO_BULK), BATON_EBUSY);
+    assert_int_equal(baton_admission_preempt(a, &k2, D, D), BATON_EBUSY);
+    assert_int_equal(baton_admission_preempt(a, &k2, D, BATON_PRIO_BULK), 0);
+    assert_int_equal(w1.wakes, 1);
+    assert_int_equal(baton_admission_queued(a), 3); /* one over until k1 sheds */
+    assert_int_equal(atomic_load(&k2.waiting), 2);
+    /* the one bulk waiter is claimed already: a second newcomer is refused */
+    assert_int_equal(baton_admission_preempt(a, &k2, D, BATON_PRIO_BULK), BATON_EBUSY);
+    unsigned n[BATON_PRIO_COUNT];
+    baton_admission_take_evictions(&k1, n);
+    assert_int_equal(n[BATON_PRIO_BULK], 1);
+    assert_int_equal(n[D], 0);
+    baton_admission_dequeue(a, &k1, BATON_PRIO_BULK); /* k1 sheds it */
+    baton_admission_evicted(a, 1);
+    baton_admission_take_evictions(&k1, n);
+    assert_int_equal(n[BATON_PRIO_BULK], 0); /* taken once */
+    assert_int_equal(baton_admission_queued(a), 2);
+    assert_int_equal(baton_admission_queued_class(a, BATON_PRIO_BULK), 0);
+    /* interactive (limit 2 of --queue-size 2) at 2 queued: a default waiter on k2 makes room */
+    assert_int_equal(baton_admission_preempt(a, &k1, BATON_PRIO_INTERACTIVE, D), 0);
+    assert_int_equal(w2.wakes, 1);
+    baton_admission_take_evictions(&k2, n);
+    assert_int_equal(n[D], 1);
+    baton_admission_dequeue(a, &k2, D);
+    baton_admission_evicted(a, 1);
+    baton_admission_dequeue(a, &k2, D);
+    baton_admission_dequeue(a, &k1, BATON_PRIO_INTERACTIVE);
+    assert_int_equal(baton_admission_queued(a), 0);
+    assert_int_equal(atomic_load(&k1.waiting) + atomic_load(&k2.waiting), 0);
+    baton_admission_unregister(a, &k1);
+    baton_admission_unregister(a, &k2);
+    baton_admission_destroy(a);
+}
+
 #define THREADS 4
 #define ROUNDS  20000
 
@@ -276,6 +327,7 @@ int main(void)
         cmocka_unit_test(test_class_limits),
         cmocka_unit_test(test_class_order),
         cmocka_unit_test(test_class_slots),
+        cmocka_unit_test(test_preempt_across_loops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
