@@ -1,4 +1,4 @@
-/* test_priority.c — a request's priority class (router/dataplane/priority.c): names, the order
+/* test_priority_class.c — a request's priority class (router/dataplane/priority.c): names, the order
  * of its sources (header, body field, key), the system reservation, errors, the vLLM integer. */
 #include <setjmp.h>
 #include <stdarg.h>
