@@ -15,7 +15,7 @@ struct baton_admission_s {
     atomic_uint queued;                       /* all classes */
     atomic_uint queued_cls[BATON_PRIO_COUNT]; /* per class */
     atomic_uint evicting; /* sheddings asked of a loop and not yet settled (preempt) */
-    pthread_mutex_t lock;                     /* the waker list */
+    pthread_mutex_t lock; /* the waker list */
     baton_admission_waker_t *wakers;
 };
 

@@ -74,7 +74,8 @@ static baton__preq_t *newest(baton_proxy_loop_t *pl, int c)
  * waiter of the lowest class below c leaves the queue with 429, when that makes room for c (a
  * bulk waiter shed must free a place a default request may use), and pr joins. One on this loop
  * is shed at once; one on another loop is shed by that loop when it wakes (admission.h,
- * baton_admission_preempt), pr joining at once in its place. 0 when pr was counted in the queue, else BATON_EBUSY.
+ * baton_admission_preempt), pr joining at once in its place. 0 when pr was counted in the queue,
+ * else BATON_EBUSY.
  */
 static int preempt_enqueue(baton__preq_t *pr)
 {
@@ -83,9 +84,10 @@ static int preempt_enqueue(baton__preq_t *pr)
     if (!r->cfg->priority_preempt)
         return BATON_EBUSY;
     unsigned limit = baton_prio_queue_limit(pr->prio, baton_admission_queue_size(r->admission));
+    /* Shedding one must make room; the lowest class goes first, here or on another loop. */
     if (baton_admission_queued(r->admission) > limit)
-        return BATON_EBUSY; /* shedding one here would not make room */
-    for (int c = 0; c < (int)pr->prio; c++) { /* the lowest class first, here or elsewhere */
+        return BATON_EBUSY;
+    for (int c = 0; c < (int)pr->prio; c++) {
         baton__preq_t *victim = newest(pl, c);
         if (victim) {
             shed_preempted(victim, baton_prio_name(pr->prio));

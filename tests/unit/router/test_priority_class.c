@@ -1,5 +1,6 @@
-/* test_priority_class.c — a request's priority class (router/dataplane/priority.c): names, the order
- * of its sources (header, body field, key), the system reservation, errors, the vLLM integer. */
+/* test_priority_class.c — a request's priority class (router/dataplane/priority.c): names, the
+ * order of its sources (header, body field, key), the system reservation, errors, the vLLM integer.
+ */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
