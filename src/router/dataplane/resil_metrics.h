@@ -22,6 +22,11 @@
  *   baton_queue_time_seconds                    histogram time spent waiting, admitted or not
  *   baton_admission_rejected_total{reason}      counter  queue_full (429) | queue_timeout (408)
  *   baton_active_requests                       gauge    requests holding an admission slot
+ *   baton_stream_migrations_total{outcome}      counter  streams whose worker died after
+ *       tokens reached the client: started (a continuation went to another worker) | completed
+ *       (a migrated stream reached its end) | finished (only [DONE] was missing: the router
+ *       ended it) | failed (a migrated stream ended with the error event) | limit
+ *       (--migration-limit reached) | out_of_time (retry budget or deadline) | no_worker
  * Per priority class (priority="bulk|default|interactive|system", every class present from the
  * start):
  *   baton_priority_admitted_total{priority}     counter  requests admitted (dispatched to a
@@ -53,6 +58,7 @@ void baton_resil_metrics_queue_depth(baton_resil_metrics_t *m, int delta);
 void baton_resil_metrics_queue_time(baton_resil_metrics_t *m, double seconds);
 void baton_resil_metrics_rejected(baton_resil_metrics_t *m, const char *reason);
 void baton_resil_metrics_active(baton_resil_metrics_t *m, int delta);
+void baton_resil_metrics_migration(baton_resil_metrics_t *m, const char *outcome);
 
 void baton_resil_metrics_prio_admitted(baton_resil_metrics_t *m, baton_prio_t p);
 /* One request of class p joined (+1, counted in queued_total too when `fresh`) or left (-1). */
