@@ -3,8 +3,8 @@
 interactive requests at 10% of it, side by side in one run, against interactive alone
 (unloaded). Target: interactive TTFT p99 within 1.5x of its unloaded value and no interactive
 request shed. The same flood with every request in the default class shows what the classes
-change; a run with --priority-reserve-pct 25 (half the default) shows what the
-interactive reserve does.
+change; runs with --priority-reserve-pct 50 (the default) and 25 show what the
+interactive reserve does (--reserves sets them and their order).
 
 Capacity is measured first: a closed loop of --max-concurrent-requests users (the router's
 admission cap) through the router; its request rate is "capacity". Streaming chat everywhere,
@@ -57,6 +57,8 @@ def main():
     ap.add_argument("--decode-us-per-token", type=int, default=2000)
     ap.add_argument("--queue-size", type=int, default=1024,
                     help="the router's --queue-size (default 1024, the router's own default)")
+    ap.add_argument("--reserves", default="50,25",
+                    help="--priority-reserve-pct of each run with classes, in run order (50,25)")
     ap.add_argument("--flood", type=float, default=5.0, help="bulk rate / capacity (5)")
     ap.add_argument("--interactive", type=float, default=0.1,
                     help="interactive rate / capacity (0.1)")
@@ -99,11 +101,11 @@ def main():
                  alone["failed"], shed(alone), "-", "-"]]
         base = alone["ttft_ms"].get("p99")
         verdict = {}
-        for name, i_hdr, b_hdr, extra in (
-                ("with classes", "interactive", "bulk", ()),
-                ("with classes, reserve 25%", "interactive", "bulk",
-                 ("--priority-reserve-pct", 25)),
-                ("no classes", "default", "default", ())):
+        runs = [(f"classes, reserve {pct}%", "interactive", "bulk",
+                 ("--priority-reserve-pct", pct))
+                for pct in (int(x) for x in args.reserves.split(",") if x)]
+        runs.append(("no classes", "default", "default", ()))
+        for name, i_hdr, b_hdr, extra in runs:
             r = router(*extra)  # a fresh router: no queue left over from the previous run
             # the flood starts first and runs a second past the interactive load at both ends
             flood = bench_async(lab, r.url, f"flood-{i_hdr}", *common, "--request-rate",
@@ -126,9 +128,10 @@ def main():
             ["run", "flood", "TTFT p50", "TTFT p99", "p99 / alone", "completed", "failed",
              "shed", "flood done", "flood shed"], rows,
             note="TTFT in ms; 'shed': 429 queue_full + 408 queue_timeout")
-    ratio, failed = verdict["with classes"]
+    ratio, failed = verdict["classes, reserve 50%"] if "classes, reserve 50%" in verdict \
+        else next(iter(verdict.values()))
     met = ratio is not None and ratio <= 1.5 and failed == 0
-    print(f"target (interactive TTFT p99 <= 1.5x alone, none shed): "
+    print(f"target, default reserve (interactive TTFT p99 <= 1.5x alone, none shed): "
           f"{'met' if met else 'MISSED'} (ratio {scenlib.fmt(ratio)}, {failed} interactive "
           f"failed)")
     scenlib.write_json(args.json, figures)

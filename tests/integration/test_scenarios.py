@@ -143,8 +143,8 @@ def test_priority():
     out = run_scenario("priority.py")
     header, rows = table_rows(out, "interactive TTFT under a bulk flood")
     names = [r[0] for r in rows]
-    assert names == ["interactive alone", "interactive, with classes",
-                     "interactive, with classes, reserve 25%", "interactive, no classes"], names
+    assert names == ["interactive alone", "interactive, classes, reserve 50%",
+                     "interactive, classes, reserve 25%", "interactive, no classes"], names
     for r in rows:
         assert int(r[header.index("completed")]) > 0, r
     for with_classes in rows[1:3]:
