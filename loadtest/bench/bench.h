@@ -51,6 +51,10 @@ typedef struct bb_config_s {
      * verified against ca_file (NULL: the system bundle), host name or IP checked. */
     const char *ca_file;
     int new_connection; /* a new connection (and TLS handshake) per request: no keep-alive */
+    /* --header: "Name: value" lines sent with every request (borrowed from argv) */
+#define BB_MAX_HEADERS 8
+    const char *headers[BB_MAX_HEADERS];
+    unsigned n_headers;
 } bb_config_t;
 
 typedef struct bb_results_s {

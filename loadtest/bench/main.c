@@ -31,6 +31,8 @@ static void usage(FILE *f)
             "  --ca FILE                 https:// URLs: verify the server against this CA bundle\n"
             "                            (default: the system's)\n"
             "  --new-connection          a new connection (and TLS handshake) per request\n"
+            "  --header 'NAME: VALUE'    an extra request header (repeatable, up to 8), e.g.\n"
+            "                            'x-priority: bulk' or 'Authorization: Bearer KEY'\n"
             "\n"
             "Load (closed loop by default):\n"
             "  --concurrency C           closed loop: C users, each sends its next request when\n"
@@ -151,6 +153,7 @@ enum {
     O_QUIET,
     O_CA,
     O_NEW_CONN,
+    O_HEADER,
     O_HELP,
     O_VERSION,
 };
@@ -189,6 +192,7 @@ static const struct option opts[] = {
     {"quiet", no_argument, 0, O_QUIET},
     {"ca", required_argument, 0, O_CA},
     {"new-connection", no_argument, 0, O_NEW_CONN},
+    {"header", required_argument, 0, O_HEADER},
     {"help", no_argument, 0, O_HELP},
     {"version", no_argument, 0, O_VERSION},
     {0, 0, 0, 0},
@@ -384,6 +388,15 @@ int main(int argc, char **argv)
         case O_NEW_CONN:
             cfg.new_connection = 1;
             break;
+        case O_HEADER: {
+            const char *colon = strchr(optarg, ':');
+            if (!colon || colon == optarg || strpbrk(optarg, "\r\n"))
+                return bad(name, optarg, "want 'NAME: VALUE' on one line");
+            if (cfg.n_headers == BB_MAX_HEADERS)
+                return bad(name, optarg, "at most 8 headers");
+            cfg.headers[cfg.n_headers++] = optarg;
+            break;
+        }
         case 'h':
         case O_HELP:
             usage(stdout);

@@ -779,6 +779,11 @@ static void send_turn(session_t *s, uint64_t t_sched)
                               "Accept: */*\r\nContent-Length: %zu\r\n%s\r\n",
                               run->path, run->host_hdr, req->body.len,
                               run->cfg->new_connection ? "Connection: close\r\n" : "");
+    for (unsigned i = 0; !rc && i < run->cfg->n_headers; i++) {
+        /* before the blank line that ends the head */
+        req->head.len -= 2;
+        rc = baton_buf_printf(&req->head, "%s\r\n\r\n", run->cfg->headers[i]);
+    }
     if (rc) {
         fprintf(stderr, "baton-bench: out of memory building a request\n");
         if (req) {

@@ -15,6 +15,7 @@
 #include "common/hash.h"
 #include "common/token_bucket.h"
 #include "router/control/registry.h"
+#include "router/dataplane/priority.h"
 
 /* Rate-limit buckets: a fixed table, so a flood of identities costs no memory. A new identity
  * takes a free slot or the idlest of RATE_PROBE slots (an idle bucket is a full one, the same
@@ -25,6 +26,7 @@
 
 typedef struct keyset_s {
     char **v;
+    signed char *cls; /* per key: its priority class (priority.h), BATON_PRIO_NONE when unset */
     size_t n;
 } keyset_t;
 
@@ -90,25 +92,61 @@ static void keyset_free(keyset_t *ks)
         free(ks->v[i]);
     }
     free(ks->v);
+    free(ks->cls);
     ks->v = NULL;
+    ks->cls = NULL;
     ks->n = 0;
 }
 
-static int keyset_add(keyset_t *ks, const char *s, size_t len)
+/*
+ * One key entry: the key, then optional attributes separated by blanks. The one attribute is
+ * `priority=CLASS` (the key's default priority class; `system` also lets the key claim it).
+ * 0, BATON_EINVAL (what is wrong in err, without the key) or BATON_ENOMEM.
+ */
+static int keyset_add(keyset_t *ks, const char *s, size_t len, int attrs, char *err, size_t errlen)
 {
+    size_t klen = attrs ? 0 : len;
+    while (klen < len && !isspace((unsigned char)s[klen]))
+        klen++;
+    int cls = BATON_PRIO_NONE;
+    for (size_t i = klen; i < len;) {
+        while (i < len && isspace((unsigned char)s[i]))
+            i++;
+        size_t j = i;
+        while (j < len && !isspace((unsigned char)s[j]))
+            j++;
+        if (j == i)
+            break;
+        baton_prio_t p;
+        if (j - i > 9 && strncmp(s + i, "priority=", 9) == 0 &&
+            baton_prio_parse(s + i + 9, j - i - 9, &p) == 0) {
+            cls = (int)p;
+        } else {
+            snprintf(err, errlen,
+                     "a key's attribute is not priority=bulk|default|interactive|system");
+            return BATON_EINVAL;
+        }
+        i = j;
+    }
     char **v = realloc(ks->v, (ks->n + 1) * sizeof(*v));
     if (v == NULL)
         return BATON_ENOMEM;
     ks->v = v;
-    if ((ks->v[ks->n] = strndup(s, len)) == NULL)
+    signed char *c = realloc(ks->cls, ks->n + 1);
+    if (c == NULL)
         return BATON_ENOMEM;
+    ks->cls = c;
+    if ((ks->v[ks->n] = strndup(s, klen)) == NULL)
+        return BATON_ENOMEM;
+    ks->cls[ks->n] = (signed char)cls;
     ks->n++;
     return 0;
 }
 
 /* One secret per line; blank lines and lines starting with '#' are skipped, surrounding
- * whitespace (and a CR) is not part of a key. */
-static int read_lines(const char *path, keyset_t *out, char *err, size_t errlen)
+ * whitespace (and a CR) is not part of a key. With attrs, a line is a key and its attributes
+ * (keyset_add). */
+static int read_lines(const char *path, keyset_t *out, int attrs, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "re");
     if (f == NULL) {
@@ -132,8 +170,9 @@ static int read_lines(const char *path, keyset_t *out, char *err, size_t errlen)
             len--;
         if (len == 0 || s[0] == '#')
             continue;
-        if ((rc = keyset_add(out, s, len)) != 0)
-            snprintf(err, errlen, "out of memory");
+        char why[120] = "out of memory";
+        if ((rc = keyset_add(out, s, len, attrs, why, sizeof(why))) != 0)
+            snprintf(err, errlen, "%s: %s", path, why);
     }
     memset(line, 0, sizeof(line));
     fclose(f);
@@ -147,7 +186,7 @@ static int load_files(baton_auth_t *a, char *err, size_t errlen)
 {
     keyset_t keys = {0}, admin = {0};
     int rc = 0;
-    if (a->key_file && (rc = read_lines(a->key_file, &keys, err, errlen)) != 0)
+    if (a->key_file && (rc = read_lines(a->key_file, &keys, 1, err, errlen)) != 0)
         return rc;
     if (a->key_file && keys.n == 0 && a->flag_keys.n == 0) {
         /* An empty file would silently open every route: refuse it. */
@@ -155,7 +194,7 @@ static int load_files(baton_auth_t *a, char *err, size_t errlen)
         return BATON_EINVAL;
     }
     if (a->admin_token_file) {
-        if ((rc = read_lines(a->admin_token_file, &admin, err, errlen)) != 0) {
+        if ((rc = read_lines(a->admin_token_file, &admin, 0, err, errlen)) != 0) {
             keyset_free(&keys);
             return rc;
         }
@@ -175,6 +214,7 @@ static int load_files(baton_auth_t *a, char *err, size_t errlen)
         old_admin = a->admin_token;
         a->admin_token = admin.v[0];
         free(admin.v);
+        free(admin.cls);
     }
     pthread_rwlock_unlock(&a->lock);
     keyset_free(&old);
@@ -201,8 +241,17 @@ int baton_auth_create(baton_auth_t **auth_p, const baton_config_t *cfg, char *er
     pthread_rwlock_init(&a->lock, NULL);
     pthread_mutex_init(&a->rate_lock, NULL);
     int oom = 0;
-    for (size_t i = 0; i < cfg->api_keys.n && !oom; i++)
-        oom = keyset_add(&a->flag_keys, cfg->api_keys.v[i], strlen(cfg->api_keys.v[i])) != 0;
+    for (size_t i = 0; i < cfg->api_keys.n && !oom; i++) {
+        char why[120] = "out of memory";
+        int rc = keyset_add(&a->flag_keys, cfg->api_keys.v[i], strlen(cfg->api_keys.v[i]), 1, why,
+                            sizeof(why));
+        if (rc == BATON_EINVAL) {
+            snprintf(err, errlen, "--api-key: %s", why);
+            baton_auth_free(a);
+            return rc;
+        }
+        oom = rc != 0;
+    }
     a->key_file = dup_or_null(cfg->api_key_file, &oom);
     a->admin_token_file = dup_or_null(cfg->admin_token_file, &oom);
     a->admin_token_flag = dup_or_null(cfg->admin_token, &oom);
@@ -333,6 +382,30 @@ baton_auth_result_t baton_auth_check(baton_auth_t *a, const baton_http_req_t *re
     }
     pthread_rwlock_unlock(&a->lock);
     return res;
+}
+
+/* The class of the key that matches t, compared with every key like keyset_match (the last
+ * match wins; BATON_PRIO_NONE when none matches or the key has no class). */
+static int keyset_class(const keyset_t *ks, const char *t, size_t tlen, int cls)
+{
+    for (size_t i = 0; i < ks->n; i++) {
+        int m = -baton_auth_ct_equal(t, tlen, ks->v[i], strlen(ks->v[i])); /* 0 or all ones */
+        cls = (cls & ~m) | (ks->cls[i] & m);
+    }
+    return cls;
+}
+
+int baton_auth_key_class(baton_auth_t *a, const baton_http_req_t *req)
+{
+    const char *t = a ? baton_auth_bearer(req) : NULL;
+    if (t == NULL)
+        return BATON_PRIO_NONE;
+    size_t tlen = strlen(t);
+    pthread_rwlock_rdlock(&a->lock);
+    int cls = keyset_class(&a->flag_keys, t, tlen, BATON_PRIO_NONE);
+    cls = keyset_class(&a->file_keys, t, tlen, cls);
+    pthread_rwlock_unlock(&a->lock);
+    return cls;
 }
 
 /* The rate-limited identity: the API key when keys are in use, else the client's address. */

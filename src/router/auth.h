@@ -68,6 +68,11 @@ baton_auth_result_t baton_auth_check_admin(baton_auth_t *auth, const baton_http_
 int baton_auth_rate(baton_auth_t *auth, const baton_http_req_t *req, uint64_t now_ns,
                     unsigned *retry_after_s_p);
 
+/* The priority class (router/dataplane/priority.h) of req's API key: `priority=CLASS` on its
+ * line of the key file or its --api-key value; BATON_PRIO_NONE (-1) without a key, with a key
+ * that matches none or has no class. Constant-time like baton_auth_check. */
+int baton_auth_key_class(baton_auth_t *auth, const baton_http_req_t *req);
+
 /* 1 when a (alen bytes) equals b (blen bytes). The time taken depends on the lengths only. */
 int baton_auth_ct_equal(const void *a, size_t alen, const void *b, size_t blen);
 

@@ -536,6 +536,7 @@ static int create_shared(app_t *app, char *err, size_t errlen)
         snprintf(err, errlen, "admission: %s", baton_strerror(rc));
         return rc;
     }
+    baton_admission_set_reserve(r->admission, app->cfg.priority_reserve_pct);
     if ((rc = baton_auth_create(&r->auth, &app->cfg, err, errlen)) != 0)
         return rc;
     return create_health(app, err, errlen);

@@ -1,6 +1,6 @@
 """test_bench.py — baton-bench against a real baton-worker on loopback: every endpoint, streaming
 and not, exact token totals, open and closed loop, multi-turn, a ShareGPT file, errors by kind,
---compare, and command-line errors.
+--compare, extra headers (--header), and command-line errors.
 """
 
 import json
@@ -10,6 +10,7 @@ import subprocess
 import tempfile
 
 from harness import Cluster, SkipTest, TestRunner, binary, url
+from router_upstream import Upstream
 
 ZERO = ("--prefill-us-per-token", "0", "--decode-us-per-token", "0")
 
@@ -132,6 +133,20 @@ def test_errors_by_kind():
         assert res["http_status"] == {"404": 3}, res
 
 
+def test_extra_headers():
+    """--header lines reach the server on every request, after the bench's own headers."""
+    with Upstream("w") as w:
+        # the scripted server's answer has no text: the bench counts it failed (exit 1)
+        res, _ = bench("--base-url", w.url, "--endpoint", "completions", "--num-requests", 3,
+                       "--header", "x-priority: bulk", "--header", "X-Other:v", expect_rc=1)
+        assert res["failed"] == 3, res
+        reqs = w.wait_requests(3)
+        for q in reqs:
+            assert q.headers.get("x-priority") == "bulk", q.headers
+            assert q.headers.get("x-other") == "v", q.headers
+            assert q.headers.get("content-type") == "application/json", q.headers
+
+
 def test_compare_and_cli_errors():
     with Cluster("bench") as c:
         w = c.worker("regular", *ZERO)
@@ -150,7 +165,8 @@ def test_compare_and_cli_errors():
     bad = [["--concurrency", "0"], ["--endpoint", "bogus"], ["--request-rate", "-1"],
            ["--input-len-range", "9:3"], ["--concurrency", "2", "--request-rate", "5"],
            ["--num-requests", "5", "--duration", "1"], ["--base-url", "ftp://x"],
-           ["--no-such-flag"], ["--compare", "only-one.json"], ["stray"]]
+           ["--no-such-flag"], ["--compare", "only-one.json"], ["stray"],
+           ["--header", "no-colon"], ["--header", ": empty-name"]]
     for args in bad:
         r = subprocess.run([binary("baton-bench"), *args], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
@@ -194,6 +210,7 @@ if __name__ == "__main__":
     t.run(test_multi_turn_and_slo)
     t.run(test_sharegpt_dataset)
     t.run(test_errors_by_kind)
+    t.run(test_extra_headers)
     t.run(test_compare_and_cli_errors)
     t.run(test_plot)
     t.finish()

@@ -54,6 +54,9 @@ SERIES = [
     ('baton_kv_bytes_total{instance="d1",direction="received"}', "0+6000x10"),
     ('baton_kv_rooms_total{instance="d1",result="failed"}', "0+15x10"),
     ('baton_kv_corrupted_total{instance="d1"}', "0+1x10"),
+    ('baton_priority_queue_depth{instance="r1",priority="bulk"}', "4x10"),
+    ('baton_priority_queue_depth{instance="r1",priority="interactive"}', "1x10"),
+    ('baton_priority_shed_total{instance="r1",priority="bulk",reason="queue_full"}', "0+30x10"),
     ('baton_registry_etcd_up{instance="r1"}', "1x10"),
     ('baton_registry_etcd_events_total{instance="r1",type="put"}', "0+60x10"),
 ]
@@ -84,6 +87,9 @@ EXPECTED = {
     ("KV transfer rate (decode workers, received)", "A"): {'{instance="d1"}': 100},
     ("KV transfer failures", "A"): {'{instance="d1"}': 0.25},
     ("KV transfer failures", "B"): {"{}": 5},
+    ("Admission by priority class", "A"): {'{priority="bulk"}': 4,
+                                            '{priority="interactive"}': 1},
+    ("Admission by priority class", "B"): {'{priority="bulk",reason="queue_full"}': 0.5},
     ("Shared registry (etcd)", "A"): {"{}": 1},
     ("Shared registry (etcd)", "B"): {'{type="put"}': 1},
 }

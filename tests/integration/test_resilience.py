@@ -261,7 +261,7 @@ def test_request_deadline_across_retries():
 
 def test_admission_queue():
     """One slot, a queue of one: the second request waits, the third gets 429 (with
-    Retry-After); a waiter that outlives --queue-timeout-ms gets 503; a waiter is served as
+    Retry-After); a waiter that outlives --queue-timeout-ms gets 408; a waiter is served as
     soon as the slot frees up."""
     def d_script(req, io):
         t = req.json().get("text")
@@ -291,7 +291,7 @@ def test_admission_queue():
         for t in ts:
             t.join(30)
         assert out["a"][0].status == 200 and out["a"][0].json()["text"] == "slow"
-        err_of(out["b"][0], 503, "queue_timeout")
+        err_of(out["b"][0], 408, "queue_timeout")
         assert 0.5 < out["b"][1] < 0.7 + PROMPT_S, out["b"][1]
         res_c = out["c"][0]
         err_of(res_c, 429, "queue_full")

@@ -137,6 +137,23 @@ def test_long_prompts():
     assert "scenario 4 done: 0 failed requests" in out
 
 
+def test_priority():
+    """The priority scenario's smoke: every run has its row, no interactive request failed
+    (none is shed: the figures against the 1.5x target are the full run's, docs/BENCHMARKS.md)."""
+    out = run_scenario("priority.py")
+    header, rows = table_rows(out, "interactive TTFT under a bulk flood")
+    names = [r[0] for r in rows]
+    assert names == ["interactive alone", "interactive, classes, reserve 50%",
+                     "interactive, classes, reserve 25%", "interactive, no classes"], names
+    for r in rows:
+        assert int(r[header.index("completed")]) > 0, r
+    for with_classes in rows[1:3]:
+        assert with_classes[header.index("failed")] == "0", with_classes
+        assert with_classes[header.index("shed")] == "0", with_classes
+        assert int(with_classes[header.index("flood shed")]) > 0, with_classes  # overloaded
+    assert "priority done: 0 failed interactive requests" in out, out
+
+
 def test_nginx_columns():
     if not nginx_installed():
         raise SkipTest("nginx is not installed: the nginx columns were skipped "
@@ -256,6 +273,7 @@ if __name__ == "__main__":
     t.run(test_pd_sweep)
     t.run(test_idle_conns)
     t.run(test_long_prompts)
+    t.run(test_priority)
     t.run(test_nginx_columns)
     t.run(test_allocs)
     t.run(test_profile_perf)

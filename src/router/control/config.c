@@ -103,7 +103,15 @@ static const opt_t options[] = {
     {"--queue-size", "admission", "queue_size", OPT_UINT, OFF(queue_size), 0, 10000000, 0, "N",
      "requests waiting for admission; beyond it 429 (0 = no queue)"},
     {"--queue-timeout-ms", "admission", "queue_timeout_ms", OPT_U64, OFF(queue_timeout_ms), 1,
-     U64MAX, 0, "MS", "longest wait in the queue, then 503"},
+     U64MAX, 0, "MS", "longest wait in the queue, then 408"},
+    {"--priority-preempt", "admission", "priority_preempt", OPT_BOOL, OFF(priority_preempt), 0, 1,
+     0, "", "a higher class sheds the newest queued lower-class request when the queue is full"},
+    {"--priority-reserve-pct", "admission", "priority_reserve_pct", OPT_UINT,
+     OFF(priority_reserve_pct), 0, 1000, 0, "PCT",
+     "slots interactive may use beyond --max-concurrent-requests, in % (system: twice)"},
+    {"--priority-to-workers", "admission", "priority_to_workers", OPT_BOOL,
+     OFF(priority_to_workers), 0, 1, 0, "",
+     "vLLM PD legs carry the class as vLLM's priority (needs --scheduling-policy priority)"},
     {"--max-worker-requests", "admission", "max_worker_requests", OPT_UINT,
      OFF(max_worker_requests), 0, 10000000, 0, "N",
      "in-flight requests per worker (0 = unlimited)"},
@@ -299,6 +307,7 @@ int baton_config_init(baton_config_t *cfg)
     cfg->max_concurrent_requests = 1024;
     cfg->queue_size = 1024;
     cfg->queue_timeout_ms = 30000;
+    cfg->priority_reserve_pct = 50;
     cfg->max_worker_requests = 0;
     cfg->check_interval_ms = 2000;
     cfg->check_fast_interval_ms = 500;
@@ -895,6 +904,7 @@ static const struct {
     {"security", "--api-key --api-key-file --admin-token --admin-token-file --metrics-token "
                  "--forward-authorization --tls-cert --tls-key --tls-client-ca --upstream-ca "
                  "--upstream-cert --upstream-key"},
+    {"priority", "--priority-reserve-pct --priority-preempt --priority-to-workers"},
     {"registry", "--registry --registry-user --registry-password-file --registry-timeout-ms "
                  "--registry-ca --registry-cert --registry-key"},
 };

@@ -80,13 +80,29 @@
  *                                                               workers that take a continuation:
  *                                                               docs/ROUTER.md "Migration")
  *  admission.max_concurrent_requests --max-concurrent-requests N  1024 (whole router, all
- *                                                               threads; 0 = unlimited)
+ *                                                               threads; 0 = unlimited;
+ *                                                               interactive and system requests
+ *                                                               have a reserve beyond it)
  *  admission.queue_size         --queue-size N              1024 (requests waiting for a slot or
  *                                                               for a worker under its cap; a
  *                                                               request beyond it gets 429
  *                                                               queue_full; 0 = no queue)
  *  admission.queue_timeout_ms   --queue-timeout-ms N        30000 (a request queued longer gets
- *                                                               503 queue_timeout)
+ *                                                               408 queue_timeout)
+ *  admission.priority_reserve_pct --priority-reserve-pct PCT 50  (slots interactive requests may
+ *                                                               hold beyond
+ *                                                               --max-concurrent-requests, in %
+ *                                                               of it, at least one; system
+ *                                                               twice that; 0 = none)
+ *  admission.priority_preempt   --priority-preempt          off  (a request that finds the queue
+ *                                                               at its class's limit
+ *                                                               sheds the newest queued request
+ *                                                               of a lower class, 429, and
+ *                                                               takes its place)
+ *  admission.priority_to_workers --priority-to-workers      off  (vLLM PD legs carry the class
+ *                                                               as vLLM's integer `priority`;
+ *                                                               the vLLM workers must run with
+ *                                                               --scheduling-policy priority)
  *  admission.max_worker_requests --max-worker-requests N    0    (in-flight requests per worker;
  *                                                               a worker at its cap is not
  *                                                               picked; 0 = unlimited)
@@ -267,6 +283,9 @@ typedef struct baton_config_s {
     unsigned queue_size;
     uint64_t queue_timeout_ms;
     unsigned max_worker_requests;
+    unsigned priority_reserve_pct; /* --priority-reserve-pct */
+    int priority_preempt;          /* --priority-preempt */
+    int priority_to_workers;       /* --priority-to-workers */
     uint64_t check_interval_ms;
     uint64_t check_fast_interval_ms;
     uint64_t check_down_interval_ms;

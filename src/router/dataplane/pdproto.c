@@ -44,6 +44,17 @@ static int splice_into(const baton_pdreq_t *r, const char *const *drop, size_t n
     return rc;
 }
 
+/* --priority-to-workers: ,"priority":N into the tail (the client's own is dropped: the
+ * "priority" entry that ends every vLLM drop list counts only then). */
+static size_t with_priority(const baton_pdreq_t *r, size_t n_drop, baton_buf_t *tail, int *rc)
+{
+    if (!r->priority_set)
+        return n_drop - 1;
+    if (!*rc)
+        *rc = baton_buf_printf(tail, ",\"priority\":%d", r->priority);
+    return n_drop;
+}
+
 int baton_pdproto_prefill_body(const baton_pdreq_t *r, const char *ktp, size_t len,
                                baton_buf_t *out)
 {
@@ -56,7 +67,8 @@ int baton_pdproto_prefill_body(const baton_pdreq_t *r, const char *ktp, size_t l
                                        "max_tokens",
                                        "max_completion_tokens",
                                        "max_output_tokens",
-                                       "kv_transfer_params"};
+                                       "kv_transfer_params",
+                                       "priority"};
     baton_buf_t tail = BATON_BUF_INIT;
     /* The Responses API names its limit max_output_tokens (and knows no max_tokens). */
     int rc = baton_buf_append_str(&tail, r->api == BATON_API_RESPONSES
@@ -68,10 +80,11 @@ int baton_pdproto_prefill_body(const baton_pdreq_t *r, const char *ktp, size_t l
         rc = baton_buf_append_str(&tail, ",\"kv_transfer_params\":");
     if (!rc)
         rc = baton_buf_append(&tail, ktp, len);
+    size_t n_drop = with_priority(r, sizeof(drop) / sizeof(*drop), &tail, &rc);
     if (!rc)
         rc = baton_buf_append(&tail, "}", 1);
     if (!rc)
-        rc = splice_into(r, drop, sizeof(drop) / sizeof(*drop), &tail, out, 0);
+        rc = splice_into(r, drop, n_drop, &tail, out, 0);
     baton_buf_free(&tail);
     return rc ? BATON_ENOMEM : 0;
 }
@@ -84,7 +97,7 @@ int baton_pdproto_nixl_prefill(const baton_pdreq_t *r, baton_buf_t *out)
     return baton_pdproto_prefill_body(r, ktp, sizeof(ktp) - 1, out);
 }
 
-static const char *const ktp_key[] = {"kv_transfer_params"};
+static const char *const ktp_key[] = {"kv_transfer_params", "priority"};
 
 /* out = the client's body with kv_transfer_params set to the JSON text in `ktp` ("{...}"). */
 static int with_ktp(const baton_pdreq_t *r, const baton_buf_t *ktp, baton_buf_t *out)
@@ -93,10 +106,11 @@ static int with_ktp(const baton_pdreq_t *r, const baton_buf_t *ktp, baton_buf_t 
     int rc = baton_buf_append_str(&tail, ",\"kv_transfer_params\":");
     if (!rc)
         rc = baton_buf_append(&tail, ktp->data, ktp->len);
+    size_t n_drop = with_priority(r, 2, &tail, &rc);
     if (!rc)
         rc = baton_buf_append(&tail, "}", 1);
     if (!rc)
-        rc = splice_into(r, ktp_key, 1, &tail, out, 1);
+        rc = splice_into(r, ktp_key, n_drop, &tail, out, 1);
     baton_buf_free(&tail);
     return rc ? BATON_ENOMEM : 0;
 }

@@ -13,7 +13,9 @@
  * Plain data: no loop, no locks. `r` is a client body parsed by pdreq.c; each body here is a
  * splice of the client's bytes (pdreq.h): the top-level members a protocol replaces are left out
  * (every duplicate) and its own appended, so `r` never changes and a retry builds the next
- * attempt's bodies from it. Nested values are copied byte for byte. Each function writes into
+ * attempt's bodies from it. Nested values are copied byte for byte. With r->priority_set
+ * (--priority-to-workers) every vLLM leg carries "priority": r->priority in place of the
+ * client's own. Each function writes into
  * `out` (replacing what was there) and returns 0, BATON_ENOMEM, or the error named.
  */
 

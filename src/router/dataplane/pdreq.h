@@ -75,6 +75,8 @@ typedef struct baton_pdreq_s {
     size_t batch;             /* 0 for a single request, else the batch length (>= 1) */
     int stream;               /* "stream": true */
     int logprobs;             /* logprobs asked: merge prefill's input_token_logprobs */
+    int priority_set;         /* vLLM legs (pdproto.h) carry "priority": priority instead of */
+    int priority;             /* ... the client's own (--priority-to-workers) */
     baton_buf_t tail;         /* the injected members and the closing brace */
     const baton_buf_t *extra; /* more members every injection appends after its own (a stream's
                                * continuation: migrate.h), ",..." form; NULL or empty: none */

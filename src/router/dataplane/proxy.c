@@ -431,6 +431,28 @@ static int regular_workers(baton_router_t *r)
     return counts[BATON_ROLE_REGULAR] > 0;
 }
 
+/* The request's priority class (priority.h), and what vLLM PD legs carry as `priority` when
+ * --priority-to-workers is on. 0, or answered 400/403 (nonzero). */
+static int request_priority(baton_router_t *r, baton_http_req_t *req, baton_pdreq_t *pd,
+                            baton_prio_t *out)
+{
+    const baton_http_header_t *h = baton_http_req_header(req, "x-priority");
+    baton_prio_error_t perr;
+    int key_class = baton_auth_key_class(r->auth, req);
+    if (baton_prio_resolve(h ? h->value : NULL, baton_pdreq_get(pd, "priority"), key_class, out,
+                           &perr) != 0) {
+        baton__respond_error(r, req, baton_api_path(pd->api), perr.status, perr.message,
+                             perr.status == 403 ? "permission_error" : "invalid_request_error",
+                             perr.param, perr.code);
+        return BATON_EINVAL;
+    }
+    if (r->cfg->priority_to_workers) {
+        pd->priority_set = 1;
+        pd->priority = baton_prio_vllm_value(*out);
+    }
+    return 0;
+}
+
 /* /tokenize, /detokenize: answered here when the router has the model's tokenizer (1), else
  * forwarded to a regular worker like any regular-only API (0). */
 static int answer_tokenize(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
@@ -524,6 +546,13 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
         baton_buf_free(&expanded);
         return;
     }
+    baton_prio_t prio;
+    if (request_priority(r, req, &pd, &prio) != 0) { /* answered 400/403 */
+        baton_pdreq_free(&pd);
+        free(conv);
+        baton_buf_free(&expanded);
+        return;
+    }
     baton_route_ctx_t ctx;
     if ((rc = prepare_ctx(pl, req, route, &pd, &ctx)) != 0) {
         baton_pdreq_free(&pd);
@@ -545,18 +574,19 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
         return;
     }
     baton_pdreq_move(&pr->pd, &pd); /* it points into itself: never a plain copy */
+    pr->prio = prio;
     pr->resp_conv = conv;
     pr->resp_body = expanded; /* pd borrows its bytes, which stay where they are */
     pr->rctx = ctx; /* its strings are its own or the request's, its chain not built yet */
     pr->rctx_built = 1;
     if (baton__try_start(pr, 1) == ST_WAIT) {
         if (baton__queue_add(pr) != 0) {
-            baton_resil_metrics_rejected(r->resil, "queue_full");
             /* A client flood hits this once per request: rate-limited (common/log.h). */
             baton_log_limited(BATON_LOG_INFO, 10, "router", "queue_full",
-                              "queue_full route=%s peer=%s queued=%u", route, req->peer,
+                              "queue_full route=%s peer=%s priority=%s queued=%u", route, req->peer,
+                              baton_prio_name(prio),
                               r->admission ? baton_admission_queued(r->admission) : 0);
-            baton__pr_respond_queue_full(pr);
+            baton__queue_shed(pr);
         }
     }
     baton__pr_maybe_free(pr);

@@ -7,6 +7,7 @@
 #include "common/list.h"
 #include "common/phase.h"
 #include "router/dataplane/pick.h"
+#include "router/dataplane/priority.h"
 #include "router/dataplane/proxy.h"
 #include "router/dataplane/route_ctx.h"
 #include "router/dataplane/token_metrics.h"
@@ -100,7 +101,8 @@ struct baton_proxy_loop_s {
     unsigned active;
     unsigned phase_refused; /* illegal transitions refused (a bug when not 0; tests check it) */
     baton_list_t live;      /* of preq_t.link: every live request of this loop, newest first */
-    baton_list_t queue;     /* of preq_t.qlink: waiting for admission, FIFO */
+    baton_list_t queue[BATON_PRIO_COUNT]; /* of preq_t.qlink: waiting for admission, one FIFO
+                                           * per priority class (highest served first) */
     uv_timer_t tick;
     uv_async_t wake;
     baton_admission_waker_t waker;
@@ -213,6 +215,8 @@ typedef struct preq_s {
     baton_route_ctx_t rctx; /* what the policies read (route_ctx.c); built before the first pick */
     unsigned rctx_built : 1;
 
+    baton_prio_t prio; /* its priority class (priority.h): admission order and queue share */
+
     uv_timer_t timer; /* queue timeout (QUEUED) or retry back-off (RETRY_WAIT) */
     enum baton__tstate tstate;
     uint64_t queued_ns;
@@ -280,13 +284,16 @@ enum baton__start_rc { ST_STARTED, ST_WAIT, ST_NOWORKER, ST_NOMEM };
 /* Admission then the first attempt; ST_WAIT: no slot or every worker at its cap (no slot held
  * then). Otherwise the request was dispatched or answered. `fair`: queued requests go first. */
 enum baton__start_rc baton__try_start(baton__preq_t *pr, int fair);
-/* 0 (QUEUED), or BATON_EBUSY when the queue is full. */
+/* 0 (QUEUED), or BATON_EBUSY when the queue is at pr's class's limit (with
+ * --priority-preempt a queued request of a lower class of this loop may be shed for it first). */
 int baton__queue_add(baton__preq_t *pr);
 /* Takes pr out of the queue (back to NEW); `final`: it leaves for good (its wait is observed). */
 void baton__queue_remove(baton__preq_t *pr, int final);
 baton__preq_t *baton__queue_head(const baton_proxy_loop_t *pl);
 void baton__queue_run(baton_proxy_loop_t *pl);
-/* The queue timer fired: 503 queue_timeout. */
+/* pr cannot join the queue: 429 queue_full (Retry-After), counted for its class. */
+void baton__queue_shed(baton__preq_t *pr);
+/* The queue timer fired: 408 queue_timeout. */
 void baton__queue_timeout(baton__preq_t *pr);
 
 /* ---- proxy_dispatch.c ---- */

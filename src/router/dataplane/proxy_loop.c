@@ -52,7 +52,8 @@ int baton_proxy_loop_create(baton_proxy_loop_t **pl_p, uv_loop_t *loop, baton_ro
     pl->router = router;
     pl->http = &baton_http_client_ops;
     baton_list_init(&pl->live);
-    baton_list_init(&pl->queue);
+    for (int i = 0; i < BATON_PRIO_COUNT; i++)
+        baton_list_init(&pl->queue[i]);
     pl->gen = baton_registry_generation(router->registry);
     pl->waker.wake = wake_loop;
     pl->waker.ctx = pl;

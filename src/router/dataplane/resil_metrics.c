@@ -1,4 +1,5 @@
-/* resil_metrics.c — the resilience layer's metric families (retries, aborts, queue). */
+/* resil_metrics.c — the resilience layer's metric families (retries, aborts, queue, and
+ * admission per priority class). */
 #include "router/dataplane/resil_metrics.h"
 
 #include <stdlib.h>
@@ -9,7 +10,56 @@
 struct baton_resil_metrics_s {
     baton_metric_family_t *retries, *exhausted, *aborts, *rejected, *migrations;
     baton_metric_child_t *queue_depth, *queue_time, *active;
+    baton_metric_family_t *prio_shed;
+    baton_metric_child_t *prio_admitted[BATON_PRIO_COUNT], *prio_queued[BATON_PRIO_COUNT],
+        *prio_depth[BATON_PRIO_COUNT], *prio_time[BATON_PRIO_COUNT];
 };
+
+/* The per-class families, each with a child per class (zero until used). */
+static int prio_create(baton_resil_metrics_t *m, baton_metrics_t *reg)
+{
+    static const char *const prio[] = {"priority"};
+    static const char *const prio_reason[] = {"priority", "reason"};
+    baton_metric_family_t *admitted = baton_metrics_counter(
+        reg, "baton_priority_admitted_total",
+        "Requests admitted (dispatched to a worker for the first time), by priority class.", 1,
+        prio);
+    baton_metric_family_t *queued = baton_metrics_counter(
+        reg, "baton_priority_queued_total",
+        "Requests that waited in the admission queue, by priority class.", 1, prio);
+    baton_metric_family_t *depth = baton_metrics_gauge(
+        reg, "baton_priority_queue_depth",
+        "Requests waiting in the admission queue now, by priority class.", 1, prio);
+    baton_metric_family_t *qtime = baton_metrics_histogram(
+        reg, "baton_priority_queue_time_seconds",
+        "Time requests spent in the admission queue (admitted or not), by priority class, in "
+        "seconds.",
+        1, prio, baton_router_latency_buckets, baton_router_latency_buckets_n);
+    m->prio_shed = baton_metrics_counter(
+        reg, "baton_priority_shed_total",
+        "Requests refused by admission, by priority class and reason: queue_full (429), "
+        "preempted (429, shed from the queue for a higher class) or queue_timeout (408).",
+        2, prio_reason);
+    if (!admitted || !queued || !depth || !qtime || !m->prio_shed)
+        return BATON_EEXIST;
+    for (int i = 0; i < BATON_PRIO_COUNT; i++) {
+        const char *v[] = {baton_prio_name((baton_prio_t)i)};
+        m->prio_admitted[i] = baton_metric_child(admitted, v);
+        m->prio_queued[i] = baton_metric_child(queued, v);
+        m->prio_depth[i] = baton_metric_child(depth, v);
+        m->prio_time[i] = baton_metric_child(qtime, v);
+        if (!m->prio_admitted[i] || !m->prio_queued[i] || !m->prio_depth[i] || !m->prio_time[i])
+            return BATON_ENOMEM;
+        baton_gauge_set(m->prio_depth[i], 0);
+        static const char *const reasons[] = {"queue_full", "preempted", "queue_timeout"};
+        for (size_t k = 0; k < sizeof(reasons) / sizeof(*reasons); k++) {
+            const char *vr[] = {v[0], reasons[k]};
+            if (!baton_metric_child(m->prio_shed, vr))
+                return BATON_ENOMEM;
+        }
+    }
+    return 0;
+}
 
 int baton_resil_metrics_create(baton_resil_metrics_t **m_p, baton_metrics_t *reg)
 {
@@ -36,7 +86,7 @@ int baton_resil_metrics_create(baton_resil_metrics_t **m_p, baton_metrics_t *reg
                                       2, role_reason);
     m->rejected = baton_metrics_counter(
         reg, "baton_admission_rejected_total",
-        "Requests refused by admission control: queue_full (429) or queue_timeout (503).", 1,
+        "Requests refused by admission control: queue_full (429) or queue_timeout (408).", 1,
         reason);
     m->migrations = baton_metrics_counter(
         reg, "baton_stream_migrations_total",
@@ -66,6 +116,11 @@ int baton_resil_metrics_create(baton_resil_metrics_t **m_p, baton_metrics_t *reg
     }
     baton_gauge_set(m->queue_depth, 0);
     baton_gauge_set(m->active, 0);
+    int rc = prio_create(m, reg);
+    if (rc) {
+        free(m);
+        return rc;
+    }
     *m_p = m;
     return 0;
 }
@@ -134,5 +189,34 @@ void baton_resil_metrics_migration(baton_resil_metrics_t *m, const char *outcome
     if (m != NULL) {
         const char *v[] = {outcome};
         baton_counter_inc_labels(m->migrations, v);
+    }
+}
+
+void baton_resil_metrics_prio_admitted(baton_resil_metrics_t *m, baton_prio_t p)
+{
+    if (m != NULL)
+        baton_counter_add(m->prio_admitted[p], 1);
+}
+
+void baton_resil_metrics_prio_depth(baton_resil_metrics_t *m, baton_prio_t p, int delta, int fresh)
+{
+    if (m == NULL)
+        return;
+    baton_gauge_add(m->prio_depth[p], delta);
+    if (fresh && delta > 0)
+        baton_counter_add(m->prio_queued[p], 1);
+}
+
+void baton_resil_metrics_prio_queue_time(baton_resil_metrics_t *m, baton_prio_t p, double seconds)
+{
+    if (m != NULL)
+        baton_histogram_observe(m->prio_time[p], seconds);
+}
+
+void baton_resil_metrics_prio_shed(baton_resil_metrics_t *m, baton_prio_t p, const char *reason)
+{
+    if (m != NULL) {
+        const char *v[] = {baton_prio_name(p), reason};
+        baton_counter_inc_labels(m->prio_shed, v);
     }
 }

@@ -1,6 +1,6 @@
 /* test_auth.c — router/auth: constant-time compare, Bearer parsing, loopback detection, API keys
  * from flags and a file (re-read, and a bad re-read keeping the old keys), admin and metrics
- * tokens, and the per-key rate limit table. */
+ * tokens, the per-key rate limit table and each key's priority class. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +15,7 @@
 #include "baton/error.h"
 #include "router/auth.h"
 #include "router/control/config.h"
+#include "router/dataplane/priority.h"
 
 #define SEC 1000000000ull
 
@@ -143,6 +144,63 @@ static void test_keys_flags_and_file(void **state)
     assert_int_equal(baton_config_from_args(&cfg, 3, (char *const *)argv2, err, sizeof(err)), 0);
     assert_int_equal(baton_auth_create(&a, &cfg, err, sizeof(err)), BATON_EINVAL);
     assert_non_null(strstr(err, "no key"));
+    baton_config_free(&cfg);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* `KEY priority=CLASS`: the key's default class, from the file and from --api-key; a bad
+ * attribute refuses the file (the keys in force stay) and names no key. */
+static void test_key_priority_class(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/baton-auth-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof(path), "%s/keys", dir);
+    write_file(path, "k-sys priority=system\nk-bulk\tpriority=BULK \nk-plain\n");
+    baton_config_t cfg;
+    char err[256] = "";
+    assert_int_equal(baton_config_init(&cfg), 0);
+    const char *argv[] = {"baton", "--api-key", "k-flag priority=interactive", "--api-key-file",
+                          path};
+    assert_int_equal(baton_config_from_args(&cfg, 5, (char *const *)argv, err, sizeof(err)), 0);
+    baton_auth_t *a = NULL;
+    assert_int_equal(baton_auth_create(&a, &cfg, err, sizeof(err)), 0);
+    fake_req_t f;
+    const baton_route_class_t inf = BATON_ROUTE_INFERENCE;
+    /* the key is the first word: attributes are not part of it */
+    assert_int_equal(baton_auth_check(a, mkreq(&f, "Bearer k-sys", "9.9.9.9:1"), inf),
+                     BATON_AUTH_OK);
+    assert_int_equal(
+        baton_auth_check(a, mkreq(&f, "Bearer k-sys priority=system", "9.9.9.9:1"), inf),
+        BATON_AUTH_NO_KEY);
+    assert_int_equal(baton_auth_key_class(a, mkreq(&f, "Bearer k-sys", "9.9.9.9:1")),
+                     BATON_PRIO_SYSTEM);
+    assert_int_equal(baton_auth_key_class(a, mkreq(&f, "Bearer k-bulk", "9.9.9.9:1")),
+                     BATON_PRIO_BULK);
+    assert_int_equal(baton_auth_key_class(a, mkreq(&f, "Bearer k-flag", "9.9.9.9:1")),
+                     BATON_PRIO_INTERACTIVE);
+    assert_int_equal(baton_auth_key_class(a, mkreq(&f, "Bearer k-plain", "9.9.9.9:1")),
+                     BATON_PRIO_NONE);
+    assert_int_equal(baton_auth_key_class(a, mkreq(&f, "Bearer nope", "9.9.9.9:1")),
+                     BATON_PRIO_NONE);
+    assert_int_equal(baton_auth_key_class(a, mkreq(&f, NULL, "9.9.9.9:1")), BATON_PRIO_NONE);
+    /* a bad attribute: the reload is refused, the old classes stay */
+    write_file(path, "k-secret-bad priority=urgent\n");
+    assert_int_not_equal(baton_auth_reload(a, err, sizeof(err)), 0);
+    assert_non_null(strstr(err, "priority="));
+    assert_null(strstr(err, "k-secret-bad"));
+    assert_int_equal(baton_auth_key_class(a, mkreq(&f, "Bearer k-sys", "9.9.9.9:1")),
+                     BATON_PRIO_SYSTEM);
+    baton_auth_free(a);
+    baton_config_free(&cfg);
+    /* ... and at start, for --api-key too */
+    assert_int_equal(baton_config_init(&cfg), 0);
+    const char *argv2[] = {"baton", "--api-key", "k1 owner=me"};
+    assert_int_equal(baton_config_from_args(&cfg, 3, (char *const *)argv2, err, sizeof(err)), 0);
+    assert_int_equal(baton_auth_create(&a, &cfg, err, sizeof(err)), BATON_EINVAL);
+    assert_non_null(strstr(err, "--api-key"));
     baton_config_free(&cfg);
     unlink(path);
     rmdir(dir);
@@ -311,6 +369,7 @@ int main(void)
         cmocka_unit_test(test_bearer_and_loopback),
         cmocka_unit_test(test_keys_flags_and_file),
         cmocka_unit_test(test_no_keys_open),
+        cmocka_unit_test(test_key_priority_class),
         cmocka_unit_test(test_admin_and_metrics_tokens),
         cmocka_unit_test(test_rate_per_key),
         cmocka_unit_test(test_config_json),

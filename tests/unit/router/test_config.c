@@ -137,6 +137,8 @@ static void test_bad_cli(void **state)
     BAD("--port", "");
     BAD("--threads", "0");
     BAD("--threads", "99999");
+    BAD("--priority-reserve-pct", "1001");
+    BAD("--priority-reserve-pct", "-5");
     BAD("--policy", "cache-aware"); /* cache_aware is the name; names are exact */
     BAD("--cache-threshold-pct", "101");
     BAD("--balance-rel-threshold-pct", "99");
@@ -300,10 +302,21 @@ static void test_shipped_example(void **state)
     baton_config_t c;
     assert_int_equal(PARSE(&c, "--config", BATON_SOURCE_DIR "/conf/baton.json"), 0);
     assert_true(c.n_workers >= 2);
+    assert_int_equal(c.priority_reserve_pct, 50);
+    assert_int_equal(c.priority_preempt, 0);
+    assert_int_equal(c.priority_to_workers, 0);
     baton_registry_t *reg;
     assert_int_equal(baton_registry_create(&reg), 0);
     assert_int_equal(baton_config_apply_workers(&c, reg, errbuf, sizeof(errbuf)), 0);
     baton_registry_destroy(reg);
+    baton_config_free(&c);
+    /* the priority options from the command line */
+    assert_int_equal(PARSE(&c, "--priority-reserve-pct", "0", "--priority-preempt",
+                           "--priority-to-workers"),
+                     0);
+    assert_int_equal(c.priority_reserve_pct, 0);
+    assert_int_equal(c.priority_preempt, 1);
+    assert_int_equal(c.priority_to_workers, 1);
     baton_config_free(&c);
 }
 

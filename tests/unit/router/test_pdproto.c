@@ -75,6 +75,35 @@ static void test_nixl_prefill(void **state)
     baton_buf_free(&out);
 }
 
+/* --priority-to-workers: every vLLM leg carries the class's integer in place of the client's
+ * own priority; without it the client's field passes as it came. */
+static void test_priority_member(void **state)
+{
+    (void)state;
+    baton_pdreq_t *r =
+        parse_req(BATON_API_COMPLETIONS, "{\"prompt\":\"x\",\"priority\":7,\"max_tokens\":4}");
+    baton_buf_t pb = BATON_BUF_INIT, db = BATON_BUF_INIT;
+    assert_int_equal(baton_pdproto_mooncake(r, "t1", "e1", "h:1", &pb, &db), 0);
+    assert_non_null(strstr(pb.data, "\"priority\":7"));
+    assert_non_null(strstr(db.data, "\"priority\":7"));
+    r->priority_set = 1;
+    r->priority = -1;
+    assert_int_equal(baton_pdproto_mooncake(r, "t1", "e1", "h:1", &pb, &db), 0);
+    assert_json_buf(&pb, "{\"prompt\":\"x\",\"stream\":false,\"max_tokens\":1,"
+                         "\"kv_transfer_params\":{\"do_remote_decode\":true,"
+                         "\"do_remote_prefill\":false,\"transfer_id\":\"t1\"},\"priority\":-1}");
+    assert_json_buf(&db, "{\"prompt\":\"x\",\"max_tokens\":4,\"kv_transfer_params\":{"
+                         "\"do_remote_decode\":false,\"do_remote_prefill\":true,"
+                         "\"transfer_id\":\"t1\",\"remote_engine_id\":\"e1\","
+                         "\"remote_bootstrap_addr\":\"h:1\"},\"priority\":-1}");
+    assert_int_equal(baton_pdproto_nixl_prefill(r, &pb), 0);
+    assert_non_null(strstr(pb.data, "\"priority\":-1"));
+    assert_null(strstr(pb.data, "\"priority\":7"));
+    baton_pdreq_free(r);
+    baton_buf_free(&pb);
+    baton_buf_free(&db);
+}
+
 static void test_nixl_decode(void **state)
 {
     (void)state;
@@ -278,9 +307,10 @@ static void test_registry_fields(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_nixl_prefill), cmocka_unit_test(test_nixl_decode),
-        cmocka_unit_test(test_mooncake),     cmocka_unit_test(test_dp_ranks_and_rooms),
-        cmocka_unit_test(test_dp_body),      cmocka_unit_test(test_registry_fields),
+        cmocka_unit_test(test_nixl_prefill),       cmocka_unit_test(test_nixl_decode),
+        cmocka_unit_test(test_priority_member),    cmocka_unit_test(test_mooncake),
+        cmocka_unit_test(test_dp_ranks_and_rooms), cmocka_unit_test(test_dp_body),
+        cmocka_unit_test(test_registry_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

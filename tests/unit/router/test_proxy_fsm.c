@@ -716,6 +716,81 @@ static void test_abort_queued(void **state)
     router.admission = NULL;
 }
 
+static const char *const CHAT_BULK =
+    "{\"model\":\"m\",\"priority\":5,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+static const char *const CHAT_INTERACTIVE =
+    "{\"model\":\"m\",\"priority\":-1,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+
+/* Answers the attempt whose prefill is ups[i] (decode ups[i + 1]) and lets the loop's queue
+ * run, as a wake-up would. */
+static void answer_pair(fake_client_t *c, int i)
+{
+    up_answer(i + 1, 200, JSON, "{}");
+    up_answer(i, 200, JSON, "{}");
+    assert_int_equal(c->status, 200);
+    spin(); /* a request that was queued is freed once its timer closed: its slot comes back */
+    baton__queue_run(pl);
+}
+
+/* Per-class admission of one loop, one slot: interactive takes the reserve slot beyond the cap
+ * at once, a second one waits; bulk is refused past half the queue; a default newcomer at the
+ * full queue sheds the newest bulk waiter (--priority-preempt); freed slots go to the
+ * interactive waiter first, then default in order, bulk last. */
+static void test_priority_queue(void **state)
+{
+    (void)state;
+    assert_int_equal(baton_admission_create(&router.admission, 1, 4), 0);
+    cfg.queue_timeout_ms = 60000;
+    cfg.priority_preempt = 1;
+    fake_client_t a, i0, b1, b2, b3, i1, d1, d2;
+    chat(&a, CHAT);              /* ups 0, 1 */
+    chat(&i0, CHAT_INTERACTIVE); /* ups 2, 3: the reserve slot */
+    assert_int_equal(preq(&i0)->phase, PH_SENT);
+    chat(&b1, CHAT_BULK);
+    chat(&b2, CHAT_BULK);
+    chat(&b3, CHAT_BULK); /* bulk may fill 2 of 4 places */
+    assert_int_equal(b3.status, 429);
+    chat(&i1, CHAT_INTERACTIVE);
+    chat(&d1, CHAT); /* 4 of 4 */
+    assert_int_equal(n_ups, 4);
+    assert_int_equal(preq(&b1)->prio, BATON_PRIO_BULK);
+    assert_int_equal(preq(&i1)->prio, BATON_PRIO_INTERACTIVE);
+    assert_int_equal(preq(&d1)->prio, BATON_PRIO_DEFAULT);
+    assert_int_equal(baton_admission_queued(router.admission), 4);
+    chat(&d2, CHAT); /* full: the newest bulk waiter makes room */
+    assert_int_equal(b2.status, 429);
+    assert_int_equal(b2.finished, 1);
+    assert_int_equal(preq(&d2)->phase, PH_QUEUED);
+    assert_int_equal(preq(&b1)->phase, PH_QUEUED);
+    assert_int_equal(baton_admission_queued_class(router.admission, BATON_PRIO_BULK), 1);
+
+    answer_pair(&a, 0); /* a slot frees: the interactive waiter, before the older ones */
+    assert_int_equal(preq(&i1)->phase, PH_SENT); /* ups 4, 5 */
+    answer_pair(&i0, 2);                         /* one active (i1): still none for default */
+    assert_int_equal(preq(&d1)->phase, PH_QUEUED);
+    answer_pair(&i1, 4);
+    assert_int_equal(preq(&d1)->phase, PH_SENT); /* ups 6, 7 */
+    assert_int_equal(preq(&d2)->phase, PH_QUEUED);
+    answer_pair(&d1, 6);
+    assert_int_equal(preq(&d2)->phase, PH_SENT); /* ups 8, 9 */
+    assert_int_equal(preq(&b1)->phase, PH_QUEUED);
+    answer_pair(&d2, 8);
+    assert_int_equal(preq(&b1)->phase, PH_SENT); /* ups 10, 11 */
+    answer_pair(&b1, 10);
+    assert_int_equal(n_ups, 12);
+    assert_int_equal(baton_admission_queued(router.admission), 0);
+    fake_client_t *all[] = {&a, &i0, &b1, &b2, &b3, &i1, &d1, &d2};
+    for (size_t i = 0; i < sizeof(all) / sizeof(*all); i++) {
+        assert_int_equal(all[i]->finished, 1);
+        client_done(all[i]);
+    }
+    spin();
+    assert_int_equal(baton_admission_active(router.admission), 0);
+    baton_admission_destroy(router.admission);
+    router.admission = NULL;
+    cfg.priority_preempt = 0;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Retry and queue                                                                          */
 
@@ -820,7 +895,7 @@ static void test_queue_timeout(void **state)
     assert_int_equal(preq(&b)->phase, PH_QUEUED);
     run_until(&b.finished, 1);
     assert_int_equal(b.finished, 1);
-    assert_int_equal(b.status, 503);
+    assert_int_equal(b.status, 408);
     assert_string_equal(b.code, "queue_timeout");
     assert_int_equal(n_ups, 2); /* b never reached a worker */
     up_answer(1, 200, JSON, "{}");
@@ -908,6 +983,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_abort_held_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_abort_retry_wait, setup, teardown),
         cmocka_unit_test_setup_teardown(test_abort_queued, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_priority_queue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retry_new_pair_new_room, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retry_finds_no_pair, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_retry_after_stream_started, setup, teardown),
