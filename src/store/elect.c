@@ -169,6 +169,21 @@ int baton__elect_is_leader(const baton__elect_t *e)
     return e && e->leader;
 }
 
+baton_etcd_t *baton__elect_etcd(const baton__elect_t *e)
+{
+    return e->etcd;
+}
+
+int64_t baton__elect_lease(const baton__elect_t *e)
+{
+    return e->lease;
+}
+
+const char *baton__elect_key(const baton__elect_t *e)
+{
+    return e->key;
+}
+
 /* ---- the leader lookup -------------------------------------------------------------------- */
 
 struct baton__resolver_s {

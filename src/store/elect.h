@@ -24,6 +24,12 @@ typedef void (*baton__elect_cb)(void *data, int leader);
 int baton__elect_start(uv_loop_t *loop, const char *url, const char *value, uint32_t ttl_s,
                        baton__elect_cb cb, void *data, baton__elect_t **e_p);
 int baton__elect_is_leader(const baton__elect_t *e);
+/* The election's etcd client, its lease (the leader's fence: 0 while none) and the leader key
+ * ("<prefix>/store/leader"), for the leader's operation log (master_log.c). */
+struct baton_etcd_s;
+struct baton_etcd_s *baton__elect_etcd(const baton__elect_t *e);
+int64_t baton__elect_lease(const baton__elect_t *e);
+const char *baton__elect_key(const baton__elect_t *e);
 
 /* Reads the leader's address: cb(data, 0, host, port) or cb(data, error, NULL, 0)
  * (BATON_STORE_ENOLEADER when the key is absent). */

@@ -35,6 +35,9 @@ typedef struct {
     int alive;
 } baton__mnode_t;
 
+typedef struct baton__mlog_s baton__mlog_t;
+typedef struct baton__parked_s baton__parked_t;
+
 typedef struct {
     uv_loop_t *loop;
     baton__master_opts_t opts;
@@ -48,10 +51,41 @@ typedef struct {
     char admin_token[256];
     uint64_t requests, refused_requests;
     uint64_t last_tick_ms;
-    baton__elect_t *elect; /* NULL: no --registry, always the leader */
-    int leader;
+    baton__elect_t *elect;   /* NULL: no --registry, always the leader */
+    baton__mlog_t *log;      /* the operation log in etcd (with --registry) */
+    baton__parked_t *parked; /* replies waiting for their records to reach etcd */
+    int leader;              /* serving: elected (or no registry) and restored */
+    uint64_t leader_acquired, acquired_ms, failover_ms;
     int exit_code;
 } baton__master_t;
+
+/* master.c: a node comes up (registration, or a restore from the log): known by id with the
+ * same incarnation it is kept, otherwise it gets a fresh segment (a new incarnation loses what
+ * the master knew of the old one). 0 or an error. */
+int baton__master_node_up(baton__master_t *ms, const char *id, uint64_t incarnation,
+                          const char *host, uint16_t xfer_port, uint16_t ctrl_port,
+                          uint64_t seg_bytes, uint64_t now, int journal, uint32_t *node_p);
+/* Stops serving and exits (the supervisor restarts this master as a standby). */
+void baton__master_step_down(baton__master_t *ms, const char *why);
+
+/* master_log.c: the operation log (docs/STORE.md, "Masters through etcd"). */
+typedef struct {
+    uint64_t queued, txns, ops, txn_ms, retries, pending;
+    uint64_t restored_nodes, restored_objects, restored_putting, dropped, restore_ms;
+} baton__mlog_stats_t;
+typedef void (*baton__mlog_wait_cb)(void *arg, int status);
+typedef void (*baton__mlog_done_cb)(baton__master_t *ms);
+int baton__mlog_create(baton__master_t *ms, baton__mlog_t **l_p);
+/* The metadata's journal callback (data: the master). */
+void baton__mlog_journal(void *data, const baton__meta_rec_t *rec);
+/* A node registered (up) or lost. */
+void baton__mlog_node(baton__master_t *ms, uint32_t node, int up);
+/* 1 when every record queued so far is in etcd (or there is no log): go on at once. 0: fn runs
+ * once they are. */
+int baton__mlog_wait(baton__master_t *ms, baton__mlog_wait_cb fn, void *arg);
+/* Reads the log into the (empty) metadata, then done(ms). */
+void baton__mlog_restore(baton__master_t *ms, baton__mlog_done_cb done);
+void baton__mlog_stats(const baton__master_t *ms, baton__mlog_stats_t *st);
 
 /* master_http.c: GET /health, /metrics, /batch_query_keys. 0 or an error. */
 int baton__master_http_start(baton__master_t *ms);

@@ -152,7 +152,35 @@ static void metrics(baton__master_t *ms, baton_http_req_t *req)
       st.refused);
     C("ctrl_refused_total", "Control connections refused (framing, authentication).",
       baton__slisten_refused(ms->ctrl));
+    baton__mlog_stats_t lg;
+    baton__mlog_stats(ms, &lg);
+    C("leader_acquired_total", "Times this master won the election.", ms->leader_acquired);
+#define F(name, help, type, v)                                                                     \
+    baton_buf_printf(&b,                                                                           \
+                     "# HELP baton_store_" name " " help "\n# TYPE baton_store_" name " " type     \
+                     "\nbaton_store_" name " %.3f\n",                                              \
+                     (double)(v))
+    F("failover_seconds",
+      "From winning the election to serving (the restore from the log), last time.", "gauge",
+      ms->failover_ms / 1000.0);
+    G("restored_nodes", "Nodes restored from the operation log at the last takeover.",
+      lg.restored_nodes);
+    G("restored_objects", "Committed objects restored from the operation log at the last takeover.",
+      lg.restored_objects);
+    G("restored_putting",
+      "Uncommitted puts found in the operation log at the last takeover (taken over).",
+      lg.restored_putting);
+    G("restore_dropped", "Log records not restored (no live copy of a stripe, or malformed).",
+      lg.dropped);
+    C("oplog_records_total", "Records queued for the operation log.", lg.queued);
+    C("oplog_txns_total", "Transactions written to the operation log.", lg.txns);
+    F("oplog_txn_seconds_total", "Time spent in operation log transactions.", "counter",
+      lg.txn_ms / 1000.0);
+    C("oplog_retries_total", "Operation log transactions sent again after an etcd error.",
+      lg.retries);
+    G("oplog_pending", "Records queued and not yet in etcd.", lg.pending);
 #undef G
+#undef F
 #undef C
     baton_http_respond(req, 200, "text/plain; version=0.0.4", NULL, 0, b.data, b.len);
     baton_buf_free(&b);

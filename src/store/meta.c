@@ -474,8 +474,8 @@ int baton__meta_restore(baton__meta_t *m, const baton__meta_rec_t *rec, uint64_t
     size_t taken = 0;
     for (; taken < n; taken++) {
         baton__slice_t *sl = &slices[taken];
-        if (sl->node == BATON__SLICE_LOST || sl->seg >= m->n_segs ||
-            !m->segs[sl->seg].alive || m->segs[sl->seg].node != sl->node) {
+        if (sl->node == BATON__SLICE_LOST || sl->seg >= m->n_segs || !m->segs[sl->seg].alive ||
+            m->segs[sl->seg].node != sl->node) {
             sl->node = BATON__SLICE_LOST;
             continue;
         }

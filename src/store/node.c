@@ -211,6 +211,11 @@ static void on_master_reply(void *data, int status, baton__sp_msg_t *r)
     if (r->status == BATON_XFER_ENOTFOUND) { /* the master lost us (or restarted): again */
         log_warn(COMP, "node_unknown_to_master id=%s action=register", nd->id);
         nd->registered = 0;
+    } else if (r->status == 0 && (r->node != nd->node || r->seg != nd->seg)) {
+        /* a successor master restored us from its log under another index */
+        log_info(COMP, "node_renumbered id=%s node=%u segment=%u", nd->id, r->node, r->seg);
+        nd->node = r->node;
+        nd->seg = r->seg;
     }
 }
 

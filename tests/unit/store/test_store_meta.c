@@ -577,7 +577,6 @@ static void test_scale(void **state)
     baton__meta_destroy(m);
 }
 
-
 /* ---- the journal and a successor's restore ---- */
 
 typedef struct {
