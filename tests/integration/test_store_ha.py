@@ -98,7 +98,11 @@ def test_failover():
                                    "--registry", st.registry, "--kv-secret-file", st.secret,
                                    "--timeout-ms", "5000"],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        time.sleep(0.05)
+        lhttp = leader.wait_port("http")
+        harness.wait_until(lambda: metric(lhttp, "puts_in_flight") >= 1 or
+                                  putter.poll() is not None, timeout=30, interval=0.005,
+                                  what="the put under way")
+        in_flight = putter.poll() is None
         leader.kill()
         t0 = time.monotonic()
         # a put through the registry succeeds again once the standby leads
@@ -134,7 +138,9 @@ def test_failover():
             assert rc == 0 and got == cut, f"an acknowledged put was lost: {err}"
         else:
             assert rc == 1 or (rc == 0 and got == cut), f"half-written: rc {rc} {err}"
-        print(f"the cut-off put: putter rc {putter.returncode} ({cut_out.strip()[-80:]}), "
+        if in_flight and rc == 1:  # taken over: its space held, its key free
+            assert metric(http, "restored_putting") == 1
+        print(f"the cut-off put (in flight at the kill: {in_flight}): putter rc {putter.returncode} ({cut_out.strip()[-80:]}), "
               f"after the failover: {'whole' if rc == 0 else 'absent'}", flush=True)
         # the nodes go on with the new leader without a restart; it serves and removes again
         harness.wait_until(lambda: json.loads(st.cmd("stat")[1])["nodes"] == 3, timeout=20,
