@@ -50,7 +50,7 @@ struct baton__mlog_s {
     lop_t *flight;      /* the transaction in flight (detached from the queue) */
     uint64_t enq, done; /* sequence numbers: last queued, last in etcd */
     waiter_t *waiters, **wtail;
-    uv_timer_t retry, restore_retry;
+    uv_timer_t retry, restore_retry, kick;
     int sending;
     uint64_t flight_start_ms;
     baton__mlog_stats_t st;
@@ -69,6 +69,11 @@ static const char *inc_hex(uint64_t inc, char out[17])
 /* ---- the queue and its transactions --------------------------------------------------------- */
 
 static void flush(baton__mlog_t *l);
+
+static void on_kick(uv_timer_t *t)
+{
+    flush(t->data);
+}
 
 static void enqueue(baton__mlog_t *l, char *key, char *value)
 {
@@ -90,7 +95,10 @@ static void enqueue(baton__mlog_t *l, char *key, char *value)
         l->head = op;
     l->tail = op;
     l->st.queued++;
-    flush(l);
+    /* not at once: the records of one request (a batch) go out in one transaction, sent when
+     * the request is answered (baton__mlog_wait) or on the next loop turn */
+    if (l->flight == NULL && !uv_is_active((uv_handle_t *)&l->kick))
+        uv_timer_start(&l->kick, on_kick, 0, 0);
 }
 
 static void free_ops(lop_t *op)
@@ -208,6 +216,7 @@ int baton__mlog_wait(baton__master_t *ms, baton__mlog_wait_cb fn, void *arg)
     baton__mlog_t *l = ms->log;
     if (l == NULL || l->done >= l->enq)
         return 1;
+    flush(l);
     waiter_t *w = calloc(1, sizeof(*w));
     if (w == NULL)
         return 1; /* cannot park it: answer now (no worse than before the log existed) */
@@ -480,7 +489,8 @@ int baton__mlog_create(baton__master_t *ms, baton__mlog_t **l_p)
     l->wtail = &l->waiters;
     uv_timer_init(ms->loop, &l->retry);
     uv_timer_init(ms->loop, &l->restore_retry);
-    l->retry.data = l->restore_retry.data = l;
+    uv_timer_init(ms->loop, &l->kick);
+    l->retry.data = l->restore_retry.data = l->kick.data = l;
     *l_p = l;
     return 0;
 }

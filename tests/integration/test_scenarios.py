@@ -233,6 +233,19 @@ def test_profile_callgrind():
     assert "thread_main" not in names and not any(n.startswith("clone") for n in names), names
 
 
+def test_store_failover():
+    binary("baton-store")
+    out = run_scenario("store_failover.py")
+    if "SKIPPED: etcd is not installed" in out:
+        raise SkipTest("etcd is not installed")
+    header, rows = table_rows(out, "kill -9 of the leading master")
+    assert rows and all(r[header.index("not read back")] == "0" for r in rows), rows
+    assert int(rows[0][header.index("restored objects")]) >= 4, rows
+    header, rows = table_rows(out, "the operation log's cost")
+    assert all(r[header.index("corrupted")] == "0" for r in rows), rows
+    assert int(col(header, rows, "log txns", "4K")) == 0  # the first 4K row: no registry
+
+
 if __name__ == "__main__":
     t = TestRunner()
     t.run(test_router_overhead)
@@ -243,4 +256,5 @@ if __name__ == "__main__":
     t.run(test_allocs)
     t.run(test_profile_perf)
     t.run(test_profile_callgrind)
+    t.run(test_store_failover)
     t.finish()
