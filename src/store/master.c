@@ -454,6 +454,10 @@ void baton__master_step_down(baton__master_t *ms, const char *why)
 static void on_signal(uv_signal_t *s, int signum)
 {
     baton__master_t *ms = s->data;
+    if (signum == SIGHUP) {
+        baton__master_http_reload(ms);
+        return;
+    }
     log_info(COMP, "master_stopping signal=%d", signum);
     uv_stop(ms->loop);
 }
@@ -475,7 +479,10 @@ static void usage(FILE *f)
                "  --kv-secret-file F            shared secret of clients and nodes (HMAC)\n"
                "  --namespace-quota NS=BYTES    bytes namespace NS may hold (K/M/G; repeatable)\n"
                "  --admin-token-file F          bearer token required by /metrics and "
-               "/batch_query_keys\n");
+               "/batch_query_keys\n"
+               "  --tls-cert F, --tls-key F     serve the HTTP API over TLS (PEM; SIGHUP reloads)\n"
+               "  --tls-client-ca F             HTTP clients must present a certificate from this "
+               "CA\n");
 }
 
 static int parse_u64(const char *s, uint64_t *v)
@@ -534,6 +541,9 @@ static int parse_opts(int argc, char **argv, baton__master_opts_t *o)
         O_SECRET,
         O_TOKEN,
         O_QUOTA,
+        O_TLS_CERT,
+        O_TLS_KEY,
+        O_TLS_CA,
         O_HELP
     };
     static const struct option lo[] = {
@@ -548,6 +558,9 @@ static int parse_opts(int argc, char **argv, baton__master_opts_t *o)
         {"kv-secret-file", required_argument, NULL, O_SECRET},
         {"admin-token-file", required_argument, NULL, O_TOKEN},
         {"namespace-quota", required_argument, NULL, O_QUOTA},
+        {"tls-cert", required_argument, NULL, O_TLS_CERT},
+        {"tls-key", required_argument, NULL, O_TLS_KEY},
+        {"tls-client-ca", required_argument, NULL, O_TLS_CA},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -605,6 +618,15 @@ static int parse_opts(int argc, char **argv, baton__master_opts_t *o)
             break;
         case O_TOKEN:
             o->admin_token_file = optarg;
+            break;
+        case O_TLS_CERT:
+            o->tls_cert = optarg;
+            break;
+        case O_TLS_KEY:
+            o->tls_key = optarg;
+            break;
+        case O_TLS_CA:
+            o->tls_client_ca = optarg;
             break;
         case O_HELP:
             usage(stdout);
@@ -716,7 +738,11 @@ int baton__master_main(int argc, char **argv)
     ms.sigint.data = ms.sigterm.data = &ms;
     uv_signal_start(&ms.sigint, on_signal, SIGINT);
     uv_signal_start(&ms.sigterm, on_signal, SIGTERM);
+    uv_signal_init(ms.loop, &ms.sighup);
+    ms.sighup.data = &ms;
+    uv_signal_start(&ms.sighup, on_signal, SIGHUP);
     uv_run(ms.loop, UV_RUN_DEFAULT);
+    baton__master_http_stop(&ms);
     baton__meta_destroy(ms.meta);
     free(ms.nodes);
     return ms.exit_code;

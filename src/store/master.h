@@ -19,6 +19,7 @@ typedef struct {
     uint64_t lease_ttl_ms;
     double high_watermark, evict_ratio;
     const char *secret_file, *admin_token_file;
+    const char *tls_cert, *tls_key, *tls_client_ca; /* the HTTP API over TLS (http/tls.h) */
     uint64_t node_timeout_ms; /* a node silent this long is lost (default 3000) */
     /* --namespace-quota NS=BYTES, repeatable */
     char quota_ns[16][BATON_STORE_NAMESPACE_MAX + 1];
@@ -47,7 +48,8 @@ typedef struct {
     baton__slisten_t *ctrl;
     baton_http_server_t *http;
     uv_timer_t tick;
-    uv_signal_t sigint, sigterm;
+    uv_signal_t sigint, sigterm, sighup;
+    struct baton_tls_s *http_tls; /* NULL: plain HTTP */
     char admin_token[256];
     uint64_t requests, refused_requests;
     uint64_t last_tick_ms;
@@ -87,8 +89,12 @@ int baton__mlog_wait(baton__master_t *ms, baton__mlog_wait_cb fn, void *arg);
 void baton__mlog_restore(baton__master_t *ms, baton__mlog_done_cb done);
 void baton__mlog_stats(const baton__master_t *ms, baton__mlog_stats_t *st);
 
-/* master_http.c: GET /health, /metrics, /batch_query_keys. 0 or an error. */
+/* master_http.c: GET /health, /metrics, /batch_query_keys, over TLS with --tls-cert. 0 or an
+ * error (logged). */
 int baton__master_http_start(baton__master_t *ms);
+/* SIGHUP: the certificate files are read again (new connections use them). */
+void baton__master_http_reload(baton__master_t *ms);
+void baton__master_http_stop(baton__master_t *ms);
 
 /* `baton-store master ...`: runs until SIGINT / SIGTERM. The exit status. */
 int baton__master_main(int argc, char **argv);

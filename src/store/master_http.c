@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "common/buf.h"
+#include "common/log.h"
+#include "http/tls.h"
 #include "store/master.h"
 
 #define QUERY_KEYS_MAX BATON_STORE_BATCH_MAX
@@ -217,8 +219,43 @@ static void on_http(baton_http_req_t *req, void *ctx)
 
 int baton__master_http_start(baton__master_t *ms)
 {
+    const baton__master_opts_t *o = &ms->opts;
+    if (o->tls_cert || o->tls_key || o->tls_client_ca) {
+        char why[400] = "";
+        baton_tls_opts_t to = {o->tls_cert, o->tls_key, o->tls_client_ca};
+        if (o->tls_cert == NULL || o->tls_key == NULL) {
+            log_error("store",
+                      "master_tls_invalid reason=\"--tls-cert and --tls-key go together\"");
+            return BATON_XFER_EINVAL;
+        }
+        if (baton_tls_create(&ms->http_tls, BATON_TLS_SERVER, &to, why, sizeof(why)) != 0) {
+            log_error("store", "master_tls_invalid reason=\"%s\"", why);
+            return BATON_XFER_EINVAL;
+        }
+    }
     int rc = baton_http_server_create(&ms->http, ms->loop, NULL, on_http, ms);
+    if (rc == 0 && ms->http_tls)
+        baton_http_server_set_tls(ms->http, ms->http_tls);
     if (rc == 0)
-        rc = baton_http_server_listen(ms->http, ms->opts.host, ms->opts.http_port, 0);
+        rc = baton_http_server_listen(ms->http, o->host, o->http_port, 0);
+    if (rc == 0 && ms->http_tls)
+        log_info("store", "master_http_tls client_auth=%s", o->tls_client_ca ? "required" : "off");
     return rc;
+}
+
+void baton__master_http_reload(baton__master_t *ms)
+{
+    char why[400] = "";
+    if (ms->http_tls == NULL)
+        return;
+    if (baton_tls_reload(ms->http_tls, why, sizeof(why)) != 0)
+        log_error("store", "master_tls_reload_failed reason=\"%s\" action=\"previous kept\"", why);
+    else
+        log_info("store", "master_tls_reloaded");
+}
+
+void baton__master_http_stop(baton__master_t *ms)
+{
+    baton_tls_destroy(ms->http_tls);
+    ms->http_tls = NULL;
 }
