@@ -61,6 +61,8 @@ typedef struct {
     baton__sp_node_t *nodes; /* the node table of the master's reply */
     uint32_t n_nodes;
     uint32_t pending; /* transfers, then the commit / revoke calls */
+    char *text;       /* the request's text (a put's blocks), freed once sent */
+    uint32_t text_len;
 } op_t;
 
 op_t *baton__op_new(baton_store_client_t *cl, uint8_t type, size_t n, baton_store_batch_cb cb,

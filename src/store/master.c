@@ -154,6 +154,13 @@ static void do_objects(baton__master_t *ms, baton__sconn_t *c, const baton__sp_m
         reply_status(c, req, BATON_XFER_ENOMEM);
         return;
     }
+    baton__mkvev_req_t blocks = {NULL};
+    if (req->type == BATON__SP_PUT_START && baton__mkvev_parse(req, &blocks) != 0) {
+        free(r.node_seen);
+        free(r.m.ritems);
+        reply_status(c, req, BATON_XFER_EINVAL);
+        return;
+    }
     r.m.n_ritems = req->n_items;
     int prefix_open = 1;
     for (uint32_t i = 0; i < req->n_items; i++) {
@@ -208,6 +215,7 @@ static void do_objects(baton__master_t *ms, baton__sconn_t *c, const baton__sp_m
         else if (prefix_open)
             r.m.prefix++;
     }
+    baton__mkvev_put_started(ms, &blocks, r.m.ritems);
     reply_when_durable(ms, c, &r);
 }
 
@@ -435,6 +443,7 @@ static void on_leadership(void *data, int leader)
         ms->leader_acquired++;
         ms->acquired_ms = baton_now_ms();
         log_info(COMP, "master_elected action=restore");
+        baton__mkvev_leading(ms);
         baton__mlog_restore(ms, on_restored);
         return;
     }
@@ -449,6 +458,14 @@ void baton__master_step_down(baton__master_t *ms, const char *why)
     log_error(COMP, "master_leadership_lost reason=\"%s\" action=exit", why);
     ms->exit_code = 1;
     uv_stop(ms->loop);
+}
+
+/* The metadata's journal: the operation log first (a commit's record carries the block, which
+ * the KV events then hand over to their BlockStored). */
+static void on_journal(void *data, const baton__meta_rec_t *rec)
+{
+    baton__mlog_journal(data, rec);
+    baton__mkvev_journal(data, rec);
 }
 
 static void on_signal(uv_signal_t *s, int signum)
@@ -482,7 +499,11 @@ static void usage(FILE *f)
                "/batch_query_keys\n"
                "  --tls-cert F, --tls-key F     serve the HTTP API over TLS (PEM; SIGHUP reloads)\n"
                "  --tls-client-ca F             HTTP clients must present a certificate from this "
-               "CA\n");
+               "CA\n"
+               "  --kv-events-endpoint EP       publish stored / removed KV blocks (vLLM KV "
+               "events, ZMQ PUB)\n"
+               "  --kv-events-replay-endpoint EP  and answer replays there (ZMQ ROUTER)\n"
+               "  --kv-events-medium M          the events' medium (L3)\n");
 }
 
 static int parse_u64(const char *s, uint64_t *v)
@@ -544,6 +565,9 @@ static int parse_opts(int argc, char **argv, baton__master_opts_t *o)
         O_TLS_CERT,
         O_TLS_KEY,
         O_TLS_CA,
+        O_KVEV,
+        O_KVEV_REPLAY,
+        O_KVEV_MEDIUM,
         O_HELP
     };
     static const struct option lo[] = {
@@ -561,6 +585,9 @@ static int parse_opts(int argc, char **argv, baton__master_opts_t *o)
         {"tls-cert", required_argument, NULL, O_TLS_CERT},
         {"tls-key", required_argument, NULL, O_TLS_KEY},
         {"tls-client-ca", required_argument, NULL, O_TLS_CA},
+        {"kv-events-endpoint", required_argument, NULL, O_KVEV},
+        {"kv-events-replay-endpoint", required_argument, NULL, O_KVEV_REPLAY},
+        {"kv-events-medium", required_argument, NULL, O_KVEV_MEDIUM},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -572,6 +599,7 @@ static int parse_opts(int argc, char **argv, baton__master_opts_t *o)
     o->high_watermark = 0.90;
     o->evict_ratio = 0.05;
     o->node_timeout_ms = 3000;
+    o->kv_events_medium = "L3";
     uint64_t v;
     int c;
     optind = 1;
@@ -628,6 +656,19 @@ static int parse_opts(int argc, char **argv, baton__master_opts_t *o)
         case O_TLS_CA:
             o->tls_client_ca = optarg;
             break;
+        case O_KVEV:
+            o->kv_events_endpoint = optarg;
+            break;
+        case O_KVEV_REPLAY:
+            o->kv_events_replay_endpoint = optarg;
+            break;
+        case O_KVEV_MEDIUM:
+            if (optarg[0] == '\0' || strlen(optarg) > 15) {
+                fprintf(stderr, "baton-store master: --kv-events-medium wants 1..15 bytes\n");
+                return -1;
+            }
+            o->kv_events_medium = optarg;
+            break;
         case O_HELP:
             usage(stdout);
             exit(0);
@@ -681,8 +722,8 @@ int baton__master_main(int argc, char **argv)
     mc.high_watermark = ms.opts.high_watermark;
     mc.evict_ratio = ms.opts.evict_ratio;
     mc.seed = uv_hrtime();
-    if (ms.opts.registry) {
-        mc.journal = baton__mlog_journal;
+    if (ms.opts.registry || ms.opts.kv_events_endpoint) {
+        mc.journal = on_journal;
         mc.journal_data = &ms;
     }
     if (baton__meta_create(&mc, &ms.meta) != 0)
@@ -707,6 +748,8 @@ int baton__master_main(int argc, char **argv)
                   baton_store_strerror(rc));
         return 2;
     }
+    if (baton__mkvev_start(&ms) != 0)
+        return 2;
     rc = baton__master_http_start(&ms);
     if (rc != 0) {
         log_error(COMP, "master_http_failed addr=%s:%d reason=\"%s\"", ms.opts.host,

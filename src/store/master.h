@@ -20,6 +20,7 @@ typedef struct {
     double high_watermark, evict_ratio;
     const char *secret_file, *admin_token_file;
     const char *tls_cert, *tls_key, *tls_client_ca; /* the HTTP API over TLS (http/tls.h) */
+    const char *kv_events_endpoint, *kv_events_replay_endpoint, *kv_events_medium;
     uint64_t node_timeout_ms; /* a node silent this long is lost (default 3000) */
     /* --namespace-quota NS=BYTES, repeatable */
     char quota_ns[16][BATON_STORE_NAMESPACE_MAX + 1];
@@ -37,6 +38,7 @@ typedef struct {
 } baton__mnode_t;
 
 typedef struct baton__mlog_s baton__mlog_t;
+typedef struct baton__mkvev_s baton__mkvev_t;
 typedef struct baton__parked_s baton__parked_t;
 
 typedef struct {
@@ -55,6 +57,7 @@ typedef struct {
     uint64_t last_tick_ms;
     baton__elect_t *elect;   /* NULL: no --registry, always the leader */
     baton__mlog_t *log;      /* the operation log in etcd (with --registry) */
+    baton__mkvev_t *kvev;    /* KV events (with --kv-events-endpoint) */
     baton__parked_t *parked; /* replies waiting for their records to reach etcd */
     int leader;              /* serving: elected (or no registry) and restored */
     uint64_t leader_acquired, acquired_ms, failover_ms;
@@ -98,5 +101,30 @@ void baton__master_http_stop(baton__master_t *ms);
 
 /* `baton-store master ...`: runs until SIGINT / SIGTERM. The exit status. */
 int baton__master_main(int argc, char **argv);
+
+/* master_kvev.c: KV events for objects that hold a KV block (docs/STORE.md, "KV events"). */
+struct json_t;
+typedef struct {
+    struct json_t *blocks; /* a PUT_START's blocks, validated; NULL: none */
+} baton__mkvev_req_t;
+typedef struct {
+    uint64_t blocks, stored, removed, batches, overflows, send_failures;
+} baton__mkvev_stats_t;
+int baton__mkvev_start(baton__master_t *ms);
+/* Validates a PUT_START's text (its blocks). 0 (out->blocks NULL when none) or EINVAL. */
+int baton__mkvev_parse(const baton__sp_msg_t *req, baton__mkvev_req_t *out);
+/* After a PUT_START: the blocks of the objects placed are kept by put id (req is consumed). */
+void baton__mkvev_put_started(baton__master_t *ms, baton__mkvev_req_t *req,
+                              const baton__sp_ritem_t *ritems);
+/* The metadata's journal: a commit publishes BlockStored, a free BlockRemoved. */
+void baton__mkvev_journal(baton__master_t *ms, const baton__meta_rec_t *rec);
+/* An uncommitted object's block as the operation log keeps it ([hash, parent, [ids], lora]), or
+ * NULL. */
+struct json_t *baton__mkvev_block_json(baton__master_t *ms, uint64_t put_id);
+/* A successor restored a committed object with its block: BlockStored again. */
+void baton__mkvev_restored(baton__master_t *ms, uint64_t put_id, struct json_t *block);
+/* This master starts leading: AllBlocksCleared first. */
+void baton__mkvev_leading(baton__master_t *ms);
+void baton__mkvev_stats(const baton__master_t *ms, baton__mkvev_stats_t *st);
 
 #endif

@@ -181,6 +181,15 @@ static void metrics(baton__master_t *ms, baton_http_req_t *req)
     C("oplog_retries_total", "Operation log transactions sent again after an etcd error.",
       lg.retries);
     G("oplog_pending", "Records queued and not yet in etcd.", lg.pending);
+    baton__mkvev_stats_t kv;
+    baton__mkvev_stats(ms, &kv);
+    G("kv_event_blocks", "Objects holding a KV block (published as stored when committed).",
+      kv.blocks);
+    C("kv_events_stored_total", "BlockStored events published.", kv.stored);
+    C("kv_events_removed_total", "BlockRemoved events published.", kv.removed);
+    C("kv_event_batches_total", "KV event batches published.", kv.batches);
+    C("kv_event_overflows_total", "Batches replaced by AllBlocksCleared (too many events).",
+      kv.overflows);
 #undef G
 #undef F
 #undef C

@@ -275,6 +275,12 @@ void baton__mlog_journal(void *data, const baton__meta_rec_t *rec)
                   baton_etcd_b64(rec->key, strlen(rec->key)), "len", (json_int_t)rec->len, "crc",
                   (json_int_t)rec->crc, "pin", (rec->flags & BATON_STORE_PUT_SOFT_PIN) != 0,
                   "replicas", (int)rec->n_replicas, "stripes", (int)rec->n_slices, "slices", sl);
+    json_t *block =
+        rec->state == BATON__OBJ_COMPLETE ? baton__mkvev_block_json(ms, rec->put_id) : NULL;
+    if (v && block)
+        json_object_set_new(v, "block", block);
+    else
+        json_decref(block);
     enqueue(l, obj_key(l, rec->put_id), v ? json_dumps(v, JSON_COMPACT) : NULL);
     json_decref(v);
 }
@@ -369,6 +375,8 @@ static void restore_obj(baton__mlog_t *l, const char *etcd_key, uint64_t put_id,
             (uint32_t)stripes,
             slices};
         rc = baton__meta_restore(ms->meta, &rec, now);
+        if (rc == 0 && rec.state == BATON__OBJ_COMPLETE && json_object_get(v, "block"))
+            baton__mkvev_restored(ms, put_id, json_object_get(v, "block"));
         if (rc == 0 && rec.state == BATON__OBJ_COMPLETE)
             l->st.restored_objects++;
         else if (rc == 0)

@@ -23,9 +23,10 @@ from test_store import Store  # noqa: E402
 class HaStore(Store):
     """Two masters on one etcd:// registry, nodes and commands that use the registry."""
 
-    def __init__(self, cluster, registry):
+    def __init__(self, cluster, registry, master_args=()):
         self.c = cluster
         self.registry = registry
+        self.master_args = tuple(master_args)
         import tempfile
         self.dir = tempfile.mkdtemp(prefix="baton-store-ha-")
         self.secret = os.path.join(self.dir, "secret")
@@ -42,7 +43,8 @@ class HaStore(Store):
         return self.c.start(name, [harness.binary("baton-store"), "master", "--host", HOST,
                                    "--port", "0", "--http-port", "0", "--kv-secret-file",
                                    self.secret, "--registry", self.registry,
-                                   "--node-timeout-ms", "1500", "--lease-ttl-ms", "3000"],
+                                   "--node-timeout-ms", "1500", "--lease-ttl-ms", "3000",
+                                   *self.master_args],
                            wait=("master", "http"))
 
     def cmd(self, *args, secret=None):
