@@ -262,6 +262,7 @@ static void usage(FILE *f)
                "  --registry etcd://H:P,.../PFX find the leading master through etcd\n"
                "  --segment-bytes N            memory contributed (K, M, G suffixes)\n"
                "  --host H                     address clients reach this node at (127.0.0.1)\n"
+               "  --port P                     control port (0: any; a TCP probe may check it)\n"
                "  --transport tcp|shm|rdma     libbaton transport (tcp)\n"
                "  --id ID                      node id (hostname-pid)\n"
                "  --kv-secret-file F           shared secret (control and data channels)\n");
@@ -312,6 +313,7 @@ int baton__node_main(int argc, char **argv)
         {"registry", required_argument, NULL, 'r'},
         {"segment-bytes", required_argument, NULL, 's'},
         {"host", required_argument, NULL, 'H'},
+        {"port", required_argument, NULL, 'P'},
         {"transport", required_argument, NULL, 't'},
         {"id", required_argument, NULL, 'i'},
         {"kv-secret-file", required_argument, NULL, 'k'},
@@ -324,6 +326,7 @@ int baton__node_main(int argc, char **argv)
     nd.transport = BATON_XFER_TRANSPORT_TCP;
     char mhost[BATON__SP_HOST_MAX + 1] = "", idbuf[64];
     const char *secret_file = NULL, *registry = NULL;
+    int ctrl_port = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -346,6 +349,16 @@ int baton__node_main(int argc, char **argv)
         case 'H':
             nd.host = optarg;
             break;
+        case 'P': {
+            char *end;
+            long p = strtol(optarg, &end, 10);
+            if (*optarg == '\0' || *end != '\0' || p < 0 || p > 65535) {
+                fprintf(stderr, "baton-store node: bad --port '%s'\n", optarg);
+                return 2;
+            }
+            ctrl_port = (int)p;
+            break;
+        }
         case 't':
             if (baton_xfer_transport_parse(optarg, &nd.transport) != 0) {
                 fprintf(stderr, "baton-store node: unknown transport '%s'\n", optarg);
@@ -418,7 +431,7 @@ int baton__node_main(int argc, char **argv)
     so.on_msg = on_ctrl_msg;
     so.on_close = on_ctrl_closed;
     so.data = &nd;
-    rc = baton__slisten_start(&so, nd.host, 0, &nd.ctrl_port, &nd.ctrl);
+    rc = baton__slisten_start(&so, nd.host, ctrl_port, &nd.ctrl_port, &nd.ctrl);
     if (rc == 0) {
         baton__sconn_opts_t mo = so;
         mo.on_msg = NULL;
