@@ -159,7 +159,36 @@ def test_failover():
         assert stat["objects"] == len(committed) + 2 + (st.get("cut")[0] == 0), stat
 
 
+def test_stopped_leader():
+    """A leader that does not answer (SIGSTOP: a partition, a stall) is not probed dead; the
+    standby takes over when its lease expires, and the old leader, resumed, finds its lease gone
+    and exits without writing a record: what the new leader committed stays."""
+    if etcd_binary() is None:
+        raise SkipTest("etcd is not installed")
+    import signal
+    with EtcdCluster(3, name="store-etcd-stop") as etcd, harness.Cluster("store-ha-stop") as c:
+        st = HaStore(c, etcd.url("/storehastop"))
+        leader = harness.wait_until(st.leader, timeout=20, what="one leader")
+        harness.wait_until(lambda: json.loads(st.cmd("stat")[1])["nodes"] == 3, timeout=20,
+                           what="3 nodes with the leader")
+        before = os.urandom(70000)
+        assert st.put("before", before)[0] == 0
+        leader.signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        after = os.urandom(70000)
+        harness.wait_until(lambda: st.put("after", after)[0] == 0, timeout=30, interval=0.05,
+                           what="a put once the standby leads")
+        print(f"stopped leader: first put accepted {time.monotonic() - t0:.2f} s after SIGSTOP "
+              "(the lease TTL)", flush=True)
+        leader.signal(signal.SIGCONT)
+        leader.p.wait(timeout=20)  # resumed: its lease is gone, it exits
+        assert leader.p.returncode == 1, leader.p.returncode
+        assert "master_leadership_lost" in leader.tail(50)
+        assert st.get("before")[1] == before and st.get("after")[1] == after
+
+
 if __name__ == "__main__":
     r = TestRunner()
     r.run(test_failover)
+    r.run(test_stopped_leader)
     r.finish()
