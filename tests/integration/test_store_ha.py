@@ -4,7 +4,8 @@ killed with -9 while a large striped put is under way, and the standby takes ove
 operation log in etcd: every object committed before the kill is read back byte for byte (a
 striped one with replicas and a soft-pinned one in another namespace too), the put cut off by the
 kill is either whole or absent (never half-written), removed objects stay removed, nodes carry
-on without a restart, and puts, gets and removes work again."""
+on without a restart, and puts, gets and removes work again. A leader stopped with SIGSTOP is
+replaced when its lease expires and, resumed, exits."""
 
 import json
 import os
