@@ -13,7 +13,9 @@ run on loopback. Measured:
      only wait for the lease's TTL; seconds to the first put, then SIGCONT: the old leader finds
      its lease gone and exits;
   3. the operation log's cost: `baton-store bench` puts and gets with and without --registry
-     (one master, one node), 4 KiB and 1 MiB objects: GB/s and the log's transactions.
+     (one master, one node), 4 KiB and 1 MiB objects: GB/s and the log's transactions;
+  4. a takeover at scale: N objects (4 KiB, put by `baton-store bench` through the registry),
+     the leader killed, the new leader's restore time (baton_store_failover_seconds).
 """
 
 import json
@@ -181,25 +183,56 @@ def oplog_cost(lab, args, rows):
                 m.stop()
 
 
+def restore_scale(lab, args, rows):
+    with EtcdCluster(1, name="store-restore-etcd") as etcd:
+        ha = Ha(lab, etcd.url("/storerestore"))
+        ha.leader()
+        for n in args.restore:
+            rounds = max(1, n // 1024)
+            r = subprocess.run([lab.bin("baton-store"), "bench", "--master", ha.registry,
+                                "--kv-secret-file", ha.secret, "--size", "4K", "--batch",
+                                "1024", "--rounds", str(rounds)],
+                               capture_output=True, text=True, timeout=900)
+            summary = json.loads(r.stdout.splitlines()[-1])
+            old = ha.leader()
+            objects = int(metric(old.port, "objects"))
+            os.kill(old.pid, signal.SIGKILL)
+            t0 = time.monotonic()
+            took = ha.first_put_after(t0, f"after-restore-{n}")
+            new = ha.leader()
+            rows.append([objects, int(metric(new.port, "restored_objects")),
+                         metric(new.port, "failover_seconds"), took, summary["corrupted"]])
+            old.p.wait(timeout=5)
+            ha.masters = [m for m in ha.masters if m is not old] + [ha.master()]
+        for p in ha.nodes + ha.masters:
+            p.stop()
+
+
 def main():
     p = scenlib.arg_parser(__doc__.split("\n")[0])
     p.add_argument("--kills", type=int, default=5, help="leader kills (5)")
     p.add_argument("--objects", type=int, default=20, help="objects put before each kill (20)")
     p.add_argument("--rounds", type=int, default=5, help="bench rounds per cost run (5)")
+    p.add_argument("--restore", type=lambda x: [int(v) for v in x.split(",")],
+                   default=[20480, 61440], help="objects held at each takeover at scale "
+                   "(20480,61440; cumulative)")
     args = p.parse_args()
     args.stop = not args.smoke
     args.sizes = [("4K", 128), ("1M", 64)]
     if args.smoke:
         args.kills, args.objects, args.rounds = 1, 4, 2
         args.sizes = [("4K", 32)]
+        args.restore = []
     if etcd_binary() is None:
         scenlib.skip_note("etcd is not installed")
         return 0
     print(scenlib.machine_line())
-    rows_kill, rows_stop, rows_cost = [], [], []
+    rows_kill, rows_stop, rows_cost, rows_scale = [], [], [], []
     with scenlib.Lab(args, "store-failover") as lab:
         failovers(lab, args, rows_kill, rows_stop)
         oplog_cost(lab, args, rows_cost)
+        if args.restore:
+            restore_scale(lab, args, rows_scale)
     scenlib.print_table(
         "kill -9 of the leading master", ["round", "first put after (s)", "restore (s)",
                                           "restored objects", "objects", "not read back"],
@@ -213,7 +246,12 @@ def main():
         "the operation log's cost (one master, one node, tcp)",
         ["size", "batch", "log", "put GB/s", "get GB/s", "log txns", "ms per txn", "corrupted"],
         rows_cost, scenlib.load_now())
-    scenlib.write_json(args.json, {"kill": rows_kill, "stop": rows_stop, "cost": rows_cost})
+    if rows_scale:
+        scenlib.print_table("takeover at scale (kill -9 of the leader holding N objects)",
+                            ["objects", "restored", "restore (s)", "first put after (s)",
+                             "corrupted"], rows_scale)
+    scenlib.write_json(args.json, {"kill": rows_kill, "stop": rows_stop, "cost": rows_cost,
+                                   "scale": rows_scale})
     return 0
 
 

@@ -13,7 +13,7 @@
 #define COMP          "store"
 #define TXN_OPS_MAX   128 /* etcd's default --max-txn-ops */
 #define RETRY_MS      200
-#define RESTORE_LIMIT 512
+#define RESTORE_LIMIT 4096
 
 /*
  * Keys, under the registry URL's prefix:
