@@ -28,7 +28,9 @@ struct baton__elect_s {
     baton__elect_cb cb;
     void *data;
     struct probe_s *probe; /* the holder's control port, being tried */
-    uint64_t revoked;      /* dead leaders' leases revoked */
+    void (*resigned)(void *data);
+    void *resigned_data;
+    uint64_t revoked; /* dead leaders' leases revoked */
 };
 
 /*
@@ -282,6 +284,29 @@ int baton__elect_start(uv_loop_t *loop, const char *url, const char *value, uint
 int baton__elect_is_leader(const baton__elect_t *e)
 {
     return e && e->leader;
+}
+
+static void on_resign(void *data, int err, json_t *res)
+{
+    baton__elect_t *e = data;
+    (void)res;
+    log_info(COMP, "leadership_resigned lease=%lld revoked=%s", (long long)e->lease,
+             err == 0 ? "yes" : "no");
+    e->lease = 0;
+    e->leader = 0;
+    if (e->resigned)
+        e->resigned(e->resigned_data);
+}
+
+void baton__elect_resign(baton__elect_t *e, void (*done)(void *data), void *data)
+{
+    uv_timer_stop(&e->timer);
+    e->resigned = done;
+    e->resigned_data = data;
+    json_t *body = e->lease ? json_pack("{s:I}", "ID", (json_int_t)e->lease) : NULL;
+    if (body == NULL || baton_etcd_call(e->etcd, "/v3/lease/revoke", body, on_resign, e) != 0)
+        done(data);
+    json_decref(body);
 }
 
 baton_etcd_t *baton__elect_etcd(const baton__elect_t *e)

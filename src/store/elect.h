@@ -24,6 +24,10 @@ typedef void (*baton__elect_cb)(void *data, int leader);
 int baton__elect_start(uv_loop_t *loop, const char *url, const char *value, uint32_t ttl_s,
                        baton__elect_cb cb, void *data, baton__elect_t **e_p);
 int baton__elect_is_leader(const baton__elect_t *e);
+/* Gives up: the campaign stops and the lease is revoked (the key goes with it, so a standby
+ * takes over at once instead of at the lease's expiry); done(data) when etcd answered or the
+ * revoke could not be sent. */
+void baton__elect_resign(baton__elect_t *e, void (*done)(void *data), void *data);
 /* The election's etcd client, its lease (the leader's fence: 0 while none) and the leader key
  * ("<prefix>/store/leader"), for the leader's operation log (master_log.c). */
 struct baton_etcd_s;

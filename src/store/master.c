@@ -468,6 +468,26 @@ static void on_journal(void *data, const baton__meta_rec_t *rec)
     baton__mkvev_journal(data, rec);
 }
 
+static void on_resigned(void *data)
+{
+    baton__master_t *ms = data;
+    uv_stop(ms->loop);
+}
+
+static void on_log_drained(void *arg, int status)
+{
+    baton__master_t *ms = arg;
+    (void)status;
+    baton__elect_resign(ms->elect, on_resigned, ms);
+}
+
+static void on_stop_timeout(uv_timer_t *t)
+{
+    baton__master_t *ms = t->data;
+    log_warn(COMP, "master_stop_timeout action=exit");
+    uv_stop(ms->loop);
+}
+
 static void on_signal(uv_signal_t *s, int signum)
 {
     baton__master_t *ms = s->data;
@@ -476,7 +496,18 @@ static void on_signal(uv_signal_t *s, int signum)
         return;
     }
     log_info(COMP, "master_stopping signal=%d", signum);
-    uv_stop(ms->loop);
+    if (ms->elect == NULL || ms->stopping) { /* a second signal: at once */
+        uv_stop(ms->loop);
+        return;
+    }
+    /* Through etcd: answer no more requests (clients look the leader up again), let the
+     * operation log's records reach etcd, then give the lease back so that a standby leads at
+     * once; a stop that takes longer than the lease TTL ends anyway. */
+    ms->stopping = 1;
+    ms->leader = 0;
+    uv_timer_start(&ms->stop_timer, on_stop_timeout, 2000, 0);
+    if (baton__mlog_wait(ms, on_log_drained, ms))
+        on_log_drained(ms, 0);
 }
 
 /* ---- options ------------------------------------------------------------------------------- */
@@ -781,6 +812,8 @@ int baton__master_main(int argc, char **argv)
     ms.sigint.data = ms.sigterm.data = &ms;
     uv_signal_start(&ms.sigint, on_signal, SIGINT);
     uv_signal_start(&ms.sigterm, on_signal, SIGTERM);
+    uv_timer_init(ms.loop, &ms.stop_timer);
+    ms.stop_timer.data = &ms;
     uv_signal_init(ms.loop, &ms.sighup);
     ms.sighup.data = &ms;
     uv_signal_start(&ms.sighup, on_signal, SIGHUP);

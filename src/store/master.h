@@ -51,6 +51,8 @@ typedef struct {
     baton_http_server_t *http;
     uv_timer_t tick;
     uv_signal_t sigint, sigterm, sighup;
+    uv_timer_t stop_timer; /* a graceful stop's bound */
+    int stopping;
     struct baton_tls_s *http_tls; /* NULL: plain HTTP */
     char admin_token[256];
     uint64_t requests, refused_requests;
