@@ -186,7 +186,7 @@ def test_stopped_leader():
         assert leader.p.returncode == 1, leader.p.returncode
         leader.wait_log(r"master_leadership_lost")  # (the log is read by another thread)
         for k, v in (("before", before), ("after", after)):
-            assert all(n.alive() for n in st.nodes), [n.tail(5) for n in st.nodes]
+            assert all(n.alive() for n in st.nodes), [(n.p.returncode, n.tail(3)) for n in st.nodes]
             rc, got, err = st.get(k)
             assert rc == 0 and got == v, (k, rc, err)
         # its supervisor starts it again: a standby. A leader stopped with SIGTERM (a rolling
