@@ -759,9 +759,10 @@ int baton__master_main(int argc, char **argv)
     }
     if (baton__meta_create(&mc, &ms.meta) != 0)
         return 2;
+    int rc = 0;
     for (int i = 0; i < ms.opts.n_quotas; i++)
         if (baton__meta_ns_quota(ms.meta, ms.opts.quota_ns[i], ms.opts.quota_bytes[i]) != 0)
-            return 2;
+            goto fail;
     ms.loop = uv_default_loop();
     baton__sconn_opts_t so = {0};
     so.loop = ms.loop;
@@ -773,19 +774,19 @@ int baton__master_main(int argc, char **argv)
     so.on_close = on_ctrl_closed;
     so.data = &ms;
     int port = 0;
-    int rc = baton__slisten_start(&so, ms.opts.host, ms.opts.port, &port, &ms.ctrl);
+    rc = baton__slisten_start(&so, ms.opts.host, ms.opts.port, &port, &ms.ctrl);
     if (rc != 0) {
         log_error(COMP, "master_listen_failed addr=%s:%d reason=\"%s\"", ms.opts.host, ms.opts.port,
                   baton_store_strerror(rc));
-        return 2;
+        goto fail;
     }
     if (baton__mkvev_start(&ms) != 0)
-        return 2;
+        goto fail;
     rc = baton__master_http_start(&ms);
     if (rc != 0) {
         log_error(COMP, "master_http_failed addr=%s:%d reason=\"%s\"", ms.opts.host,
                   ms.opts.http_port, baton_store_strerror(rc));
-        return 2;
+        goto fail;
     }
     log_info(COMP, "master_listening addr=%s:%d lease_ttl_ms=%llu node_timeout_ms=%llu",
              ms.opts.host, port, (unsigned long long)ms.opts.lease_ttl_ms,
@@ -798,10 +799,10 @@ int baton__master_main(int argc, char **argv)
         rc = baton__elect_start(ms.loop, ms.opts.registry, value, 2, on_leadership, &ms, &ms.elect);
         if (rc != 0) {
             log_error(COMP, "master_registry_failed reason=\"%s\"", baton_store_strerror(rc));
-            return 2;
+            goto fail;
         }
         if (baton__mlog_create(&ms, &ms.log) != 0)
-            return 2;
+            goto fail;
         log_info(COMP, "master_standby registry=%s", ms.opts.registry);
     }
     uv_timer_init(ms.loop, &ms.tick);
@@ -822,4 +823,8 @@ int baton__master_main(int argc, char **argv)
     baton__meta_destroy(ms.meta);
     free(ms.nodes);
     return ms.exit_code;
+fail: /* nothing served yet: what the loop holds goes with the process */
+    baton__master_http_stop(&ms);
+    baton__meta_destroy(ms.meta);
+    return 2;
 }
