@@ -214,8 +214,10 @@ static void on_grant(void *data, int err, json_t *res)
 {
     baton__elect_t *e = data;
     e->busy = 0;
-    if (err == 0)
+    if (err == 0) {
         e->lease = baton_etcd_int(res, "ID", 0);
+        e->last_renew_ms = baton_now_ms();
+    }
     if (e->lease)
         step(e);
 }
@@ -232,7 +234,9 @@ static void step(baton__elect_t *e)
         api = "/v3/lease/grant";
         cb = on_grant;
         body = json_pack("{s:I}", "TTL", (json_int_t)e->ttl_s);
-    } else if (e->leader) {
+    } else if (e->leader || baton_now_ms() - e->last_renew_ms >= (uint64_t)e->ttl_s * 1000 / 3) {
+        /* a standby keeps its lease alive too: a campaign that wins must not win with a lease
+         * about to expire (its first keepalive would find it gone) */
         api = "/v3/lease/keepalive";
         cb = on_keepalive;
         body = json_pack("{s:I}", "ID", (json_int_t)e->lease);
