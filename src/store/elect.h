@@ -13,8 +13,10 @@
  * campaigns with a transaction that puts the key only when it does not exist (create_revision
  * 0); the one that succeeded leads while it keeps its lease alive (keepalive every ttl / 3).
  * A leader that cannot renew within the TTL, or learns the lease is gone, has lost: it steps
- * down (the caller stops serving). Standbys campaign again every 500 ms, so a leader killed
- * with -9 is replaced within the TTL plus 500 ms.
+ * down (the caller stops serving). Standbys keep their own lease alive as well and campaign
+ * again every 250 ms; one whose campaign fails tries the holder's address and revokes the
+ * holder's lease when the port refuses (the process is gone), so a leader killed with -9 is
+ * replaced at once, and one that does not answer within the TTL plus etcd's expiry sweep.
  */
 typedef struct baton__elect_s baton__elect_t;
 
