@@ -203,10 +203,29 @@ enum {
     BATON_STORE_PUT_UPSERT = 1u << 1,   /* replace a committed object no reader holds */
 };
 
+/*
+ * The KV block an object holds, for the master's KV events (docs/STORE.md, "KV events"): when
+ * the object commits the master publishes a vLLM BlockStored event for it (medium "L3"), when it
+ * is freed a BlockRemoved, so a router's index can count the blocks reachable in the store. The
+ * engine's block hash in vLLM's integer form, its parent's (has_parent 0 for a first block), and
+ * the block's token ids (n_tokens, the engine's block size, at most 4096). Copied by the call.
+ */
+typedef struct {
+    int64_t hash;
+    int64_t parent_hash;
+    int has_parent;
+    const uint32_t *token_ids;
+    uint32_t n_tokens;
+    int has_lora;
+    int64_t lora_id;
+} baton_store_block_t;
+
 typedef struct {
     size_t size;       /* set by baton_store_put_opts_init */
     uint32_t replicas; /* 1..BATON_STORE_REPLICAS_MAX, default 1 */
     uint32_t flags;    /* BATON_STORE_PUT_* */
+    /* NULL, or one per object of the batch: the block it holds (n_tokens 0: none) */
+    const baton_store_block_t *blocks;
 } baton_store_put_opts_t;
 
 BATON_API void baton_store_put_opts_init(baton_store_put_opts_t *opts);

@@ -20,6 +20,8 @@ typedef struct {
     const char *ns;
     const char *host;
     uint32_t replicas, flags, timeout_ms;
+    baton_store_block_t block; /* put --block */
+    uint32_t block_ids[4096];
     char **args;
     int n_args;
     uint8_t secret[BATON_XFER_SECRET_MAX];
@@ -38,7 +40,9 @@ static void usage(FILE *f)
     fprintf(f, "usage: baton-store COMMAND [options]\n"
                "  master ...                         run a master (baton-store master --help)\n"
                "  node ...                           run a node (baton-store node --help)\n"
-               "  put KEY FILE [--replicas N] [--soft-pin]\n"
+               "  put KEY FILE [--replicas N] [--soft-pin] [--block HASH:[PARENT]:ID,ID,...]\n"
+               "                                     (--block: the KV block it holds, for the "
+               "master's KV events)\n"
                "  get KEY OUTFILE\n"
                "  exists KEY...                      prints 'KEY 1|0' per key, then 'prefix N'\n"
                "  rm KEY\n"
@@ -51,6 +55,38 @@ static void usage(FILE *f)
                "exit status: 0 success, 1 a missing key, 2 an error\n");
 }
 
+/* HASH:[PARENT]:ID,ID,... */
+static int parse_block(const char *s, cli_t *c)
+{
+    char *end;
+    baton_store_block_t *b = &c->block;
+    b->hash = strtoll(s, &end, 10);
+    if (end == s || *end != ':')
+        return -1;
+    s = end + 1;
+    b->has_parent = *s != ':';
+    if (b->has_parent) {
+        b->parent_hash = strtoll(s, &end, 10);
+        if (end == s || *end != ':')
+            return -1;
+        s = end;
+    }
+    s++;
+    uint32_t n = 0;
+    while (*s) {
+        unsigned long v = strtoul(s, &end, 10);
+        if (end == s || v > UINT32_MAX || n == 4096 || (*end != ',' && *end != '\0'))
+            return -1;
+        c->block_ids[n++] = (uint32_t)v;
+        s = *end ? end + 1 : end;
+    }
+    if (n == 0)
+        return -1;
+    b->token_ids = c->block_ids;
+    b->n_tokens = n;
+    return 0;
+}
+
 static int parse_cli(int argc, char **argv, cli_t *c)
 {
     static const struct option lo[] = {
@@ -61,6 +97,7 @@ static int parse_cli(int argc, char **argv, cli_t *c)
         {"host", required_argument, NULL, 'H'},
         {"replicas", required_argument, NULL, 'R'},
         {"soft-pin", no_argument, NULL, 'p'},
+        {"block", required_argument, NULL, 'b'},
         {"timeout-ms", required_argument, NULL, 't'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -95,6 +132,13 @@ static int parse_cli(int argc, char **argv, cli_t *c)
             break;
         case 'p':
             c->flags |= BATON_STORE_PUT_SOFT_PIN;
+            break;
+        case 'b':
+            if (parse_block(optarg, c) != 0) {
+                fprintf(stderr, "baton-store: --block wants HASH:[PARENT]:ID,ID,... (integers, "
+                                "at most 4096 ids)\n");
+                return -1;
+            }
             break;
         case 't':
             c->timeout_ms = (uint32_t)atoi(optarg);
@@ -256,6 +300,8 @@ static int start(cli_t *c)
         baton_store_put_opts_init(&po);
         po.replicas = c->replicas;
         po.flags = c->flags;
+        if (c->block.n_tokens)
+            po.blocks = &c->block;
         baton_store_obj_t o = {c->args[0], baton_xfer_mem_addr(c->mem), (uint64_t)got};
         return baton_store_put(c->cl, &o, 1, &po, on_put, c);
     }

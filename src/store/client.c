@@ -248,10 +248,14 @@ int baton__op_send(op_t *op, const char *const *keys, const baton_store_obj_t *o
     if (rc == 0) {
         m.replicas = op->replicas;
         m.flags = op->flags;
+        m.text = op->text;
+        m.text_len = op->text_len;
         op->start_ms = baton_now_ms(); /* a get's lease is measured from before the request */
         rc = baton__srpc_call(cl->master, &m, cl->timeout_ms, cb, op);
     }
     free(items);
+    free(op->text);
+    op->text = NULL;
     if (rc != 0) {
         cl->ops--;
         free(op->o);

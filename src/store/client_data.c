@@ -1,11 +1,13 @@
 /* store/client_data.c — the store client's data paths: put (export each slice, the node pulls it
  * into its segment, then commit or revoke) and get (offer the caller's buffer to the node holding
  * each slice, another replica on failure, then the checksum and the lease). */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/buf.h"
 #include "store/client_int.h"
 #include "store/meta.h"
 
@@ -180,6 +182,8 @@ static int start_slice_write(op_t *op, uint32_t i, uint32_t rep, uint32_t s)
     return 0;
 }
 
+static int blocks_text(const baton_store_block_t *b, size_t n, char **text_p, uint32_t *len_p);
+
 static void on_put_started(void *data, int status, baton__sp_msg_t *r)
 {
     op_t *op = data;
@@ -228,14 +232,63 @@ int baton_store_put(baton_store_client_t *cl, const baton_store_obj_t *objs, siz
         return baton__own_post(cl, BATON__SP_PUT_START, objs, NULL, n, &opts, cb, data);
     if (cl->closing)
         return BATON_XFER_ESHUTDOWN;
+    char *text = NULL;
+    uint32_t text_len = 0;
+    if (opts_in && opts_in->size >= offsetof(baton_store_put_opts_t, blocks) + sizeof(void *) &&
+        opts.blocks) {
+        int rc = blocks_text(opts.blocks, n, &text, &text_len);
+        if (rc != 0)
+            return rc;
+    }
     op_t *op = baton__op_new(cl, BATON__SP_PUT_START, n, cb, data);
-    if (op == NULL)
+    if (op == NULL) {
+        free(text);
         return BATON_XFER_ENOMEM;
+    }
     for (size_t i = 0; i < n; i++)
         op->o[i].crc = baton_store_crc32c(0, objs[i].addr, objs[i].len);
     op->replicas = opts.replicas;
     op->flags = opts.flags;
+    op->text = text;
+    op->text_len = text_len;
     return baton__op_send(op, NULL, objs, on_put_started);
+}
+
+/* The blocks of a put as the PUT_START request's text: a JSON array of
+ * [object index, hash, parent hash or null, [token ids], lora id or null]. */
+static int blocks_text(const baton_store_block_t *b, size_t n, char **text_p, uint32_t *len_p)
+{
+    baton_buf_t t = BATON_BUF_INIT;
+    baton_buf_append_str(&t, "[");
+    int first = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (b[i].n_tokens == 0)
+            continue;
+        if (b[i].token_ids == NULL || b[i].n_tokens > 4096) {
+            baton_buf_free(&t);
+            return BATON_XFER_EINVAL;
+        }
+        baton_buf_printf(&t, "%s[%zu,%lld,", first ? "" : ",", i, (long long)b[i].hash);
+        if (b[i].has_parent)
+            baton_buf_printf(&t, "%lld,[", (long long)b[i].parent_hash);
+        else
+            baton_buf_append_str(&t, "null,[");
+        for (uint32_t k = 0; k < b[i].n_tokens; k++)
+            baton_buf_printf(&t, k ? ",%u" : "%u", b[i].token_ids[k]);
+        if (b[i].has_lora)
+            baton_buf_printf(&t, "],%lld]", (long long)b[i].lora_id);
+        else
+            baton_buf_append_str(&t, "],null]");
+        first = 0;
+    }
+    baton_buf_append_str(&t, "]");
+    if (t.data == NULL || t.len > BATON__SP_TEXT_MAX) {
+        baton_buf_free(&t);
+        return t.data ? BATON_XFER_ETOOBIG : BATON_XFER_ENOMEM;
+    }
+    *text_p = t.data; /* the buffer is handed over */
+    *len_p = (uint32_t)t.len;
+    return 0;
 }
 
 /* ---- get --------------------------------------------------------------------------------------

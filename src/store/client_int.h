@@ -72,6 +72,8 @@ typedef struct {
     uint32_t n_nodes;
     uint32_t pending; /* transfers, then the commit / revoke calls */
     int cached;       /* get: started from the location cache, without the master */
+    char *text;       /* the request's text (a put's blocks), freed once sent */
+    uint32_t text_len;
 } op_t;
 
 op_t *baton__op_new(baton_store_client_t *cl, uint8_t type, size_t n, baton_store_batch_cb cb,

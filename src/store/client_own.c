@@ -18,6 +18,7 @@ typedef struct ocall_s {
     baton_store_obj_t *objs; /* put / get: the caller's buffers, our copies of the keys */
     char **keys;             /* exists / remove (and the keys of objs) */
     baton_store_put_opts_t opts;
+    baton_store_block_t *blocks; /* put: our copy of opts.blocks (token ids after them) */
     baton_store_batch_cb cb;
     void *data;
     /* the completion */
@@ -48,8 +49,34 @@ static void ocall_free(ocall_t *c)
         free(c->keys[i]);
     free(c->keys);
     free(c->objs);
+    free(c->blocks);
     free(c->res);
     free(c);
+}
+
+/* The blocks of a put, copied with their token ids into one allocation: the caller's may be
+ * gone when the client's thread runs the put. */
+static int copy_blocks(ocall_t *c)
+{
+    if (c->opts.blocks == NULL)
+        return 0;
+    size_t ids = 0;
+    for (size_t i = 0; i < c->n; i++)
+        ids += c->opts.blocks[i].n_tokens;
+    c->blocks = malloc(c->n * sizeof(*c->blocks) + ids * sizeof(uint32_t));
+    if (c->blocks == NULL)
+        return BATON_XFER_ENOMEM;
+    uint32_t *tok = (uint32_t *)(c->blocks + c->n);
+    for (size_t i = 0; i < c->n; i++) {
+        c->blocks[i] = c->opts.blocks[i];
+        if (c->blocks[i].n_tokens && c->blocks[i].token_ids) {
+            memcpy(tok, c->blocks[i].token_ids, c->blocks[i].n_tokens * sizeof(*tok));
+            c->blocks[i].token_ids = tok;
+            tok += c->blocks[i].n_tokens;
+        }
+    }
+    c->opts.blocks = c->blocks;
+    return 0;
 }
 
 static void signal_host(baton__own_t *o)
@@ -257,6 +284,8 @@ int baton__own_post(baton_store_client_t *cl, int type, const baton_store_obj_t 
     if (objs)
         c->objs = malloc(n * sizeof(*c->objs));
     int rc = c->keys && (objs == NULL || c->objs) ? 0 : BATON_XFER_ENOMEM;
+    if (rc == 0)
+        rc = copy_blocks(c);
     for (size_t i = 0; rc == 0 && i < n; i++) {
         const char *k = objs ? objs[i].key : keys[i];
         if ((c->keys[i] = strdup(k ? k : "")) == NULL)

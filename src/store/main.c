@@ -1,5 +1,6 @@
 /* store/main.c — the baton-store program: one binary, its first argument picks the role (master,
  * node) or the operator's command (put, get, exists, rm, stat). */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -13,6 +14,9 @@ int baton__bench_main(int argc, char **argv);
 int main(int argc, char **argv)
 {
     const char *cmd = argc > 1 ? argv[1] : "";
+    /* A peer gone mid-write (a client that exited, a master that stopped) is an error code on
+     * that connection, never the end of a master or a node. */
+    signal(SIGPIPE, SIG_IGN);
     if (strcmp(cmd, "master") == 0)
         return baton__master_main(argc - 1, argv + 1);
     if (strcmp(cmd, "node") == 0)

@@ -73,7 +73,7 @@ static int reply_add_view(reply_t *r, const baton__master_t *ms, baton__sp_ritem
 
 static void reply_send(baton__sconn_t *c, reply_t *r)
 {
-    if (baton__sconn_send(c, &r->m) != 0)
+    if (c && baton__sconn_send(c, &r->m) != 0)
         baton__sconn_close(c, BATON_XFER_ENOMEM);
     free(r->node_seen);
     r->m.text = NULL; /* never owned here */
@@ -90,6 +90,56 @@ static void reply_status(baton__sconn_t *c, const baton__sp_msg_t *req, int stat
     m.status = status;
     if (baton__sconn_send(c, &m) != 0)
         baton__sconn_close(c, BATON_XFER_ENOMEM);
+}
+
+/* A reply that waits until the records of what it reports are in etcd, so that what a client
+ * was told survives a failover. */
+struct baton__parked_s {
+    baton__parked_t *next, *prev;
+    baton__master_t *ms;
+    baton__sconn_t *c; /* NULL once the connection closed */
+    reply_t r;
+};
+
+static void on_durable(void *arg, int status)
+{
+    baton__parked_t *p = arg;
+    (void)status;
+    if (p->prev)
+        p->prev->next = p->next;
+    else
+        p->ms->parked = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    reply_send(p->c, &p->r);
+    free(p);
+}
+
+static void reply_when_durable(baton__master_t *ms, baton__sconn_t *c, reply_t *r)
+{
+    baton__parked_t *p = malloc(sizeof(*p));
+    if (p == NULL || baton__mlog_wait(ms, on_durable, p)) {
+        free(p);
+        reply_send(c, r);
+        return;
+    }
+    p->ms = ms;
+    p->c = c;
+    p->r = *r;
+    p->prev = NULL;
+    p->next = ms->parked;
+    if (p->next)
+        p->next->prev = p;
+    ms->parked = p;
+}
+
+static void on_ctrl_closed(baton__sconn_t *c, int status, void *data)
+{
+    baton__master_t *ms = data;
+    (void)status;
+    for (baton__parked_t *p = ms->parked; p; p = p->next)
+        if (p->c == c)
+            p->c = NULL;
 }
 
 /* ---- requests ------------------------------------------------------------------------------ */
@@ -118,6 +168,13 @@ static void do_objects(baton__master_t *ms, baton__sconn_t *c, const baton__sp_m
         free(r.node_seen);
         free(r.m.ritems);
         reply_status(c, req, BATON_XFER_ENOMEM);
+        return;
+    }
+    baton__mkvev_req_t blocks = {NULL};
+    if (req->type == BATON__SP_PUT_START && baton__mkvev_parse(req, &blocks) != 0) {
+        free(r.node_seen);
+        free(r.m.ritems);
+        reply_status(c, req, BATON_XFER_EINVAL);
         return;
     }
     r.m.n_ritems = req->n_items;
@@ -172,7 +229,8 @@ static void do_objects(baton__master_t *ms, baton__sconn_t *c, const baton__sp_m
         else if (prefix_open)
             r.m.prefix++;
     }
-    reply_send(c, &r);
+    baton__mkvev_put_started(ms, &blocks, r.m.ritems);
+    reply_when_durable(ms, c, &r);
 }
 
 static void do_stat(baton__master_t *ms, baton__sconn_t *c, const baton__sp_msg_t *req)
@@ -225,60 +283,86 @@ static int grow_nodes(baton__master_t *ms, uint32_t node)
     return 0;
 }
 
+int baton__master_node_up(baton__master_t *ms, const char *id, uint64_t incarnation,
+                          const char *host, uint16_t xfer_port, uint16_t ctrl_port,
+                          uint64_t seg_bytes, uint64_t now, int journal, uint32_t *node_p)
+{
+    uint32_t node;
+    int rc = id[0] && seg_bytes ? 0 : BATON_XFER_EINVAL;
+    if (rc == 0)
+        rc = baton__meta_node_add(ms->meta, id, &node);
+    if (rc == 0)
+        rc = grow_nodes(ms, node);
+    if (rc != 0)
+        return rc;
+    baton__mnode_t *n = &ms->nodes[node];
+    if (!(n->alive && n->incarnation == incarnation)) {
+        if (n->alive)
+            baton__meta_node_lost(ms->meta, node, now);
+        baton__meta_node_add(ms->meta, id, &node);
+        rc = baton__meta_segment_add(ms->meta, node, seg_bytes, &n->seg);
+        if (rc != 0)
+            return rc;
+        n->alive = 1;
+        n->incarnation = incarnation;
+        snprintf(n->host, sizeof(n->host), "%s", host);
+        n->xfer_port = xfer_port;
+        n->ctrl_port = ctrl_port;
+        log_info(COMP, "node_registered id=%s node=%u addr=%s:%u segment_bytes=%llu", id, node,
+                 n->host, n->xfer_port, (unsigned long long)seg_bytes);
+        if (journal)
+            baton__mlog_node(ms, node, 1);
+    }
+    n->last_seen_ms = now;
+    *node_p = node;
+    return 0;
+}
+
 /* A node (re)registers. A new incarnation of a known id is a restarted node: what the master
  * knew of its memory is gone (lost), and it gets a fresh segment. */
 static void do_register(baton__master_t *ms, baton__sconn_t *c, const baton__sp_msg_t *req)
 {
-    uint64_t now = baton_now_ms();
     uint32_t node;
-    int rc = req->id[0] && req->seg_bytes ? 0 : BATON_XFER_EINVAL;
-    if (rc == 0)
-        rc = baton__meta_node_add(ms->meta, req->id, &node);
-    if (rc == 0)
-        rc = grow_nodes(ms, node);
+    int rc = baton__master_node_up(
+        ms, req->id, req->export_key, req->host[0] ? req->host : baton__sconn_peer_ip(c),
+        req->xfer_port, req->ctrl_port, req->seg_bytes, baton_now_ms(), 1, &node);
     if (rc != 0) {
         reply_status(c, req, rc);
         return;
     }
-    baton__mnode_t *n = &ms->nodes[node];
-    if (!(n->alive && n->incarnation == req->export_key)) {
-        if (n->alive)
-            baton__meta_node_lost(ms->meta, node, now);
-        baton__meta_node_add(ms->meta, req->id, &node);
-        rc = baton__meta_segment_add(ms->meta, node, req->seg_bytes, &n->seg);
-        if (rc != 0) {
-            reply_status(c, req, rc);
-            return;
-        }
-        n->alive = 1;
-        n->incarnation = req->export_key;
-        snprintf(n->host, sizeof(n->host), "%s",
-                 req->host[0] ? req->host : baton__sconn_peer_ip(c));
-        n->xfer_port = req->xfer_port;
-        n->ctrl_port = req->ctrl_port;
-        log_info(COMP, "node_registered id=%s node=%u addr=%s:%u segment_bytes=%llu", req->id, node,
-                 n->host, n->xfer_port, (unsigned long long)req->seg_bytes);
-    }
-    n->last_seen_ms = now;
     baton__sp_msg_t m;
     memset(&m, 0, sizeof(m));
     m.type = BATON__SP_REPLY;
     m.req_id = req->req_id;
     m.node = node;
-    m.seg = n->seg;
+    m.seg = ms->nodes[node].seg;
     if (baton__sconn_send(c, &m) != 0)
         baton__sconn_close(c, BATON_XFER_ENOMEM);
 }
 
+/* A heartbeat names the node by index and incarnation; a successor master (restored from the
+ * log) knows the incarnation under another index: the reply tells the node its index. */
 static void do_heartbeat(baton__master_t *ms, baton__sconn_t *c, const baton__sp_msg_t *req)
 {
-    if (req->node >= ms->n_nodes || !ms->nodes[req->node].alive ||
-        ms->nodes[req->node].incarnation != req->export_key) {
+    uint32_t node = req->node;
+    if (node >= ms->n_nodes || !ms->nodes[node].alive ||
+        ms->nodes[node].incarnation != req->export_key)
+        for (node = 0; node < ms->n_nodes; node++)
+            if (ms->nodes[node].alive && ms->nodes[node].incarnation == req->export_key)
+                break;
+    if (node >= ms->n_nodes) {
         reply_status(c, req, BATON_XFER_ENOTFOUND); /* the node registers again */
         return;
     }
-    ms->nodes[req->node].last_seen_ms = baton_now_ms();
-    reply_status(c, req, 0);
+    ms->nodes[node].last_seen_ms = baton_now_ms();
+    baton__sp_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = BATON__SP_REPLY;
+    m.req_id = req->req_id;
+    m.node = node;
+    m.seg = ms->nodes[node].seg;
+    if (baton__sconn_send(c, &m) != 0)
+        baton__sconn_close(c, BATON_XFER_ENOMEM);
 }
 
 static void on_ctrl_msg(baton__sconn_t *c, baton__sp_msg_t *m, void *data)
@@ -338,6 +422,7 @@ static void on_tick(uv_timer_t *t)
         baton__mnode_t *n = &ms->nodes[i];
         if (n->alive && now - n->last_seen_ms > ms->opts.node_timeout_ms) {
             size_t lost = baton__meta_node_lost(ms->meta, (uint32_t)i, now);
+            baton__mlog_node(ms, (uint32_t)i, 0);
             n->alive = 0;
             log_warn(COMP, "node_lost id=%s node=%zu silent_ms=%llu objects_lost=%zu",
                      baton__meta_node_id(ms->meta, (uint32_t)i), i,
@@ -347,28 +432,96 @@ static void on_tick(uv_timer_t *t)
     baton__meta_tick(ms->meta, now);
 }
 
-/* Leadership through etcd. A master that gains it starts from empty metadata (nodes register
- * again when their heartbeats are refused); one that loses it exits, so that it can never serve
- * beside the new leader: its supervisor starts it again as a standby. */
+static void on_restored(baton__master_t *ms)
+{
+    baton__mlog_stats_t st;
+    baton__mlog_stats(ms, &st);
+    ms->failover_ms = baton_now_ms() - ms->acquired_ms;
+    ms->leader = 1;
+    log_info(COMP,
+             "master_leading restored_nodes=%llu restored_objects=%llu restored_putting=%llu "
+             "dropped=%llu restore_ms=%llu",
+             (unsigned long long)st.restored_nodes, (unsigned long long)st.restored_objects,
+             (unsigned long long)st.restored_putting, (unsigned long long)st.dropped,
+             (unsigned long long)st.restore_ms);
+}
+
+/* Leadership through etcd. A master that gains it restores the metadata from the operation log
+ * before it serves (standbys never change theirs: it is empty until then); one that loses it
+ * exits, so that it can never serve beside the new leader: its supervisor starts it again as a
+ * standby. */
 static void on_leadership(void *data, int leader)
 {
     baton__master_t *ms = data;
     if (leader) {
-        ms->leader = 1;
-        log_info(COMP, "master_leading");
+        ms->leader_acquired++;
+        ms->acquired_ms = baton_now_ms();
+        log_info(COMP, "master_elected action=restore");
+        baton__mkvev_leading(ms);
+        baton__mlog_restore(ms, on_restored);
         return;
     }
+    baton__master_step_down(ms, "leadership lost");
+}
+
+void baton__master_step_down(baton__master_t *ms, const char *why)
+{
+    if (ms->exit_code)
+        return;
     ms->leader = 0;
-    log_error(COMP, "master_leadership_lost action=exit");
+    log_error(COMP, "master_leadership_lost reason=\"%s\" action=exit", why);
     ms->exit_code = 1;
+    uv_stop(ms->loop);
+}
+
+/* The metadata's journal: the operation log first (a commit's record carries the block, which
+ * the KV events then hand over to their BlockStored). */
+static void on_journal(void *data, const baton__meta_rec_t *rec)
+{
+    baton__mlog_journal(data, rec);
+    baton__mkvev_journal(data, rec);
+}
+
+static void on_resigned(void *data)
+{
+    baton__master_t *ms = data;
+    uv_stop(ms->loop);
+}
+
+static void on_log_drained(void *arg, int status)
+{
+    baton__master_t *ms = arg;
+    (void)status;
+    baton__elect_resign(ms->elect, on_resigned, ms);
+}
+
+static void on_stop_timeout(uv_timer_t *t)
+{
+    baton__master_t *ms = t->data;
+    log_warn(COMP, "master_stop_timeout action=exit");
     uv_stop(ms->loop);
 }
 
 static void on_signal(uv_signal_t *s, int signum)
 {
     baton__master_t *ms = s->data;
+    if (signum == SIGHUP) {
+        baton__master_http_reload(ms);
+        return;
+    }
     log_info(COMP, "master_stopping signal=%d", signum);
-    uv_stop(ms->loop);
+    if (ms->elect == NULL || ms->stopping) { /* a second signal: at once */
+        uv_stop(ms->loop);
+        return;
+    }
+    /* Through etcd: answer no more requests (clients look the leader up again), let the
+     * operation log's records reach etcd, then give the lease back so that a standby leads at
+     * once; a stop that takes longer than the lease TTL ends anyway. */
+    ms->stopping = 1;
+    ms->leader = 0;
+    uv_timer_start(&ms->stop_timer, on_stop_timeout, 2000, 0);
+    if (baton__mlog_wait(ms, on_log_drained, ms))
+        on_log_drained(ms, 0);
 }
 
 /* ---- options ------------------------------------------------------------------------------- */
@@ -388,7 +541,14 @@ static void usage(FILE *f)
                "  --kv-secret-file F            shared secret of clients and nodes (HMAC)\n"
                "  --namespace-quota NS=BYTES    bytes namespace NS may hold (K/M/G; repeatable)\n"
                "  --admin-token-file F          bearer token required by /metrics and "
-               "/batch_query_keys\n");
+               "/batch_query_keys\n"
+               "  --tls-cert F, --tls-key F     serve the HTTP API over TLS (PEM; SIGHUP reloads)\n"
+               "  --tls-client-ca F             HTTP clients must present a certificate from this "
+               "CA\n"
+               "  --kv-events-endpoint EP       publish stored / removed KV blocks (vLLM KV "
+               "events, ZMQ PUB)\n"
+               "  --kv-events-replay-endpoint EP  and answer replays there (ZMQ ROUTER)\n"
+               "  --kv-events-medium M          the events' medium (L3)\n");
 }
 
 static int parse_u64(const char *s, uint64_t *v)
@@ -447,6 +607,12 @@ static int parse_opts(int argc, char **argv, baton__master_opts_t *o)
         O_SECRET,
         O_TOKEN,
         O_QUOTA,
+        O_TLS_CERT,
+        O_TLS_KEY,
+        O_TLS_CA,
+        O_KVEV,
+        O_KVEV_REPLAY,
+        O_KVEV_MEDIUM,
         O_HELP
     };
     static const struct option lo[] = {
@@ -461,6 +627,12 @@ static int parse_opts(int argc, char **argv, baton__master_opts_t *o)
         {"kv-secret-file", required_argument, NULL, O_SECRET},
         {"admin-token-file", required_argument, NULL, O_TOKEN},
         {"namespace-quota", required_argument, NULL, O_QUOTA},
+        {"tls-cert", required_argument, NULL, O_TLS_CERT},
+        {"tls-key", required_argument, NULL, O_TLS_KEY},
+        {"tls-client-ca", required_argument, NULL, O_TLS_CA},
+        {"kv-events-endpoint", required_argument, NULL, O_KVEV},
+        {"kv-events-replay-endpoint", required_argument, NULL, O_KVEV_REPLAY},
+        {"kv-events-medium", required_argument, NULL, O_KVEV_MEDIUM},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -472,6 +644,7 @@ static int parse_opts(int argc, char **argv, baton__master_opts_t *o)
     o->high_watermark = 0.90;
     o->evict_ratio = 0.05;
     o->node_timeout_ms = 3000;
+    o->kv_events_medium = "L3";
     uint64_t v;
     int c;
     optind = 1;
@@ -518,6 +691,28 @@ static int parse_opts(int argc, char **argv, baton__master_opts_t *o)
             break;
         case O_TOKEN:
             o->admin_token_file = optarg;
+            break;
+        case O_TLS_CERT:
+            o->tls_cert = optarg;
+            break;
+        case O_TLS_KEY:
+            o->tls_key = optarg;
+            break;
+        case O_TLS_CA:
+            o->tls_client_ca = optarg;
+            break;
+        case O_KVEV:
+            o->kv_events_endpoint = optarg;
+            break;
+        case O_KVEV_REPLAY:
+            o->kv_events_replay_endpoint = optarg;
+            break;
+        case O_KVEV_MEDIUM:
+            if (optarg[0] == '\0' || strlen(optarg) > 15) {
+                fprintf(stderr, "baton-store master: --kv-events-medium wants 1..15 bytes\n");
+                return -1;
+            }
+            o->kv_events_medium = optarg;
             break;
         case O_HELP:
             usage(stdout);
@@ -572,11 +767,16 @@ int baton__master_main(int argc, char **argv)
     mc.high_watermark = ms.opts.high_watermark;
     mc.evict_ratio = ms.opts.evict_ratio;
     mc.seed = uv_hrtime();
+    if (ms.opts.registry || ms.opts.kv_events_endpoint) {
+        mc.journal = on_journal;
+        mc.journal_data = &ms;
+    }
     if (baton__meta_create(&mc, &ms.meta) != 0)
         return 2;
+    int rc = 0;
     for (int i = 0; i < ms.opts.n_quotas; i++)
         if (baton__meta_ns_quota(ms.meta, ms.opts.quota_ns[i], ms.opts.quota_bytes[i]) != 0)
-            return 2;
+            goto fail;
     ms.loop = uv_default_loop();
     baton__sconn_opts_t so = {0};
     so.loop = ms.loop;
@@ -585,19 +785,22 @@ int baton__master_main(int argc, char **argv)
     so.id = "baton-store-master";
     so.max_body = BATON__SP_REQ_MAX;
     so.on_msg = on_ctrl_msg;
+    so.on_close = on_ctrl_closed;
     so.data = &ms;
     int port = 0;
-    int rc = baton__slisten_start(&so, ms.opts.host, ms.opts.port, &port, &ms.ctrl);
+    rc = baton__slisten_start(&so, ms.opts.host, ms.opts.port, &port, &ms.ctrl);
     if (rc != 0) {
         log_error(COMP, "master_listen_failed addr=%s:%d reason=\"%s\"", ms.opts.host, ms.opts.port,
                   baton_store_strerror(rc));
-        return 2;
+        goto fail;
     }
+    if (baton__mkvev_start(&ms) != 0)
+        goto fail;
     rc = baton__master_http_start(&ms);
     if (rc != 0) {
         log_error(COMP, "master_http_failed addr=%s:%d reason=\"%s\"", ms.opts.host,
                   ms.opts.http_port, baton_store_strerror(rc));
-        return 2;
+        goto fail;
     }
     log_info(COMP, "master_listening addr=%s:%d lease_ttl_ms=%llu node_timeout_ms=%llu",
              ms.opts.host, port, (unsigned long long)ms.opts.lease_ttl_ms,
@@ -610,8 +813,10 @@ int baton__master_main(int argc, char **argv)
         rc = baton__elect_start(ms.loop, ms.opts.registry, value, 2, on_leadership, &ms, &ms.elect);
         if (rc != 0) {
             log_error(COMP, "master_registry_failed reason=\"%s\"", baton_store_strerror(rc));
-            return 2;
+            goto fail;
         }
+        if (baton__mlog_create(&ms, &ms.log) != 0)
+            goto fail;
         log_info(COMP, "master_standby registry=%s", ms.opts.registry);
     }
     uv_timer_init(ms.loop, &ms.tick);
@@ -622,8 +827,18 @@ int baton__master_main(int argc, char **argv)
     ms.sigint.data = ms.sigterm.data = &ms;
     uv_signal_start(&ms.sigint, on_signal, SIGINT);
     uv_signal_start(&ms.sigterm, on_signal, SIGTERM);
+    uv_timer_init(ms.loop, &ms.stop_timer);
+    ms.stop_timer.data = &ms;
+    uv_signal_init(ms.loop, &ms.sighup);
+    ms.sighup.data = &ms;
+    uv_signal_start(&ms.sighup, on_signal, SIGHUP);
     uv_run(ms.loop, UV_RUN_DEFAULT);
+    baton__master_http_stop(&ms);
     baton__meta_destroy(ms.meta);
     free(ms.nodes);
     return ms.exit_code;
+fail: /* nothing served yet: what the loop holds goes with the process */
+    baton__master_http_stop(&ms);
+    baton__meta_destroy(ms.meta);
+    return 2;
 }

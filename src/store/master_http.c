@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "common/buf.h"
+#include "common/log.h"
+#include "http/tls.h"
 #include "store/master.h"
 
 #define QUERY_KEYS_MAX BATON_STORE_BATCH_MAX
@@ -152,7 +154,44 @@ static void metrics(baton__master_t *ms, baton_http_req_t *req)
       st.refused);
     C("ctrl_refused_total", "Control connections refused (framing, authentication).",
       baton__slisten_refused(ms->ctrl));
+    baton__mlog_stats_t lg;
+    baton__mlog_stats(ms, &lg);
+    C("leader_acquired_total", "Times this master won the election.", ms->leader_acquired);
+#define F(name, help, type, v)                                                                     \
+    baton_buf_printf(&b,                                                                           \
+                     "# HELP baton_store_" name " " help "\n# TYPE baton_store_" name " " type     \
+                     "\nbaton_store_" name " %.3f\n",                                              \
+                     (double)(v))
+    F("failover_seconds",
+      "From winning the election to serving (the restore from the log), last time.", "gauge",
+      ms->failover_ms / 1000.0);
+    G("restored_nodes", "Nodes restored from the operation log at the last takeover.",
+      lg.restored_nodes);
+    G("restored_objects", "Committed objects restored from the operation log at the last takeover.",
+      lg.restored_objects);
+    G("restored_putting",
+      "Uncommitted puts found in the operation log at the last takeover (taken over).",
+      lg.restored_putting);
+    G("restore_dropped", "Log records not restored (no live copy of a stripe, or malformed).",
+      lg.dropped);
+    C("oplog_records_total", "Records queued for the operation log.", lg.queued);
+    C("oplog_txns_total", "Transactions written to the operation log.", lg.txns);
+    F("oplog_txn_seconds_total", "Time spent in operation log transactions.", "counter",
+      lg.txn_ms / 1000.0);
+    C("oplog_retries_total", "Operation log transactions sent again after an etcd error.",
+      lg.retries);
+    G("oplog_pending", "Records queued and not yet in etcd.", lg.pending);
+    baton__mkvev_stats_t kv;
+    baton__mkvev_stats(ms, &kv);
+    G("kv_event_blocks", "Objects holding a KV block (published as stored when committed).",
+      kv.blocks);
+    C("kv_events_stored_total", "BlockStored events published.", kv.stored);
+    C("kv_events_removed_total", "BlockRemoved events published.", kv.removed);
+    C("kv_event_batches_total", "KV event batches published.", kv.batches);
+    C("kv_event_overflows_total", "Batches replaced by AllBlocksCleared (too many events).",
+      kv.overflows);
 #undef G
+#undef F
 #undef C
     baton_http_respond(req, 200, "text/plain; version=0.0.4", NULL, 0, b.data, b.len);
     baton_buf_free(&b);
@@ -189,8 +228,43 @@ static void on_http(baton_http_req_t *req, void *ctx)
 
 int baton__master_http_start(baton__master_t *ms)
 {
+    const baton__master_opts_t *o = &ms->opts;
+    if (o->tls_cert || o->tls_key || o->tls_client_ca) {
+        char why[400] = "";
+        baton_tls_opts_t to = {o->tls_cert, o->tls_key, o->tls_client_ca};
+        if (o->tls_cert == NULL || o->tls_key == NULL) {
+            log_error("store",
+                      "master_tls_invalid reason=\"--tls-cert and --tls-key go together\"");
+            return BATON_XFER_EINVAL;
+        }
+        if (baton_tls_create(&ms->http_tls, BATON_TLS_SERVER, &to, why, sizeof(why)) != 0) {
+            log_error("store", "master_tls_invalid reason=\"%s\"", why);
+            return BATON_XFER_EINVAL;
+        }
+    }
     int rc = baton_http_server_create(&ms->http, ms->loop, NULL, on_http, ms);
+    if (rc == 0 && ms->http_tls)
+        baton_http_server_set_tls(ms->http, ms->http_tls);
     if (rc == 0)
-        rc = baton_http_server_listen(ms->http, ms->opts.host, ms->opts.http_port, 0);
+        rc = baton_http_server_listen(ms->http, o->host, o->http_port, 0);
+    if (rc == 0 && ms->http_tls)
+        log_info("store", "master_http_tls client_auth=%s", o->tls_client_ca ? "required" : "off");
     return rc;
+}
+
+void baton__master_http_reload(baton__master_t *ms)
+{
+    char why[400] = "";
+    if (ms->http_tls == NULL)
+        return;
+    if (baton_tls_reload(ms->http_tls, why, sizeof(why)) != 0)
+        log_error("store", "master_tls_reload_failed reason=\"%s\" action=\"previous kept\"", why);
+    else
+        log_info("store", "master_tls_reloaded");
+}
+
+void baton__master_http_stop(baton__master_t *ms)
+{
+    baton_tls_destroy(ms->http_tls);
+    ms->http_tls = NULL;
 }

@@ -84,6 +84,24 @@ static void ns_charge(baton__meta_t *m, baton__mobj_t *o, int sign)
         ns->used -= o->held_bytes < ns->used ? o->held_bytes : ns->used;
 }
 
+/* Tells the journal about o, now in state `state`. */
+static void journal(baton__meta_t *m, const baton__mobj_t *o, baton__obj_state_t state)
+{
+    if (m->cfg.journal == NULL)
+        return;
+    baton__meta_rec_t rec = {o->put_id,
+                             state,
+                             m->nss[o->ns].name,
+                             o->key,
+                             o->len,
+                             o->crc,
+                             o->soft_pin ? BATON_STORE_PUT_SOFT_PIN : 0,
+                             o->n_replicas,
+                             o->n_slices,
+                             o->slices};
+    m->cfg.journal(m->cfg.journal_data, &rec);
+}
+
 /*
  * The only place an object's state changes. Each state's list membership, key ownership, space
  * and namespace charge follow from the state, so they change here too: PUTTING → putting list,
@@ -109,6 +127,7 @@ int baton__meta_obj_set_state(baton__meta_t *m, baton__mobj_t *o, baton__obj_sta
         if (o->soft_pin)
             o->pin_until = now_ms + m->cfg.pin_ttl_ms;
         baton__olist_push(o->soft_pin ? &m->lru_pin : &m->lru, o);
+        journal(m, o, to);
         break;
     case BATON__OBJ_REVOKED:
         hash_unlink(m, o);
@@ -116,6 +135,7 @@ int baton__meta_obj_set_state(baton__meta_t *m, baton__mobj_t *o, baton__obj_sta
         baton__olist_push(&m->revoked, o);
         break;
     case BATON__OBJ_FREED:
+        journal(m, o, to);
         if (from != BATON__OBJ_REVOKED)
             hash_unlink(m, o);
         baton__meta_release_space(m, o);
@@ -408,11 +428,98 @@ int baton__meta_put_start(baton__meta_t *m, const baton__put_req_t *req, uint64_
     ns_charge(m, o, +1);
     hash_link(m, o);
     baton__olist_push(&m->putting, o);
+    journal(m, o, BATON__OBJ_PUTTING);
     rc = fill_view(m, o, view);
     if (rc != 0) {
         baton__meta_obj_set_state(m, o, BATON__OBJ_FREED, now_ms);
         return rc;
     }
+    return 0;
+}
+
+/* ---- restore (a successor master) ----------------------------------------------------------- */
+
+int baton__meta_restore(baton__meta_t *m, const baton__meta_rec_t *rec, uint64_t now_ms)
+{
+    size_t n = (size_t)rec->n_replicas * rec->n_slices;
+    if (!valid_key(rec->key) || rec->len == 0 || n == 0 || rec->n_replicas > 255 ||
+        rec->n_slices > 255 ||
+        (rec->state != BATON__OBJ_PUTTING && rec->state != BATON__OBJ_COMPLETE))
+        return BATON_XFER_EINVAL;
+    uint32_t ns;
+    int rc = ns_find(m, rec->ns, 1, &ns);
+    if (rc != 0)
+        return rc;
+    if (rec->state == BATON__OBJ_COMPLETE && lookup(m, ns, rec->key))
+        return BATON_XFER_EEXIST;
+    for (uint32_t s = 0; s < rec->n_slices; s++) { /* every stripe needs a live copy */
+        int live = 0;
+        for (uint32_t r = 0; r < rec->n_replicas; r++) {
+            const baton__slice_t *sl = &rec->slices[(size_t)r * rec->n_slices + s];
+            live |= sl->node != BATON__SLICE_LOST && sl->seg < m->n_segs &&
+                    m->segs[sl->seg].alive && m->segs[sl->seg].node == sl->node;
+        }
+        if (!live)
+            return BATON_STORE_ENOREPLICA;
+    }
+    size_t klen = strlen(rec->key);
+    baton__mobj_t *o = calloc(1, sizeof(*o) + klen + 1);
+    baton__slice_t *slices = malloc(n * sizeof(*slices));
+    if (o == NULL || slices == NULL) {
+        free(o);
+        free(slices);
+        return BATON_XFER_ENOMEM;
+    }
+    memcpy(slices, rec->slices, n * sizeof(*slices));
+    size_t taken = 0;
+    for (; taken < n; taken++) {
+        baton__slice_t *sl = &slices[taken];
+        if (sl->node == BATON__SLICE_LOST || sl->seg >= m->n_segs || !m->segs[sl->seg].alive ||
+            m->segs[sl->seg].node != sl->node) {
+            sl->node = BATON__SLICE_LOST;
+            continue;
+        }
+        if (baton__seg_reserve(&m->segs[sl->seg], sl->off, sl->len) != 0)
+            break;
+        uint64_t held = (sl->len + BATON__META_ALIGN - 1) & ~(uint64_t)(BATON__META_ALIGN - 1);
+        m->used += held;
+        o->held_bytes += held;
+    }
+    o->slices = slices;
+    o->n_replicas = rec->n_replicas;
+    o->n_slices = rec->n_slices;
+    if (taken < n) { /* a range someone else holds: give back what was taken */
+        for (size_t i = taken; i < n; i++)
+            slices[i].node = BATON__SLICE_LOST;
+        baton__meta_release_space(m, o);
+        free(slices);
+        free(o);
+        return BATON_XFER_EEXIST;
+    }
+    memcpy(o->key, rec->key, klen + 1);
+    o->key_len = (uint16_t)klen;
+    o->ns = ns;
+    o->hash = key_hash(ns, rec->key, klen);
+    o->len = rec->len;
+    o->crc = rec->crc;
+    o->soft_pin = (rec->flags & BATON_STORE_PUT_SOFT_PIN) != 0;
+    o->put_id = rec->put_id;
+    if (rec->put_id > m->next_put_id)
+        m->next_put_id = rec->put_id;
+    ns_charge(m, o, +1);
+    if (rec->state == BATON__OBJ_PUTTING) { /* its writer may still write: held, keyless */
+        o->state = BATON__OBJ_REVOKED;
+        o->since_ms = now_ms;
+        baton__olist_push(&m->revoked, o);
+        return 0;
+    }
+    o->state = BATON__OBJ_COMPLETE;
+    o->atime_ms = now_ms;
+    o->lease_until = now_ms + m->cfg.lease_ttl_ms;
+    if (o->soft_pin)
+        o->pin_until = now_ms + m->cfg.pin_ttl_ms;
+    hash_link(m, o);
+    baton__olist_push(o->soft_pin ? &m->lru_pin : &m->lru, o);
     return 0;
 }
 

@@ -43,6 +43,8 @@ typedef enum {
 int baton__meta_state_allowed(baton__obj_state_t from, baton__obj_state_t to);
 const char *baton__meta_state_name(baton__obj_state_t s);
 
+struct baton__meta_rec_s;
+
 typedef struct {
     uint64_t lease_ttl_ms;   /* default 10000: a get / exists protects the object this long */
     uint64_t put_timeout_ms; /* default 30000: an uncommitted put may be taken over after it */
@@ -53,6 +55,10 @@ typedef struct {
     uint64_t stripe_bytes;   /* default 4 MiB: objects above it are striped into slices */
     uint32_t max_slices;     /* default 16 per replica */
     uint64_t seed;           /* placement's random state */
+    /* The journal (optional): told every durable change of an object, so that the master can
+     * log it where a successor finds it (src/store/oplog.c). */
+    void (*journal)(void *data, const struct baton__meta_rec_s *rec);
+    void *journal_data;
 } baton__meta_config_t;
 
 void baton__meta_config_init(baton__meta_config_t *cfg);
@@ -95,6 +101,23 @@ typedef struct {
 } baton__meta_stats_t;
 
 typedef struct baton__meta_s baton__meta_t;
+
+/*
+ * An object as the journal reports it and a successor restores it. state: PUTTING when the put
+ * started (space allocated), COMPLETE at the commit, FREED when it is gone (removed, evicted,
+ * revoked, reclaimed, lost with its node); the move to REVOKED is not reported: a restore makes
+ * every PUTTING record REVOKED anyway. Slices name node and segment indexes of this module.
+ */
+typedef struct baton__meta_rec_s {
+    uint64_t put_id; /* unique among the live objects of one master and its successors */
+    baton__obj_state_t state;
+    const char *ns, *key;
+    uint64_t len;
+    uint32_t crc;
+    uint32_t flags; /* BATON_STORE_PUT_SOFT_PIN */
+    uint32_t n_replicas, n_slices;
+    const baton__slice_t *slices; /* replica-major; node BATON__SLICE_LOST for a lost copy */
+} baton__meta_rec_t;
 
 int baton__meta_create(const baton__meta_config_t *cfg, baton__meta_t **m_p);
 void baton__meta_destroy(baton__meta_t *m);
@@ -141,6 +164,14 @@ int baton__meta_exists(baton__meta_t *m, const char *ns, const char *key, uint64
                        int lease, uint64_t *len_p, uint32_t *replicas_p);
 /* BATON_XFER_ENOTFOUND, BATON_XFER_EBUSY (leased). */
 int baton__meta_remove(baton__meta_t *m, const char *ns, const char *key, uint64_t now_ms);
+
+/* A successor master restores an object from its predecessor's journal: a PUTTING record comes
+ * back REVOKED (it owns no key, its space is held for reclaim_ms: its writer may still write), a
+ * COMPLETE one committed and leased for lease_ttl_ms from now_ms (a read its predecessor granted
+ * may still be running), soft pin restarted. Its slices' ranges are taken out of their segments'
+ * free space. BATON_XFER_EEXIST (the key or a range is taken), BATON_STORE_ENOREPLICA (a stripe
+ * has no live copy), BATON_XFER_EINVAL; nothing is kept then. Not journaled. */
+int baton__meta_restore(baton__meta_t *m, const baton__meta_rec_t *rec, uint64_t now_ms);
 
 /* Periodic work: reclaims revoked puts past reclaim_ms, evicts when above the watermark.
  * Returns objects freed. */

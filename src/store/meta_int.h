@@ -93,6 +93,9 @@ void baton__olist_push(baton__olist_t *l, baton__mobj_t *o);
 /* meta_place.c: allocation in segments, and placement of a new object's slices. */
 int baton__seg_alloc(baton__seg_t *s, uint64_t len, uint64_t *off_p);
 void baton__seg_free(baton__seg_t *s, uint64_t off, uint64_t len);
+/* Takes [off, off + len) out of the free extents (a restore). BATON_XFER_EEXIST when some of
+ * it is not free. */
+int baton__seg_reserve(baton__seg_t *s, uint64_t off, uint64_t len);
 /* Fills o->slices / n_replicas / n_slices / held_bytes for replicas (best effort: at least
  * one). BATON_STORE_ENOSPACE when not even one fits; nothing is held then. */
 int baton__meta_place(baton__meta_t *m, baton__mobj_t *o, uint32_t replicas);

@@ -97,6 +97,44 @@ int baton__seg_alloc(baton__seg_t *s, uint64_t len, uint64_t *off_p)
     return BATON_STORE_ENOSPACE;
 }
 
+int baton__seg_reserve(baton__seg_t *s, uint64_t off, uint64_t len)
+{
+    len = align_up(len);
+    if (off % BATON__META_ALIGN != 0 || len == 0 || off > s->capacity || len > s->capacity - off)
+        return BATON_XFER_EINVAL;
+    for (size_t i = 0; i < s->n_free; i++) {
+        baton__extent_t *e = &s->free[i];
+        if (off < e->off || off + len > e->off + e->len)
+            continue;
+        uint64_t tail_off = off + len, tail_len = e->off + e->len - tail_off;
+        if (off > e->off && tail_len > 0) { /* split in two */
+            if (s->n_free == s->cap_free) {
+                baton__extent_t *f = realloc(s->free, s->cap_free * 2 * sizeof(*f));
+                if (f == NULL)
+                    return BATON_XFER_ENOMEM;
+                s->free = f;
+                s->cap_free *= 2;
+                e = &s->free[i];
+            }
+            memmove(e + 2, e + 1, (s->n_free - i - 1) * sizeof(*e));
+            s->n_free++;
+            e->len = off - e->off;
+            e[1] = (baton__extent_t){tail_off, tail_len};
+        } else if (off > e->off) {
+            e->len = off - e->off;
+        } else if (tail_len > 0) {
+            e->off = tail_off;
+            e->len = tail_len;
+        } else {
+            memmove(e, e + 1, (s->n_free - i - 1) * sizeof(*e));
+            s->n_free--;
+        }
+        s->used += len;
+        return 0;
+    }
+    return BATON_XFER_EEXIST;
+}
+
 void baton__seg_free(baton__seg_t *s, uint64_t off, uint64_t len)
 {
     len = align_up(len);
@@ -141,6 +179,8 @@ void baton__meta_release_space(baton__meta_t *m, baton__mobj_t *o)
 {
     size_t n = (size_t)o->n_replicas * o->n_slices;
     for (size_t i = 0; i < n; i++) {
+        if (o->slices[i].node == BATON__SLICE_LOST) /* its segment is gone with its node */
+            continue;
         baton__seg_t *s = &m->segs[o->slices[i].seg];
         if (!s->alive)
             continue;

@@ -320,6 +320,11 @@ static void on_master_reply(void *data, int status, baton__sp_msg_t *r)
     if (r->status == BATON_XFER_ENOTFOUND) { /* the master lost us (or restarted): again */
         log_warn(COMP, "node_unknown_to_master id=%s action=register", nd->id);
         nd->registered = 0;
+    } else if (r->status == 0 && (r->node != nd->node || r->seg != nd->seg)) {
+        /* a successor master restored us from its log under another index */
+        log_info(COMP, "node_renumbered id=%s node=%u segment=%u", nd->id, r->node, r->seg);
+        nd->node = r->node;
+        nd->seg = r->seg;
     }
 }
 
@@ -389,6 +394,7 @@ static void usage(FILE *f)
                "  --registry etcd://H:P,.../PFX find the leading master through etcd\n"
                "  --segment-bytes N            memory contributed (K, M, G suffixes)\n"
                "  --host H                     address clients reach this node at (127.0.0.1)\n"
+               "  --port P                     control port (0: any; a TCP probe may check it)\n"
                "  --transport tcp|shm|rdma     libbaton transport (tcp)\n"
                "  --id ID                      node id (hostname-pid)\n"
                "  --max-client-peers N         client engines kept connected at once (1024)\n"
@@ -441,6 +447,7 @@ int baton__node_main(int argc, char **argv)
         {"registry", required_argument, NULL, 'r'},
         {"segment-bytes", required_argument, NULL, 's'},
         {"host", required_argument, NULL, 'H'},
+        {"port", required_argument, NULL, 'o'},
         {"transport", required_argument, NULL, 't'},
         {"id", required_argument, NULL, 'i'},
         {"max-client-peers", required_argument, NULL, 'P'},
@@ -456,6 +463,7 @@ int baton__node_main(int argc, char **argv)
     nd.max_cpeers = CLIENT_PEERS_MAX;
     char mhost[BATON__SP_HOST_MAX + 1] = "", idbuf[64];
     const char *secret_file = NULL, *registry = NULL;
+    int ctrl_port = 0;
     int no_prefault = 0;
     int c;
     optind = 1;
@@ -479,6 +487,16 @@ int baton__node_main(int argc, char **argv)
         case 'H':
             nd.host = optarg;
             break;
+        case 'o': {
+            char *end;
+            long p = strtol(optarg, &end, 10);
+            if (*optarg == '\0' || *end != '\0' || p < 0 || p > 65535) {
+                fprintf(stderr, "baton-store node: bad --port '%s'\n", optarg);
+                return 2;
+            }
+            ctrl_port = (int)p;
+            break;
+        }
         case 't':
             if (baton_xfer_transport_parse(optarg, &nd.transport) != 0) {
                 fprintf(stderr, "baton-store node: unknown transport '%s'\n", optarg);
@@ -571,7 +589,7 @@ int baton__node_main(int argc, char **argv)
     so.on_msg = on_ctrl_msg;
     so.on_close = on_ctrl_closed;
     so.data = &nd;
-    rc = baton__slisten_start(&so, nd.host, 0, &nd.ctrl_port, &nd.ctrl);
+    rc = baton__slisten_start(&so, nd.host, ctrl_port, &nd.ctrl_port, &nd.ctrl);
     if (rc == 0) {
         baton__sconn_opts_t mo = so;
         mo.on_msg = NULL;

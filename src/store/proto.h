@@ -23,7 +23,7 @@
  *                           u8 n_replicas | u8 n_slices | u32 first_slice
  *   u32 n_slices, per slice: u32 node | u32 seg | u64 off | u64 len
  *   u16 n_nodes, per node:  u32 node | str8 host | u16 xfer_port | u16 ctrl_port
- *   u32 text length, text (JSON of STAT replies)
+ *   u32 text length, text (JSON: a STAT reply; a PUT_START's KV blocks, master_kvev.c)
  * str8: u8 length, bytes (no NUL inside). A frame whose header is wrong (magic, version, unknown
  * type, length above the reader's limit) is refused from the header alone, before its body is
  * read; a body that does not parse exactly (a count beyond its limit or the bytes left, a string

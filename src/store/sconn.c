@@ -29,6 +29,7 @@ struct baton__sconn_s {
     int listener_side;
     sc_state_t state;
     int close_reason;
+    int heard; /* the peer sent a byte */
     int handles_open;
     uint8_t my_nonce[BATON__SP_NONCE];
     char peer_id[BATON__SP_ID_MAX + 1];
@@ -171,7 +172,9 @@ static void sc_fail(baton__sconn_t *c, int reason)
 {
     if (c->state == SC_CLOSING)
         return;
-    if (c->listener && c->state != SC_UP)
+    /* A peer that connects and closes without a byte is a TCP probe (a standby master checking
+     * the leader is there, a tcpSocket health check), not a refused client. */
+    if (c->listener && c->state != SC_UP && (c->heard || reason != BATON_XFER_EPEERDOWN))
         c->listener->refused++;
     c->state = SC_CLOSING;
     c->close_reason = reason;
@@ -302,6 +305,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     (void)buf;
     if (nread == 0 || c->state == SC_CLOSING)
         return;
+    c->heard = 1;
     c->rbuf.len += (size_t)nread;
     /* Until authenticated only small handshake frames are accepted. */
     uint32_t limit = c->state == SC_UP ? c->o.max_body : 4096;

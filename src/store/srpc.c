@@ -65,9 +65,17 @@ static baton__sp_msg_t *msg_dup(const baton__sp_msg_t *m)
             goto fail;
         memcpy(c->slices, m->slices, m->n_slices * sizeof(*c->slices));
     }
+    if (m->text_len) {
+        c->text = malloc(m->text_len);
+        if (c->text == NULL)
+            goto fail;
+        memcpy(c->text, m->text, m->text_len);
+        c->text_len = m->text_len;
+    }
     return c;
 fail:
     free(c->items);
+    free(c->slices);
     free(c);
     return NULL;
 }
@@ -77,6 +85,7 @@ static void msg_drop(baton__sp_msg_t *m)
     if (m) {
         free(m->items);
         free(m->slices);
+        free(m->text);
         free(m);
     }
 }

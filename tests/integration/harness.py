@@ -130,7 +130,9 @@ class Proc:
                         return m
                 seen = len(self._lines)
                 left = deadline - time.monotonic()
-                if left <= 0 or (self.p.poll() is not None and seen == len(self._lines)):
+                # an exited process: only once its last lines are read (the reader is done)
+                if left <= 0 or (self.p.poll() is not None and not self._reader.is_alive()
+                                 and seen == len(self._lines)):
                     raise RuntimeError(f"{self.name}: no log line /{pattern}/\n{self.tail()}")
                 self._cond.wait(min(left, 0.2))
 

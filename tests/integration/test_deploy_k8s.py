@@ -99,7 +99,7 @@ def test_structure():
             assert "memory" in c["resources"].get("limits", {}), (name, c["name"], "limit")
             port_names = {p["name"] for p in c.get("ports", [])}
             for probe in ("livenessProbe", "readinessProbe"):
-                hg = c[probe]["httpGet"]
+                hg = c[probe].get("httpGet") or c[probe]["tcpSocket"]
                 assert hg["port"] in port_names, (name, probe, hg)
             if c.get("command") == ["baton"]:
                 assert c["livenessProbe"]["httpGet"]["path"] == "/liveness", name
@@ -133,11 +133,20 @@ def test_structure():
                 assert 1 <= pdb["spec"]["minAvailable"] < r, (n, pdb["spec"], r)
             else:
                 assert 1 <= pdb["spec"]["maxUnavailable"] < r, (n, pdb["spec"], r)
-    # RBG: router, prefill and decode roles; the router starts after both pools.
+    # RBG: router, prefill and decode roles, and baton-store's master and store roles; the router
+    # starts after both pools, store nodes after the masters; the store roles run store.yaml's
+    # exact containers.
     rbg = next(d for _, d in docs if d["kind"] == "RoleBasedGroup")
     roles = {r["name"]: r for r in rbg["spec"]["roles"]}
-    assert set(roles) == {"router", "prefill", "decode"}, roles.keys()
+    assert set(roles) == {"router", "prefill", "decode", "master", "store"}, roles.keys()
     assert set(roles["router"]["dependencies"]) == {"prefill", "decode"}
+    assert roles["store"]["dependencies"] == ["master"]
+    for role, workload in (("master", "baton-store-master"), ("store", "baton-store-node")):
+        tpl = next(t for _, n, _, t in wl if n == workload)
+        assert roles[role]["template"] == tpl, (role, "differs from store.yaml's pods")
+    # The store: two masters (election), the node a StatefulSet.
+    wk = {n: (f, r) for f, n, r, _ in wl}
+    assert wk["baton-store-master"][1] == 2 and wk["baton-store-node"][1] >= 2
     # The kustomization lists files that exist.
     kust = next(d for _, d in docs if d["kind"] == "Kustomization")
     for r in kust["resources"]:
@@ -299,6 +308,70 @@ def test_manifests_run_end_to_end():
                    what="the pool pod's self-registration to reach the router")
 
 
+def store_args(c, docs, workload, cname, etcd_url, secrets):
+    """A store container's exact arguments, run here: loopback, ephemeral ports, a test etcd."""
+    out = []
+    for a in container(docs, workload, cname)["args"]:
+        a = a.replace("$(POD_IP)", "127.0.0.1").replace("$(POD_NAME)", "node-0")
+        a = a.replace(SECRETS, secrets)
+        a = re.sub(r"^--registry=etcd://.*$", f"--registry={etcd_url}", a)
+        a = re.sub(r"^--(port|http-port)=\d+$", r"--\1=0", a)
+        a = re.sub(r"^(--kv-events-(replay-)?endpoint=tcp://127.0.0.1):\d+$", r"\1:*", a)
+        a = re.sub(r"^--segment-bytes=.*$", "--segment-bytes=64M", a)
+        out.append(a)
+    return out
+
+
+def test_store_manifests_run():
+    """store.yaml's masters and node with their own arguments: a leader is elected through etcd,
+    the node registers, a put and a get go through the registry with the KV secret, /metrics
+    wants the admin token, the KV-event sockets are bound."""
+    try:
+        docs = load_docs()
+    except ImportError:
+        raise SkipTest("python3-yaml not installed (scripts/install-deps.sh --test)")
+    from etcd_cluster import EtcdCluster, etcd_binary
+    if etcd_binary() is None:
+        raise SkipTest("etcd not installed (scripts/install-deps.sh --test)")
+    with EtcdCluster(size=1, name="deploy-store-etcd") as etcd, Cluster("deploy-store") as c:
+        secrets = os.path.join(c.logdir, "secrets")
+        os.mkdir(secrets)
+        token = "t0k3n-" + os.urandom(8).hex()
+        for key, value in (("admin-token", token), ("kv-secret", os.urandom(16).hex())):
+            with open(os.path.join(secrets, key), "w") as f:
+                f.write(value + "\n")
+            os.chmod(os.path.join(secrets, key), 0o440)
+        reg = etcd.url("/baton")
+        masters = [c.start(f"master{i}", [binary("baton-store")] + store_args(
+            c, docs, "baton-store-master", "master", reg, secrets),
+            wait=("master", "http", "kvevents", "kvreplay")) for i in range(2)]
+        c.start("node", [binary("baton-store")] + store_args(
+            c, docs, "baton-store-node", "node", reg, secrets), wait=("node",))
+
+        def leaders():
+            return [m for m in masters if b'"leader":true' in get(m.port, "/health").body]
+        wait_until(lambda: len(leaders()) == 1, 20, what="one leading master")
+        cli = [binary("baton-store"), "--registry", reg, "--kv-secret-file",
+               os.path.join(secrets, "kv-secret")]
+        data = os.urandom(100000)
+        src, dst = os.path.join(c.logdir, "in"), os.path.join(c.logdir, "out")
+        with open(src, "wb") as f:
+            f.write(data)
+
+        def put_ok():
+            return subprocess.run([cli[0], "put", "k", src] + cli[1:], capture_output=True,
+                                  timeout=60).returncode == 0
+        wait_until(put_ok, 30, what="a put through the registry (the node registered)")
+        res = subprocess.run([cli[0], "get", "k", dst] + cli[1:], capture_output=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        with open(dst, "rb") as f:
+            assert f.read() == data
+        lead = leaders()[0]
+        assert get(lead.port, "/metrics").status == 401
+        m = get(lead.port, "/metrics", headers={"Authorization": f"Bearer {token}"})
+        assert m.status == 200 and "baton_store_objects 1" in m.text, m.text[:300]
+
+
 def test_kubectl_kustomize():
     kubectl = shutil.which("kubectl")
     if kubectl is None:
@@ -309,7 +382,7 @@ def test_kubectl_kustomize():
         raise SkipTest(f"this kubectl has no kustomize: {res.stderr.strip()[:200]}")
     assert res.returncode == 0, res.stderr
     kinds = re.findall(r"^kind: (\w+)$", res.stdout, re.M)
-    assert kinds.count("Deployment") == 3 and "StatefulSet" in kinds, kinds
+    assert kinds.count("Deployment") == 4 and kinds.count("StatefulSet") == 2, kinds
 
 
 if __name__ == "__main__":
@@ -317,5 +390,6 @@ if __name__ == "__main__":
     t.run(test_structure)
     t.run(test_binaries_accept_the_manifests)
     t.run(test_manifests_run_end_to_end)
+    t.run(test_store_manifests_run)
     t.run(test_kubectl_kustomize)
     t.finish()

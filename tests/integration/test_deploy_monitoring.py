@@ -6,7 +6,8 @@ Every PromQL expression of the dashboard is extracted (Grafana variables replace
 evaluated by `promtool test rules` over synthetic series with the value it must give. A new
 panel expression without an expected value here fails the test. The alerts have their own unit
 test file next to them (deploy/prometheus/alerts_test.yml), run here too. The metric names the
-dashboard and the alerts use must exist in a real router's and worker's /metrics.
+dashboard and the alerts use must exist in a real router's, worker's and baton-store master's
+/metrics.
 """
 
 import json
@@ -18,7 +19,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Cluster, SkipTest, TestRunner, get, post  # noqa: E402
+from harness import Cluster, SkipTest, TestRunner, binary, get, post  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 DASH = os.path.join(ROOT, "deploy", "grafana", "baton.json")
@@ -59,6 +60,26 @@ SERIES = [
     ('baton_priority_shed_total{instance="r1",priority="bulk",reason="queue_full"}', "0+30x10"),
     ('baton_registry_etcd_up{instance="r1"}', "1x10"),
     ('baton_registry_etcd_events_total{instance="r1",type="put"}', "0+60x10"),
+    # baton-store: m1 leads, m2 stands by (no capacity: it knows no node)
+    ('baton_store_capacity_bytes{instance="m1"}', "1000x10"),
+    ('baton_store_capacity_bytes{instance="m2"}', "0x10"),
+    ('baton_store_used_bytes{instance="m1"}', "900x10"),
+    ('baton_store_used_bytes{instance="m2"}', "0x10"),
+    ('baton_store_puts_total{instance="m1"}', "0+60x10"),
+    ('baton_store_gets_total{instance="m1"}', "0+120x10"),
+    ('baton_store_hits_total{instance="m1"}', "0+90x10"),
+    ('baton_store_revokes_total{instance="m1"}', "0+6x10"),
+    ('baton_store_takeovers_total{instance="m1"}', "0+6x10"),
+    ('baton_store_misses_total{instance="m1"}', "0+30x10"),
+    ('baton_store_objects_lost_total{instance="m1"}', "0+3x10"),
+    ('baton_store_evictions_total{instance="m1"}', "0+30x10"),
+    ('baton_store_evicted_bytes_total{instance="m1"}', "0+600x10"),
+    ('baton_store_objects{instance="m1"}', "50x10"),
+    ('baton_store_leader{instance="m1"}', "1x10"),
+    ('baton_store_leader{instance="m2"}', "0x10"),
+    ('baton_store_leader_acquired_total{instance="m1"}', "0+1x10"),
+    ('baton_store_failover_seconds{instance="m1"}', "0.05x10"),
+    ('baton_store_oplog_pending{instance="m1"}', "3x10"),
 ]
 
 # (panel title, refId) -> expected samples at 10m as {labels: value}.
@@ -92,6 +113,22 @@ EXPECTED = {
     ("Admission by priority class", "B"): {'{priority="bulk",reason="queue_full"}': 0.5},
     ("Shared registry (etcd)", "A"): {"{}": 1},
     ("Shared registry (etcd)", "B"): {'{type="put"}': 1},
+    ("Store capacity and use (leader)", "A"): {"{}": 1000},
+    ("Store capacity and use (leader)", "B"): {"{}": 900},
+    ("Store capacity and use (leader)", "C"): {"{}": 0.9},
+    ("Store puts and gets", "A"): {"{}": 1},
+    ("Store puts and gets", "B"): {"{}": 2},
+    ("Store puts and gets", "C"): {"{}": 0.75},
+    ("Store put failures and get misses", "A"): {"{}": 0.2},
+    ("Store put failures and get misses", "B"): {"{}": 0.5},
+    ("Store put failures and get misses", "C"): {"{}": 15},
+    ("Store evictions", "A"): {"{}": 0.5},
+    ("Store evictions", "B"): {"{}": 10},
+    ("Store evictions", "C"): {"{}": 50},
+    ("Store leadership and operation log", "A"): {"{}": 1},
+    ("Store leadership and operation log", "B"): {"{}": 5},
+    ("Store leadership and operation log", "C"): {"{}": 0.05},
+    ("Store leadership and operation log", "D"): {"{}": 3},
 }
 
 
@@ -161,7 +198,9 @@ def test_alerts_check_and_unit_test():
     with open(os.path.join(PROM, "alerts.yml")) as f:
         names = set(re.findall(r"alert: (\w+)", f.read()))
     for want in ("BatonNoHealthyPair", "BatonWorkerBreakerOpen", "BatonKVCorruption",
-                 "BatonHighErrorRatio", "BatonQueueSaturated"):
+                 "BatonHighErrorRatio", "BatonQueueSaturated", "BatonStoreLeader",
+                 "BatonStoreCapacityHigh", "BatonStoreEvictionChurn", "BatonStorePutFailures",
+                 "BatonStoreLeaderFlapping"):
         assert want in names, want
     with open(os.path.join(PROM, "alerts_test.yml")) as f:
         tested = set(re.findall(r"alertname: (\w+)", f.read()))
@@ -169,7 +208,8 @@ def test_alerts_check_and_unit_test():
 
 
 def test_metric_names_exist():
-    """Every baton_* name in the dashboard and alerts is exported by a real router or worker."""
+    """Every baton_* name in the dashboard and alerts is exported by a real router, worker or
+    baton-store master."""
     with Cluster("monitoring") as c:
         p, d, r = c.pd(router_args=("--registry", "etcd://127.0.0.1:9/x",
                                     "--registry-timeout-ms", "200"))
@@ -177,6 +217,9 @@ def test_metric_names_exist():
         assert post(r.port, "/v1/chat/completions",
                     {"messages": msgs, "max_tokens": 3, "stream": True}).status == 200
         text = "".join(get(x.port, "/metrics").text for x in (r, p, d))
+        m = c.start("store-master", [binary("baton-store"), "master", "--host", "127.0.0.1",
+                                     "--port", "0", "--http-port", "0"], wait=("master", "http"))
+        text += get(m.wait_port("http"), "/metrics").text
     exported = set(re.findall(r"^# TYPE (\w+) ", text, re.M))
     with open(DASH) as f:
         used = set(re.findall(r"\b(baton_\w+)", f.read()))
@@ -184,7 +227,7 @@ def test_metric_names_exist():
         used |= set(re.findall(r"\b(baton_\w+)", f.read()))
     used = {re.sub(r"_(bucket|sum|count)$", "", u) for u in used}
     unknown = sorted(u for u in used if u not in exported)
-    assert not unknown, f"not exported by baton/baton-worker: {unknown}"
+    assert not unknown, f"not exported by baton/baton-worker/baton-store: {unknown}"
 
 
 if __name__ == "__main__":

@@ -250,6 +250,19 @@ def test_profile_callgrind():
     assert "thread_main" not in names and not any(n.startswith("clone") for n in names), names
 
 
+def test_store_failover():
+    binary("baton-store")
+    out = run_scenario("store_failover.py")
+    if "SKIPPED: etcd is not installed" in out:
+        raise SkipTest("etcd is not installed")
+    header, rows = table_rows(out, "kill -9 of the leading master")
+    assert rows and all(r[header.index("not read back")] == "0" for r in rows), rows
+    assert int(rows[0][header.index("restored objects")]) >= 4, rows
+    header, rows = table_rows(out, "the operation log's cost")
+    assert all(r[header.index("corrupted")] == "0" for r in rows), rows
+    assert int(col(header, rows, "log txns", "4K")) == 0  # the first 4K row: no registry
+
+
 def test_store():
     """baton-store's scenario: a throughput row per transport, node count and size with nothing
     failed or corrupted, the latency table, the metadata figures."""
@@ -278,5 +291,6 @@ if __name__ == "__main__":
     t.run(test_allocs)
     t.run(test_profile_perf)
     t.run(test_profile_callgrind)
+    t.run(test_store_failover)
     t.run(test_store)
     t.finish()

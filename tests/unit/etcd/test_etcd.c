@@ -72,6 +72,25 @@ static void base64_round_trip(void **state)
     json_t *bad = json_string("not base64!");
     assert_null(baton_etcd_unb64(bad, NULL));
     json_decref(bad);
+    /* every length's padding, every byte value, and malformed forms */
+    unsigned char all[256];
+    for (int i = 0; i < 256; i++)
+        all[i] = (unsigned char)(255 - i);
+    for (size_t len = 0; len <= 256; len += (len < 8 ? 1 : 61)) {
+        json_t *e = baton_etcd_b64((const char *)all, len);
+        char *d = baton_etcd_unb64(e, &n);
+        assert_non_null(d);
+        assert_int_equal(n, len);
+        assert_memory_equal(d, all, len);
+        free(d);
+        json_decref(e);
+    }
+    const char *malformed[] = {"QQ", "QQ=", "Q===", "QQ==QQ==", "QQ=A", "QQ\nA", "Q-A="};
+    for (size_t i = 0; i < sizeof(malformed) / sizeof(malformed[0]); i++) {
+        bad = json_string(malformed[i]);
+        assert_null(baton_etcd_unb64(bad, NULL));
+        json_decref(bad);
+    }
     assert_null(baton_etcd_unb64(NULL, NULL));
 }
 

@@ -577,6 +577,160 @@ static void test_scale(void **state)
     baton__meta_destroy(m);
 }
 
+/* ---- the journal and a successor's restore ---- */
+
+typedef struct {
+    baton__meta_rec_t rec;
+    char ns[64], key[256];
+    baton__slice_t slices[64];
+    int live;
+} logged_t;
+
+typedef struct {
+    logged_t e[64];
+    int n, frees;
+} jlog_t;
+
+/* What oplog.c does with etcd, in memory: put_id -> the latest record, FREED deletes it. */
+static void on_journal(void *data, const baton__meta_rec_t *rec)
+{
+    jlog_t *j = data;
+    logged_t *x = NULL;
+    for (int i = 0; i < j->n; i++)
+        if (j->e[i].live && j->e[i].rec.put_id == rec->put_id)
+            x = &j->e[i];
+    if (rec->state == BATON__OBJ_FREED) {
+        assert_non_null(x);
+        x->live = 0;
+        j->frees++;
+        return;
+    }
+    if (x == NULL) {
+        assert_true(j->n < 64);
+        x = &j->e[j->n++];
+    }
+    x->live = 1;
+    x->rec = *rec;
+    snprintf(x->ns, sizeof(x->ns), "%s", rec->ns);
+    snprintf(x->key, sizeof(x->key), "%s", rec->key);
+    memcpy(x->slices, rec->slices, rec->n_replicas * rec->n_slices * sizeof(*rec->slices));
+    x->rec.ns = x->ns;
+    x->rec.key = x->key;
+    x->rec.slices = x->slices;
+}
+
+static void test_journal_restore(void **state)
+{
+    (void)state;
+    jlog_t j;
+    memset(&j, 0, sizeof(j));
+    baton__meta_config_t cfg;
+    baton__meta_config_init(&cfg);
+    cfg.journal = on_journal;
+    cfg.journal_data = &j;
+    baton__meta_t *a = NULL;
+    assert_int_equal(baton__meta_create(&cfg, &a), 0);
+    for (int i = 0; i < 3; i++) {
+        char id[8];
+        snprintf(id, sizeof(id), "n%d", i);
+        add_node(a, id, 64 * MIB);
+    }
+    uint64_t now = 1000, id_open = 0, id_striped = 0;
+    assert_int_equal(put_commit(a, NULL, "kept", 100 * KIB, 0, now), 0);
+    assert_int_equal(put_commit(a, "tenant", "pinned", 1 * MIB, BATON_STORE_PUT_SOFT_PIN, now), 0);
+    assert_int_equal(put(a, NULL, "striped", 10 * MIB, 2, 0, now, &id_striped), 0);
+    assert_int_equal(baton__meta_put_commit(a, NULL, "striped", id_striped, now), 0);
+    assert_int_equal(put_commit(a, NULL, "removed", 4 * KIB, 0, now), 0);
+    assert_int_equal(baton__meta_remove(a, NULL, "removed", now), 0);
+    assert_int_equal(put(a, NULL, "open", 2 * MIB, 1, 0, now, &id_open), 0); /* never committed */
+    assert_int_equal(j.frees, 1);
+    check_books(a);
+
+    /* the successor: the same nodes (same indexes), then every live record */
+    cfg.journal = NULL;
+    baton__meta_t *b = NULL;
+    assert_int_equal(baton__meta_create(&cfg, &b), 0);
+    for (int i = 0; i < 3; i++) {
+        char id[8];
+        snprintf(id, sizeof(id), "n%d", i);
+        add_node(b, id, 64 * MIB);
+    }
+    uint64_t later = 5000;
+    int restored = 0;
+    for (int i = 0; i < j.n; i++)
+        if (j.e[i].live) {
+            assert_int_equal(baton__meta_restore(b, &j.e[i].rec, later), 0);
+            restored++;
+        }
+    assert_int_equal(restored, 4);
+    check_books(b);
+    baton__meta_stats_t sa, sb;
+    baton__meta_stats(a, &sa);
+    baton__meta_stats(b, &sb);
+    assert_int_equal(sb.used, sa.used); /* the uncommitted put's space is held too */
+    assert_int_equal(sb.objects, 3);
+    assert_int_equal(sb.revoked, 1);
+    const char *keys[] = {"kept", "striped"};
+    for (int k = 0; k < 2; k++) { /* the same placement, byte for byte */
+        baton__obj_view_t va, vb;
+        assert_int_equal(baton__meta_get(a, NULL, keys[k], now, &va), 0);
+        baton__slice_t sla[64];
+        memcpy(sla, va.slices, va.n_replicas * va.n_slices * sizeof(*sla));
+        assert_int_equal(baton__meta_get(b, NULL, keys[k], later, &vb), 0);
+        assert_int_equal(vb.len, va.len);
+        assert_int_equal(vb.crc, va.crc);
+        assert_int_equal(vb.n_replicas * vb.n_slices, va.n_replicas * va.n_slices);
+        assert_memory_equal(vb.slices, sla, va.n_replicas * va.n_slices * sizeof(*sla));
+    }
+    assert_true(baton__meta_exists(b, "tenant", "pinned", later, 0, NULL, NULL));
+    assert_false(baton__meta_exists(b, NULL, "removed", later, 0, NULL, NULL));
+    assert_false(baton__meta_exists(b, NULL, "open", later, 0, NULL, NULL));
+    /* the old putter's commit is refused: its put was taken over */
+    assert_int_equal(baton__meta_put_commit(b, NULL, "open", id_open, later), BATON_XFER_ENOTFOUND);
+    /* restored objects are leased for a lease TTL: a read the predecessor granted may run */
+    assert_int_equal(baton__meta_remove(b, NULL, "kept", later), BATON_XFER_EBUSY);
+    /* a new put gets a fresh id and a range no restored object holds */
+    uint64_t id_new = 0;
+    assert_int_equal(put(b, NULL, "new", 60 * MIB, 1, 0, later, &id_new), 0);
+    assert_true(id_new > id_open && id_new > id_striped);
+    check_books(b);
+    /* a record whose range is taken is refused and changes nothing */
+    baton__meta_stats(b, &sa);
+    assert_int_equal(baton__meta_restore(b, &j.e[0].rec, later), BATON_XFER_EEXIST);
+    baton__meta_rec_t dup = j.e[0].rec;
+    dup.key = "other-key";
+    assert_int_equal(baton__meta_restore(b, &dup, later), BATON_XFER_EEXIST);
+    baton__meta_stats(b, &sb);
+    assert_int_equal(sb.used, sa.used);
+    check_books(b);
+    baton__meta_destroy(a);
+    baton__meta_destroy(b);
+
+    /* a successor whose node n1 did not come back: a stripe with no copy is not restored, one
+     * with a copy on another node is (its copy on n1 lost) */
+    baton__meta_t *c = NULL;
+    assert_int_equal(baton__meta_create(&cfg, &c), 0);
+    add_node(c, "n0", 64 * MIB);
+    uint32_t n1 = add_node(c, "n1", 64 * MIB);
+    add_node(c, "n2", 64 * MIB);
+    baton__meta_node_lost(c, n1, later);
+    for (int i = 0; i < j.n; i++) {
+        if (!j.e[i].live)
+            continue;
+        int dead = 0; /* some stripe has every copy on n1 */
+        const baton__meta_rec_t *r = &j.e[i].rec;
+        for (uint32_t s = 0; s < r->n_slices; s++) {
+            int live = 0;
+            for (uint32_t x = 0; x < r->n_replicas; x++)
+                live |= r->slices[x * r->n_slices + s].node != n1;
+            dead |= !live;
+        }
+        assert_int_equal(baton__meta_restore(c, r, later), dead ? BATON_STORE_ENOREPLICA : 0);
+    }
+    check_books(c);
+    baton__meta_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -593,6 +747,7 @@ int main(void)
         cmocka_unit_test(test_node_lost),
         cmocka_unit_test(test_segment_allocator),
         cmocka_unit_test(test_scale),
+        cmocka_unit_test(test_journal_restore),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
