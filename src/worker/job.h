@@ -117,6 +117,7 @@ struct wk_job_s {
     uint64_t deadline_ms;
 
     struct wk_vllm_hb_s *hb; /* vllm-nixl decode: lease heartbeats until its KV is in */
+    struct wk_tier_lookup_s *tier_lookup; /* its L2/L3 lookup while the prefill waits for it */
 };
 
 /* The job's and the sequence's phase tables (common/phase.h; exported for the tests). */

@@ -305,6 +305,11 @@ static int read_secret(const char *path, uint8_t *buf, size_t cap, size_t *len_p
     return 0;
 }
 
+int wk_kv_secret_read(const char *path, uint8_t *buf, size_t cap, size_t *len_p)
+{
+    return read_secret(path, buf, cap, len_p) == 0 ? 0 : BATON_EINVAL;
+}
+
 int wk_kv_secret_check(const char *path)
 {
     uint8_t secret[BATON_XFER_SECRET_MAX + 1];

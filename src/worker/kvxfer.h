@@ -77,6 +77,8 @@ int wk_kv_listen_port(const wk_kv_t *kv);
  * worker checks it at start in every mode, so that a named secret that cannot be used stops a
  * regular worker too instead of leaving it silently without one. */
 int wk_kv_secret_check(const char *path);
+/* Reads it into buf (at most cap bytes): 0 and *len_p, or BATON_EINVAL (logged). */
+int wk_kv_secret_read(const char *path, uint8_t *buf, size_t cap, size_t *len_p);
 /* The libbaton engine's id (vLLM's remote_engine_id), "" before the engine exists. */
 const char *wk_kv_engine_id(const wk_kv_t *kv);
 uint32_t wk_kv_pool_slots(const wk_kv_t *kv);

@@ -248,6 +248,11 @@ void wk_l2_unpin(wk_l2_t *l2, int32_t slot)
         l2->e[slot].pins--;
 }
 
+uint32_t wk_l2_pins(const wk_l2_t *l2, int32_t slot)
+{
+    return l2->e[slot].pins;
+}
+
 void wk_l2_clean(wk_l2_t *l2, int32_t slot)
 {
     entry_t *e = &l2->e[slot];

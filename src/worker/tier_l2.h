@@ -52,6 +52,7 @@ void wk_l2_commit(wk_l2_t *l2, int32_t slot, int dirty);
 void wk_l2_drop(wk_l2_t *l2, int32_t slot);
 void wk_l2_pin(wk_l2_t *l2, int32_t slot);
 void wk_l2_unpin(wk_l2_t *l2, int32_t slot);
+uint32_t wk_l2_pins(const wk_l2_t *l2, int32_t slot);
 /* A dirty entry is in L3 now (or will never be: it stays clean either way). */
 void wk_l2_clean(wk_l2_t *l2, int32_t slot);
 uint8_t *wk_l2_addr(const wk_l2_t *l2, int32_t slot);

@@ -12,6 +12,7 @@
 #include "worker/vllm.h"
 #include "worker/job.h"
 #include "worker/kvev.h"
+#include "worker/tier_opts.h"
 #include "worker/worker.h"
 
 #define COMP                 "worker"
@@ -43,6 +44,7 @@ void wk_config_default(wk_config_t *cfg)
     cfg->cache_tokens = WK_DEFAULT_CACHE_TOKENS;
     cfg->protocol = WK_PROTO_SGLANG;
     cfg->kv_hold_timeout_ms = 30000;
+    wk_tier_cfg_default(&cfg->tier);
 }
 
 const char *wk_mode_name(wk_mode_t m)
@@ -155,10 +157,13 @@ static void metrics_init(wk_worker_t *w)
                             0, NULL);
     w->m_buffered = baton_metric_child(f, NULL);
     /* prefix cache (job_cache.c) */
+    static const char *const tier_label[] = {"tier"}, *const l1[] = {"l1"};
     f = baton_metrics_counter(w->metrics, "baton_worker_cache_hit_tokens_total",
-                              "Prompt tokens found in the prefix cache (not computed again).", 0,
-                              NULL);
-    w->m_cache_hit = baton_metric_child(f, NULL);
+                              "Prompt tokens found in the prefix cache (l1) or fetched from the "
+                              "host pool (l2) or the store (l3): not computed again.",
+                              1, tier_label);
+    w->f_cache_hit = f;
+    w->m_cache_hit = baton_metric_child(f, l1);
     f = baton_metrics_counter(w->metrics, "baton_worker_cache_miss_tokens_total",
                               "Prompt tokens not in the prefix cache (computed).", 0, NULL);
     w->m_cache_miss = baton_metric_child(f, NULL);
@@ -215,6 +220,8 @@ int wk_worker_init(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
 
     uv_timer_init(loop, &w->dl_timer);
     w->dl_timer.data = w;
+    if (cfg->tier.l2_bytes && (rc = wk_tier_create(&w->tier, w)) != 0)
+        return rc;
     if (cfg->mode != WK_MODE_REGULAR) {
         wk_kv_cfg_t kc;
         memset(&kc, 0, sizeof(kc));
@@ -292,6 +299,11 @@ void wk_worker_close(wk_worker_t *w)
         w->n_closing++;
         wk_kv_close(w->kv, kv_closed_cb, w);
         w->kv = NULL;
+    }
+    if (w->tier) {
+        w->n_closing++;
+        wk_tier_close(w->tier, kv_closed_cb, w);
+        w->tier = NULL;
     }
     w->n_closing += 3;
     uv_close((uv_handle_t *)&w->sched_timer, handle_closed_cb);
