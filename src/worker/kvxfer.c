@@ -127,8 +127,9 @@ void wk__kv_fill_layer(const wk_kv_t *kv, const uint32_t *slots, const wk_kv_roo
 
 void wk__kv_done_encode(const wk_kv_t *kv, const wk_kv_roomp_t *p, uint8_t out[WK_KVDONE_LEN])
 {
-    wk_kvdone_t d = {p->n_tokens, kv->cfg.shape.layers, kv->token_bytes, kv->cfg.shape.page_tokens,
-                     p->seed};
+    wk_kvdone_t d = {
+        p->n_tokens, kv->cfg.shape.layers, kv->token_bytes, kv->cfg.shape.page_tokens, p->seed, 1,
+        p->hits[0],  p->hits[1],           p->hits[2]};
     wk_kvdone_encode(&d, out);
 }
 

@@ -121,6 +121,8 @@ typedef struct wk_kv_got_s {
     uint32_t prompt_tokens;
     int32_t first_token; /* -1 when none */
     uint64_t seed;       /* the generator seed, derived from the received bytes */
+    int has_hits;        /* the prefill reported its tier hits: */
+    uint32_t hits[3];    /* prompt tokens it found in L1, L2, L3 */
 } wk_kv_got_t;
 
 /*
@@ -178,6 +180,8 @@ int wk_kv_send_slots(wk_kv_send_t *s, const uint32_t *slots);
 /* Layer `layer` was computed: fill it and, when `write_now` (layer-wise), write it at once;
  * otherwise it waits for wk_kv_send_finish, which writes the whole room in one go. */
 void wk_kv_send_layer(wk_kv_send_t *s, uint32_t layer, int write_now);
+/* The prompt tokens the prefill found in L1, L2 and L3 (not computed): DONE tells the decode. */
+void wk_kv_send_hits(wk_kv_send_t *s, uint32_t l1, uint32_t l2, uint32_t l3);
 /* Every layer was computed: fill and write what is left, then DONE with the first token. */
 void wk_kv_send_finish(wk_kv_send_t *s, int32_t first_token);
 /* The request lets go before `sent` fired: aborts the room (the decode learns at once) or

@@ -499,6 +499,13 @@ void wk_kv_send_layer(wk_kv_send_t *s, uint32_t layer, int write_now)
         send_fill(s, layer, layer + 1);
 }
 
+void wk_kv_send_hits(wk_kv_send_t *s, uint32_t l1, uint32_t l2, uint32_t l3)
+{
+    s->p.hits[0] = l1;
+    s->p.hits[1] = l2;
+    s->p.hits[2] = l3;
+}
+
 void wk_kv_send_finish(wk_kv_send_t *s, int32_t first_token)
 {
     if (s->phase != WK_SEND_MATCHED)

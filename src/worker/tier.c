@@ -257,10 +257,8 @@ void wk_tier_store_ids(wk_tier_t *t, const int64_t *ids, uint32_t n)
         int32_t slot = wk_l2_find(t->l2, &keys[i]);
         if (slot < 0) {
             slot = wk_l2_alloc(t->l2, &keys[i]);
-            if (slot == -2)
-                break; /* every slot busy: the rest is not kept */
             if (slot < 0)
-                continue; /* being filled by a fetch */
+                continue; /* every slot busy (maybe being written back), or being fetched */
             /* the device-to-host copy of the computed page */
             wk_tier_page_fill(wk_l2_addr(t->l2, slot), &t->shape, ids + (size_t)i * P, i * P);
             baton_counter_add(t->m_written[1], (double)t->page_bytes);

@@ -174,18 +174,22 @@ static void unmap(wk_l2_t *l2, entry_t *e)
     l2->st.used--;
 }
 
-/* Frees the least recently used clean, unpinned entry; dirty ones go to the callback (which
- * pins them while they are written out). 1 when a slot was freed. */
+/* Frees the least recently used clean, unpinned entry. The first dirty one met on the way goes
+ * to the callback (which pins it while it is written out, so it is clean for a later
+ * eviction): one write-back per eviction, as a device evicting into a host writes back what it
+ * evicts. 1 when a slot was freed. */
 static int evict_one(wk_l2_t *l2)
 {
     baton_list_t *l = l2->lru.next;
+    int handed = 0;
     while (l != &l2->lru) {
         entry_t *e = container_of(l, entry_t, lru);
         l = l->next;
         if (e->pins)
             continue;
         if (e->dirty) {
-            if (l2->dirty_cb) {
+            if (l2->dirty_cb && !handed) {
+                handed = 1;
                 e->pins++; /* the callback's; wk_l2_clean + unpin end it */
                 l2->dirty_cb(l2->ud, l2, (int32_t)(e - l2->e), &e->key);
             }

@@ -93,8 +93,120 @@ def test_l2_under_small_l1():
                       {"tier": "l2"}) == 8 * PAGE_BYTES
 
 
+def test_write_policies():
+    with Cluster("hicache-wp") as c:
+        st = Store(c, nodes=1, segment="16M")
+        # selective: a page reaches L2 and L3 only when it is used a second time
+        w = tier_worker(c, st, "sel", "--hicache-write-policy", "write_through_selective")
+        t = words(3, 400)
+        generate(w.port, t)
+        time.sleep(0.3)
+        assert metric(w.port, "baton_worker_tier_written_bytes_total", {"tier": "l2"}) == 0
+        assert metric(w.port, "baton_worker_tier_written_bytes_total", {"tier": "l3"}) == 0
+        generate(w.port, t)
+        wait_until(lambda: metric(w.port, "baton_worker_tier_written_bytes_total",
+                                  {"tier": "l3"}) == 25 * PAGE_BYTES, timeout=20,
+                   what="selective pages in the store after their second use")
+        # exists before put: the same pages again write nothing more to the store
+        generate(w.port, t)
+        time.sleep(0.3)
+        assert metric(w.port, "baton_worker_tier_written_bytes_total",
+                      {"tier": "l3"}) == 25 * PAGE_BYTES
+        # write_back: L2 (32 pages) at once, L3 only for what L2 evicts
+        wb = tier_worker(c, st, "wb", "--hicache-write-policy", "write_back", "--l2-bytes",
+                         str(32 * PAGE_BYTES))
+        generate(wb.port, words(4, 400))  # 25 pages: all fit
+        time.sleep(0.3)
+        assert metric(wb.port, "baton_worker_tier_written_bytes_total", {"tier": "l3"}) == 0
+        assert metric(wb.port, "baton_worker_tier_written_bytes_total",
+                      {"tier": "l2"}) == 25 * PAGE_BYTES
+        generate(wb.port, words(5, 400))  # 25 more: 18 of the first go to L3 on eviction
+        wait_until(lambda: metric(wb.port, "baton_worker_tier_written_bytes_total",
+                                  {"tier": "l3"}) == 18 * PAGE_BYTES, timeout=20,
+                   what="written back on eviction")
+        # and they are found there by another worker
+        o = tier_worker(c, st, "other")
+        m = generate(o.port, words(4, 400) + " tail")
+        assert m["cached_tokens_details"]["storage"] == 18 * PAGE, m
+
+
+def test_pd_turn2_on_other_prefill():
+    with Cluster("hicache-pd") as c:
+        st = Store(c, nodes=2, segment="16M")
+        ps = [tier_worker(c, st, f"p{i}", mode="prefill") for i in range(2)]
+        ds = [c.worker("decode", *FAST, "--kv-secret-file", st.secret, name=f"d{i}")
+              for i in range(2)]
+        args = []
+        for p in ps:
+            args += ["--prefill", url(p.port), str(p.wait_port("bootstrap"))]
+        for d in ds:
+            args += ["--decode", url(d.port)]
+        r = c.router(*args, "--prefill-policy", "round_robin", "--decode-policy", "round_robin")
+        t1 = words(6, 400)
+        m1 = generate(r.port, t1)
+        assert m1["cached_tokens"] == 0, m1
+        first = [p for p in ps if metric(p.port, "baton_worker_prompt_tokens_total") > 0]
+        assert len(first) == 1
+        wait_until(lambda: metric(first[0].port, "baton_worker_tier_written_bytes_total",
+                                  {"tier": "l3"}) == 25 * PAGE_BYTES, timeout=20,
+                   what="turn 1's pages in the store")
+        t2 = t1 + " " + words(6, 100, 400)
+        m2 = generate(r.port, t2)
+        # turn 2 went to the other prefill: its history came from L3, the hand-off told the
+        # decode, the decode told the client
+        second = [p for p in ps if p is not first[0]][0]
+        assert metric(second.port, "baton_worker_prompt_tokens_total") == 500
+        assert m2["cached_tokens_details"] == {"device": 0, "host": 0, "storage": 400}, m2
+        assert m2["cached_tokens"] == 400, m2
+        # exactly the uncached tokens were computed: 400 by the first, 100 by the second
+        assert metric(first[0].port, "baton_worker_cache_miss_tokens_total") == 400
+        assert metric(second.port, "baton_worker_cache_miss_tokens_total") == 100
+        assert metric(second.port, "baton_worker_tier_fetched_bytes_total",
+                      {"tier": "l3"}) == 25 * PAGE_BYTES
+
+
+def test_store_node_killed_mid_fetch():
+    with Cluster("hicache-kill") as c:
+        st = Store(c, nodes=2, segment="16M")
+        a = tier_worker(c, st, "a")
+        b = tier_worker(c, st, "b", "--hicache-storage-prefetch-policy", "timeout",
+                        "--prefetch-timeout-base-ms", "1500")
+        t1 = words(7, 2000)  # 125 pages spread over both nodes
+        ref = post(a.port, "/generate", {"text": t1 + " more",
+                                         "sampling_params": {"max_new_tokens": 8}}).json()
+        wait_until(lambda: metric(a.port, "baton_worker_tier_written_bytes_total",
+                                  {"tier": "l3"}) == 125 * PAGE_BYTES, timeout=30,
+                   what="125 pages in the store")
+        # b starts fetching; one node dies -9 while its pages are on their way
+        import threading
+        out = {}
+
+        def turn2():
+            out["r"] = post(b.port, "/generate", {"text": t1 + " more",
+                                                  "sampling_params": {"max_new_tokens": 8}},
+                            timeout=60)
+        th = threading.Thread(target=turn2)
+        th.start()
+        st.nodes[1].kill()
+        th.join(70)
+        r = out["r"]
+        assert r.status == 200, r.text
+        m = r.json()["meta_info"]
+        # what could not be fetched was recomputed: the same answer, fewer cached tokens
+        assert r.json()["text"] == ref["text"]
+        assert m["cached_tokens"] == m["cached_tokens_details"]["storage"]
+        assert m["cached_tokens"] < 2000, m
+        assert metric(b.port, "baton_worker_tier_corrupt_pages_total") == 0
+        # and the worker goes on serving with the store's other node
+        m = generate(b.port, words(8, 50))
+        assert m["cached_tokens"] == 0
+
+
 if __name__ == "__main__":
     r = TestRunner()
     r.run(test_l3_across_workers)
     r.run(test_l2_under_small_l1)
+    r.run(test_write_policies)
+    r.run(test_pd_turn2_on_other_prefill)
+    r.run(test_store_node_killed_mid_fetch)
     r.finish()
