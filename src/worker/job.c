@@ -212,6 +212,8 @@ static void job_end(wk_job_t *job, wk_job_phase_t end, const char *reason)
         wk_sched_cancel(&w->sched, &ss->seq);
         if (ss->phase != WK_SS_DONE)
             wk_seq_to(ss, WK_SS_GONE);
+        if (w->tier)
+            wk_tier_offload_seq_end(w->tier, ss, 0); /* its copies finish on their own */
         if (ss->recv) {
             wk_kv_recv_drop(ss->recv, reason);
             ss->recv = NULL;
@@ -394,6 +396,8 @@ int wk__job_seq_finish(wk_sstate_t *ss)
     wk_seq_to(ss, WK_SS_DONE);
     if (job->w->cfg.mode == WK_MODE_DECODE)
         wk__job_cache_store(ss); /* a decode keeps a finished sequence's KV for the next turn */
+    if (job->w->tier)
+        wk_tier_offload_seq_end(job->w->tier, ss, 1);
     if (ss->recv) {
         wk_kv_recv_drop(ss->recv, "done");
         ss->recv = NULL;

@@ -146,6 +146,8 @@ static void decode_begin(wk_job_t *job)
         } else {
             wk_seq_to(ss, WK_SS_RUNNING);
             ss->seq.prompt_tokens = job->req.items[i].prompt_tokens;
+            if (w->tier) /* decode offload: the prompt's pages go out while it decodes */
+                wk_tier_offload_seq_begin(w->tier, ss);
             wk_sched_submit_decode(&w->sched, &ss->seq);
             submitted = 1;
         }

@@ -151,6 +151,14 @@ int wk_kv_recv_start(wk_kv_t *kv, const char *host, int port, uint64_t room,
  */
 void wk_kv_recv_drop(wk_kv_recv_t *r, const char *reason);
 
+/* Decode offload (offload.h): the pool region and a received room's lease (valid from the
+ * successful callback until the lease is released). */
+const uint8_t *wk_kv_region(const wk_kv_t *kv);
+wk_kvlease_t *wk_kv_recv_lease(wk_kv_recv_t *r);
+/* Drops a unit of work (hold 0) or a hold on a received room's lease; its room is freed once
+ * over and idle. */
+void wk_kv_recv_lease_drop(wk_kv_t *kv, wk_kvlease_t *l, unsigned hold);
+
 /* ---- prefill ---- */
 
 /* A request for `room` was refused before it could open it (queue full, shutting down): an

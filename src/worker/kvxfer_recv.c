@@ -420,6 +420,26 @@ int wk_kv_recv_start(wk_kv_t *kv, const char *host, int port, uint64_t room,
     return 0;
 }
 
+const uint8_t *wk_kv_region(const wk_kv_t *kv)
+{
+    return kv->base;
+}
+
+wk_kvlease_t *wk_kv_recv_lease(wk_kv_recv_t *r)
+{
+    return &r->lease;
+}
+
+void wk_kv_recv_lease_drop(wk_kv_t *kv, wk_kvlease_t *l, unsigned hold)
+{
+    wk_kv_recv_t *r = container_of(l, wk_kv_recv_t, lease);
+    if (hold == 0)
+        wk__kv_lease_work_done(kv, l);
+    else
+        wk__kv_lease_drop(kv, l, hold);
+    recv_maybe_free(r);
+}
+
 void wk_kv_recv_drop(wk_kv_recv_t *r, const char *reason)
 {
     wk_kv_t *kv = r->kv;

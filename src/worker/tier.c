@@ -10,7 +10,9 @@
 #include "baton/error.h"
 #include "common/log.h"
 #include "worker/job.h"
+#include "common/hash.h"
 #include "worker/kvxfer.h"
+#include "worker/offload.h"
 
 #define COMP "worker"
 
@@ -298,6 +300,86 @@ void wk_tier_store(wk_tier_t *t, wk_sstate_t *ss)
     free(tmp);
 }
 
+/* ---- decode offload ---- */
+
+static void off_lease_drop(void *ud, wk_kvlease_t *l, unsigned hold)
+{
+    wk_tier_t *t = ud;
+    wk_kv_recv_lease_drop(t->w->kv, l, hold);
+}
+
+static void off_page(void *ud, int32_t slot)
+{
+    wk_tier_t *t = ud;
+    baton_counter_add(t->m_written[1], (double)t->page_bytes);
+    int32_t *slots = t->sc && !t->closing ? malloc(sizeof(*slots)) : NULL;
+    if (!slots) {
+        wk_l2_unpin(t->l2, slot);
+        return;
+    }
+    slots[0] = slot; /* pinned for us by the offload */
+    put_pages(t, slots, 1, 0);
+}
+
+int wk_tier_offload_start(wk_tier_t *t)
+{
+    wk_worker_t *w = t->w;
+    if (!t->cfg.decode_offload || w->cfg.mode != WK_MODE_DECODE || !w->kv)
+        return 0;
+    wk_offload_cfg_t oc = {.shape = t->shape,
+                           .l1_base = wk_kv_region(w->kv),
+                           .l1_slots = wk_kv_pool_slots(w->kv),
+                           .l2 = t->l2,
+                           .lease_drop = off_lease_drop,
+                           .page_cb = off_page,
+                           .ud = t};
+    int rc = wk_offload_create(&t->off, w->loop, &oc);
+    if (rc != 0)
+        log_error(COMP, "start_failed what=decode_offload err=%s", baton_strerror(rc));
+    return rc;
+}
+
+void wk_tier_offload_seq_begin(wk_tier_t *t, wk_sstate_t *ss)
+{
+    if (!t->off || !ss->recv || ss->offload)
+        return;
+    const wk_item_t *it = &ss->job->req.items[ss->index];
+    const int64_t *ids;
+    int64_t *tmp;
+    if (wk__item_ids(it, &ids, &tmp) != 0)
+        return;
+    uint64_t rid = it->rid ? baton_fnv1a64_add_str(BATON_FNV1A64_INIT, it->rid)
+                           : baton_fnv1a64_add_str(BATON_FNV1A64_INIT, ss->job->id);
+    ss->offload = wk_offload_begin(t->off, wk_kv_recv_lease(ss->recv), ids, it->prompt_tokens,
+                                   rid ^ ss->index);
+    free(tmp);
+}
+
+void wk_tier_offload_seq_end(wk_tier_t *t, wk_sstate_t *ss, int finished)
+{
+    if (!ss->offload)
+        return;
+    const wk_item_t *it = &ss->job->req.items[ss->index];
+    const int64_t *ids;
+    int64_t *tmp;
+    if (finished && wk__item_ids(it, &ids, &tmp) == 0) {
+        /* the prompt and the generated tokens: the next turn's prompt when a client sends
+         * input_ids back (output_ids appended) */
+        uint32_t n = it->prompt_tokens + ss->gen.n_tokens;
+        int64_t *all = malloc((size_t)n * sizeof(*all));
+        if (all) {
+            memcpy(all, ids, (size_t)it->prompt_tokens * sizeof(*all));
+            for (uint32_t i = 0; i < ss->gen.n_tokens; i++)
+                all[it->prompt_tokens + i] = ss->gen.ids[i];
+            wk_offload_tokens(ss->offload, all, n);
+            free(all);
+        }
+        free(tmp);
+    }
+    wk_offload_end(ss->offload);
+    ss->offload = NULL;
+}
+
 /* ---- start and close ---- */
 
 static void on_room(baton_xfer_engine_t *e, baton_xfer_room_t *room, void *data)
@@ -441,11 +523,31 @@ static void on_client_closed(baton_store_client_t *c, void *data)
     maybe_closed(t);
 }
 
+static void close_client(wk_tier_t *t);
+
+static void on_offload_closed(void *arg)
+{
+    wk_tier_t *t = arg;
+    t->off = NULL;
+    t->n_ops--;
+    close_client(t);
+}
+
 void wk_tier_close(wk_tier_t *t, void (*cb)(void *arg), void *arg)
 {
     t->closing = 1;
     t->close_cb = cb;
     t->close_arg = arg;
+    if (t->off) { /* its copies read L1 pages and write L2 ones: it goes first */
+        t->n_ops++;
+        wk_offload_close(t->off, on_offload_closed, t);
+        return;
+    }
+    close_client(t);
+}
+
+static void close_client(wk_tier_t *t)
+{
     if (t->sc) {
         t->client_open = 1;
         baton_store_client_destroy(t->sc, on_client_closed, t);

@@ -19,6 +19,7 @@
  */
 
 typedef struct wk_tier_cfg_s {
+    int decode_offload;   /* decode: offload each request's KV to L2 / L3 (offload.h) */
     uint64_t l2_bytes;    /* 0: no L2 (and no L3: the store reads and writes L2 pages) */
     const char *store;    /* "H:P" or "etcd://h:p/prefix"; NULL: no L3 */
     const char *store_ns; /* NULL: "default" */
@@ -47,7 +48,14 @@ int wk_tier_lookup(wk_tier_t *t, struct wk_job_s *job, void (*then)(struct wk_jo
 void wk_tier_detach(wk_tier_t *t, struct wk_job_s *job);
 /* The sequence's prompt KV was computed: its pages go to L2 / L3 as the write policy says. */
 void wk_tier_store(wk_tier_t *t, struct wk_sstate_s *ss);
-/* Writes the pages of ids[0..n) (a decode's prompt and generated tokens). */
+/* Writes the pages of ids[0..n). */
 void wk_tier_store_ids(wk_tier_t *t, const int64_t *ids, uint32_t n);
+
+/* Decode offload: starts the offload thread once the KV pool exists (decode mode). */
+int wk_tier_offload_start(wk_tier_t *t);
+/* A decode sequence starts decoding (its KV verified in its pages): its prompt goes out. */
+void wk_tier_offload_seq_begin(wk_tier_t *t, struct wk_sstate_s *ss);
+/* It ended (finished: its generated tokens' pages too); its object goes after its copies. */
+void wk_tier_offload_seq_end(wk_tier_t *t, struct wk_sstate_s *ss, int finished);
 
 #endif

@@ -20,9 +20,10 @@ struct wk_tier_s {
     baton_xfer_engine_t *eng;
     baton_xfer_mem_t *mem;
     baton_store_client_t *sc;
-    size_t name_cap;     /* bytes of one object name's buffer */
-    baton_u64map_t uses; /* write_through_selective: page → times used */
-    unsigned n_ops;      /* lookups and writes alive */
+    size_t name_cap;          /* bytes of one object name's buffer */
+    baton_u64map_t uses;      /* write_through_selective: page → times used */
+    struct wk_offload_s *off; /* decode offload (offload.h), NULL when off */
+    unsigned n_ops;           /* lookups and writes alive */
     int closing, client_open, engine_open;
     void (*close_cb)(void *arg);
     void *close_arg;

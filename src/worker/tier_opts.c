@@ -81,6 +81,9 @@ int wk_tier_opt(int opt, const char *name, const char *val, wk_tier_cfg_t *c)
     case WK_TIER_OPT_TIMEOUT_MAX:
         bad = parse_size(val, 3600000, &c->pf.max_ms);
         break;
+    case WK_TIER_OPT_DECODE_OFFLOAD:
+        c->decode_offload = 1;
+        break;
     default:
         bad = 1;
     }
@@ -93,6 +96,11 @@ int wk_tier_opt(int opt, const char *name, const char *val, wk_tier_cfg_t *c)
 
 int wk_tier_cfg_check(const wk_tier_cfg_t *c, const char *model_name)
 {
+    if (c->decode_offload && c->l2_bytes == 0) {
+        fprintf(stderr, "baton-worker: --disaggregation-decode-enable-offload-kvcache needs "
+                        "--l2-bytes (the pages are offloaded into L2, and from there to L3)\n");
+        return -1;
+    }
     if (c->store && c->l2_bytes == 0) {
         fprintf(stderr, "baton-worker: --store-master / --store-registry need --l2-bytes (the "
                         "store reads into and writes from L2 pages)\n");
@@ -115,7 +123,7 @@ int wk_tier_cfg_check(const wk_tier_cfg_t *c, const char *model_name)
 const char *wk_tier_usage(void)
 {
     return "\n"
-           "HiCache tiers (every mode but decode; docs/WORKER.md \"HiCache tiers\"):\n"
+           "HiCache tiers (docs/WORKER.md \"HiCache tiers\"):\n"
            "  --l2-bytes N                 L2 host page pool size (K/M/G suffixes); 0 = off\n"
            "  --store-master H:P           L3: baton-store's master (needs --l2-bytes)\n"
            "  --store-registry URL         L3: etcd://h:p[,h:p]/prefix, the elected master\n"
@@ -128,5 +136,8 @@ const char *wk_tier_usage(void)
            "  --prefetch-min-tokens N      smallest L3 hit worth fetching (default 256)\n"
            "  --prefetch-timeout-base-ms MS, --prefetch-timeout-per-ki-ms MS,\n"
            "  --prefetch-timeout-max-ms MS the timeout rule: base + per-ki x tokens / 1024,\n"
-           "                               at most max (default 2000, 100, 30000)\n";
+           "                               at most max (default 2000, 100, 30000)\n"
+           "  --disaggregation-decode-enable-offload-kvcache\n"
+           "                               decode: offload every request's KV (prompt and\n"
+           "                               generated tokens) to L2 / L3 while it decodes\n";
 }

@@ -18,24 +18,27 @@ enum {
     WK_TIER_OPT_TIMEOUT_BASE,
     WK_TIER_OPT_TIMEOUT_PER_KI,
     WK_TIER_OPT_TIMEOUT_MAX,
+    WK_TIER_OPT_DECODE_OFFLOAD,
     WK_TIER_OPT_END
 };
 
 /* Entries of main.c's struct option table. */
+/* clang-format off */
 #define WK_TIER_LONG_OPTS                                                                          \
     {"l2-bytes", required_argument, NULL, WK_TIER_OPT_L2_BYTES},                                   \
-        {"store-master", required_argument, NULL, WK_TIER_OPT_STORE_MASTER},                       \
-        {"store-registry", required_argument, NULL, WK_TIER_OPT_STORE_REGISTRY},                   \
-        {"store-namespace", required_argument, NULL, WK_TIER_OPT_STORE_NS},                        \
-        {"tp-rank", required_argument, NULL, WK_TIER_OPT_TP_RANK},                                 \
-        {"hicache-write-policy", required_argument, NULL, WK_TIER_OPT_WRITE_POLICY},               \
-        {"hicache-storage-prefetch-policy", required_argument, NULL, WK_TIER_OPT_PREFETCH_POLICY}, \
-        {"prefetch-min-tokens", required_argument, NULL, WK_TIER_OPT_MIN_TOKENS},                  \
-        {"prefetch-timeout-base-ms", required_argument, NULL, WK_TIER_OPT_TIMEOUT_BASE},           \
-        {"prefetch-timeout-per-ki-ms", required_argument, NULL, WK_TIER_OPT_TIMEOUT_PER_KI},       \
-    {                                                                                              \
-        "prefetch-timeout-max-ms", required_argument, NULL, WK_TIER_OPT_TIMEOUT_MAX                \
-    }
+    {"store-master", required_argument, NULL, WK_TIER_OPT_STORE_MASTER},                           \
+    {"store-registry", required_argument, NULL, WK_TIER_OPT_STORE_REGISTRY},                       \
+    {"store-namespace", required_argument, NULL, WK_TIER_OPT_STORE_NS},                            \
+    {"tp-rank", required_argument, NULL, WK_TIER_OPT_TP_RANK},                                     \
+    {"hicache-write-policy", required_argument, NULL, WK_TIER_OPT_WRITE_POLICY},                   \
+    {"hicache-storage-prefetch-policy", required_argument, NULL, WK_TIER_OPT_PREFETCH_POLICY},      \
+    {"prefetch-min-tokens", required_argument, NULL, WK_TIER_OPT_MIN_TOKENS},                      \
+    {"prefetch-timeout-base-ms", required_argument, NULL, WK_TIER_OPT_TIMEOUT_BASE},               \
+    {"prefetch-timeout-per-ki-ms", required_argument, NULL, WK_TIER_OPT_TIMEOUT_PER_KI},           \
+    {"prefetch-timeout-max-ms", required_argument, NULL, WK_TIER_OPT_TIMEOUT_MAX},                 \
+    {"disaggregation-decode-enable-offload-kvcache", no_argument, NULL,                            \
+     WK_TIER_OPT_DECODE_OFFLOAD}
+/* clang-format on */
 
 void wk_tier_cfg_default(wk_tier_cfg_t *c);
 /* One option (opt in [WK_TIER_OPT_BASE, WK_TIER_OPT_END)); `name` for the error line. 0 or -1

@@ -245,6 +245,8 @@ int wk_worker_init(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
             log_error(COMP, "start_failed what=kv_transfer err=%s", baton_strerror(rc));
             return rc;
         }
+        if (w->tier && (rc = wk_tier_offload_start(w->tier)) != 0)
+            return rc;
         if (cfg->mode == WK_MODE_PREFILL)
             wk_sched_set_layers(&w->sched, cfg->shape.layers, wk_job_on_layer);
         if (cfg->mode == WK_MODE_PREFILL && cfg->protocol == WK_PROTO_VLLM_NIXL &&
@@ -282,6 +284,18 @@ static void kv_closed_cb(void *arg)
     maybe_closed(arg);
 }
 
+/* The tiers are closed: the KV hand-off may go now (its share of n_closing is the tier's). */
+static void tier_closed_cb(void *arg)
+{
+    wk_worker_t *w = arg;
+    if (w->kv) {
+        wk_kv_close(w->kv, kv_closed_cb, w);
+        w->kv = NULL;
+        return;
+    }
+    maybe_closed(w);
+}
+
 void wk_worker_close(wk_worker_t *w)
 {
     w->shutting_down = 1;
@@ -295,15 +309,14 @@ void wk_worker_close(wk_worker_t *w)
     w->n_closing = 1;
     wk_vllm_close(w->vllm); /* held pages' rooms go before the hand-off closes */
     w->vllm = NULL;
-    if (w->kv) {
+    if (w->tier) { /* first: decode offload copies read the KV pool's pages */
+        w->n_closing++;
+        wk_tier_close(w->tier, tier_closed_cb, w);
+        w->tier = NULL;
+    } else if (w->kv) {
         w->n_closing++;
         wk_kv_close(w->kv, kv_closed_cb, w);
         w->kv = NULL;
-    }
-    if (w->tier) {
-        w->n_closing++;
-        wk_tier_close(w->tier, kv_closed_cb, w);
-        w->tier = NULL;
     }
     w->n_closing += 3;
     uv_close((uv_handle_t *)&w->sched_timer, handle_closed_cb);

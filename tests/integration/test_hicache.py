@@ -165,6 +165,38 @@ def test_pd_turn2_on_other_prefill():
                       {"tier": "l3"}) == 25 * PAGE_BYTES
 
 
+def test_pd_decode_offload():
+    with Cluster("hicache-offload") as c:
+        st = Store(c, nodes=2, segment="16M")
+        # the prefills keep their pages in L2 (write_back, never evicted): what turn 2 finds in
+        # L3 can only be the decode's offload
+        ps = [tier_worker(c, st, f"p{i}", "--hicache-write-policy", "write_back", mode="prefill")
+              for i in range(2)]
+        d = tier_worker(c, st, "d", "--disaggregation-decode-enable-offload-kvcache",
+                        mode="decode")
+        r = c.router("--prefill", url(ps[0].port), str(ps[0].wait_port("bootstrap")),
+                     "--prefill", url(ps[1].port), str(ps[1].wait_port("bootstrap")),
+                     "--decode", url(d.port), "--prefill-policy", "round_robin")
+        ids = list(range(1000, 1400))  # 25 pages
+        r1 = post(r.port, "/generate", {"input_ids": ids,
+                                        "sampling_params": {"max_new_tokens": 40}})
+        assert r1.status == 200, r1.text
+        out = r1.json()["output_ids"]
+        assert len(out) == 40
+        # prompt and generated tokens: 440 tokens, 27 whole pages, offloaded on the decode
+        wait_until(lambda: metric(d.port, "baton_worker_tier_written_bytes_total",
+                                  {"tier": "l3"}) == 27 * PAGE_BYTES, timeout=20,
+                   what="the decode's 27 pages in the store")
+        assert metric(ps[0].port, "baton_worker_tier_written_bytes_total", {"tier": "l3"}) == 0
+        # turn 2 (prompt + answer + a new message) on the other prefill: all 27 pages from L3
+        r2 = post(r.port, "/generate", {"input_ids": ids + out + list(range(5000, 5050)),
+                                        "sampling_params": {"max_new_tokens": 4}})
+        assert r2.status == 200, r2.text
+        m = r2.json()["meta_info"]
+        assert m["cached_tokens_details"] == {"device": 0, "host": 0, "storage": 432}, m
+        assert sum(metric(p.port, "baton_worker_tier_corrupt_pages_total") for p in ps) == 0
+
+
 def test_store_node_killed_mid_fetch():
     with Cluster("hicache-kill") as c:
         st = Store(c, nodes=2, segment="16M")
@@ -208,5 +240,6 @@ if __name__ == "__main__":
     r.run(test_l2_under_small_l1)
     r.run(test_write_policies)
     r.run(test_pd_turn2_on_other_prefill)
+    r.run(test_pd_decode_offload)
     r.run(test_store_node_killed_mid_fetch)
     r.finish()
