@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "baton/error.h"
 #include "common/list.h"
@@ -13,9 +14,11 @@
 
 /* The test builds' switches (offload.h); 0 in baton-worker. */
 #ifdef WK_OFFLOAD_FAULTS
-#define FAULT(o, n) ((o)->fault == (n))
+#define FAULT(o, n)       ((o)->fault == (n))
+#define FAULT_DELAY_US(o) ((o)->delay_us)
 #else
-#define FAULT(o, n) 0
+#define FAULT(o, n)       0
+#define FAULT_DELAY_US(o) 0
 #endif
 
 typedef struct job_s {
@@ -39,6 +42,7 @@ struct wk_offload_req_s {
     int ended;          /* the request let go */
     int work_held;      /* one unit of work on the lease, held while the object lives */
     int released_early; /* fault 1 */
+    int freed;          /* fault 3: let go but kept */
     uint64_t rid;
 };
 
@@ -55,8 +59,8 @@ struct wk_offload_s {
     int closing;
     void (*close_cb)(void *arg);
     void *close_arg;
-    unsigned fault;
-    baton_u64map_t by_rid; /* fault 3 only */
+    unsigned fault, delay_us; /* test builds only */
+    baton_u64map_t by_rid;    /* fault 3 only */
     wk_offload_stats_t st;
 };
 
@@ -96,6 +100,8 @@ static void *thread_main(void *arg)
         job_t *j = container_of(baton_list_first(&o->todo), job_t, link);
         baton_list_remove(&j->link);
         pthread_mutex_unlock(&o->mu);
+        if (FAULT_DELAY_US(o)) /* test builds: a slow device-to-host copy widens the windows */
+            usleep(FAULT_DELAY_US(o));
         uint8_t *dst = wk_l2_addr(o->cfg.l2, j->slot); /* pinned FILLING: only this job writes */
         copy_page(o, j, dst);
         j->bad = wk_tier_page_check(dst, &o->cfg.shape, j->ids, j->page * o->cfg.shape.page_tokens);
@@ -113,13 +119,18 @@ static void maybe_closed(wk_offload_t *o);
 
 static void req_maybe_free(wk_offload_req_t *r)
 {
-    if (!r->ended || r->inflight)
+    if (!r->ended || r->inflight || r->freed)
         return;
     wk_offload_t *o = r->o;
     if (r->work_held) /* the last copy is done and the request let go: the pages may return */
         o->cfg.lease_drop(o->cfg.ud, r->lease, 0);
-    if (FAULT(o, 3) && baton_u64map_get(&o->by_rid, r->rid) == r)
-        baton_u64map_del(&o->by_rid, r->rid);
+    r->work_held = 0;
+    if (FAULT(o, 3)) {
+        /* state by id: an object another completion may still name is kept (the process that
+         * re-enables this race ends without freeing it) */
+        r->freed = 1;
+        return;
+    }
     free(r);
     o->live--;
     maybe_closed(o);
@@ -268,6 +279,8 @@ int wk_offload_create(wk_offload_t **o_p, uv_loop_t *loop, const wk_offload_cfg_
 #ifdef WK_OFFLOAD_FAULTS
     const char *f = getenv("BATON_OFFLOAD_FAULT");
     o->fault = f ? (unsigned)atoi(f) : 0;
+    const char *d = getenv("BATON_OFFLOAD_DELAY_US");
+    o->delay_us = d ? (unsigned)atoi(d) : 0;
 #endif
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv, NULL);

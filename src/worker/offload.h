@@ -30,8 +30,9 @@
  * stay the job's and are released only through the cache's count (job_cache.c).
  *
  * Test builds only (compiled with WK_OFFLOAD_FAULTS, never in baton-worker): the environment
- * variable BATON_OFFLOAD_FAULT=1|2|3 re-enables race 1, 2 or 3, so that the stress test
- * (tests/unit/worker/test_offload_stress.c) can show it detects each.
+ * variable BATON_OFFLOAD_FAULT=1|2|3 re-enables race 1, 2 or 3, and BATON_OFFLOAD_DELAY_US
+ * slows every copy, so that the stress test (tests/unit/worker/test_offload_stress.c) can show
+ * it detects each.
  *
  * Threads: every call on the loop's thread; the copies on the offload thread.
  */
