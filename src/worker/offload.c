@@ -187,21 +187,19 @@ static void on_async(uv_async_t *h)
     }
 }
 
-/* Queues page p of the request (ids: the request's ids from its start). */
-static void queue_page(wk_offload_req_t *r, const int64_t *ids, uint32_t p)
+/* Queues page p of the request (ids: the request's ids from its start; key: the page's). */
+static void queue_page(wk_offload_req_t *r, const int64_t *ids, uint32_t p,
+                       const wk_tier_key_t *key)
 {
     wk_offload_t *o = r->o;
     uint32_t P = o->cfg.shape.page_tokens;
-    wk_tier_key_t *keys = malloc((size_t)(p + 1) * sizeof(*keys));
     job_t *j = calloc(1, sizeof(*j));
     int64_t *pid = malloc(P * sizeof(*pid));
-    if (!keys || !j || !pid)
+    if (!j || !pid)
         goto skip;
-    wk_tier_keys(ids, (p + 1) * P, P, p + 1, keys);
-    j->slot = wk_l2_alloc(o->cfg.l2, &keys[p]);
+    j->slot = wk_l2_alloc(o->cfg.l2, key);
     if (j->slot < 0)
         goto skip; /* there already, or no slot free: not offloaded */
-    free(keys);
     memcpy(pid, ids + (size_t)p * P, P * sizeof(*pid));
     j->ids = pid;
     j->req = r;
@@ -217,7 +215,6 @@ static void queue_page(wk_offload_req_t *r, const int64_t *ids, uint32_t p)
     return;
 skip:
     o->st.skipped++;
-    free(keys);
     free(j);
     free(pid);
 }
@@ -250,9 +247,17 @@ wk_offload_req_t *wk_offload_begin(wk_offload_t *o, wk_kvlease_t *lease, const i
 
 void wk_offload_tokens(wk_offload_req_t *r, const int64_t *ids, uint32_t n)
 {
-    uint32_t P = r->o->cfg.shape.page_tokens;
-    while (!r->ended && (r->pages_queued + 1) * P <= n)
-        queue_page(r, ids, r->pages_queued++);
+    uint32_t P = r->o->cfg.shape.page_tokens, pages = n / P;
+    if (r->ended || pages <= r->pages_queued)
+        return;
+    /* the chain from the first page (one pass: keys depend on every page before) */
+    wk_tier_key_t *keys = malloc(pages * sizeof(*keys));
+    if (!keys)
+        return;
+    wk_tier_keys(ids, pages * P, P, pages, keys);
+    for (; r->pages_queued < pages; r->pages_queued++)
+        queue_page(r, ids, r->pages_queued, &keys[r->pages_queued]);
+    free(keys);
 }
 
 void wk_offload_end(wk_offload_req_t *r)
