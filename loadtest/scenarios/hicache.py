@@ -101,6 +101,59 @@ def run(args, label, n, policy, tiers, timing, secret):
         }
 
 
+def run_restart(args, timing, secret):
+    """round_robin with L2+L3; prefill-0 killed (SIGKILL) 40 % into the measured window and
+    restarted empty (no L1, no L2) on the same ports 1 s later: what it finds in L3 after."""
+    import signal
+    import threading
+    import time
+    ports = [(scenlib.free_port(), scenlib.free_port()) for _ in range(2)]
+    with scenlib.Lab(args, "hicache-restart") as lab:
+        extra = list(timing) + ["--cache-tokens", args.cache_tokens, "--kv-secret-file", secret,
+                                "--page-tokens", 16, "--l2-bytes", args.l2_bytes,
+                                "--hicache-storage-prefetch-policy", "timeout",
+                                "--store-master", start_store(lab, secret)]
+        ra, ps = [], []
+        for i in range(2):
+            w = lab.worker("prefill", *extra, "--port", ports[i][0], "--bootstrap-port",
+                           ports[i][1], name=f"prefill-{i}")
+            ps.append(w)
+            ra += ["--prefill", w.url, w.ports["bootstrap"]]
+        for i in range(2):
+            w = lab.worker("decode", *timing, "--kv-secret-file", secret, "--page-tokens", 16,
+                           name=f"decode-{i}")
+            ra += ["--decode", w.url]
+        r = lab.router(*ra, "--prefill-policy", "round_robin", "--decode-policy", "round_robin",
+                       "--check-interval-ms", 200, "--check-fast-interval-ms", 100,
+                       "--check-fall", 2, "--check-rise", 1, "--max-retries", 3)
+        ev = {}
+
+        def chaos():
+            time.sleep(args.warmup + args.duration * 0.4)
+            os.killpg(ps[0].p.pid, signal.SIGKILL)
+            ps[0].p.wait()
+            time.sleep(1.0)
+            ev["new"] = lab.worker("prefill", *extra, "--port", ports[0][0], "--bootstrap-port",
+                                   ports[0][1], name="prefill-0-restarted")
+
+        th = threading.Thread(target=chaos)
+        th.start()
+        res = lab.bench(r.url, *bench_args(args), label="restart")
+        th.join()
+        m = metrics(ev["new"].url) if "new" in ev else {}
+        hit = {t: msum(m, "baton_worker_cache_hit_tokens_total", f'tier="{t}"')
+               for t in ("l1", "l2", "l3")}
+        prompt = sum(hit.values()) + msum(m, "baton_worker_cache_miss_tokens_total")
+        mo = metrics(ps[1].url)
+        hit_o = sum(msum(mo, "baton_worker_cache_hit_tokens_total", f'tier="{t}"')
+                    for t in ("l1", "l2", "l3"))
+        prompt_o = hit_o + msum(mo, "baton_worker_cache_miss_tokens_total")
+        return {"failed": res["failed"], "ttft_p50": res["ttft_ms"].get("p50"),
+                "prompt": prompt, "hit_l3": hit["l3"] / prompt if prompt else 0.0,
+                "hit_all": sum(hit.values()) / prompt if prompt else 0.0,
+                "hit_other": hit_o / prompt_o if prompt_o else 0.0}
+
+
 def run_offload(args, on, timing, secret):
     with scenlib.Lab(args, "hicache-offload") as lab:
         ex = ["--kv-secret-file", secret, "--page-tokens", 16]
@@ -131,6 +184,8 @@ def main():
     ap.add_argument("--prefill-us-per-token", type=int, default=100)
     ap.add_argument("--decode-us-per-token", type=int, default=2000)
     ap.add_argument("--big", action="store_true", help="also 4 prefill + 4 decode")
+    ap.add_argument("--only-restart", action="store_true",
+                    help="only the kill-and-restart pass")
     args = ap.parse_args()
     if args.smoke:
         args.duration, args.warmup, args.session_rate, args.turns = 2.0, 0.5, 3.0, 3
@@ -151,6 +206,8 @@ def main():
     rows, figs = [], {"config": vars(args), "runs": [], "offload": {}}
     sizes = [2] + ([4] if args.big else [])
     try:
+        if args.only_restart:
+            sizes = []
         for n in sizes:
             for policy in ("round_robin", "cache_aware"):
                 base = None
@@ -163,10 +220,21 @@ def main():
                                  s["hit"]["l1"], s["hit"]["l2"], s["hit"]["l3"], s["hit_all"],
                                  s["fetched_l2"] / 2**20, s["fetched_l3"] / 2**20,
                                  s["written_l3"] / 2**20, s["failed"]])
-        scenlib.print_table("tiers on the same multi-turn workload",
-                            ["run", "TTFT p50", "TTFT p90", "p50 vs none", "req/s", "hit L1",
-                             "hit L2", "hit L3", "hit all", "L2 MiB in", "L3 MiB in",
-                             "L3 MiB out", "errors"], rows)
+        if rows:
+            scenlib.print_table("tiers on the same multi-turn workload",
+                                ["run", "TTFT p50", "TTFT p90", "p50 vs none", "req/s",
+                                 "hit L1", "hit L2", "hit L3", "hit all", "L2 MiB in",
+                                 "L3 MiB in", "L3 MiB out", "errors"], rows)
+        rs = run_restart(args, timing, secret)
+        figs["restart"] = rs
+        scenlib.print_table(
+            "prefill-0 killed and restarted empty (round_robin, L2+L3)",
+            ["prompt tokens (restarted)", "hit L3 (restarted)", "hit all (restarted)",
+             "hit all (other)", "TTFT p50", "errors"],
+            [[int(rs["prompt"]), rs["hit_l3"], rs["hit_all"], rs["hit_other"], rs["ttft_p50"],
+              rs["failed"]]])
+        if args.only_restart:
+            return 1 if rs["failed"] else 0
         off_p50, off_failed, off_bytes = run_offload(args, False, timing, secret)
         on_p50, on_failed, on_bytes = run_offload(args, True, timing, secret)
         figs["offload"] = {"tpot_p50_off": off_p50, "tpot_p50_on": on_p50,

@@ -1,6 +1,7 @@
 """test_hicache_scenario.py — a smoke run of loadtest/scenarios/hicache.py: every configuration
 gets its row with no failed request, round_robin with L3 finds history in the store that the
-other prefill computed (an L3 hit ratio above 0), and the decode offload wrote to the store."""
+other prefill computed (an L3 hit ratio above 0), the kill-and-restart pass reports its row, and
+the decode offload wrote to the store."""
 
 import os
 import subprocess
@@ -29,6 +30,8 @@ def test_hicache_smoke():
         assert col(header, rows, "errors", n) == "0", out
     assert float(col(header, rows, "hit L3", "2P2D round_robin L2+L3")) > 0, out
     assert float(col(header, rows, "hit L3", "2P2D round_robin no tiers")) == 0, out
+    header, rows = table_rows(out, "prefill-0 killed and restarted empty (round_robin, L2+L3)")
+    assert len(rows) == 1 and rows[0][header.index("errors")].isdigit(), out
     header, rows = table_rows(out, "decode offload (1P1D)")
     assert float(col(header, rows, "L3 MiB out", "on")) > 0, out
     assert col(header, rows, "errors", "on") == "0", out
