@@ -60,7 +60,7 @@ def bench_args(args):
             args.think_time, "--seed", 11, "--timeout", 120]
 
 
-def run(args, label, n, policy, tiers, timing, secret):
+def run(args, label, n, policy, tiers, timing, secret, router_extra=()):
     with scenlib.Lab(args, f"hicache-{n}") as lab:
         extra = list(timing) + ["--cache-tokens", args.cache_tokens, "--kv-secret-file", secret,
                                 "--page-tokens", 16]
@@ -79,14 +79,18 @@ def run(args, label, n, policy, tiers, timing, secret):
             w = lab.worker("decode", *timing, "--kv-secret-file", secret, "--page-tokens", 16,
                            name=f"decode-{i}")
             ra += ["--decode", w.url]
-        r = lab.router(*ra, "--prefill-policy", policy, "--decode-policy", "round_robin")
-        res = lab.bench(r.url, *bench_args(args), label=label.replace(" ", "_"))
+        r = lab.router(*ra, "--prefill-policy", policy, "--decode-policy", "round_robin",
+                       *router_extra)
+        res = lab.bench(r.url, *bench_args(args), label=label.replace(" ", "_").replace("%", ""))
         ms = [metrics(w.url) for w in ps]
         hit = {t: sum(msum(m, "baton_worker_cache_hit_tokens_total", f'tier="{t}"') for m in ms)
                for t in ("l1", "l2", "l3")}
         miss = sum(msum(m, "baton_worker_cache_miss_tokens_total") for m in ms)
         prompt = sum(hit.values()) + miss
+        per = [msum(m, "baton_worker_prompt_tokens_total") for m in ms]
+        mean = sum(per) / len(per) if per else 0
         return {
+            "imbalance": max(per) / mean if mean else None,
             "label": label, "policy": policy,
             "ttft_p50": res["ttft_ms"].get("p50"), "ttft_p90": res["ttft_ms"].get("p90"),
             "req_s": res["request_throughput"], "failed": res["failed"],
@@ -186,6 +190,11 @@ def main():
     ap.add_argument("--big", action="store_true", help="also 4 prefill + 4 decode")
     ap.add_argument("--only-restart", action="store_true",
                     help="only the kill-and-restart pass")
+    ap.add_argument("--l3-pct", type=int, default=20,
+                    help="also run cache_aware with L2+L3 and the router's --cache-l3-pct P "
+                         "(0 = not)")
+    ap.add_argument("--only-router", action="store_true",
+                    help="only the L2+L3 runs (the router policies with a shared store)")
     args = ap.parse_args()
     if args.smoke:
         args.duration, args.warmup, args.session_rate, args.turns = 2.0, 0.5, 3.0, 3
@@ -211,20 +220,31 @@ def main():
         for n in sizes:
             for policy in ("round_robin", "cache_aware"):
                 base = None
-                for tiers, name in ((1, "no tiers"), (2, "L2"), (3, "L2+L3")):
-                    s = run(args, f"{n}P{n}D {policy} {name}", n, policy, tiers, timing, secret)
+                confs = [(1, "no tiers", ()), (2, "L2", ()), (3, "L2+L3", ())]
+                if policy == "cache_aware" and args.l3_pct:
+                    confs.append((3, f"L2+L3 l3-cost {args.l3_pct}%",
+                                  ("--cache-l3-pct", args.l3_pct)))
+                if args.only_router:
+                    confs = [c for c in confs if c[0] == 3]
+                for tiers, name, rx in confs:
+                    s = run(args, f"{n}P{n}D {policy} {name}", n, policy, tiers, timing, secret,
+                            rx)
                     figs["runs"].append(s)
                     base = base or s
                     rows.append([s["label"], s["ttft_p50"], s["ttft_p90"],
                                  scenlib.ratio(s["ttft_p50"], base["ttft_p50"]), s["req_s"],
+                                 s["imbalance"],
                                  s["hit"]["l1"], s["hit"]["l2"], s["hit"]["l3"], s["hit_all"],
                                  s["fetched_l2"] / 2**20, s["fetched_l3"] / 2**20,
                                  s["written_l3"] / 2**20, s["failed"]])
         if rows:
             scenlib.print_table("tiers on the same multi-turn workload",
                                 ["run", "TTFT p50", "TTFT p90", "p50 vs none", "req/s",
-                                 "hit L1", "hit L2", "hit L3", "hit all", "L2 MiB in",
+                                 "imbalance", "hit L1", "hit L2", "hit L3", "hit all",
+                                 "L2 MiB in",
                                  "L3 MiB in", "L3 MiB out", "errors"], rows)
+        if args.only_router:
+            return 0
         rs = run_restart(args, timing, secret)
         figs["restart"] = rs
         scenlib.print_table(

@@ -25,7 +25,8 @@ def test_hicache_smoke():
     header, rows = table_rows(out, "tiers on the same multi-turn workload")
     names = [row[0] for row in rows]
     assert names == [f"2P2D {p} {t}" for p in ("round_robin", "cache_aware")
-                     for t in ("no tiers", "L2", "L2+L3")], out
+                     for t in ("no tiers", "L2", "L2+L3")] + \
+        ["2P2D cache_aware L2+L3 l3-cost 20%"], out
     for n in names:
         assert col(header, rows, "errors", n) == "0", out
     assert float(col(header, rows, "hit L3", "2P2D round_robin L2+L3")) > 0, out

@@ -56,6 +56,10 @@ typedef struct baton_policy_params_s {
                              * loaded of them wins (0: only exact ties) */
     int balance_by_words;   /* 1: the load guard compares in-flight prompt words, not
                              * requests (thresholds then in words) */
+    unsigned cache_l3_pct;  /* workers share a KV store (HiCache's L3): the longest match is
+                             * reachable from every worker, fetching the words it lacks costs
+                             * this % of computing them; the cheapest worker (that plus its
+                             * in-flight prompt words) wins (0: no shared store) */
 } baton_policy_params_t;
 
 void baton_policy_params_default(baton_policy_params_t *p);
