@@ -334,16 +334,22 @@ static baton_worker_t *by_l3_cost(const baton_policy_t *p, baton_worker_t *const
             top = m[i];
     baton_worker_t *best = NULL;
     uint64_t best_cost = UINT64_MAX;
-    uint32_t bm = 0;
+    uint32_t bm = 0, ties = 0;
+    long best_req = 0;
     for (size_t i = 0; i < n; i++) {
         long q = atomic_load_explicit(&cands[i]->in_flight_tokens, memory_order_relaxed);
         uint64_t cost =
             (uint64_t)(top - m[i]) * p->params.cache_l3_pct + (uint64_t)(q > 0 ? q : 0) * 100;
-        if (!best || cost < best_cost ||
-            (cost == best_cost &&
-             baton_worker_in_flight(cands[i]) < baton_worker_in_flight(best))) {
+        long req = baton_worker_in_flight(cands[i]);
+        int take = !best || cost < best_cost || (cost == best_cost && req < best_req);
+        if (take)
+            ties = 1;
+        else if (cost == best_cost && req == best_req) /* equal: one of them at random */
+            take = baton_rand_below(++ties) == 0;
+        if (take) {
             best = cands[i];
             best_cost = cost;
+            best_req = req;
             bm = m[i];
         }
     }
