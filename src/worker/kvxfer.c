@@ -118,6 +118,8 @@ void wk__kv_fill_layer(const wk_kv_t *kv, const uint32_t *slots, const wk_kv_roo
 {
     uint32_t P = kv->cfg.shape.page_tokens;
     for (uint32_t j = 0; j < p->ppl; j++) {
+        if (j >= p->loaded_first && j < p->loaded_first + p->loaded_n)
+            continue; /* loaded from L2: those bytes travel as they were fetched */
         uint32_t first = j * P;
         uint32_t n = wk_kvshape_page_tokens_at(&kv->cfg.shape, p->n_tokens, j);
         wk_kv_fill(wk__kv_page_addr(kv, layer, slots[j]), kv->token_bytes, p->ids + first, first, n,

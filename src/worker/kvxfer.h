@@ -188,6 +188,12 @@ int wk_kv_send_slots(wk_kv_send_t *s, const uint32_t *slots);
 /* Layer `layer` was computed: fill it and, when `write_now` (layer-wise), write it at once;
  * otherwise it waits for wk_kv_send_finish, which writes the whole room in one go. */
 void wk_kv_send_layer(wk_kv_send_t *s, uint32_t layer, int write_now);
+/* HiCache: pages [first, first + n) of the prompt were found in L2 (or fetched from L3 into
+ * it): their page objects (K half, V half; tier_l2.h) are copied into the room's pages of every
+ * layer now, and the fills that stand in for computing skip them. After wk_kv_send_slots,
+ * before the compute; whole pages only. 0 or BATON_EINVAL. */
+int wk_kv_send_load_pages(wk_kv_send_t *s, uint32_t first, uint32_t n,
+                          const uint8_t *const *objs);
 /* The prompt tokens the prefill found in L1, L2 and L3 (not computed): DONE tells the decode. */
 void wk_kv_send_hits(wk_kv_send_t *s, uint32_t l1, uint32_t l2, uint32_t l3);
 /* Every layer was computed: fill and write what is left, then DONE with the first token. */

@@ -55,6 +55,11 @@ static void metrics_init(wk_tier_t *t)
     f = baton_metrics_counter(m, "baton_worker_tier_store_errors_total",
                               "Store batches (exists, get, put) that failed as a whole.", 0, NULL);
     t->m_store_err = baton_metric_child(f, NULL);
+    f = baton_metrics_counter(m, "baton_worker_tier_loaded_pages_total",
+                              "Prefill: L2 pages (hits and L3 fetches) copied into a request's KV "
+                              "pages instead of filled from the definition.",
+                              0, NULL);
+    t->m_loaded = baton_metric_child(f, NULL);
     f = baton_metrics_gauge(m, "baton_worker_tier_l2_pages", "Pages held in the L2 host pool.", 0,
                             NULL);
     t->m_l2_pages = baton_metric_child(f, NULL);

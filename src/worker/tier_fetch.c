@@ -9,6 +9,7 @@
 #include "baton/error.h"
 #include "common/log.h"
 #include "worker/job.h"
+#include "worker/kvxfer.h"
 
 #define COMP "worker"
 
@@ -29,6 +30,8 @@ typedef struct {
     unsigned batches_left;
     int exists_pending;
     wk_pf_t pf;
+    int32_t *l2_slots; /* the L2 run's slots, pinned (with the verified L3 pages') until the
+                        * request went and its room got them */
 } item_t;
 
 struct wk_tier_lookup_s {
@@ -39,6 +42,7 @@ struct wk_tier_lookup_s {
     item_t *items;
     unsigned inflight; /* store calls not yet called back */
     int went, freeing;
+    int released; /* the pins on hit pages are gone: late pages are not pinned any more */
     uv_timer_t timer;
 };
 typedef struct wk_tier_lookup_s lookup_t;
@@ -62,10 +66,47 @@ static void timer_closed(uv_handle_t *h)
         free(it->name_buf);
         free(it->names);
         free(it->objs);
+        free(it->l2_slots);
     }
     free(op->items);
     free(op);
     wk__tier_op_done(t);
+}
+
+/* Unpins the hit pages (once). */
+static void release_pins(lookup_t *op)
+{
+    if (op->released)
+        return;
+    op->released = 1;
+    for (size_t i = 0; i < op->n; i++) {
+        item_t *it = &op->items[i];
+        for (uint32_t k = 0; k < it->l2_pages; k++)
+            wk_l2_unpin(op->t->l2, it->l2_slots[k]);
+        for (uint32_t k = 0; k < it->l3_n; k++)
+            if (it->state[k] == 1)
+                wk_l2_unpin(op->t->l2, it->slots[k]);
+    }
+}
+
+/* A prefill's room gets the hit pages' bytes (L2 to L1, the host-to-device copy): the pages
+ * the decode receives are the ones fetched, verified there once more. */
+static void load_room(lookup_t *op, wk_job_t *job, size_t i, uint32_t l3)
+{
+    item_t *it = &op->items[i];
+    wk_sstate_t *ss = &job->ss[i];
+    uint32_t n = it->l2_pages + l3;
+    if (!ss->send || n == 0)
+        return;
+    const uint8_t **objs = malloc(n * sizeof(*objs));
+    if (!objs)
+        return; /* the room is filled from the definition instead: the same bytes */
+    for (uint32_t k = 0; k < n; k++)
+        objs[k] =
+            wk_l2_addr(op->t->l2, k < it->l2_pages ? it->l2_slots[k] : it->slots[k - it->l2_pages]);
+    if (wk_kv_send_load_pages(ss->send, it->l1_pages, n, objs) == 0)
+        baton_counter_add(op->t->m_loaded, n);
+    free(objs);
 }
 
 /* Freed once nobody waits for it and no store call can still call back. */
@@ -73,6 +114,7 @@ static void maybe_free(lookup_t *op)
 {
     if (op->job || op->inflight || op->freeing)
         return;
+    release_pins(op);
     op->freeing = 1;
     uv_close((uv_handle_t *)&op->timer, timer_closed);
 }
@@ -98,10 +140,12 @@ static void go(lookup_t *op)
         wi->cached_l3 = l3 * P;
         wi->cached_tokens += wi->cached_l2 + wi->cached_l3;
         job->ss[i].seq.cached_tokens = wi->cached_tokens;
+        load_room(op, job, i, l3);
         baton_counter_add(t->m_hit[1], wi->cached_l2);
         baton_counter_add(t->m_hit[2], wi->cached_l3);
         baton_counter_add(t->w->m_cache_miss, wi->prompt_tokens - wi->cached_tokens);
     }
+    release_pins(op);
     op->then(job);
 }
 
@@ -175,6 +219,8 @@ static void on_get(void *data, int status, const baton_store_result_t *res, size
         }
         if (ok) {
             wk_l2_commit(t->l2, slot, 0); /* it is in L3 already: clean */
+            if (!op->released)
+                wk_l2_pin(t->l2, slot); /* kept for the room until the request goes */
             baton_counter_add(t->m_fetched[2], (double)t->page_bytes);
             it->state[k] = 1;
         } else {
@@ -266,7 +312,8 @@ static void scan_l2(wk_tier_t *t, item_t *it)
 {
     uint32_t P = t->shape.page_tokens;
     uint32_t p = it->l1_pages;
-    for (; p < it->max_pages; p++) {
+    it->l2_slots = malloc((it->max_pages - it->l1_pages) * sizeof(*it->l2_slots));
+    for (; it->l2_slots && p < it->max_pages; p++) {
         int32_t slot = wk_l2_find(t->l2, &it->keys[p]);
         if (slot < 0)
             break;
@@ -279,6 +326,8 @@ static void scan_l2(wk_tier_t *t, item_t *it)
             break;
         }
         baton_counter_add(t->m_fetched[1], (double)t->page_bytes);
+        wk_l2_pin(t->l2, slot); /* no fetch may evict it before the room got it */
+        it->l2_slots[p - it->l1_pages] = slot;
     }
     it->l2_pages = p - it->l1_pages;
 }

@@ -29,7 +29,7 @@ struct wk_tier_s {
     void *close_arg;
     /* [1] l2, [2] l3 */
     baton_metric_child_t *m_hit[3], *m_fetched[3], *m_written[3];
-    baton_metric_child_t *m_pf_timeouts, *m_corrupt, *m_store_err, *m_l2_pages;
+    baton_metric_child_t *m_pf_timeouts, *m_corrupt, *m_store_err, *m_l2_pages, *m_loaded;
 };
 
 /* Names of the K and V objects of n pages: names[2i], names[2i+1], in buf (2n × name_cap). */

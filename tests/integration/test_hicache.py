@@ -163,6 +163,9 @@ def test_pd_turn2_on_other_prefill():
         assert metric(second.port, "baton_worker_cache_miss_tokens_total") == 100
         assert metric(second.port, "baton_worker_tier_fetched_bytes_total",
                       {"tier": "l3"}) == 25 * PAGE_BYTES
+        # the fetched pages went into the room (L2 to L1) and the decode verified every byte
+        assert metric(second.port, "baton_worker_tier_loaded_pages_total") == 25
+        assert sum(metric(d.port, "baton_kv_corrupted_total") for d in ds) == 0
 
 
 def test_pd_decode_offload():
