@@ -200,6 +200,38 @@ def test_pd_decode_offload():
         assert sum(metric(p.port, "baton_worker_tier_corrupt_pages_total") for p in ps) == 0
 
 
+def test_client_gone_during_lookup():
+    with Cluster("hicache-gone") as c:
+        st = Store(c, nodes=1, segment="16M")
+        a = tier_worker(c, st, "a")
+        b = tier_worker(c, st, "b")
+        t1 = words(9, 400)
+        generate(a.port, t1)
+        wait_until(lambda: metric(a.port, "baton_worker_tier_written_bytes_total",
+                                  {"tier": "l3"}) == 25 * PAGE_BYTES, timeout=20,
+                   what="turn 1 in the store")
+        # the master stops answering: b's lookup waits on its exists; the client leaves
+        st.master.signal(signal.SIGSTOP)
+        try:
+            try:
+                harness.request(b.port, "POST", "/generate",
+                                {"text": t1 + " more", "sampling_params": {"max_new_tokens": 2}},
+                                timeout=0.5)
+                raise AssertionError("answered while the store was stopped")
+            except OSError:
+                pass  # the client gave up: the job is gone, its lookup not yet
+            wait_until(lambda: metric(b.port, "baton_worker_requests_total") >= 1, timeout=10,
+                       what="the abort counted")
+        finally:
+            st.master.signal(signal.SIGCONT)
+        # the lookup's store call ends later without its job; b goes on serving, and finds
+        # the history once the master answers again (from L3, or from its own L1 when the
+        # first try after the outage still missed the store)
+        wait_until(lambda: generate(b.port, t1 + " again")["cached_tokens"] == 400, timeout=20,
+                   what="the history found after the master came back")
+        assert metric(b.port, "baton_worker_tier_corrupt_pages_total") == 0
+
+
 def test_store_node_killed_mid_fetch():
     with Cluster("hicache-kill") as c:
         st = Store(c, nodes=2, segment="16M")
@@ -245,4 +277,5 @@ if __name__ == "__main__":
     r.run(test_pd_turn2_on_other_prefill)
     r.run(test_pd_decode_offload)
     r.run(test_store_node_killed_mid_fetch)
+    r.run(test_client_gone_during_lookup)
     r.finish()
