@@ -188,6 +188,8 @@ def main():
     ap.add_argument("--prefill-us-per-token", type=int, default=100)
     ap.add_argument("--decode-us-per-token", type=int, default=2000)
     ap.add_argument("--big", action="store_true", help="also 4 prefill + 4 decode")
+    ap.add_argument("--sizes", default="", help="prefill (= decode) counts to run, e.g. 4 "
+                    "(default 2, and 4 with --big)")
     ap.add_argument("--only-restart", action="store_true",
                     help="only the kill-and-restart pass")
     ap.add_argument("--l3-pct", type=int, default=20,
@@ -213,7 +215,7 @@ def main():
           f"{args.think_time:g}s think time; L1 {args.cache_tokens} tokens, L2 {args.l2_bytes} "
           f"per prefill; prefill {args.prefill_us_per_token} us/token")
     rows, figs = [], {"config": vars(args), "runs": [], "offload": {}}
-    sizes = [2] + ([4] if args.big else [])
+    sizes = [int(x) for x in args.sizes.split(",") if x] or [2] + ([4] if args.big else [])
     try:
         if args.only_restart:
             sizes = []
