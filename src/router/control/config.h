@@ -72,6 +72,13 @@
  *  retries.retry_backoff_max_ms --retry-backoff-max-ms N    2000 (back-off cap)
  *  retries.retry_budget_ms      --retry-budget-ms N         30000 (no retry starts later than
  *                                                               this after the request arrived)
+ *  retries.migration_limit      --migration-limit N         3    (a stream whose decode dies
+ *                                                               after tokens reached the client
+ *                                                               goes on on another decode, at
+ *                                                               most N times per request and
+ *                                                               within the retry budget; only
+ *                                                               workers that take a continuation:
+ *                                                               docs/ROUTER.md "Migration")
  *  admission.max_concurrent_requests --max-concurrent-requests N  1024 (whole router, all
  *                                                               threads; 0 = unlimited)
  *  admission.queue_size         --queue-size N              1024 (requests waiting for a slot or
@@ -198,6 +205,21 @@
  *  routing.balance_by_words     --balance-by-words          false (cache_aware's guard compares
  *                                                               in-flight prompt words; the
  *                                                               thresholds are then words)
+ *  routing.balance_by_tokens    --balance-by-tokens         false (least_load's tie-break and the
+ *                                                               in-flight counts add the prompt's
+ *                                                               real tokens, for a model with a
+ *                                                               tokenizer, instead of its words)
+ *  -- the router's tokenizers (rtok.h, docs/TOKENIZER.md) --
+ *  tokenizer                    --tokenizer [MODEL=]PATH    none (repeatable; JSON: "PATH", an
+ *                                                               array of "[MODEL=]PATH", or
+ *                                                               {"MODEL": "PATH", ...}; loaded at
+ *                                                               start, refused when unloadable;
+ *                                                               reloaded on SIGHUP)
+ *  max_model_len                --max-model-len [MODEL=]N   none (repeatable; JSON: N, an array,
+ *                                                               or {"MODEL": N}; prompt +
+ * max_tokens over N is a 400) tokenize_cache_bytes         --tokenize-cache-bytes N    16777216
+ * (per thread; 0 = off) tokenize_cache_entries       --tokenize-cache-entries N  256 (per thread; 0
+ * = off)
  *  -- DP-rank selection (dp_rank.h) --
  *  routing.dp_round_robin       --dp-round-robin            false (a data-parallel worker's rank
  *                                                               is the one with the fewest of this
@@ -246,6 +268,7 @@ typedef struct baton_config_s {
     uint64_t retry_backoff_ms;
     uint64_t retry_backoff_max_ms;
     uint64_t retry_budget_ms;
+    unsigned migration_limit;
     unsigned max_concurrent_requests;
     unsigned queue_size;
     uint64_t queue_timeout_ms;
@@ -296,6 +319,11 @@ typedef struct baton_config_s {
     char *pd_protocol; /* "sglang" | "vllm-nixl" | "vllm-mooncake" (validated) */
     /* DP-rank selection: 1 = round robin, 0 = least loaded (default). */
     int dp_round_robin;
+    /* The router's tokenizers (rtok.h): "[MODEL=]PATH" and "[MODEL=]N" entries. */
+    baton_config_strlist_t tokenizers;
+    baton_config_strlist_t max_model_lens;
+    size_t tokenize_cache_bytes;     /* per loop thread; 0 = no prefix cache */
+    unsigned tokenize_cache_entries; /* per loop thread; 0 = no prefix cache */
 
     /* Private to config.c: which keys were given explicitly. */
     unsigned set_flags_;

@@ -42,6 +42,8 @@ typedef enum {
     BATON_API_EMBEDDINGS, /* POST /v1/embeddings */
     BATON_API_RERANK,     /* POST /v1/rerank */
     BATON_API_SCORE,      /* POST /v1/score */
+    BATON_API_TOKENIZE,   /* POST /tokenize (vLLM), when the router has no tokenizer for it */
+    BATON_API_DETOKENIZE, /* POST /detokenize (vLLM), likewise */
     BATON_API__COUNT,
 } baton_api_t;
 
@@ -74,6 +76,8 @@ typedef struct baton_pdreq_s {
     int stream;               /* "stream": true */
     int logprobs;             /* logprobs asked: merge prefill's input_token_logprobs */
     baton_buf_t tail;         /* the injected members and the closing brace */
+    const baton_buf_t *extra; /* more members every injection appends after its own (a stream's
+                               * continuation: migrate.h), ",..." form; NULL or empty: none */
     baton_json_splice_t segs; /* after an injection: the body to send, as segments */
     baton_buf_t out;          /* the body after baton_pdreq_inject(): segs flattened */
 } baton_pdreq_t;
@@ -120,6 +124,7 @@ int baton_pdreq_splice(const baton_pdreq_t *r, const char *const *drop, size_t n
 
 /*
  * Injects bootstrap_host, bootstrap_port and bootstrap_room (baton_pdreq_bootstrap_members),
+ * and r->extra's members when set (a client's own baton_continuation is always left out),
  * replacing every one the client sent, as a splice: r->segs is the client's bytes without those
  * members plus the injected tail (r->tail). The same bytes go to both legs. Safe to call again
  * for a retry with a new pair. 0 or BATON_ENOMEM.

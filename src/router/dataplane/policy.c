@@ -53,6 +53,7 @@ void baton_policy_params_default(baton_policy_params_t *p)
     p->hash_vnodes = 160;
     p->cache_tie_pct = 0; /* SGLang's rule unless asked */
     p->balance_by_words = 0;
+    p->balance_by_tokens = 0;
     p->cache_l3_pct = 0; /* no shared store */
 }
 
@@ -143,6 +144,7 @@ int baton_policy_same(const baton_policy_t *policy, baton_policy_kind_t kind,
            a->cache_max_blocks == params->cache_max_blocks && a->cache_block_words == bw &&
            a->hash_vnodes == vn && a->cache_tie_pct == params->cache_tie_pct &&
            a->balance_by_words == params->balance_by_words &&
+           a->balance_by_tokens == params->balance_by_tokens &&
            a->cache_l3_pct == params->cache_l3_pct;
 }
 
@@ -494,7 +496,18 @@ void baton_route_ctx_free(baton_route_ctx_t *ctx)
         ctx->chain_block = 0;
         free(ctx->owned);
         ctx->owned = NULL;
+        free(ctx->owned_tokens);
+        ctx->owned_tokens = NULL;
     }
+}
+
+uint32_t baton_policy_prompt_load(const baton_policy_t *policy, const baton_route_ctx_t *ctx)
+{
+    if (!ctx)
+        return 0;
+    if (policy && policy->params.balance_by_tokens && ctx->tokens)
+        return ctx->n_tokens > UINT32_MAX ? UINT32_MAX : (uint32_t)ctx->n_tokens;
+    return ctx->words;
 }
 
 void baton_policy_chosen(baton_policy_t *policy, baton_worker_t *w, baton_route_ctx_t *ctx,

@@ -56,6 +56,8 @@ typedef struct baton_policy_params_s {
                              * loaded of them wins (0: only exact ties) */
     int balance_by_words;   /* 1: the load guard compares in-flight prompt words, not
                              * requests (thresholds then in words) */
+    int balance_by_tokens;  /* 1: in-flight prompt counts add the prompt's real token count
+                             * when the request has one (ctx->n_tokens), not its words */
     unsigned cache_l3_pct;  /* workers share a KV store (HiCache's L3): the longest match is
                              * reachable from every worker, fetching the words it lacks costs
                              * this % of computing them; the cheapest worker (that plus its
@@ -112,12 +114,17 @@ typedef struct baton_route_ctx_s {
     size_t n_tokens;
     /* private: text built from the request (route_ctx.c), freed with the context */
     char *owned;
+    uint32_t *owned_tokens; /* the array tokens points to, when the context owns it */
     /* private to policy.c */
     baton_ptree_chain_t chain;
     unsigned chain_block; /* 0: not built */
 } baton_route_ctx_t;
 
 void baton_route_ctx_free(baton_route_ctx_t *ctx);
+
+/* What a pick adds to the chosen worker's in-flight prompt count for this request: the
+ * prompt's words, or with balance_by_tokens its token count when known. */
+uint32_t baton_policy_prompt_load(const baton_policy_t *policy, const baton_route_ctx_t *ctx);
 
 /* Why a worker was chosen (metrics: chosen-by-cache vs chosen-by-load). */
 typedef enum {

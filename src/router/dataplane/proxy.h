@@ -59,6 +59,8 @@ typedef struct baton_router_s {
      * for prefill) to `used` and `upstream_used`, and keeps streams' queued bytes in their
      * share of `out_used`. */
     baton_http_budget_t *budget;
+    /* The tokenizers (--tokenizer, rtok.h): NULL when none is configured at start. */
+    struct baton_rtok_s *rtok;
 } baton_router_t;
 
 /* Registers the PD protocols' metric family in r->metrics_reg. 0 or BATON_EEXIST. */
