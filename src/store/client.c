@@ -17,6 +17,23 @@ int baton__parse_hostport(const char *s, char *host, size_t cap, int *port_p);
 #include "store/client_int.h"
 #include "store/elect.h"
 
+/* "host:port" (the last colon splits): also the store programs' parser, defined here so the
+ * client library stands alone for other programs that link it (baton-worker). */
+int baton__parse_hostport(const char *s, char *host, size_t cap, int *port_p)
+{
+    const char *colon = strrchr(s, ':');
+    if (colon == NULL || colon == s || (size_t)(colon - s) >= cap)
+        return -1;
+    char *end;
+    long p = strtol(colon + 1, &end, 10);
+    if (*end != '\0' || p <= 0 || p > 65535)
+        return -1;
+    memcpy(host, s, (size_t)(colon - s));
+    host[colon - s] = '\0';
+    *port_p = (int)p;
+    return 0;
+}
+
 /* ---- life time ------------------------------------------------------------------------------ */
 
 void baton_store_config_init(baton_store_config_t *cfg)

@@ -404,21 +404,6 @@ static void usage(FILE *f)
 
 int baton__parse_hostport(const char *s, char *host, size_t cap, int *port_p);
 
-int baton__parse_hostport(const char *s, char *host, size_t cap, int *port_p)
-{
-    const char *colon = strrchr(s, ':');
-    if (colon == NULL || colon == s || (size_t)(colon - s) >= cap)
-        return -1;
-    char *end;
-    long p = strtol(colon + 1, &end, 10);
-    if (*end != '\0' || p <= 0 || p > 65535)
-        return -1;
-    memcpy(host, s, (size_t)(colon - s));
-    host[colon - s] = '\0';
-    *port_p = (int)p;
-    return 0;
-}
-
 static int parse_bytes(const char *s, uint64_t *v)
 {
     char *end;

@@ -187,6 +187,8 @@ static void job_unlink_free(wk_job_t *job)
     w->n_jobs--;
     wk_vllm_hb_stop(job->hb);
     job->hb = NULL;
+    if (w->tier)
+        wk_tier_detach(w->tier, job);
     wk__job_cache_release(job);
     for (size_t i = 0; i < job->req.n_items; i++)
         wk_gen_free(&job->ss[i].gen);
@@ -211,6 +213,8 @@ static void job_end(wk_job_t *job, wk_job_phase_t end, const char *reason)
         wk_sched_cancel(&w->sched, &ss->seq);
         if (ss->phase != WK_SS_DONE)
             wk_seq_to(ss, WK_SS_GONE);
+        if (w->tier)
+            wk_tier_offload_seq_end(w->tier, ss, 0); /* its copies finish on their own */
         if (ss->recv) {
             wk_kv_recv_drop(ss->recv, reason);
             ss->recv = NULL;
@@ -430,6 +434,8 @@ int wk__job_seq_finish(wk_sstate_t *ss)
     wk_seq_to(ss, WK_SS_DONE);
     if (job->w->cfg.mode == WK_MODE_DECODE)
         wk__job_cache_store(ss); /* a decode keeps a finished sequence's KV for the next turn */
+    if (job->w->tier)
+        wk_tier_offload_seq_end(job->w->tier, ss, 1);
     if (ss->recv) {
         wk_kv_recv_drop(ss->recv, "done");
         ss->recv = NULL;
@@ -566,6 +572,8 @@ int wk_job_on_prefilled(wk_sched_t *s, wk_seq_t *seq)
     wk_sstate_t *ss = seq->data;
     (void)s;
     wk__job_cache_store(ss); /* the prompt's KV exists now */
+    if (ss->job->w->tier)
+        wk_tier_store(ss->job->w->tier, ss);
     if (ss->job->w->cfg.mode == WK_MODE_PREFILL && ss->job->req.vllm_leg != WK_VLLM_NIXL_PREFILL) {
         wk__job_pd_prefilled(ss);
         return 0;
@@ -592,10 +600,10 @@ int wk_job_on_decoded(wk_sched_t *s, wk_seq_t *seq)
 
 /* ---- admission and start ------------------------------------------------------------------ */
 
-void wk__job_submit_prefill(wk_job_t *job)
+/* Every sequence's lookup is done: into the scheduler. */
+static void submit_now(wk_job_t *job)
 {
     wk_worker_t *w = job->w;
-    wk__job_cache_match(job); /* only the uncached tokens are charged */
     for (size_t i = 0; i < job->req.n_items; i++) {
         wk_sstate_t *ss = &job->ss[i];
         wk_seq_to(ss, WK_SS_RUNNING);
@@ -603,6 +611,15 @@ void wk__job_submit_prefill(wk_job_t *job)
         wk_sched_submit_prefill(&w->sched, &ss->seq);
     }
     wk_worker_sched_kick(w);
+}
+
+void wk__job_submit_prefill(wk_job_t *job)
+{
+    wk_worker_t *w = job->w;
+    wk__job_cache_match(job); /* only the uncached tokens are charged */
+    if (w->tier && wk_tier_lookup(w->tier, job, submit_now))
+        return; /* L2 / L3 first: submit_now follows */
+    submit_now(job);
 }
 
 static void job_start(wk_job_t *job)

@@ -87,6 +87,7 @@ typedef struct wk_sstate_s {
     struct wk_vllm_hold_s *hold; /* vllm-nixl prefill: its exported pages, until the answer */
     int32_t first_token;
     wk_pcache_hold_t cache_hold; /* the cached prefix it reads, held until prefilled or freed */
+    struct wk_offload_req_s *offload; /* decode offload: its request object, until it ends */
 } wk_sstate_t;
 
 struct wk_job_s {
@@ -118,6 +119,7 @@ struct wk_job_s {
     uint64_t deadline_ms;
 
     struct wk_vllm_hb_s *hb; /* vllm-nixl decode: lease heartbeats until its KV is in */
+    struct wk_tier_lookup_s *tier_lookup; /* its L2/L3 lookup while the prefill waits for it */
 };
 
 /* The job's and the sequence's phase tables (common/phase.h; exported for the tests). */

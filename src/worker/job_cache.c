@@ -54,7 +54,9 @@ void wk__job_cache_match(wk_job_t *job)
         ss->seq.cached_tokens = it->cached_tokens;
         free(tmp);
         baton_counter_add(w->m_cache_hit, it->cached_tokens);
-        baton_counter_add(w->m_cache_miss, it->prompt_tokens - it->cached_tokens);
+        it->cached_l1 = it->cached_tokens;
+        if (!w->tier) /* else counted once L2 and L3 had their say */
+            baton_counter_add(w->m_cache_miss, it->prompt_tokens - it->cached_tokens);
     }
 }
 

@@ -74,8 +74,10 @@ void wk__job_pd_prefilled(wk_sstate_t *ss)
         wk__job_fail_err(job, BATON_ENOMEM, "prefill", NULL);
         return;
     }
-    /* the rest of the KV goes out now; the answer waits for DONE */
+    /* the rest of the KV goes out now, with what this prefill did not compute; the answer waits
+     * for DONE */
     wk_seq_to(ss, WK_SS_HANDOFF);
+    wk_kv_send_hits(ss->send, it->cached_l1, it->cached_l2, it->cached_l3);
     wk_kv_send_finish(ss->send, first);
 }
 
@@ -146,6 +148,8 @@ static void decode_begin(wk_job_t *job)
         } else {
             wk_seq_to(ss, WK_SS_RUNNING);
             ss->seq.prompt_tokens = job->req.items[i].prompt_tokens;
+            if (w->tier) /* decode offload: the prompt's pages go out while it decodes */
+                wk_tier_offload_seq_begin(w->tier, ss);
             wk_sched_submit_decode(&w->sched, &ss->seq);
             submitted = 1;
         }
@@ -154,6 +158,12 @@ static void decode_begin(wk_job_t *job)
         wk_worker_sched_kick(w);
     if (all_done)
         wk__job_complete(job);
+}
+
+/* The decode reports the tier breakdown when it or its prefill has tiers. */
+static int w_tiered(const wk_job_t *job)
+{
+    return job->w->cfg.tier.l2_bytes > 0;
 }
 
 static void on_received(void *data, int status, const wk_kv_got_t *got, const char *detail)
@@ -168,6 +178,18 @@ static void on_received(void *data, int status, const wk_kv_got_t *got, const ch
     wk_seq_to(ss, WK_SS_KV_IN);
     /* the generator continues from what the KV says: its seed and the first token */
     ss->gen.seed = got->seed;
+    if (got->has_hits) {
+        /* The prompt tokens not computed are the prefill's hits; the decode's own cache only
+         * spared their transfer, so the larger of the two is reported, per tier the prefill's. */
+        wk_item_t *it = &job->req.items[ss->index];
+        uint32_t p = got->hits[0] + got->hits[1] + got->hits[2];
+        it->cached_l1 = got->hits[0];
+        it->cached_l2 = got->hits[1];
+        it->cached_l3 = got->hits[2];
+        it->tiered = got->hits[1] + got->hits[2] > 0 || w_tiered(job);
+        if (p > it->cached_tokens)
+            it->cached_tokens = p;
+    }
     ss->first_token = got->first_token;
     if (++job->n_booted == job->req.n_items) {
         wk_vllm_hb_stop(job->hb); /* every pull is done: the prefill's lease is over */

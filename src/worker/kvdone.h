@@ -8,12 +8,15 @@
 
 /*
  * 40 bytes, little-endian: magic "BWKV", version, n_tokens, layers, token_bytes (8),
- * page_tokens, 4 bytes of zero, seed (8). Pure functions of their arguments (any thread).
+ * page_tokens, 4 bytes of zero, seed (8); then, from a prefill with HiCache tiers, 12 more: the
+ * prompt tokens it found in L1, L2 and L3 (4 each). A decoder reads the first 40 bytes of any
+ * longer payload, so either side may be the older one. Pure functions (any thread).
  * The DONE's own status field says whether the prefill wrote the room or refused the offer.
  */
 #define WK_KVDONE_MAGIC       0x564B5742u /* "BWKV" */
 #define WK_KVDONE_VERSION     1u
-#define WK_KVDONE_LEN         40
+#define WK_KVDONE_LEN         52 /* what wk_kvdone_encode writes */
+#define WK_KVDONE_LEN_MIN     40 /* what a decode needs */
 #define WK_KVDONE_ST_OK       0
 #define WK_KVDONE_ST_MISMATCH 1
 
@@ -23,6 +26,8 @@ typedef struct wk_kvdone_s {
     uint64_t token_bytes;
     uint32_t page_tokens;
     uint64_t seed;
+    int has_hits; /* the prefill's tier hits follow (decode: the payload had them) */
+    uint32_t hit_l1, hit_l2, hit_l3;
 } wk_kvdone_t;
 
 void wk_kvdone_encode(const wk_kvdone_t *d, uint8_t out[WK_KVDONE_LEN]);

@@ -118,6 +118,8 @@ void wk__kv_fill_layer(const wk_kv_t *kv, const uint32_t *slots, const wk_kv_roo
 {
     uint32_t P = kv->cfg.shape.page_tokens;
     for (uint32_t j = 0; j < p->ppl; j++) {
+        if (j >= p->loaded_first && j < p->loaded_first + p->loaded_n)
+            continue; /* loaded from L2: those bytes travel as they were fetched */
         uint32_t first = j * P;
         uint32_t n = wk_kvshape_page_tokens_at(&kv->cfg.shape, p->n_tokens, j);
         wk_kv_fill(wk__kv_page_addr(kv, layer, slots[j]), kv->token_bytes, p->ids + first, first, n,
@@ -127,8 +129,9 @@ void wk__kv_fill_layer(const wk_kv_t *kv, const uint32_t *slots, const wk_kv_roo
 
 void wk__kv_done_encode(const wk_kv_t *kv, const wk_kv_roomp_t *p, uint8_t out[WK_KVDONE_LEN])
 {
-    wk_kvdone_t d = {p->n_tokens, kv->cfg.shape.layers, kv->token_bytes, kv->cfg.shape.page_tokens,
-                     p->seed};
+    wk_kvdone_t d = {
+        p->n_tokens, kv->cfg.shape.layers, kv->token_bytes, kv->cfg.shape.page_tokens, p->seed, 1,
+        p->hits[0],  p->hits[1],           p->hits[2]};
     wk_kvdone_encode(&d, out);
 }
 
@@ -303,6 +306,11 @@ static int read_secret(const char *path, uint8_t *buf, size_t cap, size_t *len_p
     }
     *len_p = n;
     return 0;
+}
+
+int wk_kv_secret_read(const char *path, uint8_t *buf, size_t cap, size_t *len_p)
+{
+    return read_secret(path, buf, cap, len_p) == 0 ? 0 : BATON_EINVAL;
 }
 
 int wk_kv_secret_check(const char *path)

@@ -77,6 +77,8 @@ int wk_kv_listen_port(const wk_kv_t *kv);
  * worker checks it at start in every mode, so that a named secret that cannot be used stops a
  * regular worker too instead of leaving it silently without one. */
 int wk_kv_secret_check(const char *path);
+/* Reads it into buf (at most cap bytes): 0 and *len_p, or BATON_EINVAL (logged). */
+int wk_kv_secret_read(const char *path, uint8_t *buf, size_t cap, size_t *len_p);
 /* The libbaton engine's id (vLLM's remote_engine_id), "" before the engine exists. */
 const char *wk_kv_engine_id(const wk_kv_t *kv);
 uint32_t wk_kv_pool_slots(const wk_kv_t *kv);
@@ -119,6 +121,8 @@ typedef struct wk_kv_got_s {
     uint32_t prompt_tokens;
     int32_t first_token; /* -1 when none */
     uint64_t seed;       /* the generator seed, derived from the received bytes */
+    int has_hits;        /* the prefill reported its tier hits: */
+    uint32_t hits[3];    /* prompt tokens it found in L1, L2, L3 */
 } wk_kv_got_t;
 
 /*
@@ -146,6 +150,14 @@ int wk_kv_recv_start(wk_kv_t *kv, const char *host, int port, uint64_t room,
  * callback it releases the pages (reason ignored). The pages return under the fencing rule.
  */
 void wk_kv_recv_drop(wk_kv_recv_t *r, const char *reason);
+
+/* Decode offload (offload.h): the pool region and a received room's lease (valid from the
+ * successful callback until the lease is released). */
+const uint8_t *wk_kv_region(const wk_kv_t *kv);
+wk_kvlease_t *wk_kv_recv_lease(wk_kv_recv_t *r);
+/* Drops a unit of work (hold 0) or a hold on a received room's lease; its room is freed once
+ * over and idle. */
+void wk_kv_recv_lease_drop(wk_kv_t *kv, wk_kvlease_t *l, unsigned hold);
 
 /* ---- prefill ---- */
 
@@ -176,6 +188,14 @@ int wk_kv_send_slots(wk_kv_send_t *s, const uint32_t *slots);
 /* Layer `layer` was computed: fill it and, when `write_now` (layer-wise), write it at once;
  * otherwise it waits for wk_kv_send_finish, which writes the whole room in one go. */
 void wk_kv_send_layer(wk_kv_send_t *s, uint32_t layer, int write_now);
+/* HiCache: pages [first, first + n) of the prompt were found in L2 (or fetched from L3 into
+ * it): their page objects (K half, V half; tier_l2.h) are copied into the room's pages of every
+ * layer now, and the fills that stand in for computing skip them. After wk_kv_send_slots,
+ * before the compute; whole pages only. 0 or BATON_EINVAL. */
+int wk_kv_send_load_pages(wk_kv_send_t *s, uint32_t first, uint32_t n,
+                          const uint8_t *const *objs);
+/* The prompt tokens the prefill found in L1, L2 and L3 (not computed): DONE tells the decode. */
+void wk_kv_send_hits(wk_kv_send_t *s, uint32_t l1, uint32_t l2, uint32_t l3);
 /* Every layer was computed: fill and write what is left, then DONE with the first token. */
 void wk_kv_send_finish(wk_kv_send_t *s, int32_t first_token);
 /* The request lets go before `sent` fired: aborts the room (the decode learns at once) or

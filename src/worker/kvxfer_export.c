@@ -148,7 +148,11 @@ int wk_kv_export_start(wk_kv_t *kv, uint64_t key, const wk_kv_prompt_t *pr, cons
     }
     e->kv = kv;
     e->key = key;
-    e->p = (wk_kv_roomp_t){ids, pr->n_tokens, pr->seed, pr->want_first, ppl, 0};
+    e->p = (wk_kv_roomp_t){.ids = ids,
+                           .n_tokens = pr->n_tokens,
+                           .seed = pr->seed,
+                           .want_first = pr->want_first,
+                           .ppl = ppl};
     e->first_token = pr->want_first ? first_token : -1;
     e->timeout_ms = timeout_ms;
     e->ready = ready;

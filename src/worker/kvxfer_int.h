@@ -94,6 +94,11 @@ typedef struct wk_kv_roomp_s {
     int want_first;
     uint32_t ppl;
     uint32_t first_page; /* decode: pages [0, first_page) come from the cache, not the wire */
+    uint32_t hits[3];    /* prompt tokens the prefill found in L1, L2, L3 (DONE carries them) */
+    int has_hits;        /* decode: the DONE had them */
+    /* prefill: pages [loaded_first, loaded_first + loaded_n) of every layer were loaded from
+     * HiCache's L2 (wk_kv_send_load_pages), not filled from the definition */
+    uint32_t loaded_first, loaded_n;
 } wk_kv_roomp_t;
 
 struct wk_kv_send_s {

@@ -208,7 +208,11 @@ static void check_finish(wk_kv_recv_t *r)
     } else {
         /* The generator's seed comes out of the received bytes: any difference left in them
          * would change every token (the check above already refused it). */
-        wk_kv_got_t got = {r->p.n_tokens, r->first_token, r->p.seed ^ r->diff};
+        wk_kv_got_t got = {r->p.n_tokens,
+                           r->first_token,
+                           r->p.seed ^ r->diff,
+                           r->p.has_hits,
+                           {r->p.hits[0], r->p.hits[1], r->p.hits[2]}};
         if (r->p.want_first && wk_sim_token(got.seed, 0) != r->first_token) {
             baton_counter_add(kv->m_corrupt, 1);
             snprintf(detail, sizeof(detail),
@@ -303,6 +307,13 @@ static void on_offer_done(void *data, uint64_t room_id, int status, const baton_
         return;
     }
     r->first_token = (int32_t)done->first_token;
+    wk_kvdone_t dp;
+    if (wk_kvdone_decode(done->payload, done->payload_len, &dp) == 0 && dp.has_hits) {
+        r->p.has_hits = 1;
+        r->p.hits[0] = dp.hit_l1;
+        r->p.hits[1] = dp.hit_l2;
+        r->p.hits[2] = dp.hit_l3;
+    }
     wk__kv_recv_to(r, WK_RECV_CHECKING);
     /* Most layers were queued by on_layer as they landed; here only those libbaton did not
      * report (an older prefill engine, a failed queue). One job per layer: big rooms are
@@ -407,6 +418,26 @@ int wk_kv_recv_start(wk_kv_t *kv, const char *host, int port, uint64_t room,
     wk__kv_recv_to(r, WK_RECV_OFFERED);
     *r_p = r;
     return 0;
+}
+
+const uint8_t *wk_kv_region(const wk_kv_t *kv)
+{
+    return kv->base;
+}
+
+wk_kvlease_t *wk_kv_recv_lease(wk_kv_recv_t *r)
+{
+    return &r->lease;
+}
+
+void wk_kv_recv_lease_drop(wk_kv_t *kv, wk_kvlease_t *l, unsigned hold)
+{
+    wk_kv_recv_t *r = container_of(l, wk_kv_recv_t, lease);
+    if (hold == 0)
+        wk__kv_lease_work_done(kv, l);
+    else
+        wk__kv_lease_drop(kv, l, hold);
+    recv_maybe_free(r);
 }
 
 void wk_kv_recv_drop(wk_kv_recv_t *r, const char *reason)

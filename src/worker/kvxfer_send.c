@@ -499,6 +499,37 @@ void wk_kv_send_layer(wk_kv_send_t *s, uint32_t layer, int write_now)
         send_fill(s, layer, layer + 1);
 }
 
+int wk_kv_send_load_pages(wk_kv_send_t *s, uint32_t first, uint32_t n, const uint8_t *const *objs)
+{
+    wk_kv_t *kv = s->kv;
+    uint32_t P = kv->cfg.shape.page_tokens;
+    uint64_t tb = kv->token_bytes, half = tb / 2;
+    uint64_t half_obj = (uint64_t)kv->cfg.shape.layers * P * half;
+    if (s->phase != WK_SEND_MATCHED || s->lease.slots == NULL || s->p.loaded_n ||
+        (uint64_t)first + n > s->p.ppl || (uint64_t)(first + n) * P > s->p.n_tokens)
+        return BATON_EINVAL;
+    for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t l = 0; l < kv->cfg.shape.layers; l++) {
+            uint8_t *dst = wk__kv_page_addr(kv, l, s->lease.slots[first + i]);
+            for (uint32_t t = 0; t < P; t++) {
+                uint64_t at = ((uint64_t)l * P + t) * half;
+                memcpy(dst + t * tb, objs[i] + at, half);
+                memcpy(dst + t * tb + half, objs[i] + half_obj + at, tb - half);
+            }
+        }
+    }
+    s->p.loaded_first = first;
+    s->p.loaded_n = n;
+    return 0;
+}
+
+void wk_kv_send_hits(wk_kv_send_t *s, uint32_t l1, uint32_t l2, uint32_t l3)
+{
+    s->p.hits[0] = l1;
+    s->p.hits[1] = l2;
+    s->p.hits[2] = l3;
+}
+
 void wk_kv_send_finish(wk_kv_send_t *s, int32_t first_token)
 {
     if (s->phase != WK_SEND_MATCHED)

@@ -14,6 +14,7 @@
 #include "worker/drain.h"
 #include "worker/kvev.h"
 #include "worker/register.h"
+#include "worker/tier_opts.h"
 #include "http/tls.h"
 #include "worker/vllm.h"
 #include "worker/worker.h"
@@ -123,6 +124,7 @@ static void usage(FILE *f)
             (unsigned long long)WK_KV_AUTO_POOL_TOKENS,
             (unsigned long long)(WK_KV_AUTO_POOL_BYTES >> 20),
             (unsigned long long)d.kv_hold_timeout_ms);
+    fputs(wk_tier_usage(), f);
 }
 
 static int parse_u64(const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *out)
@@ -254,6 +256,7 @@ static const struct option long_opts[] = {
     {"max-buffered-bytes", required_argument, NULL, OPT_MAX_BUFFERED_BYTES},
     {"max-connections", required_argument, NULL, OPT_MAX_CONNECTIONS},
     {"drain-timeout-ms", required_argument, NULL, OPT_DRAIN_TIMEOUT},
+    WK_TIER_LONG_OPTS, /* HiCache tiers (tier_opts.h) */
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -526,6 +529,10 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
                           &cfg->kv_pending_buffer_bytes))
                 return -1;
             break;
+        case WK_TIER_OPT_BASE ... WK_TIER_OPT_END - 1:
+            if (wk_tier_opt(c, name, optarg, &cfg->tier) != 0)
+                return -1;
+            break;
         case 'h':
             usage(stdout);
             return 1;
@@ -557,6 +564,8 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
         fprintf(stderr, "baton-worker: model shape: %s\n", why);
         return -1;
     }
+    if (wk_tier_cfg_check(&cfg->tier, cfg->model_name) != 0)
+        return -1;
     if (cfg->kv_pool_tokens != 0 && cfg->kv_pool_tokens < cfg->shape.page_tokens) {
         fprintf(stderr, "baton-worker: --kv-pool-tokens: at least one page (%u tokens)\n",
                 cfg->shape.page_tokens);

@@ -268,6 +268,11 @@ static json_t *generate_obj(const wk_render_ctx_t *ctx, const wk_item_t *it, con
                   gen_finish_reason(it, g), "prompt_tokens", (json_int_t)it->prompt_tokens,
                   "completion_tokens", (json_int_t)g->n_tokens, "cached_tokens",
                   (json_int_t)it->cached_tokens, "e2e_latency", ctx->e2e_s);
+    if (meta && it->tiered) /* SGLang's HiCache breakdown: device (L1), host (L2), storage (L3) */
+        json_object_set_new(meta, "cached_tokens_details",
+                            json_pack("{s:I,s:I,s:I}", "device", (json_int_t)it->cached_l1, "host",
+                                      (json_int_t)it->cached_l2, "storage",
+                                      (json_int_t)it->cached_l3));
     if (meta && it->logprobs) {
         json_t *out = json_array();
         for (uint32_t i = 0; out && i < g->n_tokens; i++)

@@ -36,6 +36,9 @@ typedef struct wk_item_s {
     uint64_t seed;
     uint32_t prompt_tokens;
     uint32_t cached_tokens; /* of prompt_tokens, found in the worker's prefix cache (job sets) */
+    /* ... of which from each tier (HiCache: tier.h); in PD the prefill's, from the hand-off */
+    uint32_t cached_l1, cached_l2, cached_l3;
+    int tiered; /* the worker has L2 / L3 (or its prefill had): the breakdown is reported */
     uint32_t max_tokens;
 
     char **stop_strs; /* owned */

@@ -12,6 +12,7 @@
 #include "worker/vllm.h"
 #include "worker/job.h"
 #include "worker/kvev.h"
+#include "worker/tier_opts.h"
 #include "worker/worker.h"
 
 #define COMP                 "worker"
@@ -44,6 +45,7 @@ void wk_config_default(wk_config_t *cfg)
     cfg->protocol = WK_PROTO_SGLANG;
     cfg->kv_hold_timeout_ms = 30000;
     cfg->drain_timeout_ms = 10000; /* the router's --drain-timeout-ms default */
+    wk_tier_cfg_default(&cfg->tier);
 }
 
 const char *wk_mode_name(wk_mode_t m)
@@ -156,10 +158,13 @@ static void metrics_init(wk_worker_t *w)
                             0, NULL);
     w->m_buffered = baton_metric_child(f, NULL);
     /* prefix cache (job_cache.c) */
+    static const char *const tier_label[] = {"tier"}, *const l1[] = {"l1"};
     f = baton_metrics_counter(w->metrics, "baton_worker_cache_hit_tokens_total",
-                              "Prompt tokens found in the prefix cache (not computed again).", 0,
-                              NULL);
-    w->m_cache_hit = baton_metric_child(f, NULL);
+                              "Prompt tokens found in the prefix cache (l1) or fetched from the "
+                              "host pool (l2) or the store (l3): not computed again.",
+                              1, tier_label);
+    w->f_cache_hit = f;
+    w->m_cache_hit = baton_metric_child(f, l1);
     f = baton_metrics_counter(w->metrics, "baton_worker_cache_miss_tokens_total",
                               "Prompt tokens not in the prefix cache (computed).", 0, NULL);
     w->m_cache_miss = baton_metric_child(f, NULL);
@@ -216,6 +221,8 @@ int wk_worker_init(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
 
     uv_timer_init(loop, &w->dl_timer);
     w->dl_timer.data = w;
+    if (cfg->tier.l2_bytes && (rc = wk_tier_create(&w->tier, w)) != 0)
+        return rc;
     if (cfg->mode != WK_MODE_REGULAR) {
         wk_kv_cfg_t kc;
         memset(&kc, 0, sizeof(kc));
@@ -239,6 +246,8 @@ int wk_worker_init(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg)
             log_error(COMP, "start_failed what=kv_transfer err=%s", baton_strerror(rc));
             return rc;
         }
+        if (w->tier && (rc = wk_tier_offload_start(w->tier)) != 0)
+            return rc;
         if (cfg->mode == WK_MODE_PREFILL)
             wk_sched_set_layers(&w->sched, cfg->shape.layers, wk_job_on_layer);
         if (cfg->mode == WK_MODE_PREFILL && cfg->protocol == WK_PROTO_VLLM_NIXL &&
@@ -276,6 +285,18 @@ static void kv_closed_cb(void *arg)
     maybe_closed(arg);
 }
 
+/* The tiers are closed: the KV hand-off may go now (its share of n_closing is the tier's). */
+static void tier_closed_cb(void *arg)
+{
+    wk_worker_t *w = arg;
+    if (w->kv) {
+        wk_kv_close(w->kv, kv_closed_cb, w);
+        w->kv = NULL;
+        return;
+    }
+    maybe_closed(w);
+}
+
 void wk_worker_close(wk_worker_t *w)
 {
     w->shutting_down = 1;
@@ -289,7 +310,11 @@ void wk_worker_close(wk_worker_t *w)
     w->n_closing = 1;
     wk_vllm_close(w->vllm); /* held pages' rooms go before the hand-off closes */
     w->vllm = NULL;
-    if (w->kv) {
+    if (w->tier) { /* first: decode offload copies read the KV pool's pages */
+        w->n_closing++;
+        wk_tier_close(w->tier, tier_closed_cb, w);
+        w->tier = NULL;
+    } else if (w->kv) {
         w->n_closing++;
         wk_kv_close(w->kv, kv_closed_cb, w);
         w->kv = NULL;

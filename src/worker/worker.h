@@ -13,6 +13,7 @@
 #include "worker/kvxfer.h"
 #include "worker/prefix_cache.h"
 #include "worker/sched.h"
+#include "worker/tier.h"
 
 typedef enum { WK_MODE_REGULAR = 0, WK_MODE_PREFILL, WK_MODE_DECODE } wk_mode_t;
 
@@ -55,6 +56,8 @@ typedef struct wk_config_s {
     uint64_t max_body_bytes, max_buffered_bytes;
     unsigned max_connections;
     uint64_t drain_timeout_ms; /* SIGTERM: time in-flight requests get to finish (drain.h) */
+    /* HiCache's L2 / L3 (tier.h); off when tier.l2_bytes is 0 */
+    wk_tier_cfg_t tier;
 } wk_config_t;
 
 /* Default prefix cache capacity: 1 Mi tokens hold a few thousand chat sessions (~8 MiB). */
@@ -102,6 +105,8 @@ typedef struct wk_worker_s {
     wk_pcache_t *pcache;
     struct wk_kvev_s *kvev; /* its KV-event publisher (kvev.h); NULL when off */
     baton_metric_child_t *m_cache_hit, *m_cache_miss, *m_cache_evict, *m_cache_size;
+    baton_metric_family_t *f_cache_hit; /* {tier}: m_cache_hit is its l1 */
+    wk_tier_t *tier;                    /* HiCache L2 / L3; NULL when off */
     uint64_t cache_evictions_seen;
 } wk_worker_t;
 

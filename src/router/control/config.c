@@ -222,6 +222,10 @@ static const opt_t options[] = {
     {"--cache-tie-pct", "routing", "cache_tie_pct", OPT_UINT, OFF(policy_params.cache_tie_pct), 0,
      100, 0, "N",
      "cache_aware: matches within N% of the best are ties, least load wins (0 = exact)"},
+    {"--cache-l3-pct", "routing", "cache_l3_pct", OPT_UINT, OFF(policy_params.cache_l3_pct), 0, 100,
+     0, "P",
+     "cache_aware, workers sharing a KV store (L3): fetching a prefix costs P% of computing it; "
+     "the cheapest worker wins, queued words included (0 = off)"},
     {"--balance-by-words", "routing", "balance_by_words", OPT_BOOL,
      OFF(policy_params.balance_by_words), 0, 1, 0, "",
      "cache_aware: the load guard compares in-flight prompt words, not requests"},
@@ -886,8 +890,8 @@ static const struct {
     {"routing",
      "--policy --prefill-policy --decode-policy --cache-threshold-pct "
      "--balance-abs-threshold --balance-rel-threshold-pct --balance-by-words "
-     "--balance-by-tokens --cache-tie-pct --cache-max-blocks --cache-block-words --hash-vnodes "
-     "--session-key-field --dp-round-robin"},
+     "--balance-by-tokens --cache-tie-pct --cache-l3-pct --cache-max-blocks --cache-block-words "
+     "--hash-vnodes --session-key-field --dp-round-robin"},
     {"tokenizer", "--tokenizer --max-model-len --tokenize-cache-bytes --tokenize-cache-entries"},
     {"limits", "--max-header-bytes --max-headers --max-body-bytes --max-connections "
                "--max-buffered-bytes --max-sse-event-bytes --max-concurrent-requests --queue-size "

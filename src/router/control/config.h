@@ -212,6 +212,12 @@
  *  routing.cache_tie_pct        --cache-tie-pct N           0   (cache_aware: matches within N%
  *                                                               of the best are ties, the least
  *                                                               loaded wins; 0 = exact ties)
+ *  routing.cache_l3_pct         --cache-l3-pct P            0   (cache_aware with workers sharing
+ *                                                               a KV store: a prefix is
+ *                                                               reachable everywhere, fetching it
+ *                                                               costs P% of computing it; the
+ *                                                               cheapest worker wins, in-flight
+ *                                                               prompt words added; 0 = off)
  *  routing.balance_by_words     --balance-by-words          false (cache_aware's guard compares
  *                                                               in-flight prompt words; the
  *                                                               thresholds are then words)

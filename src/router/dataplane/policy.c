@@ -54,6 +54,7 @@ void baton_policy_params_default(baton_policy_params_t *p)
     p->cache_tie_pct = 0; /* SGLang's rule unless asked */
     p->balance_by_words = 0;
     p->balance_by_tokens = 0;
+    p->cache_l3_pct = 0; /* no shared store */
 }
 
 const char *baton_policy_name(baton_policy_kind_t kind)
@@ -143,7 +144,8 @@ int baton_policy_same(const baton_policy_t *policy, baton_policy_kind_t kind,
            a->cache_max_blocks == params->cache_max_blocks && a->cache_block_words == bw &&
            a->hash_vnodes == vn && a->cache_tie_pct == params->cache_tie_pct &&
            a->balance_by_words == params->balance_by_words &&
-           a->balance_by_tokens == params->balance_by_tokens;
+           a->balance_by_tokens == params->balance_by_tokens &&
+           a->cache_l3_pct == params->cache_l3_pct;
 }
 
 /* ---- RNG: xoshiro256** per thread, seeded once from getrandom(2) through splitmix64 ---- */
@@ -320,6 +322,44 @@ static const baton_ptree_chain_t *ctx_chain(baton_policy_t *p, baton_route_ctx_t
 
 #define MATCH_STACK 64
 
+/* With a store shared by every worker (HiCache's L3), the longest match `top` is reachable from
+ * any of them at the cost of fetching what a worker does not hold: a worker's cost is the words
+ * of `top` it lacks × cache_l3_pct / 100 plus the prompt words already in flight on it (work
+ * queued ahead, in the same unit). The cheapest wins, ties to fewer requests in flight: an L3
+ * hit is cheaper than a miss and dearer than an L1 hit, and never bought with a queue. */
+static baton_worker_t *by_l3_cost(const baton_policy_t *p, baton_worker_t *const *cands, size_t n,
+                                  const uint32_t *m, uint32_t *top_p, uint32_t *bm_p)
+{
+    uint32_t top = 0;
+    for (size_t i = 0; i < n; i++)
+        if (m[i] > top)
+            top = m[i];
+    baton_worker_t *best = NULL;
+    uint64_t best_cost = UINT64_MAX;
+    uint32_t bm = 0, ties = 0;
+    long best_req = 0;
+    for (size_t i = 0; i < n; i++) {
+        long q = atomic_load_explicit(&cands[i]->in_flight_tokens, memory_order_relaxed);
+        uint64_t cost =
+            (uint64_t)(top - m[i]) * p->params.cache_l3_pct + (uint64_t)(q > 0 ? q : 0) * 100;
+        long req = baton_worker_in_flight(cands[i]);
+        int take = !best || cost < best_cost || (cost == best_cost && req < best_req);
+        if (take)
+            ties = 1;
+        else if (cost == best_cost && req == best_req) /* equal: one of them at random */
+            take = baton_rand_below(++ties) == 0;
+        if (take) {
+            best = cands[i];
+            best_cost = cost;
+            best_req = req;
+            bm = m[i];
+        }
+    }
+    *top_p = top;
+    *bm_p = bm;
+    return best;
+}
+
 static baton_worker_t *by_cache(baton_policy_t *p, baton_worker_t *const *cands, size_t n,
                                 baton_route_ctx_t *ctx, baton_choice_t *why, uint32_t *matched_p)
 {
@@ -333,6 +373,17 @@ static baton_worker_t *by_cache(baton_policy_t *p, baton_worker_t *const *cands,
     baton_ptree_match(p->tree, c, cands, n, m);
     baton_worker_t *best = NULL;
     uint32_t bm = 0;
+    if (p->params.cache_l3_pct > 0) {
+        uint32_t top;
+        best = by_l3_cost(p, cands, n, m, &top, &bm);
+        if (m != stack)
+            free(m);
+        /* by cache when the reachable prefix passes the threshold, whoever holds it */
+        if ((uint64_t)top * 100 > (uint64_t)c->words * p->params.cache_threshold_pct)
+            *why = BATON_CHOICE_CACHE;
+        *matched_p = bm;
+        return best;
+    }
     for (size_t i = 0; i < n; i++) {
         if (m[i] > bm || (m[i] == bm && m[i] > 0 &&
                           baton_worker_in_flight(cands[i]) < baton_worker_in_flight(best))) {

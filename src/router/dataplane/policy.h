@@ -58,6 +58,10 @@ typedef struct baton_policy_params_s {
                              * requests (thresholds then in words) */
     int balance_by_tokens;  /* 1: in-flight prompt counts add the prompt's real token count
                              * when the request has one (ctx->n_tokens), not its words */
+    unsigned cache_l3_pct;  /* workers share a KV store (HiCache's L3): the longest match is
+                             * reachable from every worker, fetching the words it lacks costs
+                             * this % of computing them; the cheapest worker (that plus its
+                             * in-flight prompt words) wins (0: no shared store) */
 } baton_policy_params_t;
 
 void baton_policy_params_default(baton_policy_params_t *p);

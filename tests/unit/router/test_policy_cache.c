@@ -422,6 +422,63 @@ static void test_cache_aware_refinements(void **state)
     set_load(f, 0, 0, 0, 0);
 }
 
+/* Workers sharing a KV store: w0 holds an 8-word prefix of the probe; who gets the probe as w0's
+ * queue grows, with fetching priced at l3_pct % of computing. */
+static baton_worker_t *probe_l3(fixture_t *f, unsigned l3_pct, long w0_words, baton_choice_t *why,
+                                uint32_t *m)
+{
+    baton_policy_params_t pp;
+    baton_policy_params_default(&pp);
+    pp.cache_block_words = 2;
+    pp.balance_abs_threshold = 1000; /* no guard */
+    pp.cache_l3_pct = l3_pct;
+    baton_policy_t *p;
+    assert_int_equal(baton_policy_create_with(&p, BATON_POLICY_CACHE_AWARE, &pp), 0);
+    const char *a = "you are a helpful bot user asks about rivers";
+    const char *probe = "you are a helpful bot user asks about rivers and lakes";
+    baton_route_ctx_t ca = {.text = a, .text_len = strlen(a), .words = 9};
+    baton_route_ctx_t cp = {.text = probe, .text_len = strlen(probe), .words = 11};
+    baton_choice_t w;
+    uint32_t mm;
+    set_load(f, 0, 1, 1, 1);
+    assert_ptr_equal(sel(p, f, &ca, &w, &mm), f->w[0]);
+    set_load(f, 1, 1, 0, 1);
+    atomic_store(&f->w[0]->in_flight_tokens, w0_words);
+    baton_worker_t *got = sel(p, f, &cp, why, m);
+    atomic_store(&f->w[0]->in_flight_tokens, 0);
+    set_load(f, 0, 0, 0, 0);
+    baton_route_ctx_free(&ca);
+    baton_route_ctx_free(&cp);
+    if (l3_pct != 0)
+        assert_false(baton_policy_same(p, BATON_POLICY_CACHE_AWARE, NULL));
+    baton_policy_destroy(p);
+    return got;
+}
+
+static void test_cache_aware_l3_cost(void **state)
+{
+    fixture_t *f = *state;
+    baton_choice_t why;
+    uint32_t m;
+    baton_policy_params_t pp;
+    baton_policy_params_default(&pp);
+    assert_int_equal(pp.cache_l3_pct, 0);
+    /* off: SGLang's rule, the holder however long its queue */
+    assert_ptr_equal(probe_l3(f, 0, 500, &why, &m), f->w[0]);
+    assert_int_equal(m, 8);
+    /* the holder idle: its L1 hit is the cheapest */
+    assert_ptr_equal(probe_l3(f, 10, 0, &why, &m), f->w[0]);
+    assert_int_equal(why, BATON_CHOICE_CACHE);
+    /* 500 words queued on it cost more than fetching 8 words at 10%: the idle w2 (fewest
+     * requests in flight among the equal costs), by cache since the prefix is reachable */
+    assert_ptr_equal(probe_l3(f, 10, 500, &why, &m), f->w[2]);
+    assert_int_equal(why, BATON_CHOICE_CACHE);
+    assert_int_equal(m, 0); /* it holds nothing itself: the store does */
+    /* a fetch as dear as computing (100%): 5 queued words are still cheaper than 8 to fetch */
+    assert_ptr_equal(probe_l3(f, 100, 5, &why, &m), f->w[0]);
+    assert_ptr_equal(probe_l3(f, 100, 9, &why, &m), f->w[2]);
+}
+
 static void test_consistent_hash_and_least_load(void **state)
 {
     fixture_t *f = *state;
@@ -514,6 +571,7 @@ int main(void)
         cmocka_unit_test(test_load_guard),
         cmocka_unit_test(test_cache_aware),
         cmocka_unit_test(test_cache_aware_refinements),
+        cmocka_unit_test(test_cache_aware_l3_cost),
         cmocka_unit_test(test_consistent_hash_and_least_load),
         cmocka_unit_test(test_pick_tokens_and_pin),
     };

@@ -100,7 +100,7 @@ static void test_recv_phases(void **state)
 static void test_kvdone(void **state)
 {
     (void)state;
-    wk_kvdone_t in = {37, 32, 131072, 16, 0x779a65e7023cd2e7ull}, out;
+    wk_kvdone_t in = {37, 32, 131072, 16, 0x779a65e7023cd2e7ull, 1, 16, 32, 48}, out;
     uint8_t buf[WK_KVDONE_LEN];
     wk_kvdone_encode(&in, buf);
     /* little-endian on the wire, whatever the host */
@@ -115,7 +115,18 @@ static void test_kvdone(void **state)
     assert_int_equal(out.token_bytes, 131072);
     assert_int_equal(out.page_tokens, 16);
     assert_int_equal(out.seed, in.seed);
-    assert_int_equal(wk_kvdone_decode(buf, WK_KVDONE_LEN - 1, &out), -1);
+    /* the prefill's tier hits ride behind the first 40 bytes */
+    assert_true(out.has_hits);
+    assert_int_equal(out.hit_l1, 16);
+    assert_int_equal(out.hit_l2, 32);
+    assert_int_equal(out.hit_l3, 48);
+    /* an older prefill's 40 bytes still decode, without hits */
+    memset(&out, 0, sizeof(out));
+    assert_int_equal(wk_kvdone_decode(buf, WK_KVDONE_LEN_MIN, &out), 0);
+    assert_int_equal(out.seed, in.seed);
+    assert_false(out.has_hits);
+    assert_int_equal(out.hit_l3, 0);
+    assert_int_equal(wk_kvdone_decode(buf, WK_KVDONE_LEN_MIN - 1, &out), -1);
     assert_int_equal(wk_kvdone_decode(NULL, 0, &out), -1);
     buf[4] ^= 1; /* version */
     assert_int_equal(wk_kvdone_decode(buf, sizeof(buf), &out), -1);

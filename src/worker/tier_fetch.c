@@ -1,0 +1,415 @@
+/* tier_fetch.c — a request's lookup past its L1 hit: L2, then L3's batch exists (prefix count),
+ * the L3 prefix fetched into L2 pages in place and verified byte for byte, under the prefetch
+ * policy; the per-tier counts it leaves on the request. */
+#include "worker/tier_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "baton/error.h"
+#include "common/log.h"
+#include "worker/job.h"
+#include "worker/kvxfer.h"
+
+#define COMP "worker"
+
+/* SGLang's storage batch: pages per get. */
+#define FETCH_BATCH_PAGES 128
+
+typedef struct {
+    uint32_t l1_pages, max_pages, l2_pages;
+    int64_t *ids; /* the first max_pages pages' ids, to verify what arrives */
+    wk_tier_key_t *keys;
+    uint32_t l3_first; /* first page asked of L3 */
+    uint32_t l3_n;     /* pages being fetched (an L2 slot each) */
+    int32_t *slots;
+    int8_t *state; /* per fetched page: 0 on its way, 1 arrived and verified, -1 failed */
+    char *name_buf;
+    const char **names;
+    baton_store_obj_t *objs;
+    unsigned batches_left;
+    int exists_pending;
+    wk_pf_t pf;
+    int32_t *l2_slots; /* the L2 run's slots, pinned (with the verified L3 pages') until the
+                        * request went and its room got them */
+} item_t;
+
+struct wk_tier_lookup_s {
+    wk_tier_t *t;
+    wk_job_t *job; /* NULL once it went or the job went away */
+    void (*then)(wk_job_t *job);
+    size_t n;
+    item_t *items;
+    unsigned inflight; /* store calls not yet called back */
+    int went, freeing;
+    int released; /* the pins on hit pages are gone: late pages are not pinned any more */
+    uv_timer_t timer;
+};
+typedef struct wk_tier_lookup_s lookup_t;
+
+typedef struct {
+    lookup_t *op;
+    size_t item;
+    uint32_t first, m; /* fetched pages [first, first + m) of the item */
+} batch_t;
+
+static void timer_closed(uv_handle_t *h)
+{
+    lookup_t *op = h->data;
+    wk_tier_t *t = op->t;
+    for (size_t i = 0; i < op->n; i++) {
+        item_t *it = &op->items[i];
+        free(it->ids);
+        free(it->keys);
+        free(it->slots);
+        free(it->state);
+        free(it->name_buf);
+        free(it->names);
+        free(it->objs);
+        free(it->l2_slots);
+    }
+    free(op->items);
+    free(op);
+    wk__tier_op_done(t);
+}
+
+/* Unpins the hit pages (once). */
+static void release_pins(lookup_t *op)
+{
+    if (op->released)
+        return;
+    op->released = 1;
+    for (size_t i = 0; i < op->n; i++) {
+        item_t *it = &op->items[i];
+        for (uint32_t k = 0; k < it->l2_pages; k++)
+            wk_l2_unpin(op->t->l2, it->l2_slots[k]);
+        for (uint32_t k = 0; k < it->l3_n; k++)
+            if (it->state[k] == 1)
+                wk_l2_unpin(op->t->l2, it->slots[k]);
+    }
+}
+
+/* A prefill's room gets the hit pages' bytes (L2 to L1, the host-to-device copy): the pages
+ * the decode receives are the ones fetched, verified there once more. */
+static void load_room(lookup_t *op, wk_job_t *job, size_t i, uint32_t l3)
+{
+    item_t *it = &op->items[i];
+    wk_sstate_t *ss = &job->ss[i];
+    uint32_t n = it->l2_pages + l3;
+    if (!ss->send || n == 0)
+        return;
+    const uint8_t **objs = malloc(n * sizeof(*objs));
+    if (!objs)
+        return; /* the room is filled from the definition instead: the same bytes */
+    for (uint32_t k = 0; k < n; k++)
+        objs[k] =
+            wk_l2_addr(op->t->l2, k < it->l2_pages ? it->l2_slots[k] : it->slots[k - it->l2_pages]);
+    if (wk_kv_send_load_pages(ss->send, it->l1_pages, n, objs) == 0)
+        baton_counter_add(op->t->m_loaded, n);
+    free(objs);
+}
+
+/* Freed once nobody waits for it and no store call can still call back. */
+static void maybe_free(lookup_t *op)
+{
+    if (op->job || op->inflight || op->freeing)
+        return;
+    release_pins(op);
+    op->freeing = 1;
+    uv_close((uv_handle_t *)&op->timer, timer_closed);
+}
+
+/* The request goes now with what arrived. */
+static void go(lookup_t *op)
+{
+    wk_tier_t *t = op->t;
+    wk_job_t *job = op->job;
+    uint32_t P = t->shape.page_tokens;
+    op->went = 1;
+    op->job = NULL;
+    job->tier_lookup = NULL;
+    uv_timer_stop(&op->timer);
+    for (size_t i = 0; i < op->n; i++) {
+        item_t *it = &op->items[i];
+        wk_item_t *wi = &job->req.items[i];
+        uint32_t l3 = it->l3_n ? it->pf.done_pages : 0;
+        if (it->l3_n && l3 < it->l3_n && !it->pf.finished)
+            baton_counter_add(t->m_pf_timeouts, 1);
+        wi->tiered = 1;
+        wi->cached_l2 = it->l2_pages * P;
+        wi->cached_l3 = l3 * P;
+        wi->cached_tokens += wi->cached_l2 + wi->cached_l3;
+        job->ss[i].seq.cached_tokens = wi->cached_tokens;
+        load_room(op, job, i, l3);
+        baton_counter_add(t->m_hit[1], wi->cached_l2);
+        baton_counter_add(t->m_hit[2], wi->cached_l3);
+        baton_counter_add(t->w->m_cache_miss, wi->prompt_tokens - wi->cached_tokens);
+    }
+    release_pins(op);
+    op->then(job);
+}
+
+static void timer_cb(uv_timer_t *h);
+
+/* Goes when every item's exists came back and its prefetch may stop waiting; else waits for the
+ * next batch or the earliest deadline. */
+static void evaluate(lookup_t *op)
+{
+    if (!op->job)
+        return;
+    uint64_t now = uv_now(op->t->w->loop), next = UINT64_MAX;
+    int wait = 0;
+    for (size_t i = 0; i < op->n; i++) {
+        item_t *it = &op->items[i];
+        if (it->exists_pending)
+            return;
+        if (it->l3_n && !wk_pf_may_go(&it->pf, now)) {
+            wait = 1;
+            if (it->pf.deadline_ms < next)
+                next = it->pf.deadline_ms;
+        }
+    }
+    if (!wait) {
+        go(op);
+        return;
+    }
+    if (next != UINT64_MAX) /* wait_complete has none: the last batch decides */
+        uv_timer_start(&op->timer, timer_cb, next > now ? next - now : 0, 0);
+}
+
+static void timer_cb(uv_timer_t *h)
+{
+    evaluate(h->data);
+}
+
+/* Fetched pages [0, k) all verified: the usable prefix. */
+static uint32_t done_prefix(const item_t *it)
+{
+    uint32_t k = 0;
+    while (k < it->l3_n && it->state[k] == 1)
+        k++;
+    return k;
+}
+
+static void on_get(void *data, int status, const baton_store_result_t *res, size_t n, size_t prefix)
+{
+    batch_t *b = data;
+    lookup_t *op = b->op;
+    wk_tier_t *t = op->t;
+    item_t *it = &op->items[b->item];
+    (void)prefix;
+    (void)n;
+    op->inflight--;
+    if (status != 0)
+        baton_counter_add(t->m_store_err, 1);
+    for (uint32_t j = 0; j < b->m; j++) {
+        uint32_t k = b->first + j, page = it->l3_first + k;
+        int32_t slot = it->slots[k];
+        int ok = status == 0 && res[2 * j].status == 0 && res[2 * j + 1].status == 0 &&
+                 res[2 * j].len == t->half && res[2 * j + 1].len == t->half;
+        if (ok) {
+            /* every page is checked before anything uses it */
+            ok = wk_tier_page_check(wk_l2_addr(t->l2, slot), &t->shape,
+                                    it->ids + (size_t)page * t->shape.page_tokens,
+                                    page * t->shape.page_tokens) == 0;
+            if (!ok) {
+                baton_counter_add(t->m_corrupt, 1);
+                log_warn(COMP, "tier_page_corrupt tier=l3 key=%s", it->keys[page].hex);
+            }
+        }
+        if (ok) {
+            wk_l2_commit(t->l2, slot, 0); /* it is in L3 already: clean */
+            if (!op->released)
+                wk_l2_pin(t->l2, slot); /* kept for the room until the request goes */
+            baton_counter_add(t->m_fetched[2], (double)t->page_bytes);
+            it->state[k] = 1;
+        } else {
+            wk_l2_drop(t->l2, slot); /* FILLING: pinned by this fetch alone */
+            it->state[k] = -1;
+        }
+    }
+    free(b);
+    if (--it->batches_left == 0)
+        it->pf.finished = 1;
+    it->pf.done_pages = done_prefix(it);
+    wk__tier_sync_gauges(t);
+    evaluate(op);
+    maybe_free(op);
+}
+
+/* Starts the gets of the item's L3 prefix of `pages` pages into freshly allocated L2 slots. */
+static void fetch(lookup_t *op, size_t i, uint32_t pages)
+{
+    wk_tier_t *t = op->t;
+    item_t *it = &op->items[i];
+    it->slots = malloc(pages * sizeof(*it->slots));
+    it->state = calloc(pages, 1);
+    it->objs = malloc((size_t)pages * 2 * sizeof(*it->objs));
+    if (!it->slots || !it->state || !it->objs)
+        return;
+    uint32_t k = 0;
+    for (; k < pages; k++) {
+        int32_t slot = wk_l2_alloc(t->l2, &it->keys[it->l3_first + k]);
+        if (slot < 0)
+            break; /* no slot free, or another request is fetching it: fetch less */
+        it->slots[k] = slot;
+        uint8_t *a = wk_l2_addr(t->l2, slot);
+        it->objs[2 * k] = (baton_store_obj_t){it->names[2 * k], a, t->half};
+        it->objs[2 * k + 1] = (baton_store_obj_t){it->names[2 * k + 1], a + t->half, t->half};
+    }
+    it->l3_n = k;
+    if (k == 0)
+        return;
+    wk_pf_start(&it->pf, &t->cfg.pf, t->cfg.prefetch_policy, uv_now(t->w->loop), k,
+                t->shape.page_tokens);
+    for (uint32_t first = 0; first < k; first += FETCH_BATCH_PAGES) {
+        uint32_t m = k - first < FETCH_BATCH_PAGES ? k - first : FETCH_BATCH_PAGES;
+        batch_t *b = malloc(sizeof(*b));
+        int rc = b ? baton_store_get(t->sc, it->objs + 2 * first, 2 * m, on_get, b) : BATON_ENOMEM;
+        if (rc != 0) {
+            free(b);
+            baton_counter_add(t->m_store_err, 1);
+            for (uint32_t j = first; j < first + m; j++) {
+                wk_l2_drop(t->l2, it->slots[j]);
+                it->state[j] = -1;
+            }
+            continue;
+        }
+        *b = (batch_t){op, i, first, m};
+        op->inflight++;
+        it->batches_left++;
+    }
+    if (it->batches_left == 0)
+        it->pf.finished = 1;
+}
+
+static void on_exists(void *data, int status, const baton_store_result_t *res, size_t n,
+                      size_t prefix)
+{
+    batch_t *b = data;
+    lookup_t *op = b->op;
+    wk_tier_t *t = op->t;
+    size_t i = b->item;
+    item_t *it = &op->items[i];
+    (void)res;
+    (void)n;
+    free(b);
+    op->inflight--;
+    it->exists_pending = 0;
+    if (status != 0) {
+        baton_counter_add(t->m_store_err, 1);
+        log_debug(COMP, "tier_exists_failed err=%s", baton_store_strerror(status));
+    }
+    uint32_t pages = status == 0 ? (uint32_t)(prefix / 2) : 0; /* K and V both there */
+    if (op->job && !t->closing && wk_pf_worth(&t->cfg.pf, (uint64_t)pages * t->shape.page_tokens))
+        fetch(op, i, pages);
+    evaluate(op);
+    maybe_free(op);
+}
+
+/* The item's L2 run past L1, each page verified; a bad page ends the run (and leaves L2). */
+static void scan_l2(wk_tier_t *t, item_t *it)
+{
+    uint32_t P = t->shape.page_tokens;
+    uint32_t p = it->l1_pages;
+    it->l2_slots = malloc((it->max_pages - it->l1_pages) * sizeof(*it->l2_slots));
+    for (; it->l2_slots && p < it->max_pages; p++) {
+        int32_t slot = wk_l2_find(t->l2, &it->keys[p]);
+        if (slot < 0)
+            break;
+        if (wk_tier_page_check(wk_l2_addr(t->l2, slot), &t->shape, it->ids + (size_t)p * P,
+                               p * P) != 0) {
+            baton_counter_add(t->m_corrupt, 1);
+            log_warn(COMP, "tier_page_corrupt tier=l2 key=%s", it->keys[p].hex);
+            if (wk_l2_pins(t->l2, slot) == 0)
+                wk_l2_drop(t->l2, slot);
+            break;
+        }
+        baton_counter_add(t->m_fetched[1], (double)t->page_bytes);
+        wk_l2_pin(t->l2, slot); /* no fetch may evict it before the room got it */
+        it->l2_slots[p - it->l1_pages] = slot;
+    }
+    it->l2_pages = p - it->l1_pages;
+}
+
+int wk_tier_lookup(wk_tier_t *t, wk_job_t *job, void (*then)(wk_job_t *job))
+{
+    if (t->closing)
+        return 0;
+    uint32_t P = t->shape.page_tokens;
+    lookup_t *op = calloc(1, sizeof(*op));
+    if (op)
+        op->items = calloc(job->req.n_items, sizeof(*op->items));
+    if (!op || !op->items) {
+        free(op);
+        return 0;
+    }
+    op->t = t;
+    op->job = job;
+    op->then = then;
+    op->n = job->req.n_items;
+    t->n_ops++;
+    uv_timer_init(t->w->loop, &op->timer);
+    op->timer.data = op;
+    for (size_t i = 0; i < op->n; i++) {
+        item_t *it = &op->items[i];
+        wk_item_t *wi = &job->req.items[i];
+        wi->cached_l1 = wi->cached_tokens;
+        it->l1_pages = wi->cached_tokens / P;
+        it->max_pages = wi->prompt_tokens > 0 ? (wi->prompt_tokens - 1) / P : 0;
+        if (it->max_pages <= it->l1_pages)
+            continue;
+        const int64_t *ids;
+        int64_t *tmp;
+        if (wk__item_ids(wi, &ids, &tmp) != 0)
+            continue;
+        size_t nid = (size_t)it->max_pages * P;
+        it->ids = malloc(nid * sizeof(*it->ids));
+        it->keys = malloc(it->max_pages * sizeof(*it->keys));
+        if (it->ids && it->keys) {
+            memcpy(it->ids, ids, nid * sizeof(*ids));
+            wk_tier_keys(ids, it->max_pages * P, P, it->max_pages, it->keys);
+        }
+        free(tmp);
+        if (!it->ids || !it->keys) {
+            it->max_pages = it->l1_pages;
+            continue;
+        }
+        scan_l2(t, it);
+        it->l3_first = it->l1_pages + it->l2_pages;
+        uint32_t want = it->max_pages - it->l3_first;
+        if (want > BATON_STORE_BATCH_MAX / 2)
+            want = BATON_STORE_BATCH_MAX / 2;
+        if (!t->sc || want == 0 || !wk_pf_worth(&t->cfg.pf, (uint64_t)want * P))
+            continue;
+        it->name_buf = malloc((size_t)want * 2 * t->name_cap);
+        it->names = malloc((size_t)want * 2 * sizeof(*it->names));
+        batch_t *b = malloc(sizeof(*b));
+        if (!it->name_buf || !it->names || !b ||
+            wk__tier_names(t, it->keys + it->l3_first, want, it->name_buf, it->names) != 0 ||
+            baton_store_exists(t->sc, it->names, (size_t)want * 2, on_exists, b) != 0) {
+            free(b);
+            continue;
+        }
+        *b = (batch_t){op, i, 0, want};
+        it->exists_pending = 1;
+        op->inflight++;
+    }
+    job->tier_lookup = op;
+    if (op->inflight == 0)
+        go(op); /* everything was local: then() runs now */
+    maybe_free(op);
+    return 1;
+}
+
+void wk_tier_detach(wk_tier_t *t, wk_job_t *job)
+{
+    lookup_t *op = job->tier_lookup;
+    (void)t;
+    if (!op)
+        return;
+    job->tier_lookup = NULL;
+    op->job = NULL;
+    uv_timer_stop(&op->timer);
+    maybe_free(op);
+}
