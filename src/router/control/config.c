@@ -213,6 +213,33 @@ static const opt_t options[] = {
     {"--balance-by-words", "routing", "balance_by_words", OPT_BOOL,
      OFF(policy_params.balance_by_words), 0, 1, 0, "",
      "cache_aware: the load guard compares in-flight prompt words, not requests"},
+    /* precise routing on KV events (policy_precise.h, kv_route.h) */
+    {"--precise-prefill-weight-pct", "routing", "precise_prefill_weight_pct", OPT_UINT,
+     OFF(policy_params.precise_prefill_weight_pct), 0, 100000, 0, "N",
+     "precise: weight of the uncached prefill tokens in the cost, %"},
+    {"--precise-load-weight-pct", "routing", "precise_load_weight_pct", OPT_UINT,
+     OFF(policy_params.precise_load_weight_pct), 0, 100000, 0, "N",
+     "precise: weight of the worker's in-flight prompt tokens in the cost, %"},
+    {"--precise-l2-credit-pct", "routing", "precise_l2_credit_pct", OPT_UINT,
+     OFF(policy_params.precise_l2_credit_pct), 0, 100, 0, "N",
+     "precise: an L2 (CPU) block's worth, % of an L1 block"},
+    {"--precise-tie-pct", "routing", "precise_tie_pct", OPT_UINT,
+     OFF(policy_params.precise_tie_pct), 0, 100, 0, "N",
+     "precise: costs within N% of the prompt's tokens tie; the least loaded wins"},
+    {"--precise-temperature-pct", "routing", "precise_temperature_pct", OPT_UINT,
+     OFF(policy_params.precise_temperature_pct), 0, 100000, 0, "N",
+     "precise: sample with weight exp(-cost / (N% x prompt tokens)) (0 = the minimum)"},
+    {"--precise-provisional-ms", "routing", "precise_provisional_ms", OPT_UINT,
+     OFF(policy_params.precise_provisional_ms), 0, 600000, 0, "MS",
+     "precise: a routed request's blocks count as on its worker this long (0 = off)"},
+    {"--kv-events-max-blocks", "routing", "kv_events_max_blocks", OPT_U64, OFF(kv_max_blocks), 1,
+     1ull << 40, 0, "N", "KV events: blocks indexed per worker rank; past it the stream is dropped"},
+    {"--kv-events-unmatched-after", "routing", "kv_events_unmatched_after", OPT_U64,
+     OFF(kv_unmatched_after), 1, 1ull << 40, 0, "N",
+     "KV events: warn when a worker's blocks matched none of this many routed requests"},
+    {"--pd-uncached-token-threshold", "routing", "pd_uncached_token_threshold", OPT_UINT,
+     OFF(pd_uncached_threshold), 0, 1u << 30, 0, "N",
+     "PD with precise: the decode alone when it holds all but <= N prompt tokens (0 = off)"},
     /* DP-rank selection (dp_rank.h) */
     {"--dp-round-robin", "routing", "dp_round_robin", OPT_BOOL, OFF(dp_round_robin), 0, 1, 0, "",
      "data-parallel workers: ranks round robin instead of the rank with the fewest requests in "
@@ -293,6 +320,9 @@ int baton_config_init(baton_config_t *cfg)
     cfg->worker_drain_timeout_ms = 30000;
     cfg->registry_timeout_ms = 2000;
     baton_policy_params_default(&cfg->policy_params);
+    cfg->kv_max_blocks = 4u << 20;
+    cfg->kv_unmatched_after = 100;
+    cfg->pd_uncached_threshold = 256;
     cfg->pd_protocol = strdup("sglang");
     if (cfg->pd_protocol == NULL) {
         free(cfg->host);

@@ -59,6 +59,9 @@ typedef struct baton_router_s {
      * for prefill) to `used` and `upstream_used`, and keeps streams' queued bytes in their
      * share of `out_used`. */
     baton_http_budget_t *budget;
+    /* The KV-event subscriptions and their index (kv_route.h), with --kv-events; NULL without:
+     * the precise policy then chooses by load. */
+    struct baton_kvroute_s *kv;
 } baton_router_t;
 
 /* Registers the PD protocols' metric family in r->metrics_reg. 0 or BATON_EEXIST. */
