@@ -53,7 +53,7 @@ static const opt_t options[] = {
      "event-loop threads sharing the port"},
     {"--policy", NULL, "policy", OPT_POLICY, OFF(policy), 0, 0, 0, "P",
      "worker selection: round_robin | random | power_of_two | least_load | consistent_hash | "
-     "cache_aware"},
+     "cache_aware | precise"},
     {"--prefill-policy", NULL, "prefill_policy", OPT_POLICY, OFF(prefill_policy), 0, 0,
      SET_PREFILL_POLICY, "P", "policy for prefill workers (the choices of --policy)"},
     {"--decode-policy", NULL, "decode_policy", OPT_POLICY, OFF(decode_policy), 0, 0,
@@ -476,7 +476,7 @@ static int set_from_string(baton_config_t *cfg, const opt_t *o, const char *wher
         if (baton_policy_parse(value, &k) != 0)
             return baton__config_err(err, errlen, BATON_EINVAL,
                                      "%s: unknown policy '%s' (round_robin, random, power_of_two, "
-                                     "least_load, consistent_hash, cache_aware)",
+                                     "least_load, consistent_hash, cache_aware, precise)",
                                      where, value);
         *(baton_policy_kind_t *)field = k;
         cfg->set_flags_ |= o->set_flag;
@@ -834,7 +834,10 @@ static const struct {
     {"routing", "--policy --prefill-policy --decode-policy --cache-threshold-pct "
                 "--balance-abs-threshold --balance-rel-threshold-pct --balance-by-words "
                 "--cache-tie-pct --cache-max-blocks --cache-block-words --hash-vnodes "
-                "--session-key-field --dp-round-robin"},
+                "--session-key-field --dp-round-robin --precise-prefill-weight-pct "
+                "--precise-load-weight-pct --precise-l2-credit-pct --precise-tie-pct "
+                "--precise-temperature-pct --precise-provisional-ms --kv-events-max-blocks "
+                "--kv-events-unmatched-after --pd-uncached-token-threshold"},
     {"limits", "--max-header-bytes --max-headers --max-body-bytes --max-connections "
                "--max-buffered-bytes --max-sse-event-bytes --max-concurrent-requests --queue-size "
                "--max-worker-requests --rate-limit"},

@@ -26,7 +26,7 @@
  *  prefill_policy               --prefill-policy P          = policy
  *  decode_policy                --decode-policy P           = policy
  *                               (P: round_robin | random | power_of_two | least_load |
- *                                consistent_hash | cache_aware)
+ *                                consistent_hash | cache_aware | precise)
  *  log_level                    --log-level L               info (debug|info|warn|error)
  *  workers: [ {url, worker_type, bootstrap_port, api_key, model_id, priority, cost, labels} ]
  *                               --prefill URL [BOOTSTRAP_PORT]   (repeatable; the optional

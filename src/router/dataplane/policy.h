@@ -1,5 +1,5 @@
 /* policy.h — worker selection policies (round_robin, random, power_of_two, least_load,
- * consistent_hash, cache_aware), the request context they read, and the router's RNG. */
+ * consistent_hash, cache_aware, precise), the request context they read, and the router's RNG. */
 #ifndef BATON_ROUTER_POLICY_H
 #define BATON_ROUTER_POLICY_H
 
