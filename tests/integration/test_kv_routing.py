@@ -39,10 +39,10 @@ def free_port():
     return p
 
 
-def kv_worker(c, *extra, ports=None, name=None):
-    """A regular baton-worker publishing its cache; ports = (http, pub, replay) to reuse."""
+def kv_worker(c, *extra, ports=None, name=None, mode="regular"):
+    """A baton-worker publishing its cache; ports = (http, pub, replay) to reuse."""
     http, pub, rep = ports or (0, free_port(), free_port())
-    w = c.worker("regular", *FAST, "--cache-tokens", "48",
+    w = c.worker(mode, *FAST, "--cache-tokens", "48",
                  "--kv-events-endpoint", f"tcp://127.0.0.1:{pub}",
                  "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{rep}", *extra,
                  *(["--port", str(http)] if http else []), name=name)
@@ -282,11 +282,45 @@ def test_provisional_unmatched_hostile():
             pb.close()
 
 
+def test_pd_decode_alone():
+    """vLLM NIXL PD with the precise decode policy: once the decode holds the prompt but for a
+    few tokens (--pd-uncached-token-threshold), the request goes to the decode alone and the
+    prefill never sees it (its request counter stays); an SGLang pair always takes both legs
+    (its decode needs a bootstrap)."""
+    with Cluster("kv-pd-alone") as c:
+        for proto in ("vllm-nixl", "sglang"):
+            extra = ("--protocol", proto) if proto != "sglang" else ()
+            p = c.worker("prefill", *extra, *FAST)
+            d = kv_worker(c, *extra, mode="decode")
+            r = c.router("--pd-protocol", proto, "--decode-policy", "precise",
+                         "--pd-uncached-token-threshold", "8", name=f"router-{proto}")
+            boot = {} if proto != "sglang" else {"bootstrap_port": p.wait_port("bootstrap")}
+            post(r.port, "/workers", dict({"url": url(p.port), "worker_type": "prefill"}, **boot))
+            register(r.port, d, role="decode")
+
+            def prefills():
+                return metric(p.port, "baton_worker_requests_total")
+            q = prompt(60, 40)
+            routed(r.port, q)  # both legs: the decode holds nothing yet
+            assert prefills() == 1
+            wait_until(lambda: l1(r.port, d) >= 10, what="the decode's pages indexed")
+            got = routed(r.port, q + [1, 2, 3, 4])  # 4 tokens uncached <= 8
+            alone = metric(r.port, "baton_pd_decode_alone_total", {"protocol": proto})
+            if proto == "sglang":
+                assert prefills() == 2 and alone == 0
+            else:
+                assert got == 40, got
+                assert prefills() == 1 and alone == 1, (prefills(), alone)
+            # more than the threshold uncached: both legs again
+            routed(r.port, q + list(range(100, 112)))
+            assert prefills() == (2 if proto != "sglang" else 3)
+
+
 if __name__ == "__main__":
     tr = TestRunner()
     only = sys.argv[1:]
     for t in (test_routing_follows_events, test_replica_started_later,
-              test_provisional_unmatched_hostile):
+              test_provisional_unmatched_hostile, test_pd_decode_alone):
         if not only or t.__name__ in only:
             tr.run(t)
     tr.finish()

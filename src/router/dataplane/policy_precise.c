@@ -144,6 +144,16 @@ void baton__precise_chosen(baton_precise_t *pp, const baton_policy_params_t *pr,
     pthread_mutex_unlock(&pp->mu);
 }
 
+uint32_t baton__precise_cached(baton_route_ctx_t *ctx, baton_worker_t *w)
+{
+    uint32_t nb, bs, l1 = 0, l2 = 0;
+    const uint64_t *keys = baton__precise_keys(ctx, &nb, &bs);
+    if (!keys)
+        return 0;
+    baton_kvroute_match(ctx->kv, keys, nb, &w, 1, &l1, &l2);
+    return (l1 + l2) * bs;
+}
+
 /* Ties by least_load's rule among cands[idx[0..m)]. */
 static baton_worker_t *least_of(baton_worker_t *const *cands, const size_t *idx, size_t m)
 {

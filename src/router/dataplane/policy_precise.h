@@ -48,6 +48,10 @@ typedef struct {
 } baton_precise_stats_t;
 void baton__precise_stats(baton_precise_t *pp, baton_precise_stats_t *st);
 
+/* The prompt tokens the index says w holds (whole leading blocks, L1 and L2; provisional
+ * entries do not count): what PD's decode-alone rule reads. 0 without token ids or index. */
+uint32_t baton__precise_cached(baton_route_ctx_t *ctx, baton_worker_t *w);
+
 /* The request's block keys for the index's block size, built once per request (NULL when the
  * request has no token ids, the index no block size yet, or memory ran out). */
 const uint64_t *baton__precise_keys(baton_route_ctx_t *ctx, uint32_t *nb, uint32_t *bs);

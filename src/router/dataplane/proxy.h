@@ -54,6 +54,7 @@ typedef struct baton_router_s {
     /* PD protocols: baton_pd_stranded_releases_total{protocol,result}, in
      * metrics_reg (NULL: not counted). */
     baton_metric_family_t *pd_releases;
+    baton_metric_family_t *pd_alone; /* baton_pd_decode_alone_total{protocol} */
     /* The shared memory budget (--max-buffered-bytes; NULL: none): the proxy charges the
      * response bytes it holds for a request (buffered answers, an open SSE event, events held
      * for prefill) to `used` and `upstream_used`, and keeps streams' queued bytes in their
