@@ -575,6 +575,21 @@ void baton_kvroute_destroy(baton_kvroute_t *kr)
     free(kr);
 }
 
+int baton__kvroute_inject(baton_kvroute_t *kr, baton_worker_t *w, int src, const void *batch)
+{
+    const baton_kvev_batch_t *b = batch;
+    baton_kvidx_t *x = atomic_load(&kr->idx);
+    for (uint32_t k = 0; !x && k < b->n_events; k++)
+        if (b->events[k].type == BATON_KVEV_STORED) {
+            x = baton_kvidx_create(b->events[k].block_size);
+            atomic_store(&kr->idx, x);
+        }
+    if (!x || baton_kvidx_apply(x, src, b) != 0)
+        return -1;
+    atomic_fetch_or(&w->kv_sources, 1ull << src);
+    return 0;
+}
+
 /* ---- control plane ---- */
 
 json_t *baton_kvroute_worker_json(baton_kvroute_t *kr, const baton_worker_t *w)

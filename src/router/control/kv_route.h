@@ -84,6 +84,11 @@ void baton_kvroute_match(baton_kvroute_t *kr, const uint64_t *keys, uint32_t nb,
  * tier, last sequence number, events / gaps / replays; NULL when it has none. */
 json_t *baton_kvroute_worker_json(baton_kvroute_t *kr, const baton_worker_t *w);
 
+/* Tests only, before the thread starts: applies b as index source src of w, as the subscription
+ * thread does once w's history is known (the index created at the first stored block). 0, or -1
+ * when the batch does not fit the index. */
+int baton__kvroute_inject(baton_kvroute_t *kr, baton_worker_t *w, int src, const void *batch);
+
 /* Totals for tests and logs. */
 typedef struct baton_kvroute_stats_s {
     uint64_t batches, events, blocks_stored, blocks_removed, gaps, replays, resets, errors;
