@@ -37,7 +37,8 @@ typedef struct sub_s {
     uint64_t retry_at_ms;
     baton_backoff_t bo;
     int bad; /* the stream must be dropped (set in the callback) */
-    char why[160];
+    char why[160];        /* the thread's own: why it is bad */
+    char last_error[160]; /* what /workers shows: written under the route's mutex */
     int seen;
     /* unmatched check: the source's match count and hit count when it first held blocks */
     int have_base, warned;
@@ -86,7 +87,7 @@ void baton_kvroute_match(baton_kvroute_t *kr, const uint64_t *keys, uint32_t nb,
     baton_kvidx_t *x = atomic_load_explicit(&kr->idx, memory_order_acquire);
     if (!x || nb == 0)
         return;
-    uint64_t mask = 0, *srcs = malloc(n * sizeof(*srcs));
+    uint64_t stack[64], mask = 0, *srcs = n <= 64 ? stack : malloc(n * sizeof(*srcs));
     if (!srcs)
         return;
     for (size_t i = 0; i < n; i++)
@@ -106,7 +107,8 @@ void baton_kvroute_match(baton_kvroute_t *kr, const uint64_t *keys, uint32_t nb,
                 }
             }
     }
-    free(srcs);
+    if (srcs != stack)
+        free(srcs);
 }
 
 /* ---- the subscription thread ---- */
@@ -264,6 +266,9 @@ static void sub_drop(sub_t *s, uint64_t now)
     sub_close(s);
     uint32_t d = baton_backoff_next(&s->bo);
     s->retry_at_ms = now + d;
+    uv_mutex_lock(&s->kr->mu);
+    memcpy(s->last_error, s->why, sizeof(s->last_error));
+    uv_mutex_unlock(&s->kr->mu);
     atomic_store(&s->state, ST_BACKOFF);
     log_warn_limited(COMP, "kv_events_dropped",
                      "kv_events_dropped id=%s rank=%d reason=\"%s\" retry_ms=%u", s->w->id,
@@ -337,6 +342,7 @@ static void sub_new(baton_kvroute_t *kr, baton_worker_t *w, int rank)
         sub_open(s);
     }
     uv_mutex_lock(&kr->mu);
+    memcpy(s->last_error, s->why, sizeof(s->last_error));
     s->next = kr->subs;
     kr->subs = s;
     uv_mutex_unlock(&kr->mu);
@@ -612,7 +618,7 @@ json_t *baton_kvroute_worker_json(baton_kvroute_t *kr, const baton_worker_t *w)
         json_array_append_new(
             ranks, json_pack("{s:i,s:s,s:s,s:I,s:s?}", "rank", s->rank, "state", state_names[st],
                              "endpoint", s->ep, "last_seq", (json_int_t)ls, "last_error",
-                             s->why[0] && st != ST_SYNCED && st != ST_PARTIAL ? s->why : NULL));
+                             s->last_error[0] ? s->last_error : NULL));
         l1 += atomic_load(&s->l1);
         l2 += atomic_load(&s->l2);
         events += atomic_load(&s->events);

@@ -471,8 +471,8 @@ void baton_route_ctx_free(baton_route_ctx_t *ctx)
         ctx->chain_block = 0;
         free(ctx->owned);
         ctx->owned = NULL;
-        free(ctx->owned_tokens);
-        ctx->owned_tokens = NULL;
+        free(ctx->client_ids);
+        ctx->client_ids = NULL;
         free(ctx->kv_keys);
         ctx->kv_keys = NULL;
         ctx->kv_bs = ctx->kv_nb = 0;

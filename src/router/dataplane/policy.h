@@ -124,7 +124,7 @@ typedef struct baton_route_ctx_s {
     uint32_t kv_nb, kv_bs;
     /* private: text built from the request (route_ctx.c), freed with the context */
     char *owned;
-    uint32_t *owned_tokens; /* the token ids a client sent itself (route_ctx.c) */
+    uint32_t *client_ids; /* the token ids a client sent itself (route_ctx.c) */
     /* private to policy.c */
     baton_ptree_chain_t chain;
     unsigned chain_block; /* 0: not built */

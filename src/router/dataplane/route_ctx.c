@@ -177,7 +177,7 @@ static int client_tokens(baton_route_ctx_t *ctx, const baton_pdreq_t *pd)
         }
         ids[n++] = (uint32_t)t;
     }
-    ctx->owned_tokens = ids;
+    ctx->client_ids = ids;
     ctx->tokens = ids;
     ctx->n_tokens = n;
     return 0;
