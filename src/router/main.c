@@ -31,6 +31,7 @@
 #include "router/control/registry.h"
 #include "router/control/reload.h"
 #include "router/dataplane/resil_metrics.h"
+#include "router/dataplane/rtok.h"
 #include "router/dataplane/router_metrics.h"
 #include "router/routes.h"
 #include "router/dataplane/token_metrics.h"
@@ -375,6 +376,18 @@ static void reload(app_t *app)
         baton_config_free(&next);
         return;
     }
+    /* Tokenizers: the new set replaces the old one whole, or the old one stays. */
+    baton_rtok_set_t *set;
+    if (baton_rtok_set_load(&next, &set, err, sizeof(err)) != 0) {
+        log_error("router", "reload_tokenizer_failed reason=\"%s\" (previous tokenizers kept)",
+                  err);
+    } else if (app->router.rtok) {
+        baton_rtok_install(app->router.rtok, set);
+        log_info("router", "tokenizers_reloaded models=%zu", set ? set->n : 0);
+    } else {
+        baton_rtok_set_unref(set);
+    }
+    err[0] = '\0';
     baton_reload_result_t res;
     rc = baton_reload_workers(app->router.registry, &app->cfg, &next, &res, err, sizeof(err));
     if (rc != 0)
@@ -495,6 +508,22 @@ static int create_shared(app_t *app, char *err, size_t errlen)
         return rc;
     }
     r->tokens = baton_token_metrics_create(r->metrics_reg);
+    baton_rtok_set_t *set;
+    char why[400];
+    if ((rc = baton_rtok_set_load(&app->cfg, &set, why, sizeof(why))) != 0) {
+        snprintf(err, errlen, "%s", why);
+        return rc;
+    }
+    if ((rc = baton_rtok_create(&r->rtok, set, app->cfg.tokenize_cache_bytes,
+                                app->cfg.tokenize_cache_entries, r->metrics_reg)) != 0) {
+        baton_rtok_set_unref(set);
+        snprintf(err, errlen, "tokenizer: %s", baton_strerror(rc));
+        return rc;
+    }
+    for (size_t i = 0; set && i < set->n; i++)
+        log_info("router", "tokenizer model=%s path=%s chat_template=%s max_model_len=%llu",
+                 set->m[i].model ? set->m[i].model : "*", set->m[i].path,
+                 set->m[i].tmpl ? "yes" : "no", (unsigned long long)set->m[i].max_model_len);
     if ((rc = baton_admission_create(&r->admission, app->cfg.max_concurrent_requests,
                                      app->cfg.queue_size)) != 0) {
         snprintf(err, errlen, "admission: %s", baton_strerror(rc));
@@ -566,6 +595,8 @@ static void destroy_shared(app_t *app)
     baton_admission_destroy(r->admission);
     baton_resil_metrics_destroy(r->resil);
     baton_token_metrics_destroy(r->tokens);
+    baton_rtok_destroy(r->rtok);
+    r->rtok = NULL;
     baton_router_metrics_destroy(r->metrics);
     if (r->metrics_reg)
         baton_metrics_destroy(r->metrics_reg);

@@ -57,6 +57,16 @@ static void h_score(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *r
     baton_proxy_inference(pl, req, BATON_API_SCORE);
 }
 
+static void h_tokenize(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    baton_proxy_inference(pl, req, BATON_API_TOKENIZE);
+}
+
+static void h_detokenize(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+{
+    baton_proxy_inference(pl, req, BATON_API_DETOKENIZE);
+}
+
 static void h_generate(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
 {
     baton_proxy_inference(pl, req, BATON_API_GENERATE);
@@ -173,6 +183,8 @@ static const route_t routes[] = {
     {"/v1/embeddings", "POST", h_embeddings, BATON_ROUTE_INFERENCE},
     {"/v1/rerank", "POST", h_rerank, BATON_ROUTE_INFERENCE},
     {"/v1/score", "POST", h_score, BATON_ROUTE_INFERENCE},
+    {"/tokenize", "POST", h_tokenize, BATON_ROUTE_INFERENCE},
+    {"/detokenize", "POST", h_detokenize, BATON_ROUTE_INFERENCE},
     {"/v1/models", "GET", h_models, BATON_ROUTE_INFERENCE},
     {"/health", "GET", h_health, BATON_ROUTE_OPEN},
     {"/liveness", "GET", h_health, BATON_ROUTE_OPEN},

@@ -12,7 +12,9 @@
 #include "http/tls.h"
 #include "worker/vllm.h"
 #include "worker/job.h"
+#include "tokenizer/tok_api.h"
 #include "worker/worker.h"
+#include "worker/wtok.h"
 
 #define COMP "worker"
 
@@ -90,7 +92,9 @@ typedef enum {
     R_RESPONSES,
     R_GET,
     R_ABORT,
-    R_LEASE
+    R_LEASE,
+    R_TOKENIZE,
+    R_DETOKENIZE
 } route_kind_t;
 
 typedef struct route_s {
@@ -116,7 +120,32 @@ static const route_t routes[] = {
     {"/flush_cache", "POST", R_GET},
     {"/abort_requests", "POST", R_ABORT}, /* vllm-nixl prefill: release held pages */
     {"/kv_lease", "POST", R_LEASE},       /* vllm-nixl prefill: a decode's heartbeat */
+    {"/tokenize", "POST", R_TOKENIZE},    /* vLLM's, with --tokenizer */
+    {"/detokenize", "POST", R_DETOKENIZE},
 };
+
+/* /tokenize and /detokenize in vLLM's shapes, with the worker's --tokenizer. */
+static void handle_tokenize(wk_worker_t *w, baton_http_req_t *req, int detok)
+{
+    const char *route = detok ? "/detokenize" : "/tokenize";
+    if (!wk_tok_enabled()) {
+        baton_http_respond_error(req, 404, "this worker has no tokenizer (--tokenizer)",
+                                 "invalid_request_error", NULL, "not_found");
+        wk_worker_count_request(w, route, 404);
+        return;
+    }
+    json_t *resp = NULL;
+    baton_tok_api_err_t e;
+    int rc = wk_tok_api(detok, req->body, req->body_len, &resp, &e);
+    int status = rc == 0 ? 200 : rc == 1 ? 400 : 500;
+    if (rc == 1)
+        resp = baton_tok_api_error_json(e.message, e.param);
+    else if (rc)
+        resp = json_pack("{s:{s:s,s:s,s:n,s:i}}", "error", "message", "out of memory", "type",
+                         "InternalServerError", "param", "code", 500);
+    respond_json(req, status, resp);
+    wk_worker_count_request(w, route, status);
+}
 
 static void handle_get(wk_worker_t *w, baton_http_req_t *req, const char *path)
 {
@@ -190,6 +219,10 @@ static void http_handler(baton_http_req_t *req, void *ctx)
         break;
     case R_RESPONSES:
         wk_job_handle(w, req, WK_API_RESPONSES);
+        break;
+    case R_TOKENIZE:
+    case R_DETOKENIZE:
+        handle_tokenize(w, req, match->kind == R_DETOKENIZE);
         break;
     case R_LEASE:
     case R_ABORT:

@@ -31,6 +31,12 @@ int wk_tok_encode(const char *s, size_t len, bool chat, int64_t **ids_p, uint32_
 /* Renders a chat body's messages (with tools, add_generation_prompt — true unless the body says
  * false — and chat_template_kwargs) with the model's template into out. A template error is
  * BATON_EINVAL with its message in err. */
+/* POST /tokenize (detok 0) or /detokenize (1) in vLLM's shapes (tokenizer/tok_api.h): 0 and
+ * *resp, 1 (a bad request: *e), or BATON_ENOMEM. Only with a tokenizer loaded. */
+struct baton_tok_api_err_s;
+int wk_tok_api(int detok, const char *body, size_t len, struct json_t **resp,
+               struct baton_tok_api_err_s *e);
+
 int wk_tok_render_chat(const struct json_t *body, baton_buf_t *out, char *err, size_t errlen);
 
 #endif

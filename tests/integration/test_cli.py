@@ -16,8 +16,8 @@ from harness import Cluster, TestRunner, binary, post  # noqa: E402
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 MISSING = "/nonexistent-baton-test/missing.pem"
 NOENT = f"cannot read {MISSING}: No such file or directory"
-HELP_GROUPS = ["listen", "workers", "routing", "limits", "timeouts", "resilience", "security",
-               "registry"]
+HELP_GROUPS = ["listen", "workers", "routing", "tokenizer", "limits", "timeouts", "resilience",
+               "security", "registry"]
 POLICIES = ["round_robin", "random", "power_of_two", "least_load", "consistent_hash",
             "cache_aware"]
 

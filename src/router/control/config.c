@@ -29,6 +29,8 @@ typedef enum {
     OPT_STRLIST,  /* baton_config_strlist_t: repeatable flag, JSON string or array of strings */
     OPT_BOOL,     /* int 0/1: a bare flag (or --flag=true|false), JSON true/false */
     OPT_RATE,     /* char *: "RPS[:BURST]", checked when set */
+    OPT_MODELMAP, /* baton_config_strlist_t of "[MODEL=]VALUE": a repeatable flag; in JSON a
+                     value, an array of "[MODEL=]VALUE" strings, or {"MODEL": VALUE, ...} */
 } opt_type_t;
 
 typedef struct {
@@ -240,6 +242,25 @@ static const opt_t options[] = {
     {"--pd-uncached-token-threshold", "routing", "pd_uncached_token_threshold", OPT_UINT,
      OFF(pd_uncached_threshold), 0, 1u << 30, 0, "N",
      "PD with precise: the decode alone when it holds all but <= N prompt tokens (0 = off)"},
+    {"--balance-by-tokens", "routing", "balance_by_tokens", OPT_BOOL,
+     OFF(policy_params.balance_by_tokens), 0, 1, 0, "",
+     "least_load and the in-flight counts use the prompt's real tokens (a model with a "
+     "--tokenizer) instead of its words"},
+    /* the router's tokenizers (rtok.h) */
+    {"--tokenizer", NULL, "tokenizer", OPT_MODELMAP, OFF(tokenizers), 0, 0, 0, "[MODEL=]PATH",
+     "a model's tokenizer.json (or its directory): prompts are tokenized in the router "
+     "(repeatable; without MODEL= every model without its own)"},
+    {"--max-model-len", NULL, "max_model_len", OPT_MODELMAP, OFF(max_model_lens), 0, 0, 0,
+     "[MODEL=]N",
+     "context length: prompt tokens + max_tokens over N is refused with 400 before any worker "
+     "(needs the model's --tokenizer; repeatable)"},
+    {"--tokenize-cache-bytes", NULL, "tokenize_cache_bytes", OPT_SIZE, OFF(tokenize_cache_bytes), 0,
+     (uint64_t)1 << 40, 0, "N",
+     "per thread: bytes of prompt prefixes and their token ids kept for multi-turn chats (0 = "
+     "off)"},
+    {"--tokenize-cache-entries", NULL, "tokenize_cache_entries", OPT_UINT,
+     OFF(tokenize_cache_entries), 0, 1000000, 0, "N",
+     "per thread: prompt prefixes kept at most (0 = off)"},
     /* DP-rank selection (dp_rank.h) */
     {"--dp-round-robin", "routing", "dp_round_robin", OPT_BOOL, OFF(dp_round_robin), 0, 1, 0, "",
      "data-parallel workers: ranks round robin instead of the rank with the fewest requests in "
@@ -285,6 +306,8 @@ int baton_config_init(baton_config_t *cfg)
     cfg->limits.max_body_bytes = 64 * 1024 * 1024;
     cfg->limits.header_timeout_ms = 30000;
     cfg->limits.body_timeout_ms = 60000;
+    cfg->tokenize_cache_bytes = (size_t)16 << 20;
+    cfg->tokenize_cache_entries = 256;
     cfg->limits.keepalive_timeout_ms = 75000;
     cfg->limits.max_connections = 10000;
     cfg->max_sse_event_bytes = BATON_CONFIG_MAX_SSE_EVENT_BYTES;
@@ -343,6 +366,12 @@ void baton_config_free(baton_config_t *cfg)
     for (size_t i = 0; i < cfg->api_keys.n; i++)
         free(cfg->api_keys.v[i]);
     free(cfg->api_keys.v);
+    baton_config_strlist_t *lists[] = {&cfg->tokenizers, &cfg->max_model_lens};
+    for (size_t l = 0; l < 2; l++) {
+        for (size_t i = 0; i < lists[l]->n; i++)
+            free(lists[l]->v[i]);
+        free(lists[l]->v);
+    }
     free(cfg->api_key_file);
     free(cfg->metrics_token);
     free(cfg->admin_token);
@@ -421,6 +450,7 @@ static int set_from_string(baton_config_t *cfg, const opt_t *o, const char *wher
 {
     char *field = (char *)cfg + o->offset;
     switch (o->type) {
+    case OPT_MODELMAP:
     case OPT_STRLIST: {
         baton_config_strlist_t *l = (baton_config_strlist_t *)field;
         if (value[0] == '\0')
@@ -506,10 +536,49 @@ static int set_from_string(baton_config_t *cfg, const opt_t *o, const char *wher
     }
 }
 
+/* A per-model map in JSON: {"MODEL": "PATH" | N, ...} becomes "MODEL=VALUE" entries; a bare
+ * integer is the value for every model. */
+static int set_modelmap_json(baton_config_t *cfg, const opt_t *o, const char *where, json_t *value,
+                             char *err, size_t errlen)
+{
+    char buf[4096];
+    if (json_is_integer(value) && json_integer_value(value) >= 0) {
+        snprintf(buf, sizeof(buf), "%lld", (long long)json_integer_value(value));
+        return set_from_string(cfg, o, where, buf, err, errlen);
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(value, k, v)
+    {
+        int n;
+        if (json_is_string(v))
+            n = snprintf(buf, sizeof(buf), "%s=%s", k, json_string_value(v));
+        else if (json_is_integer(v) && json_integer_value(v) >= 0)
+            n = snprintf(buf, sizeof(buf), "%s=%lld", k, (long long)json_integer_value(v));
+        else
+            return baton__config_err(err, errlen, BATON_EINVAL,
+                                     "%s.%.100s: must be a string or a non-negative integer", where,
+                                     k);
+        if (k[0] == '\0' || strchr(k, '=') || n < 0 || (size_t)n >= sizeof(buf))
+            return baton__config_err(err, errlen, BATON_EINVAL,
+                                     "%s: a model name must be non-empty, without '=', and the "
+                                     "entry under 4096 bytes",
+                                     where);
+        int rc = set_from_string(cfg, o, where, buf, err, errlen);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
 static int set_from_json(baton_config_t *cfg, const opt_t *o, const char *where, json_t *value,
                          char *err, size_t errlen)
 {
     switch (o->type) {
+    case OPT_MODELMAP:
+        if (json_is_object(value) || json_is_integer(value))
+            return set_modelmap_json(cfg, o, where, value, err, errlen);
+        __attribute__((fallthrough)); /* a string or an array of them */
     case OPT_STRLIST:
         if (json_is_array(value)) {
             size_t i;
@@ -797,6 +866,7 @@ static void default_text(const baton_config_t *d, const opt_t *o, char *buf, siz
         snprintf(buf, len, "%s", *(char *const *)field ? *(char *const *)field : "none");
         break;
     case OPT_STRLIST:
+    case OPT_MODELMAP:
         snprintf(buf, len, "none");
         break;
     case OPT_BOOL:
@@ -831,13 +901,15 @@ static const struct {
 } help_groups[] = {
     {"listen", "--host --port --threads --log-level"},
     {"workers", "--pd-protocol --worker-api-key --load-poll-interval-ms"},
-    {"routing", "--policy --prefill-policy --decode-policy --cache-threshold-pct "
-                "--balance-abs-threshold --balance-rel-threshold-pct --balance-by-words "
-                "--cache-tie-pct --cache-max-blocks --cache-block-words --hash-vnodes "
-                "--session-key-field --dp-round-robin --precise-prefill-weight-pct "
-                "--precise-load-weight-pct --precise-l2-credit-pct --precise-tie-pct "
-                "--precise-temperature-pct --precise-provisional-ms --kv-events-max-blocks "
-                "--kv-events-unmatched-after --pd-uncached-token-threshold"},
+    {"routing",
+     "--policy --prefill-policy --decode-policy --cache-threshold-pct "
+     "--balance-abs-threshold --balance-rel-threshold-pct --balance-by-words "
+     "--balance-by-tokens --cache-tie-pct --cache-max-blocks --cache-block-words --hash-vnodes "
+     "--session-key-field --dp-round-robin --precise-prefill-weight-pct "
+     "--precise-load-weight-pct --precise-l2-credit-pct --precise-tie-pct "
+     "--precise-temperature-pct --precise-provisional-ms --kv-events-max-blocks "
+     "--kv-events-unmatched-after --pd-uncached-token-threshold"},
+    {"tokenizer", "--tokenizer --max-model-len --tokenize-cache-bytes --tokenize-cache-entries"},
     {"limits", "--max-header-bytes --max-headers --max-body-bytes --max-connections "
                "--max-buffered-bytes --max-sse-event-bytes --max-concurrent-requests --queue-size "
                "--max-worker-requests --rate-limit"},
@@ -894,8 +966,8 @@ void baton_config_print_help(FILE *out, const char *argv0)
             "settings under \"retries\", admission control under \"admission\", health checks\n"
             "and breakers under \"health\", keys, tokens and rate limits under \"auth\");\n"
             "options given here override the file. Times are in milliseconds. SIGHUP reloads\n"
-            "the workers and policies from --config and the key and token files; SIGTERM\n"
-            "drains in-flight requests (--drain-timeout-ms) and exits 0.\n\n",
+            "the workers, policies and tokenizers from --config and the key and token files;\n"
+            "SIGTERM drains in-flight requests (--drain-timeout-ms) and exits 0.\n\n",
             argv0 ? argv0 : "baton");
     fprintf(out, "  %-32s %s\n", "--config FILE", "JSON config file (see conf/baton.json)");
     fprintf(out, "  %-32s %s\n", "-h, --help", "print this help and exit");

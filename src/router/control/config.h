@@ -209,6 +209,21 @@
  *  routing.pd_uncached_token_threshold --pd-uncached-token-threshold N 256 (PD: decode alone when
  *                                                               it holds all but <= N prompt tokens;
  *                                                               0 = off)
+ *  routing.balance_by_tokens    --balance-by-tokens         false (least_load's tie-break and the
+ *                                                               in-flight counts add the prompt's
+ *                                                               real tokens, for a model with a
+ *                                                               tokenizer, instead of its words)
+ *  -- the router's tokenizers (rtok.h, docs/TOKENIZER.md) --
+ *  tokenizer                    --tokenizer [MODEL=]PATH    none (repeatable; JSON: "PATH", an
+ *                                                               array of "[MODEL=]PATH", or
+ *                                                               {"MODEL": "PATH", ...}; loaded at
+ *                                                               start, refused when unloadable;
+ *                                                               reloaded on SIGHUP)
+ *  max_model_len                --max-model-len [MODEL=]N   none (repeatable; JSON: N, an array,
+ *                                                               or {"MODEL": N}; prompt +
+ * max_tokens over N is a 400) tokenize_cache_bytes         --tokenize-cache-bytes N    16777216
+ * (per thread; 0 = off) tokenize_cache_entries       --tokenize-cache-entries N  256 (per thread; 0
+ * = off)
  *  -- DP-rank selection (dp_rank.h) --
  *  routing.dp_round_robin       --dp-round-robin            false (a data-parallel worker's rank
  *                                                               is the one with the fewest of this
@@ -311,6 +326,11 @@ typedef struct baton_config_s {
     char *pd_protocol; /* "sglang" | "vllm-nixl" | "vllm-mooncake" (validated) */
     /* DP-rank selection: 1 = round robin, 0 = least loaded (default). */
     int dp_round_robin;
+    /* The router's tokenizers (rtok.h): "[MODEL=]PATH" and "[MODEL=]N" entries. */
+    baton_config_strlist_t tokenizers;
+    baton_config_strlist_t max_model_lens;
+    size_t tokenize_cache_bytes;     /* per loop thread; 0 = no prefix cache */
+    unsigned tokenize_cache_entries; /* per loop thread; 0 = no prefix cache */
 
     /* Private to config.c: which keys were given explicitly. */
     unsigned set_flags_;

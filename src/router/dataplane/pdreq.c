@@ -15,12 +15,14 @@ static const char *const api_paths[BATON_API__COUNT] = {
     [BATON_API_CHAT] = "/v1/chat/completions", [BATON_API_COMPLETIONS] = "/v1/completions",
     [BATON_API_GENERATE] = "/generate",        [BATON_API_RESPONSES] = "/v1/responses",
     [BATON_API_EMBEDDINGS] = "/v1/embeddings", [BATON_API_RERANK] = "/v1/rerank",
-    [BATON_API_SCORE] = "/v1/score",
+    [BATON_API_SCORE] = "/v1/score",           [BATON_API_TOKENIZE] = "/tokenize",
+    [BATON_API_DETOKENIZE] = "/detokenize",
 };
 
 int baton_api_regular_only(baton_api_t api)
 {
-    return api == BATON_API_EMBEDDINGS || api == BATON_API_RERANK || api == BATON_API_SCORE;
+    return api == BATON_API_EMBEDDINGS || api == BATON_API_RERANK || api == BATON_API_SCORE ||
+           api == BATON_API_TOKENIZE || api == BATON_API_DETOKENIZE;
 }
 
 const char *baton_api_path(baton_api_t api)
@@ -481,6 +483,8 @@ int baton_pdreq_parse(baton_pdreq_t *r, baton_api_t api, const char *body, size_
     case BATON_API_EMBEDDINGS:
     case BATON_API_RERANK:
     case BATON_API_SCORE:
+    case BATON_API_TOKENIZE:
+    case BATON_API_DETOKENIZE:
         rc = 0; /* the worker judges its own fields: passed through untouched */
         break;
     default:

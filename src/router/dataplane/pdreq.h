@@ -42,6 +42,8 @@ typedef enum {
     BATON_API_EMBEDDINGS, /* POST /v1/embeddings */
     BATON_API_RERANK,     /* POST /v1/rerank */
     BATON_API_SCORE,      /* POST /v1/score */
+    BATON_API_TOKENIZE,   /* POST /tokenize (vLLM), when the router has no tokenizer for it */
+    BATON_API_DETOKENIZE, /* POST /detokenize (vLLM), likewise */
     BATON_API__COUNT,
 } baton_api_t;
 

@@ -141,9 +141,10 @@ baton_pick_rc_t baton_pick_ctx(baton_registry_t *reg, baton_policy_t *policy,
             baton_worker_ref(c);
             out->w = c;
             out->ticket = t;
-            if (ctx && ctx->words) {
-                out->tokens = ctx->words;
-                atomic_fetch_add(&c->in_flight_tokens, (long)ctx->words);
+            uint32_t load = baton_policy_prompt_load(policy, ctx);
+            if (load) {
+                out->tokens = load;
+                atomic_fetch_add(&c->in_flight_tokens, (long)load);
             }
             baton_policy_chosen(policy, c, ctx, why, matched);
             break;

@@ -63,6 +63,7 @@ void baton_policy_params_default(baton_policy_params_t *p)
     p->precise_tie_pct = 2;
     p->precise_temperature_pct = 0;
     p->precise_provisional_ms = 2000;
+    p->balance_by_tokens = 0;
 }
 
 const char *baton_policy_name(baton_policy_kind_t kind)
@@ -162,7 +163,8 @@ int baton_policy_same(const baton_policy_t *policy, baton_policy_kind_t kind,
            a->precise_l2_credit_pct == params->precise_l2_credit_pct &&
            a->precise_tie_pct == params->precise_tie_pct &&
            a->precise_temperature_pct == params->precise_temperature_pct &&
-           a->precise_provisional_ms == params->precise_provisional_ms;
+           a->precise_provisional_ms == params->precise_provisional_ms &&
+           a->balance_by_tokens == params->balance_by_tokens;
 }
 
 /* ---- RNG: xoshiro256** per thread, seeded once from getrandom(2) through splitmix64 ---- */
@@ -476,7 +478,18 @@ void baton_route_ctx_free(baton_route_ctx_t *ctx)
         free(ctx->kv_keys);
         ctx->kv_keys = NULL;
         ctx->kv_bs = ctx->kv_nb = 0;
+        free(ctx->owned_tokens);
+        ctx->owned_tokens = NULL;
     }
+}
+
+uint32_t baton_policy_prompt_load(const baton_policy_t *policy, const baton_route_ctx_t *ctx)
+{
+    if (!ctx)
+        return 0;
+    if (policy && policy->params.balance_by_tokens && ctx->tokens)
+        return ctx->n_tokens > UINT32_MAX ? UINT32_MAX : (uint32_t)ctx->n_tokens;
+    return ctx->words;
 }
 
 void baton_policy_chosen(baton_policy_t *policy, baton_worker_t *w, baton_route_ctx_t *ctx,

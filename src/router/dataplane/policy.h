@@ -67,6 +67,8 @@ typedef struct baton_policy_params_s {
     unsigned precise_tie_pct;
     unsigned precise_temperature_pct;
     unsigned precise_provisional_ms;
+    int balance_by_tokens;  /* 1: in-flight prompt counts add the prompt's real token count
+                             * when the request has one (ctx->n_tokens), not its words */
 } baton_policy_params_t;
 
 void baton_policy_params_default(baton_policy_params_t *p);
@@ -125,12 +127,17 @@ typedef struct baton_route_ctx_s {
     /* private: text built from the request (route_ctx.c), freed with the context */
     char *owned;
     uint32_t *client_ids; /* the token ids a client sent itself (route_ctx.c) */
+    uint32_t *owned_tokens; /* the array tokens points to, when the context owns it */
     /* private to policy.c */
     baton_ptree_chain_t chain;
     unsigned chain_block; /* 0: not built */
 } baton_route_ctx_t;
 
 void baton_route_ctx_free(baton_route_ctx_t *ctx);
+
+/* What a pick adds to the chosen worker's in-flight prompt count for this request: the
+ * prompt's words, or with balance_by_tokens its token count when known. */
+uint32_t baton_policy_prompt_load(const baton_policy_t *policy, const baton_route_ctx_t *ctx);
 
 /* Why a worker was chosen (metrics: chosen-by-cache vs chosen-by-load). */
 typedef enum {

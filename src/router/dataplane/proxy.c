@@ -4,6 +4,8 @@
 #include "router/dataplane/proxy_internal.h"
 #include "router/dataplane/models.h"
 #include "router/dataplane/proxy_pd.h"
+#include "router/dataplane/route_ctx.h"
+#include "router/dataplane/rtok_req.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -419,6 +421,46 @@ static int regular_workers(baton_router_t *r)
     return counts[BATON_ROLE_REGULAR] > 0;
 }
 
+/* /tokenize, /detokenize: answered here when the router has the model's tokenizer (1), else
+ * forwarded to a regular worker like any regular-only API (0). */
+static int answer_tokenize(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
+                           baton_api_t api)
+{
+    baton_rtok_local_t *L = baton__pl_rtok(pl);
+    if (!L || (api != BATON_API_TOKENIZE && api != BATON_API_DETOKENIZE))
+        return 0;
+    json_t *resp = NULL;
+    baton_rtok_refusal_t ref;
+    int rc = baton_rtok_api(L, api == BATON_API_DETOKENIZE, req->body, req->body_len, &resp, &ref);
+    if (rc == BATON_ENOTFOUND)
+        return 0;
+    if (rc == 1)
+        baton__respond_json(pl->router, req, route, 400,
+                            baton_tok_api_error_json(ref.message, ref.param));
+    else if (rc)
+        baton__respond_error(pl->router, req, route, 500, "router out of memory", "server_error",
+                             NULL, "internal_error");
+    else
+        baton__respond_json(pl->router, req, route, 200, resp);
+    return 1;
+}
+
+/* The route context, with the prompt's token ids when the router has the model's tokenizer:
+ * 0, 1 when refused for its context length (answered), or BATON_ENOMEM. */
+static int prepare_ctx(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route,
+                       const baton_pdreq_t *pd, baton_route_ctx_t *ctx)
+{
+    int rc = baton_route_ctx_build(ctx, pl->router, pd, req);
+    baton_rtok_local_t *L = rc ? NULL : baton__pl_rtok(pl);
+    baton_rtok_refusal_t ref;
+    if (L && (rc = baton_rtok_request(L, pd, ctx, &ref)) == 1)
+        baton__respond_json(pl->router, req, route, 400,
+                            baton_tok_api_error_json(ref.message, ref.param));
+    if (rc)
+        baton_route_ctx_free(ctx);
+    return rc;
+}
+
 void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_api_t api)
 {
     baton_router_t *r = pl->router;
@@ -437,6 +479,10 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
                              "internal_error");
         return;
     }
+    if (answer_tokenize(pl, req, route, api)) {
+        baton_pdreq_free(&pd);
+        return;
+    }
     if (baton_api_regular_only(api) && !regular_workers(r)) {
         baton_pdreq_free(&pd);
         char msg[200];
@@ -452,14 +498,25 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
         baton_pdreq_free(&pd);
         return;
     }
+    baton_route_ctx_t ctx;
+    if ((rc = prepare_ctx(pl, req, route, &pd, &ctx)) != 0) {
+        baton_pdreq_free(&pd);
+        if (rc != 1)
+            baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
+                                 "internal_error");
+        return;
+    }
     baton__preq_t *pr = pr_new(pl, req, route, MODE_PD);
     if (!pr) {
+        baton_route_ctx_free(&ctx);
         baton_pdreq_free(&pd);
         baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
                              "internal_error");
         return;
     }
     baton_pdreq_move(&pr->pd, &pd); /* it points into itself: never a plain copy */
+    pr->rctx = ctx; /* its strings are its own or the request's, its chain not built yet */
+    pr->rctx_built = 1;
     if (baton__try_start(pr, 1) == ST_WAIT) {
         if (baton__queue_add(pr) != 0) {
             baton_resil_metrics_rejected(r->resil, "queue_full");

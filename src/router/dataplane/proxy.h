@@ -63,6 +63,8 @@ typedef struct baton_router_s {
     /* The KV-event subscriptions and their index (kv_route.h), with --kv-events; NULL without:
      * the precise policy then chooses by load. */
     struct baton_kvroute_s *kv;
+    /* The tokenizers (--tokenizer, rtok.h): NULL when none is configured at start. */
+    struct baton_rtok_s *rtok;
 } baton_router_t;
 
 /* Registers the PD protocols' metric family in r->metrics_reg. 0 or BATON_EEXIST. */

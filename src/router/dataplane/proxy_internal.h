@@ -106,7 +106,12 @@ struct baton_proxy_loop_s {
     /* Freed per-request structs kept for the next request (baton__pl_calloc). */
     void *spare[BATON__SPARE_KINDS][BATON__SPARE_MAX];
     unsigned n_spare[BATON__SPARE_KINDS];
+    struct baton_rtok_local_s *rtok; /* this loop's tokenizer side (rtok.h); made on first use */
 };
+
+/* The loop's tokenizer side, made on first use; NULL when the router has no tokenizers (or
+ * out of memory: requests then go on without token ids). */
+struct baton_rtok_local_s *baton__pl_rtok(baton_proxy_loop_t *pl);
 
 /* Per-loop recycling of the per-request structs: a request on a warm loop allocates neither its
  * preq nor its upstreams. baton__pl_calloc gives a zeroed block of the kind's size (a spare or a

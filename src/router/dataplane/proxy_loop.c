@@ -2,6 +2,7 @@
  * pools per worker, housekeeping (drain deadlines of removed workers, queue wake-ups) and the
  * shutdown that ends every request of the loop. */
 #include "router/dataplane/proxy_internal.h"
+#include "router/dataplane/rtok.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -110,8 +111,16 @@ void baton__pl_free(baton_proxy_loop_t *pl, int kind, void *p)
         free(p);
 }
 
+baton_rtok_local_t *baton__pl_rtok(baton_proxy_loop_t *pl)
+{
+    if (!pl->rtok && pl->router->rtok)
+        pl->rtok = baton_rtok_local_new(pl->router->rtok);
+    return pl->rtok;
+}
+
 static void pl_free(baton_proxy_loop_t *pl)
 {
+    baton_rtok_local_free(pl->rtok);
     for (int k = 0; k < BATON__SPARE_KINDS; k++)
         while (pl->n_spare[k] > 0)
             free(pl->spare[k][--pl->n_spare[k]]);
