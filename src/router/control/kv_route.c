@@ -306,7 +306,8 @@ static void sub_new(baton_kvroute_t *kr, baton_worker_t *w, int rank)
 {
     sub_t *s = calloc(1, sizeof(*s));
     if (!s)
-        return;
+        return; /* out of memory: the worker is indexed without this rank */
+    s->seen = 1;
     s->kr = kr;
     baton_worker_ref(w);
     s->w = w;
@@ -384,10 +385,8 @@ static void reconcile(baton_kvroute_t *kr)
                 sub_open(s);
             }
         }
-        for (int r = 0; !found && r < ranks; r++) {
+        for (int r = 0; !found && r < ranks; r++)
             sub_new(kr, w, r);
-            kr->subs->seen = 1;
-        }
     }
     baton_workers_release(ws, n, stack);
     uv_mutex_lock(&kr->mu);
