@@ -266,7 +266,8 @@ def test_provisional_unmatched_hostile():
                 r.stop()
 
             # a hostile stream: the subscription is dropped and retried, the router unharmed
-            r = c.router("--policy", "precise", name="router-hostile")
+            r = c.router("--policy", "precise", "--kv-events-max-blocks", "4",
+                         name="router-hostile")
             for w, pb in zip(ws, pubs):
                 register(r.port, w, pub=pb.port, rep=pb.rport)
             wait_until(lambda: (kv_state(r.port, ws[1]) or {}).get("known"), what="subscribed")
@@ -277,6 +278,13 @@ def test_provisional_unmatched_hostile():
             # the retry replays the same bad batch; the back-off grows, the router still answers
             wait_until(lambda: kv_state(r.port, ws[1])["errors"] >= 2, what="retried", timeout=15)
             assert get(r.port, "/health").status == 200
+            # more blocks than --kv-events-max-blocks: that worker's index is bounded, dropped
+            wait_until(lambda: (kv_state(r.port, ws[0]) or {}).get("known"), what="pubs[0] known")
+            chain = [stored(200 + k, None if k == 0 else 199 + k, [k] * PAGE) for k in range(5)]
+            pubs[0].send(chain)
+            wait_until(lambda: kv_state(r.port, ws[0])["errors"] >= 1, what="over the bound")
+            st = kv_state(r.port, ws[0])
+            assert st["blocks"]["L1"] == 0 and "blocks" in st["ranks"][0]["last_error"], st
     finally:
         for pb in pubs:
             pb.close()
