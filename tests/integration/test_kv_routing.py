@@ -77,6 +77,11 @@ def l1(rport, w):
     return k["blocks"]["L1"] if k and k["known"] else -1
 
 
+def request_delete(port, path):
+    from harness import request
+    return request(port, "DELETE", path).status
+
+
 def prompt(tag, n):
     return [tag * 1000 + i for i in range(n)]
 
@@ -159,6 +164,12 @@ def test_routing_follows_events():
                                                 "max_tokens": 1}).status == 200
         assert metric(r.port, "baton_routing_precise_fallback_total",
                       {"role": "regular"}) == before + 1
+        # a removed worker: unsubscribed, its series gone, its blocks out of the index
+        assert get(r.port, "/metrics").text.count(f'worker="{w2id}"') > 0
+        assert request_delete(r.port, f"/workers/{w2id}") < 300
+        wait_until(lambda: f'worker="{w2id}"' not in get(r.port, "/metrics").text,
+                   what="its series removed")
+        assert r.stop() == 0
 
 
 def test_replica_started_later():
@@ -285,6 +296,7 @@ def test_provisional_unmatched_hostile():
             wait_until(lambda: kv_state(r.port, ws[0])["errors"] >= 1, what="over the bound")
             st = kv_state(r.port, ws[0])
             assert st["blocks"]["L1"] == 0 and "blocks" in st["ranks"][0]["last_error"], st
+            assert r.stop() == 0  # a clean exit (a sanitizer build checks for leaks there)
     finally:
         for pb in pubs:
             pb.close()

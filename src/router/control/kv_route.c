@@ -349,9 +349,31 @@ static void sub_new(baton_kvroute_t *kr, baton_worker_t *w, int rank)
     uv_mutex_unlock(&kr->mu);
 }
 
-static void sub_free(baton_kvroute_t *kr, sub_t *s)
+/* A removed worker's series go (its ranks share them: removed with rank 0's subscription). */
+static void forget_series(baton_kvroute_t *kr, const char *id)
+{
+    const char *one[] = {id}, *stored[] = {id, "stored"}, *removed[] = {id, "removed"},
+               *l1[] = {id, "L1"}, *l2[] = {id, "L2"};
+    baton_metric_family_t *by_worker[] = {kr->f_events, kr->f_gaps, kr->f_replays,
+                                          kr->f_resets, kr->f_errors, kr->f_unmatched};
+    for (size_t i = 0; i < sizeof(by_worker) / sizeof(by_worker[0]); i++)
+        if (by_worker[i])
+            baton_metric_child_remove(by_worker[i], one);
+    if (kr->f_blocks) {
+        baton_metric_child_remove(kr->f_blocks, stored);
+        baton_metric_child_remove(kr->f_blocks, removed);
+    }
+    if (kr->f_index) {
+        baton_metric_child_remove(kr->f_index, l1);
+        baton_metric_child_remove(kr->f_index, l2);
+    }
+}
+
+static void sub_free(baton_kvroute_t *kr, sub_t *s, int forget)
 {
     sub_close(s);
+    if (forget && s->rank == 0)
+        forget_series(kr, s->w->id);
     if (s->src >= 0)
         kr->src_used &= ~(1ull << s->src);
     baton_worker_unref(s->w);
@@ -406,7 +428,7 @@ static void reconcile(baton_kvroute_t *kr)
         sub_t *s = gone;
         gone = s->next;
         log_info(COMP, "kv_events_unsubscribed id=%s rank=%d", s->w->id, s->rank);
-        sub_free(kr, s);
+        sub_free(kr, s, 1);
     }
 }
 
@@ -505,7 +527,7 @@ static void thread_main(void *arg)
     uv_mutex_unlock(&kr->mu);
     while (s) {
         sub_t *next = s->next;
-        sub_free(kr, s);
+        sub_free(kr, s, 0);
         s = next;
     }
 }
