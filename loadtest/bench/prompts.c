@@ -116,14 +116,15 @@ int bb_render_body(baton_buf_t *out, const bb_body_opts_t *o, const bb_turn_t *t
             rc = baton_buf_printf(out, "],\"max_tokens\":%u,\"temperature\":0", max_tokens);
         break;
     case BB_EP_COMPLETIONS:
-        rc = baton_buf_append_str(out, "\"prompt\":") ||
-             (o->token_ids ? joined_ids(out, turns, n_turns) : joined_prompt(out, turns, n_turns)) ||
-             baton_buf_printf(out, ",\"max_tokens\":%u,\"temperature\":0", max_tokens);
+        rc =
+            baton_buf_append_str(out, "\"prompt\":") ||
+            (o->token_ids ? joined_ids(out, turns, n_turns) : joined_prompt(out, turns, n_turns)) ||
+            baton_buf_printf(out, ",\"max_tokens\":%u,\"temperature\":0", max_tokens);
         break;
     case BB_EP_GENERATE:
-        rc = (o->token_ids ? baton_buf_append_str(out, "\"input_ids\":") || joined_ids(out, turns, n_turns)
-                           : baton_buf_append_str(out, "\"text\":") ||
-                                 joined_prompt(out, turns, n_turns)) ||
+        rc = (o->token_ids
+                  ? baton_buf_append_str(out, "\"input_ids\":") || joined_ids(out, turns, n_turns)
+                  : baton_buf_append_str(out, "\"text\":") || joined_prompt(out, turns, n_turns)) ||
              baton_buf_printf(out,
                               ",\"sampling_params\":{\"max_new_tokens\":%u,\"temperature\":0%s}",
                               max_tokens, o->ignore_eos ? ",\"ignore_eos\":true" : "");

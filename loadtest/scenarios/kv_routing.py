@@ -58,7 +58,7 @@ def bench_args(args, duration):
             args.think_time, "--seed", 7, "--timeout", 60]
 
 
-def run_policy(args, policy, timing, n_p=4, n_d=4, cache=None, proto="sglang"):
+def run_policy(args, policy, timing, n_p=4, n_d=4, cache=None, proto="sglang", extra=()):
     with scenlib.Lab(args, f"kv-{policy}") as lab:
         cache = cache or args.cache_tokens
         if proto != "sglang":
@@ -68,7 +68,7 @@ def run_policy(args, policy, timing, n_p=4, n_d=4, cache=None, proto="sglang"):
         ds = [kv_worker(lab, "decode", list(timing) + ["--cache-tokens", cache], f"decode-{i}")
               for i in range(n_d)]
         r = lab.router("--prefill-policy", policy, "--decode-policy", policy, "--max-retries", 2,
-                       "--pd-protocol", proto, *args.router_arg)
+                       "--pd-protocol", proto, *args.router_arg, *extra)
         for w in ps:
             register(r, w, "prefill")
         for w in ds:
@@ -118,6 +118,11 @@ def main():
     ap.add_argument("--probe-blocks", type=int, default=2000000)
     ap.add_argument("--vllm-precise", action="store_true",
                     help="also run precise with vllm-nixl workers (PD decode alone applies)")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL|POLICY|ROUTER ARGS",
+                    help="also run POLICY with these router flags under LABEL (repeatable), e.g. "
+                         "'precise load 50%%|precise|--precise-load-weight-pct 50'")
+    ap.add_argument("--no-ideal", action="store_true", help="skip the ideal pass (hit ratios "
+                    "are then not compared)")
     ap.add_argument("--router-arg", action="append", default=[],
                     help="an extra router flag for every run (repeatable)")
     args = ap.parse_args()
@@ -134,15 +139,20 @@ def main():
           f"tokens per turn, token ids; {args.duration:g}s measured after {args.warmup:g}s; "
           f"cache {args.cache_tokens} tokens per worker, pages of {args.page_tokens}")
     figures = {"config": vars(args), "runs": {}}
-    res, wf, _, _ = run_policy(args, "round_robin", timing, 1, 1, 1 << 30)
-    ideal = wf[0]["hit"] / max(1, wf[0]["hit"] + wf[0]["miss"])
+    ideal = 0.0
+    if not args.no_ideal:
+        res, wf, _, _ = run_policy(args, "round_robin", timing, 1, 1, 1 << 30)
+        ideal = wf[0]["hit"] / max(1, wf[0]["hit"] + wf[0]["miss"])
     figures["ideal_hit_ratio"] = ideal
     rows, base, failed = [], None, 0
-    runs = [(p, p, "sglang") for p in args.policies.split(",") if p]
+    runs = [(p, p, "sglang", ()) for p in args.policies.split(",") if p]
     if args.vllm_precise:
-        runs.append(("precise vllm-nixl", "precise", "vllm-nixl"))
-    for label, p, proto in runs:
-        res, wf, cpu, rm = run_policy(args, p, timing, proto=proto)
+        runs.append(("precise vllm-nixl", "precise", "vllm-nixl", ()))
+    for v in args.variant:
+        label, policy, flags = v.split("|", 2)
+        runs.append((label, policy, "sglang", tuple(flags.split())))
+    for label, p, proto, extra in runs:
+        res, wf, cpu, rm = run_policy(args, p, timing, proto=proto, extra=extra)
         s = summarize(label, res, wf, cpu, rm)
         figures["runs"][label] = {"summary": s, "bench": res, "workers": wf}
         failed += s["failed"]

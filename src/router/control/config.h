@@ -293,8 +293,8 @@ typedef struct baton_config_s {
     char *session_key_field;        /* NULL = none */
     uint64_t load_poll_interval_ms; /* reported load for least_load; 0 = off */
     /* KV-event subscriptions (kv_route.h) */
-    uint64_t kv_max_blocks;       /* per worker DP rank; 0 = 4 Mi */
-    uint64_t kv_unmatched_after;  /* routed requests before a never-matching worker is reported */
+    uint64_t kv_max_blocks;         /* per worker DP rank; 0 = 4 Mi */
+    uint64_t kv_unmatched_after;    /* routed requests before a never-matching worker is reported */
     unsigned pd_uncached_threshold; /* PD: decode alone when at most this many tokens uncached */
 
     /* Authentication, authorisation and resource limits (NULL = not set). */

@@ -36,7 +36,7 @@ typedef struct sub_s {
     atomic_int state;
     uint64_t retry_at_ms;
     baton_backoff_t bo;
-    int bad; /* the stream must be dropped (set in the callback) */
+    int bad;              /* the stream must be dropped (set in the callback) */
     char why[160];        /* the thread's own: why it is bad */
     char last_error[160]; /* what /workers shows: written under the route's mutex */
     int seen;
@@ -63,11 +63,11 @@ struct baton_kvroute_s {
     uv_mutex_t mu; /* the list's shape (subs added, freed) for the readers */
     sub_t *subs;
     uint64_t gen_seen, reconcile_at;
-    uint64_t src_used; /* index sources in use (bits) */
+    uint64_t src_used;                              /* index sources in use (bits) */
     _Atomic uint64_t seen[BATON_KVIDX_MAX_SOURCES]; /* matches a source took part in */
     /* metric families */
-    baton_metric_family_t *f_events, *f_blocks, *f_gaps, *f_replays, *f_resets, *f_errors,
-        *f_index, *f_unmatched, *f_bytes;
+    baton_metric_family_t *f_events, *f_blocks, *f_gaps, *f_replays, *f_resets, *f_errors, *f_index,
+        *f_unmatched, *f_bytes;
     baton_metric_child_t *m_bytes;
 };
 
@@ -101,7 +101,8 @@ void baton_kvroute_match(baton_kvroute_t *kr, const uint64_t *keys, uint32_t nb,
             for (uint64_t m = srcs[i]; m; m &= m - 1) {
                 int s = __builtin_ctzll(m);
                 /* the best rank: the most cached, L1 first */
-                if (a1[s] + a2[s] > l1[i] + l2[i] || (a1[s] + a2[s] == l1[i] + l2[i] && a1[s] > l1[i])) {
+                if (a1[s] + a2[s] > l1[i] + l2[i] ||
+                    (a1[s] + a2[s] == l1[i] + l2[i] && a1[s] > l1[i])) {
                     l1[i] = a1[s];
                     l2[i] = a2[s];
                 }
@@ -256,7 +257,10 @@ static void sub_open(sub_t *s)
     atomic_store(&s->state, whole == 1 ? ST_SYNCED : ST_PARTIAL);
     set_known(s, 1);
     log_info(COMP, "kv_events_subscribed id=%s rank=%d endpoint=%s history=%s", s->w->id, s->rank,
-             s->ep, whole == 1 ? "whole" : whole == 0 ? "partial" : "none");
+             s->ep,
+             whole == 1   ? "whole"
+             : whole == 0 ? "partial"
+                          : "none");
 }
 
 static void sub_drop(sub_t *s, uint64_t now)
@@ -271,8 +275,8 @@ static void sub_drop(sub_t *s, uint64_t now)
     uv_mutex_unlock(&s->kr->mu);
     atomic_store(&s->state, ST_BACKOFF);
     log_warn_limited(COMP, "kv_events_dropped",
-                     "kv_events_dropped id=%s rank=%d reason=\"%s\" retry_ms=%u", s->w->id,
-                     s->rank, s->why, d);
+                     "kv_events_dropped id=%s rank=%d reason=\"%s\" retry_ms=%u", s->w->id, s->rank,
+                     s->why, d);
 }
 
 /* vLLM's DP rule: rank r on the TCP port + r; other endpoints: rank 0 only. */
@@ -354,7 +358,7 @@ static void forget_series(baton_kvroute_t *kr, const char *id)
 {
     const char *one[] = {id}, *stored[] = {id, "stored"}, *removed[] = {id, "removed"},
                *l1[] = {id, "L1"}, *l2[] = {id, "L2"};
-    baton_metric_family_t *by_worker[] = {kr->f_events, kr->f_gaps, kr->f_replays,
+    baton_metric_family_t *by_worker[] = {kr->f_events, kr->f_gaps,   kr->f_replays,
                                           kr->f_resets, kr->f_errors, kr->f_unmatched};
     for (size_t i = 0; i < sizeof(by_worker) / sizeof(by_worker[0]); i++)
         if (by_worker[i])
@@ -567,9 +571,9 @@ int baton_kvroute_create(baton_kvroute_t **out, baton_registry_t *reg, baton_met
         kr->f_errors = baton_metrics_counter(
             metrics, "baton_kv_event_errors_total",
             "KV event subscriptions dropped (malformed or hostile stream) and retried", 1, w);
-        kr->f_index = baton_metrics_gauge(metrics, "baton_kv_index_blocks",
-                                          "blocks the router's index holds per worker and tier", 2,
-                                          wt);
+        kr->f_index =
+            baton_metrics_gauge(metrics, "baton_kv_index_blocks",
+                                "blocks the router's index holds per worker and tier", 2, wt);
         kr->f_unmatched = baton_metrics_gauge(
             metrics, "baton_kv_events_unmatched",
             "1 while a worker's indexed blocks matched none of the requests routed", 1, w);
@@ -636,10 +640,10 @@ json_t *baton_kvroute_worker_json(baton_kvroute_t *kr, const baton_worker_t *w)
         }
         int st = atomic_load(&s->state);
         int64_t ls = atomic_load(&s->last_seq);
-        json_array_append_new(
-            ranks, json_pack("{s:i,s:s,s:s,s:I,s:s?}", "rank", s->rank, "state", state_names[st],
-                             "endpoint", s->ep, "last_seq", (json_int_t)ls, "last_error",
-                             s->last_error[0] ? s->last_error : NULL));
+        json_array_append_new(ranks, json_pack("{s:i,s:s,s:s,s:I,s:s?}", "rank", s->rank, "state",
+                                               state_names[st], "endpoint", s->ep, "last_seq",
+                                               (json_int_t)ls, "last_error",
+                                               s->last_error[0] ? s->last_error : NULL));
         l1 += atomic_load(&s->l1);
         l2 += atomic_load(&s->l2);
         events += atomic_load(&s->events);
@@ -653,7 +657,8 @@ json_t *baton_kvroute_worker_json(baton_kvroute_t *kr, const baton_worker_t *w)
     uv_mutex_unlock(&kr->mu);
     if (!o)
         return NULL;
-    json_object_set_new(o, "blocks", json_pack("{s:I,s:I}", "L1", (json_int_t)l1, "L2", (json_int_t)l2));
+    json_object_set_new(o, "blocks",
+                        json_pack("{s:I,s:I}", "L1", (json_int_t)l1, "L2", (json_int_t)l2));
     json_object_set_new(o, "last_seq", json_integer(last));
     json_object_set_new(o, "events", json_integer((json_int_t)events));
     json_object_set_new(o, "gaps", json_integer((json_int_t)gaps));

@@ -37,8 +37,8 @@ struct baton_policy_s {
     atomic_ullong hit_words, prompt_words;
 };
 
-static const char *const policy_names[] = {"round_robin",     "random",      "power_of_two",
-                                           "least_load",      "consistent_hash", "cache_aware",
+static const char *const policy_names[] = {"round_robin", "random",          "power_of_two",
+                                           "least_load",  "consistent_hash", "cache_aware",
                                            "precise"};
 static const char *const choice_names[] = {"policy", "cache", "load", "session", "pin"};
 

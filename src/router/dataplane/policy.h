@@ -67,8 +67,8 @@ typedef struct baton_policy_params_s {
     unsigned precise_tie_pct;
     unsigned precise_temperature_pct;
     unsigned precise_provisional_ms;
-    int balance_by_tokens;  /* 1: in-flight prompt counts add the prompt's real token count
-                             * when the request has one (ctx->n_tokens), not its words */
+    int balance_by_tokens; /* 1: in-flight prompt counts add the prompt's real token count
+                            * when the request has one (ctx->n_tokens), not its words */
 } baton_policy_params_t;
 
 void baton_policy_params_default(baton_policy_params_t *p);
@@ -126,7 +126,7 @@ typedef struct baton_route_ctx_s {
     uint32_t kv_nb, kv_bs;
     /* private: text built from the request (route_ctx.c), freed with the context */
     char *owned;
-    uint32_t *client_ids; /* the token ids a client sent itself (route_ctx.c) */
+    uint32_t *client_ids;   /* the token ids a client sent itself (route_ctx.c) */
     uint32_t *owned_tokens; /* the array tokens points to, when the context owns it */
     /* private to policy.c */
     baton_ptree_chain_t chain;
@@ -196,7 +196,7 @@ typedef struct baton_policy_stats_s {
     uint64_t predicted_hit_words; /* cache_aware: words its trees matched on the chosen worker */
     uint64_t prompt_words;        /* words of every prompt chosen for */
     size_t tree_names, tree_bytes;
-    uint64_t precise_fallbacks;       /* precise: chosen by load for want of token ids / index */
+    uint64_t precise_fallbacks;        /* precise: chosen by load for want of token ids / index */
     uint64_t precise_provisional_hits; /* precise: choices provisional entries decided */
 } baton_policy_stats_t;
 void baton_policy_stats(baton_policy_t *policy, baton_policy_stats_t *st);

@@ -139,7 +139,8 @@ void baton__precise_chosen(baton_precise_t *pp, const baton_policy_params_t *pr,
     if (pp->prov)
         for (uint32_t b = 0; b < nb; b++) {
             prov_t *p = prov_slot(pp->prov, keys[b], 1, now);
-            *p = (prov_t){.key = keys[b], .worker = h, .until_ms = now + pr->precise_provisional_ms};
+            *p =
+                (prov_t){.key = keys[b], .worker = h, .until_ms = now + pr->precise_provisional_ms};
         }
     pthread_mutex_unlock(&pp->mu);
 }
@@ -207,7 +208,8 @@ baton_worker_t *baton__precise_select(baton_precise_t *pp, const baton_policy_pa
         if (pv[i] <= held)
             pv[i] = 0; /* the index knew as much: the entry added nothing */
         double cached = (double)bs * (l1[i] + c2 * l2[i]);
-        double load = (double)atomic_load_explicit(&cands[i]->in_flight_tokens, memory_order_relaxed);
+        double load =
+            (double)atomic_load_explicit(&cands[i]->in_flight_tokens, memory_order_relaxed);
         cost[i] = wp * (tokens - cached) + wl * load;
         if (i == 0 || cost[i] < min)
             min = cost[i];

@@ -43,7 +43,7 @@ void baton__precise_chosen(baton_precise_t *pp, const baton_policy_params_t *pr,
                            baton_route_ctx_t *ctx);
 
 typedef struct {
-    uint64_t fallbacks;       /* choices made without token ids or index */
+    uint64_t fallbacks;        /* choices made without token ids or index */
     uint64_t provisional_hits; /* choices where provisional entries added blocks */
 } baton_precise_stats_t;
 void baton__precise_stats(baton_precise_t *pp, baton_precise_stats_t *st);

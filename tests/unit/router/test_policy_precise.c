@@ -26,8 +26,12 @@ static void store(pfix_t *p, int i, const uint32_t *ids, uint32_t n, const char 
     baton_kvev_hash_t h[8];
     for (uint32_t k = 0; k < n; k++)
         h[k] = (baton_kvev_hash_t){.i = 1000 * (i + 1) + k};
-    baton_kvev_event_t e = {.type = BATON_KVEV_STORED, .hashes = h, .n_hashes = n,
-                            .token_ids = (uint32_t *)ids, .n_tokens = n * 4, .block_size = 4};
+    baton_kvev_event_t e = {.type = BATON_KVEV_STORED,
+                            .hashes = h,
+                            .n_hashes = n,
+                            .token_ids = (uint32_t *)ids,
+                            .n_tokens = n * 4,
+                            .block_size = 4};
     strcpy(e.medium, m);
     baton_kvev_batch_t b = {.dp_rank = 0, .events = &e, .n_events = 1};
     assert_int_equal(baton__kvroute_inject(p->kr, p->f.w[i], i, &b), 0);
