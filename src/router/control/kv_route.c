@@ -41,7 +41,7 @@ typedef struct sub_s {
     char last_error[160]; /* what /workers shows: written under the route's mutex */
     int seen;
     /* unmatched check: the source's match count and hit count when it first held blocks */
-    int have_base, warned;
+    int have_base, warned, ever_hit;
     uint64_t gaps_open, replays_open; /* the open subscriber's own counts, already added */
     uint64_t seen_base, hit_base;
     /* figures (atomics: read by /workers) */
@@ -130,7 +130,7 @@ static void sub_cb(void *ud, baton_kvev_sub_event_t ev, int64_t seq, const baton
         baton_counter_add(s->m_resets, 1);
         if (x)
             baton_kvidx_clear(x, s->src);
-        s->have_base = 0;
+        s->have_base = s->ever_hit = 0;
         log_info(COMP, "kv_events_reset id=%s rank=%d reason=\"%s\"", s->w->id, s->rank,
                  why ? why : "");
         return;
@@ -203,7 +203,7 @@ static void sub_forget(sub_t *s)
     atomic_store(&s->l2, 0);
     baton_gauge_set(s->m_l1, 0);
     baton_gauge_set(s->m_l2, 0);
-    s->have_base = 0;
+    s->have_base = s->ever_hit = 0;
 }
 
 /* Adds what the open subscriber counted since the last look. */
@@ -454,7 +454,7 @@ static void refresh(baton_kvroute_t *kr)
         take_stats(s);
         uint64_t seen = atomic_load(&kr->seen[s->src]);
         if (st.blocks == 0) {
-            s->have_base = 0;
+            s->have_base = s->ever_hit = 0;
             continue;
         }
         if (!s->have_base) {
@@ -464,10 +464,10 @@ static void refresh(baton_kvroute_t *kr)
             continue;
         }
         if (st.requests_hit != s->hit_base) {
-            s->seen_base = seen;
-            s->hit_base = st.requests_hit;
+            /* one match is enough: the keys agree (a workload without reuse stays quiet) */
+            s->ever_hit = 1;
             baton_gauge_set(s->m_unmatched, 0);
-        } else if (seen - s->seen_base >= kr->o.unmatched_after) {
+        } else if (!s->ever_hit && seen - s->seen_base >= kr->o.unmatched_after) {
             baton_gauge_set(s->m_unmatched, 1);
             if (!s->warned) {
                 s->warned = 1;
@@ -576,7 +576,9 @@ int baton_kvroute_create(baton_kvroute_t **out, baton_registry_t *reg, baton_met
                                 "blocks the router's index holds per worker and tier", 2, wt);
         kr->f_unmatched = baton_metrics_gauge(
             metrics, "baton_kv_events_unmatched",
-            "1 while a worker's indexed blocks matched none of the requests routed", 1, w);
+            "1 while a worker's indexed blocks have matched none of the requests routed since it "
+            "subscribed",
+            1, w);
         kr->f_bytes = baton_metrics_gauge(metrics, "baton_kv_index_bytes",
                                           "memory of the router's KV block index", 0, NULL);
         kr->m_bytes = baton_metric_child(kr->f_bytes, NULL);
