@@ -117,7 +117,8 @@ def main():
     ap.add_argument("--think-time", type=float, default=2.0)
     ap.add_argument("--probe-blocks", type=int, default=2000000)
     ap.add_argument("--vllm-precise", action="store_true",
-                    help="also run precise with vllm-nixl workers (PD decode alone applies)")
+                    help="also run precise with vllm-nixl workers, with PD's decode alone and "
+                         "without it (--pd-uncached-token-threshold 0)")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL|POLICY|ROUTER ARGS",
                     help="also run POLICY with these router flags under LABEL (repeatable), e.g. "
                          "'precise load 50%%|precise|--precise-load-weight-pct 50'")
@@ -148,6 +149,8 @@ def main():
     runs = [(p, p, "sglang", ()) for p in args.policies.split(",") if p]
     if args.vllm_precise:
         runs.append(("precise vllm-nixl", "precise", "vllm-nixl", ()))
+        runs.append(("precise vllm-nixl, both legs", "precise", "vllm-nixl",
+                     ("--pd-uncached-token-threshold", "0")))
     for v in args.variant:
         label, policy, flags = v.split("|", 2)
         runs.append((label, policy, "sglang", tuple(flags.split())))

@@ -27,12 +27,13 @@ def test_kv_routing_smoke():
     header, rows = table_rows(out, "policies on the same multi-turn workload")
     names = [row[0] for row in rows]
     assert names == ["round_robin", "consistent_hash", "cache_aware", "precise",
-                     "precise vllm-nixl"], out
+                     "precise vllm-nixl", "precise vllm-nixl, both legs"], out
     for n in names:
         assert col(header, rows, "errors", n) == "0", out
     assert float(col(header, rows, "hit ratio", "precise")) > \
         float(col(header, rows, "hit ratio", "round_robin")), out
     assert float(col(header, rows, "decode alone", "precise vllm-nixl")) > 0, out
+    assert float(col(header, rows, "decode alone", "precise vllm-nixl, both legs")) == 0, out
     assert "kvev_probe bench" in out, out
 
 
