@@ -23,6 +23,9 @@
  *     indexed, counted in baton_kv_subscriptions{state="no_source"});
  *   - before a subscription counts, it replays its publisher's history from sequence 0
  *     (baton_kvev_sub_sync): a router started after the traffic knows what the workers hold.
+ *     A replay waits at most replay_timeout_ms (2 s) and the thread runs one at a time, so
+ *     workers whose replay socket does not answer delay the others' subscriptions by that much
+ *     each, never a request.
  *     Only then are the source's bits set in the worker's kv_sources (registry.h), which is
  *     all the request path reads: a worker whose history did not come whole is "partial"
  *     (the blocks it did replay count, its older ones are unknown);
