@@ -7,6 +7,8 @@ over the run divided by the completed requests. The two builds alternate round b
 drift of the machine's load hits both alike; the table shows each build's median over rounds and
 the ratio. CPU time is far less sensitive to a busy machine than latency, but /proc counts in
 clock ticks (10 ms): keep rate x duration large enough (the default gives ~2.5 us resolution).
+A flag can be A/B-tested on one build: --baseline-dir build --build-dir build and
+--baseline-router-args / --router-args.
 
 With --tokenizer DIR the A/B is tokenization in one build instead: three routers in front of the
 same zero-cost regular worker, taking turns — off (no tokenizer), on (--tokenizer DIR, prompt
@@ -16,6 +18,7 @@ its tokenization time (baton_tokenize_seconds) and the cache's hit rate.
 """
 
 import re
+import shlex
 import statistics
 import types
 import urllib.request
@@ -26,8 +29,8 @@ import scenlib
 def metric_sum(url, name):
     """Sum of a metric's samples in the router's /metrics (0 when absent)."""
     text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    return sum(float(m.group(1)) for m in re.finditer(r"^" + re.escape(name) + r"(?:\{[^}]*\})? (\S+)$",
-                                                      text, re.M))
+    pat = r"^" + re.escape(name) + r"(?:\{[^}]*\})? (\S+)$"
+    return sum(float(m.group(1)) for m in re.finditer(pat, text, re.M))
 
 
 def tokenize_ab(args):
@@ -36,7 +39,8 @@ def tokenize_ab(args):
     print(scenlib.machine_line())
     cases = [("chat 2k words", ["--input-len", 2000], 100.0),
              ("chat 100k words", ["--input-len", 100000], 3.0),
-             ("chat 8 turns, ~2k words at the last", ["--input-len", 250, "--multi-turn", 8], 100.0)]
+             ("chat 8 turns, ~2k words at the last", ["--input-len", 250, "--multi-turn", 8],
+              100.0)]
     if args.smoke:
         cases = [(n, a, r / 4) for n, a, r in cases[:1] + cases[2:]]
     arms = {"off": [], "on": ["--tokenizer", args.tokenizer, "--tokenize-cache-entries", 0],
@@ -89,6 +93,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--rate", type=float, default=800.0)
     ap.add_argument("--duration", type=float, default=5.0)
+    ap.add_argument("--router-args", default="", help="extra router flags for B (one string)")
+    ap.add_argument("--baseline-router-args", default="",
+                    help="extra router flags for A (A/B of a flag: the same build twice)")
     ap.add_argument("--tokenizer", metavar="DIR",
                     help="instead of two builds: tokenization off / on / cached in this build, "
                          "with this model's tokenizer (a chat template is needed)")
@@ -105,6 +112,7 @@ def main():
     res = {k: {} for k in builds}
     failed = 0
     zero = ["--prefill-us-per-token", 0, "--decode-us-per-token", 0, "--max-queue", 100000]
+    flags = {"A": shlex.split(args.baseline_router_args), "B": shlex.split(args.router_args)}
     for _ in range(args.rounds):
         for name, bdir in builds.items():
             a = types.SimpleNamespace(**dict(vars(args), build_dir=bdir))
@@ -113,8 +121,8 @@ def main():
                 d = lab.worker("decode", *zero, name="decode")
                 g = lab.worker("regular", *zero, name="regular")
                 rpd = lab.router("--prefill", p.url, p.ports["bootstrap"], "--decode", d.url,
-                                 name="baton-pd")
-                rrg = lab.router("--worker", g.url, name="baton-regular")
+                                 *flags[name], name="baton-pd")
+                rrg = lab.router("--worker", g.url, *flags[name], name="baton-regular")
                 for topo, r in (("pd", rpd), ("regular", rrg)):
                     for mode in ("stream", "json"):
                         extra = ["--stream"] if mode == "stream" else []

@@ -355,15 +355,28 @@ static void reload_tls(app_t *app)
     }
 }
 
+/* SIGHUP, tokenizer part: the files are read again (a new model revision), from the same
+ * command line and --config; the new set replaces the old one whole, or the old one stays. */
+static void reload_tokenizers(app_t *app, const baton_config_t *next)
+{
+    char err[512] = "";
+    baton_rtok_set_t *set;
+    if (!app->router.rtok)
+        return;
+    if (baton_rtok_set_load(next, &set, err, sizeof(err)) != 0) {
+        log_error("router", "reload_tokenizer_failed reason=\"%s\" (previous tokenizers kept)",
+                  err);
+        return;
+    }
+    baton_rtok_install(app->router.rtok, set);
+    log_info("router", "tokenizers_reloaded models=%zu", set ? set->n : 0);
+}
+
 /* SIGHUP: workers and policies from the configuration file (and the same command line). */
 static void reload(app_t *app)
 {
     char err[512] = "";
     reload_tls(app);
-    if (app->cfg.config_path == NULL) {
-        log_warn("router", "reload_skipped reason=\"no --config file\"");
-        return;
-    }
     baton_config_t next;
     if (baton_config_init(&next) != 0) {
         log_error("router", "reload_failed reason=\"out of memory\"");
@@ -376,16 +389,11 @@ static void reload(app_t *app)
         baton_config_free(&next);
         return;
     }
-    /* Tokenizers: the new set replaces the old one whole, or the old one stays. */
-    baton_rtok_set_t *set;
-    if (baton_rtok_set_load(&next, &set, err, sizeof(err)) != 0) {
-        log_error("router", "reload_tokenizer_failed reason=\"%s\" (previous tokenizers kept)",
-                  err);
-    } else if (app->router.rtok) {
-        baton_rtok_install(app->router.rtok, set);
-        log_info("router", "tokenizers_reloaded models=%zu", set ? set->n : 0);
-    } else {
-        baton_rtok_set_unref(set);
+    reload_tokenizers(app, &next);
+    if (app->cfg.config_path == NULL) {
+        log_warn("router", "reload_skipped reason=\"no --config file\"");
+        baton_config_free(&next);
+        return;
     }
     err[0] = '\0';
     baton_reload_result_t res;

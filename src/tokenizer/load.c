@@ -544,6 +544,11 @@ int baton_tok_is_special(const baton_tok_t *t, uint32_t id)
     return id < t->n_ids && (t->flags[id] & TOKF_SPECIAL);
 }
 
+int baton_tok_is_added(const baton_tok_t *t, uint32_t id)
+{
+    return id < t->n_ids && (t->flags[id] & TOKF_ADDED);
+}
+
 int64_t baton_tok_token_id(const baton_tok_t *t, const char *text, size_t len)
 {
     for (int s = 0; s < 2; s++) {

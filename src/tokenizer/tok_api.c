@@ -56,7 +56,7 @@ static json_t *token_str(const baton_tok_t *tok, uint32_t id)
     const char *b = baton_tok_token_bytes(tok, id, &len);
     if (!b)
         return json_null();
-    if (baton_tok_token_id(tok, b, len) == (int64_t)id && baton_tok_is_special(tok, id))
+    if (baton_tok_is_added(tok, id)) /* an added token keeps its content */
         return json_stringn(b, len);
     char buf[256];
     size_t o = 0;

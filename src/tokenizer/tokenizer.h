@@ -112,6 +112,9 @@ int64_t baton_tok_token_id(const baton_tok_t *tok, const char *text, size_t len)
 const char *baton_tok_token_bytes(const baton_tok_t *tok, uint32_t id, size_t *len_p);
 /* Whether id is a special token (control tokens such as <|im_end|>). */
 int baton_tok_is_special(const baton_tok_t *tok, uint32_t id);
+/* Whether id is an added token (tokenizer.json's added_tokens, special or not: matched in the
+ * text before the model runs). */
+int baton_tok_is_added(const baton_tok_t *tok, uint32_t id);
 /* The beginning- / end-of-sequence tokens named by tokenizer_config.json (bos_token,
  * eos_token), or -1 when it names none. */
 int64_t baton_tok_bos_id(const baton_tok_t *tok);

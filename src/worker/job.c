@@ -11,6 +11,7 @@
 #include "common/buf.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "worker/continuation.h"
 #include "worker/responses_store.h"
 #include "worker/job.h"
 #include "worker/vllm.h"
@@ -361,9 +362,12 @@ static void job_emit(wk_job_t *job, wk_sstate_t *ss)
     if (!job->req.stream)
         return;
     if (!job->streaming) {
-        static const baton_http_header_t hdrs[] = {{"Cache-Control", "no-cache"}};
+        /* X-Baton-Continuation: this stream can be continued elsewhere (continuation.h) */
+        static const baton_http_header_t hdrs[] = {{"Cache-Control", "no-cache"},
+                                                   {"X-Baton-Continuation", "1"}};
         job->streaming = 1;
-        baton_http_stream_start(job->http, 200, "text/event-stream", hdrs, 1);
+        baton_http_stream_start(job->http, 200, "text/event-stream", hdrs,
+                                job->req.api == WK_API_RESPONSES ? 1 : 2);
     }
     wk_render_ctx_t ctx;
     render_ctx(job, &ctx);
@@ -374,8 +378,42 @@ static void job_emit(wk_job_t *job, wk_sstate_t *ss)
     baton_buf_free(&b);
 }
 
+/* A continuation's sequences stopped mid-step: those the client got the last step's chunk of
+ * are a token ahead of the others (or look it: a step may show nothing new). Before the next
+ * token, the ones behind take theirs and send what the client lacks of that step, in order,
+ * so the events follow the uninterrupted stream's. */
+static int job_catch_up(wk_job_t *job)
+{
+    uint32_t top = 0;
+    job->catchup = 0;
+    for (size_t i = 0; i < job->req.n_items; i++)
+        if (job->ss[i].gen.n_tokens > top)
+            top = job->ss[i].gen.n_tokens;
+    for (size_t i = 0; i < job->req.n_items; i++) {
+        wk_sstate_t *ss = &job->ss[i];
+        int pushed = 0;
+        while (ss->gen.finish == WK_FINISH_NONE && ss->gen.n_tokens < top) {
+            if (wk_gen_push(&ss->gen, wk_gen_next_id(&ss->gen)) != 0)
+                return BATON_ENOMEM;
+            pushed = 1;
+        }
+        if (pushed)
+            job_emit(job, ss);
+    }
+    return 0;
+}
+
 int wk__job_seq_push(wk_sstate_t *ss, int32_t token, const char *what)
 {
+    if (ss->job->catchup) {
+        if (job_catch_up(ss->job) != 0) {
+            wk__job_fail_err(ss->job, BATON_ENOMEM, what, NULL);
+            return -1;
+        }
+        if (ss->gen.finish != WK_FINISH_NONE)
+            return 0;                     /* it caught up to its end */
+        token = wk_gen_next_id(&ss->gen); /* it may have caught up past the one computed */
+    }
     if (wk_gen_push(&ss->gen, token) != 0) {
         wk__job_fail_err(ss->job, BATON_ENOMEM, what, NULL);
         return -1;
@@ -669,6 +707,7 @@ void wk_job_handle(wk_worker_t *w, baton_http_req_t *http, wk_api_t api)
                                          : "",
              (unsigned long long)idv);
     uint64_t prompt_tokens = 0;
+    int bad_cont = 0;
     for (size_t i = 0; i < n; i++) {
         wk_sstate_t *ss = &job->ss[i];
         const wk_item_t *it = &job->req.items[i];
@@ -678,13 +717,36 @@ void wk_job_handle(wk_worker_t *w, baton_http_req_t *http, wk_api_t api)
         ss->first_token = -1;
         wk_stop_t stop;
         wk_item_stop(it, &stop);
-        /* a prefill answers as if max_tokens were 1: it computes only the first token */
+        /* a prefill answers as if max_tokens were 1: it computes only the first token (and a
+         * continuation's prefill only the KV: its decode replays what the client has) */
         uint32_t max = it->max_tokens;
         if (w->cfg.mode == WK_MODE_PREFILL && max > 1)
             max = 1;
+        int cont = job->req.cont && job->req.cont[i].present && w->cfg.mode != WK_MODE_PREFILL;
         wk_gen_init(&ss->gen, it->seed, max, &stop);
         job->gens[i] = &ss->gen;
         prompt_tokens += it->prompt_tokens;
+        if (cont && !bad_cont) {
+            int crc = wk_cont_replay(&job->req.cont[i], &ss->gen, &ss->st);
+            if (crc != 0)
+                bad_cont = crc;
+            job->catchup = 1;
+        }
+    }
+    if (bad_cont) {
+        for (size_t i = 0; i < n; i++)
+            wk_gen_free(&job->ss[i].gen);
+        free(job->ss);
+        free(job->gens);
+        wk_request_free(&job->req);
+        free(job);
+        if (bad_cont == BATON_EINVAL)
+            reject(w, http, route, 400,
+                   "baton_continuation: the text given is not what this request generates",
+                   "baton_continuation", "continuation_mismatch");
+        else
+            reject(w, http, route, 500, "out of memory", NULL, "internal_error");
+        return;
     }
     baton_counter_add(w->m_prompt_tokens, (double)prompt_tokens);
     baton_list_push(&w->jobs, &job->link);

@@ -104,6 +104,7 @@ struct wk_job_s {
     size_t n_done, n_booted, n_matched;
     int streaming; /* the SSE response has started: failures end the stream, not a status */
     int ttft_seen;
+    int catchup; /* a continuation: sequences behind the others catch up before the next token */
     const char *route;
     baton_list_t link; /* in w->jobs */
 

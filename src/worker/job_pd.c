@@ -137,7 +137,9 @@ static void decode_begin(wk_job_t *job)
     wk_job_to(job, WK_JOB_RUNNING);
     for (size_t i = 0; i < job->req.n_items; i++) {
         wk_sstate_t *ss = &job->ss[i];
-        if (ss->gen.finish == WK_FINISH_NONE && wk__job_seq_push(ss, ss->first_token, "decode"))
+        /* the KV's first token is token 0; a continuation replayed past it goes on from there */
+        int32_t next = ss->gen.n_tokens > 0 ? wk_gen_next_id(&ss->gen) : ss->first_token;
+        if (ss->gen.finish == WK_FINISH_NONE && wk__job_seq_push(ss, next, "decode"))
             return;
         if (ss->gen.finish != WK_FINISH_NONE) {
             all_done = wk__job_seq_finish(ss);

@@ -9,6 +9,7 @@
 
 #include "baton/error.h"
 #include "common/buf.h"
+#include "worker/continuation.h"
 #include "worker/vllm.h"
 #include "worker/wtok.h"
 
@@ -790,6 +791,8 @@ int wk_request_parse(wk_request_t *req, wk_api_t api, const char *body, size_t l
         rc = parse_bootstrap(root, req, err);
     if (rc == 0)
         rc = wk_vllm_parse(root, req, err); /* kv_transfer_params */
+    if (rc == 0)
+        rc = wk_cont_parse(root, req, err); /* baton_continuation */
 out:
     json_decref(root);
     if (rc != 0)
@@ -822,6 +825,8 @@ void wk_request_free(wk_request_t *req)
     free(req->model);
     free(req->prev_id);
     req->prev_id = NULL;
+    wk_cont_free(req->cont, req->n_items);
+    req->cont = NULL;
     free(req->vllm_rid);
     req->vllm_rid = NULL;
     req->items = NULL;

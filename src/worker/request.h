@@ -78,10 +78,11 @@ typedef struct wk_request_s {
     size_t n_prompts;
     size_t n_items;
     wk_item_t *items;
-    int has_boot;           /* any of bootstrap_host/port/room present and not null */
-    wk_vllm_leg_t vllm_leg; /* kv_transfer_params (vllm.h); NONE without */
-    char *vllm_rid;         /* vllm-nixl decode: remote_request_id (owned), else NULL */
-    int lease_port;         /* vllm-nixl decode: the prefill's baton_lease_port, 0 without */
+    int has_boot;                /* any of bootstrap_host/port/room present and not null */
+    wk_vllm_leg_t vllm_leg;      /* kv_transfer_params (vllm.h); NONE without */
+    char *vllm_rid;              /* vllm-nixl decode: remote_request_id (owned), else NULL */
+    int lease_port;              /* vllm-nixl decode: the prefill's baton_lease_port, 0 without */
+    struct wk_cont_item_s *cont; /* a continuation (continuation.h): n_items entries, else NULL */
 } wk_request_t;
 
 typedef struct wk_parse_err_s {

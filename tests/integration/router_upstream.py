@@ -80,8 +80,9 @@ class IO:
                 f"Content-Length: {len(body)}\r\n\r\n").encode()
         self._send(head + body)
 
-    def start_sse(self, status=200):
-        self._send(f"HTTP/1.1 {status} X\r\nContent-Type: text/event-stream\r\n"
+    def start_sse(self, status=200, headers=()):
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers)
+        self._send(f"HTTP/1.1 {status} X\r\nContent-Type: text/event-stream\r\n{extra}"
                    f"Transfer-Encoding: chunked\r\n\r\n".encode())
 
     def chunk(self, data):

@@ -44,6 +44,7 @@ SERIES = [
     ('baton_active_requests{instance="r1"}', "7x10"),
     ('baton_admission_rejected_total{instance="r1",reason="queue_full"}', "0+15x10"),
     ('baton_retries_total{instance="r1",role="decode",reason="connect"}', "0+30x10"),
+    ('baton_stream_migrations_total{instance="r1",outcome="started"}', "0+6x10"),
     ('baton_worker_breaker_state{instance="r1",worker="w-1",role="prefill"}', "1x10"),
     ('baton_worker_breaker_state{instance="r1",worker="w-2",role="decode"}', "0x10"),
     ('baton_worker_health{instance="r1",worker="w-1",role="prefill"}', "0x10"),
@@ -72,7 +73,8 @@ EXPECTED = {
     ("Queue and active requests", "A"): {"{}": 5},
     ("Queue and active requests", "B"): {"{}": 7},
     ("Admission rejections", "A"): {'{reason="queue_full"}': 0.25},
-    ("Retries", "A"): {'{role="decode",reason="connect"}': 0.5},
+    ("Retries and stream migrations", "A"): {'{role="decode",reason="connect"}': 0.5},
+    ("Retries and stream migrations", "B"): {'{outcome="started"}': 0.1},
     ("Breaker state per worker (0 closed, 1 open, 2 half-open)", "A"): {
         '{worker="w-1",role="prefill"}': 1, '{worker="w-2",role="decode"}': 0},
     ("Health per worker (1 up, 0 down; worst router)", "A"): {

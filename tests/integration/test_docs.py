@@ -229,7 +229,7 @@ OTHER_HOSTS = "names other machines (10.0.0.x, pod or etcd hosts): a multi-host 
 GPU_ENGINE = "starts a GPU inference engine (vLLM / SGLang), not installed on the test machine"
 BENCH = "a benchmark run (minutes of load, the figures of docs/BENCHMARKS.md); the scenarios' " \
         "--smoke forms run in test_scenarios, test_etcd, test_tls, test_cache_scenario, " \
-        "test_worker_vllm, test_bench and test_xfer_bench"
+        "test_worker_vllm, test_bench, test_xfer_bench and test_migration (chaos_migration)"
 ROOT_ONLY = "changes the machine (sudo, systemctl, /etc): run by test_deploy_systemd against " \
             "a temporary prefix instead"
 

@@ -139,6 +139,10 @@ def test_tokenize_matches_worker_and_reference():
         got = tokenize(r.port, {"model": "qwen", "prompt": "Hello world<|im_end|>",
                                 "return_token_strs": True})
         assert got["token_strs"] == ["Hello", "\u0120world", "<|im_end|>"], got
+        got = tokenize(r.port, {"model": "ds", "messages": [{"role": "user", "content": "x"}],
+                                "return_token_strs": True})
+        assert got["token_strs"] == ["<｜begin▁of▁sentence｜>", "<｜User｜>", "x",
+                                     "<｜Assistant｜>"], got
         # the prompt-prefix cache serves a conversation's next turn
         for model in ("qwen", "ds"):
             tokenize(r.port, {"model": model, "messages": CONVS[1][:2]})

@@ -71,6 +71,8 @@ static const opt_t options[] = {
      OFF(retry_backoff_max_ms), 0, U64MAX, 0, "MS", "retry back-off cap"},
     {"--retry-budget-ms", "retries", "retry_budget_ms", OPT_U64, OFF(retry_budget_ms), 0, U64MAX, 0,
      "MS", "no retry starts later than this after the request arrived"},
+    {"--migration-limit", "retries", "migration_limit", OPT_UINT, OFF(migration_limit), 0, 100, 0,
+     "N", "a stream whose decode dies goes on on another one, this many times (0 = never)"},
     {"--max-concurrent-requests", "admission", "max_concurrent_requests", OPT_UINT,
      OFF(max_concurrent_requests), 0, 10000000, 0, "N",
      "requests proxied at once, all threads (0 = unlimited)"},
@@ -299,6 +301,7 @@ int baton_config_init(baton_config_t *cfg)
     cfg->retry_backoff_ms = 50;
     cfg->retry_backoff_max_ms = 2000;
     cfg->retry_budget_ms = 30000;
+    cfg->migration_limit = 3;
     cfg->max_concurrent_requests = 1024;
     cfg->queue_size = 1024;
     cfg->queue_timeout_ms = 30000;

@@ -72,6 +72,13 @@
  *  retries.retry_backoff_max_ms --retry-backoff-max-ms N    2000 (back-off cap)
  *  retries.retry_budget_ms      --retry-budget-ms N         30000 (no retry starts later than
  *                                                               this after the request arrived)
+ *  retries.migration_limit      --migration-limit N         3    (a stream whose decode dies
+ *                                                               after tokens reached the client
+ *                                                               goes on on another decode, at
+ *                                                               most N times per request and
+ *                                                               within the retry budget; only
+ *                                                               workers that take a continuation:
+ *                                                               docs/ROUTER.md "Migration")
  *  admission.max_concurrent_requests --max-concurrent-requests N  1024 (whole router, all
  *                                                               threads; 0 = unlimited)
  *  admission.queue_size         --queue-size N              1024 (requests waiting for a slot or
@@ -272,6 +279,7 @@ typedef struct baton_config_s {
     uint64_t retry_backoff_ms;
     uint64_t retry_backoff_max_ms;
     uint64_t retry_budget_ms;
+    unsigned migration_limit;
     unsigned max_concurrent_requests;
     unsigned queue_size;
     uint64_t queue_timeout_ms;

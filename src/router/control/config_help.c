@@ -70,6 +70,7 @@ static const struct {
                  "--request-timeout-ms --prefill-timeout-ms --queue-timeout-ms "
                  "--drain-timeout-ms --worker-drain-timeout-ms"},
     {"resilience", "--max-retries --retry-backoff-ms --retry-backoff-max-ms --retry-budget-ms "
+                   "--migration-limit "
                    "--check-interval-ms --check-fast-interval-ms --check-down-interval-ms "
                    "--check-timeout-ms --check-rise --check-fall --check-path "
                    "--breaker-threshold --breaker-cooldown-ms --breaker-cooldown-max-ms"},

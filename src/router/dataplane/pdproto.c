@@ -9,15 +9,38 @@
 
 #include "baton/error.h"
 
-/* out = the client's body without drop[] plus tail (",\"k\":v,...}"), one copy. */
+#define DROP_MAX 12
+
+/* out = the client's body without drop[] (nor a client's baton_continuation) plus tail
+ * (",\"k\":v,...}"), one copy; `cont`: with r->extra's members before the closing brace (a
+ * stream's continuation, migrate.h: decode legs carry it, prefill legs need only the prompt). */
 static int splice_into(const baton_pdreq_t *r, const char *const *drop, size_t n_drop,
-                       const baton_buf_t *tail, baton_buf_t *out)
+                       const baton_buf_t *tail, baton_buf_t *out, int cont)
 {
-    baton_json_splice_t sp;
-    int rc = baton_pdreq_splice(r, drop, n_drop, tail->data, tail->len, &sp);
-    if (!rc)
-        rc = baton_json_splice_flatten(&sp, out);
-    baton_json_splice_free(&sp);
+    const char *keys[DROP_MAX];
+    if (n_drop + 1 > DROP_MAX)
+        return BATON_EINVAL;
+    memcpy(keys, drop, n_drop * sizeof(*keys));
+    keys[n_drop] = "baton_continuation";
+    baton_buf_t t = BATON_BUF_INIT;
+    const baton_buf_t *use = tail;
+    int rc = 0;
+    if (cont && r->extra && r->extra->len) {
+        rc = baton_buf_append(&t, tail->data, tail->len - 1) ||
+                     baton_buf_append(&t, r->extra->data, r->extra->len) ||
+                     baton_buf_append(&t, "}", 1)
+                 ? BATON_ENOMEM
+                 : 0;
+        use = &t;
+    }
+    if (!rc) {
+        baton_json_splice_t sp;
+        rc = baton_pdreq_splice(r, keys, n_drop + 1, use->data, use->len, &sp);
+        if (!rc)
+            rc = baton_json_splice_flatten(&sp, out);
+        baton_json_splice_free(&sp);
+    }
+    baton_buf_free(&t);
     return rc;
 }
 
@@ -48,7 +71,7 @@ int baton_pdproto_prefill_body(const baton_pdreq_t *r, const char *ktp, size_t l
     if (!rc)
         rc = baton_buf_append(&tail, "}", 1);
     if (!rc)
-        rc = splice_into(r, drop, sizeof(drop) / sizeof(*drop), &tail, out);
+        rc = splice_into(r, drop, sizeof(drop) / sizeof(*drop), &tail, out, 0);
     baton_buf_free(&tail);
     return rc ? BATON_ENOMEM : 0;
 }
@@ -73,7 +96,7 @@ static int with_ktp(const baton_pdreq_t *r, const baton_buf_t *ktp, baton_buf_t 
     if (!rc)
         rc = baton_buf_append(&tail, "}", 1);
     if (!rc)
-        rc = splice_into(r, ktp_key, 1, &tail, out);
+        rc = splice_into(r, ktp_key, 1, &tail, out, 1);
     baton_buf_free(&tail);
     return rc ? BATON_ENOMEM : 0;
 }
@@ -192,7 +215,7 @@ int baton_pdproto_dp_body(const baton_pdreq_t *r, const char *bootstrap, int rou
     if (!rc)
         rc = baton_buf_append(&tail, "}", 1);
     if (!rc)
-        rc = splice_into(r, drop, bootstrap ? 5 : 2, &tail, out);
+        rc = splice_into(r, drop, bootstrap ? 5 : 2, &tail, out, 1);
     baton_buf_free(&tail);
     return rc ? BATON_ENOMEM : 0;
 }

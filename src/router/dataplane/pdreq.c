@@ -608,14 +608,16 @@ int baton_pdreq_splice(const baton_pdreq_t *r, const char *const *drop, size_t n
 int baton_pdreq_inject_segs(baton_pdreq_t *r, const char *host, int bootstrap_port,
                             const uint64_t *rooms)
 {
+    static const char *const drop[] = {"bootstrap_host", "bootstrap_port", "bootstrap_room",
+                                       "baton_continuation"};
     baton_buf_reset(&r->tail);
     baton_json_splice_free(&r->segs);
     if (baton_buf_append(&r->tail, ",", 1) ||
         baton_pdreq_bootstrap_members(r, host, bootstrap_port, rooms, &r->tail) ||
+        (r->extra && r->extra->len && baton_buf_append(&r->tail, r->extra->data, r->extra->len)) ||
         baton_buf_append(&r->tail, "}", 1))
         return BATON_ENOMEM;
-    return baton_pdreq_splice(r, baton_pdreq_bootstrap_keys, 3, r->tail.data, r->tail.len,
-                              &r->segs);
+    return baton_pdreq_splice(r, drop, 4, r->tail.data, r->tail.len, &r->segs);
 }
 
 int baton_pdreq_inject(baton_pdreq_t *r, const char *host, int bootstrap_port,

@@ -76,6 +76,8 @@ typedef struct baton_pdreq_s {
     int stream;               /* "stream": true */
     int logprobs;             /* logprobs asked: merge prefill's input_token_logprobs */
     baton_buf_t tail;         /* the injected members and the closing brace */
+    const baton_buf_t *extra; /* more members every injection appends after its own (a stream's
+                               * continuation: migrate.h), ",..." form; NULL or empty: none */
     baton_json_splice_t segs; /* after an injection: the body to send, as segments */
     baton_buf_t out;          /* the body after baton_pdreq_inject(): segs flattened */
 } baton_pdreq_t;
@@ -122,6 +124,7 @@ int baton_pdreq_splice(const baton_pdreq_t *r, const char *const *drop, size_t n
 
 /*
  * Injects bootstrap_host, bootstrap_port and bootstrap_room (baton_pdreq_bootstrap_members),
+ * and r->extra's members when set (a client's own baton_continuation is always left out),
  * replacing every one the client sent, as a splice: r->segs is the client's bytes without those
  * members plus the injected tail (r->tail). The same bytes go to both legs. Safe to call again
  * for a retry with a new pair. 0 or BATON_ENOMEM.

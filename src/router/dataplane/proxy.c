@@ -2,8 +2,10 @@
  * them, its life time, the upstream and client events that drive it, and the entry points
  * (inference requests, GET forwarding). The other concerns are in proxy_*.c. */
 #include "router/dataplane/proxy_internal.h"
+#include "router/dataplane/migrate.h"
 #include "router/dataplane/models.h"
 #include "router/dataplane/proxy_pd.h"
+#include "router/dataplane/resp_history.h"
 #include "router/dataplane/route_ctx.h"
 #include "router/dataplane/rtok_req.h"
 
@@ -31,7 +33,8 @@ static const uint32_t phase_next[PH_COUNT] = {
     [PH_SENT] = B(PH_STREAMING) | B(PH_WAIT_PREFILL) | B(PH_RETRY_WAIT) | DECIDED,
     /* Prefill may still fail (retried: nothing reached the client). */
     [PH_WAIT_PREFILL] = B(PH_RETRY_WAIT) | DECIDED,
-    [PH_STREAMING] = B(PH_HOLDING) | DECIDED,
+    /* RETRY_WAIT from STREAMING: the stream goes on on another worker (a migration). */
+    [PH_STREAMING] = B(PH_HOLDING) | B(PH_RETRY_WAIT) | DECIDED,
     [PH_HOLDING] = B(PH_STREAMING) | B(PH_HELD_END) | DECIDED,
     [PH_HELD_END] = DECIDED,
     [PH_RETRY_WAIT] = B(PH_SENT) | DECIDED,
@@ -159,6 +162,9 @@ static void pr_free(baton__preq_t *pr)
     baton_workers_unref(pr->avoid, pr->n_avoid);
     free(pr->avoid);
     baton_pdreq_free(&pr->pd);
+    baton_mig_free(pr->mig);
+    free(pr->resp_conv);
+    baton_buf_free(&pr->resp_body);
     baton_route_ctx_free(&pr->rctx);
     baton_pdreq_lp_free(pr->lp);
     baton_sse_splitter_free(&pr->sse);
@@ -250,10 +256,12 @@ static void on_client_drain(baton_http_req_t *req)
  * Prefill failed after decode began streaming tokens: decode had its KV by then (it streams
  * only after the hand-off), so its answer is right and stays; ending it would turn a good
  * answer into an error. Only when prefill's logprobs are still needed is the stream failed.
+ * A migration's pair whose decode has not answered yet (SENT) is not late: its decode waits
+ * for that prefill's KV.
  */
 static int prefill_failure_is_late(const baton__preq_t *pr)
 {
-    return baton__pr_streamed(pr) && !pr->pd.logprobs;
+    return baton__pr_streamed(pr) && !pr->pd.logprobs && pr->phase != PH_SENT;
 }
 
 void baton__proxy_on_head(baton_http_creq_t *creq, int status, const baton_http_header_t *headers,
@@ -262,11 +270,12 @@ void baton__proxy_on_head(baton_http_creq_t *creq, int status, const baton_http_
     baton__upstream_t *u = creq->data;
     baton__preq_t *pr = u->pr;
     u->status = status;
+    int capable = 0;
     for (size_t i = 0; i < n_headers; i++) {
-        if (strcasecmp(headers[i].name, "Content-Type") == 0) {
+        if (strcasecmp(headers[i].name, "Content-Type") == 0)
             snprintf(u->ctype, sizeof(u->ctype), "%s", headers[i].value);
-            break;
-        }
+        else if (strcasecmp(headers[i].name, BATON_MIG_HEADER) == 0)
+            capable = 1;
     }
     u->sse = strncasecmp(u->ctype, "text/event-stream", 17) == 0;
     if (u->cancelled || u->stale || !pr->req)
@@ -277,7 +286,7 @@ void baton__proxy_on_head(baton_http_creq_t *creq, int status, const baton_http_
             /* The worker answers: that is its outcome for the breaker (a half-open probe must
              * not wait for the end of a long stream). */
             baton__up_report(u, BATON_OUTCOME_SUCCESS); /* the in-flight slot stays */
-            baton__pr_stream_start(pr);
+            baton__stream_answer(pr, u, capable);
         } else {
             u->buffer = 1;
             if (!baton__is_2xx(status))
@@ -378,7 +387,8 @@ void baton__proxy_on_done(baton_http_creq_t *creq, int err)
     } else if (err) {
         baton__side_failed(pr, u, err);
     } else if (baton__pr_streamed(pr)) {
-        baton__relay_stream_done(pr);
+        if (!baton__try_migrate(pr, u)) /* a stream that ended before [DONE] goes on */
+            baton__relay_stream_done(pr);
     } else {
         if (baton__is_2xx(u->status) && pr->pd_ops)
             pr->pd_ops->on_decode_progress(pr); /* decode answered: it read the KV */
@@ -467,24 +477,38 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
     const char *route = baton_api_path(api);
     baton_pdreq_error_t perr;
     baton_pdreq_t pd;
+    baton_buf_t expanded = BATON_BUF_INIT; /* a follow-up with its conversation as input */
+    char *conv = NULL;
 
-    int rc = baton_pdreq_parse(&pd, api, req->body, req->body_len, &perr);
+    int rc = api == BATON_API_RESPONSES
+                 ? baton_resp_history_prepare(req->body, req->body_len, &expanded, &conv)
+                 : 0;
+    if (rc == 0)
+        rc = expanded.len ? baton_pdreq_parse(&pd, api, expanded.data, expanded.len, &perr)
+                          : baton_pdreq_parse(&pd, api, req->body, req->body_len, &perr);
     if (rc == BATON_EINVAL) {
+        free(conv);
+        baton_buf_free(&expanded);
         baton__respond_error(r, req, route, perr.status, perr.message, "invalid_request_error",
                              perr.param[0] ? perr.param : NULL, perr.code);
         return;
     }
     if (rc) {
+        free(conv);
+        baton_buf_free(&expanded);
         baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
                              "internal_error");
         return;
     }
+    /* Until pr owns them, every early answer below frees pd, conv and expanded. */
     if (answer_tokenize(pl, req, route, api)) {
         baton_pdreq_free(&pd);
+        free(conv);
+        baton_buf_free(&expanded);
         return;
     }
     if (baton_api_regular_only(api) && !regular_workers(r)) {
-        baton_pdreq_free(&pd);
+        baton_pdreq_free(&pd); /* not a Responses request: nothing else to free */
         char msg[200];
         snprintf(msg, sizeof(msg),
                  "%s is served by regular workers only, and this router has none (prefill/decode "
@@ -496,11 +520,15 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
     }
     if (baton_models_refuse(r, req, route, &pd)) {
         baton_pdreq_free(&pd);
+        free(conv);
+        baton_buf_free(&expanded);
         return;
     }
     baton_route_ctx_t ctx;
     if ((rc = prepare_ctx(pl, req, route, &pd, &ctx)) != 0) {
         baton_pdreq_free(&pd);
+        free(conv);
+        baton_buf_free(&expanded);
         if (rc != 1)
             baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
                                  "internal_error");
@@ -510,11 +538,15 @@ void baton_proxy_inference(baton_proxy_loop_t *pl, baton_http_req_t *req, baton_
     if (!pr) {
         baton_route_ctx_free(&ctx);
         baton_pdreq_free(&pd);
+        free(conv);
+        baton_buf_free(&expanded);
         baton__respond_error(r, req, route, 500, "router out of memory", "server_error", NULL,
                              "internal_error");
         return;
     }
     baton_pdreq_move(&pr->pd, &pd); /* it points into itself: never a plain copy */
+    pr->resp_conv = conv;
+    pr->resp_body = expanded; /* pd borrows its bytes, which stay where they are */
     pr->rctx = ctx; /* its strings are its own or the request's, its chain not built yet */
     pr->rctx_built = 1;
     if (baton__try_start(pr, 1) == ST_WAIT) {

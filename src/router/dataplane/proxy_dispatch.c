@@ -237,6 +237,25 @@ int baton__up_start(baton__preq_t *pr, baton__upstream_t *u, const char *method,
 /* ---------------------------------------------------------------------------------------- */
 /* Attempts                                                                                 */
 
+/* A regular attempt that continues a stream (migrate.h): the client's body with its
+ * continuation, owned by the upstream (a stale attempt may still be writing the last one). */
+static int continuation_body(baton__preq_t *pr, baton__upstream_t *u)
+{
+    static const char *const drop[] = {"baton_continuation"};
+    baton_buf_t tail = BATON_BUF_INIT, flat = BATON_BUF_INIT;
+    baton_json_splice_t sp = {0};
+    int rc = BATON_ENOMEM;
+    if (baton_buf_append(&tail, pr->pd.extra->data, pr->pd.extra->len) == 0 &&
+        baton_buf_append(&tail, "}", 1) == 0 &&
+        baton_pdreq_splice(&pr->pd, drop, 1, tail.data, tail.len, &sp) == 0 &&
+        baton_json_splice_flatten(&sp, &flat) == 0 && (u->body = baton__pd_body_new(&flat, 1)))
+        rc = 0;
+    baton_json_splice_free(&sp);
+    baton_buf_free(&flat);
+    baton_buf_free(&tail);
+    return rc;
+}
+
 /* A PD pair in up[]: its protocol, chosen once for the attempt, builds and sends the legs. */
 static int pd_dispatch(baton__preq_t *pr)
 {
@@ -351,10 +370,15 @@ enum baton__start_rc baton__start_attempt(baton__preq_t *pr, int *missing_prefil
         pr->up[UP_MAIN] = u;
         pr->attempts++;
         pr->borrowed = 1;
-        /* The client's bytes go as they came: no re-serialization for a plain proxy. */
+        /* The client's bytes go as they came: no re-serialization for a plain proxy (but for a
+         * continuation: the client's members and the one naming what the client has). */
         const char *route = baton_api_path(pr->pd.api);
+        if (pr->pd.extra && pr->pd.extra->len && continuation_body(pr, u) != 0)
+            return ST_NOMEM;
         baton__pr_set_phase(pr, PH_SENT, "regular_dispatch");
-        int rc = baton__up_start(pr, u, "POST", route, pr->req->body, pr->req->body_len);
+        int rc = u->body
+                     ? baton__up_start(pr, u, "POST", route, u->body->buf.data, u->body->buf.len)
+                     : baton__up_start(pr, u, "POST", route, pr->pd.body, pr->pd.body_len);
         if (rc)
             baton__side_failed(pr, u, rc);
         return ST_STARTED;

@@ -49,6 +49,8 @@
  *    ├──► SENT ──► STREAMING ◄──► HOLDING ──► HELD_END
  *    │     │  └──► WAIT_PREFILL ──► RETRY_WAIT (prefill failed: nothing was sent yet)
  *    │     └─────► RETRY_WAIT ──► SENT (the next attempt)
+ *    │   STREAMING ──► RETRY_WAIT: a migration (migrate.h); its attempt is SENT with the
+ *    │                 client's stream already started (ttfb_ns set), then STREAMING again
  *    │
  *   SENT and after ──► FAIL_DEFERRED (the failure waits for requests borrowing the body)
  *   NEW, SENT and after ──► ABORTED (the client went away) ──► DONE
@@ -59,7 +61,8 @@
 typedef enum baton__proxy_phase_e {
     PH_NEW,           /* not queued, no attempt in flight, client not answered */
     PH_QUEUED,        /* in the loop's admission queue (the timer is the queue timeout) */
-    PH_SENT,          /* an attempt is in flight; nothing went to the client yet */
+    PH_SENT,          /* an attempt is in flight; nothing went to the client yet (but for a
+                       * migration's attempt: baton__pr_streamed tells) */
     PH_WAIT_PREFILL,  /* not streamed: decode's answer is in, prefill's logprobs are needed */
     PH_STREAMING,     /* the client's stream started: decode's bytes pass through */
     PH_HOLDING,       /* streaming, decode paused: an event waits for prefill's logprobs */
@@ -224,10 +227,14 @@ typedef struct preq_s {
     /* When the first response byte went to the client; 0 before. Non-zero also tells that the
      * client's stream started (a failure then goes out as an SSE event, never retried). */
     uint64_t ttfb_ns;
-    uint64_t events_out; /* SSE events relayed to the client (a Responses error's sequence) */
-    size_t resp_seen;    /* /v1/responses: answer bytes searched for its id (responses.h) */
-    int resp_noted;      /* ... and whether the search is over */
-    baton_token_scan_t tokens;    /* TTFT / inter-token latency of the relayed stream */
+    uint64_t events_out;       /* SSE events relayed to the client (a Responses error's sequence) */
+    size_t resp_seen;          /* /v1/responses: answer bytes searched for its id (responses.h) */
+    int resp_noted;            /* ... and whether the search is over */
+    baton_token_scan_t tokens; /* TTFT / inter-token latency of the relayed stream */
+    struct baton_mig_s *mig;   /* a stream that can go on on another worker (migrate.h) */
+    char *resp_conv;           /* /v1/responses: its conversation so far (resp_history.h) */
+    baton_buf_t resp_body;     /* ... and its body with the earlier conversation as input,
+                                * which pd borrows (empty: pd borrows the client's bytes) */
     char reqid[BATON__REQID_MAX]; /* vLLM protocols: X-Request-Id on both legs; "" otherwise */
     baton_list_t link;            /* in pl->live */
     baton_list_t qlink;           /* in pl->queue while QUEUED */
@@ -348,6 +355,14 @@ void baton__finish_failure(baton__preq_t *pr, const char *abort_reason);
 void baton__run_deferred(baton__preq_t *pr);
 /* The back-off passed: the next attempt, or the last failure when no pair can be picked. */
 void baton__retry_fire(baton__preq_t *pr);
+/* The main side's stream broke (u: its upstream) after the client's stream started: 1 when the
+ * request goes on (a continuation on another worker after a back-off, or only [DONE] was
+ * missing and the stream was ended), 0 when it cannot (the caller answers as before). */
+int baton__try_migrate(baton__preq_t *pr, baton__upstream_t *u);
+/* The main side answered 2xx SSE with `capable` (it takes continuations): starts the client's
+ * stream, or goes on with it after a migration. 0, or -1 when the answer cannot continue the
+ * stream (it was failed through baton__side_failed). */
+int baton__stream_answer(baton__preq_t *pr, baton__upstream_t *u, int capable);
 /* A decode's 5xx that reports its prefill peer's failure (not charged to either breaker). */
 int baton__blames_prefill(const baton__preq_t *pr, const baton__upstream_t *u, int err);
 int baton__is_timeout(int err);

@@ -12,6 +12,8 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "router/control/worker_models.h"
+#include "router/dataplane/migrate.h"
+#include "router/dataplane/resp_history.h"
 #include "router/dataplane/responses.h"
 
 /* ---------------------------------------------------------------------------------------- */
@@ -217,6 +219,20 @@ static int stream_event_cb(const char *raw, size_t len, void *arg)
     return 0;
 }
 
+/* One complete event of a Responses stream: its final event's response is kept with the
+ * conversation (resp_history.h), for a follow-up. */
+static int resp_event_cb(const char *raw, size_t len, void *arg)
+{
+    baton__preq_t *pr = arg;
+    const char *payload;
+    size_t plen;
+    if (baton_sse_single_data(raw, len, &payload, &plen) &&
+        baton_resp_history_final_event(payload, plen))
+        baton_resp_history_note(pr->resp_conv, payload, plen);
+    client_write(pr, raw, len);
+    return 0;
+}
+
 static void flush_pending_raw(baton__preq_t *pr)
 {
     if (baton_sse_pending(&pr->sse)) {
@@ -250,6 +266,29 @@ static int pass_event_cb(const char *raw, size_t len, void *arg)
         client_write(p->pr, raw, len);
         p->len = 0;
     }
+    return 0;
+}
+
+/* One complete SSE event of a stream that may go on on another worker: what the client gets
+ * of it is noted (migrate.h), and after a migration it carries the first stream's ids. Events
+ * that go as they came are coalesced like pass_event_cb's (arg: its pass_run_t). */
+static int mig_event_cb(const char *raw, size_t len, void *arg)
+{
+    pass_run_t *p = arg;
+    baton__preq_t *pr = p->pr;
+    const char *payload;
+    size_t plen;
+    int rc = 0;
+    if (baton_sse_single_data(raw, len, &payload, &plen)) {
+        baton_buf_reset(&pr->scratch);
+        rc = baton_mig_event(pr->mig, payload, plen, &pr->scratch);
+    }
+    if (rc <= 0)
+        return rc < 0 ? rc : pass_event_cb(raw, len, p);
+    if (p->len) /* what came before it goes first */
+        client_write(pr, p->run, p->len);
+    p->len = 0;
+    client_write(pr, pr->scratch.data, pr->scratch.len);
     return 0;
 }
 
@@ -297,6 +336,13 @@ void baton__relay_stream_bytes(baton__preq_t *pr, const char *data, size_t len)
     int rc;
     if (merge) {
         rc = baton_sse_feed(&pr->sse, data, len, stream_event_cb, pr);
+    } else if (pr->mig && pr->mig->capable) {
+        pass_run_t p = {pr, NULL, 0, baton_sse_pending(&pr->sse) == 0};
+        rc = baton_sse_feed(&pr->sse, data, len, mig_event_cb, &p);
+        if (p.len)
+            client_write(pr, p.run, p.len);
+    } else if (pr->resp_conv) {
+        rc = baton_sse_feed(&pr->sse, data, len, resp_event_cb, pr);
     } else if (!baton_sse_pending(&pr->sse) && ends_event(data, len)) {
         client_write(pr, data, len); /* the usual read: whole events, nothing left open */
         rc = 0;
@@ -318,6 +364,8 @@ void baton__relay_stream_bytes(baton__preq_t *pr, const char *data, size_t len)
 
 void baton__relay_stream_done(baton__preq_t *pr)
 {
+    if (pr->mig && pr->mig->migrations && pr->mig->done)
+        baton_resil_metrics_migration(pr->pl->router->resil, "completed");
     if (pr->phase == PH_HOLDING) {
         /* Ends when prefill's logprobs release the held events. */
         baton__pr_set_phase(pr, PH_HELD_END, "decode_ended_holding");
@@ -395,6 +443,11 @@ void baton__relay_main_body_done(baton__preq_t *pr)
 {
     baton__upstream_t *u = pr->up[UP_MAIN];
     const char *ctype = u->ctype[0] ? u->ctype : "application/json";
+    if (baton__is_2xx(u->status) && baton__pr_streamed(pr)) {
+        /* a continuation answered, but not with a stream: the client's stream cannot take it */
+        baton__side_failed(pr, u, BATON_EUPSTREAM);
+        return;
+    }
     if (!baton__is_2xx(u->status)) {
         baton__main_status_failed(pr, u, ctype);
         return;
@@ -421,6 +474,8 @@ void baton__relay_main_body_done(baton__preq_t *pr)
         }
     }
     note_response(pr, u->resp.data, u->resp.len);
+    if (pr->resp_conv && u->resp.data)
+        baton_resp_history_note(pr->resp_conv, u->resp.data, u->resp.len);
     baton__pr_respond(pr, u->status, ctype, u->resp.data ? u->resp.data : "", u->resp.len);
 }
 

@@ -3,6 +3,7 @@
  * jittered back-off, the other side cancelled at once, answers deferred until nothing in flight
  * borrows the client's body, and blame for the breakers. */
 #include "router/dataplane/proxy_internal.h"
+#include "router/dataplane/migrate.h"
 #include "router/dataplane/responses.h"
 
 #include <stdio.h>
@@ -52,6 +53,8 @@ static void emit_failure(baton__preq_t *pr)
     const char *type = f->kind == FAIL_ERROR ? f->type : "upstream_error";
     const char *code = f->kind == FAIL_ERROR ? f->code : "upstream_error";
     int status = f->kind == FAIL_NONE ? 502 : f->status;
+    if (streamed && pr->mig && pr->mig->migrations)
+        baton_resil_metrics_migration(pr->pl->router->resil, "failed");
     if (streamed) {
         /* Only whole events went out (proxy_relay.c): the part of one still held is dropped,
          * so the error event is an event of its own that every SSE parser sees. */
@@ -124,15 +127,18 @@ static void avoid_add(baton__preq_t *pr, baton_worker_t *w)
 }
 
 /* Drops the current attempt: its in-flight requests are closed now and freed when they report;
- * per-attempt response state is reset. Its workers are avoided by the next pick. */
-static void abandon_attempt(baton__preq_t *pr, const char *abort_reason)
+ * per-attempt response state is reset. Its workers are avoided by the next pick (only the
+ * failed one's when `failed` is set: a migration keeps its innocent side a candidate). */
+static void abandon_attempt(baton__preq_t *pr, const char *abort_reason,
+                            const baton__upstream_t *failed)
 {
     for (int i = 0; i < 2; i++) {
         baton__upstream_t *u = pr->up[i];
         if (!u)
             continue;
         pr->up[i] = NULL;
-        avoid_add(pr, u->w);
+        if (!failed || u == failed)
+            avoid_add(pr, u->w);
         if (u->creq) {
             baton__up_cancel(u, abort_reason);
             u->stale = 1;
@@ -190,7 +196,7 @@ static int try_retry(baton__preq_t *pr, baton__upstream_t *u, int err)
              pr->route, pr->attempts + 1, baton__side_name(u), u->w->url,
              baton_retry_reason_name(why), err ? baton_err_name(err) : "-", u->status,
              (unsigned long long)delay);
-    abandon_attempt(pr, "peer_failed");
+    abandon_attempt(pr, "peer_failed", NULL);
     baton__pr_set_phase(pr, PH_RETRY_WAIT, baton_retry_reason_name(why));
     baton__pr_timer_start(pr, delay);
     return 1;
@@ -212,7 +218,10 @@ void baton__retry_fire(baton__preq_t *pr)
         baton__finish_error(pr, 500, "router out of memory", "server_error", "internal_error",
                             "router_error");
     } else {
-        baton_resil_metrics_retries_exhausted(r->resil, "no_worker");
+        if (baton__pr_streamed(pr)) /* a migration found no worker to go on with */
+            baton_resil_metrics_migration(r->resil, "no_worker");
+        else
+            baton_resil_metrics_retries_exhausted(r->resil, "no_worker");
         baton__fail_free(&pr->fail);
         pr->fail = last;
         baton__finish_failure(pr, "peer_failed");
@@ -287,7 +296,7 @@ void baton__side_failed(baton__preq_t *pr, baton__upstream_t *u, int err)
     unsigned role = (unsigned)u->w->role < BATON_ROLE_COUNT ? (unsigned)u->w->role : 2;
     if (!baton__pr_decided(pr))
         fail_set_error(pr, status, msg, "upstream_error", codes[role][ci]);
-    if (try_retry(pr, u, err))
+    if (try_retry(pr, u, err) || baton__try_migrate(pr, u))
         return;
     baton__finish_failure(pr, err == BATON_ENOMEM || err == BATON_ETOOBIG ? "router_error"
                                                                           : "peer_failed");
@@ -305,9 +314,99 @@ void baton__main_status_failed(baton__preq_t *pr, baton__upstream_t *u, const ch
     snprintf(pr->fail.ctype, sizeof(pr->fail.ctype), "%s", ctype);
     pr->fail.body = u->resp;
     u->resp = (baton_buf_t)BATON_BUF_INIT;
-    if (try_retry(pr, u, 0))
+    if (try_retry(pr, u, 0) || baton__try_migrate(pr, u))
         return;
     baton__finish_failure(pr, "peer_failed");
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Migration: a stream goes on on another worker                                            */
+
+/* Whether the attempt's way of sending the request carries the continuation: a regular
+ * worker's body, and every PD protocol's decode leg (baton_pdreq_inject, pdproto.c). */
+static int carries_continuation(const baton__preq_t *pr)
+{
+    return pr->mode == MODE_REGULAR || pr->mode == MODE_PD;
+}
+
+int baton__stream_answer(baton__preq_t *pr, baton__upstream_t *u, int capable)
+{
+    baton_router_t *r = pr->pl->router;
+    if (!baton__pr_streamed(pr)) {
+        baton__pr_stream_start(pr);
+        if (capable && r->cfg->migration_limit > 0 && carries_continuation(pr))
+            pr->mig = baton_mig_new(&pr->pd); /* NULL: this stream cannot be continued */
+        if (pr->mig)
+            pr->mig->capable = 1;
+        return 0;
+    }
+    /* A continuation's answer: a worker that does not take it would start over. */
+    if (!capable || !carries_continuation(pr)) {
+        log_warn_limited("router", "migration_refused",
+                         "migration_refused route=%s worker=%s (it does not take continuations)",
+                         pr->route, u->w->url);
+        baton__up_cancel(u, "peer_failed");
+        baton__side_failed(pr, u, BATON_EUPSTREAM);
+        return -1;
+    }
+    baton__pr_set_phase(pr, PH_STREAMING, "migrated");
+    return 0;
+}
+
+static int all_finished(const baton_mig_t *m)
+{
+    for (size_t i = 0; i < m->n_seq; i++)
+        if (!m->seq[i].finished)
+            return 0;
+    return 1;
+}
+
+int baton__try_migrate(baton__preq_t *pr, baton__upstream_t *u)
+{
+    baton_router_t *r = pr->pl->router;
+    baton_mig_t *m = pr->mig;
+    /* The main side broke, or the prefill of a migration's pair failed before its decode
+     * answered (SENT: the decode waits for a KV hand-off that will not come). */
+    if (!m || !u || (u->side != UP_MAIN && pr->phase != PH_SENT) || !pr->req ||
+        baton__pr_decided(pr) || !baton__pr_streamed(pr) || !baton_mig_possible(m) || pr->no_retry)
+        return 0;
+    if (all_finished(m) && (m->usage || m->api == BATON_API_GENERATE)) {
+        /* Everything but [DONE] went out: the stream is ended here (the part of an event that
+         * never ended is dropped). */
+        baton_sse_splitter_free(&pr->sse);
+        baton__pr_cancel_all(pr, "peer_failed");
+        baton_http_stream_write(pr->req, "data: [DONE]\n\n", 14);
+        m->done = 1;
+        baton_resil_metrics_migration(r->resil, "finished");
+        baton__pr_stream_end(pr, 200);
+        return 1;
+    }
+    const baton_config_t *cfg = r->cfg;
+    baton_retry_policy_t pol = {cfg->migration_limit, cfg->retry_backoff_ms,
+                                cfg->retry_backoff_max_ms, cfg->retry_budget_ms};
+    uint64_t now = uv_hrtime();
+    uint64_t elapsed = now > pr->req->start_ns ? (now - pr->req->start_ns) / 1000000u : 0;
+    uint64_t delay = 0;
+    baton_retry_plan_t plan =
+        baton_retry_plan(&pol, m->migrations, elapsed, baton__pr_ms_left(pr, now),
+                         BATON_PROXY_MIN_ATTEMPT_MS, baton_rand_u64(), &delay);
+    if (plan != BATON_RETRY_PLAN_GO) {
+        baton_resil_metrics_migration(r->resil,
+                                      plan == BATON_RETRY_PLAN_EXHAUSTED ? "limit" : "out_of_time");
+        return 0;
+    }
+    if (baton_mig_build(m) != 0)
+        return 0;
+    m->migrations++;
+    baton_resil_metrics_migration(r->resil, "started");
+    log_info("router", "migrate route=%s migration=%u worker=%s err=%s status=%d delay_ms=%llu",
+             pr->route, m->migrations, u->w->url, u->err ? baton_err_name(u->err) : "-", u->status,
+             (unsigned long long)delay);
+    abandon_attempt(pr, "peer_failed", u);
+    pr->pd.extra = &m->member; /* every later body carries it (PD: baton_pdreq_inject) */
+    baton__pr_set_phase(pr, PH_RETRY_WAIT, "migrate");
+    baton__pr_timer_start(pr, delay);
+    return 1;
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -7,7 +7,7 @@
 #include "router/dataplane/router_metrics.h"
 
 struct baton_resil_metrics_s {
-    baton_metric_family_t *retries, *exhausted, *aborts, *rejected;
+    baton_metric_family_t *retries, *exhausted, *aborts, *rejected, *migrations;
     baton_metric_child_t *queue_depth, *queue_time, *active;
 };
 
@@ -20,6 +20,7 @@ int baton_resil_metrics_create(baton_resil_metrics_t **m_p, baton_metrics_t *reg
         return BATON_ENOMEM;
     static const char *const role_reason[] = {"role", "reason"};
     static const char *const reason[] = {"reason"};
+    static const char *const outcome[] = {"outcome"};
     m->retries = baton_metrics_counter(reg, "baton_retries_total",
                                        "Upstream attempts retried with a new worker pair, by the "
                                        "role that failed and the reason.",
@@ -37,6 +38,11 @@ int baton_resil_metrics_create(baton_resil_metrics_t **m_p, baton_metrics_t *reg
         reg, "baton_admission_rejected_total",
         "Requests refused by admission control: queue_full (429) or queue_timeout (503).", 1,
         reason);
+    m->migrations = baton_metrics_counter(
+        reg, "baton_stream_migrations_total",
+        "Streams whose worker died after tokens reached the client, by outcome: started, "
+        "completed, finished, failed, limit, out_of_time, no_worker.",
+        1, outcome);
     baton_metric_family_t *depth = baton_metrics_gauge(
         reg, "baton_queue_depth", "Requests waiting in the admission queue now.", 0, NULL);
     baton_metric_family_t *qtime = baton_metrics_histogram(
@@ -47,7 +53,7 @@ int baton_resil_metrics_create(baton_resil_metrics_t **m_p, baton_metrics_t *reg
         baton_metrics_gauge(reg, "baton_active_requests",
                             "Requests holding an admission slot (being proxied) now.", 0, NULL);
     if (m->retries == NULL || m->exhausted == NULL || m->aborts == NULL || m->rejected == NULL ||
-        depth == NULL || qtime == NULL || active == NULL) {
+        m->migrations == NULL || depth == NULL || qtime == NULL || active == NULL) {
         free(m);
         return BATON_EEXIST;
     }
@@ -121,4 +127,12 @@ void baton_resil_metrics_active(baton_resil_metrics_t *m, int delta)
 {
     if (m != NULL)
         baton_gauge_add(m->active, delta);
+}
+
+void baton_resil_metrics_migration(baton_resil_metrics_t *m, const char *outcome)
+{
+    if (m != NULL) {
+        const char *v[] = {outcome};
+        baton_counter_inc_labels(m->migrations, v);
+    }
 }

@@ -21,6 +21,11 @@
  *   baton_queue_time_seconds                    histogram time spent waiting, admitted or not
  *   baton_admission_rejected_total{reason}      counter  queue_full (429) | queue_timeout (503)
  *   baton_active_requests                       gauge    requests holding an admission slot
+ *   baton_stream_migrations_total{outcome}      counter  streams whose worker died after
+ *       tokens reached the client: started (a continuation went to another worker) | completed
+ *       (a migrated stream reached its end) | finished (only [DONE] was missing: the router
+ *       ended it) | failed (a migrated stream ended with the error event) | limit
+ *       (--migration-limit reached) | out_of_time (retry budget or deadline) | no_worker
  *
  * Threading: every call is thread-safe (child lookups take the family lock briefly, updates are
  * atomic); every update call accepts m == NULL (nothing counted).
@@ -42,5 +47,6 @@ void baton_resil_metrics_queue_depth(baton_resil_metrics_t *m, int delta);
 void baton_resil_metrics_queue_time(baton_resil_metrics_t *m, double seconds);
 void baton_resil_metrics_rejected(baton_resil_metrics_t *m, const char *reason);
 void baton_resil_metrics_active(baton_resil_metrics_t *m, int delta);
+void baton_resil_metrics_migration(baton_resil_metrics_t *m, const char *outcome);
 
 #endif

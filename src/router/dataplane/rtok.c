@@ -101,9 +101,9 @@ static int add_cand(const char ***v, size_t **l, size_t *n, size_t *cap, const c
     return 0;
 }
 
-/* The cut tokens: the added tokens' texts (special ones, and those tokenizer_config.json names,
- * such as Qwen's <think> or DeepSeek's <｜User｜>), all matched before the model runs, when no
- * two of them overlap; else none (the cache is off for this tokenizer). */
+/* The cut tokens: the added tokens' texts (special or not: Qwen's <|im_start|> and <think>,
+ * DeepSeek's <｜User｜>), all matched before the model runs, when no two of them overlap; else
+ * none (the cache is off for this tokenizer). */
 static int find_cuts(baton_rtok_model_t *m)
 {
     uint32_t n = baton_tok_vocab_size(m->tok);
@@ -112,22 +112,9 @@ static int find_cuts(baton_rtok_model_t *m)
     size_t *alen = NULL;
     int rc = 0, ok = 1;
     for (uint32_t id = 0; id < n && rc == 0; id++)
-        if (baton_tok_is_special(m->tok, id) && (t = baton_tok_token_bytes(m->tok, id, &len)) &&
+        if (baton_tok_is_added(m->tok, id) && (t = baton_tok_token_bytes(m->tok, id, &len)) &&
             len > 0)
             rc = add_cand(&added, &alen, &na, &cap, t, len);
-    const json_t *cfg = baton_tok_config_json(m->tok);
-    const json_t *dec = cfg ? json_object_get(cfg, "added_tokens_decoder") : NULL;
-    const char *k;
-    json_t *v;
-    json_object_foreach((json_t *)dec, k, v)
-    {
-        json_t *c = json_object_get(v, "content");
-        if (rc || !json_is_string(c) || !json_string_length(c))
-            continue;
-        int64_t id = baton_tok_token_id(m->tok, json_string_value(c), json_string_length(c));
-        if (id < 0 || !baton_tok_is_special(m->tok, (uint32_t)id)) /* specials are in already */
-            rc = add_cand(&added, &alen, &na, &cap, json_string_value(c), json_string_length(c));
-    }
     for (size_t i = 0; i < na && ok && rc == 0; i++)
         for (size_t j = i + 1; j < na && ok; j++)
             if (overlaps(added[i], alen[i], added[j], alen[j]))
@@ -314,7 +301,8 @@ int baton_rtok_create(baton_rtok_t **out, baton_rtok_set_t *set, size_t cache_by
         baton_metric_family_t *tok = baton_metrics_counter(
             reg, "baton_prompt_tokens_total",
             "Prompt tokens of routed requests the router counted with the model's tokenizer, by "
-            "API.", 1, api);
+            "API.",
+            1, api);
         rt->refused = baton_metrics_counter(
             reg, "baton_context_length_refusals_total",
             "Requests refused with 400 because prompt tokens (+ max_tokens) exceed the model's "

@@ -861,8 +861,9 @@ static void test_transition_table(void **state)
     assert_false(baton__proxy_phase_allowed(PH_QUEUED, PH_SENT)); /* leaves through NEW */
     assert_true(baton__proxy_phase_allowed(PH_SENT, PH_RETRY_WAIT));
     assert_true(baton__proxy_phase_allowed(PH_WAIT_PREFILL, PH_RETRY_WAIT));
-    /* once the client has bytes, never a retry */
-    assert_false(baton__proxy_phase_allowed(PH_STREAMING, PH_RETRY_WAIT));
+    /* once the client has bytes, only a migration (the stream goes on elsewhere), and never
+     * while events wait for prefill's logprobs (those streams are not migrated) */
+    assert_true(baton__proxy_phase_allowed(PH_STREAMING, PH_RETRY_WAIT));
     assert_false(baton__proxy_phase_allowed(PH_HOLDING, PH_RETRY_WAIT));
     assert_false(baton__proxy_phase_allowed(PH_HELD_END, PH_HOLDING));
     assert_false(baton__proxy_phase_allowed(PH_ABORTED, PH_FAIL_DEFERRED));
