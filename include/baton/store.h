@@ -63,9 +63,19 @@ extern "C" {
  * the engine's mode:
  *   Loop mode (the engine was created with a loop): the client must be created with the SAME
  *   loop; every baton_store_* call on the loop's thread; every callback on it.
- *   Own-progress mode (loop == NULL, the engine too) is not implemented yet:
- *   baton_store_client_create returns BATON_XFER_ENOTSUP for it (baton_store_client_fd and
- *   _dispatch are reserved for it and return -1 / BATON_XFER_ENOTSUP).
+ *   Own-progress mode (loop == NULL, and an engine created with loop == NULL): the client runs
+ *   its own loop on a thread of its own, and that thread dispatches the ENGINE too (so the host
+ *   must not call baton_xfer_engine_dispatch on it while the client lives, and the engine's own
+ *   callbacks, for rooms the host offers on it, run on the client's thread: give the client an
+ *   engine of its own). Every baton_store_* call may come from any thread (calls are posted to
+ *   the client's thread in the order they were made); completions are queued, and
+ *   baton_store_client_fd() becomes readable (POLLIN) when some are; baton_store_client_dispatch()
+ *   runs their callbacks on the calling thread, inside that call, as baton_xfer_engine_dispatch
+ *   does. A call that returns 0 gets its callback through dispatch even when it failed on the
+ *   client's thread (the error is in status). baton_store_client_destroy's close_cb also runs
+ *   inside dispatch, after every other callback; the client and its fd are gone when it
+ *   returns. After that the host dispatches the engine again (to destroy it, for instance).
+ *   A client whose mode differs from its engine's is refused (BATON_XFER_EINVAL).
  * Callbacks never fire inside the call that started the operation: a call that returns an error
  * fires none; a call that returns 0 fires its callback exactly once, later.
  * Buffers: a put's sources must stay valid and unchanged, a get's destinations untouched, until
@@ -131,6 +141,15 @@ typedef struct {
      * call that times out, or a standby's answer, makes the next call look the leader up. */
     uint32_t reconnect_min_ms;
     uint32_t reconnect_max_ms;
+    /* Objects whose location the client remembers (default 4096; 0: none). A get or exists
+     * grants a lease; within it the object can be neither evicted nor removed, so a get of an
+     * object located less than half a lease ago (and with at least request_timeout_ms of the
+     * lease left) reads straight from the nodes, without a request to the master: exists then
+     * get costs one master round trip, not two. Such gets are not seen by the master (its
+     * gets_total, hits and LRU order count the exists or get that located the object); a
+     * cached read that fails, or a master connection that dropped since, falls back to asking
+     * the master. Direct mapped: at most one entry per hash slot. */
+    uint32_t location_cache;
 } baton_store_config_t;
 
 /* Fills the defaults and cfg->size. Any thread. */
@@ -141,7 +160,10 @@ BATON_API void baton_store_config_init(baton_store_config_t *cfg);
 BATON_API int baton_store_client_create(uv_loop_t *loop, const baton_store_config_t *cfg,
                                         baton_store_client_t **client_p);
 
-/* Own-progress mode: poll this fd, then dispatch (as baton_xfer_engine_fd / _dispatch). */
+/* Own-progress mode: the descriptor to poll (owned by the client: never read or close it; -1 in
+ * loop mode), then dispatch: runs the pending callbacks on the calling thread and returns how
+ * many ran (0 after a spurious wake-up), or BATON_XFER_EINVAL in loop mode. One thread at a time
+ * dispatches; never from a callback. Any thread. */
 BATON_API int baton_store_client_fd(const baton_store_client_t *client);
 BATON_API int baton_store_client_dispatch(baton_store_client_t *client);
 

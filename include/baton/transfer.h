@@ -460,6 +460,19 @@ BATON_API int baton_xfer_mem_deregister(baton_xfer_engine_t *engine, baton_xfer_
  */
 BATON_API int baton_xfer_connect(baton_xfer_engine_t *engine, const char *host, int port);
 
+/*
+ * Decode side: forgets the peer at host:port (as given to baton_xfer_connect, _offer or _pull):
+ * its control connection closes and it is never reconnected; a later offer to host:port starts a
+ * fresh peer (a new handshake). A peer that rooms still use is dropped once the last of them has
+ * ended; an offer or connect made to it meanwhile keeps it. For engines that reach many
+ * short-lived peers (a store node pulling from every client that ever wrote to it): without it the
+ * engine keeps every peer it ever reached, and retries the gone ones with back-off, for its whole
+ * life. baton_xfer_stats_t counts the peers kept (peers) and those forgotten (peers_forgotten).
+ * Returns 0 (an unknown endpoint included: nothing to forget), BATON_XFER_EINVAL,
+ * BATON_XFER_ESHUTDOWN or BATON_XFER_ENOMEM.
+ */
+BATON_API int baton_xfer_forget(baton_xfer_engine_t *engine, const char *host, int port);
+
 /* ---- decode side: rooms ------------------------------------------------------------------- */
 
 typedef struct {
@@ -596,6 +609,42 @@ BATON_API int baton_xfer_room_complete(baton_xfer_room_t *room, const baton_xfer
  * Returns 0 or BATON_XFER_ECANCELED (already completed/closing).
  */
 BATON_API int baton_xfer_room_abort(baton_xfer_room_t *room, int reason);
+
+/* ---- served rooms: the prefill engine answers offers on its own ----------------------------- */
+
+/*
+ * A holder whose answer to an offer needs no decision of its own (a store node: the room id names
+ * the range of its memory to send) can let the engine answer on its progress thread, without the
+ * two hand-offs through the caller thread (room_cb, then the write and complete calls) that an
+ * ordinary room costs. For every OFFER of one layer of one page with no cached pages (first_page
+ * 0) the engine calls, ON ITS PROGRESS THREAD, serve(data, room_id, len, &mem, &off):
+ *   0: serve it: the engine writes [mem's address + off, + len) into the offered page and sends
+ *      DONE {status 0, first_token -1, no payload} once the write is acknowledged, exactly as
+ *      baton_xfer_write_room + baton_xfer_room_complete would (fencing, LAYER_DONE, transports:
+ *      unchanged). If the write fails the room is aborted (the puller's callback gets
+ *      BATON_XFER_EABORTED or the connection's error). A range outside `mem` aborts the room
+ *      with BATON_XFER_ERKEY, a region the room's transport cannot read with
+ *      BATON_XFER_ENOTSUP.
+ *   > 0: not served here: the room goes to room_cb as any other.
+ *   < 0: refused: the room is aborted with that reason (the puller's callback gets it when it
+ *      is BATON_XFER_ERKEY, BATON_XFER_ESTALE or BATON_XFER_ENOMEM, else BATON_XFER_EABORTED:
+ *      the rule of every abort by the prefill side).
+ * Served rooms never reach room_cb or room_closed_cb; baton_xfer_stats_t counts them as rooms.
+ * serve must be thread-safe and quick (it runs between the engine's socket reads), must not
+ * call into libbaton, and may only return regions of this engine that stay registered for the
+ * engine's life (a served write holds its region: baton_xfer_mem_deregister answers
+ * BATON_XFER_EBUSY meanwhile, but nothing stops a region being deregistered between serve's
+ * answer and the write taking its hold). Pull-mode exports are not consulted for served rooms.
+ *
+ * baton_xfer_engine_serve installs serve (cb NULL: removes it) for offers that arrive after the
+ * progress thread took the call (earlier ones reach room_cb). 0, BATON_XFER_EINVAL (no engine),
+ * BATON_XFER_ESHUTDOWN, BATON_XFER_ENOMEM. Any thread in own-progress mode, else the caller's.
+ */
+typedef int (*baton_xfer_serve_cb)(void *data, uint64_t room_id, uint64_t len,
+                                   baton_xfer_mem_t **mem_p, uint64_t *off_p);
+
+BATON_API int baton_xfer_engine_serve(baton_xfer_engine_t *engine, baton_xfer_serve_cb cb,
+                                      void *data);
 
 /* ---- pull mode: the holder keeps its pages until the puller fetches them -------------------- */
 
@@ -737,6 +786,8 @@ typedef struct {
     uint64_t staged_bytes;       /* device-memory bytes tcp copied through host bounce buffers
                                   * (sources and destinations) */
     uint64_t stage_buffer_bytes; /* pinned bounce-buffer bytes tcp holds now (gauge) */
+    uint64_t peers;              /* decode-side peers the engine keeps, up or not (gauge) */
+    uint64_t peers_forgotten;    /* peers dropped by baton_xfer_forget */
 } baton_xfer_stats_t;
 
 /* A snapshot of counters (relaxed atomics). Any thread. Fills the fields of 0.1 only (bytes_written

@@ -24,6 +24,7 @@ symbols (RelWithDebInfo, or Release with -g; -fno-omit-frame-pointer gives whole
 import glob
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -126,23 +127,65 @@ def request_args(args, kind):
         ["--stream"] if kind == "stream" else [])
 
 
+class PerfRecord:
+    """`perf record -g` on a process, its events off until enable() returns: perf acknowledges
+    on its control pipe once it is attached and sampling, so the samples cover the whole load
+    however long perf takes to start on a busy machine."""
+
+    ACK_WAIT_S = 120  # a bound on a stuck perf, not a timing expectation
+
+    def __init__(self, pid, freq, data):
+        ctl_r, self.ctl = os.pipe()
+        self.ack, ack_w = os.pipe()
+        self.p = subprocess.Popen(["perf", "record", "-g", "-F", str(freq), "-p", str(pid),
+                                   "-o", data, "--delay=-1", "--control", f"fd:{ctl_r},{ack_w}"],
+                                  pass_fds=(ctl_r, ack_w), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE)
+        os.close(ctl_r)
+        os.close(ack_w)
+
+    def command(self, cmd):
+        os.write(self.ctl, cmd.encode() + b"\n")
+        got = b""
+        while b"ack\n" not in got:
+            ready, _, _ = select.select([self.ack], [], [], self.ACK_WAIT_S)
+            chunk = os.read(self.ack, 64) if ready else b""
+            if not chunk:
+                self.p.kill()
+                _, err = self.p.communicate()
+                raise RuntimeError(f"perf record did not acknowledge '{cmd}': "
+                                   f"{err.decode(errors='replace')}")
+            got += chunk
+
+    def stop(self):
+        """Stops sampling and waits for perf to write its file; returns (returncode, stderr)."""
+        self.command("disable")
+        self.p.send_signal(signal.SIGINT)  # perf writes its file and exits
+        _, err = self.p.communicate(timeout=self.ACK_WAIT_S)
+        os.close(self.ctl)
+        os.close(self.ack)
+        return self.p.returncode, err
+
+
 def run_perf(lab, args, r, kind, out_prefix):
     req = request_args(args, kind)
+    # A smoke run is a number of requests, a full run a duration: the router's work (and so
+    # the samples) of a smoke does not shrink when a busy machine runs the load generator late.
+    span = (["--num-requests", args.smoke_requests] if args.smoke else
+            ["--duration", args.duration])
     if kind == "long":
         lab.bench(r.url, *req, "--num-requests", 1, label="warm")
-        load = req + ["--concurrency", 2, "--duration", args.duration]
+        load = req + ["--concurrency", 2] + span
     else:
-        load = req + ["--request-rate", args.rate, "--duration", args.duration]
+        load = req + ["--request-rate", args.rate] + span
     data = out_prefix + ".data"
-    perf = subprocess.Popen(["perf", "record", "-g", "-F", str(args.freq), "-p", str(r.pid),
-                             "-o", data], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    # perf attaches while baton-bench starts up; samples of the idle router cost nothing.
+    perf = PerfRecord(r.pid, args.freq, data)
+    perf.command("enable")
     c0 = scenlib.cpu_seconds(r.pid)
     out = lab.bench(r.url, *load, label=os.path.basename(out_prefix))
     c1 = scenlib.cpu_seconds(r.pid)
-    perf.send_signal(signal.SIGINT)  # perf writes its file and exits
-    _, err = perf.communicate(timeout=120)
-    if perf.returncode not in (0, -signal.SIGINT) or not os.path.exists(data):
+    rc, err = perf.stop()
+    if rc not in (0, -signal.SIGINT) or not os.path.exists(data):
         raise RuntimeError(f"perf record failed: {err.decode(errors='replace')}")
     n = max(out["completed"], 1)
     us = (c1 - c0) * 1e6 / n
@@ -165,15 +208,18 @@ def run_callgrind(lab, args, r, kind, out_prefix):
     subprocess.run(["callgrind_control", "-d", str(r.pid)], stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, check=True)
     dump = None
-    for _ in range(200):  # the dump is written by the router's own thread: bounded wait
-        new = set(glob.glob(out_prefix + ".cg*")) - before
-        if new:
-            dump = max(new, key=os.path.getmtime)
-            break
+    # The dump is written by the router's own thread: it is complete once its last line,
+    # "totals:", is there (a bound on a stuck router, not a timing expectation).
+    deadline = time.monotonic() + 120
+    while dump is None and time.monotonic() < deadline:
+        for path in set(glob.glob(out_prefix + ".cg*")) - before:
+            with open(path, "rb") as f:
+                f.seek(max(0, os.path.getsize(path) - 256))
+                if re.search(rb"^totals: \d+\s*$", f.read(), re.M):
+                    dump = path
         time.sleep(0.05)
     if dump is None:
-        raise RuntimeError("callgrind wrote no dump")
-    time.sleep(0.2)  # let the write finish
+        raise RuntimeError("callgrind wrote no complete dump")
     n = max(out["completed"] + out["failed"], 1)
     total, fns = callgrind_functions(dump)
     total /= n
@@ -234,8 +280,9 @@ def main():
     ap.add_argument("--out-dir", help="keep the perf.data / callgrind files here (default: the "
                     "lab's temporary directory, removed unless --keep)")
     args = ap.parse_args()
+    args.smoke_requests = 300  # perf: a smoke's requests per case (see run_perf)
     if args.smoke:
-        args.cases, args.rate, args.duration = "pd-stream,regular-long", 100.0, 1.0
+        args.cases, args.rate, args.duration = "pd-stream,regular-long", 300.0, 1.0
         args.long_input_len, args.requests = 20000, 40
     cases = [c for c in args.cases.split(",") if c]
     for c in cases:
@@ -255,9 +302,10 @@ def main():
     print(f"== router profile ({what}) ==")
     print(scenlib.machine_line())
     if args.tool == "perf":
+        each = f"{args.smoke_requests} requests" if args.smoke else f"{args.duration:g}s"
         print(f"short cases: chat, 128 prompt words, 16 output tokens, {args.rate:g} req/s "
               f"Poisson; long cases: {args.long_input_len} prompt words, non-streaming, "
-              f"concurrency 2; {args.duration:g}s each, perf at {args.freq} Hz")
+              f"concurrency 2; {each} each, perf at {args.freq} Hz")
     else:
         print(f"short cases: chat, 128 prompt words, 16 output tokens, {args.requests} "
               f"requests; long cases: {args.long_input_len} prompt words, non-streaming, "

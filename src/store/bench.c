@@ -24,9 +24,11 @@ typedef struct {
     const char *master, *host, *secret_file, *ns;
     uint64_t size;
     uint32_t batch, rounds, replicas, duration_s, keys, interval_ms;
+    uint32_t reads, reads_left; /* gets of each round's batch (after the first: located) */
     uint64_t last_print_ms;
     uint8_t secret[BATON_XFER_SECRET_MAX];
     size_t secret_len;
+    baton_xfer_transport_t transport; /* tried first; tcp after it */
     uv_loop_t *loop;
     baton_xfer_engine_t *eng;
     baton_store_client_t *cl;
@@ -89,6 +91,22 @@ static void round_done(bench_t *b)
     uv_timer_start(&b->pause, on_pause, b->last_error ? 100 : b->interval_ms, 0);
 }
 
+static void on_get(void *data, int status, const baton_store_result_t *res, size_t n,
+                   size_t prefix);
+
+static void start_get(bench_t *b)
+{
+    b->reads_left--;
+    memset(baton_xfer_mem_addr(b->dst), 0, (size_t)b->size * b->batch);
+    b->t0 = uv_hrtime();
+    int rc = baton_store_get(b->cl, b->objs, b->batch, on_get, b);
+    if (rc != 0) {
+        b->get_failed += b->batch;
+        b->last_error = rc;
+        round_done(b);
+    }
+}
+
 static void on_get(void *data, int status, const baton_store_result_t *res, size_t n, size_t prefix)
 {
     bench_t *b = data;
@@ -116,7 +134,10 @@ static void on_get(void *data, int status, const baton_store_result_t *res, size
         b->bytes_got += b->size;
     }
     free(want);
-    round_done(b);
+    if (b->reads_left > 0 && status == 0)
+        start_get(b);
+    else
+        round_done(b);
 }
 
 static void on_put(void *data, int status, const baton_store_result_t *res, size_t n, size_t prefix)
@@ -142,14 +163,8 @@ static void on_put(void *data, int status, const baton_store_result_t *res, size
     }
     for (uint32_t i = 0; i < b->batch; i++)
         b->objs[i].addr = (uint8_t *)baton_xfer_mem_addr(b->dst) + (uint64_t)i * b->size;
-    memset(baton_xfer_mem_addr(b->dst), 0, (size_t)b->size * b->batch);
-    b->t0 = uv_hrtime();
-    int rc = baton_store_get(b->cl, b->objs, b->batch, on_get, b);
-    if (rc != 0) {
-        b->get_failed += b->batch;
-        b->last_error = rc;
-        round_done(b);
-    }
+    b->reads_left = b->reads;
+    start_get(b);
 }
 
 static void next_round(bench_t *b)
@@ -184,55 +199,93 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* p50 of n one-byte ping-pongs over a loopback TCP connection (both ends in this thread,
- * blocking sockets: the kernel's round trip without a second process's scheduling). */
-static uint64_t tcp_rtt_p50_ns(int n)
+/* A connected loopback TCP pair (c, a) with Nagle off. 0, or -1 with nothing left open. */
+static int loopback_pair(int *c_p, int *a_p)
 {
     int l = socket(AF_INET, SOCK_STREAM, 0), a = -1, c = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {0};
     socklen_t sl = sizeof(sa);
     sa.sin_family = AF_INET;
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    uint64_t *t = calloc((size_t)n, sizeof(*t)), p50 = 0;
     int one = 1;
-    if (t && l >= 0 && c >= 0 && bind(l, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-        listen(l, 1) == 0 && getsockname(l, (struct sockaddr *)&sa, &sl) == 0 &&
-        connect(c, (struct sockaddr *)&sa, sizeof(sa)) == 0 && (a = accept(l, NULL, NULL)) >= 0) {
-        setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        setsockopt(a, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        char x = 'x';
-        int i;
-        for (i = 0; i < n; i++) {
-            uint64_t t0 = uv_hrtime();
-            if (write(c, &x, 1) != 1 || read(a, &x, 1) != 1 || write(a, &x, 1) != 1 ||
-                read(c, &x, 1) != 1)
-                break;
-            t[i] = uv_hrtime() - t0;
-        }
-        qsort(t, (size_t)i, sizeof(*t), cmp_u64);
-        p50 = i ? t[i / 2] : 0;
-    }
-    free(t);
-    if (a >= 0)
-        close(a);
+    if (l >= 0 && c >= 0 && bind(l, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(l, 1) == 0 &&
+        getsockname(l, (struct sockaddr *)&sa, &sl) == 0 &&
+        connect(c, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+        a = accept(l, NULL, NULL);
     if (l >= 0)
         close(l);
-    if (c >= 0)
-        close(c);
+    if (a < 0) {
+        if (c >= 0)
+            close(c);
+        return -1;
+    }
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(a, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    *c_p = c;
+    *a_p = a;
+    return 0;
+}
+
+/* The echoing end of a two-thread round trip. */
+static void echo_thread(void *arg)
+{
+    int fd = *(int *)arg;
+    char x;
+    while (read(fd, &x, 1) == 1 && write(fd, &x, 1) == 1)
+        ;
+}
+
+/* p50 of n one-byte ping-pongs over loopback TCP. threads 1: both ends in this thread (blocking
+ * sockets): the kernel's round trip without any wake-up. threads 2: the echoing end on another
+ * thread, so each direction wakes a sleeping thread, as every hop between two processes (client,
+ * master, node) does. */
+static uint64_t tcp_rtt_p50_ns(int n, int threads)
+{
+    int c, a;
+    uint64_t *t = calloc((size_t)n, sizeof(*t)), p50 = 0;
+    uv_thread_t th;
+    if (t == NULL || loopback_pair(&c, &a) != 0) {
+        free(t);
+        return 0;
+    }
+    if (threads == 2 && uv_thread_create(&th, echo_thread, &a) != 0)
+        threads = 0;
+    char x = 'x';
+    int i;
+    for (i = 0; threads && i < n; i++) {
+        uint64_t t0 = uv_hrtime();
+        if (write(c, &x, 1) != 1 ||
+            (threads == 1 && (read(a, &x, 1) != 1 || write(a, &x, 1) != 1)) || read(c, &x, 1) != 1)
+            break;
+        t[i] = uv_hrtime() - t0;
+    }
+    if (threads == 2) {
+        shutdown(c, SHUT_WR); /* the echo thread reads EOF and ends */
+        uv_thread_join(&th);
+    }
+    qsort(t, (size_t)i, sizeof(*t), cmp_u64);
+    p50 = i ? t[i / 2] : 0;
+    free(t);
+    close(a);
+    close(c);
     return p50;
 }
 
+/* Phases of --latency: gets through the location cache (the object located within its lease),
+ * gets that ask the master each time (a second client without the cache), exists alone. */
+enum { LAT_CACHED, LAT_MASTER, LAT_EXISTS, LAT_PHASES };
+
 typedef struct {
     bench_t *b;
-    int n, i;
-    uint64_t *lat, t0;
-    int failed;
+    baton_store_client_t *uncached;
+    int n, phase, i, failed;
+    uint64_t *lat[LAT_PHASES], t0;
 } lat_t;
 
 static void lat_next(lat_t *L);
 
-static void on_lat_get(void *data, int status, const baton_store_result_t *res, size_t n,
-                       size_t prefix)
+static void on_lat_done(void *data, int status, const baton_store_result_t *res, size_t n,
+                        size_t prefix)
 {
     lat_t *L = data;
     (void)n;
@@ -240,18 +293,30 @@ static void on_lat_get(void *data, int status, const baton_store_result_t *res, 
     if (status != 0 || res[0].status != 0)
         L->failed++;
     else
-        L->lat[L->i++] = uv_hrtime() - L->t0;
-    if (L->i >= L->n || L->failed > 10) {
+        L->lat[L->phase][L->i++] = uv_hrtime() - L->t0;
+    if (L->failed > 10) {
         uv_stop(L->b->loop);
         return;
+    }
+    if (L->i >= L->n) {
+        L->i = 0;
+        if (++L->phase == LAT_PHASES) {
+            uv_stop(L->b->loop);
+            return;
+        }
     }
     lat_next(L);
 }
 
 static void lat_next(lat_t *L)
 {
+    const char *key = L->b->objs[0].key;
     L->t0 = uv_hrtime();
-    if (baton_store_get(L->b->cl, L->b->objs, 1, on_lat_get, L) != 0) {
+    int rc = L->phase == LAT_EXISTS
+                 ? baton_store_exists(L->b->cl, &key, 1, on_lat_done, L)
+                 : baton_store_get(L->phase == LAT_CACHED ? L->b->cl : L->uncached, L->b->objs, 1,
+                                   on_lat_done, L);
+    if (rc != 0) {
         L->failed = 100;
         uv_stop(L->b->loop);
     }
@@ -272,10 +337,20 @@ static void on_lat_put(void *data, int status, const baton_store_result_t *res, 
     lat_next(L);
 }
 
-static int run_latency(bench_t *b, int n)
+static double pct_us(const uint64_t *v, int n, int pct)
 {
-    lat_t L = {b, n, 0, calloc((size_t)n, sizeof(uint64_t)), 0, 0};
-    if (L.lat == NULL)
+    return (double)v[(size_t)n * (size_t)pct / 100] / 1e3;
+}
+
+static int run_latency(bench_t *b, const baton_store_config_t *sc, int n)
+{
+    lat_t L = {b, NULL, n, 0, 0, 0, {NULL}, 0};
+    baton_store_config_t c2 = *sc;
+    c2.location_cache = 0;
+    int ok = baton_store_client_create(b->loop, &c2, &L.uncached) == 0;
+    for (int p = 0; p < LAT_PHASES; p++)
+        ok = ok && (L.lat[p] = calloc((size_t)n, sizeof(uint64_t))) != NULL;
+    if (!ok)
         return 2;
     snprintf(b->keys_buf[0], sizeof(b->keys_buf[0]), "bench-lat-%d", (int)getpid());
     fill(baton_xfer_mem_addr(b->src), b->size, 1, 0);
@@ -283,20 +358,125 @@ static int run_latency(bench_t *b, int n)
     if (baton_store_put(b->cl, b->objs, 1, NULL, on_lat_put, &L) != 0)
         return 2;
     uv_run(b->loop, UV_RUN_DEFAULT);
-    if (L.i == 0) {
-        free(L.lat);
+    if (L.phase < LAT_PHASES)
         return 2;
-    }
-    qsort(L.lat, (size_t)L.i, sizeof(*L.lat), cmp_u64);
-    uint64_t rtt = tcp_rtt_p50_ns(1000);
+    for (int p = 0; p < LAT_PHASES; p++)
+        qsort(L.lat[p], (size_t)n, sizeof(uint64_t), cmp_u64);
+    uint64_t rtt = tcp_rtt_p50_ns(1000, 1), rtt2 = tcp_rtt_p50_ns(1000, 2);
+    double p50 = pct_us(L.lat[LAT_CACHED], n, 50);
     printf("{\"latency\":true,\"size\":%llu,\"gets\":%d,\"failed\":%d,\"get_p50_us\":%.1f,"
-           "\"get_p99_us\":%.1f,\"tcp_rtt_p50_us\":%.1f,\"p50_over_rtt\":%.1f}\n",
-           (unsigned long long)b->size, L.i, L.failed, (double)L.lat[L.i / 2] / 1e3,
-           (double)L.lat[(size_t)L.i * 99 / 100] / 1e3, (double)rtt / 1e3,
-           rtt ? (double)L.lat[L.i / 2] / (double)rtt : 0.0);
+           "\"get_p99_us\":%.1f,\"get_via_master_p50_us\":%.1f,\"get_via_master_p99_us\":%.1f,"
+           "\"exists_p50_us\":%.1f,\"tcp_rtt_p50_us\":%.1f,\"tcp_rtt_2threads_p50_us\":%.1f,"
+           "\"p50_over_rtt\":%.1f}\n",
+           (unsigned long long)b->size, n, L.failed, p50, pct_us(L.lat[LAT_CACHED], n, 99),
+           pct_us(L.lat[LAT_MASTER], n, 50), pct_us(L.lat[LAT_MASTER], n, 99),
+           pct_us(L.lat[LAT_EXISTS], n, 50), (double)rtt / 1e3, (double)rtt2 / 1e3,
+           rtt ? p50 * 1e3 / (double)rtt : 0.0);
     fflush(stdout);
-    free(L.lat);
+    for (int p = 0; p < LAT_PHASES; p++)
+        free(L.lat[p]);
     return L.failed ? 1 : 0;
+}
+
+/* ---- --exists N: N objects of --size put in batches of --batch, then batches of exists over
+ * them for --duration-s through a client that locates (the API's default) and one that does not.
+ * ---- */
+
+typedef struct {
+    bench_t *b;
+    baton_store_client_t *plain; /* location_cache 0: a plain exists */
+    uint64_t n, next, done;
+    const char **keys;
+    int phase; /* 0 put, 1 exists (locating), 2 exists (plain) */
+    uint64_t t0, deadline_ms;
+    double put_s, keys_per_s[2];
+    int failed;
+} ex_t;
+
+static void ex_next(ex_t *E);
+
+static void ex_keys(ex_t *E, uint64_t first, uint32_t count)
+{
+    for (uint32_t j = 0; j < count; j++) {
+        snprintf(E->b->keys_buf[j], sizeof(E->b->keys_buf[j]), "ex-%d-%llu", (int)getpid(),
+                 (unsigned long long)(first + j));
+        E->keys[j] = E->b->keys_buf[j];
+    }
+}
+
+static void on_ex_done(void *data, int status, const baton_store_result_t *res, size_t n,
+                       size_t prefix)
+{
+    ex_t *E = data;
+    (void)prefix;
+    for (size_t i = 0; i < n; i++)
+        if (status != 0 || res[i].status != 0)
+            E->failed++;
+    E->done += n;
+    if (E->failed) {
+        uv_stop(E->b->loop);
+        return;
+    }
+    uint64_t now = uv_hrtime();
+    if (E->phase == 0 && E->done >= E->n) {
+        E->put_s = (double)(now - E->t0) / 1e9;
+    } else if (E->phase > 0 && baton_now_ms() >= E->deadline_ms) {
+        E->keys_per_s[E->phase - 1] = (double)E->done / ((double)(now - E->t0) / 1e9);
+    } else {
+        ex_next(E);
+        return;
+    }
+    if (++E->phase == 3) {
+        uv_stop(E->b->loop);
+        return;
+    }
+    E->done = E->next = 0;
+    E->t0 = uv_hrtime();
+    E->deadline_ms = baton_now_ms() + (uint64_t)(E->b->duration_s ? E->b->duration_s : 3) * 1000;
+    ex_next(E);
+}
+
+static void ex_next(ex_t *E)
+{
+    bench_t *b = E->b;
+    uint64_t first = E->next % E->n;
+    uint32_t count = (uint32_t)(E->n - first < b->batch ? E->n - first : b->batch);
+    E->next += count;
+    ex_keys(E, first, count);
+    int rc;
+    if (E->phase == 0) {
+        for (uint32_t j = 0; j < count; j++)
+            b->objs[j] = (baton_store_obj_t){
+                E->keys[j], (uint8_t *)baton_xfer_mem_addr(b->src) + j * b->size, b->size};
+        rc = baton_store_put(b->cl, b->objs, count, NULL, on_ex_done, E);
+    } else {
+        rc = baton_store_exists(E->phase == 1 ? b->cl : E->plain, E->keys, count, on_ex_done, E);
+    }
+    if (rc != 0) {
+        E->failed++;
+        uv_stop(b->loop);
+    }
+}
+
+static int run_exists(bench_t *b, const baton_store_config_t *sc, uint64_t n)
+{
+    ex_t E = {b, NULL, n, 0, 0, calloc(b->batch, sizeof(char *)), 0, 0, 0, 0, {0, 0}, 0};
+    baton_store_config_t c2 = *sc;
+    c2.location_cache = 0;
+    if (E.keys == NULL || baton_store_client_create(b->loop, &c2, &E.plain) != 0)
+        return 2;
+    fill(baton_xfer_mem_addr(b->src), b->size * b->batch, 7, 0);
+    E.t0 = uv_hrtime();
+    ex_next(&E);
+    uv_run(b->loop, UV_RUN_DEFAULT);
+    printf("{\"exists\":true,\"objects\":%llu,\"size\":%llu,\"batch\":%u,\"failed\":%d,"
+           "\"puts_per_s\":%.0f,\"exists_locating_keys_per_s\":%.0f,"
+           "\"exists_plain_keys_per_s\":%.0f}\n",
+           (unsigned long long)n, (unsigned long long)b->size, b->batch, E.failed,
+           E.put_s > 0 ? (double)n / E.put_s : 0.0, E.keys_per_s[0], E.keys_per_s[1]);
+    fflush(stdout);
+    free(E.keys);
+    return E.failed || E.phase < 3 ? 1 : 0;
 }
 
 static double memcpy_gbps(uint64_t len)
@@ -353,6 +533,9 @@ static int parse_size(const char *s, uint64_t *v)
 }
 
 int baton__bench_main(int argc, char **argv);
+int baton__bench_meta_scale(uint64_t n);
+int baton__bench_own_progress(const char *master, const uint8_t *secret, size_t secret_len,
+                              uint64_t size, uint32_t batch);
 
 int baton__bench_main(int argc, char **argv)
 {
@@ -368,16 +551,24 @@ int baton__bench_main(int argc, char **argv)
         {"namespace", required_argument, NULL, 'n'},
         {"interval-ms", required_argument, NULL, 'i'},
         {"latency", required_argument, NULL, 'L'},
+        {"transport", required_argument, NULL, 't'},
+        {"reads", required_argument, NULL, 'G'},
+        {"exists", required_argument, NULL, 'E'},
+        {"meta-objects", required_argument, NULL, 'M'},
+        {"own-progress", no_argument, NULL, 'O'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     bench_t b;
     int latency_n = 0;
+    uint64_t exists_n = 0;
+    int own_progress = 0;
     memset(&b, 0, sizeof(b));
     b.size = 1 << 20;
     b.batch = 128;
     b.rounds = 3;
     b.replicas = 1;
+    b.reads = 1;
     int o;
     optind = 1;
     while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -413,6 +604,23 @@ int baton__bench_main(int argc, char **argv)
         case 'i':
             b.interval_ms = (uint32_t)atoi(optarg);
             break;
+        case 'G':
+            b.reads = (uint32_t)atoi(optarg);
+            break;
+        case 'E':
+            exists_n = strtoull(optarg, NULL, 10);
+            if (exists_n == 0)
+                return 2;
+            break;
+        case 'M':
+            return baton__bench_meta_scale(strtoull(optarg, NULL, 10));
+        case 'O':
+            own_progress = 1;
+            break;
+        case 't':
+            if (baton_xfer_transport_parse(optarg, &b.transport) != 0)
+                return 2;
+            break;
         case 'L':
             latency_n = atoi(optarg);
             if (latency_n <= 0)
@@ -421,9 +629,20 @@ int baton__bench_main(int argc, char **argv)
         case 'h':
             printf("usage: baton-store bench --master H:P [--size N[K|M]] [--batch N] "
                    "[--rounds N | --duration-s S] [--replicas N] [--kv-secret-file F] "
-                   "[--host H] [--namespace NS] [--interval-ms N] [--latency N]\n"
-                   "--latency N: one object of --size read N times: p50 / p99 beside the p50 "
-                   "round trip of loopback TCP\n"
+                   "[--host H] [--namespace NS] [--interval-ms N] [--latency N] "
+                   "[--transport tcp|shm|rdma] [--reads N] [--exists N] [--meta-objects N] "
+                   "[--own-progress]\n"
+                   "--reads N: gets of each round's batch (default 1; later ones find the "
+                   "objects through the location cache)\n"
+                   "--exists N: N objects of --size put in batches, then exists over them for "
+                   "--duration-s (3) locating and plain: keys/s\n"
+                   "--meta-objects N: the master's object table in this process with N objects "
+                   "(no master needed): heap per object, exists/s on one core\n"
+                   "--own-progress: one batch put, read back, checked, from a client and an "
+                   "engine without a loop (own-progress mode)\n"
+                   "--latency N: one object of --size read N times through the location cache, N "
+                   "times asking the master, and N exists: p50 / p99 beside loopback TCP's round "
+                   "trip (one thread, and two threads)\n"
                    "round lines report cumulative counts and GB/s (with --duration-s at most "
                    "two a second, and every failed round)\n");
             return 0;
@@ -432,7 +651,7 @@ int baton__bench_main(int argc, char **argv)
         }
     }
     if (b.master == NULL || b.batch == 0 || b.batch > BATON_STORE_BATCH_MAX || b.rounds == 0 ||
-        b.replicas == 0 || b.replicas > BATON_STORE_REPLICAS_MAX) {
+        b.reads == 0 || b.replicas == 0 || b.replicas > BATON_STORE_REPLICAS_MAX) {
         fprintf(stderr, "baton-store bench: --master H:P is required; batch 1..%d\n",
                 BATON_STORE_BATCH_MAX);
         return 2;
@@ -440,11 +659,18 @@ int baton__bench_main(int argc, char **argv)
     if (b.secret_file &&
         baton__store_read_secret(b.secret_file, b.secret, sizeof(b.secret), &b.secret_len) != 0)
         return 2;
+    if (own_progress)
+        return baton__bench_own_progress(b.master, b.secret, b.secret_len, b.size, b.batch);
     b.loop = uv_default_loop();
     baton_xfer_config_t xc;
     baton_xfer_config_init(&xc);
     xc.listen_host = b.host ? b.host : "127.0.0.1";
     xc.log_level = BATON_XFER_LOG_WARN;
+    if (b.transport && b.transport != BATON_XFER_TRANSPORT_TCP) {
+        xc.transports[0] = b.transport;
+        xc.transports[1] = BATON_XFER_TRANSPORT_TCP;
+        xc.n_transports = 2;
+    }
     if (b.secret_len) {
         xc.secret = b.secret;
         xc.secret_len = b.secret_len;
@@ -474,7 +700,11 @@ int baton__bench_main(int argc, char **argv)
     }
     if (latency_n) {
         fflush(stdout);
-        _exit(run_latency(&b, latency_n));
+        _exit(run_latency(&b, &sc, latency_n));
+    }
+    if (exists_n) {
+        fflush(stdout);
+        _exit(run_exists(&b, &sc, exists_n));
     }
     printf("{\"memcpy_GBps\":%.3f,\"size\":%llu,\"batch\":%u,\"replicas\":%u}\n",
            memcpy_gbps(b.size * b.batch), (unsigned long long)b.size, b.batch, b.replicas);

@@ -26,6 +26,7 @@ void baton_store_config_init(baton_store_config_t *cfg)
     cfg->request_timeout_ms = 5000;
     cfg->reconnect_min_ms = 50;
     cfg->reconnect_max_ms = 2000;
+    cfg->location_cache = 4096;
 }
 
 void baton_store_put_opts_init(baton_store_put_opts_t *opts)
@@ -43,8 +44,6 @@ int baton_store_client_create(uv_loop_t *loop, const baton_store_config_t *cfg_i
     if (cfg_in == NULL || cfg_in->size < offsetof(baton_store_config_t, host))
         return BATON_XFER_EINVAL;
     memcpy(&cfg, cfg_in, cfg_in->size < sizeof(cfg) ? cfg_in->size : sizeof(cfg));
-    if (loop == NULL)
-        return BATON_XFER_ENOTSUP;
     if (cfg.master == NULL || cfg.engine == NULL ||
         (cfg.secret &&
          (cfg.secret_len < BATON_XFER_SECRET_MIN || cfg.secret_len > BATON_XFER_SECRET_MAX)))
@@ -61,8 +60,19 @@ int baton_store_client_create(uv_loop_t *loop, const baton_store_config_t *cfg_i
         free(cl);
         return BATON_XFER_EINVAL;
     }
-    cl->loop = loop;
     cl->eng = cfg.engine;
+    if ((loop == NULL) != (baton_xfer_engine_fd(cfg.engine) >= 0)) {
+        free(cl);
+        return BATON_XFER_EINVAL; /* the client adopts the engine's mode */
+    }
+    if (loop == NULL) {
+        int rc = baton__own_start(cl, &loop);
+        if (rc != 0) {
+            free(cl);
+            return rc;
+        }
+    }
+    cl->loop = loop;
     snprintf(cl->ns, sizeof(cl->ns), "%s", cfg.ns ? cfg.ns : "default");
     snprintf(cl->host, sizeof(cl->host), "%s", cfg.host ? cfg.host : "127.0.0.1");
     snprintf(cl->id, sizeof(cl->id), "%s", baton_xfer_engine_id(cfg.engine));
@@ -77,31 +87,35 @@ int baton_store_client_create(uv_loop_t *loop, const baton_store_config_t *cfg_i
     cl->so.max_body = BATON__SP_REPLY_MAX;
     if (getrandom(&cl->key_seq, sizeof(cl->key_seq), 0) != sizeof(cl->key_seq))
         cl->key_seq = uv_hrtime();
-    int rc = etcd ? baton__resolver_create(loop, cfg.master, &cl->resolver) : 0;
+    int rc = baton__loc_init(cl, cfg.location_cache);
+    if (rc == 0 && etcd)
+        rc = baton__resolver_create(loop, cfg.master, &cl->resolver);
     if (rc == 0)
         rc = baton__srpc_create(&cl->so, mhost, mport, BATON_STORE_ENOLEADER, &cl->master);
+    if (rc == 0 && cl->resolver)
+        baton__srpc_set_resolver(cl->master, cl->resolver);
+    if (rc == 0 && cl->own)
+        rc = baton__own_run(cl);
     if (rc != 0) {
+        if (cl->master)
+            baton__srpc_destroy(cl->master);
         if (cl->resolver)
             baton__resolver_close(cl->resolver);
+        if (cl->own)
+            baton__own_abort(cl);
+        baton__loc_free(cl);
         free(cl);
         return rc;
     }
-    if (cl->resolver)
-        baton__srpc_set_resolver(cl->master, cl->resolver);
     *client_p = cl;
     return 0;
 }
 
-int baton_store_client_fd(const baton_store_client_t *client)
+void baton__client_free(baton_store_client_t *cl)
 {
-    (void)client;
-    return -1;
-}
-
-int baton_store_client_dispatch(baton_store_client_t *client)
-{
-    (void)client;
-    return BATON_XFER_ENOTSUP;
+    baton__loc_free(cl);
+    free(cl->nodes);
+    free(cl);
 }
 
 static void on_close_poll(uv_timer_t *t)
@@ -113,12 +127,16 @@ static void on_close_poll(uv_timer_t *t)
     if (cl->close_cb)
         cl->close_cb(cl, cl->close_data);
     uv_close((uv_handle_t *)t, NULL);
-    free(cl->nodes);
-    free(cl); /* the timer is not used after uv_close here: no callback was given */
+    if (cl->own == NULL)        /* own-progress: freed by the host's dispatch, after its close_cb */
+        baton__client_free(cl); /* the timer is not used after uv_close: no callback was given */
 }
 
 void baton_store_client_destroy(baton_store_client_t *cl, baton_store_close_cb close_cb, void *data)
 {
+    if (cl->own && !baton__own_here(cl)) {
+        (void)baton__own_destroy(cl, close_cb, data); /* fails only for a second destroy */
+        return;
+    }
     cl->closing = 1;
     cl->close_cb = close_cb;
     cl->close_data = data;
@@ -173,10 +191,8 @@ void baton__op_finish(op_t *op, int status)
             prefix++;
     }
     op->cb(op->data, status, op->res, op->n, prefix);
-    for (size_t i = 0; i < op->n; i++) {
-        free(op->o[i].slices);
-        free(op->o[i].slice_try);
-    }
+    for (size_t i = 0; i < op->n; i++)
+        baton__obj_reset(&op->o[i]);
     op->cl->ops--;
     free(op->nodes);
     free(op->o);
@@ -275,8 +291,22 @@ int baton__op_take_placement(op_t *op, oobj_t *o, const baton__sp_msg_t *r,
     (void)op;
 }
 
-const baton__sp_node_t *baton__op_node(const op_t *op, uint32_t node)
+void baton__obj_reset(oobj_t *o)
 {
+    free(o->slices);
+    free(o->slice_try);
+    free(o->nodes);
+    o->slices = NULL;
+    o->slice_try = NULL;
+    o->nodes = NULL;
+    o->n_nodes = o->n_replicas = o->n_slices = 0;
+}
+
+const baton__sp_node_t *baton__op_node(const op_t *op, const oobj_t *o, uint32_t node)
+{
+    for (uint32_t i = 0; o->nodes && i < o->n_nodes; i++)
+        if (o->nodes[i].node == node)
+            return &o->nodes[i];
     for (uint32_t i = 0; i < op->n_nodes; i++)
         if (op->nodes[i].node == node)
             return &op->nodes[i];
@@ -307,14 +337,34 @@ uint64_t baton__slice_obj_off(const oobj_t *o, uint32_t s)
 /* ---- exists, remove ---------------------------------------------------------------------------
  */
 
+/* An exists answered with placements (BATON__SP_F_LOCATE): remember them with their lease. */
+static void remember_located(op_t *op, oobj_t *o, const baton__sp_msg_t *r,
+                             const baton__sp_ritem_t *it)
+{
+    if (it->status != 0 || it->n_slices == 0 || it->lease_ms == 0)
+        return;
+    o->crc = it->crc;
+    o->lease_ms = it->lease_ms;
+    o->lease_start_ms = op->start_ms;
+    if (baton__op_take_placement(op, o, r, it) == 0)
+        baton__loc_put(op->cl, op, o);
+    baton__obj_reset(o);
+}
+
 static void on_simple_reply(void *data, int status, baton__sp_msg_t *r)
 {
     op_t *op = data;
     status = baton__op_reply_status(op, status, r);
+    if (status == 0 && op->type == BATON__SP_EXISTS && r->n_slices > 0 &&
+        baton__op_keep_nodes(op, r) == 0)
+        for (size_t i = 0; i < op->n; i++)
+            remember_located(op, &op->o[i], r, &r->ritems[i]);
     for (size_t i = 0; status == 0 && i < op->n; i++) {
         op->o[i].status = r->ritems[i].status;
         op->o[i].obj_len = r->ritems[i].len;
         op->o[i].n_replicas = r->ritems[i].n_replicas;
+        if (op->type == BATON__SP_REMOVE)
+            baton__loc_drop(op->cl, op->o[i].key);
     }
     baton__op_finish(op, status);
 }
@@ -322,13 +372,17 @@ static void on_simple_reply(void *data, int status, baton__sp_msg_t *r)
 static int simple_call(baton_store_client_t *cl, uint8_t type, const char *const *keys, size_t n,
                        baton_store_batch_cb cb, void *data)
 {
-    if (cl->closing)
-        return BATON_XFER_ESHUTDOWN;
     if (keys == NULL || n == 0 || n > BATON_STORE_BATCH_MAX || cb == NULL)
         return BATON_XFER_EINVAL;
+    if (cl->own && !baton__own_here(cl))
+        return baton__own_post(cl, type, NULL, keys, n, NULL, cb, data);
+    if (cl->closing)
+        return BATON_XFER_ESHUTDOWN;
     op_t *op = baton__op_new(cl, type, n, cb, data);
     if (op == NULL)
         return BATON_XFER_ENOMEM;
+    if (type == BATON__SP_EXISTS && cl->n_locs)
+        op->flags = BATON__SP_F_LOCATE;
     return baton__op_send(op, keys, NULL, on_simple_reply);
 }
 

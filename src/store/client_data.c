@@ -141,7 +141,7 @@ static int start_slice_write(op_t *op, uint32_t i, uint32_t rep, uint32_t s)
     baton_store_client_t *cl = op->cl;
     oobj_t *o = &op->o[i];
     const baton__slice_t *sl = &o->slices[(size_t)rep * o->n_slices + s];
-    const baton__sp_node_t *nd = baton__op_node(op, sl->node);
+    const baton__sp_node_t *nd = baton__op_node(op, o, sl->node);
     if (nd == NULL)
         return BATON_XFER_EPROTO;
     baton__srpc_t *rpc = baton__client_node_rpc(cl, nd->host, nd->ctrl_port);
@@ -218,14 +218,16 @@ int baton_store_put(baton_store_client_t *cl, const baton_store_obj_t *objs, siz
             return BATON_XFER_EINVAL;
         memcpy(&opts, opts_in, opts_in->size < sizeof(opts) ? opts_in->size : sizeof(opts));
     }
-    if (cl->closing)
-        return BATON_XFER_ESHUTDOWN;
     if (objs == NULL || n == 0 || n > BATON_STORE_BATCH_MAX || cb == NULL || opts.replicas == 0 ||
         opts.replicas > BATON_STORE_REPLICAS_MAX || baton_xfer_engine_listen_port(cl->eng) <= 0)
         return BATON_XFER_EINVAL;
     for (size_t i = 0; i < n; i++)
         if (objs[i].addr == NULL || objs[i].len == 0)
             return BATON_XFER_EINVAL;
+    if (cl->own && !baton__own_here(cl))
+        return baton__own_post(cl, BATON__SP_PUT_START, objs, NULL, n, &opts, cb, data);
+    if (cl->closing)
+        return BATON_XFER_ESHUTDOWN;
     op_t *op = baton__op_new(cl, BATON__SP_PUT_START, n, cb, data);
     if (op == NULL)
         return BATON_XFER_ENOMEM;
@@ -248,11 +250,17 @@ static void get_obj_done(op_t *op, oobj_t *o)
 {
     if (o->status == 0 && baton_store_crc32c(0, o->addr, o->obj_len) != o->crc)
         o->status = BATON_STORE_ECHECKSUM;
-    if (o->status == 0 && !baton__store_lease_ok(op->start_ms, o->lease_ms, baton_now_ms()))
+    if (o->status == 0 && !baton__store_lease_ok(o->lease_start_ms, o->lease_ms, baton_now_ms()))
         o->status = BATON_STORE_ELEASE;
     if (o->status == BATON_STORE_ECHECKSUM)
         log_warn(COMP, "store_checksum_mismatch key_len=%zu", strlen(o->key));
+    if (o->status == 0 && !op->cached)
+        baton__loc_put(op->cl, op, o);
+    else if (o->status != 0)
+        baton__loc_drop(op->cl, o->key);
 }
+
+static void get_done(op_t *op);
 
 static void on_slice_read(void *data, uint64_t room_id, int status, const baton_xfer_done_t *done);
 
@@ -263,7 +271,7 @@ static int read_slice(sread_t *rd)
     oobj_t *o = &op->o[rd->obj];
     const baton__slice_t *sl =
         &o->slices[(size_t)o->slice_try[rd->slice] * o->n_slices + rd->slice];
-    const baton__sp_node_t *nd = baton__op_node(op, sl->node);
+    const baton__sp_node_t *nd = baton__op_node(op, o, sl->node);
     if (nd == NULL)
         return BATON_XFER_EPROTO;
     baton_xfer_iov_t page = {o->addr + baton__slice_obj_off(o, rd->slice), sl->len};
@@ -299,7 +307,31 @@ static void on_slice_read(void *data, uint64_t room_id, int status, const baton_
     if (--o->pending == 0)
         get_obj_done(op, o);
     if (--op->pending == 0)
-        baton__op_finish(op, 0);
+        get_done(op);
+}
+
+/* Starts the reads of every slice of object i (its placement known). */
+static void read_obj(op_t *op, uint32_t i)
+{
+    oobj_t *o = &op->o[i];
+    o->pending = 1; /* guard */
+    for (uint32_t s = 0; o->status == 0 && s < o->n_slices; s++) {
+        sread_t *rd = calloc(1, sizeof(*rd));
+        if (rd == NULL) {
+            o->status = BATON_XFER_ENOMEM;
+            break;
+        }
+        *rd = (sread_t){op, i, s};
+        if (read_slice(rd) != 0 && retry_slice(rd) != 0) {
+            free(rd);
+            o->status = BATON_STORE_ENOREPLICA;
+            break;
+        }
+        o->pending++;
+        op->pending++;
+    }
+    if (--o->pending == 0)
+        get_obj_done(op, o);
 }
 
 static void on_get_reply(void *data, int status, baton__sp_msg_t *r)
@@ -320,6 +352,7 @@ static void on_get_reply(void *data, int status, baton__sp_msg_t *r)
         o->obj_len = it->len;
         o->crc = it->crc;
         o->lease_ms = it->lease_ms;
+        o->lease_start_ms = op->start_ms;
         if (o->status != 0)
             continue;
         if (it->len > o->len) {
@@ -327,41 +360,88 @@ static void on_get_reply(void *data, int status, baton__sp_msg_t *r)
             continue;
         }
         o->status = baton__op_take_placement(op, o, r, it);
-        o->pending = 1; /* guard */
-        for (uint32_t s = 0; o->status == 0 && s < o->n_slices; s++) {
-            sread_t *rd = calloc(1, sizeof(*rd));
-            if (rd == NULL) {
-                o->status = BATON_XFER_ENOMEM;
-                break;
-            }
-            *rd = (sread_t){op, i, s};
-            if (read_slice(rd) != 0 && retry_slice(rd) != 0) {
-                free(rd);
-                o->status = BATON_STORE_ENOREPLICA;
-                break;
-            }
-            o->pending++;
-            op->pending++;
-        }
-        if (--o->pending == 0)
-            get_obj_done(op, o);
+        if (o->status == 0)
+            read_obj(op, i);
     }
     if (--op->pending == 0)
+        get_done(op);
+}
+
+/* Asks the master where the op's objects are (and for their leases), then reads them. */
+static int get_from_master(op_t *op)
+{
+    baton__sp_msg_t m;
+    baton__sp_item_t *items = NULL;
+    int rc = baton__op_request(op, &m, &items);
+    if (rc == 0) {
+        op->start_ms = baton_now_ms(); /* a get's lease is measured from before the request */
+        rc = baton__srpc_call(op->cl->master, &m, op->cl->timeout_ms, on_get_reply, op);
+    }
+    free(items);
+    return rc;
+}
+
+/* The end of a get. One started from the location cache whose objects did not all arrive is
+ * asked again through the master (their entries are gone by now): a moved, lost or stale
+ * location costs a round trip, never a failure the master could have avoided. */
+static void get_done(op_t *op)
+{
+    int again = 0;
+    for (size_t i = 0; op->cached && i < op->n; i++)
+        again |= op->o[i].status != 0;
+    if (!again) {
         baton__op_finish(op, 0);
+        return;
+    }
+    op->cached = 0;
+    for (size_t i = 0; i < op->n; i++) {
+        baton__obj_reset(&op->o[i]);
+        op->o[i].status = 0;
+        op->o[i].pending = 0;
+    }
+    int rc = get_from_master(op);
+    if (rc != 0)
+        baton__op_finish(op, rc);
+}
+
+/* Every object of the batch located within its lease: reads start at once. 0 when they did
+ * (the op is under way), -1 when some object was not cached (nothing started: ask the master). */
+static int get_cached(op_t *op)
+{
+    uint64_t now = baton_now_ms();
+    for (size_t i = 0; i < op->n; i++)
+        if (baton__loc_take(op->cl, &op->o[i], now) != 0) {
+            for (size_t j = 0; j < i; j++)
+                baton__obj_reset(&op->o[j]);
+            return -1;
+        }
+    op->cached = 1;
+    op->pending = 1; /* guard */
+    for (uint32_t i = 0; i < op->n; i++)
+        read_obj(op, i);
+    /* Never the callback inside the caller's call: reads that all failed at once go to the
+     * master (a later callback). */
+    if (--op->pending == 0)
+        get_done(op);
+    return 0;
 }
 
 int baton_store_get(baton_store_client_t *cl, const baton_store_obj_t *objs, size_t n,
                     baton_store_batch_cb cb, void *data)
 {
-    if (cl->closing)
-        return BATON_XFER_ESHUTDOWN;
     if (objs == NULL || n == 0 || n > BATON_STORE_BATCH_MAX || cb == NULL)
         return BATON_XFER_EINVAL;
     for (size_t i = 0; i < n; i++)
         if (objs[i].addr == NULL || objs[i].len == 0)
             return BATON_XFER_EINVAL;
+    if (cl->own && !baton__own_here(cl))
+        return baton__own_post(cl, BATON__SP_GET, objs, NULL, n, NULL, cb, data);
+    if (cl->closing)
+        return BATON_XFER_ESHUTDOWN;
     op_t *op = baton__op_new(cl, BATON__SP_GET, n, cb, data);
     if (op == NULL)
         return BATON_XFER_ENOMEM;
+    if (cl->n_locs && baton__op_copy_keys(op, NULL, objs) == 0 && get_cached(op) == 0)
+        return 0;
     return baton__op_send(op, NULL, objs, on_get_reply);
 }

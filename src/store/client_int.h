@@ -11,6 +11,9 @@ typedef struct {
     baton__srpc_t *rpc;
 } node_rpc_t;
 
+typedef struct loc_s loc_t;               /* a located object (client_cache.c) */
+typedef struct baton__own_s baton__own_t; /* own-progress mode (client_own.c) */
+
 struct baton_store_client_s {
     uv_loop_t *loop;
     baton_xfer_engine_t *eng;
@@ -26,6 +29,9 @@ struct baton_store_client_s {
     size_t n_nodes;
     uint32_t room_seq;
     uint64_t key_seq;
+    baton__own_t *own; /* own-progress mode: the client's thread and queues, else NULL */
+    loc_t **locs;      /* the location cache: n_locs slots (a power of two), 0: off */
+    uint32_t n_locs;
     size_t ops;
     int closing;
     uv_timer_t close_timer;
@@ -44,6 +50,10 @@ typedef struct {
     uint32_t n_replicas, n_slices;
     baton__slice_t *slices; /* replica-major */
     uint32_t *slice_try;    /* get: the replica each slice is read from */
+    baton__sp_node_t
+        *nodes; /* from the location cache: the nodes its slices name (else the op's) */
+    uint32_t n_nodes;
+    uint64_t lease_start_ms; /* get: the lease runs from here (before the request that got it) */
     uint32_t pending;
     int status;
 } oobj_t;
@@ -61,6 +71,7 @@ typedef struct {
     baton__sp_node_t *nodes; /* the node table of the master's reply */
     uint32_t n_nodes;
     uint32_t pending; /* transfers, then the commit / revoke calls */
+    int cached;       /* get: started from the location cache, without the master */
 } op_t;
 
 op_t *baton__op_new(baton_store_client_t *cl, uint8_t type, size_t n, baton_store_batch_cb cb,
@@ -81,7 +92,38 @@ int baton__op_send(op_t *op, const char *const *keys, const baton_store_obj_t *o
 /* The status of a master's reply to the op: the call's, else the reply's, else EPROTO when it
  * does not have one item per object. */
 int baton__op_reply_status(const op_t *op, int status, const baton__sp_msg_t *r);
-const baton__sp_node_t *baton__op_node(const op_t *op, uint32_t node);
+/* The address of `node` for object o of op: from o's cached table, else the master's reply. */
+const baton__sp_node_t *baton__op_node(const op_t *op, const oobj_t *o, uint32_t node);
+/* Frees an object's placement (slices, replica choice, cached nodes) and clears it. */
+void baton__obj_reset(oobj_t *o);
+
+/* Frees what the client still holds (after its close callback). */
+void baton__client_free(baton_store_client_t *cl);
+
+/* ---- own-progress mode (client_own.c) ---- */
+/* Sets the mode up (its loop in *loop_p, the engine's fd polled there); _run starts the thread,
+ * _abort undoes a start whose client could not be made. */
+int baton__own_start(baton_store_client_t *cl, uv_loop_t **loop_p);
+int baton__own_run(baton_store_client_t *cl);
+void baton__own_abort(baton_store_client_t *cl);
+/* 1 on the client's own thread. */
+int baton__own_here(const baton_store_client_t *cl);
+/* A call from another thread, posted to the client's (type: BATON__SP_PUT_START, _GET, _EXISTS,
+ * _REMOVE); its callback later runs in baton_store_client_dispatch. */
+int baton__own_post(baton_store_client_t *cl, int type, const baton_store_obj_t *objs,
+                    const char *const *keys, size_t n, const baton_store_put_opts_t *opts,
+                    baton_store_batch_cb cb, void *data);
+int baton__own_destroy(baton_store_client_t *cl, baton_store_close_cb close_cb, void *data);
+
+/* ---- the location cache (client_cache.c) ---- */
+int baton__loc_init(baton_store_client_t *cl, uint32_t entries);
+void baton__loc_free(baton_store_client_t *cl);
+/* Remembers where o lies (its placement, lease and checksum) while the master connection that
+ * granted the lease stays up. */
+void baton__loc_put(baton_store_client_t *cl, const op_t *op, const oobj_t *o);
+/* Fills o's placement from the cache when its lease leaves room for the read: 0, else -1. */
+int baton__loc_take(baton_store_client_t *cl, oobj_t *o, uint64_t now_ms);
+void baton__loc_drop(baton_store_client_t *cl, const char *key);
 uint64_t baton__slice_obj_off(const oobj_t *o, uint32_t s);
 /* The control channel to a node's ctrl port (created on first use). */
 baton__srpc_t *baton__client_node_rpc(baton_store_client_t *cl, const char *host, int port);

@@ -94,6 +94,22 @@ static void reply_status(baton__sconn_t *c, const baton__sp_msg_t *req, int stat
 
 /* ---- requests ------------------------------------------------------------------------------ */
 
+/* GET, and EXISTS with BATON__SP_F_LOCATE: the lease, the checksum and the placement. */
+static int locate(baton__master_t *ms, reply_t *r, const baton__sp_msg_t *req,
+                  const baton__sp_item_t *it, baton__sp_ritem_t *out, uint64_t now)
+{
+    baton__obj_view_t v;
+    int rc = baton__meta_get(ms->meta, req->ns, it->key, now, &v);
+    if (rc == 0) {
+        out->len = v.len;
+        out->crc = v.crc;
+        out->lease_ms = (uint32_t)v.lease_ms;
+        out->n_replicas = (uint8_t)v.n_replicas;
+        rc = reply_add_view(r, ms, out, &v);
+    }
+    return rc;
+}
+
 static void do_objects(baton__master_t *ms, baton__sconn_t *c, const baton__sp_msg_t *req)
 {
     uint64_t now = baton_now_ms();
@@ -129,15 +145,13 @@ static void do_objects(baton__master_t *ms, baton__sconn_t *c, const baton__sp_m
             rc = baton__meta_put_revoke(ms->meta, req->ns, it->key, it->x, now);
             break;
         case BATON__SP_GET:
-            rc = baton__meta_get(ms->meta, req->ns, it->key, now, &v);
-            if (rc == 0) {
-                out->len = v.len;
-                out->crc = v.crc;
-                out->lease_ms = (uint32_t)v.lease_ms;
-                rc = reply_add_view(&r, ms, out, &v);
-            }
+            rc = locate(ms, &r, req, it, out, now);
             break;
         case BATON__SP_EXISTS: {
+            /* a located key, or a missing one; anything else is answered as a plain exists */
+            if ((req->flags & BATON__SP_F_LOCATE) &&
+                ((rc = locate(ms, &r, req, it, out, now)) == 0 || rc == BATON_XFER_ENOTFOUND))
+                break;
             uint32_t reps = 0;
             rc = baton__meta_exists(ms->meta, req->ns, it->key, now, 1, &out->len, &reps)
                      ? 0

@@ -3,9 +3,11 @@
  * a client exports into the segment) and serves gets (writes a segment range into the room a
  * client offers). It never looks at the bytes. */
 #include <getopt.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -13,8 +15,24 @@
 #include "store/elect.h"
 #include "store/sconn.h"
 
-#define COMP         "store"
-#define HEARTBEAT_MS 500
+#define COMP               "store"
+#define HEARTBEAT_MS       500
+#define CLIENT_PEERS_MAX   1024 /* default --max-client-peers */
+#define PEERS_LOG_EVERY_MS 5000
+
+/* A client engine this node pulled puts from (its libbaton listener host:port): the node's engine
+ * keeps a peer for it while the client's control connections to this node live (conns), and
+ * forgets it when the last one closes, so a node does not collect one peer per client it ever
+ * served. At most max_client_peers are kept at once (live); beyond, the least recently used one
+ * is forgotten even with its client still connected (its next put makes a fresh peer). */
+typedef struct cpeer_s {
+    struct cpeer_s *next;
+    char host[BATON__SP_HOST_MAX + 1];
+    int port;
+    uint32_t conns;
+    int live; /* the engine keeps a peer for it */
+    uint64_t last_ms;
+} cpeer_t;
 
 typedef struct pwrite_s {
     struct pwrite_s *next;
@@ -47,41 +65,43 @@ typedef struct node_s {
     uv_timer_t hb;
     uv_signal_t sigint, sigterm;
     pwrite_t *writes;
-    uint64_t reads, writes_done, refused;
+    atomic_uint_fast64_t reads, refused; /* also the progress thread's (serve_read) */
+    uint64_t writes_done;
+    cpeer_t *cpeers;
+    uint32_t live_cpeers, max_cpeers;
+    uint64_t cpeers_forgotten;
+    uint64_t peers_logged, forgotten_logged, peers_log_ms; /* last logged, and when */
 } node_t;
 
 /* ---- gets: a client's offer names the range ------------------------------------------------- */
 
-static void on_read_written(baton_xfer_room_t *room, uint32_t layer, int status, void *data)
+/* Runs on the engine's progress thread (baton_xfer_engine_serve): the engine writes the range
+ * and sends DONE itself, so a get never waits for this process's loop. Reads only what never
+ * changes after start (base, size, region). */
+static int serve_read(void *data, uint64_t room_id, uint64_t len, baton_xfer_mem_t **mem_p,
+                      uint64_t *off_p)
 {
-    (void)layer;
-    (void)data;
-    if (status != 0)
-        return; /* the room is closing with the error: room_closed_cb reports it */
-    baton_xfer_done_t done = {0, -1, NULL, 0};
-    baton_xfer_room_complete(room, &done);
+    node_t *nd = data;
+    uint64_t off = baton__sp_room_off(room_id);
+    if (len == 0 || off > nd->seg_bytes || len > nd->seg_bytes - off) {
+        atomic_fetch_add(&nd->refused, 1);
+        return BATON_XFER_ERKEY;
+    }
+    atomic_fetch_add(&nd->reads, 1);
+    *mem_p = nd->mem;
+    *off_p = off;
+    return 0;
 }
 
+/* Offers of any other shape (not a store client's): refused. */
 static void on_room(baton_xfer_engine_t *eng, baton_xfer_room_t *room, void *data)
 {
     node_t *nd = data;
     (void)eng;
-    uint64_t off = baton__sp_room_off(baton_xfer_room_id(room));
-    uint64_t len = baton_xfer_room_page_len(room, 0, 0);
-    if (baton_xfer_room_layers(room) != 1 || baton_xfer_room_pages_per_layer(room) != 1 ||
-        baton_xfer_room_first_page(room) != 0 || len == 0 || off > nd->seg_bytes ||
-        len > nd->seg_bytes - off) {
-        nd->refused++;
-        log_warn(COMP, "node_read_refused peer=%s reason=\"range outside the segment\"",
-                 baton_xfer_room_peer_id(room));
-        baton_xfer_room_abort(room, BATON_XFER_ERKEY);
-        return;
-    }
-    baton_xfer_iov_t src = {nd->base + off, len};
-    if (baton_xfer_write_room(room, &src, 1, on_read_written, nd) != 0)
-        baton_xfer_room_abort(room, BATON_XFER_EINVAL);
-    else
-        nd->reads++;
+    atomic_fetch_add(&nd->refused, 1);
+    log_warn(COMP, "node_read_refused peer=%s reason=\"not a one-page read\"",
+             baton_xfer_room_peer_id(room));
+    baton_xfer_room_abort(room, BATON_XFER_ERKEY);
 }
 
 static void on_room_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, int status,
@@ -91,6 +111,93 @@ static void on_room_closed(baton_xfer_engine_t *eng, baton_xfer_room_t *room, in
     (void)room;
     (void)status;
     (void)data;
+}
+
+/* ---- client peers ------------------------------------------------------------------------ */
+
+static void cpeer_forget(node_t *nd, cpeer_t *cp, const char *why)
+{
+    if (!cp->live)
+        return;
+    cp->live = 0;
+    nd->live_cpeers--;
+    nd->cpeers_forgotten++;
+    log_debug(COMP, "node_client_peer_forgotten addr=%s:%d reason=%s", cp->host, cp->port, why);
+    baton_xfer_forget(nd->eng, cp->host, cp->port);
+}
+
+/* Connection c's puts come from the engine at host:port. */
+static void cpeer_use(node_t *nd, baton__sconn_t *c, const char *host, int port)
+{
+    cpeer_t *cp = nd->cpeers, *old = baton__sconn_get_data(c);
+    while (cp && !(cp->port == port && strcmp(cp->host, host) == 0))
+        cp = cp->next;
+    if (cp == NULL && (cp = calloc(1, sizeof(*cp))) != NULL) {
+        snprintf(cp->host, sizeof(cp->host), "%s", host);
+        cp->port = port;
+        cp->next = nd->cpeers;
+        nd->cpeers = cp;
+    }
+    if (cp == NULL)
+        return; /* untracked: kept by the engine until its end (out of memory only) */
+    cp->last_ms = uv_now(nd->loop);
+    if (old != cp) {
+        cp->conns++;
+        baton__sconn_set_data(c, cp);
+        if (old && --old->conns == 0) { /* the same connection, another engine: rare */
+            cpeer_forget(nd, old, "client_gone");
+            for (cpeer_t **pp = &nd->cpeers; *pp; pp = &(*pp)->next)
+                if (*pp == old) {
+                    *pp = old->next;
+                    break;
+                }
+            free(old);
+        }
+    }
+    if (cp->live)
+        return;
+    cp->live = 1;
+    if (++nd->live_cpeers <= nd->max_cpeers)
+        return;
+    cpeer_t *lru = NULL;
+    for (cpeer_t *x = nd->cpeers; x; x = x->next)
+        if (x->live && x != cp && (lru == NULL || x->last_ms < lru->last_ms))
+            lru = x;
+    if (lru)
+        cpeer_forget(nd, lru, "bound");
+}
+
+/* A client's control connection closed: its peer goes with its last one. */
+static void cpeer_release(node_t *nd, baton__sconn_t *c)
+{
+    cpeer_t *cp = baton__sconn_get_data(c);
+    if (cp == NULL || --cp->conns > 0)
+        return;
+    cpeer_forget(nd, cp, "client_gone");
+    for (cpeer_t **pp = &nd->cpeers; *pp; pp = &(*pp)->next)
+        if (*pp == cp) {
+            *pp = cp->next;
+            break;
+        }
+    free(cp);
+}
+
+/* The engine's peer count and the client peers forgotten, logged when either changed (at most
+ * every PEERS_LOG_EVERY_MS): the node's account of what it keeps per client. */
+static void log_peers(node_t *nd)
+{
+    baton_xfer_stats_t st;
+    baton_xfer_engine_stats_sized(nd->eng, &st, sizeof(st));
+    uint64_t now = uv_now(nd->loop);
+    if ((st.peers == nd->peers_logged && nd->cpeers_forgotten == nd->forgotten_logged) ||
+        now - nd->peers_log_ms < PEERS_LOG_EVERY_MS)
+        return;
+    nd->peers_logged = st.peers;
+    nd->forgotten_logged = nd->cpeers_forgotten;
+    nd->peers_log_ms = now;
+    log_info(COMP, "node_peers xfer_peers=%llu client_peers=%u client_peers_forgotten=%llu",
+             (unsigned long long)st.peers, nd->live_cpeers,
+             (unsigned long long)nd->cpeers_forgotten);
 }
 
 /* ---- puts: the client asks, the node pulls -------------------------------------------------- */
@@ -140,7 +247,7 @@ static void do_write(node_t *nd, baton__sconn_t *c, const baton__sp_msg_t *m)
     for (uint32_t i = 0; i < m->n_slices; i++) {
         uint64_t off = m->slices[i].off, len = m->slices[i].len;
         if (len == 0 || off > nd->seg_bytes || len > nd->seg_bytes - off) {
-            nd->refused++;
+            atomic_fetch_add(&nd->refused, 1);
             free(pages);
             free(w);
             reply(c, m->req_id, BATON_XFER_ERKEY);
@@ -153,6 +260,7 @@ static void do_write(node_t *nd, baton__sconn_t *c, const baton__sp_msg_t *m)
     w->conn = c;
     w->req_id = m->req_id;
     w->key = m->export_key;
+    cpeer_use(nd, c, m->host, m->xfer_port);
     int rc = baton_xfer_pull(nd->eng, m->host, m->xfer_port, &offer, on_pulled, w);
     free(pages);
     if (rc != 0) {
@@ -182,6 +290,7 @@ static void on_ctrl_closed(baton__sconn_t *c, int status, void *data)
     for (pwrite_t *w = nd->writes; w; w = w->next)
         if (w->conn == c)
             w->conn = NULL; /* the pull goes on; its answer has nowhere to go */
+    cpeer_release(nd, c);   /* a pull still running keeps the engine's peer until it ends */
 }
 
 /* ---- the master --------------------------------------------------------------------------- */
@@ -239,6 +348,7 @@ static void send_heartbeat(node_t *nd)
 static void on_hb(uv_timer_t *t)
 {
     send_heartbeat(t->data);
+    log_peers(t->data);
 }
 
 static void on_signal(uv_signal_t *s, int signum)
@@ -250,6 +360,28 @@ static void on_signal(uv_signal_t *s, int signum)
 
 /* ---- main --------------------------------------------------------------------------------- */
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+/* Makes every page of the segment present before any put: a put then never pays the kernel's
+ * page fault and zero-fill of fresh memfd pages (which halved put throughput here). One madvise
+ * where the kernel has MADV_POPULATE_WRITE, else a write per page (the segment is all zeros). */
+static void prefault(node_t *nd)
+{
+    uint64_t t0 = uv_hrtime();
+    const char *how = "madvise";
+    if (madvise(nd->base, nd->seg_bytes, MADV_POPULATE_WRITE) != 0) {
+        how = "touch";
+        long page = sysconf(_SC_PAGESIZE);
+        for (uint64_t off = 0; off < nd->seg_bytes; off += (uint64_t)(page > 0 ? page : 4096))
+            ((volatile uint8_t *)nd->base)[off] = 0;
+    }
+    log_info(COMP, "node_segment_prefaulted bytes=%llu ms=%llu how=%s",
+             (unsigned long long)nd->seg_bytes, (unsigned long long)((uv_hrtime() - t0) / 1000000),
+             how);
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: baton-store node --master H:P --segment-bytes N [options]\n"
@@ -259,6 +391,8 @@ static void usage(FILE *f)
                "  --host H                     address clients reach this node at (127.0.0.1)\n"
                "  --transport tcp|shm|rdma     libbaton transport (tcp)\n"
                "  --id ID                      node id (hostname-pid)\n"
+               "  --max-client-peers N         client engines kept connected at once (1024)\n"
+               "  --no-prefault                leave the segment's pages to the first puts\n"
                "  --kv-secret-file F           shared secret (control and data channels)\n");
 }
 
@@ -309,6 +443,8 @@ int baton__node_main(int argc, char **argv)
         {"host", required_argument, NULL, 'H'},
         {"transport", required_argument, NULL, 't'},
         {"id", required_argument, NULL, 'i'},
+        {"max-client-peers", required_argument, NULL, 'P'},
+        {"no-prefault", no_argument, NULL, 'F'},
         {"kv-secret-file", required_argument, NULL, 'k'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -317,8 +453,10 @@ int baton__node_main(int argc, char **argv)
     memset(&nd, 0, sizeof(nd));
     nd.host = "127.0.0.1";
     nd.transport = BATON_XFER_TRANSPORT_TCP;
+    nd.max_cpeers = CLIENT_PEERS_MAX;
     char mhost[BATON__SP_HOST_MAX + 1] = "", idbuf[64];
     const char *secret_file = NULL, *registry = NULL;
+    int no_prefault = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -350,6 +488,19 @@ int baton__node_main(int argc, char **argv)
         case 'i':
             nd.id = optarg;
             break;
+        case 'F':
+            no_prefault = 1;
+            break;
+        case 'P': {
+            char *end;
+            unsigned long v = strtoul(optarg, &end, 10);
+            if (*end != '\0' || v == 0 || v > 1000000) {
+                fprintf(stderr, "baton-store node: bad --max-client-peers '%s'\n", optarg);
+                return 2;
+            }
+            nd.max_cpeers = (uint32_t)v;
+            break;
+        }
         case 'k':
             secret_file = optarg;
             break;
@@ -403,6 +554,13 @@ int baton__node_main(int argc, char **argv)
         return 2;
     }
     nd.base = baton_xfer_mem_addr(nd.mem);
+    if (!no_prefault)
+        prefault(&nd);
+    rc = baton_xfer_engine_serve(nd.eng, serve_read, &nd);
+    if (rc != 0) {
+        log_error(COMP, "node_start_failed reason=\"%s\"", baton_store_strerror(rc));
+        return 2;
+    }
 
     baton__sconn_opts_t so = {0};
     so.loop = nd.loop;

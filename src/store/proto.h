@@ -59,7 +59,7 @@ typedef enum {
     BATON__SP_PUT_COMMIT = 11, /* items: key, x = put id */
     BATON__SP_PUT_REVOKE = 12, /* items: key, x = put id */
     BATON__SP_GET = 13,        /* items: key */
-    BATON__SP_EXISTS = 14,     /* items: key */
+    BATON__SP_EXISTS = 14,     /* items: key; flags BATON__SP_F_LOCATE */
     BATON__SP_REMOVE = 15,     /* items: key */
     BATON__SP_STAT = 16,
     BATON__SP_NODE_REGISTER = 30,  /* id, host, xfer_port, ctrl_port, seg_bytes */
@@ -67,6 +67,10 @@ typedef enum {
     BATON__SP_NODE_WRITE = 32, /* client → node: host, xfer_port, export_key, slices (off, len) */
     BATON__SP_REPLY = 64,      /* status; ritems, slices, nodes, prefix, node / seg, text */
 } baton__sp_type_t;
+
+/* EXISTS with this flag is answered as GET is (placements, checksum, the lease) for the keys
+ * present, so that the get that follows an exists needs no request of its own. */
+#define BATON__SP_F_LOCATE (1u << 16)
 
 typedef struct {
     char key[BATON_STORE_KEY_MAX + 1];

@@ -66,6 +66,9 @@ void baton__srpc_set_resolver(baton__srpc_t *r, struct baton__resolver_s *resolv
 /* Sends m (its req_id is set here); cb fires exactly once, never inside this call. */
 int baton__srpc_call(baton__srpc_t *r, baton__sp_msg_t *m, uint32_t timeout_ms, baton__srpc_cb cb,
                      void *data);
+/* Identifies the connection now up (odd, changes whenever it goes down or another comes up), or 0
+ * while none is: what a reply said about the peer's state holds at most as long as this stays. */
+uint64_t baton__srpc_epoch(const baton__srpc_t *r);
 /* Fails every pending call with BATON_XFER_ESHUTDOWN (their callbacks may run inside this call),
  * closes; freed once closed. */
 void baton__srpc_destroy(baton__srpc_t *r);

@@ -37,6 +37,7 @@ struct baton__srpc_s {
     int destroyed;
     baton__resolver_t *resolver; /* the target is looked up before each connection */
     int resolving;
+    uint64_t epoch; /* counts connections up and down (baton__srpc_epoch) */
 };
 
 /* Deep copy of the request (its arrays), kept until the connection is up. */
@@ -169,6 +170,7 @@ static void on_ready(baton__sconn_t *c, int status, void *data)
     (void)c;
     (void)status;
     r->up = 1;
+    r->epoch++;
     send_waiting(r);
 }
 
@@ -181,6 +183,7 @@ static void on_closed(baton__sconn_t *c, int status, void *data)
                   baton_store_strerror(status));
     r->conn = NULL;
     r->up = 0;
+    r->epoch++;
     fail_all(r, r->destroyed ? BATON_XFER_ESHUTDOWN : r->down_status);
     if (r->destroyed) {
         report_failed(r);
@@ -247,6 +250,11 @@ static int open_conn(baton__srpc_t *r)
     if (rc != 0)
         r->conn = NULL;
     return rc;
+}
+
+uint64_t baton__srpc_epoch(const baton__srpc_t *r)
+{
+    return r->up ? r->epoch : 0;
 }
 
 void baton__srpc_set_resolver(baton__srpc_t *r, baton__resolver_t *resolver)

@@ -232,8 +232,10 @@ static void run_cmd(baton_xfer_engine_t *eng, baton__cmd_t *cmd)
     switch (cmd->type) {
     case BATON__CMD_CONNECT: {
         baton__peer_t *p = baton__peer_get(eng, cmd->u.connect.host, cmd->u.connect.port, 1);
-        if (p != NULL)
+        if (p != NULL) {
+            p->forget = 0; /* wanted again */
             baton__peer_demand(p);
+        }
         break;
     }
     case BATON__CMD_OFFER:
@@ -266,6 +268,15 @@ static void run_cmd(baton_xfer_engine_t *eng, baton__cmd_t *cmd)
     case BATON__CMD_GRANT:
         baton__proom_grant(eng, cmd->u.grant);
         break;
+    case BATON__CMD_SERVE:
+        baton__proom_set_serve(eng, cmd->u.serve.cb, cmd->u.serve.data);
+        break;
+    case BATON__CMD_FORGET: {
+        baton__peer_t *p = baton__peer_get(eng, cmd->u.connect.host, cmd->u.connect.port, 0);
+        if (p != NULL)
+            baton__peer_forget(p);
+        break;
+    }
     case BATON__CMD_MEM_DEL:
         for (baton_list_t *it = eng->lmems.next; it != &eng->lmems; it = it->next) {
             baton__lmem_t *m = container_of(it, baton__lmem_t, link);
@@ -342,7 +353,8 @@ static void on_tick(uv_timer_t *t)
     for (baton_list_t *it = eng->peers.next; it != &eng->peers;) {
         baton__peer_t *p = container_of(it, baton__peer_t, link);
         it = it->next;
-        baton__peer_tick(p, now);
+        if (!baton__peer_forget_due(p))
+            baton__peer_tick(p, now);
     }
     for (baton_list_t *it = eng->conns.next; it != &eng->conns;) {
         baton__conn_t *c = container_of(it, baton__conn_t, link);

@@ -12,7 +12,9 @@ static int endpoint_ok(const char *host, int port)
     return host != NULL && host[0] != '\0' && strlen(host) < 256 && port > 0 && port <= 65535;
 }
 
-static int connect_locked(baton_xfer_engine_t *engine, const char *host, int port)
+/* A command naming a peer endpoint (connect, forget). */
+static int endpoint_locked(baton_xfer_engine_t *engine, baton__cmd_type_t type, const char *host,
+                           int port)
 {
     if (engine == NULL || !endpoint_ok(host, port))
         return BATON_EINVAL;
@@ -21,7 +23,7 @@ static int connect_locked(baton_xfer_engine_t *engine, const char *host, int por
     baton__cmd_t *cmd = calloc(1, sizeof(*cmd));
     if (cmd == NULL)
         return BATON_ENOMEM;
-    cmd->type = BATON__CMD_CONNECT;
+    cmd->type = type;
     strcpy(cmd->u.connect.host, host);
     cmd->u.connect.port = port;
     baton__cmd_post(engine, cmd);
@@ -399,11 +401,39 @@ static int room_abort_locked(baton_xfer_room_t *room, int reason)
 
 /* ---- public entry points: the engine lock and log scope around the calls above ----------- */
 
+static int serve_locked(baton_xfer_engine_t *engine, baton_xfer_serve_cb cb, void *data)
+{
+    if (engine->destroying)
+        return BATON_ESHUTDOWN;
+    baton__cmd_t *cmd = calloc(1, sizeof(*cmd));
+    if (cmd == NULL)
+        return BATON_ENOMEM;
+    cmd->type = BATON__CMD_SERVE;
+    cmd->u.serve.cb = cb;
+    cmd->u.serve.data = data;
+    baton__cmd_post(engine, cmd);
+    return 0;
+}
+
+int baton_xfer_engine_serve(baton_xfer_engine_t *engine, baton_xfer_serve_cb cb, void *data)
+{
+    if (engine == NULL)
+        return BATON_EINVAL;
+    return BATON__LOCKED(engine, serve_locked(engine, cb, data));
+}
+
+int baton_xfer_forget(baton_xfer_engine_t *engine, const char *host, int port)
+{
+    if (engine == NULL)
+        return BATON_EINVAL;
+    return BATON__LOCKED(engine, endpoint_locked(engine, BATON__CMD_FORGET, host, port));
+}
+
 int baton_xfer_connect(baton_xfer_engine_t *engine, const char *host, int port)
 {
     if (engine == NULL)
         return BATON_EINVAL;
-    return BATON__LOCKED(engine, connect_locked(engine, host, port));
+    return BATON__LOCKED(engine, endpoint_locked(engine, BATON__CMD_CONNECT, host, port));
 }
 
 int baton_xfer_offer(baton_xfer_engine_t *engine, const char *host, int port,

@@ -31,5 +31,7 @@ void baton_xfer_engine_stats_sized(const baton_xfer_engine_t *engine, baton_xfer
     all.conns_refused = atomic_load_explicit(&e->st_conns_refused, memory_order_relaxed);
     all.staged_bytes = atomic_load_explicit(&e->st_staged_bytes, memory_order_relaxed);
     all.stage_buffer_bytes = atomic_load_explicit(&e->st_stage_buffer_bytes, memory_order_relaxed);
+    all.peers = atomic_load_explicit(&e->st_peers, memory_order_relaxed);
+    all.peers_forgotten = atomic_load_explicit(&e->st_peers_forgotten, memory_order_relaxed);
     memcpy(s, &all, size < sizeof(all) ? size : sizeof(all));
 }

@@ -50,7 +50,9 @@ typedef enum {
     BATON__CMD_MEM_ADD,
     BATON__CMD_MEM_DEL,
     BATON__CMD_SHUTDOWN,
-    BATON__CMD_GRANT, /* pull by RDMA READ: u.grant (room_pull.c -> room_prefill.c) */
+    BATON__CMD_GRANT,  /* pull by RDMA READ: u.grant (room_pull.c -> room_prefill.c) */
+    BATON__CMD_SERVE,  /* baton_xfer_engine_serve: u.serve */
+    BATON__CMD_FORGET, /* baton_xfer_forget: u.connect (host, port) */
 } baton__cmd_type_t;
 
 typedef struct baton__droom_s baton__droom_t;
@@ -97,6 +99,10 @@ typedef struct baton__cmd_s {
         baton__lmem_t *mem_add;
         uint32_t mem_del;
         baton__grant_cmd_t *grant;
+        struct {
+            baton_xfer_serve_cb cb;
+            void *data;
+        } serve;
     } u;
 } baton__cmd_t;
 
@@ -273,6 +279,8 @@ struct baton_xfer_room_s {
     int closed_pending; /* ROOM_CLOSED arrived while writes were outstanding */
     int closed_status;
     int pull;            /* served (or refused) by pull mode, not the application's (room_pull.c) */
+    int served;          /* answered by the engine's serve callback: no caller reference, no
+                          * events (room_prefill.c) */
     uint16_t peer_proto; /* the decode peer's HELLO proto (GRANT only to >= 4) */
     uint64_t granted_bytes; /* progress thread: bytes a GRANT offered (stats at READ_DONE) */
     /* progress thread */
@@ -387,6 +395,7 @@ struct baton__peer_s {
     baton_xfer_transport_t transport;
     uv_getaddrinfo_t gai;
     int resolving;
+    int forget; /* baton_xfer_forget: dropped once no room uses it (peer.c) */
 };
 
 /* ---- engine ----------------------------------------------------------------------------- */
@@ -459,6 +468,8 @@ struct baton_xfer_engine_s {
      * never share it, and off the stack (12 KiB). */
     uint8_t hs_blobs[BATON__MAX_TP][BATON__TP_BLOB_MAX];
     baton_list_t cuda_waits; /* CUDA builds: writes waiting for their event, in arrival order */
+    baton_xfer_serve_cb serve_cb; /* baton_xfer_engine_serve (progress thread only) */
+    void *serve_data;
 
     /* statistics (any thread, relaxed) */
     atomic_uint_fast64_t st_bytes_written, st_bytes_received, st_rooms_done, st_rooms_failed,
@@ -468,6 +479,8 @@ struct baton_xfer_engine_s {
     atomic_uint_fast64_t st_pending_conns, st_pending_bytes;
     /* Device memory staged through the tcp transport's bounce buffers (tcp_stage.c). */
     atomic_uint_fast64_t st_staged_bytes, st_stage_buffer_bytes;
+    /* Decode-side peers kept, and those dropped by baton_xfer_forget (peer.c). */
+    atomic_uint_fast64_t st_peers, st_peers_forgotten;
 
     /* KV bootstrap authentication: the shared secret (a copy; secret_len 0: none) and the
      * rate limit of refusal lines (progress thread). */
@@ -551,6 +564,10 @@ void baton__peer_on_conn_failed(baton__peer_t *peer, baton__conn_t *conn, int st
                                 const char *why);
 void baton__peer_tick(baton__peer_t *peer, uint64_t now);
 void baton__peer_free(baton__peer_t *peer);
+/* baton_xfer_forget: drops the peer now when no room uses it, else marks it for the tick. */
+void baton__peer_forget(baton__peer_t *peer);
+/* The tick: 1 when a peer marked for forgetting was dropped (it is freed). */
+int baton__peer_forget_due(baton__peer_t *peer);
 
 /* ---- room_decode.c ------------------------------------------------------------------------ */
 void baton__droom_submit(baton_xfer_engine_t *eng, baton__droom_t *dr);
@@ -576,6 +593,8 @@ int baton__proom_on_abort(baton__conn_t *conn, uint64_t room_id, int reason);
 void baton__proom_grant(baton_xfer_engine_t *eng, baton__grant_cmd_t *g);
 int baton__proom_on_read_done(baton__conn_t *conn, uint64_t room_id, int status);
 void baton__proom_write(baton_xfer_engine_t *eng, baton__wreq_t *wr);
+/* baton_xfer_engine_serve on the progress thread. */
+void baton__proom_set_serve(baton_xfer_engine_t *eng, baton_xfer_serve_cb cb, void *data);
 void baton__proom_complete(baton_xfer_engine_t *eng, baton_xfer_room_t *room,
                            const baton__done_copy_t *done);
 void baton__proom_abort(baton_xfer_engine_t *eng, baton_xfer_room_t *room, int reason);

@@ -41,6 +41,7 @@ baton__peer_t *baton__peer_get(baton_xfer_engine_t *eng, const char *host, int p
     baton_list_init(&p->queued);
     p->gai.data = p;
     baton_list_push(&eng->peers, &p->link);
+    atomic_fetch_add(&eng->st_peers, 1);
     return p;
 }
 
@@ -218,17 +219,49 @@ void baton__peer_tick(baton__peer_t *p, uint64_t now)
         start_connect(p);
 }
 
-void baton__peer_free(baton__peer_t *p)
+/* Closes p's connection (its rooms, if any, fail with `status`) and unlists p. */
+static void peer_release(baton__peer_t *p, int status, const char *why)
 {
-    baton_xfer_engine_t *eng = p->eng;
-    fail_queued(p, BATON_ESHUTDOWN);
+    fail_queued(p, status);
     if (p->conn != NULL) {
         baton__conn_t *c = p->conn;
         p->conn = NULL;
         c->peer = NULL;
-        baton__conn_fail(c, BATON_ESHUTDOWN, "engine shutdown");
+        baton__conn_fail(c, status, why);
     }
     baton_list_remove(&p->link);
+    atomic_fetch_sub(&p->eng->st_peers, 1);
+}
+
+/* No room waits for p or travels on its connection, and no name lookup is under way. */
+static int peer_unused(const baton__peer_t *p)
+{
+    return baton_list_empty(&p->queued) && !p->resolving &&
+           (p->conn == NULL || p->conn->rooms.count == 0);
+}
+
+int baton__peer_forget_due(baton__peer_t *p)
+{
+    if (!p->forget || !peer_unused(p))
+        return 0;
+    baton_xfer_engine_t *eng = p->eng;
+    log_debug(BATON__LOG, "peer_forgotten peer=%s id=%s", p->endpoint, p->remote_id);
+    peer_release(p, BATON_ECANCELED, "peer forgotten");
+    atomic_fetch_add(&eng->st_peers_forgotten, 1);
+    free(p);
+    return 1;
+}
+
+void baton__peer_forget(baton__peer_t *p)
+{
+    p->forget = 1;
+    (void)baton__peer_forget_due(p);
+}
+
+void baton__peer_free(baton__peer_t *p)
+{
+    baton_xfer_engine_t *eng = p->eng;
+    peer_release(p, BATON_ESHUTDOWN, "engine shutdown");
     if (p->resolving) {
         /* on_resolved still has to run; it frees the peer. Keep it listed so shutdown waits. */
         uv_cancel((uv_req_t *)&p->gai);

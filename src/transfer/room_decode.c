@@ -64,6 +64,7 @@ void baton__droom_submit(baton_xfer_engine_t *eng, baton__droom_t *dr)
         return;
     }
     dr->peer = p;
+    p->forget = 0; /* wanted again */
     baton__peer_demand(p);
     if (p->conn != NULL && p->conn->state == BATON__CONN_UP) {
         baton__droom_send(p->conn, dr);

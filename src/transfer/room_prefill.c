@@ -62,8 +62,10 @@ static void room_close(baton_xfer_room_t *room, int status)
         if (status == BATON_EABORTED)
             atomic_fetch_add(&eng->st_rooms_aborted, 1);
     }
-    room->ev_closed.status = status;
-    baton__ev_post(eng, &room->ev_closed);
+    if (!room->served) { /* a served room has no caller side to tell */
+        room->ev_closed.status = status;
+        baton__ev_post(eng, &room->ev_closed);
+    }
     baton__room_unref(room); /* the progress thread's reference */
 }
 
@@ -113,6 +115,79 @@ static void room_progress(baton_xfer_room_t *room)
         room_close(room, status);
     }
     baton_buf_free(&b);
+}
+
+static void room_progress(baton_xfer_room_t *room);
+static void on_tp_write(baton__tp_write_t *w, int status);
+static void write_done(baton__wreq_t *wr, int status);
+
+void baton__proom_set_serve(baton_xfer_engine_t *eng, baton_xfer_serve_cb cb, void *data)
+{
+    eng->serve_cb = cb;
+    eng->serve_data = data;
+}
+
+/* baton_xfer_engine_serve: answers a one-page room here, on the progress thread. 1 when the
+ * room was taken (served or aborted), 0 when it goes to the caller as usual. */
+static int serve_offer(baton_xfer_engine_t *eng, baton_xfer_room_t *room)
+{
+    if (eng->serve_cb == NULL || room->n_layers != 1 || room->ppl != 1 || room->first_page != 0)
+        return 0;
+    const baton__offer_page_t *pg = &room->pages[0];
+    baton_xfer_mem_t *m = NULL;
+    uint64_t off = 0;
+    int rc = eng->serve_cb(eng->serve_data, room->room_id, pg->len, &m, &off);
+    if (rc > 0)
+        return 0;
+    room->served = 1;
+    atomic_store(&room->refs, 1); /* the caller never sees it: only this thread's reference */
+    if (rc == 0 && (m == NULL || m->eng != eng || off > m->len || pg->len > m->len - off))
+        rc = BATON_ERKEY;
+    else if (rc == 0 && m->mr[room->tp_index] == NULL)
+        rc = BATON_ENOTSUP;
+    baton__wreq_t *wr = NULL;
+    if (rc == 0) {
+        wr = calloc(1, sizeof(*wr) + sizeof(baton__tp_sge_t));
+        if (wr == NULL || (wr->mems = malloc(sizeof(*wr->mems))) == NULL) {
+            free(wr);
+            rc = BATON_ENOMEM;
+        }
+    }
+    if (rc != 0) {
+        baton__proom_abort(eng, room, rc);
+        return 1;
+    }
+    atomic_fetch_add(&m->refs, 1);
+    wr->mems[0] = m;
+    wr->n_mems = 1;
+    wr->room = room;
+    wr->layer = UINT32_MAX;
+    wr->bytes = pg->len;
+    wr->sges[0] = (baton__tp_sge_t){0};
+    wr->sges[0].src = (uint8_t *)m->addr + off;
+    wr->sges[0].src_mr = m->mr[room->tp_index];
+    wr->sges[0].dst = pg->addr;
+    wr->sges[0].dst_mem = pg->mem_id;
+    wr->sges[0].dst_page = 0;
+    wr->sges[0].len = pg->len;
+    wr->w.room_id = room->room_id;
+    wr->w.sges = wr->sges;
+    wr->w.n_sges = 1;
+    wr->w.cb = on_tp_write;
+    wr->w.data = wr;
+    room->written[0] = 1;
+    room->done = (baton__done_copy_t){0};
+    room->done.first_token = -1;
+    /* COMPLETING before the write: a transport that completes it at once sends DONE then */
+    (void)BATON__PR_MOVE(room, BATON__PR_COMPLETING);
+    room->inflight++;
+    rc = room->conn->tp_peer->tp->ops->write(room->conn->tp_peer, &wr->w);
+    if (rc != 0) {
+        room->inflight--;
+        write_done(wr, rc);
+        baton__proom_abort(eng, room, rc);
+    }
+    return 1;
 }
 
 int baton__proom_on_offer(baton__conn_t *c, const baton__offer_t *o)
@@ -180,6 +255,8 @@ int baton__proom_on_offer(baton__conn_t *c, const baton__offer_t *o)
         free(room);
         goto nomem;
     }
+    if (serve_offer(eng, room))
+        return 0;
     baton__ev_post(eng, &room->ev_room);
     return 0;
 nomem:
@@ -298,6 +375,13 @@ int baton__proom_on_read_done(baton__conn_t *c, uint64_t room_id, int status)
 
 static void write_done(baton__wreq_t *wr, int status)
 {
+    if (wr->room->served) { /* no caller callback: release the source region here */
+        for (size_t i = 0; i < wr->n_mems; i++)
+            atomic_fetch_sub(&wr->mems[i]->refs, 1);
+        free(wr->mems);
+        free(wr);
+        return;
+    }
     wr->ev.status = status;
     baton__ev_post(wr->room->eng, &wr->ev);
 }
@@ -330,6 +414,11 @@ static void on_tp_write(baton__tp_write_t *w, int status)
     baton_buf_t b = BATON_BUF_INIT;
     int end_status = 0;
     room->inflight--;
+    if (status != 0 && room->served && room->state == BATON__PR_COMPLETING) {
+        /* nobody else can react to the failure: the room must not end with a DONE */
+        (void)BATON__PR_MOVE(room, BATON__PR_ABORT_LOCAL);
+        room->abort_reason = status;
+    }
     if (status == 0) {
         atomic_fetch_add(&room->eng->st_bytes_written, wr->bytes);
         if (enc_layer_done(room, wr, &b) != 0) {
@@ -340,13 +429,16 @@ static void on_tp_write(baton__tp_write_t *w, int status)
     /* The last write of a completed room: its LAYER_DONE and the DONE leave in one send (one
      * segment, one read on the decode side), and before the caller thread is woken. */
     int ended = room_end_frame(room, &b, &end_status);
+    if (room->served)
+        write_done(wr, status); /* its region is free before DONE can reach the puller */
     if (room->conn != NULL)
         baton__conn_send(room->conn, &b);
     baton_buf_free(&b);
     /* After write_done the caller thread may free wr and drop the write's room reference at
      * any moment; room itself stays valid: this thread's own reference lasts until room_close.
      * The write's event goes before the room's closing event, as the header promises. */
-    write_done(wr, status);
+    if (!room->served)
+        write_done(wr, status);
     if (ended)
         room_close(room, end_status);
 }

@@ -150,7 +150,7 @@ static void handle_tokenize(wk_worker_t *w, baton_http_req_t *req, int detok)
 static void handle_get(wk_worker_t *w, baton_http_req_t *req, const char *path)
 {
     if (strcmp(path, "/health") == 0 || strcmp(path, "/health_generate") == 0) {
-        int ok = !w->shutting_down;
+        int ok = !w->shutting_down && !w->draining;
         baton_http_respond(req, ok ? 200 : 503, "text/plain", NULL, 0, "", 0);
     } else if (strcmp(path, "/get_server_info") == 0 || strcmp(path, "/server_info") == 0) {
         respond_json(req, 200, server_info(w));
@@ -292,6 +292,18 @@ static void http_closed_cb(baton_http_server_t *srv)
     wk_worker_t *w = srv->data;
     w->http = NULL;
     wk_worker_close(w);
+}
+
+void wk_worker_drain_begin(wk_worker_t *w)
+{
+    w->draining = 1;
+    if (w->http)
+        baton_http_server_stop_accepting(w->http);
+}
+
+int wk_worker_drained(const wk_worker_t *w)
+{
+    return w->n_jobs == 0 && (w->http == NULL || baton_http_server_connections(w->http) == 0);
 }
 
 void wk_worker_shutdown(wk_worker_t *w, void (*on_closed)(wk_worker_t *w))

@@ -523,6 +523,14 @@ void wk_job_leftover(wk_job_t *job)
     job_unlink_free(job);
 }
 
+void wk_job_fail_all_shutdown(wk_worker_t *w)
+{
+    while (!baton_list_empty(&w->jobs)) /* each failure unlinks and frees its job */
+        wk__job_fail_reason(container_of(w->jobs.next, wk_job_t, link), 503,
+                            "the worker is shutting down: its drain timeout passed",
+                            "shutting_down", "shutdown");
+}
+
 /* ---- the scheduler's callbacks ------------------------------------------------------------ */
 
 static void on_nixl_held(void *data, int status)
@@ -662,7 +670,7 @@ void wk_job_handle(wk_worker_t *w, baton_http_req_t *http, wk_api_t api)
     if (bad) {
         status = 400;
         code = vbad ? "kv_transfer_params_invalid" : "bootstrap_required";
-    } else if (w->shutting_down) {
+    } else if (w->shutting_down || w->draining) {
         status = 503;
         bad = "the worker is shutting down";
         code = "shutting_down";

@@ -138,6 +138,9 @@ int wk_job_to(wk_job_t *job, wk_job_phase_t to);
 int wk_seq_to(wk_sstate_t *ss, wk_seq_phase_t to);
 /* Shutdown: a job still here after the server closed (a bug worth a line) is let go. */
 void wk_job_leftover(wk_job_t *job);
+/* The drain's deadline: every job still here is answered 503 shutting_down (a stream: its error
+ * event and end), so that its client gets an answer rather than a cut connection. */
+void wk_job_fail_all_shutdown(wk_worker_t *w);
 
 /* The scheduler's callbacks (worker.c registers them). */
 int wk_job_on_prefilled(wk_sched_t *s, wk_seq_t *seq);

@@ -11,6 +11,7 @@
 #include "baton/error.h"
 #include "common/fd_limit.h"
 #include "common/log.h"
+#include "worker/drain.h"
 #include "worker/kvev.h"
 #include "worker/register.h"
 #include "http/tls.h"
@@ -51,6 +52,8 @@ static void usage(FILE *f)
             "                               clients; bodies past it wait (default 256 MiB)\n"
             "  --max-connections N          HTTP connections at once; more get 503 (default 4096)\n"
             "  --bootstrap-timeout-ms MS    rendezvous deadline on both sides (default %llu)\n"
+            "  --drain-timeout-ms MS        SIGTERM: time in-flight requests get to finish; new\n"
+            "                               ones are refused, then exit 0 (default %llu)\n"
             "  --log-level LEVEL            debug | info | warn | error (default info)\n"
             "  --tls-cert FILE              serve HTTPS: certificate chain (PEM, leaf first)\n"
             "  --tls-key FILE               its private key (PEM); both reloaded on SIGHUP\n"
@@ -115,7 +118,8 @@ static void usage(FILE *f)
             wk_mode_name(d.mode), d.host, d.port, d.bootstrap_port, d.model_name,
             (unsigned long long)d.prefill_us_per_token, (unsigned long long)d.decode_us_per_token,
             d.max_batch, d.max_queue, (unsigned long long)d.bootstrap_timeout_ms,
-            (unsigned long long)d.cache_tokens, wk_kvshape_preset_names(), WK_KV_DEFAULT_PRESET,
+            (unsigned long long)d.drain_timeout_ms, (unsigned long long)d.cache_tokens,
+            wk_kvshape_preset_names(), WK_KV_DEFAULT_PRESET,
             (unsigned long long)WK_KV_AUTO_POOL_TOKENS,
             (unsigned long long)(WK_KV_AUTO_POOL_BYTES >> 20),
             (unsigned long long)d.kv_hold_timeout_ms);
@@ -186,6 +190,7 @@ enum {
     OPT_MAX_BODY_BYTES, /* the HTTP port's bounds */
     OPT_MAX_BUFFERED_BYTES,
     OPT_MAX_CONNECTIONS,
+    OPT_DRAIN_TIMEOUT,
 };
 
 /* --tokenizer: loaded once by main() before the worker starts (worker/wtok.h). */
@@ -248,6 +253,7 @@ static const struct option long_opts[] = {
     {"max-body-bytes", required_argument, NULL, OPT_MAX_BODY_BYTES},
     {"max-buffered-bytes", required_argument, NULL, OPT_MAX_BUFFERED_BYTES},
     {"max-connections", required_argument, NULL, OPT_MAX_CONNECTIONS},
+    {"drain-timeout-ms", required_argument, NULL, OPT_DRAIN_TIMEOUT},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -511,6 +517,10 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
                 return -1;
             cfg->max_connections = (unsigned)v;
             break;
+        case OPT_DRAIN_TIMEOUT:
+            if (parse_u64("--drain-timeout-ms", optarg, 0, 86400000ULL, &cfg->drain_timeout_ms))
+                return -1;
+            break;
         case OPT_KV_PENDING_BYTES:
             if (parse_u64("--kv-pending-buffer-bytes", optarg, 65536, 1ULL << 40,
                           &cfg->kv_pending_buffer_bytes))
@@ -558,6 +568,10 @@ static int parse_args(int argc, char **argv, wk_config_t *cfg)
 static wk_worker_t worker;
 static uv_signal_t sig_term, sig_int, sig_hup;
 static uv_timer_t hard_stop;
+static wk_drain_t drain;
+/* After the drain (its deadline and flush included), a close that does not end must not keep
+ * the process alive. */
+#define CLOSE_GRACE_MS 5000
 static wk_register_t *registration;
 
 /* The router's POST /workers body for this worker, and the key name it goes under. */
@@ -645,17 +659,32 @@ static void hard_stop_cb(uv_timer_t *t)
 
 static void on_signal(uv_signal_t *h, int signum)
 {
+    const wk_config_t *cfg = h->data;
+    const char *name = signum == SIGTERM ? "SIGTERM" : "SIGINT";
     if (worker.shutting_down) {
-        log_warn(COMP, "second_signal signal=%d exiting_now=1", signum);
+        log_warn(COMP, "signal signal=%s action=exit_now", name);
         exit(0);
     }
-    log_info(COMP, "signal signal=%s", signum == SIGTERM ? "SIGTERM" : "SIGINT");
-    /* a stuck close must not keep the process alive; the timer itself holds nothing open */
-    uv_timer_start(&hard_stop, hard_stop_cb, 5000, 0);
+    if (worker.draining) {
+        /* Another signal: do not wait for the rest of the drain. */
+        log_info(COMP, "signal signal=%s action=stop_now", name);
+        wk_drain_hurry(&drain);
+        return;
+    }
+    log_info(COMP, "shutdown signal=%s drain_timeout_ms=%llu in_flight=%u", name,
+             (unsigned long long)cfg->drain_timeout_ms, worker.n_jobs);
+    /* the timer itself holds nothing open */
+    uv_timer_start(&hard_stop, hard_stop_cb,
+                   cfg->drain_timeout_ms + WK_DRAIN_FLUSH_MS + CLOSE_GRACE_MS, 0);
     uv_unref((uv_handle_t *)&hard_stop);
+    /* Routers watching the registry stop sending here while the requests in flight finish. */
     wk_register_stop(registration, NULL, NULL);
     registration = NULL;
-    wk_worker_shutdown(&worker, on_worker_closed);
+    int rc = wk_drain_start(&drain, &worker, cfg->drain_timeout_ms, on_worker_closed);
+    if (rc != 0) {
+        log_error(COMP, "drain_failed err=%s action=stop_now", baton_strerror(rc));
+        wk_worker_shutdown(&worker, on_worker_closed);
+    }
 }
 
 /* SIGHUP: certificates and keys from the same files (the HTTP port's, and etcd's for
@@ -747,6 +776,7 @@ int main(int argc, char **argv)
     uv_signal_init(loop, &sig_term);
     uv_signal_init(loop, &sig_int);
     uv_timer_init(loop, &hard_stop);
+    sig_term.data = sig_int.data = &cfg;
     uv_signal_start(&sig_term, on_signal, SIGTERM);
     uv_signal_start(&sig_int, on_signal, SIGINT);
     uv_signal_init(loop, &sig_hup);

@@ -43,6 +43,7 @@ void wk_config_default(wk_config_t *cfg)
     cfg->cache_tokens = WK_DEFAULT_CACHE_TOKENS;
     cfg->protocol = WK_PROTO_SGLANG;
     cfg->kv_hold_timeout_ms = 30000;
+    cfg->drain_timeout_ms = 10000; /* the router's --drain-timeout-ms default */
 }
 
 const char *wk_mode_name(wk_mode_t m)

@@ -54,6 +54,7 @@ typedef struct wk_config_s {
      * answers queued to clients that do not read, connections. */
     uint64_t max_body_bytes, max_buffered_bytes;
     unsigned max_connections;
+    uint64_t drain_timeout_ms; /* SIGTERM: time in-flight requests get to finish (drain.h) */
 } wk_config_t;
 
 /* Default prefix cache capacity: 1 Mi tokens hold a few thousand chat sessions (~8 MiB). */
@@ -85,6 +86,7 @@ typedef struct wk_worker_s {
     struct json_t *responses;      /* Responses API: id → conversation (responses_store.h) */
     struct json_t *response_order; /* ... their ids, oldest first */
     long long started_at;
+    int draining; /* SIGTERM: new requests get 503, those in flight finish (drain.h) */
     int shutting_down;
     unsigned n_closing; /* handles and parts still closing */
     void (*on_closed)(struct wk_worker_s *w);
@@ -109,9 +111,14 @@ typedef struct wk_worker_s {
  * negative error with a log line saying what failed. */
 int wk_worker_start(wk_worker_t *w, uv_loop_t *loop, const wk_config_t *cfg);
 
-/* Graceful stop: in-flight requests are aborted, every handle closed; on_closed runs when the
- * loop has nothing of the worker's left. */
+/* Stop: in-flight requests are aborted, every handle closed; on_closed runs when the loop has
+ * nothing of the worker's left. A graceful stop drains first (drain.h). */
 void wk_worker_shutdown(wk_worker_t *w, void (*on_closed)(wk_worker_t *w));
+/* The drain's two halves: no new connections (idle ones close, busy ones after their answer)
+ * and 503 shutting_down for any request still begun; then 1 once no request and no connection
+ * is left. */
+void wk_worker_drain_begin(wk_worker_t *w);
+int wk_worker_drained(const wk_worker_t *w);
 
 /* ---- worker.c: everything but the HTTP server ---- */
 

@@ -12,6 +12,7 @@ import select
 import socket
 import threading
 import time
+import traceback
 
 
 class Request:
@@ -144,6 +145,9 @@ class Upstream:
         self.port = self.ls.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.connections = 0
+        # Exceptions a script raised on its connection thread: __exit__ fails the test with
+        # the first one (a thread's exception alone would only be printed).
+        self.errors = []
         self._stop = False
         self._threads = []
         self._socks = set()
@@ -223,6 +227,12 @@ class Upstream:
                     pass
                 except OSError:
                     io._mark_closed()
+                except Exception:  # noqa: BLE001 - handed to the test by __exit__
+                    with self.cond:
+                        self.errors.append(f"{self.name}: the script failed on {req.method} "
+                                           f"{req.path}:\n{traceback.format_exc()}")
+                        self.cond.notify_all()
+                    return
                 req.t_end = time.monotonic()
                 with self.cond:
                     self.cond.notify_all()
@@ -294,8 +304,12 @@ class Upstream:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
         self.close()
+        with self.cond:
+            errors = list(self.errors)
+        if exc_type is None and errors:
+            raise AssertionError(errors[0])
         return False
 
 

@@ -460,6 +460,7 @@ def test_dp_least_loaded_ranks():
     (GET /workers/{id} dp_in_flight) follow the requests and are given back when a leg fails and
     when the held ones end. With --dp-round-robin the ranks cycle regardless of load."""
     release = threading.Event()
+    fail_at = {}  # the prefill request count when the "fail" request is sent
 
     def p_script(req, io):
         prompt = req.json().get("prompt")
@@ -472,7 +473,9 @@ def test_dp_least_loaded_ranks():
 
     def d_script(req, io):
         if req.json().get("prompt") == "fail":
-            p.wait_requests(len(d.requests), timeout=5)  # its prefill leg took its rank
+            # its prefill leg took its rank (the router's HTTP client sends this leg once more,
+            # fresh, when a reused connection dies before any answer byte: the same wait holds)
+            p.wait_requests(fail_at["n"] + 1, timeout=5)
             io.die()  # a crashed decode: the attempt fails and the prefill leg is cancelled
             return
         decode_script(req, io)
@@ -513,6 +516,7 @@ def test_dp_least_loaded_ranks():
                 assert len(set(fast)) == 4, fast  # 0, 1, 2, 3 in turn, busy or not
             else:
                 assert fast == [idle] * 4, (busy, fast)
+            fail_at["n"] = len(p.requests)
             res = post(r.port, "/v1/completions", dict(COMP, prompt="fail"), timeout=15)
             assert res.status >= 500, res.text
             failed_rank = ranks(p, 7)[0]

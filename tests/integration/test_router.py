@@ -74,6 +74,8 @@ class Pair:
     def close(self):
         self.p.close()
         self.d.close()
+        errors = self.p.errors + self.d.errors  # a script's failure fails the test
+        assert not errors, errors[0]
 
 
 def pd_router(c, pair, *extra, boot=BOOT_PORT):

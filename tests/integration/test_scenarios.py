@@ -233,6 +233,23 @@ def test_profile_callgrind():
     assert "thread_main" not in names and not any(n.startswith("clone") for n in names), names
 
 
+def test_store():
+    """baton-store's scenario: a throughput row per transport, node count and size with nothing
+    failed or corrupted, the latency table, the metadata figures."""
+    binary("baton-store")
+    out = run_scenario("store.py")
+    header, rows = table_rows(out, "put / get throughput")
+    assert len(rows) == 8, rows  # tcp, shm x 1, 2 nodes x 64K, 1M
+    for r in rows:
+        assert r[header.index("failed")] == "0" and r[header.index("corrupted")] == "0", r
+        assert float(r[header.index("get GB/s")]) > 0, r
+    header, rows = table_rows(out, "4 KiB get latency")
+    assert [r[0] for r in rows] == ["tcp", "shm"], rows
+    header, rows = table_rows(out, "master metadata")
+    assert all(r[2] not in ("-", "0") for r in rows), rows
+    assert "objects corrupted: 0" in out
+
+
 if __name__ == "__main__":
     t = TestRunner()
     t.run(test_router_overhead)
@@ -243,4 +260,5 @@ if __name__ == "__main__":
     t.run(test_allocs)
     t.run(test_profile_perf)
     t.run(test_profile_callgrind)
+    t.run(test_store)
     t.finish()

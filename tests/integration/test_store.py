@@ -8,6 +8,7 @@ node data) and a client with the wrong secret, after which everything still serv
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -27,7 +28,8 @@ MIB = 1 << 20
 class Store:
     """A master and its nodes in one harness.Cluster, and the client commands against them."""
 
-    def __init__(self, cluster, nodes=3, segment="64M", master_args=(), secret=None):
+    def __init__(self, cluster, nodes=3, segment="64M", master_args=(), secret=None,
+                 node_args=()):
         self.c = cluster
         self.dir = tempfile.mkdtemp(prefix="baton-store-data-")
         self.secret = os.path.join(self.dir, "secret")
@@ -40,6 +42,7 @@ class Store:
                        "--node-timeout-ms", "1500", *master_args], wait=("master", "http"))
         self.addr = f"{HOST}:{self.master.wait_port('master')}"
         self.http = self.master.wait_port("http")
+        self.node_args = node_args
         self.nodes = [self.node(f"n{i}", segment) for i in range(nodes)]
         harness.wait_until(lambda: self.stat().get("nodes") == nodes, timeout=20,
                            what=f"{nodes} nodes registered")
@@ -47,7 +50,8 @@ class Store:
     def node(self, name, segment):
         return self.c.start(name, [harness.binary("baton-store"), "node", "--master", self.addr,
                                    "--segment-bytes", segment, "--id", name, "--host", HOST,
-                                   "--kv-secret-file", self.secret], wait=("node", "bootstrap"))
+                                   "--kv-secret-file", self.secret, *self.node_args],
+                            wait=("node", "bootstrap"))
 
     def cmd(self, *args, secret=None):
         p = subprocess.run([harness.binary("baton-store"), *args, "--master", self.addr,
@@ -326,7 +330,9 @@ def test_node_stopped_then_back():
     other replicas; when it resumes it registers again by itself."""
     with harness.Cluster("store-node-stop") as c:
         st = Store(c, master_args=("--lease-ttl-ms", "1000"))
-        p = bench(st, "--replicas", "2", "--duration-s", "10")
+        # every batch read three times: the later reads go straight to the nodes the client
+        # located (the location cache), and must find the replicas on the live nodes
+        p = bench(st, "--replicas", "2", "--duration-s", "10", "--reads", "3")
         time.sleep(1.5)
         st.nodes[2].signal(signal.SIGSTOP)
         harness.wait_until(lambda: st.stat()["nodes"] == 2, timeout=15, what="node lost")
@@ -337,6 +343,96 @@ def test_node_stopped_then_back():
         assert summary["corrupted"] == 0, summary
         assert summary["get_ok"] > 0, summary
         assert st.metric("nodes_lost_total") == 1
+
+
+def test_location_cache():
+    """A get of an object located within its lease (by a get or an exists) reads from the nodes
+    without asking the master: bench --latency N makes N gets through the cache, N through a client
+    without one and N exists (which locate too), so the master counts 2N (+1, the first located
+    get) lookups instead of 3N; every read passes its checksum and lease checks."""
+    n = 40
+    with harness.Cluster("store-loc-cache") as c:
+        st = Store(c, nodes=2)
+        before = st.metric("gets_total")
+        p = subprocess.run([harness.binary("baton-store"), "bench", "--master", st.addr,
+                            "--kv-secret-file", st.secret, "--size", "4K", "--latency", str(n)],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout + p.stderr
+        line = json.loads(p.stdout.splitlines()[-1])
+        assert line["failed"] == 0, line
+        gets = st.metric("gets_total") - before
+        assert 2 * n < gets < 3 * n, (gets, line)
+
+
+def node_peers(node):
+    """The node's last logged libbaton peer count and client peers forgotten, or None."""
+    last = None
+    for line in node.tail(100000).splitlines():
+        m = re.search(r"node_peers xfer_peers=(\d+) client_peers=\d+ client_peers_forgotten=(\d+)",
+                      line)
+        if m:
+            last = (int(m.group(1)), int(m.group(2)))
+    return last
+
+
+def test_node_forgets_clients():
+    """Every short-lived client that puts makes the node's engine connect to it (the node pulls the
+    bytes); once the client is gone the node forgets that peer, so its peer count returns to its
+    baseline (0) instead of growing by one per client it ever served, and a later client still
+    writes and reads."""
+    n = 8
+    with harness.Cluster("store-forget") as c:
+        st = Store(c, nodes=1)
+        for i in range(n):
+            rc, out = st.put(f"short-{i}", os.urandom(3000 + i))
+            assert rc == 0, out
+        def back_to_baseline():
+            last = node_peers(st.nodes[0])
+            return last is not None and last[0] == 0 and last[1] >= n
+
+        harness.wait_until(back_to_baseline, timeout=40,
+                           what="the node's peer count back to 0, every client forgotten")
+        data = os.urandom(5000)
+        assert st.put("after", data)[0] == 0
+        assert st.get("after")[1] == data
+
+
+def test_own_progress():
+    """The client without a caller loop (own-progress mode, bench --own-progress): a batch put,
+    read back with every byte compared, exists from this thread and from a second one, remove,
+    every callback run through the client's fd and dispatch; then the client and its engine
+    close in order."""
+    with harness.Cluster("store-own") as c:
+        st = Store(c, nodes=2)
+        p = subprocess.run([harness.binary("baton-store"), "bench", "--master", st.addr,
+                            "--kv-secret-file", st.secret, "--size", "300K", "--batch", "6",
+                            "--own-progress"], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout + p.stderr
+        line = json.loads(p.stdout.splitlines()[-1])
+        assert line["put_ok"] == 6 and line["get_ok"] == 6 and line["corrupted"] == 0, line
+
+
+def test_node_peer_bound():
+    """--max-client-peers 1 with two long-lived clients writing at once: the node keeps one
+    client's peer, forgets the other's (even while its client lives) and makes it again at its
+    next put; every put and get still succeeds and no byte comes back wrong."""
+    with harness.Cluster("store-peer-bound") as c:
+        # short leases: the two clients' working set stays below the store's capacity
+        st = Store(c, nodes=1, node_args=("--max-client-peers", "1"),
+                   master_args=("--lease-ttl-ms", "1000"))
+        ps = [bench(st, "--duration-s", "4") for _ in range(2)]
+        for p in ps:
+            lines = bench_lines(p)
+            summary = lines[-1]
+            errors = {x["last_error"] for x in lines if x.get("last_error")}
+            assert summary["corrupted"] == 0 and summary["put_failed"] == 0, (summary, errors)
+            assert summary["get_failed"] == 0 and summary["get_ok"] > 0, summary
+
+        def forgot_live_ones():  # two when the clients left, more for the bound's evictions
+            last = node_peers(st.nodes[0])
+            return last is not None and last[1] > 2
+
+        harness.wait_until(forgot_live_ones, timeout=20, what="clients forgotten past the bound")
 
 
 def test_metrics_promtool():
@@ -363,5 +459,9 @@ if __name__ == "__main__":
     r.run(test_exit_codes)
     r.run(test_master_stopped_then_back)
     r.run(test_node_stopped_then_back)
+    r.run(test_location_cache)
+    r.run(test_node_forgets_clients)
+    r.run(test_own_progress)
+    r.run(test_node_peer_bound)
     r.run(test_metrics_promtool)
     r.finish()

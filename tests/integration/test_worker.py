@@ -4,6 +4,8 @@ text simtext.py predicts; validation errors; queueing; client disconnects; clean
 import http.client
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -13,6 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import Cluster, get, post, sse_events, wait_until  # noqa: E402
 import simtext  # noqa: E402
+from router_upstream import SSEClient  # noqa: E402
 
 FAST = ("--prefill-us-per-token", "1", "--decode-us-per-token", "100")
 MSGS = [{"role": "system", "content": "You are terse."},
@@ -416,6 +419,83 @@ def test_cli_and_signals():
         t.join(10)
 
 
+def test_sigterm_drains():
+    """SIGTERM drains like the router: the listener closes, a request begun on an open
+    connection gets 503 shutting_down, the stream in flight completes intact (every token, its
+    [DONE]), then exit 0. Past --drain-timeout-ms what is left is answered (an SSE error event,
+    a 503) instead of cut."""
+    n, prompt = 300, "drain me"
+    with Cluster("worker-drain") as c:
+        w = c.worker("regular", "--decode-us-per-token", "20000", "--drain-timeout-ms", "120000")
+        port = w.port
+        cl = SSEClient(port, "/generate", {"text": prompt, "stream": True,
+                                           "sampling_params": {"max_new_tokens": n}}, timeout=60)
+        evs = [cl.next_event()]
+        # a request whose body is still being read when the signal comes (its bytes show in
+        # baton_worker_buffered_bytes once the worker reads them)
+        body = json.dumps({"text": "too late " * 4000}).encode()
+        late = socket.create_connection(("127.0.0.1", port), timeout=30)
+        late.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body[:16384])
+        wait_until(lambda: (worker_metric(port, "baton_worker_buffered_bytes") or 0) >= 16384,
+                   what="the late body being read")
+        w.signal(signal.SIGTERM)
+        # the stream is in flight when the drain starts
+        w.wait_log(r"shutdown signal=SIGTERM drain_timeout_ms=120000 in_flight=1")
+
+        def refused():
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return False
+            except OSError:
+                return True
+        wait_until(refused, timeout=10, what="listener closed")
+        late.sendall(body[16384:])
+        got = b""
+        while True:
+            d = late.recv(65536)
+            if not d:
+                break
+            got += d
+        late.close()
+        head, _, rbody = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503"), got
+        assert json.loads(rbody)["error"]["code"] == "shutting_down", got
+        evs += cl.events()
+        cl.close()
+        assert evs[-1] == "[DONE]" and len(evs) == n + 1, evs[-3:]
+        want = simtext.complete_text(prompt, n)
+        check_generate_obj(json.loads(evs[-2]), want, prompt=prompt)
+        w.p.wait(timeout=60)
+        assert w.p.returncode == 0, w.tail()
+    # the deadline: the stream gets an error event, a plain request a 503, both well formed
+    with Cluster("worker-drain-deadline") as c:
+        w = c.worker("regular", "--decode-us-per-token", "20000", "--drain-timeout-ms", "300")
+        cl = SSEClient(w.port, "/generate", {"text": "long", "stream": True,
+                                             "sampling_params": {"max_new_tokens": 5000}},
+                       timeout=60)
+        assert cl.next_event() is not None
+        got = {}
+
+        def plain():
+            got["res"] = post(w.port, "/generate", {"text": "long too", "sampling_params":
+                                                   {"max_new_tokens": 5000}}, timeout=60)
+
+        t = threading.Thread(target=plain)
+        t.start()
+        wait_until(lambda: get(w.port, "/get_load").json()[0]["num_reqs"] == 2)
+        w.signal(signal.SIGTERM)
+        evs = cl.events()
+        cl.close()
+        assert evs[-1] == "[DONE]", evs[-3:]
+        assert json.loads(evs[-2])["error"]["code"] == "shutting_down", evs[-3:]
+        t.join(60)
+        assert got["res"].status == 503, got
+        assert got["res"].json()["error"]["code"] == "shutting_down", got["res"].text
+        w.p.wait(timeout=60)
+        assert w.p.returncode == 0, w.tail()
+
+
 def worker_metric(port, name):
     for line in get(port, "/metrics").text.splitlines():
         if line.startswith(name + " "):
@@ -469,7 +549,8 @@ def main():
                    test_info_endpoints, test_errors):
             t.run(fn, w.port)
     for fn in (test_modes_require_bootstrap, test_queue_full, test_client_disconnect,
-               test_zero_cost_many, test_cli_and_signals, test_body_flood_budget):
+               test_zero_cost_many, test_cli_and_signals, test_sigterm_drains,
+               test_body_flood_budget):
         t.run(fn)
     t.finish()
 

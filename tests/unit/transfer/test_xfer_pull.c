@@ -1,10 +1,15 @@
 /* test_xfer_pull.c — libbaton's pull mode (transfer.h "pull mode") over tcp and shm: two engines
  * on one caller loop, a holder that exports pages and a puller that fetches them; every byte
  * checked, the export's callback exactly once (pulled, timeout), refusals that leave the export
- * waiting, release, and an unexported key reaching the application as an ordinary offer. */
+ * waiting, release, and an unexported key reaching the application as an ordinary offer. Served
+ * rooms (baton_xfer_engine_serve): one-page offers answered on the holder's progress thread from
+ * a region, the application never seeing them; declined ones reaching room_cb, refused and
+ * out-of-range ones aborted, offers of another shape never asked about. Forgetting a peer
+ * (baton_xfer_forget): at once when idle, only after its last room when one is open. */
 #include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,6 +38,9 @@ typedef struct pt_s {
     int64_t first_token;
     char payload[16];
     int closed;
+    atomic_int serve_calls; /* the holder's progress thread */
+    int hold;               /* on_room keeps the room (held) instead of aborting it */
+    baton_xfer_room_t *held;
 } pt_t;
 
 static uint8_t pattern(size_t i)
@@ -45,6 +53,10 @@ static void on_room(baton_xfer_engine_t *eng, baton_xfer_room_t *room, void *dat
     pt_t *t = data;
     (void)eng;
     t->app_rooms++;
+    if (t->hold) {
+        t->held = room;
+        return;
+    }
     baton_xfer_room_abort(room, BATON_XFER_EABORTED); /* this application serves no offers */
 }
 
@@ -221,6 +233,153 @@ static void test_pull_shm(void **state)
     pull_mode(BATON_XFER_TRANSPORT_SHM);
 }
 
+/* ---- served rooms ---- */
+
+#define DECLINE_ID 0xdec1u /* the serve callback sends these to room_cb */
+#define REFUSE_ID  0xbadu  /* and refuses these */
+
+/* The room id is the offset into the holder's region (a store node's scheme, simplified). */
+static int serve(void *data, uint64_t room_id, uint64_t len, baton_xfer_mem_t **mem_p,
+                 uint64_t *off_p)
+{
+    pt_t *t = data;
+    (void)len;
+    atomic_fetch_add(&t->serve_calls, 1);
+    if (room_id == DECLINE_ID)
+        return 1;
+    if (room_id == REFUSE_ID)
+        return BATON_XFER_ERKEY;
+    *mem_p = t->src;
+    *off_p = room_id; /* may be out of range: the engine checks */
+    return 0;
+}
+
+/* Offers n_pages pages of PAGE_LEN (one layer) at the start of dst; returns the room's status. */
+static int offer_pages(pt_t *t, uint64_t room_id, uint32_t n_pages)
+{
+    baton_xfer_iov_t pages[2];
+    uint8_t *d = baton_xfer_mem_addr(t->dst);
+    for (uint32_t i = 0; i < n_pages; i++)
+        pages[i] = (baton_xfer_iov_t){d + (size_t)i * PAGE_LEN, PAGE_LEN};
+    baton_xfer_offer_t o = {room_id, 1, n_pages, pages, NULL};
+    int want = t->offer_cbs + 1;
+    assert_int_equal(baton_xfer_offer(t->puller, "127.0.0.1",
+                                      baton_xfer_engine_listen_port(t->holder), &o, on_offer, t),
+                     0);
+    run_until(t, &t->offer_cbs, want);
+    return t->offer_status;
+}
+
+static void served(baton_xfer_transport_t tp)
+{
+    pt_t t;
+    setup(&t, tp);
+    assert_int_equal(baton_xfer_engine_serve(t.holder, serve, &t), 0);
+    uint8_t *d = baton_xfer_mem_addr(t.dst), *s = baton_xfer_mem_addr(t.src);
+    /* many in a row, at offsets all over the region: every byte where it belongs */
+    for (uint64_t k = 0; k < 64; k++) {
+        uint64_t off = (k * 7919u * 64u) % (LEN - PAGE_LEN);
+        memset(d, 0, PAGE_LEN);
+        assert_int_equal(offer_pages(&t, off, 1), 0);
+        assert_memory_equal(d, s + off, PAGE_LEN);
+    }
+    assert_int_equal(t.app_rooms, 0);
+    assert_int_equal(t.app_closed, 0);
+    baton_xfer_stats_t st;
+    baton_xfer_engine_stats(t.holder, &st);
+    assert_int_equal(st.rooms_done, 64);
+    assert_int_equal(st.bytes_written, 64 * (uint64_t)PAGE_LEN);
+
+    /* declined: the application's room_cb decides (it aborts) */
+    assert_int_equal(offer_pages(&t, DECLINE_ID, 1), BATON_XFER_EABORTED);
+    run_until(&t, &t.app_closed, 1);
+    assert_int_equal(t.app_rooms, 1);
+    /* refused, and a range outside the region: aborted without the application */
+    assert_int_equal(offer_pages(&t, REFUSE_ID, 1), BATON_XFER_ERKEY);
+    assert_int_equal(offer_pages(&t, LEN - PAGE_LEN / 2, 1), BATON_XFER_ERKEY);
+    /* another shape: never asked, the application's */
+    int calls = atomic_load(&t.serve_calls);
+    assert_int_equal(offer_pages(&t, 0, 2), BATON_XFER_EABORTED);
+    assert_int_equal(atomic_load(&t.serve_calls), calls);
+    run_until(&t, &t.app_closed, 2);
+    assert_int_equal(t.app_rooms, 2);
+    teardown(&t);
+}
+
+static void test_served_tcp(void **state)
+{
+    (void)state;
+    served(BATON_XFER_TRANSPORT_TCP);
+}
+
+static void test_served_shm(void **state)
+{
+    (void)state;
+    served(BATON_XFER_TRANSPORT_SHM);
+}
+
+/* ---- forgetting peers ---- */
+
+/* Runs the loop until the puller keeps `peers` peers and has forgotten `forgotten`. */
+static void wait_peers(pt_t *t, uint64_t peers, uint64_t forgotten)
+{
+    uint64_t deadline = uv_hrtime() / 1000000 + WAIT_MS;
+    baton_xfer_stats_t st;
+    for (;;) {
+        baton_xfer_engine_stats_sized(t->puller, &st, sizeof(st));
+        if (st.peers == peers && st.peers_forgotten == forgotten)
+            return;
+        if (uv_hrtime() / 1000000 > deadline)
+            fail_msg("peers %llu forgotten %llu", (unsigned long long)st.peers,
+                     (unsigned long long)st.peers_forgotten);
+        uv_run(&t->loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+}
+
+static void test_forget(void **state)
+{
+    (void)state;
+    pt_t t;
+    setup(&t, BATON_XFER_TRANSPORT_TCP);
+    int port = baton_xfer_engine_listen_port(t.holder);
+    assert_int_equal(baton_xfer_forget(t.puller, NULL, port), BATON_XFER_EINVAL);
+    assert_int_equal(baton_xfer_forget(t.puller, "127.0.0.1", 1), 0); /* unknown: nothing */
+    /* a pull makes a peer; forgetting it when idle drops it at once */
+    assert_int_equal(do_export(&t, 21, 0), 0);
+    assert_int_equal(do_pull(&t, 21, N_PAGES), 0);
+    run_until(&t, &t.offer_cbs, 1);
+    run_until(&t, &t.export_cbs, 1); /* the holder's side is over too: its region is free */
+    assert_int_equal(t.offer_status, 0);
+    wait_peers(&t, 1, 0);
+    assert_int_equal(baton_xfer_forget(t.puller, "127.0.0.1", port), 0);
+    wait_peers(&t, 0, 1);
+
+    /* a room still open keeps it until the room ends; the next offer makes a fresh peer */
+    t.hold = 1;
+    assert_int_equal(do_pull(&t, 22, N_PAGES), 0); /* no export: the application's room */
+    run_until(&t, &t.app_rooms, 1);
+    wait_peers(&t, 1, 1);
+    assert_int_equal(baton_xfer_forget(t.puller, "127.0.0.1", port), 0);
+    for (int i = 0; i < 50; i++) { /* its turn has come and gone: the room holds it */
+        uv_run(&t.loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+    wait_peers(&t, 1, 1);
+    assert_int_equal(baton_xfer_room_abort(t.held, BATON_XFER_EABORTED), 0);
+    run_until(&t, &t.offer_cbs, 2);
+    assert_int_equal(t.offer_status, BATON_XFER_EABORTED);
+    wait_peers(&t, 0, 2);
+    t.hold = 0;
+    assert_int_equal(do_export(&t, 23, 0), 0);
+    assert_int_equal(do_pull(&t, 23, N_PAGES), 0);
+    run_until(&t, &t.offer_cbs, 3);
+    run_until(&t, &t.export_cbs, 2);
+    assert_int_equal(t.offer_status, 0);
+    wait_peers(&t, 1, 2);
+    teardown(&t);
+}
+
 /* Own-progress mode: polls the engine fd and dispatches until *counter reaches want. */
 static void dispatch_until(baton_xfer_engine_t *eng, int *counter, int want)
 {
@@ -294,6 +453,9 @@ int main(void)
         cmocka_unit_test(test_pull_tcp),
         cmocka_unit_test(test_pull_shm),
         cmocka_unit_test(test_pull_own_progress_timeout),
+        cmocka_unit_test(test_served_tcp),
+        cmocka_unit_test(test_served_shm),
+        cmocka_unit_test(test_forget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
