@@ -42,6 +42,7 @@ typedef struct bb_config_s {
 
     const char *model;
     int ignore_eos;
+    int token_ids; /* --token-ids: prompts as integer ids (completions, generate) */
     double slo_ttft_ms, slo_tpot_ms, slo_e2e_ms; /* 0 = no such SLO */
     uint64_t seed;
     double timeout_s; /* per request, 0 = none */

@@ -28,6 +28,8 @@ static void usage(FILE *f)
             "  --stream                  ask for a streamed (SSE) answer\n"
             "  --model NAME              the \"model\" field (left out when not given)\n"
             "  --ignore-eos              ask the server to ignore EOS (real engines)\n"
+            "  --token-ids               completions / generate: send the prompt as token ids (a\n"
+            "                            hash of each word), as a client with its own tokenizer\n"
             "  --ca FILE                 https:// URLs: verify the server against this CA bundle\n"
             "                            (default: the system's)\n"
             "  --new-connection          a new connection (and TLS handshake) per request\n"
@@ -125,6 +127,7 @@ enum {
     O_STREAM,
     O_MODEL,
     O_IGNORE_EOS,
+    O_TOKEN_IDS,
     O_CONCURRENCY,
     O_RATE,
     O_ARRIVAL,
@@ -164,6 +167,7 @@ static const struct option opts[] = {
     {"stream", no_argument, 0, O_STREAM},
     {"model", required_argument, 0, O_MODEL},
     {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
+    {"token-ids", no_argument, 0, O_TOKEN_IDS},
     {"concurrency", required_argument, 0, O_CONCURRENCY},
     {"request-rate", required_argument, 0, O_RATE},
     {"arrival", required_argument, 0, O_ARRIVAL},
@@ -257,6 +261,9 @@ int main(int argc, char **argv)
             break;
         case O_IGNORE_EOS:
             cfg.ignore_eos = 1;
+            break;
+        case O_TOKEN_IDS:
+            cfg.token_ids = 1;
             break;
         case O_CONCURRENCY:
             if (parse_u64(optarg, 1, 1000000, &u))

@@ -56,6 +56,37 @@ static int joined_prompt(baton_buf_t *out, const bb_turn_t *turns, size_t n)
     return rc ? BATON_ENOMEM : 0;
 }
 
+/* The words of s as ids, appended as JSON integers: FNV-1a of each word, 31 bits. */
+static int append_ids(baton_buf_t *out, const char *s, size_t n, int *first)
+{
+    size_t k = 0;
+    while (k < n) {
+        while (k < n && (s[k] == ' ' || (s[k] >= '\t' && s[k] <= '\r')))
+            k++;
+        if (k >= n)
+            break;
+        uint32_t h = 2166136261u;
+        while (k < n && !(s[k] == ' ' || (s[k] >= '\t' && s[k] <= '\r')))
+            h = (h ^ (uint8_t)s[k++]) * 16777619u;
+        if (baton_buf_printf(out, *first ? "%u" : ",%u", h & 0x7fffffffu))
+            return BATON_ENOMEM;
+        *first = 0;
+    }
+    return 0;
+}
+
+/* The turns' words as one array of token ids: what a client with its own tokenizer sends. */
+static int joined_ids(baton_buf_t *out, const bb_turn_t *turns, size_t n)
+{
+    int first = 1, rc = baton_buf_append_str(out, "[");
+    for (size_t i = 0; i < n && !rc; i++) {
+        rc = append_ids(out, turns[i].user, turns[i].user_len, &first);
+        if (!rc && turns[i].assistant)
+            rc = append_ids(out, turns[i].assistant, turns[i].assistant_len, &first);
+    }
+    return rc || baton_buf_append_str(out, "]") ? BATON_ENOMEM : 0;
+}
+
 int bb_render_body(baton_buf_t *out, const bb_body_opts_t *o, const bb_turn_t *turns,
                    size_t n_turns, uint32_t max_tokens)
 {
@@ -85,11 +116,15 @@ int bb_render_body(baton_buf_t *out, const bb_body_opts_t *o, const bb_turn_t *t
             rc = baton_buf_printf(out, "],\"max_tokens\":%u,\"temperature\":0", max_tokens);
         break;
     case BB_EP_COMPLETIONS:
-        rc = baton_buf_append_str(out, "\"prompt\":") || joined_prompt(out, turns, n_turns) ||
-             baton_buf_printf(out, ",\"max_tokens\":%u,\"temperature\":0", max_tokens);
+        rc =
+            baton_buf_append_str(out, "\"prompt\":") ||
+            (o->token_ids ? joined_ids(out, turns, n_turns) : joined_prompt(out, turns, n_turns)) ||
+            baton_buf_printf(out, ",\"max_tokens\":%u,\"temperature\":0", max_tokens);
         break;
     case BB_EP_GENERATE:
-        rc = baton_buf_append_str(out, "\"text\":") || joined_prompt(out, turns, n_turns) ||
+        rc = (o->token_ids
+                  ? baton_buf_append_str(out, "\"input_ids\":") || joined_ids(out, turns, n_turns)
+                  : baton_buf_append_str(out, "\"text\":") || joined_prompt(out, turns, n_turns)) ||
              baton_buf_printf(out,
                               ",\"sampling_params\":{\"max_new_tokens\":%u,\"temperature\":0%s}",
                               max_tokens, o->ignore_eos ? ",\"ignore_eos\":true" : "");

@@ -55,6 +55,7 @@ typedef struct bb_body_opts_s {
     const char *model; /* NULL: no "model" field */
     int ignore_eos;
     const char *user; /* NULL: none; else the OpenAI "user" field (the session key) */
+    int token_ids; /* completions / generate: the prompt as ids, one per word (FNV-1a, 31 bits) */
 } bb_body_opts_t;
 
 /*

@@ -1044,6 +1044,7 @@ int bb_run(const bb_config_t *cfg, bb_results_t *res)
     run->body_opts.stream = cfg->stream;
     run->body_opts.model = cfg->model;
     run->body_opts.ignore_eos = cfg->ignore_eos;
+    run->body_opts.token_ids = cfg->token_ids;
     bb_rng_seed(&run->rng, cfg->seed);
     if (cfg->shared_prefix_words) {
         unsigned g = cfg->shared_prefix_groups ? cfg->shared_prefix_groups : 1;

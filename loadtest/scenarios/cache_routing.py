@@ -97,6 +97,7 @@ def summarize(policy, res, wf, cpu):
         "policy": policy,
         "hit_ratio": hit / prompt if prompt else 0.0,
         "ttft_p50": res["ttft_ms"].get("p50"),
+        "ttft_p90": res["ttft_ms"].get("p90"),
         "ttft_p99": res["ttft_ms"].get("p99"),
         "req_s": res["request_throughput"],
         "imbalance": max(per) / mean if mean else None,

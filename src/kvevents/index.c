@@ -23,6 +23,7 @@ typedef struct {
 
 struct baton_kvidx {
     pthread_rwlock_t lock;
+    unsigned slice; /* blocks written since the lock was taken (the writer's own) */
     uint32_t block_size;
     slot_t *t;
     size_t cap, count, used;
@@ -138,6 +139,11 @@ static void drop_holder(baton_kvidx_t *x, int src, uint64_t key)
     if (!s)
         return;
     uint64_t bit = 1ull << src;
+    baton_kvidx_source_stats_t *st = &x->src[src].st;
+    if (s->l1 & bit)
+        st->blocks_l1--;
+    else if (s->l2 & bit)
+        st->blocks_l2--;
     s->l1 &= ~bit;
     s->l2 &= ~bit;
     if (!s->l1 && !s->l2) {
@@ -149,6 +155,16 @@ static void drop_holder(baton_kvidx_t *x, int src, uint64_t key)
 static int is_l1(const char *medium)
 {
     return medium[0] == '\0' || strcmp(medium, "GPU") == 0;
+}
+
+/* The writer lets readers in every BATON_KVIDX_WRITE_SLICE blocks (index.h). */
+static void yield_slice(baton_kvidx_t *x)
+{
+    if (++x->slice < BATON_KVIDX_WRITE_SLICE)
+        return;
+    x->slice = 0;
+    pthread_rwlock_unlock(&x->lock);
+    pthread_rwlock_wrlock(&x->lock);
 }
 
 static int apply_stored(baton_kvidx_t *x, int src, const baton_kvev_event_t *e)
@@ -182,13 +198,17 @@ static int apply_stored(baton_kvidx_t *x, int src, const baton_kvev_event_t *e)
         slot_t *s = upsert(x, key);
         if (!s)
             return 0;
+        int had1 = (s->l1 & bit) != 0, had2 = (s->l2 & bit) != 0;
         if (is_l1(e->medium)) {
             s->l1 |= bit;
             s->l2 &= ~bit;
         } else if (!(s->l1 & bit)) {
             s->l2 |= bit;
         }
+        so->st.blocks_l1 += (uint64_t)((s->l1 & bit) != 0) - (uint64_t)had1;
+        so->st.blocks_l2 += (uint64_t)((s->l2 & bit) != 0) - (uint64_t)had2;
         parent = key;
+        yield_slice(x);
     }
     return 0;
 }
@@ -204,6 +224,7 @@ static void apply_removed(baton_kvidx_t *x, int src, const baton_kvev_event_t *e
         }
         drop_holder(x, src, (uint64_t)(uintptr_t)p);
         so->st.blocks--;
+        yield_slice(x);
     }
 }
 
@@ -218,6 +239,7 @@ static void clear_locked(baton_kvidx_t *x, int src)
     baton_u64map_free(&so->by_engine);
     baton_u64map_init(&so->by_engine);
     so->st.blocks = 0;
+    so->st.blocks_l1 = so->st.blocks_l2 = 0;
 }
 
 int baton_kvidx_apply(baton_kvidx_t *x, int src, const baton_kvev_batch_t *b)
@@ -226,6 +248,7 @@ int baton_kvidx_apply(baton_kvidx_t *x, int src, const baton_kvev_batch_t *b)
         return -1;
     int rc = 0;
     pthread_rwlock_wrlock(&x->lock);
+    x->slice = 0;
     for (uint32_t k = 0; k < b->n_events && rc == 0; k++) {
         const baton_kvev_event_t *e = &b->events[k];
         if (e->type == BATON_KVEV_STORED)
@@ -248,19 +271,29 @@ void baton_kvidx_clear(baton_kvidx_t *x, int src)
     pthread_rwlock_unlock(&x->lock);
 }
 
-uint32_t baton_kvidx_match(baton_kvidx_t *x, const uint32_t *ids, uint32_t n, int n_sources,
-                           uint32_t *l1, uint32_t *l2)
+uint32_t baton_kvidx_block_size(const baton_kvidx_t *x)
 {
-    uint32_t bs = x->block_size, nb = n / bs;
-    if (n_sources > BATON_KVIDX_MAX_SOURCES)
-        n_sources = BATON_KVIDX_MAX_SOURCES;
-    memset(l1, 0, (size_t)n_sources * sizeof(*l1));
-    memset(l2, 0, (size_t)n_sources * sizeof(*l2));
-    uint64_t alive = n_sources == 64 ? ~0ull : (1ull << n_sources) - 1, in_l2 = 0, key = BATON_KVIDX_ROOT;
+    return x->block_size;
+}
+
+uint32_t baton_kvidx_chain(uint32_t block_size, const uint32_t *ids, uint32_t n, uint64_t *keys)
+{
+    uint32_t nb = block_size ? n / block_size : 0;
+    uint64_t key = BATON_KVIDX_ROOT;
+    for (uint32_t b = 0; b < nb; b++)
+        keys[b] = key = baton_kvidx_key(key, block_size, ids + (size_t)b * block_size);
+    return nb;
+}
+
+void baton_kvidx_match_keys(baton_kvidx_t *x, const uint64_t *keys, uint32_t nb, uint64_t sources,
+                            uint32_t *l1, uint32_t *l2)
+{
+    memset(l1, 0, BATON_KVIDX_MAX_SOURCES * sizeof(*l1));
+    memset(l2, 0, BATON_KVIDX_MAX_SOURCES * sizeof(*l2));
+    uint64_t alive = sources, in_l2 = 0;
     pthread_rwlock_rdlock(&x->lock);
     for (uint32_t b = 0; b < nb && alive; b++) {
-        key = baton_kvidx_key(key, bs, ids + (size_t)b * bs);
-        const slot_t *s = lookup(x, key);
+        const slot_t *s = lookup(x, keys[b]);
         uint64_t a1 = s ? s->l1 : 0, a2 = s ? s->l2 : 0;
         /* L1 counts while the prefix is all L1; once a source's prefix continues in L2 only,
          * the rest of it counts as L2. */
@@ -280,6 +313,26 @@ uint32_t baton_kvidx_match(baton_kvidx_t *x, const uint32_t *ids, uint32_t n, in
         alive = still;
     }
     pthread_rwlock_unlock(&x->lock);
+}
+
+uint32_t baton_kvidx_match(baton_kvidx_t *x, const uint32_t *ids, uint32_t n, int n_sources,
+                           uint32_t *l1, uint32_t *l2)
+{
+    uint32_t nb = n / x->block_size;
+    if (n_sources > BATON_KVIDX_MAX_SOURCES)
+        n_sources = BATON_KVIDX_MAX_SOURCES;
+    uint64_t *keys = nb ? malloc((size_t)nb * sizeof(*keys)) : NULL;
+    uint32_t a1[BATON_KVIDX_MAX_SOURCES], a2[BATON_KVIDX_MAX_SOURCES];
+    memset(l1, 0, (size_t)n_sources * sizeof(*l1));
+    memset(l2, 0, (size_t)n_sources * sizeof(*l2));
+    if (nb && !keys)
+        return nb; /* out of memory: nothing matched, still correct */
+    baton_kvidx_chain(x->block_size, ids, n, keys);
+    uint64_t srcs = n_sources == 64 ? ~0ull : (1ull << n_sources) - 1;
+    baton_kvidx_match_keys(x, keys, nb, srcs, a1, a2);
+    memcpy(l1, a1, (size_t)n_sources * sizeof(*l1));
+    memcpy(l2, a2, (size_t)n_sources * sizeof(*l2));
+    free(keys);
     return nb;
 }
 

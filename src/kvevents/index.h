@@ -21,14 +21,20 @@
  * A block's holders are two bit sets (L1 "GPU" or nil medium, L2 "CPU" or anything else).
  *
  * Threading: one writer (apply, clear) and any number of readers (match) at once, under the
- * index's read-write lock.
+ * index's read-write lock. The writer holds it for at most BATON_KVIDX_WRITE_SLICE blocks at a
+ * time (a large batch is applied in slices, the lock released between them), so a reader on a
+ * request path waits for one slice at most, never for a whole batch; readers see the batch
+ * partly applied meanwhile, which a routing guess tolerates.
  */
+#define BATON_KVIDX_WRITE_SLICE 256
 #define BATON_KVIDX_MAX_SOURCES 64
 
 typedef struct baton_kvidx baton_kvidx_t;
 
 typedef struct {
-    uint64_t blocks;         /* blocks this source holds, both tiers */
+    uint64_t blocks;         /* blocks this source holds, both tiers (engine hashes known) */
+    uint64_t blocks_l1;      /* distinct indexed blocks it holds in L1 */
+    uint64_t blocks_l2;      /* ... and in L2 only */
     uint64_t orphaned;       /* stored blocks whose parent was unknown */
     uint64_t unknown_removes; /* removals of blocks never stored here */
     uint64_t requests_hit;   /* matches where this source held at least the first block */
@@ -49,6 +55,16 @@ void baton_kvidx_clear(baton_kvidx_t *x, int src);
  * of blocks of the request (n / block_size). */
 uint32_t baton_kvidx_match(baton_kvidx_t *x, const uint32_t *ids, uint32_t n, int n_sources,
                            uint32_t *l1, uint32_t *l2);
+
+/* The same for a request already keyed: keys[0..nb) (baton_kvidx_chain), the sources a set of
+ * bits (bit s: source s); l1[] and l2[] have BATON_KVIDX_MAX_SOURCES entries, those of sources
+ * outside the set are 0. */
+void baton_kvidx_match_keys(baton_kvidx_t *x, const uint64_t *keys, uint32_t nb, uint64_t sources,
+                            uint32_t *l1, uint32_t *l2);
+/* The keys of the whole blocks of ids[0..n) in blocks of block_size: keys[0..n / block_size),
+ * returned. */
+uint32_t baton_kvidx_chain(uint32_t block_size, const uint32_t *ids, uint32_t n, uint64_t *keys);
+uint32_t baton_kvidx_block_size(const baton_kvidx_t *x);
 
 void baton_kvidx_source_stats(baton_kvidx_t *x, int src, baton_kvidx_source_stats_t *out);
 /* Distinct blocks indexed and the bytes the index holds. */

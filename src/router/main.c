@@ -17,6 +17,7 @@
 #include "common/fd_limit.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "router/control/kv_route.h"
 #include "router/control/load_poll.h"
 #include "router/control/worker_check.h"
 #include "router/control/worker_health.h"
@@ -539,6 +540,16 @@ static int create_shared(app_t *app, char *err, size_t errlen)
     baton_admission_set_reserve(r->admission, app->cfg.priority_reserve_pct);
     if ((rc = baton_auth_create(&r->auth, &app->cfg, err, errlen)) != 0)
         return rc;
+    /* KV-event subscriptions: their thread follows the registry (idle while no worker names an
+     * endpoint); the precise policy reads their index. */
+    baton_kvroute_opts_t ko = {.max_blocks_per_source = app->cfg.kv_max_blocks,
+                               .unmatched_after = app->cfg.kv_unmatched_after};
+    if ((rc = baton_kvroute_create(&r->kv, r->registry, r->metrics_reg, &ko)) != 0 ||
+        (rc = baton_kvroute_start(r->kv)) != 0) {
+        snprintf(err, errlen, "kv events: %s", baton_strerror(rc));
+        return rc;
+    }
+    baton_registry_set_kv(r->registry, r->kv);
     return create_health(app, err, errlen);
 }
 
@@ -586,6 +597,8 @@ static void destroy_shared(app_t *app)
     baton_tls_destroy(r->upstream_tls);
     baton_tls_destroy(app->registry_tls); /* the etcd sync, its user, is gone by now */
     app->registry_tls = NULL;
+    baton_kvroute_destroy(r->kv); /* its thread holds worker references: before the registry */
+    r->kv = NULL;
     baton_whealth_destroy(r->health);
     baton_auth_free(r->auth);
     baton_admission_destroy(r->admission);

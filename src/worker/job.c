@@ -626,7 +626,8 @@ static void job_start(wk_job_t *job)
 {
     wk_worker_t *w = job->w;
     /* a vllm-nixl prefill computes like a plain request; its pages are held at the answer */
-    if (w->cfg.mode != WK_MODE_REGULAR && job->req.vllm_leg != WK_VLLM_NIXL_PREFILL) {
+    if (w->cfg.mode != WK_MODE_REGULAR && job->req.vllm_leg != WK_VLLM_NIXL_PREFILL &&
+        !wk_vllm_decode_alone(w->cfg.protocol, w->cfg.mode, &job->req)) {
         wk__job_pd_start(job);
         return;
     }
@@ -669,13 +670,14 @@ void wk_job_handle(wk_worker_t *w, baton_http_req_t *http, wk_api_t api)
     /* vLLM protocols: the leg must be the one this worker plays */
     const char *bad = wk_vllm_refused(w->cfg.protocol, w->cfg.mode, &job->req);
     int vbad = bad != NULL;
-    if (!bad && w->cfg.mode != WK_MODE_REGULAR && !job->req.has_boot &&
+    int alone = wk_vllm_decode_alone(w->cfg.protocol, w->cfg.mode, &job->req);
+    if (!bad && !alone && w->cfg.mode != WK_MODE_REGULAR && !job->req.has_boot &&
         job->req.vllm_leg != WK_VLLM_NIXL_PREFILL)
         bad = w->cfg.mode == WK_MODE_PREFILL
                   ? "this worker runs in prefill mode: bootstrap_room is required"
                   : "this worker runs in decode mode: bootstrap_host, bootstrap_port and "
                     "bootstrap_room are required";
-    for (size_t i = 0; !bad && w->cfg.mode == WK_MODE_DECODE && i < job->req.n_items; i++)
+    for (size_t i = 0; !bad && !alone && w->cfg.mode == WK_MODE_DECODE && i < job->req.n_items; i++)
         if (job->req.items[i].boot_host == NULL || job->req.items[i].boot_port <= 0)
             bad = "this worker runs in decode mode: bootstrap_host and bootstrap_port are "
                   "required";

@@ -56,6 +56,11 @@ int wk_vllm_parse(json_t *root, wk_request_t *req, wk_parse_err_t *err);
 /* Why this worker (its protocol, and mode: a wk_mode_t value, 0 regular / 1 prefill /
  * 2 decode) refuses req's leg, or NULL. */
 const char *wk_vllm_refused(int protocol, int mode, const wk_request_t *req);
+/* 1 when a vLLM decode worker computes this request alone, as vLLM does a request without
+ * kv_transfer_params (no prefill leg: a router found the prompt already in this worker's cache,
+ * or nearly): neither kv_transfer_params nor SGLang's bootstrap fields. An SGLang decode never
+ * does (its requests need a bootstrap). */
+int wk_vllm_decode_alone(int protocol, int mode, const wk_request_t *req);
 
 typedef struct wk_vllm_s wk_vllm_t;
 struct wk_worker_s;

@@ -152,11 +152,20 @@ int wk_vllm_parse(json_t *root, wk_request_t *req, wk_parse_err_t *err)
 }
 
 /* wk_mode_t's values (worker.h, which this request-side file does not include) */
-enum { MODE_REGULAR = 0, MODE_PREFILL = 1 };
+enum { MODE_REGULAR = 0, MODE_PREFILL = 1, MODE_DECODE = 2 };
+
+int wk_vllm_decode_alone(int protocol, int mode, const wk_request_t *req)
+{
+    return mode == MODE_DECODE &&
+           (protocol == WK_PROTO_VLLM_NIXL || protocol == WK_PROTO_VLLM_MOONCAKE) &&
+           req->vllm_leg == WK_VLLM_NONE && !req->has_boot;
+}
 
 const char *wk_vllm_refused(int protocol, int mode, const wk_request_t *req)
 {
     wk_vllm_leg_t leg = req->vllm_leg;
+    if (wk_vllm_decode_alone(protocol, mode, req))
+        return NULL;
     if (mode == MODE_REGULAR)
         return leg != WK_VLLM_NONE ? "this worker runs in regular mode: kv_transfer_params are "
                                      "for prefill and decode workers"

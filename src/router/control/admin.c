@@ -4,6 +4,7 @@
 
 #include "baton/error.h"
 #include "common/log.h"
+#include "router/control/kv_route.h"
 #include "router/dataplane/dp_rank.h"
 #include "router/dataplane/policy_metrics.h"
 
@@ -122,7 +123,7 @@ static json_t *desc_json(const baton_worker_t *w, int secrets)
     return baton_worker_spec_to_json(&v, secrets);
 }
 
-json_t *baton_admin_worker_json(const baton_worker_t *w)
+json_t *baton_admin_worker_json(baton_registry_t *reg, const baton_worker_t *w)
 {
     json_t *j = desc_json(w, 0);
     json_t *rt = json_pack("{s:s, s:I, s:s, s:s, s:b, s:b}", "id", w->id, "in_flight",
@@ -136,6 +137,9 @@ json_t *baton_admin_worker_json(const baton_worker_t *w)
         return NULL;
     }
     json_object_set_new(j, "cache", baton_policy_worker_json(w));
+    json_t *kv = baton_kvroute_worker_json(baton_registry_kv(reg), w);
+    if (kv) /* its KV-event subscription: index blocks per tier, last sequence number */
+        json_object_set_new(j, "kv_events", kv);
     if (w->dp_size > 1) { /* this router's requests in flight per DP rank (dp_rank.h) */
         json_t *a = json_array();
         for (int r = 0; a && r < w->dp_size; r++)
@@ -234,7 +238,7 @@ static void get_workers(baton_http_req_t *req, baton_registry_t *reg)
     int oom = arr == NULL;
     for (size_t i = 0; i < n && !oom; i++) {
         counts[ws[i]->role]++;
-        json_t *j = baton_admin_worker_json(ws[i]);
+        json_t *j = baton_admin_worker_json(reg, ws[i]);
         oom = j == NULL || json_array_append_new(arr, j) != 0;
     }
     baton_workers_unref(ws, n);
@@ -280,7 +284,7 @@ static void worker_by_id(baton_http_req_t *req, baton_registry_t *reg, const cha
         return;
     }
     if (is_get) {
-        json_t *j = baton_admin_worker_json(w);
+        json_t *j = baton_admin_worker_json(reg, w);
         baton_worker_unref(w);
         if (j == NULL)
             respond_err(req, 500, "INTERNAL_ERROR", "out of memory");

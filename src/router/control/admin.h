@@ -48,7 +48,7 @@ int baton_admin_is_path(const char *path);
 int baton_admin_authorize(baton_http_req_t *req, baton_auth_t *auth);
 
 /* The JSON rendering of one worker shown above (a new reference), or NULL on ENOMEM. */
-json_t *baton_admin_worker_json(const baton_worker_t *w);
+json_t *baton_admin_worker_json(baton_registry_t *reg, const baton_worker_t *w);
 
 /* The POST /workers body (and the value a shared registry stores per worker) → a descriptor
  * that owns its strings (free it with baton_worker_desc_free, also after a failure). Unknown

@@ -1,4 +1,5 @@
-/* config.c — router configuration: defaults, the JSON file, the command line and --help. */
+/* config.c — router configuration: the option table, defaults, the JSON file and the command
+ * line (--help: config_help.c). */
 #include "router/control/config.h"
 #include "router/control/config_int.h"
 
@@ -18,32 +19,7 @@ enum {
     SET_DECODE_POLICY = 1u << 1,
 };
 
-typedef enum {
-    OPT_STR,      /* char * */
-    OPT_INT,      /* int */
-    OPT_UINT,     /* unsigned */
-    OPT_SIZE,     /* size_t */
-    OPT_U64,      /* uint64_t */
-    OPT_POLICY,   /* baton_policy_kind_t */
-    OPT_LOGLEVEL, /* baton_log_level_t */
-    OPT_STRLIST,  /* baton_config_strlist_t: repeatable flag, JSON string or array of strings */
-    OPT_BOOL,     /* int 0/1: a bare flag (or --flag=true|false), JSON true/false */
-    OPT_RATE,     /* char *: "RPS[:BURST]", checked when set */
-    OPT_MODELMAP, /* baton_config_strlist_t of "[MODEL=]VALUE": a repeatable flag; in JSON a
-                     value, an array of "[MODEL=]VALUE" strings, or {"MODEL": VALUE, ...} */
-} opt_type_t;
-
-typedef struct {
-    const char *flag;    /* "--max-body-bytes" */
-    const char *section; /* JSON object holding the key: NULL (top level), "limits", "timeouts" */
-    const char *key;     /* "max_body_bytes" */
-    opt_type_t type;
-    size_t offset;
-    uint64_t min, max;
-    unsigned set_flag;
-    const char *metavar;
-    const char *help;
-} opt_t;
+typedef baton__opt_t opt_t;
 
 #define OFF(f) offsetof(baton_config_t, f)
 #define U64MAX ((uint64_t)1 << 53) /* JSON integers beyond this are not exact anyway */
@@ -55,7 +31,7 @@ static const opt_t options[] = {
      "event-loop threads sharing the port"},
     {"--policy", NULL, "policy", OPT_POLICY, OFF(policy), 0, 0, 0, "P",
      "worker selection: round_robin | random | power_of_two | least_load | consistent_hash | "
-     "cache_aware"},
+     "cache_aware | precise"},
     {"--prefill-policy", NULL, "prefill_policy", OPT_POLICY, OFF(prefill_policy), 0, 0,
      SET_PREFILL_POLICY, "P", "policy for prefill workers (the choices of --policy)"},
     {"--decode-policy", NULL, "decode_policy", OPT_POLICY, OFF(decode_policy), 0, 0,
@@ -229,6 +205,34 @@ static const opt_t options[] = {
     {"--balance-by-words", "routing", "balance_by_words", OPT_BOOL,
      OFF(policy_params.balance_by_words), 0, 1, 0, "",
      "cache_aware: the load guard compares in-flight prompt words, not requests"},
+    /* precise routing on KV events (policy_precise.h, kv_route.h) */
+    {"--precise-prefill-weight-pct", "routing", "precise_prefill_weight_pct", OPT_UINT,
+     OFF(policy_params.precise_prefill_weight_pct), 0, 100000, 0, "N",
+     "precise: weight of the uncached prefill tokens in the cost, %"},
+    {"--precise-load-weight-pct", "routing", "precise_load_weight_pct", OPT_UINT,
+     OFF(policy_params.precise_load_weight_pct), 0, 100000, 0, "N",
+     "precise: weight of the worker's in-flight prompt tokens in the cost, %"},
+    {"--precise-l2-credit-pct", "routing", "precise_l2_credit_pct", OPT_UINT,
+     OFF(policy_params.precise_l2_credit_pct), 0, 100, 0, "N",
+     "precise: an L2 (CPU) block's worth, % of an L1 block"},
+    {"--precise-tie-pct", "routing", "precise_tie_pct", OPT_UINT,
+     OFF(policy_params.precise_tie_pct), 0, 100, 0, "N",
+     "precise: costs within N% of the prompt's tokens tie; the least loaded wins"},
+    {"--precise-temperature-pct", "routing", "precise_temperature_pct", OPT_UINT,
+     OFF(policy_params.precise_temperature_pct), 0, 100000, 0, "N",
+     "precise: sample with weight exp(-cost / (N% x prompt tokens)) (0 = the minimum)"},
+    {"--precise-provisional-ms", "routing", "precise_provisional_ms", OPT_UINT,
+     OFF(policy_params.precise_provisional_ms), 0, 600000, 0, "MS",
+     "precise: a routed request's blocks count as on its worker this long (0 = off)"},
+    {"--kv-events-max-blocks", "routing", "kv_events_max_blocks", OPT_U64, OFF(kv_max_blocks), 1,
+     1ull << 40, 0, "N",
+     "KV events: blocks indexed per worker rank; past it the stream is dropped"},
+    {"--kv-events-unmatched-after", "routing", "kv_events_unmatched_after", OPT_U64,
+     OFF(kv_unmatched_after), 1, 1ull << 40, 0, "N",
+     "KV events: warn when a worker's blocks matched none of this many routed requests"},
+    {"--pd-uncached-token-threshold", "routing", "pd_uncached_token_threshold", OPT_UINT,
+     OFF(pd_uncached_threshold), 0, 1u << 30, 0, "N",
+     "PD with precise: the decode alone when it holds all but <= N prompt tokens (0 = off)"},
     {"--balance-by-tokens", "routing", "balance_by_tokens", OPT_BOOL,
      OFF(policy_params.balance_by_tokens), 0, 1, 0, "",
      "least_load and the in-flight counts use the prompt's real tokens (a model with a "
@@ -254,6 +258,8 @@ static const opt_t options[] = {
      "flight"},
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
+const baton__opt_t *const baton__config_options = options;
+const size_t baton__config_n_options = N_OPTIONS;
 
 int baton__config_err(char *err, size_t errlen, int rc, const char *fmt, ...)
 {
@@ -332,6 +338,9 @@ int baton_config_init(baton_config_t *cfg)
     cfg->worker_drain_timeout_ms = 30000;
     cfg->registry_timeout_ms = 2000;
     baton_policy_params_default(&cfg->policy_params);
+    cfg->kv_max_blocks = 4u << 20;
+    cfg->kv_unmatched_after = 100;
+    cfg->pd_uncached_threshold = 256;
     cfg->pd_protocol = strdup("sglang");
     if (cfg->pd_protocol == NULL) {
         free(cfg->host);
@@ -492,7 +501,7 @@ static int set_from_string(baton_config_t *cfg, const opt_t *o, const char *wher
         if (baton_policy_parse(value, &k) != 0)
             return baton__config_err(err, errlen, BATON_EINVAL,
                                      "%s: unknown policy '%s' (round_robin, random, power_of_two, "
-                                     "least_load, consistent_hash, cache_aware)",
+                                     "least_load, consistent_hash, cache_aware, precise)",
                                      where, value);
         *(baton_policy_kind_t *)field = k;
         cfg->set_flags_ |= o->set_flag;
@@ -839,158 +848,4 @@ int baton_config_from_args(baton_config_t *cfg, int argc, char *const argv[], ch
     }
     resolve_policies(cfg);
     return 0;
-}
-
-/* ---- --help ---- */
-
-static void default_text(const baton_config_t *d, const opt_t *o, char *buf, size_t len)
-{
-    const char *field = (const char *)d + o->offset;
-    switch (o->type) {
-    case OPT_STR:
-    case OPT_RATE:
-        snprintf(buf, len, "%s", *(char *const *)field ? *(char *const *)field : "none");
-        break;
-    case OPT_STRLIST:
-    case OPT_MODELMAP:
-        snprintf(buf, len, "none");
-        break;
-    case OPT_BOOL:
-        snprintf(buf, len, "%s", *(const int *)field ? "on" : "off");
-        break;
-    case OPT_INT:
-        snprintf(buf, len, "%d", *(const int *)field);
-        break;
-    case OPT_UINT:
-        snprintf(buf, len, "%u", *(const unsigned *)field);
-        break;
-    case OPT_SIZE:
-        snprintf(buf, len, "%zu", *(const size_t *)field);
-        break;
-    case OPT_U64:
-        snprintf(buf, len, "%llu", (unsigned long long)*(const uint64_t *)field);
-        break;
-    case OPT_POLICY:
-        snprintf(buf, len, "%s", baton_policy_name(*(const baton_policy_kind_t *)field));
-        break;
-    case OPT_LOGLEVEL:
-        snprintf(buf, len, "%s", baton_log_level_name(*(const baton_log_level_t *)field));
-        break;
-    }
-}
-
-/* --help groups the options by concern; an option in no group is printed under "other"
- * (tests/integration/test_cli.py fails on that heading, so a new option gets a group). */
-static const struct {
-    const char *title;
-    const char *flags; /* space-separated, in print order */
-} help_groups[] = {
-    {"listen", "--host --port --threads --log-level"},
-    {"workers", "--pd-protocol --worker-api-key --load-poll-interval-ms"},
-    {"routing",
-     "--policy --prefill-policy --decode-policy --cache-threshold-pct "
-     "--balance-abs-threshold --balance-rel-threshold-pct --balance-by-words "
-     "--balance-by-tokens --cache-tie-pct --cache-l3-pct --cache-max-blocks --cache-block-words "
-     "--hash-vnodes --session-key-field --dp-round-robin"},
-    {"tokenizer", "--tokenizer --max-model-len --tokenize-cache-bytes --tokenize-cache-entries"},
-    {"limits", "--max-header-bytes --max-headers --max-body-bytes --max-connections "
-               "--max-buffered-bytes --max-sse-event-bytes --max-concurrent-requests --queue-size "
-               "--max-worker-requests --rate-limit"},
-    {"timeouts", "--header-timeout-ms --body-timeout-ms --keepalive-timeout-ms "
-                 "--connect-timeout-ms --first-byte-timeout-ms --idle-timeout-ms "
-                 "--request-timeout-ms --prefill-timeout-ms --queue-timeout-ms "
-                 "--drain-timeout-ms --worker-drain-timeout-ms"},
-    {"resilience", "--max-retries --retry-backoff-ms --retry-backoff-max-ms --retry-budget-ms "
-                   "--migration-limit "
-                   "--check-interval-ms --check-fast-interval-ms --check-down-interval-ms "
-                   "--check-timeout-ms --check-rise --check-fall --check-path "
-                   "--breaker-threshold --breaker-cooldown-ms --breaker-cooldown-max-ms"},
-    {"security", "--api-key --api-key-file --admin-token --admin-token-file --metrics-token "
-                 "--forward-authorization --tls-cert --tls-key --tls-client-ca --upstream-ca "
-                 "--upstream-cert --upstream-key"},
-    {"priority", "--priority-reserve-pct --priority-preempt --priority-to-workers"},
-    {"registry", "--registry --registry-user --registry-password-file --registry-timeout-ms "
-                 "--registry-ca --registry-cert --registry-key"},
-};
-#define N_HELP_GROUPS (sizeof(help_groups) / sizeof(help_groups[0]))
-
-/* Whether `flag` is one of the words of `list`. */
-static int in_word_list(const char *list, const char *flag)
-{
-    size_t n = strlen(flag);
-    for (const char *p = list; (p = strstr(p, flag)) != NULL; p += n)
-        if ((p == list || p[-1] == ' ') && (p[n] == ' ' || p[n] == '\0'))
-            return 1;
-    return 0;
-}
-
-static void print_option(FILE *out, const baton_config_t *d, int have_defaults, const opt_t *o)
-{
-    char left[64], def[64] = "";
-    snprintf(left, sizeof(left), "%s %s", o->flag, o->metavar);
-    if (have_defaults)
-        default_text(d, o, def, sizeof(def));
-    if (o->type == OPT_POLICY && o->set_flag != 0)
-        snprintf(def, sizeof(def), "same as --policy");
-    if (o->offset == OFF(threads))
-        snprintf(def, sizeof(def), "number of cores, here %u", d->threads);
-    if (o->offset == OFF(upstream_ca) || o->offset == OFF(registry_ca))
-        snprintf(def, sizeof(def), "the system bundle");
-    fprintf(out, "  %-32s %s (default: %s)\n", left, o->help, def);
-}
-
-void baton_config_print_help(FILE *out, const char *argv0)
-{
-    baton_config_t d;
-    int have_defaults = baton_config_init(&d) == 0;
-    fprintf(out,
-            "Usage: %s [options]\n"
-            "Baton: an OpenAI-compatible prefill/decode disaggregation router.\n"
-            "Every option is also a key of the JSON config file (dashes become underscores;\n"
-            "HTTP limits go under \"limits\", upstream timeouts under \"timeouts\", retry\n"
-            "settings under \"retries\", admission control under \"admission\", health checks\n"
-            "and breakers under \"health\", keys, tokens and rate limits under \"auth\");\n"
-            "options given here override the file. Times are in milliseconds. SIGHUP reloads\n"
-            "the workers, policies and tokenizers from --config and the key and token files;\n"
-            "SIGTERM drains in-flight requests (--drain-timeout-ms) and exits 0.\n\n",
-            argv0 ? argv0 : "baton");
-    fprintf(out, "  %-32s %s\n", "--config FILE", "JSON config file (see conf/baton.json)");
-    fprintf(out, "  %-32s %s\n", "-h, --help", "print this help and exit");
-    fprintf(out, "  %-32s %s\n", "--version", "print the version and exit");
-    for (size_t g = 0; g < N_HELP_GROUPS; g++) {
-        fprintf(out, "\n%s:\n", help_groups[g].title);
-        if (strcmp(help_groups[g].title, "workers") == 0) {
-            fprintf(out, "  %-32s %s\n", "--prefill URL [BOOTSTRAP_PORT]",
-                    "add a prefill worker (repeatable; port: 1..65535 or none; for");
-            fprintf(out, "  %-32s %s\n", "",
-                    "vllm-mooncake, the port of its Mooncake bootstrap server)");
-            fprintf(out, "  %-32s %s\n", "--prefill-engine-id ID",
-                    "vllm-mooncake: the engine id of the --prefill before it");
-            fprintf(out, "  %-32s %s\n", "--decode URL", "add a decode worker (repeatable)");
-            fprintf(out, "  %-32s %s\n", "--worker URL",
-                    "add a regular (non-PD) worker (repeatable)");
-        }
-        const char *list = help_groups[g].flags;
-        for (const char *p = list; *p;) {
-            size_t n = strcspn(p, " ");
-            for (size_t i = 0; i < N_OPTIONS; i++)
-                if (strlen(options[i].flag) == n && strncmp(options[i].flag, p, n) == 0)
-                    print_option(out, &d, have_defaults, &options[i]);
-            p += n;
-            p += strspn(p, " ");
-        }
-    }
-    int other = 0;
-    for (size_t i = 0; i < N_OPTIONS; i++) {
-        size_t g = 0;
-        while (g < N_HELP_GROUPS && !in_word_list(help_groups[g].flags, options[i].flag))
-            g++;
-        if (g < N_HELP_GROUPS)
-            continue;
-        if (!other++)
-            fprintf(out, "\nother:\n");
-        print_option(out, &d, have_defaults, &options[i]);
-    }
-    if (have_defaults)
-        baton_config_free(&d);
 }

@@ -26,7 +26,7 @@
  *  prefill_policy               --prefill-policy P          = policy
  *  decode_policy                --decode-policy P           = policy
  *                               (P: round_robin | random | power_of_two | least_load |
- *                                consistent_hash | cache_aware)
+ *                                consistent_hash | cache_aware | precise)
  *  log_level                    --log-level L               info (debug|info|warn|error)
  *  workers: [ {url, worker_type, bootstrap_port, api_key, model_id, priority, cost, labels} ]
  *                               --prefill URL [BOOTSTRAP_PORT]   (repeatable; the optional
@@ -221,6 +221,23 @@
  *  routing.balance_by_words     --balance-by-words          false (cache_aware's guard compares
  *                                                               in-flight prompt words; the
  *                                                               thresholds are then words)
+ *  -- precise routing on KV events (policy_precise.h, kv_route.h) --
+ *  routing.precise_prefill_weight_pct --precise-prefill-weight-pct N 100 (uncached prefill tokens'
+ *                                                               weight in the cost)
+ *  routing.precise_load_weight_pct --precise-load-weight-pct N 100 (in-flight tokens' weight)
+ *  routing.precise_l2_credit_pct --precise-l2-credit-pct N  75  (an L2 block's worth of an L1 one)
+ *  routing.precise_tie_pct      --precise-tie-pct N         2   (costs within N% of the prompt's
+ *                                                               tokens tie: least load wins)
+ *  routing.precise_temperature_pct --precise-temperature-pct N 0 (sample by exp(-cost/T); 0 = min)
+ *  routing.precise_provisional_ms --precise-provisional-ms MS 2000 (a routed request's blocks count
+ *                                                               as on its worker until confirmed)
+ *  routing.kv_events_max_blocks --kv-events-max-blocks N    4194304 (per worker rank; past it the
+ *                                                               subscription is dropped)
+ *  routing.kv_events_unmatched_after --kv-events-unmatched-after N 100 (requests matched with no
+ *                                                               hit before a worker is reported)
+ *  routing.pd_uncached_token_threshold --pd-uncached-token-threshold N 256 (PD: decode alone when
+ *                                                               it holds all but <= N prompt tokens;
+ *                                                               0 = off)
  *  routing.balance_by_tokens    --balance-by-tokens         false (least_load's tie-break and the
  *                                                               in-flight counts add the prompt's
  *                                                               real tokens, for a model with a
@@ -308,6 +325,10 @@ typedef struct baton_config_s {
     baton_policy_params_t policy_params;
     char *session_key_field;        /* NULL = none */
     uint64_t load_poll_interval_ms; /* reported load for least_load; 0 = off */
+    /* KV-event subscriptions (kv_route.h) */
+    uint64_t kv_max_blocks;         /* per worker DP rank; 0 = 4 Mi */
+    uint64_t kv_unmatched_after;    /* routed requests before a never-matching worker is reported */
+    unsigned pd_uncached_threshold; /* PD: decode alone when at most this many tokens uncached */
 
     /* Authentication, authorisation and resource limits (NULL = not set). */
     baton_config_strlist_t api_keys;

@@ -1,5 +1,5 @@
-/* config_int.h — what config.c (the option table, the file, the command line) and
- * config_workers.c (the worker list) share. */
+/* config_int.h — what config.c (the option table, the file, the command line),
+ * config_workers.c (the worker list) and config_help.c (--help) share. */
 #ifndef BATON_ROUTER_CONFIG_INT_H
 #define BATON_ROUTER_CONFIG_INT_H
 
@@ -8,6 +8,38 @@
 #include <stdint.h>
 
 #include "router/control/config.h"
+
+/* One option: its flag, its JSON place, its field and bounds (config.c's table). */
+typedef enum {
+    OPT_STR,      /* char * */
+    OPT_INT,      /* int */
+    OPT_UINT,     /* unsigned */
+    OPT_SIZE,     /* size_t */
+    OPT_U64,      /* uint64_t */
+    OPT_POLICY,   /* baton_policy_kind_t */
+    OPT_LOGLEVEL, /* baton_log_level_t */
+    OPT_STRLIST,  /* baton_config_strlist_t: repeatable flag, JSON string or array of strings */
+    OPT_BOOL,     /* int 0/1: a bare flag (or --flag=true|false), JSON true/false */
+    OPT_RATE,     /* char *: "RPS[:BURST]", checked when set */
+    OPT_MODELMAP, /* baton_config_strlist_t of "[MODEL=]VALUE": a repeatable flag; in JSON a
+                     value, an array of "[MODEL=]VALUE" strings, or {"MODEL": VALUE, ...} */
+} opt_type_t;
+
+typedef struct {
+    const char *flag;    /* "--max-body-bytes" */
+    const char *section; /* JSON object holding the key: NULL (top level), "limits", "timeouts" */
+    const char *key;     /* "max_body_bytes" */
+    opt_type_t type;
+    size_t offset;
+    uint64_t min, max;
+    unsigned set_flag;
+    const char *metavar;
+    const char *help;
+} baton__opt_t;
+
+/* The table, in config.c. */
+extern const baton__opt_t *const baton__config_options;
+extern const size_t baton__config_n_options;
 
 /* printf into err (when given) and returns rc. */
 int baton__config_err(char *err, size_t errlen, int rc, const char *fmt, ...)

@@ -28,6 +28,7 @@ struct baton_registry_s {
     int shared_connected;
     char shared_detail[256];
     _Atomic int pd_default; /* baton_pd_protocol_t for specs without one */
+    struct baton_kvroute_s *kv; /* set once before the loops start */
 };
 
 static const char *const role_names[] = {"prefill", "decode", "regular"};
@@ -716,4 +717,14 @@ int baton_registry_shared_state(baton_registry_t *reg, char *source, size_t sour
     }
     pthread_mutex_unlock(&reg->lock);
     return has;
+}
+
+void baton_registry_set_kv(baton_registry_t *reg, struct baton_kvroute_s *kv)
+{
+    reg->kv = kv;
+}
+
+struct baton_kvroute_s *baton_registry_kv(const baton_registry_t *reg)
+{
+    return reg->kv;
 }

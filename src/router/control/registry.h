@@ -81,6 +81,9 @@ typedef struct baton_worker_s {
     _Atomic uint64_t cache_tree_bytes; /* ... and their memory */
     atomic_uint cache_hit_ppm;         /* recent predicted hit ratio, ppm (EWMA, 1/8 weight) */
     atomic_uint dp_turn;               /* DP attention: the next rank, round robin */
+    /* The KV block index's sources (bit s: source s, one per DP rank) whose history the
+     * router knows (kv_route.h): what the precise policy reads; 0 when none. */
+    _Atomic uint64_t kv_sources;
     atomic_long *dp_in_flight; /* dp_size > 1: this router's requests per rank (dp_rank.h) */
     /* Reported load (load_poll.h, least_load): the worker's own /get_load total, this router's
      * in-flight count when it was read, and until when the report counts (baton_now_ms; 0: no
@@ -245,6 +248,12 @@ void baton_registry_set_shared_state(baton_registry_t *reg, const char *source, 
                                      const char *detail);
 int baton_registry_shared_state(baton_registry_t *reg, char *source, size_t source_len,
                                 int *connected_p, char *detail, size_t detail_len);
+
+/* The KV-event subscriptions that follow this registry (kv_route.h), for the admin API's
+ * worker view; set once before any router thread starts. NULL: none. */
+struct baton_kvroute_s;
+void baton_registry_set_kv(baton_registry_t *reg, struct baton_kvroute_s *kv);
+struct baton_kvroute_s *baton_registry_kv(const baton_registry_t *reg);
 
 /* Room for any normalized URL: "http://" + [host] + ":65535" + prefix, both at their max. */
 #define BATON_WORKER_URL_MAX 600

@@ -54,4 +54,5 @@ const baton__pd_ops_t baton__pd_vllm_mooncake = {
     .on_prefill_done = baton__pd_no_prefill_step,
     .on_decode_progress = baton__pd_no_progress,
     .release = baton__pd_no_release,
+    .alone = baton__pd_alone_send,
 };

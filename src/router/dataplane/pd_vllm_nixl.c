@@ -90,7 +90,13 @@ int baton_proxy_pd_metrics_init(baton_router_t *r)
         r->metrics_reg, "baton_pd_stranded_releases_total",
         "Prefill KV blocks the router asked to release because their decode never read them.", 2,
         labels);
-    return r->pd_releases ? 0 : BATON_EEXIST;
+    /* the decode alone (proxy_pd.h: alone), by protocol */
+    r->pd_alone = baton_metrics_counter(
+        r->metrics_reg, "baton_pd_decode_alone_total",
+        "PD requests sent to the decode alone: it held all but --pd-uncached-token-threshold "
+        "tokens of the prompt, so no prefill leg ran.",
+        1, labels);
+    return r->pd_releases && r->pd_alone ? 0 : BATON_EEXIST;
 }
 
 static void count_release(baton_router_t *r, const char *result)
@@ -186,4 +192,5 @@ const baton__pd_ops_t baton__pd_vllm_nixl = {
     .on_prefill_done = on_prefill_done,
     .on_decode_progress = on_decode_progress,
     .release = release,
+    .alone = baton__pd_alone_send,
 };

@@ -1,10 +1,12 @@
 /* policy.c — the policies' objects and selection: round_robin / random / power_of_two /
- * least_load / consistent_hash / cache_aware, their counters, and the per-thread RNG. */
+ * least_load / consistent_hash / cache_aware / precise (policy_precise.c), their counters, and
+ * the per-thread RNG. */
 #include "router/dataplane/policy.h"
 
 #include <pthread.h>
 #include <stdio.h>
 
+#include "router/dataplane/policy_precise.h"
 #include "router/dataplane/policy_ring.h"
 
 #include "baton/error.h"
@@ -23,6 +25,7 @@ struct baton_policy_s {
     atomic_ullong rr_next; /* round_robin position; shared by all threads */
     baton_policy_params_t params;
     baton_ptree_t *tree; /* cache_aware */
+    baton_precise_t *precise; /* precise */
     /* consistent_hash: the ring of the last candidate set, rebuilt when the set changes */
     pthread_mutex_t ring_mu;
     baton_ring_t *ring;
@@ -35,7 +38,8 @@ struct baton_policy_s {
 };
 
 static const char *const policy_names[] = {"round_robin", "random",          "power_of_two",
-                                           "least_load",  "consistent_hash", "cache_aware"};
+                                           "least_load",  "consistent_hash", "cache_aware",
+                                           "precise"};
 static const char *const choice_names[] = {"policy", "cache", "load", "session", "pin"};
 
 const char *baton_choice_name(baton_choice_t c)
@@ -53,6 +57,12 @@ void baton_policy_params_default(baton_policy_params_t *p)
     p->hash_vnodes = 160;
     p->cache_tie_pct = 0; /* SGLang's rule unless asked */
     p->balance_by_words = 0;
+    p->precise_prefill_weight_pct = 100;
+    p->precise_load_weight_pct = 100;
+    p->precise_l2_credit_pct = 75;
+    p->precise_tie_pct = 2;
+    p->precise_temperature_pct = 0;
+    p->precise_provisional_ms = 2000;
     p->balance_by_tokens = 0;
     p->cache_l3_pct = 0; /* no shared store */
 }
@@ -106,6 +116,10 @@ int baton_policy_create_with(baton_policy_t **policy_p, baton_policy_kind_t kind
         baton_policy_destroy(p);
         return BATON_ENOMEM;
     }
+    if (kind == BATON_POLICY_PRECISE && !(p->precise = baton__precise_create())) {
+        baton_policy_destroy(p);
+        return BATON_ENOMEM;
+    }
     *policy_p = p;
     return 0;
 }
@@ -115,6 +129,7 @@ void baton_policy_destroy(baton_policy_t *policy)
     if (!policy)
         return;
     baton_ptree_destroy(policy->tree);
+    baton__precise_destroy(policy->precise);
     baton_ring_free(policy->ring);
     free(policy->ring_ids);
     pthread_mutex_destroy(&policy->ring_mu);
@@ -144,6 +159,12 @@ int baton_policy_same(const baton_policy_t *policy, baton_policy_kind_t kind,
            a->cache_max_blocks == params->cache_max_blocks && a->cache_block_words == bw &&
            a->hash_vnodes == vn && a->cache_tie_pct == params->cache_tie_pct &&
            a->balance_by_words == params->balance_by_words &&
+           a->precise_prefill_weight_pct == params->precise_prefill_weight_pct &&
+           a->precise_load_weight_pct == params->precise_load_weight_pct &&
+           a->precise_l2_credit_pct == params->precise_l2_credit_pct &&
+           a->precise_tie_pct == params->precise_tie_pct &&
+           a->precise_temperature_pct == params->precise_temperature_pct &&
+           a->precise_provisional_ms == params->precise_provisional_ms &&
            a->balance_by_tokens == params->balance_by_tokens &&
            a->cache_l3_pct == params->cache_l3_pct;
 }
@@ -232,6 +253,11 @@ static baton_worker_t *least_loaded(baton_worker_t *const *cands, size_t n)
         }
     }
     return best;
+}
+
+baton_worker_t *baton__policy_least_loaded(baton_worker_t *const *cands, size_t n)
+{
+    return least_loaded(cands, n);
 }
 
 int baton__policy_imbalanced(const baton_policy_params_t *pp, baton_worker_t *const *cands,
@@ -458,6 +484,8 @@ baton_worker_t *baton_policy_select_ctx(baton_policy_t *policy, baton_worker_t *
     }
     case BATON_POLICY_CACHE_AWARE:
         return by_cache(policy, cands, n, ctx, why, matched);
+    case BATON_POLICY_PRECISE:
+        return baton__precise_select(policy->precise, &policy->params, cands, n, ctx, why, matched);
     default:
         break;
     }
@@ -496,6 +524,11 @@ void baton_route_ctx_free(baton_route_ctx_t *ctx)
         ctx->chain_block = 0;
         free(ctx->owned);
         ctx->owned = NULL;
+        free(ctx->client_ids);
+        ctx->client_ids = NULL;
+        free(ctx->kv_keys);
+        ctx->kv_keys = NULL;
+        ctx->kv_bs = ctx->kv_nb = 0;
         free(ctx->owned_tokens);
         ctx->owned_tokens = NULL;
     }
@@ -517,6 +550,14 @@ void baton_policy_chosen(baton_policy_t *policy, baton_worker_t *w, baton_route_
         return;
     if ((unsigned)why < BATON_CHOICE__COUNT)
         atomic_fetch_add_explicit(&policy->chosen[why], 1, memory_order_relaxed);
+    if (policy->kind == BATON_POLICY_PRECISE) {
+        baton__precise_chosen(policy->precise, &policy->params, w, ctx);
+        if (ctx && ctx->n_tokens) {
+            atomic_fetch_add_explicit(&policy->hit_words, matched, memory_order_relaxed);
+            atomic_fetch_add_explicit(&policy->prompt_words, ctx->n_tokens, memory_order_relaxed);
+        }
+        return;
+    }
     if (policy->kind != BATON_POLICY_CACHE_AWARE)
         return;
     const baton_ptree_chain_t *c = ctx_chain(policy, ctx);
@@ -543,6 +584,12 @@ void baton_policy_stats(baton_policy_t *policy, baton_policy_stats_t *st)
     st->prompt_words = atomic_load(&policy->prompt_words);
     if (policy->tree)
         st->tree_names = baton_ptree_total(policy->tree, &st->tree_bytes);
+    if (policy->precise) {
+        baton_precise_stats_t ps;
+        baton__precise_stats(policy->precise, &ps);
+        st->precise_fallbacks = ps.fallbacks;
+        st->precise_provisional_hits = ps.provisional_hits;
+    }
 }
 
 #define PICK_STACK 64

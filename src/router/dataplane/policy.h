@@ -1,5 +1,5 @@
 /* policy.h — worker selection policies (round_robin, random, power_of_two, least_load,
- * consistent_hash, cache_aware), the request context they read, and the router's RNG. */
+ * consistent_hash, cache_aware, precise), the request context they read, and the router's RNG. */
 #ifndef BATON_ROUTER_POLICY_H
 #define BATON_ROUTER_POLICY_H
 
@@ -28,10 +28,12 @@ typedef enum {
     BATON_POLICY_LEAST_LOAD = 3,
     BATON_POLICY_CONSISTENT_HASH = 4,
     BATON_POLICY_CACHE_AWARE = 5,
+    BATON_POLICY_PRECISE = 6,
 } baton_policy_kind_t;
-#define BATON_POLICY__COUNT 6
+#define BATON_POLICY__COUNT 7
 
-/* "round_robin", "random", "power_of_two", "least_load", "consistent_hash", "cache_aware". */
+/* "round_robin", "random", "power_of_two", "least_load", "consistent_hash", "cache_aware",
+ * "precise". */
 const char *baton_policy_name(baton_policy_kind_t kind);
 /* Accepts the names above. 0 or BATON_EINVAL. */
 int baton_policy_parse(const char *name, baton_policy_kind_t *kind_p);
@@ -56,8 +58,17 @@ typedef struct baton_policy_params_s {
                              * loaded of them wins (0: only exact ties) */
     int balance_by_words;   /* 1: the load guard compares in-flight prompt words, not
                              * requests (thresholds then in words) */
-    int balance_by_tokens;  /* 1: in-flight prompt counts add the prompt's real token count
-                             * when the request has one (ctx->n_tokens), not its words */
+    /* precise (policy_precise.h): the cost's weights in % (prefill 100, load 100), the L2
+     * credit in % of an L1 block (75), near-ties within this % of the prompt's tokens (2), a
+     * sampling temperature in % (0: the minimum), provisional entries' life (2,000 ms; 0: off) */
+    unsigned precise_prefill_weight_pct;
+    unsigned precise_load_weight_pct;
+    unsigned precise_l2_credit_pct;
+    unsigned precise_tie_pct;
+    unsigned precise_temperature_pct;
+    unsigned precise_provisional_ms;
+    int balance_by_tokens; /* 1: in-flight prompt counts add the prompt's real token count
+                            * when the request has one (ctx->n_tokens), not its words */
     unsigned cache_l3_pct;  /* workers share a KV store (HiCache's L3): the longest match is
                              * reachable from every worker, fetching the words it lacks costs
                              * this % of computing them; the cheapest worker (that plus its
@@ -112,8 +123,14 @@ typedef struct baton_route_ctx_s {
      * the request like the strings above. Exact-prefix policies hash these, never the text. */
     const uint32_t *tokens;
     size_t n_tokens;
+    /* The KV-event index (kv_route.h) the precise policy reads; NULL without one. */
+    struct baton_kvroute_s *kv;
+    /* private to policy_precise.c: the tokens' block keys for the index's block size */
+    uint64_t *kv_keys;
+    uint32_t kv_nb, kv_bs;
     /* private: text built from the request (route_ctx.c), freed with the context */
     char *owned;
+    uint32_t *client_ids;   /* the token ids a client sent itself (route_ctx.c) */
     uint32_t *owned_tokens; /* the array tokens points to, when the context owns it */
     /* private to policy.c */
     baton_ptree_chain_t chain;
@@ -143,6 +160,8 @@ const char *baton_choice_name(baton_choice_t c); /* "policy", "cache", "load", "
  *                    random (the router's own counts: two routers never herd on a stale one);
  *   consistent_hash: the ring over the candidates' ids (virtual nodes), keyed by the session;
  *                    without a session key, least_load;
+ *   precise:         the KV-event index's exact prefix match and Dynamo's cost
+ *                    (policy_precise.h); without token ids, least_load;
  *   cache_aware:     SGLang's rule — when the candidates are imbalanced (max - min in-flight >
  *                    balance_abs_threshold AND max > min × balance_rel_threshold) the least
  *                    loaded; else the longest tree match when it covers more than
@@ -181,6 +200,8 @@ typedef struct baton_policy_stats_s {
     uint64_t predicted_hit_words; /* cache_aware: words its trees matched on the chosen worker */
     uint64_t prompt_words;        /* words of every prompt chosen for */
     size_t tree_names, tree_bytes;
+    uint64_t precise_fallbacks;        /* precise: chosen by load for want of token ids / index */
+    uint64_t precise_provisional_hits; /* precise: choices provisional entries decided */
 } baton_policy_stats_t;
 void baton_policy_stats(baton_policy_t *policy, baton_policy_stats_t *st);
 

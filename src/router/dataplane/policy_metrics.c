@@ -60,7 +60,7 @@ int baton_policy_metrics_append(baton_router_t *r, baton_buf_t *out)
                        baton_worker_role_name(roles[i]), pol[i],
                        baton_choice_name((baton_choice_t)c), st[i].chosen[c]);
     rc |= line(out, "# HELP baton_routing_predicted_hit_tokens_total Prompt words cache_aware's "
-                    "trees matched on the chosen worker.\n"
+                    "trees (tokens precise's index) matched on the chosen worker.\n"
                     "# TYPE baton_routing_predicted_hit_tokens_total counter\n");
     for (int i = 0; i < 3; i++)
         rc |= line(out, "baton_routing_predicted_hit_tokens_total{role=\"%s\"} %" PRIu64 "\n",
@@ -80,5 +80,17 @@ int baton_policy_metrics_append(baton_router_t *r, baton_buf_t *out)
     for (int i = 0; i < 3; i++)
         rc |= line(out, "baton_routing_tree_blocks{role=\"%s\"} %zu\n",
                    baton_worker_role_name(roles[i]), st[i].tree_names);
+    rc |= line(out, "# HELP baton_routing_precise_fallback_total Requests the precise policy "
+                    "chose by load for want of token ids or of a KV-event index.\n"
+                    "# TYPE baton_routing_precise_fallback_total counter\n");
+    for (int i = 0; i < 3; i++)
+        rc |= line(out, "baton_routing_precise_fallback_total{role=\"%s\"} %" PRIu64 "\n",
+                   baton_worker_role_name(roles[i]), st[i].precise_fallbacks);
+    rc |= line(out, "# HELP baton_routing_precise_provisional_total Choices of the precise policy "
+                    "that provisional entries (blocks routed, not yet confirmed) decided.\n"
+                    "# TYPE baton_routing_precise_provisional_total counter\n");
+    for (int i = 0; i < 3; i++)
+        rc |= line(out, "baton_routing_precise_provisional_total{role=\"%s\"} %" PRIu64 "\n",
+                   baton_worker_role_name(roles[i]), st[i].precise_provisional_hits);
     return rc ? BATON_ENOMEM : 0;
 }

@@ -54,11 +54,15 @@ typedef struct baton_router_s {
     /* PD protocols: baton_pd_stranded_releases_total{protocol,result}, in
      * metrics_reg (NULL: not counted). */
     baton_metric_family_t *pd_releases;
+    baton_metric_family_t *pd_alone; /* baton_pd_decode_alone_total{protocol} */
     /* The shared memory budget (--max-buffered-bytes; NULL: none): the proxy charges the
      * response bytes it holds for a request (buffered answers, an open SSE event, events held
      * for prefill) to `used` and `upstream_used`, and keeps streams' queued bytes in their
      * share of `out_used`. */
     baton_http_budget_t *budget;
+    /* The KV-event subscriptions and their index (kv_route.h), with --kv-events; NULL without:
+     * the precise policy then chooses by load. */
+    struct baton_kvroute_s *kv;
     /* The tokenizers (--tokenizer, rtok.h): NULL when none is configured at start. */
     struct baton_rtok_s *rtok;
 } baton_router_t;

@@ -12,6 +12,7 @@
 #include "baton/error.h"
 #include "common/log.h"
 #include "router/dataplane/dp_rank.h"
+#include "router/dataplane/policy_precise.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Worker selection (pick.h) with this router's policy, health layer and cap                */
@@ -265,6 +266,21 @@ static int pd_dispatch(baton__preq_t *pr)
     return rc ? rc : ops->dispatch(pr);
 }
 
+/* PD's decode-alone rule (vLLM router's pd_uncached_token_threshold): the precise decode
+ * policy found all but at most the threshold's tokens of the prompt in the chosen decode's
+ * cache (the index's confirmed blocks, at least one), and the pair's protocol lets a decode
+ * serve a request alone. */
+static int decode_alone(baton_router_t *r, baton_route_ctx_t *ctx, const baton__pd_ops_t *ops,
+                        baton_worker_t *d)
+{
+    unsigned th = r->cfg->pd_uncached_threshold;
+    if (!th || ops->alone == baton__pd_no_alone || !ctx->n_tokens ||
+        baton_policy_kind(baton_router_policy(r, BATON_ROLE_DECODE)) != BATON_POLICY_PRECISE)
+        return 0;
+    uint32_t cached = baton__precise_cached(ctx, d);
+    return cached > 0 && ctx->n_tokens - cached <= th;
+}
+
 /* The "no worker" answer, naming what is missing. */
 void baton__respond_no_worker(baton__preq_t *pr, int pd_missing_prefill)
 {
@@ -307,6 +323,25 @@ enum baton__start_rc baton__start_attempt(baton__preq_t *pr, int *missing_prefil
             pick_release(r, &p, BATON_OUTCOME_NEUTRAL);
             *missing_prefill = 0;
         }
+    }
+    if (prc == BATON_PICK_OK && drc == BATON_PICK_OK &&
+        decode_alone(r, ctx, baton__pd_ops_for(p.w, d.w), d.w)) {
+        /* no prefill leg: the prefill's pick is given back unused */
+        const baton__pd_ops_t *ops = baton__pd_ops_for(p.w, d.w);
+        pick_release(r, &p, BATON_OUTCOME_NEUTRAL);
+        baton__upstream_t *ud = baton__up_new(pr, UP_MAIN, &d);
+        if (!ud) {
+            pick_release(r, &d, BATON_OUTCOME_NEUTRAL);
+            return ST_NOMEM;
+        }
+        const char *v[] = {ops->name};
+        baton_counter_add(baton_metric_child(r->pd_alone, v), 1);
+        pr->mode = MODE_REGULAR; /* the decode's answer is final, relayed as a regular one */
+        pr->pd_ops = NULL;
+        pr->up[UP_MAIN] = ud;
+        pr->attempts++;
+        ops->alone(pr);
+        return ST_STARTED;
     }
     if (prc == BATON_PICK_OK && drc == BATON_PICK_OK) {
         baton__upstream_t *up = baton__up_new(pr, UP_PREFILL, &p);

@@ -101,3 +101,21 @@ void baton__pd_no_release(baton__upstream_t *p)
 {
     (void)p;
 }
+
+int baton__pd_alone_send(baton__preq_t *pr)
+{
+    baton__upstream_t *u = pr->up[UP_MAIN];
+    pr->borrowed = 1;
+    baton__pr_set_phase(pr, PH_SENT, "decode_alone");
+    int rc = baton__up_start(pr, u, "POST", baton_api_path(pr->pd.api), pr->req->body,
+                             pr->req->body_len);
+    if (rc)
+        baton__side_failed(pr, u, rc);
+    return 0;
+}
+
+int baton__pd_no_alone(baton__preq_t *pr)
+{
+    (void)pr;
+    return BATON_ENOTSUP;
+}

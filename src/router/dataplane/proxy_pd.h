@@ -27,6 +27,14 @@ struct baton__pd_ops_s {
     void (*on_decode_progress)(baton__preq_t *pr);
     /* p is freed while still `held`: its worker keeps KV for a decode that never read it. */
     void (*release)(baton__upstream_t *p);
+    /* The decode alone (up[UP_MAIN]; no prefill leg): the decode already holds all but a few
+     * tokens of the prompt (--pd-uncached-token-threshold), so it computes the rest itself.
+     * vLLM's decode does that for a request without kv_transfer_params, so the vLLM protocols
+     * send the client's request as it came (baton__pd_alone_send); an SGLang decode needs a
+     * bootstrap for every request, so SGLang's tables point at baton__pd_no_alone and the
+     * request takes both legs as usual. 0, or a send failure gone through
+     * baton__side_failed. */
+    int (*alone)(baton__preq_t *pr);
 };
 
 extern const baton__pd_ops_t baton__pd_sglang, baton__pd_sglang_dp, baton__pd_vllm_nixl,
@@ -54,5 +62,9 @@ void baton__pd_request_id_init(baton__preq_t *pr);
 int baton__pd_no_prefill_step(baton__preq_t *pr, baton__upstream_t *p);
 void baton__pd_no_progress(baton__preq_t *pr);
 void baton__pd_no_release(baton__upstream_t *p);
+/* The decode alone: the client's body to up[UP_MAIN], relayed as a regular worker's answer. */
+int baton__pd_alone_send(baton__preq_t *pr);
+/* The stub of a protocol whose decode cannot serve a request alone (never called). */
+int baton__pd_no_alone(baton__preq_t *pr);
 
 #endif

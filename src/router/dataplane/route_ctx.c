@@ -127,9 +127,59 @@ static int prompt_needed(baton_router_t *r)
 {
     for (int role = BATON_ROLE_PREFILL; role < BATON_ROLE_COUNT; role++) {
         baton_policy_kind_t k = baton_policy_kind(baton_router_policy(r, role));
-        if (k == BATON_POLICY_CACHE_AWARE || k == BATON_POLICY_LEAST_LOAD)
+        if (k == BATON_POLICY_CACHE_AWARE || k == BATON_POLICY_LEAST_LOAD ||
+            k == BATON_POLICY_PRECISE)
             return 1;
     }
+    return 0;
+}
+
+/* The token ids a client sent itself (/v1/completions' prompt as an array of integers, or its
+ * first such array; /generate's input_ids): the prompt as the engine sees it, no tokenizer
+ * needed. Left unset when the router's tokenizer already filled them, or for anything else. */
+static int client_tokens(baton_route_ctx_t *ctx, const baton_pdreq_t *pd)
+{
+    const val_t *v = NULL;
+    if (ctx->tokens)
+        return 0;
+    if (pd->api == BATON_API_COMPLETIONS)
+        v = baton_pdreq_get(pd, "prompt");
+    else if (pd->api == BATON_API_GENERATE)
+        v = baton_pdreq_get(pd, "input_ids");
+    if (!v || v->type != BATON_JSON_ARRAY)
+        return 0;
+    baton_json_iter_t it;
+    val_t p = *v, first, id;
+    baton_json_iter_init(&it, &p);
+    if (!baton_json_array_next(&it, &first))
+        return 0;
+    if (first.type == BATON_JSON_ARRAY)
+        p = first; /* a batch: its first prompt */
+    else if (first.type != BATON_JSON_INTEGER)
+        return 0;
+    size_t n = 0, cap = 0;
+    uint32_t *ids = NULL;
+    baton_json_iter_init(&it, &p);
+    while (baton_json_array_next(&it, &id)) {
+        long long t = id.type == BATON_JSON_INTEGER ? (long long)baton_json_int(&id) : -1;
+        if (t < 0 || t > UINT32_MAX) {
+            free(ids);
+            return 0; /* not token ids: the worker refuses it, no routing on it */
+        }
+        if (n == cap) {
+            cap = cap ? cap * 2 : 256;
+            uint32_t *g = realloc(ids, cap * sizeof(*ids));
+            if (!g) {
+                free(ids);
+                return BATON_ENOMEM;
+            }
+            ids = g;
+        }
+        ids[n++] = (uint32_t)t;
+    }
+    ctx->client_ids = ids;
+    ctx->tokens = ids;
+    ctx->n_tokens = n;
     return 0;
 }
 
@@ -200,6 +250,11 @@ int baton_route_ctx_build(baton_route_ctx_t *ctx, baton_router_t *r, const baton
             ctx->model = b.data + model_at;
     }
     ctx->model_pool = (int)baton_models_classify(r->registry, ctx->model);
+    ctx->kv = r->kv;
+    if (client_tokens(ctx, pd) != 0) {
+        baton_route_ctx_free(ctx);
+        return BATON_ENOMEM;
+    }
     const baton_http_header_t *pin = baton_http_req_header(req, "X-Baton-Target-Worker");
     if (pin && pin->value[0] && baton_pin_allowed(r, req))
         ctx->pin = pin->value;

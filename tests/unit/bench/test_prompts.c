@@ -51,7 +51,7 @@ static void test_json_string_round_trip(void **state)
 static json_t *render(bb_endpoint_t ep, int stream, const char *model, const bb_turn_t *t, size_t n,
                       uint32_t max_tokens)
 {
-    bb_body_opts_t o = {ep, stream, model, 0, NULL};
+    bb_body_opts_t o = {ep, stream, model, 0, NULL, 0};
     baton_buf_t b = BATON_BUF_INIT;
     assert_int_equal(bb_render_body(&b, &o, t, n, max_tokens), 0);
     json_error_t e;
@@ -62,12 +62,41 @@ static json_t *render(bb_endpoint_t ep, int stream, const char *model, const bb_
     return v;
 }
 
+/* --token-ids: the turns' words as integer ids, the same word the same id, so a follow-up
+ * turn's ids extend the earlier turn's (what exact-prefix routing keys on). */
+static void test_token_ids(void **state)
+{
+    (void)state;
+    bb_turn_t t[2] = {{"alpha bravo", 11, "alpha  x", 8}, {"bravo", 5, NULL, 0}};
+    bb_body_opts_t o = {BB_EP_COMPLETIONS, 0, NULL, 0, NULL, 1};
+    baton_buf_t b = BATON_BUF_INIT;
+    assert_int_equal(bb_render_body(&b, &o, t, 2, 4), 0);
+    json_t *v = json_loadb(b.data, b.len, 0, NULL);
+    assert_non_null(v);
+    json_t *ids = json_object_get(v, "prompt");
+    assert_int_equal(json_array_size(ids), 5);
+    json_int_t a = json_integer_value(json_array_get(ids, 0));
+    assert_true(a > 0 && a <= 0x7fffffff);
+    assert_int_equal(json_integer_value(json_array_get(ids, 2)), a); /* alpha again */
+    assert_int_equal(json_integer_value(json_array_get(ids, 4)),
+                     json_integer_value(json_array_get(ids, 1))); /* bravo again */
+    json_decref(v);
+    baton_buf_free(&b);
+    o.endpoint = BB_EP_GENERATE;
+    assert_int_equal(bb_render_body(&b, &o, t, 1, 4), 0);
+    v = json_loadb(b.data, b.len, 0, NULL);
+    assert_int_equal(json_array_size(json_object_get(v, "input_ids")), 4);
+    assert_null(json_object_get(v, "text"));
+    json_decref(v);
+    baton_buf_free(&b);
+}
+
 /* A session's key goes out as the OpenAI "user" field (consistent_hash keys on it). */
 static void test_user_field(void **state)
 {
     (void)state;
     bb_turn_t one = {"hi", 2, NULL, 0};
-    bb_body_opts_t o = {BB_EP_COMPLETIONS, 0, NULL, 0, "bench-s7"};
+    bb_body_opts_t o = {BB_EP_COMPLETIONS, 0, NULL, 0, "bench-s7", 0};
     baton_buf_t b = BATON_BUF_INIT;
     assert_int_equal(bb_render_body(&b, &o, &one, 1, 4), 0);
     json_t *v = json_loadb(b.data, b.len, 0, NULL);
@@ -187,6 +216,7 @@ int main(void)
         cmocka_unit_test(test_json_string_round_trip),
         cmocka_unit_test(test_bodies),
         cmocka_unit_test(test_user_field),
+        cmocka_unit_test(test_token_ids),
         cmocka_unit_test(test_multi_turn_bodies),
         cmocka_unit_test(test_sharegpt),
     };

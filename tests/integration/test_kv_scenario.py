@@ -1,0 +1,47 @@
+"""test_kv_scenario.py — a smoke run of loadtest/scenarios/kv_routing.py: precise, cache_aware,
+consistent_hash and round_robin get their rows on the same token-id workload with no failed
+request, precise's worker-reported hit ratio is above round_robin's (affinity from the workers'
+own events), the vllm-nixl precise row sent some requests to the decode alone, and the probe's
+figures are printed."""
+
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import BUILD_DIR, TestRunner, binary  # noqa: E402
+from test_scenarios import table_rows, col  # noqa: E402
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "loadtest",
+                      "scenarios", "kv_routing.py")
+
+
+def test_kv_routing_smoke():
+    for b in ("baton", "baton-worker", "baton-bench"):
+        binary(b)
+    r = subprocess.run([sys.executable, SCRIPT, "--smoke", "--vllm-precise", "--build-dir",
+                        BUILD_DIR], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=240)
+    out = r.stdout
+    assert r.returncode == 0, out
+    header, rows = table_rows(out, "policies on the same multi-turn workload")
+    names = [row[0] for row in rows]
+    assert names == ["round_robin", "consistent_hash", "cache_aware", "precise",
+                     "precise vllm-nixl", "precise vllm-nixl, both legs"], out
+    for n in names:
+        assert col(header, rows, "errors", n) == "0", out
+    assert float(col(header, rows, "hit ratio", "precise")) > \
+        float(col(header, rows, "hit ratio", "round_robin")), out
+    assert float(col(header, rows, "decode alone", "precise vllm-nixl")) > 0, out
+    assert float(col(header, rows, "decode alone", "precise vllm-nixl, both legs")) == 0, out
+    assert "kvev_probe bench" in out, out
+
+
+def main():
+    t = TestRunner()
+    t.run(test_kv_routing_smoke)
+    t.finish()
+
+
+if __name__ == "__main__":
+    main()
