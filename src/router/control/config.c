@@ -215,6 +215,15 @@ static const opt_t options[] = {
     {"--precise-l2-credit-pct", "routing", "precise_l2_credit_pct", OPT_UINT,
      OFF(policy_params.precise_l2_credit_pct), 0, 100, 0, "N",
      "precise: an L2 (CPU) block's worth, % of an L1 block"},
+    {"--precise-l3-credit-pct", "routing", "precise_l3_credit_pct", OPT_UINT,
+     OFF(policy_params.precise_l3_credit_pct), 0, 100, 0, "N",
+     "precise: a block in the KV store (L3, --store-kv-events), % of an L1 block, on every "
+     "worker"},
+    {"--store-kv-events", "routing", "store_kv_events", OPT_STR, OFF(store_kv_events), 0, 0, 0,
+     "EP", "precise: the baton-store master's KV events (ZMQ); its blocks count as L3 everywhere"},
+    {"--store-kv-events-replay", "routing", "store_kv_events_replay", OPT_STR,
+     OFF(store_kv_events_replay), 0, 0, 0, "EP",
+     "the store master's KV event replay endpoint (history on subscribe and after a gap)"},
     {"--precise-tie-pct", "routing", "precise_tie_pct", OPT_UINT,
      OFF(policy_params.precise_tie_pct), 0, 100, 0, "N",
      "precise: costs within N% of the prompt's tokens tie; the least loaded wins"},
@@ -369,6 +378,8 @@ void baton_config_free(baton_config_t *cfg)
     }
     free(cfg->api_key_file);
     free(cfg->metrics_token);
+    free(cfg->store_kv_events);
+    free(cfg->store_kv_events_replay);
     free(cfg->admin_token);
     free(cfg->admin_token_file);
     free(cfg->rate_limit);
