@@ -45,7 +45,7 @@ typedef struct sub_s {
     uint64_t gaps_open, replays_open; /* the open subscriber's own counts, already added */
     uint64_t seen_base, hit_base;
     /* figures (atomics: read by /workers) */
-    _Atomic uint64_t batches, events, stored, removed, gaps, replays, resets, errors;
+    _Atomic uint64_t batches, events, stored, removed, gaps, replays, resets, errors, clears;
     _Atomic int64_t last_seq;
     _Atomic uint64_t l1, l2;
     baton_metric_child_t *m_events, *m_stored, *m_removed, *m_gaps, *m_replays, *m_resets,
@@ -68,7 +68,7 @@ struct baton_kvroute_s {
      * has its history; the subscription that last applied a batch (the leader's) */
     int l3_src;
     atomic_int l3_known;
-    sub_t *l3_last;
+    sub_t *_Atomic l3_last;
     _Atomic uint64_t seen[BATON_KVIDX_MAX_SOURCES]; /* matches a source took part in */
     /* metric families */
     baton_metric_family_t *f_events, *f_blocks, *f_gaps, *f_replays, *f_resets, *f_errors, *f_index,
@@ -182,6 +182,8 @@ static void sub_cb(void *ud, baton_kvev_sub_event_t ev, int64_t seq, const baton
             }
         } else if (e->type == BATON_KVEV_REMOVED) {
             removed += e->n_hashes;
+        } else if (e->type == BATON_KVEV_CLEARED) {
+            atomic_fetch_add(&s->clears, 1);
         }
     }
     if (!s->w)
@@ -749,32 +751,35 @@ json_t *baton_kvroute_store_json(baton_kvroute_t *kr)
     if (!kr || kr->l3_src < 0 || !kr->o.store_endpoint)
         return NULL;
     json_t *masters = json_array();
-    uint64_t blocks = 0, events = 0, resets = 0, errors = 0;
+    uint64_t blocks = 0, events = 0, resets = 0, errors = 0, clears = 0;
     int64_t last = -1;
     uv_mutex_lock(&kr->mu);
     for (sub_t *s = kr->subs; s; s = s->next) {
         if (s->w)
             continue;
         int64_t ls = atomic_load(&s->last_seq);
-        json_array_append_new(masters,
-                              json_pack("{s:s,s:s,s:I,s:b,s:s?}", "endpoint", s->ep, "state",
-                                        state_names[atomic_load(&s->state)], "last_seq",
-                                        (json_int_t)ls, "leading", s == kr->l3_last, "last_error",
-                                        s->last_error[0] ? s->last_error : NULL));
+        json_array_append_new(
+            masters, json_pack("{s:s,s:s,s:I,s:I,s:b,s:s?}", "endpoint", s->ep, "state",
+                               state_names[atomic_load(&s->state)], "last_seq", (json_int_t)ls,
+                               "clears", (json_int_t)atomic_load(&s->clears), "leading",
+                               s == kr->l3_last, "last_error",
+                               s->last_error[0] ? s->last_error : NULL));
         blocks = atomic_load(&s->l1) + atomic_load(&s->l2) > blocks
                      ? atomic_load(&s->l1) + atomic_load(&s->l2)
                      : blocks;
         events += atomic_load(&s->events);
         resets += atomic_load(&s->resets);
         errors += atomic_load(&s->errors);
+        clears += atomic_load(&s->clears);
         if (ls > last)
             last = ls;
     }
     uv_mutex_unlock(&kr->mu);
-    return json_pack("{s:b,s:I,s:I,s:I,s:I,s:I,s:o}", "known", atomic_load(&kr->l3_known) != 0,
-                     "blocks_L3", (json_int_t)blocks, "last_seq", (json_int_t)last, "events",
-                     (json_int_t)events, "resets", (json_int_t)resets, "errors",
-                     (json_int_t)errors, "masters", masters);
+    return json_pack("{s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "known",
+                     atomic_load(&kr->l3_known) != 0, "blocks_L3", (json_int_t)blocks, "last_seq",
+                     (json_int_t)last, "events", (json_int_t)events, "clears", (json_int_t)clears,
+                     "resets", (json_int_t)resets, "errors", (json_int_t)errors, "masters",
+                     masters);
 }
 
 json_t *baton_kvroute_worker_json(baton_kvroute_t *kr, const baton_worker_t *w)
