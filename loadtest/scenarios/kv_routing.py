@@ -98,8 +98,10 @@ def run_policy(args, policy, timing, n_p=4, n_d=4, cache=None, proto="sglang", e
             if l3[1] and policy == "precise":
                 extra = tuple(extra) + ("--store-kv-events", pub, "--store-kv-events-replay", rep)
         ps = [kv_worker(lab, "prefill", pextra, f"prefill-{i}") for i in range(n_p)]
-        ds = [kv_worker(lab, "decode", list(timing) + ["--cache-tokens", cache], f"decode-{i}")
-              for i in range(n_d)]
+        dextra = list(timing) + ["--cache-tokens", cache]
+        if l3:  # the hand-off is authenticated with the prefill's secret
+            dextra += ["--kv-secret-file", l3[0]]
+        ds = [kv_worker(lab, "decode", dextra, f"decode-{i}") for i in range(n_d)]
         r = lab.router("--prefill-policy", policy, "--decode-policy", policy, "--max-retries", 2,
                        "--pd-protocol", proto, *args.router_arg, *extra)
         for w in ps:
@@ -121,6 +123,9 @@ def summarize(label, res, wf, cpu, rm):
               "decode_alone": msum(rm, "baton_pd_decode_alone_total"),
               "fallbacks": msum(rm, "baton_routing_precise_fallback_total"),
               "l3_credited": msum(rm, "baton_routing_precise_l3_credited_total"),
+              "l3_index_blocks": sum(v for k, v in rm.items()
+                                     if k.startswith("baton_kv_index_blocks{")
+                                     and 'worker="@store"' in k),
               "l3_hit": sum(w.get("l3", 0) for w in wf),
               "hit_tokens": sum(w["hit"] for w in wf)})
     return s
@@ -242,8 +247,10 @@ def main():
              f"decode-alone requests never reach them); router CPU: utime+stime / requests")
     pr = figures["runs"].get("precise", {}).get("summary")
     if pr and pr["index_blocks"]:
-        print(f"precise's index at the end: {pr['index_blocks']:.0f} blocks (all workers, both "
-              f"tiers), {pr['index_bytes'] / 1024:.0f} KiB; fallbacks {pr['fallbacks']:.0f}")
+        print(f"precise's index at the end: {pr['index_blocks']:.0f} blocks (all sources and "
+              f"tiers), {pr['index_bytes'] / 1024:.0f} KiB; fallbacks {pr['fallbacks']:.0f}; "
+              f"the store's (L3) {pr['l3_index_blocks']:.0f} blocks, "
+              f"{pr['l3_credited']:.0f} choices credited L3")
     pb = probe(args)
     if pb:
         figures["probe"] = pb

@@ -106,8 +106,8 @@ typedef struct {
     /* The KV block each page holds (NULL where its token ids are not known here: write-back
      * and decode offload): given with the page's first object (k), so the store master
      * publishes one BlockStored (medium L3) per page, the same block its L1 event names. */
-    baton_store_block_t *blk; /* n */
-    uint32_t *tok;            /* n × page tokens */
+    baton_store_block_t *blk;     /* n */
+    uint32_t *tok;                /* n × page tokens */
     baton_store_block_t *put_blk; /* 2n: per object of the put */
 } put_op_t;
 

@@ -63,7 +63,7 @@ struct baton_kvroute_s {
     uv_mutex_t mu; /* the list's shape (subs added, freed) for the readers */
     sub_t *subs;
     uint64_t gen_seen, reconcile_at;
-    uint64_t src_used;                              /* index sources in use (bits) */
+    uint64_t src_used; /* index sources in use (bits) */
     /* the store's L3 source: shared by its masters' subscriptions; known (1) once one of them
      * has its history; the subscription that last applied a batch (the leader's) */
     int l3_src;
@@ -120,7 +120,8 @@ void baton_kvroute_match(baton_kvroute_t *kr, const uint64_t *keys, uint32_t nb,
 uint32_t baton_kvroute_match_l3(baton_kvroute_t *kr, const uint64_t *keys, uint32_t nb)
 {
     baton_kvidx_t *x = kr ? atomic_load_explicit(&kr->idx, memory_order_acquire) : NULL;
-    if (!x || nb == 0 || kr->l3_src < 0 || !atomic_load_explicit(&kr->l3_known, memory_order_acquire))
+    if (!x || nb == 0 || kr->l3_src < 0 ||
+        !atomic_load_explicit(&kr->l3_known, memory_order_acquire))
         return 0;
     uint32_t a1[BATON_KVIDX_MAX_SOURCES], a2[BATON_KVIDX_MAX_SOURCES];
     baton_kvidx_match_keys(x, keys, nb, 1ull << kr->l3_src, a1, a2);
@@ -758,12 +759,12 @@ json_t *baton_kvroute_store_json(baton_kvroute_t *kr)
         if (s->w)
             continue;
         int64_t ls = atomic_load(&s->last_seq);
-        json_array_append_new(
-            masters, json_pack("{s:s,s:s,s:I,s:I,s:b,s:s?}", "endpoint", s->ep, "state",
-                               state_names[atomic_load(&s->state)], "last_seq", (json_int_t)ls,
-                               "clears", (json_int_t)atomic_load(&s->clears), "leading",
-                               s == kr->l3_last, "last_error",
-                               s->last_error[0] ? s->last_error : NULL));
+        json_array_append_new(masters, json_pack("{s:s,s:s,s:I,s:I,s:b,s:s?}", "endpoint", s->ep,
+                                                 "state", state_names[atomic_load(&s->state)],
+                                                 "last_seq", (json_int_t)ls, "clears",
+                                                 (json_int_t)atomic_load(&s->clears), "leading",
+                                                 s == kr->l3_last, "last_error",
+                                                 s->last_error[0] ? s->last_error : NULL));
         blocks = atomic_load(&s->l1) + atomic_load(&s->l2) > blocks
                      ? atomic_load(&s->l1) + atomic_load(&s->l2)
                      : blocks;
@@ -775,11 +776,10 @@ json_t *baton_kvroute_store_json(baton_kvroute_t *kr)
             last = ls;
     }
     uv_mutex_unlock(&kr->mu);
-    return json_pack("{s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "known",
-                     atomic_load(&kr->l3_known) != 0, "blocks_L3", (json_int_t)blocks, "last_seq",
-                     (json_int_t)last, "events", (json_int_t)events, "clears", (json_int_t)clears,
-                     "resets", (json_int_t)resets, "errors", (json_int_t)errors, "masters",
-                     masters);
+    return json_pack("{s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "known", atomic_load(&kr->l3_known) != 0,
+                     "blocks_L3", (json_int_t)blocks, "last_seq", (json_int_t)last, "events",
+                     (json_int_t)events, "clears", (json_int_t)clears, "resets", (json_int_t)resets,
+                     "errors", (json_int_t)errors, "masters", masters);
 }
 
 json_t *baton_kvroute_worker_json(baton_kvroute_t *kr, const baton_worker_t *w)
