@@ -236,6 +236,10 @@ static const opt_t options[] = {
     {"--kv-events-max-blocks", "routing", "kv_events_max_blocks", OPT_U64, OFF(kv_max_blocks), 1,
      1ull << 40, 0, "N",
      "KV events: blocks indexed per worker rank; past it the stream is dropped"},
+    {"--kv-events-replay-timeout-ms", "routing", "kv_events_replay_timeout_ms", OPT_UINT,
+     OFF(kv_replay_timeout_ms), 1, 600000, 0, "MS",
+     "KV events: one replay of a publisher's history may take this long (it never delays the "
+     "other subscriptions)"},
     {"--kv-events-unmatched-after", "routing", "kv_events_unmatched_after", OPT_U64,
      OFF(kv_unmatched_after), 1, 1ull << 40, 0, "N",
      "KV events: warn when a worker's blocks matched none of this many routed requests"},
@@ -349,6 +353,7 @@ int baton_config_init(baton_config_t *cfg)
     baton_policy_params_default(&cfg->policy_params);
     cfg->kv_max_blocks = 4u << 20;
     cfg->kv_unmatched_after = 100;
+    cfg->kv_replay_timeout_ms = 2000;
     cfg->pd_uncached_threshold = 256;
     cfg->pd_protocol = strdup("sglang");
     if (cfg->pd_protocol == NULL) {

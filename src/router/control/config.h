@@ -238,6 +238,8 @@
  *                                                               as on its worker until confirmed)
  *  routing.kv_events_max_blocks --kv-events-max-blocks N    4194304 (per worker rank; past it the
  *                                                               subscription is dropped)
+ *  routing.kv_events_replay_timeout_ms --kv-events-replay-timeout-ms MS 2000 (one replay of a
+ *                                                               publisher's history)
  *  routing.kv_events_unmatched_after --kv-events-unmatched-after N 100 (requests matched with no
  *                                                               hit before a worker is reported)
  *  routing.pd_uncached_token_threshold --pd-uncached-token-threshold N 256 (PD: decode alone when
@@ -334,6 +336,7 @@ typedef struct baton_config_s {
     char *store_kv_events;          /* the store master's KV events (NULL: no L3 source) */
     char *store_kv_events_replay;   /* and its replay endpoint */
     uint64_t kv_max_blocks;         /* per worker DP rank; 0 = 4 Mi */
+    unsigned kv_replay_timeout_ms;  /* one replay of a publisher's history */
     uint64_t kv_unmatched_after;    /* routed requests before a never-matching worker is reported */
     unsigned pd_uncached_threshold; /* PD: decode alone when at most this many tokens uncached */
 

@@ -61,7 +61,7 @@ static const struct {
      "--precise-load-weight-pct --precise-l2-credit-pct --precise-l3-credit-pct "
      "--store-kv-events --store-kv-events-replay --precise-tie-pct "
      "--precise-temperature-pct --precise-provisional-ms --kv-events-max-blocks "
-     "--kv-events-unmatched-after --pd-uncached-token-threshold"},
+     "--kv-events-replay-timeout-ms --kv-events-unmatched-after --pd-uncached-token-threshold"},
     {"tokenizer", "--tokenizer --max-model-len --tokenize-cache-bytes --tokenize-cache-entries"},
     {"limits", "--max-header-bytes --max-headers --max-body-bytes --max-connections "
                "--max-buffered-bytes --max-sse-event-bytes --max-concurrent-requests --queue-size "

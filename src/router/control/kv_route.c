@@ -37,6 +37,7 @@ typedef struct sub_s {
     uint64_t retry_at_ms;
     baton_backoff_t bo;
     int bad;              /* the stream must be dropped (set in the callback) */
+    int syncing;          /* its history is being replayed (the thread's own) */
     char why[160];        /* the thread's own: why it is bad */
     char last_error[160]; /* what /workers shows: written under the route's mutex */
     int seen;
@@ -266,6 +267,7 @@ static void take_stats(sub_t *s)
 
 static void sub_close(sub_t *s)
 {
+    s->syncing = 0;
     take_stats(s);
     sub_forget(s);
     baton_kvev_sub_close(s->s);
@@ -289,7 +291,15 @@ static void sub_open(sub_t *s)
         snprintf(s->why, sizeof(s->why), "%s", err);
         return;
     }
-    int whole = s->rep[0] ? baton_kvev_sub_sync(s->s) : -1;
+    s->syncing = 1;
+    if (s->rep[0])
+        baton_kvev_sub_sync_start(s->s); /* goes on in the poll loop: see sync_done */
+}
+
+/* The history's replay ended (whole 1: from 0, 0: later, -1: none): the source counts. */
+static void sync_done(sub_t *s, int whole)
+{
+    s->syncing = 0;
     take_stats(s);
     if (s->bad)
         return;
@@ -533,7 +543,7 @@ static void refresh(baton_kvroute_t *kr)
 static void thread_main(void *arg)
 {
     baton_kvroute_t *kr = arg;
-    struct pollfd pf[MAX_POLL_SUBS];
+    struct pollfd pf[2 * MAX_POLL_SUBS];
     sub_t *ps[MAX_POLL_SUBS];
     while (!atomic_load(&kr->stop)) {
         uint64_t now = baton_now_ms();
@@ -544,7 +554,7 @@ static void thread_main(void *arg)
             reconcile(kr);
             refresh(kr);
         }
-        int n = 0;
+        int n = 0, nf = 0;
         for (sub_t *s = kr->subs; s; s = s->next) {
             if (!s->s && atomic_load(&s->state) == ST_BACKOFF && now >= s->retry_at_ms)
                 sub_open(s);
@@ -552,20 +562,30 @@ static void thread_main(void *arg)
             if (s->bad && st != ST_BACKOFF && st != ST_NO_SOURCE)
                 sub_drop(s, now);
             if (s->s && n < MAX_POLL_SUBS) {
-                int fd = baton_kvev_sub_fd(s->s);
-                if (fd >= 0) {
-                    pf[n] = (struct pollfd){.fd = fd, .events = POLLIN};
-                    ps[n++] = s;
-                }
+                int fd = baton_kvev_sub_fd(s->s), rfd = baton_kvev_sub_replay_fd(s->s);
+                if (fd >= 0)
+                    pf[nf++] = (struct pollfd){.fd = fd, .events = POLLIN};
+                if (rfd >= 0) /* a replay in progress: its replies wake the loop too */
+                    pf[nf++] = (struct pollfd){.fd = rfd, .events = POLLIN};
+                ps[n++] = s;
             }
         }
-        /* ZMQ's descriptor is edge-triggered: every socket is drained after any wake-up, and
-         * the timeout bounds what a missed edge could delay. */
-        poll(pf, (nfds_t)n, TICK_MS);
+        /* ZMQ's descriptors are edge-triggered: every socket is drained after any wake-up, and
+         * the timeout bounds what a missed edge could delay (and how late a replay's deadline
+         * is noticed). A replay never blocks the loop: a publisher whose replay socket does not
+         * answer delays no other subscription. */
+        poll(pf, (nfds_t)nf, TICK_MS);
         for (int i = 0; i < n; i++) {
             sub_t *s = ps[i];
-            if (baton_kvev_sub_poll(s->s) < 0 || s->bad)
+            if (baton_kvev_sub_poll(s->s) < 0 || s->bad) {
                 sub_drop(s, baton_now_ms());
+                continue;
+            }
+            if (s->syncing) {
+                int whole = s->rep[0] ? baton_kvev_sub_synced(s->s) : -1;
+                if (whole != -2)
+                    sync_done(s, whole);
+            }
         }
     }
     uv_mutex_lock(&kr->mu);

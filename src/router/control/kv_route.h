@@ -22,10 +22,10 @@
  *     index source of its own (kvevents/index.h, 64 sources in all: workers past that are not
  *     indexed, counted in baton_kv_subscriptions{state="no_source"});
  *   - before a subscription counts, it replays its publisher's history from sequence 0
- *     (baton_kvev_sub_sync): a router started after the traffic knows what the workers hold.
- *     A replay waits at most replay_timeout_ms (2 s) and the thread runs one at a time, so
- *     workers whose replay socket does not answer delay the others' subscriptions by that much
- *     each, never a request.
+ *     (baton_kvev_sub_sync_start): a router started after the traffic knows what the workers
+ *     hold. A replay (this one, or one a sequence gap starts) runs inside the same poll loop,
+ *     its socket polled beside the others, for at most replay_timeout_ms (2 s): a worker whose
+ *     replay socket does not answer delays no other worker's events.
  *     Only then are the source's bits set in the worker's kv_sources (registry.h), which is
  *     all the request path reads: a worker whose history did not come whole is "partial"
  *     (the blocks it did replay count, its older ones are unknown);
