@@ -150,6 +150,18 @@ def probe(args):
 
 
 def main():
+    try:
+        return run_main()
+    finally:
+        for f in SECRETS:
+            if os.path.exists(f):
+                os.unlink(f)
+
+
+SECRETS = []
+
+
+def run_main():
     ap = scenlib.arg_parser(__doc__.split("\n")[0])
     ap.add_argument("--session-rate", type=float, default=3.0)
     ap.add_argument("--turns", type=int, default=8)
@@ -195,6 +207,7 @@ def main():
         with open(secret, "w") as f:
             f.write("kv-routing-loadtest-secret-0123456789\n")
         os.chmod(secret, 0o600)
+        SECRETS.append(secret)
     print(f"== kv_routing: precise (KV events) vs the other policies, {n} prefill + {n} decode"
           f"{', L2 + L3 (baton-store)' if args.l3 else ''} ==")
     print(scenlib.machine_line())
@@ -258,8 +271,6 @@ def main():
               f"blocks/s, removed {pb['removed_blocks_per_s']:.0f} blocks/s (decode + apply, one "
               f"thread), index {pb['bytes_per_1M_blocks'] / 1048576:.1f} MiB per 1 M blocks")
     scenlib.write_json(args.json, figures)
-    if secret:
-        os.unlink(secret)
     print(f"\nkv_routing done: {failed} failed requests; {scenlib.load_now()}")
     return 0
 
