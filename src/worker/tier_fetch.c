@@ -40,7 +40,8 @@ struct wk_tier_lookup_s {
     void (*then)(wk_job_t *job);
     size_t n;
     item_t *items;
-    unsigned inflight; /* store calls not yet called back */
+    unsigned inflight; /* store calls and room loads not yet called back */
+    unsigned loading;  /* room loads (thread pool) the job waits for */
     int went, freeing;
     int released; /* the pins on hit pages are gone: late pages are not pinned any more */
     uv_timer_t timer;
@@ -89,8 +90,33 @@ static void release_pins(lookup_t *op)
     }
 }
 
-/* A prefill's room gets the hit pages' bytes (L2 to L1, the host-to-device copy): the pages
- * the decode receives are the ones fetched, verified there once more. */
+static void went(lookup_t *op);
+static void maybe_free(lookup_t *op);
+
+typedef struct {
+    lookup_t *op;
+    uint32_t n;
+} load_t;
+
+/* A room's copy of hit pages is done: the request goes once every item's is. */
+static void on_loaded(void *arg, int status, uint64_t ns)
+{
+    load_t *ld = arg;
+    lookup_t *op = ld->op;
+    if (status == 0) {
+        baton_counter_add(op->t->m_loaded, ld->n);
+        wk__tier_page_work(op->t, WK_TIER_WORK_LOAD, 1, (uint64_t)ld->n * op->t->page_bytes, ns);
+    }
+    free(ld);
+    op->inflight--;
+    if (--op->loading == 0)
+        went(op);
+    maybe_free(op);
+}
+
+/* A prefill's room gets the hit pages' bytes (L2 to L1, the host-to-device copy) on the thread
+ * pool, the pages pinned in L2 until it is done: the pages the decode receives are the ones
+ * fetched, verified there once more. */
 static void load_room(lookup_t *op, wk_job_t *job, size_t i, uint32_t l3)
 {
     item_t *it = &op->items[i];
@@ -99,13 +125,22 @@ static void load_room(lookup_t *op, wk_job_t *job, size_t i, uint32_t l3)
     if (!ss->send || n == 0)
         return;
     const uint8_t **objs = malloc(n * sizeof(*objs));
-    if (!objs)
+    load_t *ld = malloc(sizeof(*ld));
+    if (!objs || !ld) {
+        free(objs);
+        free(ld);
         return; /* the room is filled from the definition instead: the same bytes */
+    }
     for (uint32_t k = 0; k < n; k++)
         objs[k] =
             wk_l2_addr(op->t->l2, k < it->l2_pages ? it->l2_slots[k] : it->slots[k - it->l2_pages]);
-    if (wk_kv_send_load_pages(ss->send, it->l1_pages, n, objs) == 0)
-        baton_counter_add(op->t->m_loaded, n);
+    *ld = (load_t){op, n};
+    if (wk_kv_send_load_pages(ss->send, it->l1_pages, n, objs, on_loaded, ld) == 0) {
+        op->loading++;
+        op->inflight++;
+    } else {
+        free(ld);
+    }
     free(objs);
 }
 
@@ -125,9 +160,7 @@ static void go(lookup_t *op)
     wk_tier_t *t = op->t;
     wk_job_t *job = op->job;
     uint32_t P = t->shape.page_tokens;
-    op->went = 1;
-    op->job = NULL;
-    job->tier_lookup = NULL;
+    op->went = 1; /* the job stays attached until its rooms are loaded: it may still go away */
     uv_timer_stop(&op->timer);
     for (size_t i = 0; i < op->n; i++) {
         item_t *it = &op->items[i];
@@ -145,7 +178,20 @@ static void go(lookup_t *op)
         baton_counter_add(t->m_hit[2], wi->cached_l3);
         baton_counter_add(t->w->m_cache_miss, wi->prompt_tokens - wi->cached_tokens);
     }
+    if (op->loading == 0)
+        went(op);
+}
+
+/* The rooms have their hit pages: the pins go, and the request computes the rest (unless it
+ * went away meanwhile). */
+static void went(lookup_t *op)
+{
+    wk_job_t *job = op->job;
     release_pins(op);
+    if (!job)
+        return;
+    op->job = NULL;
+    job->tier_lookup = NULL;
     op->then(job);
 }
 
@@ -155,7 +201,7 @@ static void timer_cb(uv_timer_t *h);
  * next batch or the earliest deadline. */
 static void evaluate(lookup_t *op)
 {
-    if (!op->job)
+    if (!op->job || op->went)
         return;
     uint64_t now = uv_now(op->t->w->loop), next = UINT64_MAX;
     int wait = 0;
@@ -209,9 +255,11 @@ static void on_get(void *data, int status, const baton_store_result_t *res, size
                  res[2 * j].len == t->half && res[2 * j + 1].len == t->half;
         if (ok) {
             /* every page is checked before anything uses it */
+            uint64_t t0 = uv_hrtime();
             ok = wk_tier_page_check(wk_l2_addr(t->l2, slot), &t->shape,
                                     it->ids + (size_t)page * t->shape.page_tokens,
                                     page * t->shape.page_tokens) == 0;
+            wk__tier_page_work(t, WK_TIER_WORK_VERIFY, 0, t->page_bytes, uv_hrtime() - t0);
             if (!ok) {
                 baton_counter_add(t->m_corrupt, 1);
                 log_warn(COMP, "tier_page_corrupt tier=l3 key=%s", it->keys[page].hex);
@@ -317,8 +365,11 @@ static void scan_l2(wk_tier_t *t, item_t *it)
         int32_t slot = wk_l2_find(t->l2, &it->keys[p]);
         if (slot < 0)
             break;
-        if (wk_tier_page_check(wk_l2_addr(t->l2, slot), &t->shape, it->ids + (size_t)p * P,
-                               p * P) != 0) {
+        uint64_t t0 = uv_hrtime();
+        int bad = wk_tier_page_check(wk_l2_addr(t->l2, slot), &t->shape, it->ids + (size_t)p * P,
+                                     p * P) != 0;
+        wk__tier_page_work(t, WK_TIER_WORK_VERIFY, 0, t->page_bytes, uv_hrtime() - t0);
+        if (bad) {
             baton_counter_add(t->m_corrupt, 1);
             log_warn(COMP, "tier_page_corrupt tier=l2 key=%s", it->keys[p].hex);
             if (wk_l2_pins(t->l2, slot) == 0)

@@ -10,6 +10,10 @@
 #include "worker/tier_l2.h"
 #include "worker/worker.h"
 
+/* The page work that moves or reads whole pages: fills of L2 pages from computed KV, copies of
+ * L2 pages into a room, verifications of pages read from L2 or L3. */
+enum { WK_TIER_WORK_FILL, WK_TIER_WORK_LOAD, WK_TIER_WORK_VERIFY };
+
 struct wk_tier_s {
     wk_worker_t *w;
     wk_tier_cfg_t cfg;
@@ -29,6 +33,8 @@ struct wk_tier_s {
     void *close_arg;
     /* [1] l2, [2] l3 */
     baton_metric_child_t *m_hit[3], *m_fetched[3], *m_written[3];
+    /* page work (WK_TIER_WORK_*) by thread: [work][0] the loop's, [work][1] the thread pool's */
+    baton_metric_child_t *m_work_bytes[3][2], *m_work_secs[3][2];
     baton_metric_child_t *m_pf_timeouts, *m_corrupt, *m_store_err, *m_l2_pages, *m_loaded;
 };
 
@@ -38,5 +44,7 @@ int wk__tier_names(const wk_tier_t *t, const wk_tier_key_t *keys, uint32_t n, ch
 /* A lookup or write object was freed (the tier may finish closing). */
 void wk__tier_op_done(wk_tier_t *t);
 void wk__tier_sync_gauges(wk_tier_t *t);
+/* Counts page work of `bytes` that took `ns`, on the loop's thread or the pool's (on the loop). */
+void wk__tier_page_work(wk_tier_t *t, int work, int on_pool, uint64_t bytes, uint64_t ns);
 
 #endif

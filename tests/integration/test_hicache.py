@@ -85,6 +85,10 @@ def test_l2_under_small_l1():
                      name="w")
         t = words(2, 200)
         assert generate(w.port, t)["cached_tokens"] == 0
+        # the L2 copies run on the thread pool: a page is in L2 once its copy is done
+        wait_until(lambda: metric(w.port, "baton_worker_tier_written_bytes_total",
+                                  {"tier": "l2"}) == 12 * PAGE_BYTES, timeout=20,
+                   what="turn 1's 12 pages in L2")
         m = generate(w.port, t)
         assert m["cached_tokens"] == 192, m
         assert m["cached_tokens_details"] == {"device": 64, "host": 128, "storage": 0}, m
@@ -116,10 +120,11 @@ def test_write_policies():
         wb = tier_worker(c, st, "wb", "--hicache-write-policy", "write_back", "--l2-bytes",
                          str(32 * PAGE_BYTES))
         generate(wb.port, words(4, 400))  # 25 pages: all fit
+        wait_until(lambda: metric(wb.port, "baton_worker_tier_written_bytes_total",
+                                  {"tier": "l2"}) == 25 * PAGE_BYTES, timeout=20,
+                   what="25 pages in L2")
         time.sleep(0.3)
         assert metric(wb.port, "baton_worker_tier_written_bytes_total", {"tier": "l3"}) == 0
-        assert metric(wb.port, "baton_worker_tier_written_bytes_total",
-                      {"tier": "l2"}) == 25 * PAGE_BYTES
         generate(wb.port, words(5, 400))  # 25 more: 18 of the first go to L3 on eviction
         wait_until(lambda: metric(wb.port, "baton_worker_tier_written_bytes_total",
                                   {"tier": "l3"}) == 18 * PAGE_BYTES, timeout=20,
@@ -269,6 +274,38 @@ def test_store_node_killed_mid_fetch():
         assert m["cached_tokens"] == 0
 
 
+def test_large_pages_off_the_loop():
+    """With a large model's pages (llama3-8b: 8 MiB each) the L2 fills after prefill and the L2
+    to room copies of a hit run on the thread pool, never on the loop every stream shares: the
+    page-work metric counts them by thread, exactly, and the decode verifies every byte."""
+    preset = ("--model-preset", "llama3-8b", "--kv-pool-tokens", "1024",
+              "--prefill-us-per-token", "1", "--decode-us-per-token", "100")
+    pb = 8 << 20  # 32 layers x 64 tokens x 4 KiB, K and V halves
+    with Cluster("hicache-large") as c:
+        # L1 holds one page: turn 2 finds the rest in L2
+        p = c.worker("prefill", *preset, "--cache-tokens", "64", "--l2-bytes", str(8 * pb),
+                     name="p")
+        d = c.worker("decode", *preset, name="d")
+        r = c.router("--prefill", url(p.port), str(p.wait_port("bootstrap")), "--decode",
+                     url(d.port))
+        t = words(9, 260)  # 4 whole pages of 64 tokens (the last page is never cached)
+
+        def work(kind, thread):
+            return metric(p.port, "baton_worker_tier_page_work_bytes_total",
+                          {"work": kind, "thread": thread})
+        assert generate(r.port, t)["cached_tokens"] == 0
+        wait_until(lambda: work("fill", "pool") == 4 * pb, timeout=30,
+                   what="turn 1's 4 pages filled into L2 on the pool")
+        m = generate(r.port, t)
+        assert m["cached_tokens_details"] == {"device": 64, "host": 192, "storage": 0}, m
+        assert work("load", "pool") == 3 * pb
+        assert metric(p.port, "baton_worker_tier_loaded_pages_total") == 3
+        # the loop did none of the fills or copies (it still verifies what L2 hands out)
+        assert work("fill", "loop") == 0 and work("load", "loop") == 0
+        assert work("verify", "loop") == 3 * pb
+        assert metric(d.port, "baton_kv_corrupted_total") == 0
+
+
 if __name__ == "__main__":
     r = TestRunner()
     r.run(test_l3_across_workers)
@@ -278,4 +315,5 @@ if __name__ == "__main__":
     r.run(test_pd_decode_offload)
     r.run(test_store_node_killed_mid_fetch)
     r.run(test_client_gone_during_lookup)
+    r.run(test_large_pages_off_the_loop)
     r.finish()
