@@ -60,6 +60,12 @@ static void metrics_init(wk_tier_t *t)
                               "pages instead of filled from the definition.",
                               0, NULL);
     t->m_loaded = baton_metric_child(f, NULL);
+    f = baton_metrics_counter(m, "baton_worker_tier_joined_tokens_total",
+                              "Prompt tokens a request found in L2 after waiting for another "
+                              "request's copy of the same pages (an L3 fetch or a fill) instead of "
+                              "fetching or computing them again.",
+                              0, NULL);
+    t->m_joined = baton_metric_child(f, NULL);
     static const char *const work_labels[] = {"work", "thread"};
     static const char *const works[3] = {"fill", "load", "verify"};
     static const char *const threads[2] = {"loop", "pool"};
@@ -354,6 +360,7 @@ static void store_done(uv_work_t *req, int status)
     free(j->ids);
     free(j);
     wk__tier_sync_gauges(t);
+    wk__tier_wake(t);
     wk__tier_op_done(t);
 }
 
@@ -436,6 +443,7 @@ static void off_page(void *ud, int32_t slot)
 {
     wk_tier_t *t = ud;
     baton_counter_add(t->m_written[1], (double)t->page_bytes);
+    wk__tier_wake(t); /* the page left FILLING */
     int32_t *slots = t->sc && !t->closing ? malloc(sizeof(*slots)) : NULL;
     if (!slots) {
         wk_l2_unpin(t->l2, slot);
@@ -533,6 +541,7 @@ int wk_tier_create(wk_tier_t **t_p, wk_worker_t *w)
     t->page_bytes = wk_tier_page_bytes(&t->shape);
     t->half = t->page_bytes / 2;
     baton_u64map_init(&t->uses);
+    baton_list_init(&t->waiters);
     t->name_cap = BATON_STORE_KEY_MAX + 1;
     metrics_init(t);
     int rc = 0;

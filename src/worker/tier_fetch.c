@@ -32,6 +32,9 @@ typedef struct {
     wk_pf_t pf;
     int32_t *l2_slots; /* the L2 run's slots, pinned (with the verified L3 pages') until the
                         * request went and its room got them */
+    uint8_t waiting;   /* for a page another request is copying into L2 */
+    uint8_t waits;     /* times it waited (bounded) */
+    uint32_t ready_before; /* pages of its L2 run before it first waited */
 } item_t;
 
 struct wk_tier_lookup_s {
@@ -46,8 +49,14 @@ struct wk_tier_lookup_s {
     int went, freeing;
     int released; /* the pins on hit pages are gone: late pages are not pinned any more */
     uv_timer_t timer;
+    baton_list_t wait_link; /* in the tier's waiters while an item waits */
+    int on_wait_list;
 };
 typedef struct wk_tier_lookup_s lookup_t;
+
+/* Times an item waits for pages another request is copying into L2 before it gives up on them
+ * (each wait ends when some copy ends). */
+#define MAX_WAITS 16
 
 typedef struct {
     lookup_t *op;
@@ -93,6 +102,7 @@ static void release_pins(lookup_t *op)
 
 static void went(lookup_t *op);
 static void maybe_free(lookup_t *op);
+static int wait_item(lookup_t *op, size_t i);
 
 typedef struct {
     lookup_t *op;
@@ -171,6 +181,9 @@ static void go(lookup_t *op)
             baton_counter_add(t->m_pf_timeouts, 1);
         wi->tiered = 1;
         wi->cached_l2 = it->l2_pages * P;
+        baton_counter_add(t->m_fetched[1], (double)it->l2_pages * (double)t->page_bytes);
+        if (it->waits && it->l2_pages + l3 > it->ready_before)
+            baton_counter_add(t->m_joined, (it->l2_pages + l3 - it->ready_before) * P);
         wi->cached_l3 = l3 * P;
         wi->cached_tokens += wi->cached_l2 + wi->cached_l3;
         job->ss[i].seq.cached_tokens = wi->cached_tokens;
@@ -294,7 +307,10 @@ static void verify_done(uv_work_t *req, int status)
     else
         l2_verified(op, v->item, v);
     free(v->ok);
+    int l3 = v->l3;
     free(v);
+    if (l3) /* its pages left FILLING */
+        wk__tier_wake(op->t);
     op->inflight--;
     wk__tier_sync_gauges(op->t);
     evaluate(op);
@@ -377,6 +393,7 @@ static void on_get(void *data, int status, const baton_store_result_t *res, size
         if (--it->batches_left == 0)
             it->pf.finished = 1;
         it->pf.done_pages = done_prefix(it);
+        wk__tier_wake(t);
         op->inflight--;
         free(b);
         evaluate(op);
@@ -407,6 +424,8 @@ static void fetch(lookup_t *op, size_t i, uint32_t pages)
     uint32_t k = 0;
     for (; k < pages; k++) {
         int32_t slot = wk_l2_alloc(t->l2, &it->keys[it->l3_first + k]);
+        if (slot == -1 && k == 0 && wait_item(op, i))
+            return; /* another request is fetching it: its copy is waited for, then reused */
         if (slot < 0)
             break; /* no slot free, or another request is fetching it: fetch less */
         it->slots[k] = slot;
@@ -430,6 +449,7 @@ static void fetch(lookup_t *op, size_t i, uint32_t pages)
                 wk_l2_drop(t->l2, it->slots[j]);
                 it->state[j] = -1;
             }
+            wk__tier_wake(t);
             continue;
         }
         *b = (batch_t){op, i, first, m};
@@ -509,43 +529,107 @@ static void l2_verified(lookup_t *op, size_t i, verify_t *v)
                 wk_l2_drop(t->l2, slot);
         }
     }
-    baton_counter_add(t->m_fetched[1], (double)good * (double)t->page_bytes);
     it->l2_pages = good;
     it->exists_pending = 0;
     start_l3(op, i);
 }
 
 /* The item's L2 run past L1: the pages found by key, pinned (no fetch may evict them before the
- * room got them), then checked byte for byte on the thread pool before L3 is asked for the rest. */
+ * room got them), then checked byte for byte on the thread pool before L3 is asked for the rest.
+ * A run that ends at a page another request is copying into L2 (an L3 fetch, a fill) waits for
+ * that copy first: the page is reused, not fetched or computed twice. */
 static void scan_l2(lookup_t *op, size_t i)
 {
     wk_tier_t *t = op->t;
     item_t *it = &op->items[i];
     uint32_t n = 0;
-    it->l2_slots = malloc((it->max_pages - it->l1_pages) * sizeof(*it->l2_slots));
-    for (uint32_t p = it->l1_pages; it->l2_slots && p < it->max_pages; p++, n++) {
-        int32_t slot = wk_l2_find(t->l2, &it->keys[p]);
-        if (slot < 0)
-            break;
-        wk_l2_pin(t->l2, slot);
-        it->l2_slots[n] = slot;
+    while (it->l1_pages + n < it->max_pages && wk_l2_find(t->l2, &it->keys[it->l1_pages + n]) >= 0)
+        n++;
+    if (it->l1_pages + n < it->max_pages && wk_l2_filling(t->l2, &it->keys[it->l1_pages + n])) {
+        if (it->waits == 0)
+            it->ready_before = n;
+        if (wait_item(op, i))
+            return;
     }
-    if (n == 0) {
-        start_l3(op, i);
-        return;
-    }
-    uint8_t *ok = malloc(n);
-    if (ok)
-        memset(ok, 1, n);
-    it->exists_pending = 1; /* the lookup goes only after the check (and the exists) */
-    if (!ok) {              /* none can be checked: the run is empty */
-        for (uint32_t j = 0; j < n; j++)
-            wk_l2_unpin(t->l2, it->l2_slots[j]);
+    free(it->l2_slots);
+    it->l2_slots = n ? malloc(n * sizeof(*it->l2_slots)) : NULL;
+    uint8_t *ok = n ? malloc(n) : NULL;
+    if (n == 0 || !it->l2_slots || !ok) { /* none, or none can be checked: the run is empty */
+        free(ok);
+        it->l2_pages = 0;
         it->exists_pending = 0;
         start_l3(op, i);
         return;
     }
+    for (uint32_t j = 0; j < n; j++) {
+        it->l2_slots[j] = wk_l2_find(t->l2, &it->keys[it->l1_pages + j]);
+        wk_l2_pin(t->l2, it->l2_slots[j]);
+    }
+    memset(ok, 1, n);
+    it->exists_pending = 1; /* the lookup goes only after the check (and the exists) */
     verify(op, i, 0, 0, n, it->l2_slots, ok);
+}
+
+/* The item waits for a copy into L2 to end (wk__tier_wake), holding nothing: what it pinned or
+ * allocated for L3 is let go, and it looks again from its L1 hit then. 0 when it may not wait
+ * any more (it goes on without those pages). */
+static int wait_item(lookup_t *op, size_t i)
+{
+    wk_tier_t *t = op->t;
+    item_t *it = &op->items[i];
+    if (it->waits >= MAX_WAITS || !op->job || t->closing)
+        return 0;
+    for (uint32_t k = 0; k < it->l2_pages; k++)
+        wk_l2_unpin(t->l2, it->l2_slots[k]);
+    it->l2_pages = 0;
+    free(it->slots);
+    free(it->state);
+    free(it->objs);
+    free(it->name_buf);
+    free(it->names);
+    it->slots = NULL;
+    it->state = NULL;
+    it->objs = NULL;
+    it->name_buf = NULL;
+    it->names = NULL;
+    it->l3_n = 0;
+    it->waits++;
+    it->waiting = 1;
+    it->exists_pending = 1; /* the request does not go meanwhile */
+    if (!op->on_wait_list) {
+        op->on_wait_list = 1;
+        op->inflight++; /* kept alive on the list */
+        baton_list_push(&t->waiters, &op->wait_link);
+    }
+    return 1;
+}
+
+void wk__tier_wake(wk_tier_t *t)
+{
+    baton_list_t list;
+    baton_list_init(&list);
+    while (!baton_list_empty(&t->waiters)) {
+        baton_list_t *l = baton_list_first(&t->waiters);
+        baton_list_remove(l);
+        baton_list_push(&list, l);
+    }
+    while (!baton_list_empty(&list)) {
+        lookup_t *op = container_of(baton_list_first(&list), lookup_t, wait_link);
+        baton_list_remove(&op->wait_link);
+        op->on_wait_list = 0;
+        for (size_t i = 0; i < op->n; i++) {
+            item_t *it = &op->items[i];
+            if (!it->waiting)
+                continue;
+            it->waiting = 0;
+            it->exists_pending = 0;
+            if (op->job && !t->closing)
+                scan_l2(op, i); /* may wait again */
+        }
+        op->inflight--;
+        evaluate(op);
+        maybe_free(op);
+    }
 }
 
 int wk_tier_lookup(wk_tier_t *t, wk_job_t *job, void (*then)(wk_job_t *job))

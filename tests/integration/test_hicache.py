@@ -3,12 +3,13 @@ loopback): a prompt computed on one worker is found by another in L3 (exact per-
 meta_info, exactly the uncached tokens charged, every fetched byte verified); L2 under an L1 too
 small to hold it; the write policies' effect on the store; a store node killed -9 while pages
 are fetched (the request completes, recomputing); PD with the prefill's hits handed to the
-decode."""
+decode; large pages' work off the loop; concurrent requests for one history fetched once."""
 
 import os
 import re
 import signal
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -308,6 +309,41 @@ def test_large_pages_off_the_loop():
         assert metric(d.port, "baton_kv_corrupted_total") == 0
 
 
+def test_concurrent_same_prefix_one_fetch():
+    """Requests for the same history arriving together on a worker that does not hold it: one
+    fetches it from L3, the others wait for that copy into L2 and reuse it (counted as joined)
+    instead of recomputing it or fetching it again."""
+    with Cluster("hicache-join") as c:
+        st = Store(c, nodes=2, segment="16M")
+        a = tier_worker(c, st, "a")
+        b = tier_worker(c, st, "b")
+        t = words(10, 400)
+        generate(a.port, t)
+        wait_until(lambda: metric(a.port, "baton_worker_tier_written_bytes_total",
+                                  {"tier": "l3"}) == 25 * PAGE_BYTES, timeout=20,
+                   what="the history in the store")
+        n = 6
+        out = [None] * n
+
+        def one(i):
+            out[i] = generate(b.port, t + f" q{i}")
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join()
+        # nobody recomputed the history, and it came from the store once
+        for m in out:
+            assert m["cached_tokens"] == 400, out
+        assert metric(b.port, "baton_worker_tier_fetched_bytes_total",
+                      {"tier": "l3"}) == 25 * PAGE_BYTES, out
+        assert sum(m["cached_tokens_details"]["storage"] for m in out) == 400, out
+        joined = metric(b.port, "baton_worker_tier_joined_tokens_total")
+        assert joined % 400 == 0 and joined <= 400 * (n - 1), joined
+        assert metric(b.port, "baton_worker_tier_corrupt_pages_total") == 0
+        print(f"  {int(joined) // 400} of {n - 1} requests waited for the fetch")
+
+
 if __name__ == "__main__":
     r = TestRunner()
     r.run(test_l3_across_workers)
@@ -318,4 +354,5 @@ if __name__ == "__main__":
     r.run(test_store_node_killed_mid_fetch)
     r.run(test_client_gone_during_lookup)
     r.run(test_large_pages_off_the_loop)
+    r.run(test_concurrent_same_prefix_one_fetch)
     r.finish()
