@@ -102,7 +102,7 @@ static void release_pins(lookup_t *op)
 
 static void went(lookup_t *op);
 static void maybe_free(lookup_t *op);
-static int wait_item(lookup_t *op, size_t i);
+static int wait_item(lookup_t *op, size_t i, uint32_t ready);
 
 typedef struct {
     lookup_t *op;
@@ -182,8 +182,8 @@ static void go(lookup_t *op)
         wi->tiered = 1;
         wi->cached_l2 = it->l2_pages * P;
         baton_counter_add(t->m_fetched[1], (double)it->l2_pages * (double)t->page_bytes);
-        if (it->waits && it->l2_pages + l3 > it->ready_before)
-            baton_counter_add(t->m_joined, (it->l2_pages + l3 - it->ready_before) * P);
+        if (it->waits && it->l2_pages > it->ready_before) /* what others copied meanwhile */
+            baton_counter_add(t->m_joined, (it->l2_pages - it->ready_before) * P);
         wi->cached_l3 = l3 * P;
         wi->cached_tokens += wi->cached_l2 + wi->cached_l3;
         job->ss[i].seq.cached_tokens = wi->cached_tokens;
@@ -424,7 +424,7 @@ static void fetch(lookup_t *op, size_t i, uint32_t pages)
     uint32_t k = 0;
     for (; k < pages; k++) {
         int32_t slot = wk_l2_alloc(t->l2, &it->keys[it->l3_first + k]);
-        if (slot == -1 && k == 0 && wait_item(op, i))
+        if (slot == -1 && k == 0 && wait_item(op, i, it->l2_pages))
             return; /* another request is fetching it: its copy is waited for, then reused */
         if (slot < 0)
             break; /* no slot free, or another request is fetching it: fetch less */
@@ -546,9 +546,7 @@ static void scan_l2(lookup_t *op, size_t i)
     while (it->l1_pages + n < it->max_pages && wk_l2_find(t->l2, &it->keys[it->l1_pages + n]) >= 0)
         n++;
     if (it->l1_pages + n < it->max_pages && wk_l2_filling(t->l2, &it->keys[it->l1_pages + n])) {
-        if (it->waits == 0)
-            it->ready_before = n;
-        if (wait_item(op, i))
+        if (wait_item(op, i, n))
             return;
     }
     free(it->l2_slots);
@@ -571,14 +569,16 @@ static void scan_l2(lookup_t *op, size_t i)
 }
 
 /* The item waits for a copy into L2 to end (wk__tier_wake), holding nothing: what it pinned or
- * allocated for L3 is let go, and it looks again from its L1 hit then. 0 when it may not wait
- * any more (it goes on without those pages). */
-static int wait_item(lookup_t *op, size_t i)
+ * allocated for L3 is let go, and it looks again from its L1 hit then (`ready`: its L2 run
+ * now). 0 when it may not wait any more (it goes on without those pages). */
+static int wait_item(lookup_t *op, size_t i, uint32_t ready)
 {
     wk_tier_t *t = op->t;
     item_t *it = &op->items[i];
     if (it->waits >= MAX_WAITS || !op->job || t->closing)
         return 0;
+    if (it->waits == 0)
+        it->ready_before = ready; /* its L2 run before any wait: not joined */
     for (uint32_t k = 0; k < it->l2_pages; k++)
         wk_l2_unpin(t->l2, it->l2_slots[k]);
     it->l2_pages = 0;
