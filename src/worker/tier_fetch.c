@@ -1,6 +1,7 @@
 /* tier_fetch.c — a request's lookup past its L1 hit: L2, then L3's batch exists (prefix count),
- * the L3 prefix fetched into L2 pages in place and verified byte for byte, under the prefetch
- * policy; the per-tier counts it leaves on the request. */
+ * the L3 prefix fetched into L2 pages in place and verified byte for byte (on the thread pool),
+ * under the prefetch policy, waiting for pages other requests are copying into L2; the hit
+ * pages copied into a prefill's room; the per-tier counts it leaves on the request. */
 #include "worker/tier_int.h"
 
 #include <stdlib.h>
