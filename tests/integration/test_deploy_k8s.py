@@ -423,7 +423,8 @@ def test_tiers_flags():
 def test_worker_tiers_manifests_run():
     """workers.yaml's prefill and decode pods with their exact tiers arguments, beside store.yaml's
     master and node on a real etcd: turn 1 computed on one prefill pod goes to L3, turn 2 on the
-    other prefill pod finds it there (a put, then a hit)."""
+    other prefill pod finds it there (a put, then a hit), and the decode pod's offload writes to
+    the store too."""
     try:
         docs = load_docs()
     except ImportError:
@@ -484,6 +485,14 @@ def test_worker_tiers_manifests_run():
         assert m2["cached_tokens_details"]["storage"] > 0, m2
         assert metric(second.port, "baton_worker_cache_hit_tokens_total", {"tier": "l3"}) > 0
         assert metric(second.port, "baton_worker_tier_corrupt_pages_total") == 0
+        # the decode pod offloads what it decoded to the same store (the prompt's pages are
+        # there already: exists before put; the generated tokens' pages are new)
+        res = post(r.port, "/generate", {"text": "answer at length",
+                                         "sampling_params": {"max_new_tokens": 150,
+                                                             "ignore_eos": True}})
+        assert res.status == 200, res.text
+        wait_until(lambda: metric(d.port, "baton_worker_tier_written_bytes_total",
+                                  {"tier": "l3"}) > 0, 30, what="the decode's offload in L3")
 
 
 def test_kubectl_kustomize():
