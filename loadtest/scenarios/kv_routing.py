@@ -10,6 +10,12 @@ hit ratio, TTFT p50/p90, load imbalance (max / mean prompt tokens per prefill wo
 router's CPU per request; for precise also its index (blocks, bytes) and the PD decode-alone
 count. "ideal": one prefill worker with an unbounded cache (what an oracle could reach). Last,
 kvev_probe's one-thread figures (events absorbed per second, index bytes per 1 M blocks).
+
+With --l3 every run's prefill workers also have HiCache tiers (--l2-bytes, and a baton-store
+master + 2 nodes of the run's own as L3, the master publishing the pages' blocks as KV events);
+precise's router follows the store's events (--store-kv-events: L3 credit on every worker), and
+one more run, "precise, no L3 credit", has the same workers without it. Hit ratios then count
+the L2 and L3 hits too (the "L3 share" column: the part of the hits fetched from the store).
 """
 
 import json
@@ -58,15 +64,44 @@ def bench_args(args, duration):
             args.think_time, "--seed", 7, "--timeout", 60]
 
 
-def run_policy(args, policy, timing, n_p=4, n_d=4, cache=None, proto="sglang", extra=()):
+def start_store(lab, secret):
+    """A master publishing its blocks' KV events and 2 nodes: (master addr, events, replay)."""
+    m = lab.start("store-master", [lab.bin("baton-store"), "master", "--host", scenlib.HOST,
+                                   "--port", "0", "--http-port", "0", "--kv-secret-file", secret,
+                                   "--kv-events-endpoint", f"tcp://{scenlib.HOST}:*",
+                                   "--kv-events-replay-endpoint", f"tcp://{scenlib.HOST}:*"],
+                  keys=("master", "http", "kvevents", "kvreplay"))
+    addr = f"{scenlib.HOST}:{m.ports['master']}"
+    for i in range(2):
+        lab.start(f"store-node-{i}", [lab.bin("baton-store"), "node", "--master", addr,
+                                      "--segment-bytes", "256M", "--id", f"n{i}", "--host",
+                                      scenlib.HOST, "--kv-secret-file", secret],
+                  keys=("node", "bootstrap"))
+    return (addr, f"tcp://{scenlib.HOST}:{m.ports['kvevents']}",
+            f"tcp://{scenlib.HOST}:{m.ports['kvreplay']}")
+
+
+def run_policy(args, policy, timing, n_p=4, n_d=4, cache=None, proto="sglang", extra=(),
+               l3=None):
+    """l3: None (no tiers), or (secret, credit): tiers on a store, the router following its
+    events when credit."""
     with scenlib.Lab(args, f"kv-{policy}") as lab:
         cache = cache or args.cache_tokens
         if proto != "sglang":
             timing = list(timing) + ["--protocol", proto]
-        ps = [kv_worker(lab, "prefill", list(timing) + ["--cache-tokens", cache], f"prefill-{i}")
-              for i in range(n_p)]
-        ds = [kv_worker(lab, "decode", list(timing) + ["--cache-tokens", cache], f"decode-{i}")
-              for i in range(n_d)]
+        pextra = list(timing) + ["--cache-tokens", cache]
+        if l3:
+            addr, pub, rep = start_store(lab, l3[0])
+            pextra += ["--l2-bytes", args.l2_bytes, "--kv-secret-file", l3[0], "--store-master",
+                       addr, "--hicache-storage-prefetch-policy", "timeout",
+                       "--prefetch-min-tokens", args.page_tokens]
+            if l3[1] and policy == "precise":
+                extra = tuple(extra) + ("--store-kv-events", pub, "--store-kv-events-replay", rep)
+        ps = [kv_worker(lab, "prefill", pextra, f"prefill-{i}") for i in range(n_p)]
+        dextra = list(timing) + ["--cache-tokens", cache]
+        if l3:  # the hand-off is authenticated with the prefill's secret
+            dextra += ["--kv-secret-file", l3[0]]
+        ds = [kv_worker(lab, "decode", dextra, f"decode-{i}") for i in range(n_d)]
         r = lab.router("--prefill-policy", policy, "--decode-policy", policy, "--max-retries", 2,
                        "--pd-protocol", proto, *args.router_arg, *extra)
         for w in ps:
@@ -76,7 +111,7 @@ def run_policy(args, policy, timing, n_p=4, n_d=4, cache=None, proto="sglang", e
         cpu0 = scenlib.cpu_seconds(r.p.pid)
         res = lab.bench(r.url, *bench_args(args, args.duration), label=policy)
         cpu = scenlib.cpu_seconds(r.p.pid) - cpu0
-        wf = worker_figures(ps)
+        wf = l3_hits(ps, worker_figures(ps))
         return res, wf, cpu, metrics(r.url)
 
 
@@ -86,8 +121,23 @@ def summarize(label, res, wf, cpu, rm):
               "index_blocks": msum(rm, "baton_kv_index_blocks"),
               "index_bytes": rm.get("baton_kv_index_bytes", 0.0),
               "decode_alone": msum(rm, "baton_pd_decode_alone_total"),
-              "fallbacks": msum(rm, "baton_routing_precise_fallback_total")})
+              "fallbacks": msum(rm, "baton_routing_precise_fallback_total"),
+              "l3_credited": msum(rm, "baton_routing_precise_l3_credited_total"),
+              "l3_index_blocks": sum(v for k, v in rm.items()
+                                     if k.startswith("baton_kv_index_blocks{")
+                                     and 'worker="@store"' in k),
+              "l3_hit": sum(w.get("l3", 0) for w in wf),
+              "hit_tokens": sum(w["hit"] for w in wf)})
     return s
+
+
+def l3_hits(ps, wf):
+    """Adds each prefill worker's L3 hit tokens to its figures."""
+    for w, f in zip(ps, wf):
+        m = metrics(w.url)
+        f["l3"] = sum(v for k, v in m.items()
+                      if k.startswith("baton_worker_cache_hit_tokens_total{") and 'tier="l3"' in k)
+    return wf
 
 
 def probe(args):
@@ -100,6 +150,18 @@ def probe(args):
 
 
 def main():
+    try:
+        return run_main()
+    finally:
+        for f in SECRETS:
+            if os.path.exists(f):
+                os.unlink(f)
+
+
+SECRETS = []
+
+
+def run_main():
     ap = scenlib.arg_parser(__doc__.split("\n")[0])
     ap.add_argument("--session-rate", type=float, default=3.0)
     ap.add_argument("--turns", type=int, default=8)
@@ -124,6 +186,11 @@ def main():
                          "'precise load 50%%|precise|--precise-load-weight-pct 50'")
     ap.add_argument("--no-ideal", action="store_true", help="skip the ideal pass (hit ratios "
                     "are then not compared)")
+    ap.add_argument("--l3", action="store_true",
+                    help="prefill workers with L2 and a baton-store as L3; precise follows the "
+                         "store's KV events, and once more without them")
+    ap.add_argument("--l2-bytes", default="4M", help="L2 per prefill worker with --l3 (4M)")
+    ap.add_argument("--workers", type=int, default=4, help="prefill and decode workers each (4)")
     ap.add_argument("--router-arg", action="append", default=[],
                     help="an extra router flag for every run (repeatable)")
     args = ap.parse_args()
@@ -133,12 +200,22 @@ def main():
     timing = ["--prefill-us-per-token", args.prefill_us_per_token, "--decode-us-per-token",
               args.decode_us_per_token, "--max-batch", 32, "--max-queue", 100000,
               "--page-tokens", args.page_tokens]
-    print("== kv_routing: precise (KV events) vs the other policies, 4 prefill + 4 decode ==")
+    n = args.workers
+    secret = None
+    if args.l3:
+        secret = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"baton-kvl3-{os.getpid()}.key")
+        with open(secret, "w") as f:
+            f.write("kv-routing-loadtest-secret-0123456789\n")
+        os.chmod(secret, 0o600)
+        SECRETS.append(secret)
+    print(f"== kv_routing: precise (KV events) vs the other policies, {n} prefill + {n} decode"
+          f"{', L2 + L3 (baton-store)' if args.l3 else ''} ==")
     print(scenlib.machine_line())
     print(f"workload: {args.session_rate:g} sessions/s x {args.turns} turns, {args.groups} shared "
           f"prompts of {args.shared_prefix} words, {args.input_len} new + {args.output_len} reply "
           f"tokens per turn, token ids; {args.duration:g}s measured after {args.warmup:g}s; "
-          f"cache {args.cache_tokens} tokens per worker, pages of {args.page_tokens}")
+          f"cache {args.cache_tokens} tokens per worker, pages of {args.page_tokens}"
+          f"{f', L2 {args.l2_bytes} per prefill worker + store' if args.l3 else ''}")
     figures = {"config": vars(args), "runs": {}}
     ideal = 0.0
     if not args.no_ideal:
@@ -147,6 +224,8 @@ def main():
     figures["ideal_hit_ratio"] = ideal
     rows, base, failed = [], None, 0
     runs = [(p, p, "sglang", ()) for p in args.policies.split(",") if p]
+    if args.l3 and "precise" in args.policies.split(","):
+        runs.append(("precise, no L3 credit", "precise", "sglang", ()))
     if args.vllm_precise:
         runs.append(("precise vllm-nixl", "precise", "vllm-nixl", ()))
         runs.append(("precise vllm-nixl, both legs", "precise", "vllm-nixl",
@@ -155,7 +234,8 @@ def main():
         label, policy, flags = v.split("|", 2)
         runs.append((label, policy, "sglang", tuple(flags.split())))
     for label, p, proto, extra in runs:
-        res, wf, cpu, rm = run_policy(args, p, timing, proto=proto, extra=extra)
+        l3 = (secret, label != "precise, no L3 credit") if args.l3 else None
+        res, wf, cpu, rm = run_policy(args, p, timing, n, n, proto=proto, extra=extra, l3=l3)
         s = summarize(label, res, wf, cpu, rm)
         figures["runs"][label] = {"summary": s, "bench": res, "workers": wf}
         failed += s["failed"]
@@ -165,6 +245,7 @@ def main():
     table = [[s["policy"], s["hit_ratio"], s["hit_ratio"] / ideal if ideal else None,
               s["ttft_p50"], s["ttft_p90"],
               scenlib.ratio(s["ttft_p90"], base["ttft_p90"]) if base else "-", s["imbalance"],
+              s["l3_hit"] / s["hit_tokens"] if s["hit_tokens"] else 0.0,
               s["router_cpu_us_per_req"],
               scenlib.ratio(s["router_cpu_us_per_req"], base["router_cpu_us_per_req"])
               if base else "-", s["prefill_tokens"], s["decode_alone"], s["failed"]]
@@ -172,15 +253,17 @@ def main():
     scenlib.print_table(
         "policies on the same multi-turn workload (token ids)",
         ["policy", "hit ratio", "vs ideal", "TTFT p50", "TTFT p90", "p90 vs rr", "imbalance",
-         "router CPU us/req", "CPU vs rr", "prefill tokens", "decode alone", "errors"], table,
+         "L3 share", "router CPU us/req", "CPU vs rr", "prefill tokens", "decode alone", "errors"], table,
         note=f"hit ratio: the prefill workers' cached / prompt tokens; ideal = {ideal:.3f} (one "
              f"worker, unbounded cache); TTFT in ms; imbalance: max / mean prompt tokens per "
-             f"prefill worker; prefill tokens: prompt tokens the prefill workers received (the "
+             f"prefill worker; L3 share: the hits fetched from the store; prefill tokens: prompt tokens the prefill workers received (the "
              f"decode-alone requests never reach them); router CPU: utime+stime / requests")
     pr = figures["runs"].get("precise", {}).get("summary")
     if pr and pr["index_blocks"]:
-        print(f"precise's index at the end: {pr['index_blocks']:.0f} blocks (all workers, both "
-              f"tiers), {pr['index_bytes'] / 1024:.0f} KiB; fallbacks {pr['fallbacks']:.0f}")
+        print(f"precise's index at the end: {pr['index_blocks']:.0f} blocks (all sources and "
+              f"tiers), {pr['index_bytes'] / 1024:.0f} KiB; fallbacks {pr['fallbacks']:.0f}; "
+              f"the store's (L3) {pr['l3_index_blocks']:.0f} blocks, "
+              f"{pr['l3_credited']:.0f} choices credited L3")
     pb = probe(args)
     if pb:
         figures["probe"] = pb

@@ -67,10 +67,20 @@ baton_kvev_sub_t *baton_kvev_sub_open(const baton_kvev_sub_opts_t *o, baton_kvev
                                       void *ud, char *err, size_t errlen);
 void baton_kvev_sub_close(baton_kvev_sub_t *s);
 int baton_kvev_sub_fd(baton_kvev_sub_t *s);
-/* Catches up from sequence 0 through the replay socket: 1 when the history came whole from 0
- * (the worker's cache is known), 0 when it began later, -1 when replay is unavailable. */
+/* Catches up from sequence 0 through the replay socket, blocking until it ends: 1 when the
+ * history came whole from 0 (the worker's cache is known), 0 when it began later, -1 when replay
+ * is unavailable (or timed out). */
 int baton_kvev_sub_sync(baton_kvev_sub_t *s);
-/* Handles every message waiting (none blocks, except a replay a gap starts); the number of
+/* The same without blocking: the replay runs inside baton_kvev_sub_poll (poll the replay
+ * descriptor too, and call it at least every tick: its deadline is checked there), and
+ * baton_kvev_sub_synced answers -2 until it ended, then as baton_kvev_sub_sync would. */
+void baton_kvev_sub_sync_start(baton_kvev_sub_t *s);
+int baton_kvev_sub_synced(const baton_kvev_sub_t *s);
+/* The descriptor of the replay in progress (edge-triggered as baton_kvev_sub_fd's), -1 when
+ * none runs. */
+int baton_kvev_sub_replay_fd(baton_kvev_sub_t *s);
+/* Handles every message waiting, never blocking: a replay (a sync, or one a gap starts) goes
+ * on beside the caller's loop, with the SUB socket left unread until it ends; the number of
  * batches delivered, or -1 after an ERROR was delivered (close the subscription). */
 int baton_kvev_sub_poll(baton_kvev_sub_t *s);
 void baton_kvev_sub_stats(const baton_kvev_sub_t *s, baton_kvev_sub_stats_t *out);

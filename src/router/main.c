@@ -543,7 +543,10 @@ static int create_shared(app_t *app, char *err, size_t errlen)
     /* KV-event subscriptions: their thread follows the registry (idle while no worker names an
      * endpoint); the precise policy reads their index. */
     baton_kvroute_opts_t ko = {.max_blocks_per_source = app->cfg.kv_max_blocks,
-                               .unmatched_after = app->cfg.kv_unmatched_after};
+                               .unmatched_after = app->cfg.kv_unmatched_after,
+                               .replay_timeout_ms = (int)app->cfg.kv_replay_timeout_ms,
+                               .store_endpoint = app->cfg.store_kv_events,
+                               .store_replay_endpoint = app->cfg.store_kv_events_replay};
     if ((rc = baton_kvroute_create(&r->kv, r->registry, r->metrics_reg, &ko)) != 0 ||
         (rc = baton_kvroute_start(r->kv)) != 0) {
         snprintf(err, errlen, "kv events: %s", baton_strerror(rc));

@@ -44,6 +44,8 @@ struct wk_offload_req_s {
     int released_early; /* fault 1 */
     int freed;          /* fault 3: let go but kept */
     uint64_t rid;
+    int32_t *held; /* L2 slots of the request's pages found there: pinned while it lives */
+    uint32_t n_held, cap_held;
 };
 
 struct wk_offload_s {
@@ -117,6 +119,28 @@ static void *thread_main(void *arg)
 
 static void maybe_closed(wk_offload_t *o);
 
+/* The L2 pages the request found there belong to the cache (other requests' lookups may hold
+ * them too): the request's pins go back through the pool's count, never the slots themselves. */
+static void release_held(wk_offload_req_t *r)
+{
+    wk_l2_t *l2 = r->o->cfg.l2;
+    for (uint32_t i = 0; i < r->n_held; i++) {
+        int32_t slot = r->held[i];
+        if (FAULT(r->o, 4)) {
+            /* the bug: the offload frees a page the cache owns as if it were its own, under
+             * whoever else holds it (READY entries only, so the pool's lists stay whole) */
+            wk_tier_key_t key = *wk_l2_key(l2, slot);
+            if (wk_l2_find(l2, &key) == slot)
+                wk_l2_drop(l2, slot);
+            continue;
+        }
+        wk_l2_unpin(l2, slot);
+    }
+    free(r->held);
+    r->held = NULL;
+    r->n_held = r->cap_held = 0;
+}
+
 static void req_maybe_free(wk_offload_req_t *r)
 {
     if (!r->ended || r->inflight || r->freed)
@@ -125,6 +149,7 @@ static void req_maybe_free(wk_offload_req_t *r)
     if (r->work_held) /* the last copy is done and the request let go: the pages may return */
         o->cfg.lease_drop(o->cfg.ud, r->lease, 0);
     r->work_held = 0;
+    release_held(r);
     if (FAULT(o, 3)) {
         /* state by id: an object another completion may still name is kept (the process that
          * re-enables this race ends without freeing it) */
@@ -187,6 +212,27 @@ static void on_async(uv_async_t *h)
     }
 }
 
+/* The page is in L2 already (another request's, or an earlier turn's): nothing to copy, but the
+ * request holds it, a pin taken through the pool, until its own copies are done (the chain its
+ * new pages hang on stays whole; an evicted early page would orphan every later one). */
+static void hold_existing(wk_offload_req_t *r, const wk_tier_key_t *key)
+{
+    wk_l2_t *l2 = r->o->cfg.l2;
+    int32_t slot = wk_l2_find(l2, key); /* READY only (a filling page is someone's copy) */
+    if (slot < 0)
+        return;
+    if (r->n_held == r->cap_held) {
+        uint32_t cap = r->cap_held ? 2 * r->cap_held : 8;
+        int32_t *h = realloc(r->held, cap * sizeof(*h));
+        if (!h)
+            return; /* not held: it stays the cache's alone */
+        r->held = h;
+        r->cap_held = cap;
+    }
+    wk_l2_pin(l2, slot);
+    r->held[r->n_held++] = slot;
+}
+
 /* Queues page p of the request (ids: the request's ids from its start; key: the page's). */
 static void queue_page(wk_offload_req_t *r, const int64_t *ids, uint32_t p,
                        const wk_tier_key_t *key)
@@ -198,6 +244,8 @@ static void queue_page(wk_offload_req_t *r, const int64_t *ids, uint32_t p,
     if (!j || !pid)
         goto skip;
     j->slot = wk_l2_alloc(o->cfg.l2, key);
+    if (j->slot == -1)
+        hold_existing(r, key);
     if (j->slot < 0)
         goto skip; /* there already, or no slot free: not offloaded */
     memcpy(pid, ids + (size_t)p * P, P * sizeof(*pid));

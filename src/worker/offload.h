@@ -15,7 +15,10 @@
  * A request's pages: the prompt's whole pages are copied out of its L1 pages (the pool region,
  * laid out [layer][slot][page bytes]); pages of generated tokens are written from the KV
  * definition (the simulated engine keeps no pool pages for them). Each copy is one job on the
- * offload thread; the loop commits the L2 page and hands it on (page_cb: to L3).
+ * offload thread; the loop commits the L2 page and hands it on (page_cb: to L3). A page already
+ * in L2 (an earlier turn's, or another request's with the same prefix) is not copied: the
+ * request pins it until its own copies are done, so the chain its new pages hang on is not
+ * evicted under them (a lookup stops at the first missing page).
  *
  * Race-freedom, the four ways SGLang's decode offload garbled outputs under load:
  *   1. pages freed at a request's first offload while it still decodes;
@@ -25,12 +28,17 @@
  * Here every copy is counted on the request's OWN object (never looked up by id), and that
  * object holds one unit of work on the request's lease from its first copy until the count is
  * zero after the request let go: the pages return to the pool only then, whatever the order of
- * finish, abort and completions. The worker's prefix cache owns no pool pages (a hit is
- * rewritten into the request's own pages), so (4) has no pages to free here; the cache's holds
- * stay the job's and are released only through the cache's count (job_cache.c).
+ * finish, abort and completions. The cache that owns pages the offload touches is L2 (the
+ * worker's prefix cache owns no pool pages: a hit is rewritten into the request's own pages,
+ * and its holds are released through its own count, job_cache.c): the offload writes only slots
+ * it allocated (FILLING, pinned for it alone), takes a found page with a pin and lets go of it
+ * with an unpin when the request's object goes, and never frees an L2 slot; a slot goes only by
+ * the pool's own eviction, which passes every pinned one, so another request's lookup holding
+ * the same page reads the bytes it found.
  *
  * Test builds only (compiled with WK_OFFLOAD_FAULTS, never in baton-worker): the environment
- * variable BATON_OFFLOAD_FAULT=1|2|3 re-enables race 1, 2 or 3, and BATON_OFFLOAD_DELAY_US
+ * variable BATON_OFFLOAD_FAULT=1|2|3|4 re-enables race 1, 2, 3 or 4 (4: the request frees the L2
+ * pages it found instead of unpinning them), and BATON_OFFLOAD_DELAY_US
  * slows every copy, so that the stress test (tests/unit/worker/test_offload_stress.c) can show
  * it detects each.
  *

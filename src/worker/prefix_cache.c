@@ -221,9 +221,7 @@ uint32_t wk_pcache_insert(wk_pcache_t *pc, const int64_t *ids, uint32_t n)
             c->refs = 0;
             c->hash = page_hash(at, c->ids, P);
             /* Stable across runs and processes (page_hash mixes in the parent's address). */
-            c->ev_hash = baton_mix64((at ? at->ev_hash : BATON_GOLDEN_GAMMA) ^ P);
-            for (uint32_t i = 0; i < P; i++)
-                c->ev_hash = baton_mix64(c->ev_hash ^ (uint64_t)c->ids[i]);
+            c->ev_hash = wk_pcache_block_hash(at != NULL, at ? at->ev_hash : 0, c->ids, P);
             c->hnext = pc->table[c->hash & (pc->n_buckets - 1)];
             pc->table[c->hash & (pc->n_buckets - 1)] = c;
             baton_list_init(&c->lru);
@@ -247,4 +245,12 @@ uint32_t wk_pcache_insert(wk_pcache_t *pc, const int64_t *ids, uint32_t n)
 void wk_pcache_stats(const wk_pcache_t *pc, wk_pcache_stats_t *st)
 {
     *st = pc->st;
+}
+
+uint64_t wk_pcache_block_hash(int has_parent, uint64_t parent_hash, const int64_t *ids, uint32_t n)
+{
+    uint64_t h = baton_mix64((has_parent ? parent_hash : BATON_GOLDEN_GAMMA) ^ n);
+    for (uint32_t i = 0; i < n; i++)
+        h = baton_mix64(h ^ (uint64_t)ids[i]);
+    return h;
 }

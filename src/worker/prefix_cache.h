@@ -79,6 +79,10 @@ typedef struct {
     uint32_t n;
 } wk_pcache_block_t;
 
+/* A page's event hash: the chain above, from its parent's (has_parent 0: the root) over its n
+ * ids; what the KV events name the page with, here and in the L3 puts' block info (tier.c). */
+uint64_t wk_pcache_block_hash(int has_parent, uint64_t parent_hash, const int64_t *ids, uint32_t n);
+
 /* Called once per page cached (stored 1) and per page evicted (stored 0), synchronously; not at
  * wk_pcache_destroy. The KV-event publisher (kvev.h) is the one observer. */
 typedef void (*wk_pcache_observer_t)(void *ud, int stored, const wk_pcache_block_t *b);

@@ -13,6 +13,7 @@
 #include "common/hash.h"
 #include "worker/kvxfer.h"
 #include "worker/offload.h"
+#include "worker/prefix_cache.h"
 
 #define COMP "worker"
 
@@ -134,6 +135,12 @@ typedef struct {
     char *name_buf;
     const char **names; /* 2n */
     baton_store_obj_t *objs;
+    /* The KV block each page holds (NULL where its token ids are not known here: write-back
+     * and decode offload): given with the page's first object (k), so the store master
+     * publishes one BlockStored (medium L3) per page, the same block its L1 event names. */
+    baton_store_block_t *blk;     /* n */
+    uint32_t *tok;                /* n × page tokens */
+    baton_store_block_t *put_blk; /* 2n: per object of the put */
 } put_op_t;
 
 static void put_op_release(put_op_t *op)
@@ -150,6 +157,9 @@ static void put_op_release(put_op_t *op)
     free(op->name_buf);
     free(op->names);
     free(op->objs);
+    free(op->blk);
+    free(op->tok);
+    free(op->put_blk);
     free(op);
     wk__tier_op_done(t);
 }
@@ -194,17 +204,38 @@ static void on_put_exists(void *data, int status, const baton_store_result_t *re
         op->objs[m].key = op->names[i];
         op->objs[m].addr = base + (i % 2 ? t->half : 0);
         op->objs[m].len = t->half;
+        if (op->put_blk)
+            op->put_blk[m] = i % 2 ? (baton_store_block_t){0} : op->blk[page];
         m++;
     }
-    if (m > 0 && baton_store_put(t->sc, op->objs, m, NULL, on_put, op) == 0)
+    baton_store_put_opts_t po;
+    baton_store_put_opts_init(&po);
+    po.blocks = op->put_blk;
+    if (m > 0 && baton_store_put(t->sc, op->objs, m, &po, on_put, op) == 0)
         op->inflight++;
     put_op_release(op);
 }
 
-/* Sends the pages in `slots` (pinned by the caller, handed over) to L3. */
-static void put_pages(wk_tier_t *t, int32_t *slots, uint32_t n, int writeback)
+/* Sends the pages in `slots` (pinned by the caller, handed over) to L3; blk and tok (handed
+ * over, may be NULL) the blocks they hold. */
+static void put_pages(wk_tier_t *t, int32_t *slots, uint32_t n, int writeback,
+                      baton_store_block_t *blk, uint32_t *tok)
 {
     put_op_t *op = calloc(1, sizeof(*op));
+    if (op && blk) {
+        op->blk = blk;
+        op->tok = tok;
+        op->put_blk = malloc((size_t)n * 2 * sizeof(*op->put_blk));
+        if (!op->put_blk) { /* the pages still go, unannounced */
+            free(blk);
+            free(tok);
+            op->blk = NULL;
+            op->tok = NULL;
+        }
+    } else {
+        free(blk);
+        free(tok);
+    }
     if (op) {
         op->t = t;
         op->n = n;
@@ -255,7 +286,7 @@ static void on_dirty(void *ud, wk_l2_t *l2, int32_t slot, const wk_tier_key_t *k
         return;
     }
     slots[0] = slot; /* pinned by the pool for us */
-    put_pages(t, slots, 1, 1);
+    put_pages(t, slots, 1, 1, NULL, NULL);
 }
 
 static uint32_t page_uses(wk_tier_t *t, const wk_tier_key_t *key)
@@ -275,10 +306,13 @@ static uint32_t page_uses(wk_tier_t *t, const wk_tier_key_t *key)
     return (uint32_t)n;
 }
 
-/* Sends the pinned slots to_l3[0..n3) to L3 in batches the store accepts (two objects a page);
+/* Sends the pinned slots to_l3[0..n3) — pages at[] of ids — to L3 in batches the store accepts
+ * (two objects a page), each page with its KV block when bh (the pages' event hashes) is given;
  * frees to_l3. */
-static void put_batches(wk_tier_t *t, int32_t *to_l3, uint32_t n3)
+static void put_batches(wk_tier_t *t, int32_t *to_l3, const uint32_t *at, uint32_t n3,
+                        const int64_t *ids, const uint64_t *bh)
 {
+    uint32_t P = t->shape.page_tokens;
     uint32_t per = BATON_STORE_BATCH_MAX / 2;
     for (uint32_t off = 0; off < n3; off += per) {
         uint32_t m = n3 - off < per ? n3 - off : per;
@@ -289,7 +323,26 @@ static void put_batches(wk_tier_t *t, int32_t *to_l3, uint32_t n3)
             break;
         }
         memcpy(slots, to_l3 + off, m * sizeof(*slots));
-        put_pages(t, slots, m, 0);
+        baton_store_block_t *blk = bh && at ? calloc(m, sizeof(*blk)) : NULL;
+        uint32_t *tok = blk ? malloc((size_t)m * P * sizeof(*tok)) : NULL;
+        if (blk && tok) {
+            for (uint32_t j = 0; j < m; j++) {
+                uint32_t pg = at[off + j];
+                for (uint32_t k = 0; k < P; k++)
+                    tok[(size_t)j * P + k] = (uint32_t)ids[(size_t)pg * P + k];
+                blk[j] = (baton_store_block_t){.hash = (int64_t)bh[pg],
+                                               .has_parent = pg > 0,
+                                               .parent_hash = pg ? (int64_t)bh[pg - 1] : 0,
+                                               .token_ids = tok + (size_t)j * P,
+                                               .n_tokens = P};
+            }
+        } else {
+            free(blk);
+            free(tok);
+            blk = NULL;
+            tok = NULL;
+        }
+        put_pages(t, slots, m, 0, blk, tok);
     }
     free(to_l3);
 }
@@ -309,6 +362,8 @@ typedef struct {
     uint32_t *fill_pages;
     uint8_t *fill_to_l3;
     int32_t *to_l3; /* pages already in L2 going to L3 (pinned), then the filled ones */
+    uint32_t *at;   /* the page index of each to_l3 entry */
+    uint32_t pages;
     int64_t *ids;   /* the sequence's ids of its whole pages */
     uint64_t ns;    /* the thread's time on the fills */
 } store_job_t;
@@ -342,6 +397,7 @@ static void store_done(uv_work_t *req, int status)
         wk_l2_commit(t->l2, slot, t->sc && wk_wp_on_evict(t->cfg.write_policy));
         if (j->fill_to_l3[k] && !t->closing) {
             wk_l2_pin(t->l2, slot);
+            j->at[j->n3] = j->fill_pages[k];
             j->to_l3[j->n3++] = slot;
         }
     }
@@ -352,11 +408,18 @@ static void store_done(uv_work_t *req, int status)
             wk_l2_unpin(t->l2, j->to_l3[i]);
         free(j->to_l3);
     } else {
-        put_batches(t, j->to_l3, j->n3);
+        /* the pages' event hashes, chained as the prefix cache names them in its L1 events */
+        uint32_t P = t->shape.page_tokens;
+        uint64_t *bh = j->n3 ? malloc(j->pages * sizeof(*bh)) : NULL;
+        for (uint32_t i = 0; bh && i < j->pages; i++)
+            bh[i] = wk_pcache_block_hash(i > 0, i ? bh[i - 1] : 0, j->ids + (size_t)i * P, P);
+        put_batches(t, j->to_l3, j->at, j->n3, j->ids, bh);
+        free(bh);
     }
     free(j->fill_slots);
     free(j->fill_pages);
     free(j->fill_to_l3);
+    free(j->at);
     free(j->ids);
     free(j);
     wk__tier_sync_gauges(t);
@@ -377,15 +440,19 @@ void wk_tier_store_ids(wk_tier_t *t, const int64_t *ids, uint32_t n)
         j->fill_pages = malloc(pages * sizeof(*j->fill_pages));
         j->fill_to_l3 = malloc(pages);
         j->to_l3 = malloc(pages * sizeof(*j->to_l3));
+        j->at = malloc(pages * sizeof(*j->at));
+        j->pages = pages;
         j->ids = malloc((size_t)pages * P * sizeof(*j->ids));
     }
-    if (!keys || !j || !j->fill_slots || !j->fill_pages || !j->fill_to_l3 || !j->to_l3 || !j->ids) {
+    if (!keys || !j || !j->fill_slots || !j->fill_pages || !j->fill_to_l3 || !j->to_l3 || !j->at ||
+        !j->ids) {
         free(keys);
         if (j) {
             free(j->fill_slots);
             free(j->fill_pages);
             free(j->fill_to_l3);
             free(j->to_l3);
+            free(j->at);
             free(j->ids);
         }
         free(j);
@@ -402,6 +469,7 @@ void wk_tier_store_ids(wk_tier_t *t, const int64_t *ids, uint32_t n)
         if (slot >= 0) {
             if (to_l3) {
                 wk_l2_pin(t->l2, slot);
+                j->at[j->n3] = i;
                 j->to_l3[j->n3++] = slot;
             }
             continue;
@@ -450,7 +518,7 @@ static void off_page(void *ud, int32_t slot)
         return;
     }
     slots[0] = slot; /* pinned for us by the offload */
-    put_pages(t, slots, 1, 0);
+    put_pages(t, slots, 1, 0, NULL, NULL);
 }
 
 int wk_tier_offload_start(wk_tier_t *t)

@@ -5,7 +5,8 @@ restart clears what the router knew of it, a router replica started after the tr
 the workers' history and routes the same, provisional entries keep a burst of one prefix on one
 worker, a worker whose events match nothing is reported, a hostile stream is dropped and
 retried with the router unharmed, and PD requests whose prompt the decode already holds skip
-the prefill (its request counter does not move)."""
+the prefill (its request counter does not move), and a worker whose replay socket never answers
+delays no other worker's events."""
 import os
 import re
 import socket
@@ -420,12 +421,30 @@ def test_chat_with_router_tokenizer():
         assert metric(r.port, "baton_routing_precise_fallback_total") == 0
 
 
+def test_dead_replay_does_not_stall():
+    """A worker whose replay socket never answers (its history's replay pending for the whole
+    test) delays no other worker's subscription or events."""
+    with Cluster("kv-dead-replay") as c:
+        x, y = kv_worker(c), kv_worker(c)
+        r = c.router("--policy", "precise", "--kv-events-replay-timeout-ms", "600000")
+        xid = register(r.port, x, rep=free_port(), pub=x.kv[0])  # nothing listens there
+        wait_until(lambda: (kv_state(r.port, x) or {"ranks": [{}]})["ranks"][0].get("state")
+                   == "connecting", what="X's replay pending")
+        register(r.port, y)
+        p = prompt(3, 16)
+        direct(y, p)
+        wait_until(lambda: l1(r.port, y) == 4, timeout=30, what="Y's blocks indexed")
+        # X is still waiting for its replay: the subscription thread went on beside it
+        st = get(r.port, f"/workers/{xid}").json()["kv_events"]
+        assert st["ranks"][0]["state"] == "connecting" and not st["known"], st
+
+
 if __name__ == "__main__":
     tr = TestRunner()
     only = sys.argv[1:]
     for t in (test_routing_follows_events, test_replica_started_later,
               test_provisional_unmatched_hostile, test_pd_decode_alone,
-              test_chat_with_router_tokenizer, test_dp_ranks):
+              test_chat_with_router_tokenizer, test_dp_ranks, test_dead_replay_does_not_stall):
         if not only or t.__name__ in only:
             tr.run(t)
     tr.finish()

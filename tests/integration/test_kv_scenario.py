@@ -2,9 +2,11 @@
 consistent_hash and round_robin get their rows on the same token-id workload with no failed
 request, precise's worker-reported hit ratio is above round_robin's (affinity from the workers'
 own events), the vllm-nixl precise row sent some requests to the decode alone, and the probe's
-figures are printed."""
+figures are printed. With --l3 (2P2D on a baton-store): precise with and without the store's
+events, both without a failed request, the credited run's router having followed the store."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -37,9 +39,27 @@ def test_kv_routing_smoke():
     assert "kvev_probe bench" in out, out
 
 
+def test_kv_routing_l3_smoke():
+    for b in ("baton", "baton-worker", "baton-bench", "baton-store"):
+        binary(b)
+    r = subprocess.run([sys.executable, SCRIPT, "--smoke", "--l3", "--no-ideal", "--workers",
+                        "2", "--policies", "precise", "--build-dir", BUILD_DIR],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+    out = r.stdout
+    assert r.returncode == 0, out
+    header, rows = table_rows(out, "policies on the same multi-turn workload")
+    names = [row[0] for row in rows]
+    assert names == ["precise", "precise, no L3 credit"], out
+    for n in names:
+        assert col(header, rows, "errors", n) == "0", out
+    m = re.search(r"the store's \(L3\) (\d+) blocks", out)
+    assert m and int(m.group(1)) > 0, out
+
+
 def main():
     t = TestRunner()
     t.run(test_kv_routing_smoke)
+    t.run(test_kv_routing_l3_smoke)
     t.finish()
 
 

@@ -276,7 +276,9 @@ def test_store():
     header, rows = table_rows(out, "4 KiB get latency")
     assert [r[0] for r in rows] == ["tcp", "shm"], rows
     header, rows = table_rows(out, "master metadata")
-    assert all(r[2] not in ("-", "0") for r in rows), rows
+    # glibc's mallinfo2 does not see a sanitizer's allocator: the heap row reads 0 there
+    measured = [r for r in rows if not (sanitized() and r[0].startswith("heap bytes"))]
+    assert len(measured) >= 4 and all(r[2] not in ("-", "0") for r in measured), rows
     assert "objects corrupted: 0" in out
 
 

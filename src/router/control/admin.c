@@ -255,6 +255,10 @@ static void get_workers(baton_http_req_t *req, baton_registry_t *reg)
         respond_err(req, 500, "INTERNAL_ERROR", "out of memory");
         return;
     }
+    /* the KV store's blocks (L3, reachable by every worker) when the router follows them */
+    json_t *l3 = baton_kvroute_store_json(baton_registry_kv(reg));
+    if (l3)
+        json_object_set_new(body, "kv_store", l3);
     respond_json(req, 200, body, NULL, 0);
 }
 

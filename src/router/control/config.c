@@ -215,6 +215,15 @@ static const opt_t options[] = {
     {"--precise-l2-credit-pct", "routing", "precise_l2_credit_pct", OPT_UINT,
      OFF(policy_params.precise_l2_credit_pct), 0, 100, 0, "N",
      "precise: an L2 (CPU) block's worth, % of an L1 block"},
+    {"--precise-l3-credit-pct", "routing", "precise_l3_credit_pct", OPT_UINT,
+     OFF(policy_params.precise_l3_credit_pct), 0, 100, 0, "N",
+     "precise: a block in the KV store (L3, --store-kv-events), % of an L1 block, on every "
+     "worker"},
+    {"--store-kv-events", "routing", "store_kv_events", OPT_STR, OFF(store_kv_events), 0, 0, 0,
+     "EP", "precise: the baton-store master's KV events (ZMQ); its blocks count as L3 everywhere"},
+    {"--store-kv-events-replay", "routing", "store_kv_events_replay", OPT_STR,
+     OFF(store_kv_events_replay), 0, 0, 0, "EP",
+     "the store master's KV event replay endpoint (history on subscribe and after a gap)"},
     {"--precise-tie-pct", "routing", "precise_tie_pct", OPT_UINT,
      OFF(policy_params.precise_tie_pct), 0, 100, 0, "N",
      "precise: costs within N% of the prompt's tokens tie; the least loaded wins"},
@@ -227,6 +236,10 @@ static const opt_t options[] = {
     {"--kv-events-max-blocks", "routing", "kv_events_max_blocks", OPT_U64, OFF(kv_max_blocks), 1,
      1ull << 40, 0, "N",
      "KV events: blocks indexed per worker rank; past it the stream is dropped"},
+    {"--kv-events-replay-timeout-ms", "routing", "kv_events_replay_timeout_ms", OPT_UINT,
+     OFF(kv_replay_timeout_ms), 1, 600000, 0, "MS",
+     "KV events: one replay of a publisher's history may take this long (it never delays the "
+     "other subscriptions)"},
     {"--kv-events-unmatched-after", "routing", "kv_events_unmatched_after", OPT_U64,
      OFF(kv_unmatched_after), 1, 1ull << 40, 0, "N",
      "KV events: warn when a worker's blocks matched none of this many routed requests"},
@@ -340,6 +353,7 @@ int baton_config_init(baton_config_t *cfg)
     baton_policy_params_default(&cfg->policy_params);
     cfg->kv_max_blocks = 4u << 20;
     cfg->kv_unmatched_after = 100;
+    cfg->kv_replay_timeout_ms = 2000;
     cfg->pd_uncached_threshold = 256;
     cfg->pd_protocol = strdup("sglang");
     if (cfg->pd_protocol == NULL) {
@@ -369,6 +383,8 @@ void baton_config_free(baton_config_t *cfg)
     }
     free(cfg->api_key_file);
     free(cfg->metrics_token);
+    free(cfg->store_kv_events);
+    free(cfg->store_kv_events_replay);
     free(cfg->admin_token);
     free(cfg->admin_token_file);
     free(cfg->rate_limit);

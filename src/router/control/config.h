@@ -226,6 +226,11 @@
  *                                                               weight in the cost)
  *  routing.precise_load_weight_pct --precise-load-weight-pct N 100 (in-flight tokens' weight)
  *  routing.precise_l2_credit_pct --precise-l2-credit-pct N  75  (an L2 block's worth of an L1 one)
+ *  routing.precise_l3_credit_pct --precise-l3-credit-pct N  50  (a block the KV store holds, on
+ *                                                               every worker, % of an L1 one)
+ *  routing.store_kv_events      --store-kv-events EP        none (the store master's KV events:
+ *                                                               blocks reachable as L3 by all)
+ *  routing.store_kv_events_replay --store-kv-events-replay EP none (its replay endpoint)
  *  routing.precise_tie_pct      --precise-tie-pct N         2   (costs within N% of the prompt's
  *                                                               tokens tie: least load wins)
  *  routing.precise_temperature_pct --precise-temperature-pct N 0 (sample by exp(-cost/T); 0 = min)
@@ -233,15 +238,15 @@
  *                                                               as on its worker until confirmed)
  *  routing.kv_events_max_blocks --kv-events-max-blocks N    4194304 (per worker rank; past it the
  *                                                               subscription is dropped)
+ *  routing.kv_events_replay_timeout_ms --kv-events-replay-timeout-ms MS 2000 (one replay of a
+ *                                                               publisher's history)
  *  routing.kv_events_unmatched_after --kv-events-unmatched-after N 100 (requests matched with no
  *                                                               hit before a worker is reported)
  *  routing.pd_uncached_token_threshold --pd-uncached-token-threshold N 256 (PD: decode alone when
- *                                                               it holds all but <= N prompt tokens;
- *                                                               0 = off)
- *  routing.balance_by_tokens    --balance-by-tokens         false (least_load's tie-break and the
- *                                                               in-flight counts add the prompt's
- *                                                               real tokens, for a model with a
- *                                                               tokenizer, instead of its words)
+ *                                                               it holds all but <= N prompt
+ * tokens; 0 = off) routing.balance_by_tokens    --balance-by-tokens         false (least_load's
+ * tie-break and the in-flight counts add the prompt's real tokens, for a model with a tokenizer,
+ * instead of its words)
  *  -- the router's tokenizers (rtok.h, docs/TOKENIZER.md) --
  *  tokenizer                    --tokenizer [MODEL=]PATH    none (repeatable; JSON: "PATH", an
  *                                                               array of "[MODEL=]PATH", or
@@ -326,7 +331,10 @@ typedef struct baton_config_s {
     char *session_key_field;        /* NULL = none */
     uint64_t load_poll_interval_ms; /* reported load for least_load; 0 = off */
     /* KV-event subscriptions (kv_route.h) */
+    char *store_kv_events;          /* the store master's KV events (NULL: no L3 source) */
+    char *store_kv_events_replay;   /* and its replay endpoint */
     uint64_t kv_max_blocks;         /* per worker DP rank; 0 = 4 Mi */
+    unsigned kv_replay_timeout_ms;  /* one replay of a publisher's history */
     uint64_t kv_unmatched_after;    /* routed requests before a never-matching worker is reported */
     unsigned pd_uncached_threshold; /* PD: decode alone when at most this many tokens uncached */
 

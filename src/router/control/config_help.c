@@ -58,9 +58,10 @@ static const struct {
      "--balance-abs-threshold --balance-rel-threshold-pct --balance-by-words "
      "--balance-by-tokens --cache-tie-pct --cache-l3-pct --cache-max-blocks --cache-block-words "
      "--hash-vnodes --session-key-field --dp-round-robin --precise-prefill-weight-pct "
-     "--precise-load-weight-pct --precise-l2-credit-pct --precise-tie-pct "
+     "--precise-load-weight-pct --precise-l2-credit-pct --precise-l3-credit-pct "
+     "--store-kv-events --store-kv-events-replay --precise-tie-pct "
      "--precise-temperature-pct --precise-provisional-ms --kv-events-max-blocks "
-     "--kv-events-unmatched-after --pd-uncached-token-threshold"},
+     "--kv-events-replay-timeout-ms --kv-events-unmatched-after --pd-uncached-token-threshold"},
     {"tokenizer", "--tokenizer --max-model-len --tokenize-cache-bytes --tokenize-cache-entries"},
     {"limits", "--max-header-bytes --max-headers --max-body-bytes --max-connections "
                "--max-buffered-bytes --max-sse-event-bytes --max-concurrent-requests --queue-size "

@@ -28,7 +28,7 @@ static const char *const state_names[] = {"connecting", "synced", "partial", "ba
 
 typedef struct sub_s {
     baton_kvroute_t *kr;
-    baton_worker_t *w; /* a reference */
+    baton_worker_t *w; /* a reference; NULL for a store master's subscription (L3) */
     unsigned incarnation;
     int rank, src; /* src -1: none */
     char ep[256], rep[256];
@@ -37,6 +37,7 @@ typedef struct sub_s {
     uint64_t retry_at_ms;
     baton_backoff_t bo;
     int bad;              /* the stream must be dropped (set in the callback) */
+    int syncing;          /* its history is being replayed (the thread's own) */
     char why[160];        /* the thread's own: why it is bad */
     char last_error[160]; /* what /workers shows: written under the route's mutex */
     int seen;
@@ -45,7 +46,7 @@ typedef struct sub_s {
     uint64_t gaps_open, replays_open; /* the open subscriber's own counts, already added */
     uint64_t seen_base, hit_base;
     /* figures (atomics: read by /workers) */
-    _Atomic uint64_t batches, events, stored, removed, gaps, replays, resets, errors;
+    _Atomic uint64_t batches, events, stored, removed, gaps, replays, resets, errors, clears;
     _Atomic int64_t last_seq;
     _Atomic uint64_t l1, l2;
     baton_metric_child_t *m_events, *m_stored, *m_removed, *m_gaps, *m_replays, *m_resets,
@@ -63,7 +64,12 @@ struct baton_kvroute_s {
     uv_mutex_t mu; /* the list's shape (subs added, freed) for the readers */
     sub_t *subs;
     uint64_t gen_seen, reconcile_at;
-    uint64_t src_used;                              /* index sources in use (bits) */
+    uint64_t src_used; /* index sources in use (bits) */
+    /* the store's L3 source: shared by its masters' subscriptions; known (1) once one of them
+     * has its history; the subscription that last applied a batch (the leader's) */
+    int l3_src;
+    atomic_int l3_known;
+    sub_t *_Atomic l3_last;
     _Atomic uint64_t seen[BATON_KVIDX_MAX_SOURCES]; /* matches a source took part in */
     /* metric families */
     baton_metric_family_t *f_events, *f_blocks, *f_gaps, *f_replays, *f_resets, *f_errors, *f_index,
@@ -112,7 +118,30 @@ void baton_kvroute_match(baton_kvroute_t *kr, const uint64_t *keys, uint32_t nb,
         free(srcs);
 }
 
+uint32_t baton_kvroute_match_l3(baton_kvroute_t *kr, const uint64_t *keys, uint32_t nb)
+{
+    baton_kvidx_t *x = kr ? atomic_load_explicit(&kr->idx, memory_order_acquire) : NULL;
+    if (!x || nb == 0 || kr->l3_src < 0 ||
+        !atomic_load_explicit(&kr->l3_known, memory_order_acquire))
+        return 0;
+    uint32_t a1[BATON_KVIDX_MAX_SOURCES], a2[BATON_KVIDX_MAX_SOURCES];
+    baton_kvidx_match_keys(x, keys, nb, 1ull << kr->l3_src, a1, a2);
+    return a1[kr->l3_src] + a2[kr->l3_src];
+}
+
 /* ---- the subscription thread ---- */
+
+static const char *sid(const sub_t *s)
+{
+    return s->w ? s->w->id : "@store";
+}
+
+/* The store's masters share one source: only the one that last fed it may empty it (a dead or
+ * demoted master's subscription must not clear what the new leader republished). */
+static int may_clear(sub_t *s)
+{
+    return s->w || !s->kr->l3_last || s->kr->l3_last == s;
+}
 
 static void sub_cb(void *ud, baton_kvev_sub_event_t ev, int64_t seq, const baton_kvev_batch_t *b,
                    const char *why)
@@ -128,10 +157,10 @@ static void sub_cb(void *ud, baton_kvev_sub_event_t ev, int64_t seq, const baton
     if (ev == BATON_KVEV_SUB_RESET) {
         atomic_fetch_add(&s->resets, 1);
         baton_counter_add(s->m_resets, 1);
-        if (x)
+        if (x && may_clear(s))
             baton_kvidx_clear(x, s->src);
         s->have_base = s->ever_hit = 0;
-        log_info(COMP, "kv_events_reset id=%s rank=%d reason=\"%s\"", s->w->id, s->rank,
+        log_info(COMP, "kv_events_reset id=%s rank=%d reason=\"%s\"", sid(s), s->rank,
                  why ? why : "");
         return;
     }
@@ -151,12 +180,16 @@ static void sub_cb(void *ud, baton_kvev_sub_event_t ev, int64_t seq, const baton
                 }
                 atomic_store_explicit(&kr->idx, nx, memory_order_release);
                 x = nx;
-                log_info(COMP, "kv_index_created block_size=%u from=%s", e->block_size, s->w->id);
+                log_info(COMP, "kv_index_created block_size=%u from=%s", e->block_size, sid(s));
             }
         } else if (e->type == BATON_KVEV_REMOVED) {
             removed += e->n_hashes;
+        } else if (e->type == BATON_KVEV_CLEARED) {
+            atomic_fetch_add(&s->clears, 1);
         }
     }
+    if (!s->w)
+        kr->l3_last = s;
     if (x && baton_kvidx_apply(x, s->src, b) != 0) {
         s->bad = 1;
         snprintf(s->why, sizeof(s->why), "block_size differs from the index's %u",
@@ -185,6 +218,11 @@ static void set_known(sub_t *s, int known)
 {
     if (s->src < 0)
         return;
+    if (!s->w) {
+        if (known)
+            atomic_store_explicit(&s->kr->l3_known, 1, memory_order_release);
+        return; /* stays known while another master's history counts */
+    }
     uint64_t bit = 1ull << s->src;
     if (known)
         atomic_fetch_or_explicit(&s->w->kv_sources, bit, memory_order_release);
@@ -197,8 +235,10 @@ static void sub_forget(sub_t *s)
 {
     set_known(s, 0);
     baton_kvidx_t *x = atomic_load_explicit(&s->kr->idx, memory_order_acquire);
-    if (x && s->src >= 0)
+    if (x && s->src >= 0 && may_clear(s))
         baton_kvidx_clear(x, s->src);
+    if (!s->w && s->kr->l3_last == s)
+        s->kr->l3_last = NULL;
     atomic_store(&s->l1, 0);
     atomic_store(&s->l2, 0);
     baton_gauge_set(s->m_l1, 0);
@@ -227,6 +267,7 @@ static void take_stats(sub_t *s)
 
 static void sub_close(sub_t *s)
 {
+    s->syncing = 0;
     take_stats(s);
     sub_forget(s);
     baton_kvev_sub_close(s->s);
@@ -250,13 +291,21 @@ static void sub_open(sub_t *s)
         snprintf(s->why, sizeof(s->why), "%s", err);
         return;
     }
-    int whole = s->rep[0] ? baton_kvev_sub_sync(s->s) : -1;
+    s->syncing = 1;
+    if (s->rep[0])
+        baton_kvev_sub_sync_start(s->s); /* goes on in the poll loop: see sync_done */
+}
+
+/* The history's replay ended (whole 1: from 0, 0: later, -1: none): the source counts. */
+static void sync_done(sub_t *s, int whole)
+{
+    s->syncing = 0;
     take_stats(s);
     if (s->bad)
         return;
     atomic_store(&s->state, whole == 1 ? ST_SYNCED : ST_PARTIAL);
     set_known(s, 1);
-    log_info(COMP, "kv_events_subscribed id=%s rank=%d endpoint=%s history=%s", s->w->id, s->rank,
+    log_info(COMP, "kv_events_subscribed id=%s rank=%d endpoint=%s history=%s", sid(s), s->rank,
              s->ep,
              whole == 1   ? "whole"
              : whole == 0 ? "partial"
@@ -275,7 +324,7 @@ static void sub_drop(sub_t *s, uint64_t now)
     uv_mutex_unlock(&s->kr->mu);
     atomic_store(&s->state, ST_BACKOFF);
     log_warn_limited(COMP, "kv_events_dropped",
-                     "kv_events_dropped id=%s rank=%d reason=\"%s\" retry_ms=%u", s->w->id, s->rank,
+                     "kv_events_dropped id=%s rank=%d reason=\"%s\" retry_ms=%u", sid(s), s->rank,
                      s->why, d);
 }
 
@@ -376,6 +425,10 @@ static void forget_series(baton_kvroute_t *kr, const char *id)
 static void sub_free(baton_kvroute_t *kr, sub_t *s, int forget)
 {
     sub_close(s);
+    if (!s->w) { /* a store master's: its source is the route's */
+        free(s);
+        return;
+    }
     if (forget && s->rank == 0)
         forget_series(kr, s->w->id);
     if (s->src >= 0)
@@ -390,7 +443,7 @@ static void reconcile(baton_kvroute_t *kr)
     baton_worker_t *stack[64], **ws;
     size_t n = baton_registry_snapshot_all(kr->reg, BATON_ROLE_ANY, BATON_SNAP_ALL, stack, 64, &ws);
     for (sub_t *s = kr->subs; s; s = s->next)
-        s->seen = 0;
+        s->seen = s->w == NULL; /* the store's stay */
     for (size_t i = 0; i < n; i++) {
         baton_worker_t *w = ws[i];
         if (!w->kv_events_endpoint || !w->kv_events_endpoint[0])
@@ -431,7 +484,7 @@ static void reconcile(baton_kvroute_t *kr)
     while (gone) {
         sub_t *s = gone;
         gone = s->next;
-        log_info(COMP, "kv_events_unsubscribed id=%s rank=%d", s->w->id, s->rank);
+        log_info(COMP, "kv_events_unsubscribed id=%s rank=%d", sid(s), s->rank);
         sub_free(kr, s, 1);
     }
 }
@@ -476,7 +529,7 @@ static void refresh(baton_kvroute_t *kr)
                          "reason=\"its blocks matched none of the requests routed: do its "
                          "events carry the token ids and block size the router keys requests "
                          "with?\"",
-                         s->w->id, s->rank, (unsigned long long)(seen - s->seen_base),
+                         sid(s), s->rank, (unsigned long long)(seen - s->seen_base),
                          (unsigned long long)st.blocks);
             }
         }
@@ -490,7 +543,7 @@ static void refresh(baton_kvroute_t *kr)
 static void thread_main(void *arg)
 {
     baton_kvroute_t *kr = arg;
-    struct pollfd pf[MAX_POLL_SUBS];
+    struct pollfd pf[2 * MAX_POLL_SUBS];
     sub_t *ps[MAX_POLL_SUBS];
     while (!atomic_load(&kr->stop)) {
         uint64_t now = baton_now_ms();
@@ -501,7 +554,7 @@ static void thread_main(void *arg)
             reconcile(kr);
             refresh(kr);
         }
-        int n = 0;
+        int n = 0, nf = 0;
         for (sub_t *s = kr->subs; s; s = s->next) {
             if (!s->s && atomic_load(&s->state) == ST_BACKOFF && now >= s->retry_at_ms)
                 sub_open(s);
@@ -509,20 +562,30 @@ static void thread_main(void *arg)
             if (s->bad && st != ST_BACKOFF && st != ST_NO_SOURCE)
                 sub_drop(s, now);
             if (s->s && n < MAX_POLL_SUBS) {
-                int fd = baton_kvev_sub_fd(s->s);
-                if (fd >= 0) {
-                    pf[n] = (struct pollfd){.fd = fd, .events = POLLIN};
-                    ps[n++] = s;
-                }
+                int fd = baton_kvev_sub_fd(s->s), rfd = baton_kvev_sub_replay_fd(s->s);
+                if (fd >= 0)
+                    pf[nf++] = (struct pollfd){.fd = fd, .events = POLLIN};
+                if (rfd >= 0) /* a replay in progress: its replies wake the loop too */
+                    pf[nf++] = (struct pollfd){.fd = rfd, .events = POLLIN};
+                ps[n++] = s;
             }
         }
-        /* ZMQ's descriptor is edge-triggered: every socket is drained after any wake-up, and
-         * the timeout bounds what a missed edge could delay. */
-        poll(pf, (nfds_t)n, TICK_MS);
+        /* ZMQ's descriptors are edge-triggered: every socket is drained after any wake-up, and
+         * the timeout bounds what a missed edge could delay (and how late a replay's deadline
+         * is noticed). A replay never blocks the loop: a publisher whose replay socket does not
+         * answer delays no other subscription. */
+        poll(pf, (nfds_t)nf, TICK_MS);
         for (int i = 0; i < n; i++) {
             sub_t *s = ps[i];
-            if (baton_kvev_sub_poll(s->s) < 0 || s->bad)
+            if (baton_kvev_sub_poll(s->s) < 0 || s->bad) {
                 sub_drop(s, baton_now_ms());
+                continue;
+            }
+            if (s->syncing) {
+                int whole = s->rep[0] ? baton_kvev_sub_synced(s->s) : -1;
+                if (whole != -2)
+                    sync_done(s, whole);
+            }
         }
     }
     uv_mutex_lock(&kr->mu);
@@ -534,6 +597,60 @@ static void thread_main(void *arg)
         sub_free(kr, s, 0);
         s = next;
     }
+}
+
+/* The n-th item of a comma-separated list into out ("" past its end). */
+static void list_item(const char *list, int n, char *out, size_t len)
+{
+    out[0] = '\0';
+    for (const char *p = list; p && *p; n--) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        if (n == 0) {
+            snprintf(out, len, "%.*s", (int)l, p);
+            return;
+        }
+        p = e ? e + 1 : NULL;
+    }
+}
+
+/* One subscription per store master, sharing the L3 source; opened by the thread. */
+static int store_subs_new(baton_kvroute_t *kr)
+{
+    kr->l3_src = -1;
+    if (!kr->o.store_endpoint || !kr->o.store_endpoint[0])
+        return 0;
+    kr->l3_src = 0;
+    kr->src_used |= 1ull;
+    baton_metric_child_t *m_l3 = child(kr->f_index, "@store", "L3");
+    for (int i = 0;; i++) {
+        char ep[256];
+        list_item(kr->o.store_endpoint, i, ep, sizeof(ep));
+        if (!ep[0])
+            break;
+        sub_t *s = calloc(1, sizeof(*s));
+        if (!s)
+            return BATON_ENOMEM;
+        s->kr = kr;
+        s->seen = 1;
+        s->src = kr->l3_src;
+        snprintf(s->ep, sizeof(s->ep), "%s", ep);
+        list_item(kr->o.store_replay_endpoint, i, s->rep, sizeof(s->rep));
+        atomic_store(&s->last_seq, -1);
+        atomic_store(&s->state, ST_BACKOFF); /* retry_at 0: opened at the thread's first turn */
+        baton_backoff_init(&s->bo, 200, 30000, (uint64_t)(uintptr_t)s ^ baton_now_ms());
+        s->m_events = child(kr->f_events, "@store", NULL);
+        s->m_stored = child(kr->f_blocks, "@store", "stored");
+        s->m_removed = child(kr->f_blocks, "@store", "removed");
+        s->m_gaps = child(kr->f_gaps, "@store", NULL);
+        s->m_replays = child(kr->f_replays, "@store", NULL);
+        s->m_resets = child(kr->f_resets, "@store", NULL);
+        s->m_errors = child(kr->f_errors, "@store", NULL);
+        s->m_l2 = m_l3;
+        s->next = kr->subs;
+        kr->subs = s;
+    }
+    return 0;
 }
 
 int baton_kvroute_create(baton_kvroute_t **out, baton_registry_t *reg, baton_metrics_t *metrics,
@@ -583,6 +700,10 @@ int baton_kvroute_create(baton_kvroute_t **out, baton_registry_t *reg, baton_met
                                           "memory of the router's KV block index", 0, NULL);
         kr->m_bytes = baton_metric_child(kr->f_bytes, NULL);
     }
+    if (store_subs_new(kr) != 0) {
+        baton_kvroute_destroy(kr);
+        return BATON_ENOMEM;
+    }
     *out = kr;
     return 0;
 }
@@ -602,6 +723,11 @@ void baton_kvroute_destroy(baton_kvroute_t *kr)
     if (kr->started) {
         atomic_store(&kr->stop, 1);
         uv_thread_join(&kr->tid);
+    }
+    while (kr->subs) { /* never started: the store's subscriptions, not opened */
+        sub_t *s = kr->subs;
+        kr->subs = s->next;
+        sub_free(kr, s, 0);
     }
     baton_kvidx_destroy(atomic_load(&kr->idx));
     uv_mutex_destroy(&kr->mu);
@@ -623,7 +749,58 @@ int baton__kvroute_inject(baton_kvroute_t *kr, baton_worker_t *w, int src, const
     return 0;
 }
 
+int baton__kvroute_inject_l3(baton_kvroute_t *kr, int src, const void *batch)
+{
+    const baton_kvev_batch_t *b = batch;
+    baton_kvidx_t *x = atomic_load(&kr->idx);
+    for (uint32_t k = 0; !x && k < b->n_events; k++)
+        if (b->events[k].type == BATON_KVEV_STORED) {
+            x = baton_kvidx_create(b->events[k].block_size);
+            atomic_store(&kr->idx, x);
+        }
+    if (!x || baton_kvidx_apply(x, src, b) != 0)
+        return -1;
+    kr->l3_src = src;
+    atomic_store(&kr->l3_known, 1);
+    return 0;
+}
+
 /* ---- control plane ---- */
+
+json_t *baton_kvroute_store_json(baton_kvroute_t *kr)
+{
+    if (!kr || kr->l3_src < 0 || !kr->o.store_endpoint)
+        return NULL;
+    json_t *masters = json_array();
+    uint64_t blocks = 0, events = 0, resets = 0, errors = 0, clears = 0;
+    int64_t last = -1;
+    uv_mutex_lock(&kr->mu);
+    for (sub_t *s = kr->subs; s; s = s->next) {
+        if (s->w)
+            continue;
+        int64_t ls = atomic_load(&s->last_seq);
+        json_array_append_new(masters, json_pack("{s:s,s:s,s:I,s:I,s:b,s:s?}", "endpoint", s->ep,
+                                                 "state", state_names[atomic_load(&s->state)],
+                                                 "last_seq", (json_int_t)ls, "clears",
+                                                 (json_int_t)atomic_load(&s->clears), "leading",
+                                                 s == kr->l3_last, "last_error",
+                                                 s->last_error[0] ? s->last_error : NULL));
+        blocks = atomic_load(&s->l1) + atomic_load(&s->l2) > blocks
+                     ? atomic_load(&s->l1) + atomic_load(&s->l2)
+                     : blocks;
+        events += atomic_load(&s->events);
+        resets += atomic_load(&s->resets);
+        errors += atomic_load(&s->errors);
+        clears += atomic_load(&s->clears);
+        if (ls > last)
+            last = ls;
+    }
+    uv_mutex_unlock(&kr->mu);
+    return json_pack("{s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "known", atomic_load(&kr->l3_known) != 0,
+                     "blocks_L3", (json_int_t)blocks, "last_seq", (json_int_t)last, "events",
+                     (json_int_t)events, "clears", (json_int_t)clears, "resets", (json_int_t)resets,
+                     "errors", (json_int_t)errors, "masters", masters);
+}
 
 json_t *baton_kvroute_worker_json(baton_kvroute_t *kr, const baton_worker_t *w)
 {

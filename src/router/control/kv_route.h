@@ -22,10 +22,10 @@
  *     index source of its own (kvevents/index.h, 64 sources in all: workers past that are not
  *     indexed, counted in baton_kv_subscriptions{state="no_source"});
  *   - before a subscription counts, it replays its publisher's history from sequence 0
- *     (baton_kvev_sub_sync): a router started after the traffic knows what the workers hold.
- *     A replay waits at most replay_timeout_ms (2 s) and the thread runs one at a time, so
- *     workers whose replay socket does not answer delay the others' subscriptions by that much
- *     each, never a request.
+ *     (baton_kvev_sub_sync_start): a router started after the traffic knows what the workers
+ *     hold. A replay (this one, or one a sequence gap starts) runs inside the same poll loop,
+ *     its socket polled beside the others, for at most replay_timeout_ms (2 s): a worker whose
+ *     replay socket does not answer delays no other worker's events.
  *     Only then are the source's bits set in the worker's kv_sources (registry.h), which is
  *     all the request path reads: a worker whose history did not come whole is "partial"
  *     (the blocks it did replay count, its older ones are unknown);
@@ -59,6 +59,13 @@ typedef struct baton_kvroute_opts_s {
     /* The silent-zero-hits check: a worker whose events never matched any of this many routed
      * requests (it held blocks while they were matched) is reported, once. 0: 100. */
     uint64_t unmatched_after;
+    /* The KV store's masters (baton-store --kv-events-endpoint), comma-separated: one more
+     * index source, shared by them (a standby publishes nothing; a new leader opens with
+     * AllBlocksCleared and republishes what it holds), whose blocks every worker can fetch:
+     * they count as L3 on all. NULL: none. The replay endpoints, comma-separated in the same
+     * order, may be NULL. */
+    const char *store_endpoint;
+    const char *store_replay_endpoint;
 } baton_kvroute_opts_t;
 
 /* metrics may be NULL (nothing exported). 0, BATON_ENOMEM or BATON_EINVAL. */
@@ -80,6 +87,13 @@ uint32_t baton_kvroute_block_size(const baton_kvroute_t *kr);
  */
 void baton_kvroute_match(baton_kvroute_t *kr, const uint64_t *keys, uint32_t nb,
                          baton_worker_t *const *w, size_t n, uint32_t *l1, uint32_t *l2);
+/* The leading blocks of keys[0..nb) the KV store holds (reachable by every worker as L3); 0
+ * without a store source or before its history is known. */
+uint32_t baton_kvroute_match_l3(baton_kvroute_t *kr, const uint64_t *keys, uint32_t nb);
+
+/* The store source's state for GET /workers and the admin views: endpoints, state, blocks, last
+ * sequence number; NULL without --store-kv-events. */
+json_t *baton_kvroute_store_json(baton_kvroute_t *kr);
 
 /* ---- control plane ---- */
 
@@ -91,6 +105,8 @@ json_t *baton_kvroute_worker_json(baton_kvroute_t *kr, const baton_worker_t *w);
  * thread does once w's history is known (the index created at the first stored block). 0, or -1
  * when the batch does not fit the index. */
 int baton__kvroute_inject(baton_kvroute_t *kr, baton_worker_t *w, int src, const void *batch);
+/* Tests only: the same for the store's L3 source (w NULL in the call above is not allowed). */
+int baton__kvroute_inject_l3(baton_kvroute_t *kr, int src, const void *batch);
 
 /* Totals for tests and logs. */
 typedef struct baton_kvroute_stats_s {

@@ -60,6 +60,7 @@ void baton_policy_params_default(baton_policy_params_t *p)
     p->precise_prefill_weight_pct = 100;
     p->precise_load_weight_pct = 100;
     p->precise_l2_credit_pct = 75;
+    p->precise_l3_credit_pct = 50;
     p->precise_tie_pct = 2;
     p->precise_temperature_pct = 0;
     p->precise_provisional_ms = 2000;
@@ -162,6 +163,7 @@ int baton_policy_same(const baton_policy_t *policy, baton_policy_kind_t kind,
            a->precise_prefill_weight_pct == params->precise_prefill_weight_pct &&
            a->precise_load_weight_pct == params->precise_load_weight_pct &&
            a->precise_l2_credit_pct == params->precise_l2_credit_pct &&
+           a->precise_l3_credit_pct == params->precise_l3_credit_pct &&
            a->precise_tie_pct == params->precise_tie_pct &&
            a->precise_temperature_pct == params->precise_temperature_pct &&
            a->precise_provisional_ms == params->precise_provisional_ms &&
@@ -589,6 +591,8 @@ void baton_policy_stats(baton_policy_t *policy, baton_policy_stats_t *st)
         baton__precise_stats(policy->precise, &ps);
         st->precise_fallbacks = ps.fallbacks;
         st->precise_provisional_hits = ps.provisional_hits;
+        st->precise_l3_credited = ps.l3_credited;
+        st->precise_l3_tokens = ps.l3_tokens;
     }
 }
 

@@ -64,6 +64,7 @@ typedef struct baton_policy_params_s {
     unsigned precise_prefill_weight_pct;
     unsigned precise_load_weight_pct;
     unsigned precise_l2_credit_pct;
+    unsigned precise_l3_credit_pct; /* a store (L3) block, % of an L1 block (50) */
     unsigned precise_tie_pct;
     unsigned precise_temperature_pct;
     unsigned precise_provisional_ms;
@@ -202,6 +203,8 @@ typedef struct baton_policy_stats_s {
     size_t tree_names, tree_bytes;
     uint64_t precise_fallbacks;        /* precise: chosen by load for want of token ids / index */
     uint64_t precise_provisional_hits; /* precise: choices provisional entries decided */
+    uint64_t precise_l3_credited;      /* precise: choices whose worker got L3 (store) credit */
+    uint64_t precise_l3_tokens;        /* precise: prompt tokens credited as L3 on the chosen */
 } baton_policy_stats_t;
 void baton_policy_stats(baton_policy_t *policy, baton_policy_stats_t *st);
 

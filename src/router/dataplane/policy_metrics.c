@@ -92,5 +92,17 @@ int baton_policy_metrics_append(baton_router_t *r, baton_buf_t *out)
     for (int i = 0; i < 3; i++)
         rc |= line(out, "baton_routing_precise_provisional_total{role=\"%s\"} %" PRIu64 "\n",
                    baton_worker_role_name(roles[i]), st[i].precise_provisional_hits);
+    rc |= line(out, "# HELP baton_routing_precise_l3_credited_total Choices of the precise policy "
+                    "whose worker was credited blocks the KV store holds (L3).\n"
+                    "# TYPE baton_routing_precise_l3_credited_total counter\n");
+    for (int i = 0; i < 3; i++)
+        rc |= line(out, "baton_routing_precise_l3_credited_total{role=\"%s\"} %" PRIu64 "\n",
+                   baton_worker_role_name(roles[i]), st[i].precise_l3_credited);
+    rc |= line(out, "# HELP baton_routing_precise_l3_tokens_total Prompt tokens the precise policy "
+                    "credited as reachable in the KV store (L3) on the chosen worker.\n"
+                    "# TYPE baton_routing_precise_l3_tokens_total counter\n");
+    for (int i = 0; i < 3; i++)
+        rc |= line(out, "baton_routing_precise_l3_tokens_total{role=\"%s\"} %" PRIu64 "\n",
+                   baton_worker_role_name(roles[i]), st[i].precise_l3_tokens);
     return rc ? BATON_ENOMEM : 0;
 }

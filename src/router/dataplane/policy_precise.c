@@ -28,7 +28,7 @@ typedef struct {
 struct baton_precise_s {
     pthread_mutex_t mu;
     prov_t *prov; /* PROV_SLOTS, allocated on first use */
-    atomic_ullong fallbacks, prov_hits;
+    atomic_ullong fallbacks, prov_hits, l3_credited, l3_tokens;
 };
 
 baton_precise_t *baton__precise_create(void)
@@ -52,6 +52,8 @@ void baton__precise_stats(baton_precise_t *pp, baton_precise_stats_t *st)
 {
     st->fallbacks = pp ? atomic_load(&pp->fallbacks) : 0;
     st->provisional_hits = pp ? atomic_load(&pp->prov_hits) : 0;
+    st->l3_credited = pp ? atomic_load(&pp->l3_credited) : 0;
+    st->l3_tokens = pp ? atomic_load(&pp->l3_tokens) : 0;
 }
 
 const uint64_t *baton__precise_keys(baton_route_ctx_t *ctx, uint32_t *nb, uint32_t *bs)
@@ -196,8 +198,10 @@ baton_worker_t *baton__precise_select(baton_precise_t *pp, const baton_policy_pa
     }
     baton_kvroute_match(ctx->kv, keys, nb, cands, n, l1, l2);
     prov_match(pp, keys, nb, cands, n, pv);
+    uint32_t l3 = baton_kvroute_match_l3(ctx->kv, keys, nb), l3w = 0;
     double tokens = (double)ctx->n_tokens, wp = pr->precise_prefill_weight_pct / 100.0,
-           wl = pr->precise_load_weight_pct / 100.0, c2 = pr->precise_l2_credit_pct / 100.0;
+           wl = pr->precise_load_weight_pct / 100.0, c2 = pr->precise_l2_credit_pct / 100.0,
+           c3 = pr->precise_l3_credit_pct / 100.0;
     double min = 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t held = l1[i] + l2[i];
@@ -207,7 +211,9 @@ baton_worker_t *baton__precise_select(baton_precise_t *pp, const baton_policy_pa
         }
         if (pv[i] <= held)
             pv[i] = 0; /* the index knew as much: the entry added nothing */
-        double cached = (double)bs * (l1[i] + c2 * l2[i]);
+        /* the store's blocks past what the worker holds itself: L3 for it */
+        uint32_t own = l1[i] + l2[i], in3 = l3 > own ? l3 - own : 0;
+        double cached = (double)bs * (l1[i] + c2 * l2[i] + c3 * in3);
         double load =
             (double)atomic_load_explicit(&cands[i]->in_flight_tokens, memory_order_relaxed);
         cost[i] = wp * (tokens - cached) + wl * load;
@@ -243,6 +249,12 @@ baton_worker_t *baton__precise_select(baton_precise_t *pp, const baton_policy_pa
                 idx[0] = idx[k];
     }
     uint32_t hit = l1[idx[0]] + l2[idx[0]];
+    l3w = l3 > hit ? l3 - hit : 0;
+    if (l3w && pr->precise_l3_credit_pct) {
+        atomic_fetch_add(&pp->l3_credited, 1);
+        atomic_fetch_add(&pp->l3_tokens, (uint64_t)l3w * bs);
+        hit += l3w;
+    }
     if (hit) {
         *why = BATON_CHOICE_CACHE;
         *matched = hit * bs;

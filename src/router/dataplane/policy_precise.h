@@ -23,6 +23,10 @@
  * 65,536 entries (a block key keeps the last worker routed to), overwritten when full, under
  * one mutex held for a table lookup per block.
  *
+ * L3: the leading blocks the KV store holds (kv_route's store source) are reachable from every
+ * worker; a worker's L3 count is what of them it does not hold itself, so a block counts at its
+ * best tier per worker (L1, then L2, then L3), at l3_credit (precise_l3_credit_pct, 50).
+ *
  * Without token ids (the client sent text and the router has no tokenizer for the model) or
  * before any worker announced a block, the choice is least_load's, counted as a fallback.
  */
@@ -45,6 +49,8 @@ void baton__precise_chosen(baton_precise_t *pp, const baton_policy_params_t *pr,
 typedef struct {
     uint64_t fallbacks;        /* choices made without token ids or index */
     uint64_t provisional_hits; /* choices where provisional entries added blocks */
+    uint64_t l3_credited;      /* choices where the chosen worker had L3 (store) credit */
+    uint64_t l3_tokens;        /* the tokens so credited */
 } baton_precise_stats_t;
 void baton__precise_stats(baton_precise_t *pp, baton_precise_stats_t *st);
 

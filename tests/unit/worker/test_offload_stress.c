@@ -1,9 +1,11 @@
 /* test_offload_stress.c — decode offload under stress: hundreds of concurrent multi-turn
- * sessions over a small page pool and L2 (eviction pressure), client aborts and request ids
- * reused, every decode step reading its own pages and every L2 page a turn finds verified byte
- * for byte. Built with offload.c's test-only fault switches: `test_worker_offload_stress N`
- * runs with race N re-enabled (0: none) and passes when it detects corruption exactly when a
- * race is on. Bounded in sessions, turns and time. */
+ * sessions over a small page pool and L2 (eviction pressure), groups of sessions sharing a
+ * system prompt (L2 pages several requests find and hold at once), client aborts and request
+ * ids reused, every decode step reading its own pages and every L2 page a turn finds verified
+ * byte for byte when found and again when the turn lets go of it. Built with offload.c's
+ * test-only fault switches: `test_worker_offload_stress N` runs with race N re-enabled (0:
+ * none) and passes when it detects corruption exactly when a race is on. Bounded in sessions,
+ * turns and time. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,8 +22,12 @@
 #define SESSIONS   300
 #define TURNS      3
 #define POOL_SLOTS 48
-#define L2_PAGES   2048
+#define L2_PAGES   1024
 #define RIDS       16 /* request ids drawn from a small set: reused while others are live */
+#define GROUP      10 /* sessions i and i / GROUP * GROUP share their first SHARED tokens */
+#define SHARED     16 /* one whole page of the tiny shape */
+#define HELD_MAX   16
+#define ROOM_MS    10 /* the prefill holds its L2 hits until the request's room has them */
 
 typedef struct session_s {
     int idx, turn, done;
@@ -35,7 +41,10 @@ typedef struct session_s {
     wk_kvlease_t lease;
     int lease_live;
     wk_offload_req_t *off;
-    uv_timer_t step;
+    int32_t held[HELD_MAX]; /* the L2 pages the turn found, pinned as the prefill's fetch does */
+    uint32_t n_held;
+    int32_t held_page[HELD_MAX];
+    uv_timer_t step, room;
     uint64_t rng;
 } session_t;
 
@@ -98,13 +107,15 @@ static int read_ok(session_t *s)
     return wk_kv_check(page_addr(l, s->slots[p]), tb, s->ids + p * P, p * P, n, l, NULL) == 0;
 }
 
-/* What the next turn's prefill finds in L2: every page found is checked. */
+/* What the next turn's prefill finds in L2: every page found is checked, then pinned for the
+ * turn (the prefill's fetch holds its hits until the request's room has them). */
 static void lookup_l2(session_t *s)
 {
     uint32_t P = shape.page_tokens, pages = (s->n - 1) / P;
     wk_tier_key_t *k = malloc((pages + 1) * sizeof(*k));
     wk_tier_keys(s->ids, pages * P, P, pages, k);
-    for (uint32_t p = 0; p < pages; p++) {
+    s->n_held = 0;
+    for (uint32_t p = 0; p < pages && s->n_held < HELD_MAX; p++) {
         int32_t slot = wk_l2_find(l2, &k[p]);
         if (slot < 0)
             break;
@@ -113,8 +124,31 @@ static void lookup_l2(session_t *s)
             corrupt_l2++;
             break;
         }
+        wk_l2_pin(l2, slot);
+        s->held_page[s->n_held] = (int32_t)p;
+        s->held[s->n_held++] = slot;
     }
     free(k);
+}
+
+/* The room has the turn's L2 hits: each read once more (a pinned page nobody may have touched
+ * since it was found), then unpinned. */
+static void release_l2(session_t *s)
+{
+    uv_timer_stop(&s->room);
+    uint32_t P = shape.page_tokens;
+    for (uint32_t i = 0; i < s->n_held; i++) {
+        uint32_t p = (uint32_t)s->held_page[i];
+        if (wk_tier_page_check(wk_l2_addr(l2, s->held[i]), &shape, s->ids + p * P, p * P) != 0)
+            corrupt_l2++;
+        wk_l2_unpin(l2, s->held[i]);
+    }
+    s->n_held = 0;
+}
+
+static void room_cb(uv_timer_t *t)
+{
+    release_l2(t->data);
 }
 
 static void turn_end(session_t *s, int finished)
@@ -170,7 +204,9 @@ static void turn_go(session_t *s)
 {
     wk_kvlease_init(&s->lease, s->slots, s->ppl, WK_KV_HOLD_USER);
     fill_prompt(s);
+    release_l2(s);
     lookup_l2(s);
+    uv_timer_start(&s->room, room_cb, ROOM_MS, 0);
     /* generated tokens: ids the next turn sends back */
     for (uint32_t i = 0; i < s->gen_want; i++)
         s->ids[s->n + i] = 500000 + s->idx * 1000 + s->turn * 100 + i;
@@ -255,10 +291,12 @@ int main(int argc, char **argv)
         s->cap = 40 + TURNS * (24 + 20) + 64;
         s->ids = malloc(s->cap * sizeof(*s->ids));
         s->n = 40;
-        for (uint32_t k = 0; k < s->n; k++)
-            s->ids[k] = 100000 + i * 1000 + k;
+        for (uint32_t k = 0; k < s->n; k++) /* a system prompt per group, then the session's */
+            s->ids[k] = 100000 + (k < SHARED ? i / GROUP * GROUP : i) * 1000 + k;
         uv_timer_init(&loop, &s->step);
         s->step.data = s;
+        uv_timer_init(&loop, &s->room);
+        s->room.data = s;
         /* every session at once: hundreds of concurrent requests over 48 slots */
         uv_timer_start(&s->step, start_cb, 0, 0);
     }
@@ -271,11 +309,13 @@ int main(int argc, char **argv)
     wk_offload_stats_t st;
     wk_offload_stats(off, &st);
     uint64_t corrupt = corrupt_reads + corrupt_l2 + st.bad_copies;
+    wk_l2_stats_t l2s;
+    wk_l2_stats(l2, &l2s);
     printf("fault=%d sessions_done=%u turns=%" PRIu64 " aborts=%" PRIu64 " offloaded=%" PRIu64
-           " l2_hits=%" PRIu64 " corrupt_reads=%" PRIu64 " corrupt_l2=%" PRIu64
-           " bad_copies=%" PRIu64 "\n",
-           fault, finished_sessions, turns_done, aborts, st.pages, l2_hits, corrupt_reads,
-           corrupt_l2, st.bad_copies);
+           " skipped=%" PRIu64 " l2_evictions=%" PRIu64 " l2_hits=%" PRIu64
+           " corrupt_reads=%" PRIu64 " corrupt_l2=%" PRIu64 " bad_copies=%" PRIu64 "\n",
+           fault, finished_sessions, turns_done, aborts, st.pages, st.skipped, l2s.evictions,
+           l2_hits, corrupt_reads, corrupt_l2, st.bad_copies);
     if (fault == 0) {
         /* no race: every session through, nothing corrupt, the pool whole again once the
          * offload let go, and the next turns did find offloaded pages */
@@ -287,6 +327,14 @@ int main(int argc, char **argv)
             ok = pool.n_free == POOL_SLOTS;
             if (!ok)
                 printf("pool not whole: %u of %u slots free\n", pool.n_free, POOL_SLOTS);
+            /* and every pin the offload took on L2 pages went back through the pool's count */
+            uint32_t pinned = 0;
+            for (int32_t slot = 0; slot < L2_PAGES; slot++)
+                pinned += wk_l2_pins(l2, slot) != 0;
+            if (pinned) {
+                printf("L2 not released: %u slots still pinned\n", pinned);
+                ok = 0;
+            }
         }
         return ok ? 0 : 1;
     }
