@@ -160,9 +160,17 @@ int64_t *wk__kv_copy_ids(const wk_kv_prompt_t *pr)
 int wk__kv_queue_work(wk_kv_t *kv, wk_kvlease_t *lease, void *room, uint32_t l0, uint32_t l1,
                       uv_work_cb work, uv_after_work_cb after)
 {
+    return wk__kv_queue_work_init(kv, lease, room, l0, l1, NULL, work, after);
+}
+
+int wk__kv_queue_work_init(wk_kv_t *kv, wk_kvlease_t *lease, void *room, uint32_t l0, uint32_t l1,
+                           const wk_kv_work_t *init, uv_work_cb work, uv_after_work_cb after)
+{
     wk_kv_work_t *w = calloc(1, sizeof(*w));
     if (w == NULL)
         return BATON_ENOMEM;
+    if (init)
+        *w = *init;
     w->kv = kv;
     w->room = room;
     w->l0 = l0;

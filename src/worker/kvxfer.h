@@ -190,10 +190,16 @@ int wk_kv_send_slots(wk_kv_send_t *s, const uint32_t *slots);
 void wk_kv_send_layer(wk_kv_send_t *s, uint32_t layer, int write_now);
 /* HiCache: pages [first, first + n) of the prompt were found in L2 (or fetched from L3 into
  * it): their page objects (K half, V half; tier_l2.h) are copied into the room's pages of every
- * layer now, and the fills that stand in for computing skip them. After wk_kv_send_slots,
- * before the compute; whole pages only. 0 or BATON_EINVAL. */
-int wk_kv_send_load_pages(wk_kv_send_t *s, uint32_t first, uint32_t n,
-                          const uint8_t *const *objs);
+ * layer on the thread pool (megabytes a page with a large model: never on the loop), and the
+ * fills that stand in for computing skip them. After wk_kv_send_slots, before the compute, which
+ * must wait for cb; whole pages only. The room's slots stay out of the pool until the copy is
+ * done (a unit of work on its lease), whatever happens to the request; the caller keeps the
+ * objects' memory (its L2 pins) until cb, which runs on the loop with 0 (copied) or an error
+ * (the fills write those pages instead), and the copy's time on its thread. 0 (cb will run),
+ * BATON_EINVAL or BATON_ENOMEM (it will not). */
+typedef void (*wk_kv_loaded_cb)(void *arg, int status, uint64_t copy_ns);
+int wk_kv_send_load_pages(wk_kv_send_t *s, uint32_t first, uint32_t n, const uint8_t *const *objs,
+                          wk_kv_loaded_cb cb, void *arg);
 /* The prompt tokens the prefill found in L1, L2 and L3 (not computed): DONE tells the decode. */
 void wk_kv_send_hits(wk_kv_send_t *s, uint32_t l1, uint32_t l2, uint32_t l3);
 /* Every layer was computed: fill and write what is left, then DONE with the first token. */

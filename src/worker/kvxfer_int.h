@@ -162,6 +162,11 @@ typedef struct wk_kv_work_s {
     /* check results (the thread writes them, the loop reads them after) */
     uint64_t diff, bad_off;
     uint32_t bad_layer, bad_page;
+    /* a load from L2 (wk_kv_send_load_pages): the page objects (owned), called back after */
+    const uint8_t **objs;
+    wk_kv_loaded_cb loaded;
+    void *loaded_arg;
+    uint64_t ns; /* the thread's time on it */
 } wk_kv_work_t;
 
 struct wk_kv_s {
@@ -230,6 +235,9 @@ void wk__kv_done_encode(const wk_kv_t *kv, const wk_kv_roomp_t *p, uint8_t out[W
  * must end with wk__kv_work_end. 0, BATON_ENOMEM or a libuv error. */
 int wk__kv_queue_work(wk_kv_t *kv, wk_kvlease_t *lease, void *room, uint32_t l0, uint32_t l1,
                       uv_work_cb work, uv_after_work_cb after);
+/* The same with the job's other fields (objs, loaded...) from `init`. */
+int wk__kv_queue_work_init(wk_kv_t *kv, wk_kvlease_t *lease, void *room, uint32_t l0, uint32_t l1,
+                           const wk_kv_work_t *init, uv_work_cb work, uv_after_work_cb after);
 /* The loop side of a finished job: frees it and drops its work count on `lease`. */
 void wk__kv_work_end(wk_kv_work_t *w, wk_kvlease_t *lease);
 /* Shuts the engine down once closing and no thread-pool job runs. */

@@ -499,28 +499,69 @@ void wk_kv_send_layer(wk_kv_send_t *s, uint32_t layer, int write_now)
         send_fill(s, layer, layer + 1);
 }
 
-int wk_kv_send_load_pages(wk_kv_send_t *s, uint32_t first, uint32_t n, const uint8_t *const *objs)
+static void load_work(uv_work_t *req)
 {
-    wk_kv_t *kv = s->kv;
+    wk_kv_work_t *w = req->data;
+    wk_kv_send_t *s = w->room;
+    wk_kv_t *kv = w->kv;
     uint32_t P = kv->cfg.shape.page_tokens;
     uint64_t tb = kv->token_bytes, half = tb / 2;
     uint64_t half_obj = (uint64_t)kv->cfg.shape.layers * P * half;
-    if (s->phase != WK_SEND_MATCHED || s->lease.slots == NULL || s->p.loaded_n ||
-        (uint64_t)first + n > s->p.ppl || (uint64_t)(first + n) * P > s->p.n_tokens)
-        return BATON_EINVAL;
-    for (uint32_t i = 0; i < n; i++) {
+    uint64_t t0 = uv_hrtime();
+    for (uint32_t i = 0; i < w->l1 - w->l0; i++) {
         for (uint32_t l = 0; l < kv->cfg.shape.layers; l++) {
-            uint8_t *dst = wk__kv_page_addr(kv, l, s->lease.slots[first + i]);
+            /* the lease's work count keeps these slots out of the pool until load_done */
+            uint8_t *dst = wk__kv_page_addr(kv, l, s->lease.slots[w->l0 + i]);
             for (uint32_t t = 0; t < P; t++) {
                 uint64_t at = ((uint64_t)l * P + t) * half;
-                memcpy(dst + t * tb, objs[i] + at, half);
-                memcpy(dst + t * tb + half, objs[i] + half_obj + at, tb - half);
+                memcpy(dst + t * tb, w->objs[i] + at, half);
+                memcpy(dst + t * tb + half, w->objs[i] + half_obj + at, tb - half);
             }
         }
     }
+    w->ns = uv_hrtime() - t0;
+}
+
+static void load_done(uv_work_t *req, int status)
+{
+    wk_kv_work_t *w = req->data;
+    wk_kv_t *kv = w->kv;
+    wk_kv_send_t *s = w->room;
+    wk_kv_loaded_cb cb = w->loaded;
+    void *arg = w->loaded_arg;
+    uint64_t ns = w->ns;
+    if (status != 0) /* not copied: the fills write those pages from the definition */
+        s->p.loaded_n = 0;
+    free(w->objs);
+    wk__kv_work_end(w, &s->lease);
+    cb(arg, status, ns);
+    send_maybe_free(s);
+    wk__kv_maybe_destroy_engine(kv);
+}
+
+int wk_kv_send_load_pages(wk_kv_send_t *s, uint32_t first, uint32_t n, const uint8_t *const *objs,
+                          wk_kv_loaded_cb cb, void *arg)
+{
+    wk_kv_t *kv = s->kv;
+    if (s->phase != WK_SEND_MATCHED || s->lease.slots == NULL || s->p.loaded_n || n == 0 ||
+        (uint64_t)first + n > s->p.ppl ||
+        (uint64_t)(first + n) * kv->cfg.shape.page_tokens > s->p.n_tokens || kv->closing)
+        return BATON_EINVAL;
+    const uint8_t **copy = malloc(n * sizeof(*copy));
+    if (!copy)
+        return BATON_ENOMEM;
+    memcpy(copy, objs, n * sizeof(*copy));
+    /* the fills skip these pages from now on; nothing writes the room before cb */
     s->p.loaded_first = first;
     s->p.loaded_n = n;
-    return 0;
+    wk_kv_work_t init = {.objs = copy, .loaded = cb, .loaded_arg = arg};
+    int rc =
+        wk__kv_queue_work_init(kv, &s->lease, s, first, first + n, &init, load_work, load_done);
+    if (rc != 0) {
+        s->p.loaded_n = 0;
+        free(copy);
+    }
+    return rc;
 }
 
 void wk_kv_send_hits(wk_kv_send_t *s, uint32_t l1, uint32_t l2, uint32_t l3)

@@ -61,6 +61,32 @@ static void metrics_init(wk_tier_t *t)
                               "pages instead of filled from the definition.",
                               0, NULL);
     t->m_loaded = baton_metric_child(f, NULL);
+    f = baton_metrics_counter(m, "baton_worker_tier_joined_tokens_total",
+                              "Prompt tokens a request found in L2 after waiting for another "
+                              "request's copy of the same pages (an L3 fetch or a fill) instead of "
+                              "fetching or computing them again.",
+                              0, NULL);
+    t->m_joined = baton_metric_child(f, NULL);
+    static const char *const work_labels[] = {"work", "thread"};
+    static const char *const works[3] = {"fill", "load", "verify"};
+    static const char *const threads[2] = {"loop", "pool"};
+    baton_metric_family_t *fb = baton_metrics_counter(
+        m, "baton_worker_tier_page_work_bytes_total",
+        "Whole-page work by kind (fill: computed KV into L2, load: L2 pages into a prefill's "
+        "room, verify: pages read from L2 or L3 checked) and by the thread that did it (loop: "
+        "every stream on this worker waited meanwhile; pool: libuv's thread pool).",
+        2, work_labels);
+    baton_metric_family_t *fs = baton_metrics_counter(
+        m, "baton_worker_tier_page_work_seconds_total",
+        "Time the whole-page work of baton_worker_tier_page_work_bytes_total took, by kind and "
+        "thread: the loop's share is time every stream on this worker stalled.",
+        2, work_labels);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 2; j++) {
+            const char *v[2] = {works[i], threads[j]};
+            t->m_work_bytes[i][j] = baton_metric_child(fb, v);
+            t->m_work_secs[i][j] = baton_metric_child(fs, v);
+        }
     f = baton_metrics_gauge(m, "baton_worker_tier_l2_pages", "Pages held in the L2 host pool.", 0,
                             NULL);
     t->m_l2_pages = baton_metric_child(f, NULL);
@@ -71,6 +97,12 @@ void wk__tier_sync_gauges(wk_tier_t *t)
     wk_l2_stats_t st;
     wk_l2_stats(t->l2, &st);
     baton_gauge_set(t->m_l2_pages, (double)st.used);
+}
+
+void wk__tier_page_work(wk_tier_t *t, int work, int on_pool, uint64_t bytes, uint64_t ns)
+{
+    baton_counter_add(t->m_work_bytes[work][on_pool], (double)bytes);
+    baton_counter_add(t->m_work_secs[work][on_pool], (double)ns / 1e9);
 }
 
 /* ---- names ---- */
@@ -274,48 +306,13 @@ static uint32_t page_uses(wk_tier_t *t, const wk_tier_key_t *key)
     return (uint32_t)n;
 }
 
-void wk_tier_store_ids(wk_tier_t *t, const int64_t *ids, uint32_t n)
+/* Sends the pinned slots to_l3[0..n3) — pages at[] of ids — to L3 in batches the store accepts
+ * (two objects a page), each page with its KV block when bh (the pages' event hashes) is given;
+ * frees to_l3. */
+static void put_batches(wk_tier_t *t, int32_t *to_l3, const uint32_t *at, uint32_t n3,
+                        const int64_t *ids, const uint64_t *bh)
 {
-    uint32_t P = t->shape.page_tokens, pages = n / P;
-    if (pages == 0 || t->closing)
-        return;
-    wk_tier_key_t *keys = malloc(pages * sizeof(*keys));
-    int32_t *to_l3 = malloc(pages * sizeof(*to_l3));
-    if (!keys || !to_l3) {
-        free(keys);
-        free(to_l3);
-        return;
-    }
-    wk_tier_keys(ids, n, P, pages, keys);
-    /* the pages' event hashes, chained as the prefix cache names them in its L1 events */
-    uint64_t *bh = malloc(pages * sizeof(*bh));
-    for (uint32_t i = 0; bh && i < pages; i++)
-        bh[i] = wk_pcache_block_hash(i > 0, i ? bh[i - 1] : 0, ids + (size_t)i * P, P);
-    uint32_t *at = malloc(pages * sizeof(*at)); /* page index of each to_l3 entry */
-    uint32_t n3 = 0;
-    for (uint32_t i = 0; i < pages; i++) {
-        uint32_t uses = page_uses(t, &keys[i]);
-        if (!wk_wp_to_l2(t->cfg.write_policy, uses))
-            continue;
-        int32_t slot = wk_l2_find(t->l2, &keys[i]);
-        if (slot < 0) {
-            slot = wk_l2_alloc(t->l2, &keys[i]);
-            if (slot < 0)
-                continue; /* every slot busy (maybe being written back), or being fetched */
-            /* the device-to-host copy of the computed page */
-            wk_tier_page_fill(wk_l2_addr(t->l2, slot), &t->shape, ids + (size_t)i * P, i * P);
-            baton_counter_add(t->m_written[1], (double)t->page_bytes);
-            wk_l2_commit(t->l2, slot, t->sc && wk_wp_on_evict(t->cfg.write_policy));
-        }
-        if (t->sc && wk_wp_to_l3(t->cfg.write_policy, uses)) {
-            wk_l2_pin(t->l2, slot);
-            if (at)
-                at[n3] = i;
-            to_l3[n3++] = slot;
-        }
-    }
-    free(keys);
-    /* batches the store accepts (two objects a page) */
+    uint32_t P = t->shape.page_tokens;
     uint32_t per = BATON_STORE_BATCH_MAX / 2;
     for (uint32_t off = 0; off < n3; off += per) {
         uint32_t m = n3 - off < per ? n3 - off : per;
@@ -348,9 +345,147 @@ void wk_tier_store_ids(wk_tier_t *t, const int64_t *ids, uint32_t n)
         put_pages(t, slots, m, 0, blk, tok);
     }
     free(to_l3);
-    free(bh);
-    free(at);
+}
+
+/*
+ * The device-to-host copies of one sequence's computed pages, on the thread pool: a page of a
+ * large model is megabytes, and written on the loop it would stall every other stream. The new
+ * L2 slots stay FILLING and pinned (no lookup finds them, no eviction takes them) until the
+ * loop commits them; the pages already in L2 that go to L3 are pinned from the start. The job
+ * counts as one of the tier's operations, so the tier cannot close under it.
+ */
+typedef struct {
+    uv_work_t req;
+    wk_tier_t *t;
+    uint32_t n_fill, n3;
+    int32_t *fill_slots; /* FILLING, pinned by their alloc */
+    uint32_t *fill_pages;
+    uint8_t *fill_to_l3;
+    int32_t *to_l3; /* pages already in L2 going to L3 (pinned), then the filled ones */
+    uint32_t *at;   /* the page index of each to_l3 entry */
+    uint32_t pages;
+    int64_t *ids;   /* the sequence's ids of its whole pages */
+    uint64_t ns;    /* the thread's time on the fills */
+} store_job_t;
+
+static void store_work(uv_work_t *req)
+{
+    store_job_t *j = req->data;
+    wk_tier_t *t = j->t;
+    uint32_t P = t->shape.page_tokens;
+    uint64_t t0 = uv_hrtime();
+    for (uint32_t k = 0; k < j->n_fill; k++) {
+        uint32_t i = j->fill_pages[k];
+        /* pinned FILLING: only this job writes the slot */
+        wk_tier_page_fill(wk_l2_addr(t->l2, j->fill_slots[k]), &t->shape, j->ids + (size_t)i * P,
+                          i * P);
+    }
+    j->ns = uv_hrtime() - t0;
+}
+
+static void store_done(uv_work_t *req, int status)
+{
+    store_job_t *j = req->data;
+    wk_tier_t *t = j->t;
+    for (uint32_t k = 0; k < j->n_fill; k++) {
+        int32_t slot = j->fill_slots[k];
+        if (status != 0) {
+            wk_l2_drop(t->l2, slot);
+            continue;
+        }
+        baton_counter_add(t->m_written[1], (double)t->page_bytes);
+        wk_l2_commit(t->l2, slot, t->sc && wk_wp_on_evict(t->cfg.write_policy));
+        if (j->fill_to_l3[k] && !t->closing) {
+            wk_l2_pin(t->l2, slot);
+            j->at[j->n3] = j->fill_pages[k];
+            j->to_l3[j->n3++] = slot;
+        }
+    }
+    if (status == 0 && j->n_fill)
+        wk__tier_page_work(t, WK_TIER_WORK_FILL, 1, (uint64_t)j->n_fill * t->page_bytes, j->ns);
+    if (t->closing) {
+        for (uint32_t i = 0; i < j->n3; i++)
+            wk_l2_unpin(t->l2, j->to_l3[i]);
+        free(j->to_l3);
+    } else {
+        /* the pages' event hashes, chained as the prefix cache names them in its L1 events */
+        uint32_t P = t->shape.page_tokens;
+        uint64_t *bh = j->n3 ? malloc(j->pages * sizeof(*bh)) : NULL;
+        for (uint32_t i = 0; bh && i < j->pages; i++)
+            bh[i] = wk_pcache_block_hash(i > 0, i ? bh[i - 1] : 0, j->ids + (size_t)i * P, P);
+        put_batches(t, j->to_l3, j->at, j->n3, j->ids, bh);
+        free(bh);
+    }
+    free(j->fill_slots);
+    free(j->fill_pages);
+    free(j->fill_to_l3);
+    free(j->at);
+    free(j->ids);
+    free(j);
     wk__tier_sync_gauges(t);
+    wk__tier_wake(t);
+    wk__tier_op_done(t);
+}
+
+void wk_tier_store_ids(wk_tier_t *t, const int64_t *ids, uint32_t n)
+{
+    uint32_t P = t->shape.page_tokens, pages = n / P;
+    if (pages == 0 || t->closing)
+        return;
+    wk_tier_key_t *keys = malloc(pages * sizeof(*keys));
+    store_job_t *j = calloc(1, sizeof(*j));
+    if (j) {
+        j->t = t;
+        j->fill_slots = malloc(pages * sizeof(*j->fill_slots));
+        j->fill_pages = malloc(pages * sizeof(*j->fill_pages));
+        j->fill_to_l3 = malloc(pages);
+        j->to_l3 = malloc(pages * sizeof(*j->to_l3));
+        j->at = malloc(pages * sizeof(*j->at));
+        j->pages = pages;
+        j->ids = malloc((size_t)pages * P * sizeof(*j->ids));
+    }
+    if (!keys || !j || !j->fill_slots || !j->fill_pages || !j->fill_to_l3 || !j->to_l3 || !j->at ||
+        !j->ids) {
+        free(keys);
+        if (j) {
+            free(j->fill_slots);
+            free(j->fill_pages);
+            free(j->fill_to_l3);
+            free(j->to_l3);
+            free(j->at);
+            free(j->ids);
+        }
+        free(j);
+        return;
+    }
+    memcpy(j->ids, ids, (size_t)pages * P * sizeof(*ids));
+    wk_tier_keys(ids, n, P, pages, keys);
+    for (uint32_t i = 0; i < pages; i++) {
+        uint32_t uses = page_uses(t, &keys[i]);
+        if (!wk_wp_to_l2(t->cfg.write_policy, uses))
+            continue;
+        int to_l3 = t->sc && wk_wp_to_l3(t->cfg.write_policy, uses);
+        int32_t slot = wk_l2_find(t->l2, &keys[i]);
+        if (slot >= 0) {
+            if (to_l3) {
+                wk_l2_pin(t->l2, slot);
+                j->at[j->n3] = i;
+                j->to_l3[j->n3++] = slot;
+            }
+            continue;
+        }
+        slot = wk_l2_alloc(t->l2, &keys[i]);
+        if (slot < 0)
+            continue; /* every slot busy (maybe being written back), or being fetched */
+        j->fill_slots[j->n_fill] = slot;
+        j->fill_pages[j->n_fill] = i;
+        j->fill_to_l3[j->n_fill++] = (uint8_t)to_l3;
+    }
+    free(keys);
+    t->n_ops++;
+    j->req.data = j;
+    if (j->n_fill == 0 || uv_queue_work(t->w->loop, &j->req, store_work, store_done) != 0)
+        store_done(&j->req, j->n_fill ? UV_ECANCELED : 0);
 }
 
 void wk_tier_store(wk_tier_t *t, wk_sstate_t *ss)
@@ -376,6 +511,7 @@ static void off_page(void *ud, int32_t slot)
 {
     wk_tier_t *t = ud;
     baton_counter_add(t->m_written[1], (double)t->page_bytes);
+    wk__tier_wake(t); /* the page left FILLING */
     int32_t *slots = t->sc && !t->closing ? malloc(sizeof(*slots)) : NULL;
     if (!slots) {
         wk_l2_unpin(t->l2, slot);
@@ -473,6 +609,7 @@ int wk_tier_create(wk_tier_t **t_p, wk_worker_t *w)
     t->page_bytes = wk_tier_page_bytes(&t->shape);
     t->half = t->page_bytes / 2;
     baton_u64map_init(&t->uses);
+    baton_list_init(&t->waiters);
     t->name_cap = BATON_STORE_KEY_MAX + 1;
     metrics_init(t);
     int rc = 0;

@@ -9,13 +9,16 @@
 #include "worker/tier_policy.h"
 
 /*
- * Everything runs on the worker's loop thread (the store client's callbacks come there too).
+ * Everything runs on the worker's loop thread (the store client's callbacks come there too),
+ * except the whole-page work — L2 fills, page checks, L2-to-room copies — which runs on libuv's
+ * thread pool while the pages it touches are pinned or FILLING.
  *
  * Lifetimes: a lookup (one per job) and a write (one per sequence's pages) are objects of their
  * own, each with an in-flight count of the store calls it started; they hold pins on the L2
  * slots the store reads or writes. A job that goes away (abort, failure) detaches from its
- * lookup; the lookup is freed, and its slots unpinned, only when its count reaches zero, so no
- * late callback ever finds freed memory or a slot reused under a transfer.
+ * lookup; the lookup is freed, and its slots unpinned, only when its count reaches zero (store
+ * calls, thread-pool checks and room copies, and a wait for another request's copy all count),
+ * so no late callback ever finds freed memory or a slot reused under a transfer or a copy.
  */
 
 typedef struct wk_tier_cfg_s {

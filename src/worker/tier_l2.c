@@ -202,6 +202,12 @@ static int evict_one(wk_l2_t *l2)
     return 0;
 }
 
+int wk_l2_filling(const wk_l2_t *l2, const wk_tier_key_t *key)
+{
+    const entry_t *e = lookup(l2, key);
+    return e && e->state == E_FILLING;
+}
+
 int32_t wk_l2_alloc(wk_l2_t *l2, const wk_tier_key_t *key)
 {
     if (lookup(l2, key))

@@ -43,6 +43,8 @@ void wk_l2_destroy(wk_l2_t *l2);
 
 /* A READY entry's slot (now most recently used), or -1. */
 int32_t wk_l2_find(wk_l2_t *l2, const wk_tier_key_t *key);
+/* Whether `key` is FILLING (a copy of it on its way into L2). */
+int wk_l2_filling(const wk_l2_t *l2, const wk_tier_key_t *key);
 /* A slot for `key`, FILLING and pinned once; -1 when the key is already there (FILLING or
  * READY), -2 when every slot is pinned, filling or dirty. */
 int32_t wk_l2_alloc(wk_l2_t *l2, const wk_tier_key_t *key);

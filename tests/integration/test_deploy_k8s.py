@@ -14,6 +14,9 @@ mapping (tried: "unable to recognize ... localhost:8080"). So the manifests get:
     the RBG's SGLang postStart hook registering its pod with that token (a wrong token is
     refused) and its preStop hook removing it, and a baton-worker pool pod registering itself
     through etcd with the KV secret from its file;
+  - HiCache tiers: the baton-worker pools' tiers flags, the SGLang roles' HiCache L2 flags and
+    no L3 backend; the worker pools' exact command lines beside store.yaml's master and node
+    on a real etcd, a turn computed on one prefill pod found in L3 by the other;
   - `kubectl kustomize` (offline) on the kustomization when a kubectl is installed.
 """
 
@@ -26,7 +29,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Cluster, SkipTest, TestRunner, binary, get, url, wait_until  # noqa: E402
+from harness import Cluster, SkipTest, TestRunner, binary, get, post, url, wait_until  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 K8S = os.path.join(ROOT, "deploy", "kubernetes")
@@ -372,6 +375,126 @@ def test_store_manifests_run():
         assert m.status == 200 and "baton_store_objects 1" in m.text, m.text[:300]
 
 
+def worker_args(docs, workload, etcd_url, secrets):
+    """A baton-worker pool container's exact arguments, run here: loopback, ephemeral ports, a
+    test etcd for both the registry and the store's master, a smaller L2."""
+    out = []
+    for a in container(docs, workload, "worker")["args"]:
+        a = a.replace("$(POD_IP)", "127.0.0.1").replace(SECRETS, secrets)
+        a = re.sub(r"^--(register|store-registry)=etcd://.*$", rf"--\1={etcd_url}", a)
+        a = re.sub(r"^--(port|bootstrap-port)=\d+$", r"--\1=0", a)
+        a = re.sub(r"^--l2-bytes=.*$", "--l2-bytes=16M", a)
+        # the manifest's timeout rule is a deadline; on a loaded test machine the L3 hit must
+        # not depend on one
+        a = re.sub(r"^--hicache-storage-prefetch-policy=.*$",
+                   "--hicache-storage-prefetch-policy=wait_complete", a)
+        out.append(a)
+    return out
+
+
+def test_tiers_flags():
+    """Tiers on in the baton-worker pools (L2, L3 through etcd, decode offload) and HiCache's L2
+    in the RBG's SGLang roles, whose L3 cannot be baton-store (no storage backend named)."""
+    try:
+        docs = load_docs()
+    except ImportError:
+        raise SkipTest("python3-yaml not installed (scripts/install-deps.sh --test)")
+    for role in ("prefill", "decode"):
+        args = container(docs, f"baton-worker-{role}", "worker")["args"]
+        flags = {a.split("=", 1)[0]: a.split("=", 1)[1] if "=" in a else "" for a in args}
+        assert flags.get("--l2-bytes"), (role, args)
+        assert flags.get("--store-registry", "").startswith("etcd://"), (role, args)
+        # the same etcd as the store masters' election
+        master = container(docs, "baton-store-master", "master")["args"]
+        assert f"--registry={flags['--store-registry']}" in master, (role, master)
+        # the store nodes pull puts from --host: never a wildcard address
+        assert flags["--host"] == "$(POD_IP)", (role, flags["--host"])
+        assert ("--disaggregation-decode-enable-offload-kvcache" in flags) == (role == "decode")
+    for role in rbg_docs()["spec"]["roles"]:
+        if role["name"] not in ("prefill", "decode"):
+            continue
+        args = role["template"]["spec"]["containers"][0]["args"]
+        assert "--enable-hierarchical-cache" in args, (role["name"], args)
+        assert "--hicache-size" in args or "--hicache-ratio" in args, args
+        assert "--hicache-storage-backend" not in args, (role["name"], "baton-store is no "
+                                                         "Mooncake Store: no L3 backend here")
+
+
+def test_worker_tiers_manifests_run():
+    """workers.yaml's prefill and decode pods with their exact tiers arguments, beside store.yaml's
+    master and node on a real etcd: turn 1 computed on one prefill pod goes to L3, turn 2 on the
+    other prefill pod finds it there (a put, then a hit), and the decode pod's offload writes to
+    the store too."""
+    try:
+        docs = load_docs()
+    except ImportError:
+        raise SkipTest("python3-yaml not installed (scripts/install-deps.sh --test)")
+    from etcd_cluster import EtcdCluster, etcd_binary
+    if etcd_binary() is None:
+        raise SkipTest("etcd not installed (scripts/install-deps.sh --test)")
+    from test_hicache import metric
+    with EtcdCluster(size=1, name="deploy-tiers-etcd") as etcd, Cluster("deploy-tiers") as c:
+        secrets = os.path.join(c.logdir, "secrets")
+        os.mkdir(secrets)
+        for key, value in (("admin-token", "t0k3n-" + os.urandom(8).hex()),
+                           ("kv-secret", os.urandom(16).hex())):
+            with open(os.path.join(secrets, key), "w") as f:
+                f.write(value + "\n")
+            os.chmod(os.path.join(secrets, key), 0o440)
+        reg = etcd.url("/baton")
+        c.start("master", [binary("baton-store")] + store_args(
+            c, docs, "baton-store-master", "master", reg, secrets),
+            wait=("master", "http", "kvevents", "kvreplay"))
+        c.start("node", [binary("baton-store")] + store_args(
+            c, docs, "baton-store-node", "node", reg, secrets), wait=("node",))
+        ps = [c.start(f"prefill{i}", [binary("baton-worker")] + worker_args(
+            docs, "baton-worker-prefill", reg, secrets), wait=("http", "bootstrap"))
+            for i in range(2)]
+        d = c.start("decode", [binary("baton-worker")] + worker_args(
+            docs, "baton-worker-decode", reg, secrets))
+        for w in ps + [d]:
+            w.wait_log(r"hicache l2_pages=\d+ .*store=etcd://")
+        args = []
+        for p in ps:
+            args += ["--prefill", url(p.port), str(p.wait_port("bootstrap"))]
+        r = c.router(*args, "--decode", url(d.port), "--prefill-policy", "round_robin",
+                     "--decode-policy", "round_robin")
+        text = " ".join(f"t{i}" for i in range(1000))
+
+        def generate(t):
+            res = post(r.port, "/generate", {"text": t, "sampling_params": {"max_new_tokens": 2}})
+            assert res.status == 200, res.text
+            return res.json()["meta_info"]
+        # the master is elected through etcd and the node registers: until a put goes through,
+        # turn 1's pages would have nowhere to go
+        src = os.path.join(c.logdir, "probe")
+        with open(src, "wb") as f:
+            f.write(b"x" * 4096)
+        cli = [binary("baton-store"), "put", "probe", src, "--registry", reg, "--kv-secret-file",
+               os.path.join(secrets, "kv-secret")]
+        wait_until(lambda: subprocess.run(cli, capture_output=True, timeout=60).returncode == 0,
+                   30, what="a put through the registry (the node registered)")
+        m1 = generate(text)
+        first = [p for p in ps if metric(p.port, "baton_worker_prompt_tokens_total") > 0]
+        assert len(first) == 1 and m1["cached_tokens"] == 0, m1
+        wait_until(lambda: metric(first[0].port, "baton_worker_tier_written_bytes_total",
+                                  {"tier": "l3"}) > 0, 30, what="turn 1's pages in the store")
+        second = [p for p in ps if p is not first[0]][0]
+        m2 = generate(text + " more words")
+        assert metric(second.port, "baton_worker_prompt_tokens_total") > 0, "round robin"
+        assert m2["cached_tokens_details"]["storage"] > 0, m2
+        assert metric(second.port, "baton_worker_cache_hit_tokens_total", {"tier": "l3"}) > 0
+        assert metric(second.port, "baton_worker_tier_corrupt_pages_total") == 0
+        # the decode pod offloads what it decoded to the same store (the prompt's pages are
+        # there already: exists before put; the generated tokens' pages are new)
+        res = post(r.port, "/generate", {"text": "answer at length",
+                                         "sampling_params": {"max_new_tokens": 150,
+                                                             "ignore_eos": True}})
+        assert res.status == 200, res.text
+        wait_until(lambda: metric(d.port, "baton_worker_tier_written_bytes_total",
+                                  {"tier": "l3"}) > 0, 30, what="the decode's offload in L3")
+
+
 def test_kubectl_kustomize():
     kubectl = shutil.which("kubectl")
     if kubectl is None:
@@ -391,5 +514,7 @@ if __name__ == "__main__":
     t.run(test_binaries_accept_the_manifests)
     t.run(test_manifests_run_end_to_end)
     t.run(test_store_manifests_run)
+    t.run(test_tiers_flags)
+    t.run(test_worker_tiers_manifests_run)
     t.run(test_kubectl_kustomize)
     t.finish()

@@ -3,12 +3,13 @@ loopback): a prompt computed on one worker is found by another in L3 (exact per-
 meta_info, exactly the uncached tokens charged, every fetched byte verified); L2 under an L1 too
 small to hold it; the write policies' effect on the store; a store node killed -9 while pages
 are fetched (the request completes, recomputing); PD with the prefill's hits handed to the
-decode."""
+decode; large pages' work off the loop; concurrent requests for one history fetched once."""
 
 import os
 import re
 import signal
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -85,6 +86,10 @@ def test_l2_under_small_l1():
                      name="w")
         t = words(2, 200)
         assert generate(w.port, t)["cached_tokens"] == 0
+        # the L2 copies run on the thread pool: a page is in L2 once its copy is done
+        wait_until(lambda: metric(w.port, "baton_worker_tier_written_bytes_total",
+                                  {"tier": "l2"}) == 12 * PAGE_BYTES, timeout=20,
+                   what="turn 1's 12 pages in L2")
         m = generate(w.port, t)
         assert m["cached_tokens"] == 192, m
         assert m["cached_tokens_details"] == {"device": 64, "host": 128, "storage": 0}, m
@@ -116,10 +121,11 @@ def test_write_policies():
         wb = tier_worker(c, st, "wb", "--hicache-write-policy", "write_back", "--l2-bytes",
                          str(32 * PAGE_BYTES))
         generate(wb.port, words(4, 400))  # 25 pages: all fit
+        wait_until(lambda: metric(wb.port, "baton_worker_tier_written_bytes_total",
+                                  {"tier": "l2"}) == 25 * PAGE_BYTES, timeout=20,
+                   what="25 pages in L2")
         time.sleep(0.3)
         assert metric(wb.port, "baton_worker_tier_written_bytes_total", {"tier": "l3"}) == 0
-        assert metric(wb.port, "baton_worker_tier_written_bytes_total",
-                      {"tier": "l2"}) == 25 * PAGE_BYTES
         generate(wb.port, words(5, 400))  # 25 more: 18 of the first go to L3 on eviction
         wait_until(lambda: metric(wb.port, "baton_worker_tier_written_bytes_total",
                                   {"tier": "l3"}) == 18 * PAGE_BYTES, timeout=20,
@@ -269,6 +275,75 @@ def test_store_node_killed_mid_fetch():
         assert m["cached_tokens"] == 0
 
 
+def test_large_pages_off_the_loop():
+    """With a large model's pages (llama3-8b: 8 MiB each) the L2 fills after prefill, the checks
+    of an L2 hit and its L2 to room copies run on the thread pool, never on the loop every stream
+    shares: the page-work metric counts them by thread, exactly, and the decode verifies every
+    byte."""
+    preset = ("--model-preset", "llama3-8b", "--kv-pool-tokens", "1024",
+              "--prefill-us-per-token", "1", "--decode-us-per-token", "100")
+    pb = 8 << 20  # 32 layers x 64 tokens x 4 KiB, K and V halves
+    with Cluster("hicache-large") as c:
+        # L1 holds one page: turn 2 finds the rest in L2
+        p = c.worker("prefill", *preset, "--cache-tokens", "64", "--l2-bytes", str(8 * pb),
+                     name="p")
+        d = c.worker("decode", *preset, name="d")
+        r = c.router("--prefill", url(p.port), str(p.wait_port("bootstrap")), "--decode",
+                     url(d.port))
+        t = words(9, 260)  # 4 whole pages of 64 tokens (the last page is never cached)
+
+        def work(kind, thread):
+            return metric(p.port, "baton_worker_tier_page_work_bytes_total",
+                          {"work": kind, "thread": thread})
+        assert generate(r.port, t)["cached_tokens"] == 0
+        wait_until(lambda: work("fill", "pool") == 4 * pb, timeout=30,
+                   what="turn 1's 4 pages filled into L2 on the pool")
+        m = generate(r.port, t)
+        assert m["cached_tokens_details"] == {"device": 64, "host": 192, "storage": 0}, m
+        assert work("load", "pool") == 3 * pb
+        assert metric(p.port, "baton_worker_tier_loaded_pages_total") == 3
+        # the loop did none of the fills, checks or copies
+        assert work("verify", "pool") == 3 * pb
+        for kind in ("fill", "load", "verify"):
+            assert work(kind, "loop") == 0, kind
+        assert metric(d.port, "baton_kv_corrupted_total") == 0
+
+
+def test_concurrent_same_prefix_one_fetch():
+    """Requests for the same history arriving together on a worker that does not hold it: one
+    fetches it from L3, the others wait for that copy into L2 and reuse it (counted as joined)
+    instead of recomputing it or fetching it again."""
+    with Cluster("hicache-join") as c:
+        st = Store(c, nodes=2, segment="16M")
+        a = tier_worker(c, st, "a")
+        b = tier_worker(c, st, "b")
+        t = words(10, 400)
+        generate(a.port, t)
+        wait_until(lambda: metric(a.port, "baton_worker_tier_written_bytes_total",
+                                  {"tier": "l3"}) == 25 * PAGE_BYTES, timeout=20,
+                   what="the history in the store")
+        n = 6
+        out = [None] * n
+
+        def one(i):
+            out[i] = generate(b.port, t + f" q{i}")
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join()
+        # nobody recomputed the history, and it came from the store once
+        for m in out:
+            assert m["cached_tokens"] == 400, out
+        assert metric(b.port, "baton_worker_tier_fetched_bytes_total",
+                      {"tier": "l3"}) == 25 * PAGE_BYTES, out
+        assert sum(m["cached_tokens_details"]["storage"] for m in out) == 400, out
+        joined = metric(b.port, "baton_worker_tier_joined_tokens_total")
+        assert joined % 400 == 0 and joined <= 400 * (n - 1), joined
+        assert metric(b.port, "baton_worker_tier_corrupt_pages_total") == 0
+        print(f"  {int(joined) // 400} of {n - 1} requests waited for the fetch")
+
+
 if __name__ == "__main__":
     r = TestRunner()
     r.run(test_l3_across_workers)
@@ -278,4 +353,6 @@ if __name__ == "__main__":
     r.run(test_pd_decode_offload)
     r.run(test_store_node_killed_mid_fetch)
     r.run(test_client_gone_during_lookup)
+    r.run(test_large_pages_off_the_loop)
+    r.run(test_concurrent_same_prefix_one_fetch)
     r.finish()

@@ -243,12 +243,10 @@
  *  routing.kv_events_unmatched_after --kv-events-unmatched-after N 100 (requests matched with no
  *                                                               hit before a worker is reported)
  *  routing.pd_uncached_token_threshold --pd-uncached-token-threshold N 256 (PD: decode alone when
- *                                                               it holds all but <= N prompt tokens;
- *                                                               0 = off)
- *  routing.balance_by_tokens    --balance-by-tokens         false (least_load's tie-break and the
- *                                                               in-flight counts add the prompt's
- *                                                               real tokens, for a model with a
- *                                                               tokenizer, instead of its words)
+ *                                                               it holds all but <= N prompt
+ * tokens; 0 = off) routing.balance_by_tokens    --balance-by-tokens         false (least_load's
+ * tie-break and the in-flight counts add the prompt's real tokens, for a model with a tokenizer,
+ * instead of its words)
  *  -- the router's tokenizers (rtok.h, docs/TOKENIZER.md) --
  *  tokenizer                    --tokenizer [MODEL=]PATH    none (repeatable; JSON: "PATH", an
  *                                                               array of "[MODEL=]PATH", or
