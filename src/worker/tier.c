@@ -172,7 +172,8 @@ static void on_put(void *data, int status, const baton_store_result_t *res, size
     op->inflight--;
     if (status != 0) {
         baton_counter_add(t->m_store_err, 1);
-        log_debug(COMP, "tier_put_failed err=%s", baton_store_strerror(status));
+        log_warn_limited(COMP, "tier_put_failed", "tier_put_failed err=%s",
+                         baton_store_strerror(status));
     } else {
         for (size_t i = 0; i < n; i++)
             if (res[i].status == 0)
@@ -189,8 +190,11 @@ static void on_put_exists(void *data, int status, const baton_store_result_t *re
     (void)prefix;
     op->inflight--;
     if (status != 0 || t->closing) {
-        if (status != 0)
+        if (status != 0) {
             baton_counter_add(t->m_store_err, 1);
+            log_warn_limited(COMP, "tier_exists_failed", "tier_exists_failed err=%s",
+                             baton_store_strerror(status));
+        }
         put_op_release(op);
         return;
     }

@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -186,15 +187,8 @@ class Cluster:
         for p in reversed(self.procs):
             p.kill()
         if exc_type is None:
-            for p in self.procs:
-                try:
-                    os.unlink(p.log_path)
-                except OSError:
-                    pass
-            try:
-                os.rmdir(self.logdir)
-            except OSError:
-                pass
+            # logs and whatever the test kept beside them (secrets, configs, data files)
+            shutil.rmtree(self.logdir, ignore_errors=True)
         else:
             for p in self.procs:
                 sys.stderr.write(f"---- last log lines of {p.name} ({p.log_path}) ----\n")

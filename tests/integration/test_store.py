@@ -32,7 +32,7 @@ class Store:
     def __init__(self, cluster, nodes=3, segment="64M", master_args=(), secret=None,
                  node_args=()):
         self.c = cluster
-        self.dir = tempfile.mkdtemp(prefix="baton-store-data-")
+        self.dir = tempfile.mkdtemp(prefix="store-data-", dir=cluster.logdir)
         self.secret = os.path.join(self.dir, "secret")
         with open(self.secret, "w") as f:
             f.write(secret or "store-test-secret-%08x\n" % random.getrandbits(32))

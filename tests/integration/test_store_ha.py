@@ -29,7 +29,7 @@ class HaStore(Store):
         self.registry = registry
         self.master_args = tuple(master_args)
         import tempfile
-        self.dir = tempfile.mkdtemp(prefix="baton-store-ha-")
+        self.dir = tempfile.mkdtemp(prefix="store-ha-", dir=cluster.logdir)
         self.secret = os.path.join(self.dir, "secret")
         with open(self.secret, "w") as f:
             f.write("store-ha-test-secret-0123456789\n")

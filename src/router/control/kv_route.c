@@ -734,16 +734,22 @@ void baton_kvroute_destroy(baton_kvroute_t *kr)
     free(kr);
 }
 
-int baton__kvroute_inject(baton_kvroute_t *kr, baton_worker_t *w, int src, const void *batch)
+/* Applies a decoded batch to the index as source `src`, creating the index at the first
+ * stored block (its block size is the index's). */
+static int inject(baton_kvroute_t *kr, int src, const baton_kvev_batch_t *b)
 {
-    const baton_kvev_batch_t *b = batch;
     baton_kvidx_t *x = atomic_load(&kr->idx);
     for (uint32_t k = 0; !x && k < b->n_events; k++)
         if (b->events[k].type == BATON_KVEV_STORED) {
             x = baton_kvidx_create(b->events[k].block_size);
             atomic_store(&kr->idx, x);
         }
-    if (!x || baton_kvidx_apply(x, src, b) != 0)
+    return x && baton_kvidx_apply(x, src, b) == 0 ? 0 : -1;
+}
+
+int baton__kvroute_inject(baton_kvroute_t *kr, baton_worker_t *w, int src, const void *batch)
+{
+    if (inject(kr, src, batch) != 0)
         return -1;
     atomic_fetch_or(&w->kv_sources, 1ull << src);
     return 0;
@@ -751,14 +757,7 @@ int baton__kvroute_inject(baton_kvroute_t *kr, baton_worker_t *w, int src, const
 
 int baton__kvroute_inject_l3(baton_kvroute_t *kr, int src, const void *batch)
 {
-    const baton_kvev_batch_t *b = batch;
-    baton_kvidx_t *x = atomic_load(&kr->idx);
-    for (uint32_t k = 0; !x && k < b->n_events; k++)
-        if (b->events[k].type == BATON_KVEV_STORED) {
-            x = baton_kvidx_create(b->events[k].block_size);
-            atomic_store(&kr->idx, x);
-        }
-    if (!x || baton_kvidx_apply(x, src, b) != 0)
+    if (inject(kr, src, batch) != 0)
         return -1;
     kr->l3_src = src;
     atomic_store(&kr->l3_known, 1);
