@@ -186,7 +186,7 @@ class Cluster:
     def __exit__(self, exc_type, exc, tb):
         for p in reversed(self.procs):
             p.kill()
-        if exc_type is None:
+        if exc_type is None or issubclass(exc_type, SkipTest):
             # logs and whatever the test kept beside them (secrets, configs, data files)
             shutil.rmtree(self.logdir, ignore_errors=True)
         else:
