@@ -37,10 +37,24 @@ static int line(baton_buf_t *out, const char *fmt, ...)
     return baton_buf_append(out, buf, (size_t)n);
 }
 
+static const baton_worker_role_t roles[3] = {BATON_ROLE_PREFILL, BATON_ROLE_DECODE,
+                                             BATON_ROLE_REGULAR};
+
+/* One family with a sample per role: HELP, TYPE, then role="prefill|decode|regular" lines. */
+static int role_family(baton_buf_t *out, const char *name, const char *type, const char *help,
+                       const uint64_t v[3])
+{
+    int rc = line(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    for (int i = 0; i < 3; i++)
+        rc |= line(out, "%s{role=\"%s\"} %" PRIu64 "\n", name, baton_worker_role_name(roles[i]),
+                   v[i]);
+    return rc;
+}
+#define ROLE_FAMILY(name, type, help, field)                                                       \
+    role_family(out, name, type, help, (const uint64_t[3]){st[0].field, st[1].field, st[2].field})
+
 int baton_policy_metrics_append(baton_router_t *r, baton_buf_t *out)
 {
-    static const baton_worker_role_t roles[] = {BATON_ROLE_PREFILL, BATON_ROLE_DECODE,
-                                                BATON_ROLE_REGULAR};
     baton_policy_stats_t st[3];
     const char *pol[3];
     for (int i = 0; i < 3; i++) {
@@ -59,50 +73,31 @@ int baton_policy_metrics_append(baton_router_t *r, baton_buf_t *out)
                        "\n",
                        baton_worker_role_name(roles[i]), pol[i],
                        baton_choice_name((baton_choice_t)c), st[i].chosen[c]);
-    rc |= line(out, "# HELP baton_routing_predicted_hit_tokens_total Prompt words cache_aware's "
-                    "trees (tokens precise's index) matched on the chosen worker.\n"
-                    "# TYPE baton_routing_predicted_hit_tokens_total counter\n");
-    for (int i = 0; i < 3; i++)
-        rc |= line(out, "baton_routing_predicted_hit_tokens_total{role=\"%s\"} %" PRIu64 "\n",
-                   baton_worker_role_name(roles[i]), st[i].predicted_hit_words);
-    rc |= line(out, "# HELP baton_routing_prompt_tokens_total Prompt words cache_aware routed.\n"
-                    "# TYPE baton_routing_prompt_tokens_total counter\n");
-    for (int i = 0; i < 3; i++)
-        rc |= line(out, "baton_routing_prompt_tokens_total{role=\"%s\"} %" PRIu64 "\n",
-                   baton_worker_role_name(roles[i]), st[i].prompt_words);
-    rc |= line(out, "# HELP baton_routing_tree_bytes Memory of cache_aware's prefix trees.\n"
-                    "# TYPE baton_routing_tree_bytes gauge\n");
-    for (int i = 0; i < 3; i++)
-        rc |= line(out, "baton_routing_tree_bytes{role=\"%s\"} %zu\n",
-                   baton_worker_role_name(roles[i]), st[i].tree_bytes);
-    rc |= line(out, "# HELP baton_routing_tree_blocks Prefix names in cache_aware's trees.\n"
-                    "# TYPE baton_routing_tree_blocks gauge\n");
-    for (int i = 0; i < 3; i++)
-        rc |= line(out, "baton_routing_tree_blocks{role=\"%s\"} %zu\n",
-                   baton_worker_role_name(roles[i]), st[i].tree_names);
-    rc |= line(out, "# HELP baton_routing_precise_fallback_total Requests the precise policy "
-                    "chose by load for want of token ids or of a KV-event index.\n"
-                    "# TYPE baton_routing_precise_fallback_total counter\n");
-    for (int i = 0; i < 3; i++)
-        rc |= line(out, "baton_routing_precise_fallback_total{role=\"%s\"} %" PRIu64 "\n",
-                   baton_worker_role_name(roles[i]), st[i].precise_fallbacks);
-    rc |= line(out, "# HELP baton_routing_precise_provisional_total Choices of the precise policy "
-                    "that provisional entries (blocks routed, not yet confirmed) decided.\n"
-                    "# TYPE baton_routing_precise_provisional_total counter\n");
-    for (int i = 0; i < 3; i++)
-        rc |= line(out, "baton_routing_precise_provisional_total{role=\"%s\"} %" PRIu64 "\n",
-                   baton_worker_role_name(roles[i]), st[i].precise_provisional_hits);
-    rc |= line(out, "# HELP baton_routing_precise_l3_credited_total Choices of the precise policy "
-                    "whose worker was credited blocks the KV store holds (L3).\n"
-                    "# TYPE baton_routing_precise_l3_credited_total counter\n");
-    for (int i = 0; i < 3; i++)
-        rc |= line(out, "baton_routing_precise_l3_credited_total{role=\"%s\"} %" PRIu64 "\n",
-                   baton_worker_role_name(roles[i]), st[i].precise_l3_credited);
-    rc |= line(out, "# HELP baton_routing_precise_l3_tokens_total Prompt tokens the precise policy "
-                    "credited as reachable in the KV store (L3) on the chosen worker.\n"
-                    "# TYPE baton_routing_precise_l3_tokens_total counter\n");
-    for (int i = 0; i < 3; i++)
-        rc |= line(out, "baton_routing_precise_l3_tokens_total{role=\"%s\"} %" PRIu64 "\n",
-                   baton_worker_role_name(roles[i]), st[i].precise_l3_tokens);
+    rc |= ROLE_FAMILY("baton_routing_predicted_hit_tokens_total", "counter",
+                      "Prompt words cache_aware's "
+                      "trees (tokens precise's index) matched on the chosen worker.",
+                      predicted_hit_words);
+    rc |= ROLE_FAMILY("baton_routing_prompt_tokens_total", "counter",
+                      "Prompt words cache_aware routed.", prompt_words);
+    rc |= ROLE_FAMILY("baton_routing_tree_bytes", "gauge", "Memory of cache_aware's prefix trees.",
+                      tree_bytes);
+    rc |= ROLE_FAMILY("baton_routing_tree_blocks", "gauge", "Prefix names in cache_aware's trees.",
+                      tree_names);
+    rc |= ROLE_FAMILY("baton_routing_precise_fallback_total", "counter",
+                      "Requests the precise policy "
+                      "chose by load for want of token ids or of a KV-event index.",
+                      precise_fallbacks);
+    rc |= ROLE_FAMILY("baton_routing_precise_provisional_total", "counter",
+                      "Choices of the precise policy "
+                      "that provisional entries (blocks routed, not yet confirmed) decided.",
+                      precise_provisional_hits);
+    rc |= ROLE_FAMILY("baton_routing_precise_l3_credited_total", "counter",
+                      "Choices of the precise policy "
+                      "whose worker was credited blocks the KV store holds (L3).",
+                      precise_l3_credited);
+    rc |= ROLE_FAMILY("baton_routing_precise_l3_tokens_total", "counter",
+                      "Prompt tokens the precise policy "
+                      "credited as reachable in the KV store (L3) on the chosen worker.",
+                      precise_l3_tokens);
     return rc ? BATON_ENOMEM : 0;
 }
