@@ -22,54 +22,18 @@ typedef void (*route_fn)(baton_proxy_loop_t *pl, baton_http_req_t *req, const ch
 
 typedef struct route_s {
     const char *path;
-    const char *method; /* the one method served; others get 405 with Allow: method */
-    route_fn fn;
+    const char *method;      /* the one method served; others get 405 with Allow: method */
+    route_fn fn;             /* NULL: an inference API, proxied as `api` */
     baton_route_class_t cls; /* who may call it */
+    baton_api_t api;
 } route_t;
 
-static void h_chat(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
+static void run(baton_proxy_loop_t *pl, baton_http_req_t *req, const route_t *rt)
 {
-    baton_proxy_inference(pl, req, BATON_API_CHAT);
-}
-
-static void h_completions(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
-{
-    baton_proxy_inference(pl, req, BATON_API_COMPLETIONS);
-}
-
-static void h_responses(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
-{
-    baton_proxy_inference(pl, req, BATON_API_RESPONSES);
-}
-
-static void h_embeddings(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
-{
-    baton_proxy_inference(pl, req, BATON_API_EMBEDDINGS);
-}
-
-static void h_rerank(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
-{
-    baton_proxy_inference(pl, req, BATON_API_RERANK);
-}
-
-static void h_score(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
-{
-    baton_proxy_inference(pl, req, BATON_API_SCORE);
-}
-
-static void h_tokenize(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
-{
-    baton_proxy_inference(pl, req, BATON_API_TOKENIZE);
-}
-
-static void h_detokenize(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
-{
-    baton_proxy_inference(pl, req, BATON_API_DETOKENIZE);
-}
-
-static void h_generate(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
-{
-    baton_proxy_inference(pl, req, BATON_API_GENERATE);
+    if (rt->fn)
+        rt->fn(pl, req, rt->path);
+    else
+        baton_proxy_inference(pl, req, rt->api);
 }
 
 static void h_health(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *route)
@@ -175,25 +139,31 @@ static void h_info(baton_proxy_loop_t *pl, baton_http_req_t *req, const char *ro
                              "service_unavailable_error", NULL, "no_worker");
 }
 
+/* An inference API, proxied to the workers; a route the router answers itself. */
+// clang-format off
+#define API(path, api)            {path, "POST", NULL, BATON_ROUTE_INFERENCE, api}
+#define FN(path, method, fn, cls) {path, method, fn, cls, BATON_API_CHAT /* unused */}
+// clang-format on
+
 static const route_t routes[] = {
-    {"/v1/chat/completions", "POST", h_chat, BATON_ROUTE_INFERENCE},
-    {"/v1/completions", "POST", h_completions, BATON_ROUTE_INFERENCE},
-    {"/generate", "POST", h_generate, BATON_ROUTE_INFERENCE},
-    {"/v1/responses", "POST", h_responses, BATON_ROUTE_INFERENCE},
-    {"/v1/embeddings", "POST", h_embeddings, BATON_ROUTE_INFERENCE},
-    {"/v1/rerank", "POST", h_rerank, BATON_ROUTE_INFERENCE},
-    {"/v1/score", "POST", h_score, BATON_ROUTE_INFERENCE},
-    {"/tokenize", "POST", h_tokenize, BATON_ROUTE_INFERENCE},
-    {"/detokenize", "POST", h_detokenize, BATON_ROUTE_INFERENCE},
-    {"/v1/models", "GET", h_models, BATON_ROUTE_INFERENCE},
-    {"/health", "GET", h_health, BATON_ROUTE_OPEN},
-    {"/liveness", "GET", h_health, BATON_ROUTE_OPEN},
-    {"/readiness", "GET", h_readiness, BATON_ROUTE_OPEN},
+    API("/v1/chat/completions", BATON_API_CHAT),
+    API("/v1/completions", BATON_API_COMPLETIONS),
+    API("/generate", BATON_API_GENERATE),
+    API("/v1/responses", BATON_API_RESPONSES),
+    API("/v1/embeddings", BATON_API_EMBEDDINGS),
+    API("/v1/rerank", BATON_API_RERANK),
+    API("/v1/score", BATON_API_SCORE),
+    API("/tokenize", BATON_API_TOKENIZE),
+    API("/detokenize", BATON_API_DETOKENIZE),
+    FN("/v1/models", "GET", h_models, BATON_ROUTE_INFERENCE),
+    FN("/health", "GET", h_health, BATON_ROUTE_OPEN),
+    FN("/liveness", "GET", h_health, BATON_ROUTE_OPEN),
+    FN("/readiness", "GET", h_readiness, BATON_ROUTE_OPEN),
     /* A worker's own description (its whole server configuration, addresses and paths): for
      * operators only. /v1/models passes through stripped (proxy_relay.c). */
-    {"/get_server_info", "GET", h_info, BATON_ROUTE_ADMIN},
-    {"/get_model_info", "GET", h_info, BATON_ROUTE_ADMIN},
-    {"/metrics", "GET", h_metrics, BATON_ROUTE_METRICS},
+    FN("/get_server_info", "GET", h_info, BATON_ROUTE_ADMIN),
+    FN("/get_model_info", "GET", h_info, BATON_ROUTE_ADMIN),
+    FN("/metrics", "GET", h_metrics, BATON_ROUTE_METRICS),
 };
 
 /* An OpenAI-format error with one extra header (Allow, WWW-Authenticate, Retry-After). */
@@ -266,7 +236,7 @@ void baton_routes_handle(baton_http_req_t *req, void *ctx)
             method_not_allowed(pl, req, &routes[i]);
             return;
         }
-        routes[i].fn(pl, req, routes[i].path);
+        run(pl, req, &routes[i]);
         return;
     }
     /* The routes whose last segment is an id (a model's may hold '/': "org/name"). */
@@ -275,12 +245,10 @@ void baton_routes_handle(baton_http_req_t *req, void *ctx)
         route_t rt;
         const char *also; /* a second method served, or NULL */
     } by_id[] = {
-        {BATON_MODELS_PREFIX,
-         {"/v1/models/{id}", "GET", baton_models_get, BATON_ROUTE_INFERENCE},
+        {BATON_MODELS_PREFIX, FN("/v1/models/{id}", "GET", baton_models_get, BATON_ROUTE_INFERENCE),
          NULL},
         {BATON_RESPONSES_PREFIX,
-         {"/v1/responses/{id}", "GET", baton_responses_by_id, BATON_ROUTE_INFERENCE},
-         "DELETE"},
+         FN("/v1/responses/{id}", "GET", baton_responses_by_id, BATON_ROUTE_INFERENCE), "DELETE"},
     };
     for (size_t i = 0; i < sizeof(by_id) / sizeof(*by_id); i++) {
         size_t plen = strlen(by_id[i].prefix);
@@ -300,7 +268,7 @@ void baton_routes_handle(baton_http_req_t *req, void *ctx)
                               "method_not_allowed", &hdr);
             return;
         }
-        rt->fn(pl, req, rt->path);
+        run(pl, req, rt);
         return;
     }
     baton_router_t *r = baton_proxy_loop_router(pl);
