@@ -361,11 +361,32 @@ def parse_metrics(text):
 
 
 def test_metrics():
+    # Decode answers only once the live prefill has answered the same bootstrap room, as a
+    # real decode waits for its KV: a request whose prefill leg hits the dead worker then
+    # always ends 502 (the router closes its decode leg), never 200 by racing the connect error.
+    rooms_prefilled = set()
+    prefilled = threading.Condition()
+
+    def p_script(req, io):
+        with prefilled:
+            rooms_prefilled.add(json.loads(req.body).get("bootstrap_room"))
+            prefilled.notify_all()
+        io.respond(200, {"text": "ok"})
+
     def d_script(req, io):
+        room = json.loads(req.body).get("bootstrap_room") if req.body else None
+        deadline = time.monotonic() + PROMPT_S
+        while time.monotonic() < deadline:
+            with prefilled:
+                if room is None or room in rooms_prefilled:
+                    break
+                prefilled.wait(0.05)
+            if io.peer_closed(0):
+                return
         io.respond(200, {"text": "ok"})
 
     dead = closed_port()
-    with Upstream("prefill", d_script) as p, Upstream("decode", d_script) as d, \
+    with Upstream("prefill", p_script) as p, Upstream("decode", d_script) as d, \
             Cluster("router-metrics") as c:
         r = c.router("--prefill", p.url, "--decode", d.url, "--threads", "2", *ONE_SHOT)
         port = r.port
@@ -380,9 +401,7 @@ def test_metrics():
         # an upstream error: a prefill that is down
         res = post(port, "/workers", {"url": f"http://127.0.0.1:{dead}", "worker_type": "prefill"})
         assert res.status == 202
-        for _ in range(40):  # round robin over two prefills: every other one hits the dead one
-            # (the stub decode answers without waiting for prefill, so such a request may
-            # still end 200 when decode is faster than prefill's connect error)
+        for _ in range(4):  # round robin over two prefills: every other one hits the dead one
             if post(port, "/generate", GEN).status == 502:
                 break
         res = get(port, "/metrics")
