@@ -93,7 +93,15 @@ def convergence(a, b, n, tag):
         assert st == 202, (st, body)
         sent.append(("removed", wid, t))
         assert wait(lambda: http(a.port, "GET", f"/workers/{wid}")[0] == 404), "A kept it"
-    la, lb = log_times(a.log_path), log_times(b.log_path)
+    # A router may answer from its new worker set a moment before its log line is written:
+    # read the logs until every change is in them.
+    logs = {}
+
+    def logged():
+        logs["a"], logs["b"] = log_times(a.log_path), log_times(b.log_path)
+        return all((ev, w) in logs["b" if ev == "added" else "a"] for ev, w, _ in sent)
+    assert wait(logged), "a change never reached a router's log"
+    la, lb = logs["a"], logs["b"]
     add = [(lb[(ev, w)] - t) * 1000 for ev, w, t in sent if ev == "added"]
     rem = [(la[(ev, w)] - t) * 1000 for ev, w, t in sent if ev == "removed"]
     return add, rem

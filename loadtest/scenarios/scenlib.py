@@ -9,6 +9,7 @@ temporary directory that is removed unless --keep is given (or printed when some
 import argparse
 import json
 import os
+import random
 import re
 import resource
 import shutil
@@ -73,13 +74,41 @@ def raise_nofile(want):
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def _port_pool():
+    """The loopback ports free_port draws from: those below the kernel's ephemeral range
+    (net.ipv4.ip_local_port_range), or above it when it starts low."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        lo, hi = 32768, 60999
+    return (10000, lo) if lo - 10000 >= 4000 else (hi + 1, 65536)
+
+
 def free_port():
-    """A port that was free a moment ago (for servers that cannot report an ephemeral one)."""
-    s = socket.socket()
-    s.bind((HOST, 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A loopback port for a server that cannot report an ephemeral one. It is drawn outside
+    the ephemeral range, so the source port of some process's outgoing connection cannot take
+    it between this check and the server's bind (a port bound to 0 and released can be taken
+    so); a bind check skips ports in use."""
+    lo, hi = _port_pool()
+    rnd = random.SystemRandom()
+    for _ in range(1000):
+        port = rnd.randrange(lo, hi)
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free loopback port in {lo}-{hi - 1}")
+
+
+def free_ports(n):
+    """n distinct free_port()s."""
+    ports = set()
+    while len(ports) < n:
+        ports.add(free_port())
+    return list(ports)
 
 
 def wait_connectable(port, timeout=10.0, proc=None):

@@ -4,9 +4,8 @@ tests and the convergence benchmark: N members, temp data dirs, leader lookup, k
 With tls (an EtcdTls), the members serve their client port over TLS only (etcd's --cert-file,
 --key-file, --trusted-ca-file, --client-cert-auth); peers still talk plain HTTP on loopback.
 
-Standard library only. etcd needs its peer URLs before it starts, so ports are taken by binding
-port 0 and closing the socket just before the start (a small race on a busy host; the start is
-retried with new ports once).
+Standard library only. etcd needs its peer URLs before it starts, so its ports come from the
+scenarios' free_ports (outside the ephemeral range; the start is retried with new ports once).
 """
 
 import base64
@@ -14,12 +13,16 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
 import time
+import sys
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "loadtest", "scenarios"))
+from scenlib import free_ports  # noqa: E402
 
 HOST = "127.0.0.1"
 
@@ -27,17 +30,6 @@ HOST = "127.0.0.1"
 def etcd_binary():
     return shutil.which("etcd")
 
-
-def free_ports(n):
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind((HOST, 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
 
 
 def b64(s):

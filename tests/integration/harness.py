@@ -24,6 +24,12 @@ BUILD_DIR = os.environ.get("BATON_BUILD_DIR") or os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "build")
 HOST = "127.0.0.1"
 
+# One definition of "a free port for a server that must be told its port": the benchmark
+# scenarios' (drawn outside the kernel's ephemeral range).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "loadtest", "scenarios"))
+from scenlib import free_port, free_ports  # noqa: E402,F401
+
 # "listening addr=H:P" is the HTTP port; "<what>_listening addr=H:P" another one (bootstrap_...).
 _LISTEN_RE = re.compile(r"\s(?:([a-z]+)_)?listening addr=(\S+):(\d+)")
 

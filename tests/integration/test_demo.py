@@ -3,7 +3,6 @@ the curl line it prints, and stops all three on Ctrl-C (SIGINT) or when one of t
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -11,22 +10,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import simtext  # noqa: E402
-from harness import BUILD_DIR, TestRunner, post, wait_until  # noqa: E402
+from harness import BUILD_DIR, TestRunner, free_ports, post, wait_until  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-
-def free_ports(n):
-    """n distinct free loopback ports (bound then released: a small race, retried by callers)."""
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
 
 
 def children_of(pid):

@@ -13,7 +13,6 @@ import glob
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import BUILD_DIR, Cluster, TestRunner, binary  # noqa: E402
+from harness import BUILD_DIR, Cluster, TestRunner, binary, free_port  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 SHELLS = ("sh", "bash", "shell")
@@ -72,11 +71,6 @@ def all_commands():
                 out.append((f"{os.path.relpath(path, ROOT)}:{start}", c))
     return out
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sh(cmd, cwd=None, env=None, timeout=120):

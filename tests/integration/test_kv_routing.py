@@ -9,7 +9,6 @@ the prefill (its request counter does not move), and a worker whose replay socke
 delays no other worker's events."""
 import os
 import re
-import socket
 import sys
 import threading
 import time
@@ -25,19 +24,12 @@ except ImportError:
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Cluster, TestRunner, get, post, url, wait_until  # noqa: E402
+from harness import Cluster, TestRunner, free_port, get, post, url, wait_until  # noqa: E402
 
 PAGE = 4
 FAST = ("--prefill-us-per-token", "1", "--decode-us-per-token", "50", "--page-tokens", str(PAGE))
 CTX = zmq.Context.instance()
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def kv_worker(c, *extra, ports=None, name=None, mode="regular"):
