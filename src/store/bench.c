@@ -272,13 +272,17 @@ static uint64_t tcp_rtt_p50_ns(int n, int threads)
 }
 
 /* Phases of --latency: gets through the location cache (the object located within its lease),
- * gets that ask the master each time (a second client without the cache), exists alone. */
-enum { LAT_CACHED, LAT_MASTER, LAT_EXISTS, LAT_PHASES };
+ * alternating between the client as configured (inline reads on: the bytes over the node's
+ * control port) and a second client without inline reads (the engines' offer path), so that
+ * both see the same load; then gets that ask the master each time (a client without the cache),
+ * then exists alone. */
+enum { LAT_CACHED, LAT_ENGINE, LAT_MASTER, LAT_EXISTS, LAT_PHASES };
 
 typedef struct {
     bench_t *b;
-    baton_store_client_t *uncached;
+    baton_store_client_t *uncached, *engine;
     int n, phase, i, failed;
+    int sub; /* LAT_CACHED: 0 the inline get of the pair, 1 the engine's */
     uint64_t *lat[LAT_PHASES], t0;
 } lat_t;
 
@@ -290,17 +294,24 @@ static void on_lat_done(void *data, int status, const baton_store_result_t *res,
     lat_t *L = data;
     (void)n;
     (void)prefix;
-    if (status != 0 || res[0].status != 0)
+    int p = L->phase == LAT_CACHED && L->sub ? LAT_ENGINE : L->phase;
+    if (status != 0 || res[0].status != 0 ||
+        (p != LAT_EXISTS &&
+         memcmp(baton_xfer_mem_addr(L->b->dst), baton_xfer_mem_addr(L->b->src), L->b->size) != 0))
         L->failed++;
     else
-        L->lat[L->phase][L->i++] = uv_hrtime() - L->t0;
+        L->lat[p][L->i] = uv_hrtime() - L->t0;
+    memset(baton_xfer_mem_addr(L->b->dst), 0, L->b->size);
     if (L->failed > 10) {
         uv_stop(L->b->loop);
         return;
     }
-    if (L->i >= L->n) {
+    if (L->phase == LAT_CACHED)
+        L->sub ^= 1;
+    if (L->sub == 0 && ++L->i >= L->n) {
         L->i = 0;
-        if (++L->phase == LAT_PHASES) {
+        L->phase = L->phase == LAT_CACHED ? LAT_MASTER : L->phase + 1;
+        if (L->phase == LAT_PHASES) {
             uv_stop(L->b->loop);
             return;
         }
@@ -311,11 +322,10 @@ static void on_lat_done(void *data, int status, const baton_store_result_t *res,
 static void lat_next(lat_t *L)
 {
     const char *key = L->b->objs[0].key;
+    baton_store_client_t *cl = L->phase == LAT_MASTER ? L->uncached : L->sub ? L->engine : L->b->cl;
     L->t0 = uv_hrtime();
-    int rc = L->phase == LAT_EXISTS
-                 ? baton_store_exists(L->b->cl, &key, 1, on_lat_done, L)
-                 : baton_store_get(L->phase == LAT_CACHED ? L->b->cl : L->uncached, L->b->objs, 1,
-                                   on_lat_done, L);
+    int rc = L->phase == LAT_EXISTS ? baton_store_exists(L->b->cl, &key, 1, on_lat_done, L)
+                                    : baton_store_get(cl, L->b->objs, 1, on_lat_done, L);
     if (rc != 0) {
         L->failed = 100;
         uv_stop(L->b->loop);
@@ -337,6 +347,9 @@ static void on_lat_put(void *data, int status, const baton_store_result_t *res, 
     lat_next(L);
 }
 
+void baton__client_inline_stats(const baton_store_client_t *cl, uint64_t *reads,
+                                uint64_t *fallbacks);
+
 static double pct_us(const uint64_t *v, int n, int pct)
 {
     return (double)v[(size_t)n * (size_t)pct / 100] / 1e3;
@@ -344,10 +357,12 @@ static double pct_us(const uint64_t *v, int n, int pct)
 
 static int run_latency(bench_t *b, const baton_store_config_t *sc, int n)
 {
-    lat_t L = {b, NULL, n, 0, 0, 0, {NULL}, 0};
-    baton_store_config_t c2 = *sc;
+    lat_t L = {b, NULL, NULL, n, 0, 0, 0, 0, {NULL}, 0};
+    baton_store_config_t c2 = *sc, c3 = *sc;
     c2.location_cache = 0;
-    int ok = baton_store_client_create(b->loop, &c2, &L.uncached) == 0;
+    c3.inline_max = 0;
+    int ok = baton_store_client_create(b->loop, &c2, &L.uncached) == 0 &&
+             baton_store_client_create(b->loop, &c3, &L.engine) == 0;
     for (int p = 0; p < LAT_PHASES; p++)
         ok = ok && (L.lat[p] = calloc((size_t)n, sizeof(uint64_t))) != NULL;
     if (!ok)
@@ -363,15 +378,21 @@ static int run_latency(bench_t *b, const baton_store_config_t *sc, int n)
     for (int p = 0; p < LAT_PHASES; p++)
         qsort(L.lat[p], (size_t)n, sizeof(uint64_t), cmp_u64);
     uint64_t rtt = tcp_rtt_p50_ns(1000, 1), rtt2 = tcp_rtt_p50_ns(1000, 2);
-    double p50 = pct_us(L.lat[LAT_CACHED], n, 50);
-    printf("{\"latency\":true,\"size\":%llu,\"gets\":%d,\"failed\":%d,\"get_p50_us\":%.1f,"
-           "\"get_p99_us\":%.1f,\"get_via_master_p50_us\":%.1f,\"get_via_master_p99_us\":%.1f,"
-           "\"exists_p50_us\":%.1f,\"tcp_rtt_p50_us\":%.1f,\"tcp_rtt_2threads_p50_us\":%.1f,"
-           "\"p50_over_rtt\":%.1f}\n",
-           (unsigned long long)b->size, n, L.failed, p50, pct_us(L.lat[LAT_CACHED], n, 99),
+    uint64_t inl = 0, fell = 0;
+    baton__client_inline_stats(b->cl, &inl, &fell);
+    double p50 = pct_us(L.lat[LAT_CACHED], n, 50), ep50 = pct_us(L.lat[LAT_ENGINE], n, 50);
+    printf("{\"latency\":true,\"size\":%llu,\"gets\":%d,\"failed\":%d,\"inline_max\":%u,"
+           "\"get_p50_us\":%.1f,\"get_p99_us\":%.1f,\"get_engine_p50_us\":%.1f,"
+           "\"get_engine_p99_us\":%.1f,\"get_via_master_p50_us\":%.1f,"
+           "\"get_via_master_p99_us\":%.1f,\"exists_p50_us\":%.1f,\"tcp_rtt_p50_us\":%.1f,"
+           "\"tcp_rtt_2threads_p50_us\":%.1f,\"p50_over_rtt\":%.1f,\"engine_p50_over_rtt\":%.1f,"
+           "\"inline_reads\":%llu,\"inline_fallbacks\":%llu}\n",
+           (unsigned long long)b->size, n, L.failed, sc->inline_max, p50,
+           pct_us(L.lat[LAT_CACHED], n, 99), ep50, pct_us(L.lat[LAT_ENGINE], n, 99),
            pct_us(L.lat[LAT_MASTER], n, 50), pct_us(L.lat[LAT_MASTER], n, 99),
            pct_us(L.lat[LAT_EXISTS], n, 50), (double)rtt / 1e3, (double)rtt2 / 1e3,
-           rtt ? p50 * 1e3 / (double)rtt : 0.0);
+           rtt ? p50 * 1e3 / (double)rtt : 0.0, rtt ? ep50 * 1e3 / (double)rtt : 0.0,
+           (unsigned long long)inl, (unsigned long long)fell);
     fflush(stdout);
     for (int p = 0; p < LAT_PHASES; p++)
         free(L.lat[p]);
@@ -556,6 +577,7 @@ int baton__bench_main(int argc, char **argv)
         {"exists", required_argument, NULL, 'E'},
         {"meta-objects", required_argument, NULL, 'M'},
         {"own-progress", no_argument, NULL, 'O'},
+        {"inline-max", required_argument, NULL, 'I'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -563,6 +585,7 @@ int baton__bench_main(int argc, char **argv)
     int latency_n = 0;
     uint64_t exists_n = 0;
     int own_progress = 0;
+    uint64_t inline_max = BATON__SP_INLINE_DEFAULT;
     memset(&b, 0, sizeof(b));
     b.size = 1 << 20;
     b.batch = 128;
@@ -617,6 +640,13 @@ int baton__bench_main(int argc, char **argv)
         case 'O':
             own_progress = 1;
             break;
+        case 'I':
+            if ((strcmp(optarg, "0") != 0 && parse_size(optarg, &inline_max) != 0) ||
+                inline_max > BATON__SP_INLINE_MAX)
+                return 2;
+            if (strcmp(optarg, "0") == 0)
+                inline_max = 0;
+            break;
         case 't':
             if (baton_xfer_transport_parse(optarg, &b.transport) != 0)
                 return 2;
@@ -631,7 +661,7 @@ int baton__bench_main(int argc, char **argv)
                    "[--rounds N | --duration-s S] [--replicas N] [--kv-secret-file F] "
                    "[--host H] [--namespace NS] [--interval-ms N] [--latency N] "
                    "[--transport tcp|shm|rdma] [--reads N] [--exists N] [--meta-objects N] "
-                   "[--own-progress]\n"
+                   "[--own-progress] [--inline-max N[K]]\n"
                    "--reads N: gets of each round's batch (default 1; later ones find the "
                    "objects through the location cache)\n"
                    "--exists N: N objects of --size put in batches, then exists over them for "
@@ -640,9 +670,11 @@ int baton__bench_main(int argc, char **argv)
                    "(no master needed): heap per object, exists/s on one core\n"
                    "--own-progress: one batch put, read back, checked, from a client and an "
                    "engine without a loop (own-progress mode)\n"
-                   "--latency N: one object of --size read N times through the location cache, N "
-                   "times asking the master, and N exists: p50 / p99 beside loopback TCP's round "
-                   "trip (one thread, and two threads)\n"
+                   "--latency N: one object of --size read N times through the location cache "
+                   "inline and N times through the engines (alternating), N times asking the "
+                   "master, and N exists: p50 / p99 beside loopback TCP's round trip (one "
+                   "thread, and two threads)\n"
+                   "--inline-max N: the client's inline-read threshold (default 64K; 0: off)\n"
                    "round lines report cumulative counts and GB/s (with --duration-s at most "
                    "two a second, and every failed round)\n");
             return 0;
@@ -690,6 +722,7 @@ int baton__bench_main(int argc, char **argv)
     sc.secret = b.secret_len ? b.secret : NULL;
     sc.secret_len = b.secret_len;
     sc.request_timeout_ms = 2000;
+    sc.inline_max = (uint32_t)inline_max;
     if (rc == 0)
         rc = baton_store_client_create(b.loop, &sc, &b.cl);
     b.objs = calloc(b.batch, sizeof(*b.objs));
@@ -713,11 +746,15 @@ int baton__bench_main(int argc, char **argv)
     b.deadline_ms = baton_now_ms() + (uint64_t)b.duration_s * 1000;
     next_round(&b);
     uv_run(b.loop, UV_RUN_DEFAULT);
+    uint64_t inl = 0, fell = 0;
+    baton__client_inline_stats(b.cl, &inl, &fell);
     printf("{\"summary\":true,\"put_ok\":%llu,\"put_failed\":%llu,\"get_ok\":%llu,"
-           "\"get_failed\":%llu,\"missing\":%llu,\"corrupted\":%llu}\n",
+           "\"get_failed\":%llu,\"missing\":%llu,\"corrupted\":%llu,\"inline_reads\":%llu,"
+           "\"inline_fallbacks\":%llu}\n",
            (unsigned long long)b.put_ok, (unsigned long long)b.put_failed,
            (unsigned long long)b.get_ok, (unsigned long long)b.get_failed,
-           (unsigned long long)b.missing, (unsigned long long)b.corrupted);
+           (unsigned long long)b.missing, (unsigned long long)b.corrupted, (unsigned long long)inl,
+           (unsigned long long)fell);
     fflush(stdout);
     /* The process ends here: the engine's threads and regions go with it. */
     int bad = b.corrupted != 0 || (!b.duration_s && (b.put_failed || b.get_failed));

@@ -44,6 +44,7 @@ void baton_store_config_init(baton_store_config_t *cfg)
     cfg->reconnect_min_ms = 50;
     cfg->reconnect_max_ms = 2000;
     cfg->location_cache = 4096;
+    cfg->inline_max = BATON__SP_INLINE_DEFAULT;
 }
 
 void baton_store_put_opts_init(baton_store_put_opts_t *opts)
@@ -73,7 +74,8 @@ int baton_store_client_create(uv_loop_t *loop, const baton_store_config_t *cfg_i
     int mport = 0;
     if ((!etcd && baton__parse_hostport(cfg.master, mhost, sizeof(mhost), &mport) != 0) ||
         (cfg.ns && strlen(cfg.ns) > BATON_STORE_NAMESPACE_MAX) ||
-        (cfg.host && strlen(cfg.host) > BATON__SP_HOST_MAX)) {
+        (cfg.host && strlen(cfg.host) > BATON__SP_HOST_MAX) ||
+        cfg.inline_max > BATON__SP_INLINE_MAX) {
         free(cl);
         return BATON_XFER_EINVAL;
     }
@@ -94,6 +96,7 @@ int baton_store_client_create(uv_loop_t *loop, const baton_store_config_t *cfg_i
     snprintf(cl->host, sizeof(cl->host), "%s", cfg.host ? cfg.host : "127.0.0.1");
     snprintf(cl->id, sizeof(cl->id), "%s", baton_xfer_engine_id(cfg.engine));
     cl->timeout_ms = cfg.request_timeout_ms ? cfg.request_timeout_ms : 5000;
+    cl->inline_max = cfg.inline_max;
     cl->so.loop = loop;
     if (cfg.secret) {
         memcpy(cl->secret, cfg.secret, cfg.secret_len);
@@ -131,6 +134,7 @@ int baton_store_client_create(uv_loop_t *loop, const baton_store_config_t *cfg_i
 void baton__client_free(baton_store_client_t *cl)
 {
     baton__loc_free(cl);
+    baton__inline_free(cl);
     free(cl->nodes);
     free(cl);
 }
@@ -141,6 +145,7 @@ static void on_close_poll(uv_timer_t *t)
     if (cl->ops > 0)
         return; /* transfers still fencing: their callbacks come first */
     uv_timer_stop(t);
+    baton__later_close(cl);
     if (cl->close_cb)
         cl->close_cb(cl, cl->close_data);
     uv_close((uv_handle_t *)t, NULL);

@@ -301,7 +301,7 @@ typedef struct {
 
 static void get_obj_done(op_t *op, oobj_t *o)
 {
-    if (o->status == 0 && baton_store_crc32c(0, o->addr, o->obj_len) != o->crc)
+    if (o->status == 0 && !o->verified && baton_store_crc32c(0, o->addr, o->obj_len) != o->crc)
         o->status = BATON_STORE_ECHECKSUM;
     if (o->status == 0 && !baton__store_lease_ok(o->lease_start_ms, o->lease_ms, baton_now_ms()))
         o->status = BATON_STORE_ELEASE;
@@ -363,10 +363,16 @@ static void on_slice_read(void *data, uint64_t room_id, int status, const baton_
         get_done(op);
 }
 
-/* Starts the reads of every slice of object i (its placement known). */
+/* Starts the reads of every slice of object i (its placement known); a small object is read
+ * inline first (client_inline.c), on this thread, and through the engines only when that fails. */
 static void read_obj(op_t *op, uint32_t i)
 {
     oobj_t *o = &op->o[i];
+    o->verified = o->status == 0 && baton__inline_read(op->cl, op, o) == 0;
+    if (o->verified) {
+        get_obj_done(op, o);
+        return;
+    }
     o->pending = 1; /* guard */
     for (uint32_t s = 0; o->status == 0 && s < o->n_slices; s++) {
         sread_t *rd = calloc(1, sizeof(*rd));
@@ -472,9 +478,14 @@ static int get_cached(op_t *op)
     op->pending = 1; /* guard */
     for (uint32_t i = 0; i < op->n; i++)
         read_obj(op, i);
+    if (--op->pending > 0)
+        return 0;
     /* Never the callback inside the caller's call: reads that all failed at once go to the
-     * master (a later callback). */
-    if (--op->pending == 0)
+     * master (a later callback), a batch read inline waits for the loop's next iteration. */
+    int all = 1;
+    for (size_t i = 0; i < op->n; i++)
+        all &= op->o[i].status == 0;
+    if (!all || baton__op_finish_later(op) != 0)
         get_done(op);
     return 0;
 }

@@ -11,7 +11,9 @@ typedef struct {
     baton__srpc_t *rpc;
 } node_rpc_t;
 
-typedef struct loc_s loc_t;               /* a located object (client_cache.c) */
+typedef struct loc_s loc_t;                   /* a located object (client_cache.c) */
+typedef struct baton__inode_s baton__inode_t; /* a node's inline-read connection */
+typedef struct op_s op_t;
 typedef struct baton__own_s baton__own_t; /* own-progress mode (client_own.c) */
 
 struct baton_store_client_s {
@@ -32,6 +34,14 @@ struct baton_store_client_s {
     baton__own_t *own; /* own-progress mode: the client's thread and queues, else NULL */
     loc_t **locs;      /* the location cache: n_locs slots (a power of two), 0: off */
     uint32_t n_locs;
+    /* inline reads (client_inline.c): the client's thread owns all of these (no lock) */
+    uint32_t inline_max;    /* objects up to this many bytes are read inline (0: never) */
+    baton__inode_t *inodes; /* one blocking connection per node read inline */
+    size_t n_inodes;
+    baton_buf_t inline_buf; /* the frame being sent or received */
+    uint64_t inline_reads, inline_fallbacks;
+    op_t *later; /* gets finished inside the call, their callbacks next iteration */
+    uv_idle_t *later_idle;
     size_t ops;
     int closing;
     uv_timer_t close_timer;
@@ -54,11 +64,12 @@ typedef struct {
         *nodes; /* from the location cache: the nodes its slices name (else the op's) */
     uint32_t n_nodes;
     uint64_t lease_start_ms; /* get: the lease runs from here (before the request that got it) */
+    int verified;            /* get: the checksum was checked (an inline read) */
     uint32_t pending;
     int status;
 } oobj_t;
 
-typedef struct {
+struct op_s {
     baton_store_client_t *cl;
     uint8_t type;
     size_t n;
@@ -74,7 +85,8 @@ typedef struct {
     int cached;       /* get: started from the location cache, without the master */
     char *text;       /* the request's text (a put's blocks), freed once sent */
     uint32_t text_len;
-} op_t;
+    op_t *later_next; /* on the client's list of ops finished inside the call */
+};
 
 op_t *baton__op_new(baton_store_client_t *cl, uint8_t type, size_t n, baton_store_batch_cb cb,
                     void *data);
@@ -127,6 +139,16 @@ void baton__loc_put(baton_store_client_t *cl, const op_t *op, const oobj_t *o);
 int baton__loc_take(baton_store_client_t *cl, oobj_t *o, uint64_t now_ms);
 void baton__loc_drop(baton_store_client_t *cl, const char *key);
 uint64_t baton__slice_obj_off(const oobj_t *o, uint32_t s);
+/* ---- inline reads (client_inline.c) ---- */
+/* Reads object o (its placement and checksum known, at most inline_max bytes) over the nodes'
+ * control ports on this thread, checksum included: 0 with the bytes in o->addr, else -1 (the
+ * engine path must read it; the buffer may hold anything meanwhile). */
+int baton__inline_read(baton_store_client_t *cl, const op_t *op, oobj_t *o);
+void baton__inline_free(baton_store_client_t *cl);
+/* Finishes op (status 0, or ESHUTDOWN once closing) on the loop's next iteration. */
+int baton__op_finish_later(op_t *op);
+void baton__later_close(baton_store_client_t *cl);
+
 /* The control channel to a node's ctrl port (created on first use). */
 baton__srpc_t *baton__client_node_rpc(baton_store_client_t *cl, const char *host, int port);
 

@@ -71,6 +71,8 @@ typedef struct node_s {
     uint32_t live_cpeers, max_cpeers;
     uint64_t cpeers_forgotten;
     uint64_t peers_logged, forgotten_logged, peers_log_ms; /* last logged, and when */
+    uint32_t inline_max; /* --inline-max: the most bytes one NODE_READ answers (0: none) */
+    uint64_t inline_reads, inline_bytes, inline_refused, inline_logged, inline_log_ms;
 } node_t;
 
 /* ---- gets: a client's offer names the range ------------------------------------------------- */
@@ -272,11 +274,75 @@ static void do_write(node_t *nd, baton__sconn_t *c, const baton__sp_msg_t *m)
     nd->writes = w;
 }
 
+/* ---- inline reads: the bytes in the reply (proto.h) ----------------------------------------- */
+
+/* Answers on the loop's thread from the segment: one copy into the reply frame, which libuv
+ * sends without waiting (the connection's max_queued bounds what a slow reader leaves queued). */
+static void do_inline_read(node_t *nd, baton__sconn_t *c, const baton__sp_msg_t *m)
+{
+    uint64_t total = 0;
+    int st = m->n_slices == 0 || m->n_slices > BATON__SP_INLINE_SLICES_MAX ? BATON_XFER_EINVAL : 0;
+    for (uint32_t i = 0; st == 0 && i < m->n_slices; i++) {
+        uint64_t off = m->slices[i].off, len = m->slices[i].len;
+        if (len == 0 || off > nd->seg_bytes || len > nd->seg_bytes - off)
+            st = BATON_XFER_ERKEY;
+        total += len;
+    }
+    if (st == 0 && total > nd->inline_max)
+        st = BATON_XFER_ETOOBIG;
+    char *text = NULL;
+    if (st == 0 && m->n_slices == 1) {
+        text = (char *)nd->base + m->slices[0].off; /* read only by the encoder */
+    } else if (st == 0 && (text = malloc(total)) == NULL) {
+        st = BATON_XFER_ENOMEM;
+    } else if (st == 0) {
+        for (uint32_t i = 0, at = 0; i < m->n_slices; at += (uint32_t)m->slices[i].len, i++)
+            memcpy(text + at, nd->base + m->slices[i].off, m->slices[i].len);
+    }
+    if (st != 0) {
+        nd->inline_refused++;
+        reply(c, m->req_id, st);
+        return;
+    }
+    baton__sp_msg_t r;
+    memset(&r, 0, sizeof(r));
+    r.type = BATON__SP_REPLY;
+    r.req_id = m->req_id;
+    r.text = text;
+    r.text_len = (uint32_t)total;
+    if (baton__sconn_send(c, &r) != 0)
+        baton__sconn_close(c, BATON_XFER_ENOMEM);
+    if (m->n_slices > 1)
+        free(text);
+    nd->inline_reads++;
+    nd->inline_bytes += total;
+}
+
+/* The inline reads' counters, logged when they changed (at most every PEERS_LOG_EVERY_MS): the
+ * node's account of what it served on its control port, and of the slow readers it paused. */
+static void log_inline(node_t *nd, int now_anyway)
+{
+    uint64_t now = uv_now(nd->loop);
+    uint64_t seen = nd->inline_reads + nd->inline_refused + baton__slisten_paused(nd->ctrl);
+    if (seen == nd->inline_logged || (!now_anyway && now - nd->inline_log_ms < PEERS_LOG_EVERY_MS))
+        return;
+    nd->inline_logged = seen;
+    nd->inline_log_ms = now;
+    log_info(COMP, "node_inline reads=%llu bytes=%llu refused=%llu slow_readers_paused=%llu",
+             (unsigned long long)nd->inline_reads, (unsigned long long)nd->inline_bytes,
+             (unsigned long long)nd->inline_refused,
+             (unsigned long long)baton__slisten_paused(nd->ctrl));
+}
+
 static void on_ctrl_msg(baton__sconn_t *c, baton__sp_msg_t *m, void *data)
 {
     node_t *nd = data;
     if (m->type == BATON__SP_NODE_WRITE) {
         do_write(nd, c, m);
+        return;
+    }
+    if (m->type == BATON__SP_NODE_READ) {
+        do_inline_read(nd, c, m);
         return;
     }
     reply(c, m->req_id, BATON_XFER_EPROTO);
@@ -354,12 +420,14 @@ static void on_hb(uv_timer_t *t)
 {
     send_heartbeat(t->data);
     log_peers(t->data);
+    log_inline(t->data, 0);
 }
 
 static void on_signal(uv_signal_t *s, int signum)
 {
     node_t *nd = s->data;
     log_info(COMP, "node_stopping signal=%d", signum);
+    log_inline(nd, 1);
     uv_stop(nd->loop);
 }
 
@@ -399,6 +467,8 @@ static void usage(FILE *f)
                "  --id ID                      node id (hostname-pid)\n"
                "  --max-client-peers N         client engines kept connected at once (1024)\n"
                "  --no-prefault                leave the segment's pages to the first puts\n"
+               "  --inline-max N               largest read answered on the control port (64K;\n"
+               "                               0: none; at most 1M)\n"
                "  --kv-secret-file F           shared secret (control and data channels)\n");
 }
 
@@ -437,6 +507,7 @@ int baton__node_main(int argc, char **argv)
         {"id", required_argument, NULL, 'i'},
         {"max-client-peers", required_argument, NULL, 'P'},
         {"no-prefault", no_argument, NULL, 'F'},
+        {"inline-max", required_argument, NULL, 'I'},
         {"kv-secret-file", required_argument, NULL, 'k'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -446,6 +517,7 @@ int baton__node_main(int argc, char **argv)
     nd.host = "127.0.0.1";
     nd.transport = BATON_XFER_TRANSPORT_TCP;
     nd.max_cpeers = CLIENT_PEERS_MAX;
+    nd.inline_max = BATON__SP_INLINE_DEFAULT;
     char mhost[BATON__SP_HOST_MAX + 1] = "", idbuf[64];
     const char *secret_file = NULL, *registry = NULL;
     int ctrl_port = 0;
@@ -494,6 +566,16 @@ int baton__node_main(int argc, char **argv)
         case 'F':
             no_prefault = 1;
             break;
+        case 'I': {
+            uint64_t v = 0;
+            if (strcmp(optarg, "0") != 0 &&
+                (parse_bytes(optarg, &v) != 0 || v > BATON__SP_INLINE_MAX)) {
+                fprintf(stderr, "baton-store node: bad --inline-max '%s' (0 to 1M)\n", optarg);
+                return 2;
+            }
+            nd.inline_max = (uint32_t)v;
+            break;
+        }
         case 'P': {
             char *end;
             unsigned long v = strtoul(optarg, &end, 10);
@@ -571,6 +653,7 @@ int baton__node_main(int argc, char **argv)
     so.secret_len = nd.secret_len;
     so.id = nd.id;
     so.max_body = BATON__SP_REQ_MAX;
+    so.max_queued = 2 * nd.inline_max + (64u << 10);
     so.on_msg = on_ctrl_msg;
     so.on_close = on_ctrl_closed;
     so.data = &nd;
@@ -580,6 +663,7 @@ int baton__node_main(int argc, char **argv)
         mo.on_msg = NULL;
         mo.on_close = NULL;
         mo.max_body = BATON__SP_REPLY_MAX;
+        mo.max_queued = 0;
         rc = baton__srpc_create(&mo, nd.master_host, nd.master_port, BATON_STORE_ENOLEADER,
                                 &nd.master);
         if (rc == 0 && registry) {

@@ -182,7 +182,7 @@ static int known_type(uint8_t t)
 {
     return (t >= BATON__SP_AUTH_CHALLENGE && t <= BATON__SP_AUTH_PROOF) ||
            (t >= BATON__SP_PUT_START && t <= BATON__SP_STAT) ||
-           (t >= BATON__SP_NODE_REGISTER && t <= BATON__SP_NODE_WRITE) || t == BATON__SP_REPLY;
+           (t >= BATON__SP_NODE_REGISTER && t <= BATON__SP_NODE_READ) || t == BATON__SP_REPLY;
 }
 
 int baton__sp_frame_check(const uint8_t *p, size_t n, uint32_t max_body, size_t *frame_len_p)
@@ -349,6 +349,8 @@ const char *baton__sp_type_name(uint8_t type)
         return "node_heartbeat";
     case BATON__SP_NODE_WRITE:
         return "node_write";
+    case BATON__SP_NODE_READ:
+        return "node_read";
     case BATON__SP_REPLY:
         return "reply";
     default:

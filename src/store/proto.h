@@ -65,6 +65,7 @@ typedef enum {
     BATON__SP_NODE_REGISTER = 30,  /* id, host, xfer_port, ctrl_port, seg_bytes */
     BATON__SP_NODE_HEARTBEAT = 31, /* node */
     BATON__SP_NODE_WRITE = 32, /* client → node: host, xfer_port, export_key, slices (off, len) */
+    BATON__SP_NODE_READ = 33,  /* client → node: slices (off, len); the REPLY's text: the bytes */
     BATON__SP_REPLY = 64,      /* status; ritems, slices, nodes, prefix, node / seg, text */
 } baton__sp_type_t;
 
@@ -148,6 +149,18 @@ const char *baton__sp_type_name(uint8_t type);
  * secret is the trust boundary (docs/STORE.md).
  */
 #define BATON__SP_ROOM_SEQ_BITS 20
+
+/*
+ * Inline reads: a small object can also be read over a node's control port, without libbaton's
+ * engines (client_inline.c): NODE_READ names the slices (off, len), and the node answers a REPLY
+ * whose text is their bytes, in order, copied from its segment (status 0), or a status alone:
+ * BATON_XFER_ETOOBIG when they total more than the node's --inline-max (0 turns inline reads off
+ * there), BATON_XFER_ERKEY for a range outside the segment, BATON_XFER_EINVAL for no slice. The
+ * node never looks at the bytes; the client checks the object's CRC32C, as for every get.
+ */
+#define BATON__SP_INLINE_MAX        (1u << 20) /* the most either end allows (the text's bound) */
+#define BATON__SP_INLINE_DEFAULT    (64u << 10)
+#define BATON__SP_INLINE_SLICES_MAX 64 /* slices in one NODE_READ */
 static inline uint64_t baton__sp_room_id(uint64_t off, uint32_t seq)
 {
     return (off / 64) << BATON__SP_ROOM_SEQ_BITS | (seq & ((1u << BATON__SP_ROOM_SEQ_BITS) - 1));

@@ -29,7 +29,8 @@ struct baton__sconn_s {
     int listener_side;
     sc_state_t state;
     int close_reason;
-    int heard; /* the peer sent a byte */
+    int heard;  /* the peer sent a byte */
+    int paused; /* reads stopped: more than o.max_queued bytes wait to be sent to the peer */
     int handles_open;
     uint8_t my_nonce[BATON__SP_NONCE];
     char peer_id[BATON__SP_ID_MAX + 1];
@@ -46,9 +47,13 @@ struct baton__slisten_s {
     uint8_t secret[BATON_XFER_SECRET_MAX];
     char id[BATON__SP_ID_MAX + 1];
     uint64_t refused;
+    uint64_t paused; /* times an accepted connection's reads stopped for its unsent replies */
 };
 
 static void sc_fail(baton__sconn_t *c, int reason);
+static void drain_frames(baton__sconn_t *c);
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
 static void copy_opts(baton__sconn_opts_t *dst, uint8_t *secret, char *id,
                       const baton__sconn_opts_t *src)
@@ -84,22 +89,33 @@ static int fresh_nonce(uint8_t *n)
     return 0;
 }
 
-/* The transcript: the connector is libbaton's "decode" party, the listener its "prefill". */
-static int transcript_mac(const baton__sconn_t *c, const char *label, uint8_t *mac)
+int baton__sconn_auth_mac(const uint8_t *secret, size_t secret_len, int listener,
+                          const char *conn_id, const uint8_t *conn_nonce, const char *lis_id,
+                          const uint8_t *lis_nonce, uint8_t *mac)
 {
     baton__auth_party_t d, p;
     memset(&d, 0, sizeof(d));
     memset(&p, 0, sizeof(p));
-    const char *conn_id = c->listener_side ? c->peer_id : c->id;
-    const char *lis_id = c->listener_side ? c->id : c->peer_id;
     snprintf(d.id, sizeof(d.id), "%s", conn_id);
     snprintf(p.id, sizeof(p.id), "%s", lis_id);
-    memcpy(d.nonce, c->listener_side ? c->peer_nonce : c->my_nonce, BATON__SP_NONCE);
-    memcpy(p.nonce, c->listener_side ? c->my_nonce : c->peer_nonce, BATON__SP_NONCE);
-    return baton__auth_mac(c->o.secret, c->o.secret_len, label, &d, &p, mac);
+    memcpy(d.nonce, conn_nonce, BATON__SP_NONCE);
+    memcpy(p.nonce, lis_nonce, BATON__SP_NONCE);
+    return baton__auth_mac(secret, secret_len, listener ? LABEL_LISTENER : LABEL_CONNECTOR, &d, &p,
+                           mac);
 }
 
-static int mac_equal(const uint8_t *a, const uint8_t *b)
+/* The transcript: the connector is libbaton's "decode" party, the listener its "prefill". */
+static int transcript_mac(const baton__sconn_t *c, int listener, uint8_t *mac)
+{
+    const char *conn_id = c->listener_side ? c->peer_id : c->id;
+    const char *lis_id = c->listener_side ? c->id : c->peer_id;
+    const uint8_t *conn_nonce = c->listener_side ? c->peer_nonce : c->my_nonce;
+    const uint8_t *lis_nonce = c->listener_side ? c->my_nonce : c->peer_nonce;
+    return baton__sconn_auth_mac(c->o.secret, c->o.secret_len, listener, conn_id, conn_nonce,
+                                 lis_id, lis_nonce, mac);
+}
+
+int baton__sconn_mac_equal(const uint8_t *a, const uint8_t *b)
 {
     volatile uint8_t diff = 0;
     for (size_t i = 0; i < BATON__SP_MAC; i++)
@@ -118,9 +134,16 @@ typedef struct {
 static void on_written(uv_write_t *req, int status)
 {
     wreq_t *w = (wreq_t *)req;
+    baton__sconn_t *c = req->handle->data;
     free(w->data);
     free(w);
     (void)status; /* a failed write shows as a failed read / close too */
+    /* A paused peer read its replies: read its requests again once half the bound is sent. */
+    if (c->paused && c->state != SC_CLOSING && c->tcp.write_queue_size <= c->o.max_queued / 2) {
+        c->paused = 0;
+        uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+        drain_frames(c);
+    }
 }
 
 static int sc_write_msg(baton__sconn_t *c, const baton__sp_msg_t *m)
@@ -143,8 +166,17 @@ static int sc_write_msg(baton__sconn_t *c, const baton__sp_msg_t *m)
     if (rc != 0) {
         free(w->data);
         free(w);
+        return rc;
     }
-    return rc;
+    /* A peer that does not read what it asked for stops being read: the bytes queued for it stay
+     * within the bound and the loop never waits for it. */
+    if (c->o.max_queued && !c->paused && c->tcp.write_queue_size > c->o.max_queued) {
+        c->paused = 1;
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        if (c->listener)
+            c->listener->paused++;
+    }
+    return 0;
 }
 
 int baton__sconn_send(baton__sconn_t *c, const baton__sp_msg_t *m)
@@ -245,13 +277,13 @@ static int handshake_frame(baton__sconn_t *c, baton__sp_msg_t *m)
             out.type = BATON__SP_AUTH_RESPONSE;
             snprintf(out.id, sizeof(out.id), "%s", c->id);
             memcpy(out.nonce, c->my_nonce, BATON__SP_NONCE);
-            if (transcript_mac(c, LABEL_LISTENER, out.mac) != 0 || sc_write_msg(c, &out) != 0)
+            if (transcript_mac(c, 1, out.mac) != 0 || sc_write_msg(c, &out) != 0)
                 sc_fail(c, BATON_XFER_ENOMEM);
             return 1;
         }
         if (m->type == BATON__SP_AUTH_PROOF && c->peer_id[0] != '\0') {
             uint8_t want[BATON__SP_MAC];
-            if (transcript_mac(c, LABEL_CONNECTOR, want) != 0 || !mac_equal(want, m->mac))
+            if (transcript_mac(c, 0, want) != 0 || !baton__sconn_mac_equal(want, m->mac))
                 auth_refused(c, "wrong proof");
             else
                 sc_up(c);
@@ -264,12 +296,12 @@ static int handshake_frame(baton__sconn_t *c, baton__sp_msg_t *m)
         snprintf(c->peer_id, sizeof(c->peer_id), "%s", m->id[0] ? m->id : "-");
         memcpy(c->peer_nonce, m->nonce, BATON__SP_NONCE);
         uint8_t want[BATON__SP_MAC];
-        if (transcript_mac(c, LABEL_LISTENER, want) != 0 || !mac_equal(want, m->mac)) {
+        if (transcript_mac(c, 1, want) != 0 || !baton__sconn_mac_equal(want, m->mac)) {
             auth_refused(c, "listener failed its proof");
             return 1;
         }
         out.type = BATON__SP_AUTH_PROOF;
-        if (transcript_mac(c, LABEL_CONNECTOR, out.mac) != 0 || sc_write_msg(c, &out) != 0) {
+        if (transcript_mac(c, 0, out.mac) != 0 || sc_write_msg(c, &out) != 0) {
             sc_fail(c, BATON_XFER_ENOMEM);
             return 1;
         }
@@ -295,21 +327,12 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init(c->rbuf.data + c->rbuf.len, 65536);
 }
 
-static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+/* Handles every whole frame in the read buffer (until the connection pauses or closes). */
+static void drain_frames(baton__sconn_t *c)
 {
-    baton__sconn_t *c = s->data;
-    if (nread < 0) {
-        sc_fail(c, nread == UV_EOF ? BATON_XFER_EPEERDOWN : (int)nread);
-        return;
-    }
-    (void)buf;
-    if (nread == 0 || c->state == SC_CLOSING)
-        return;
-    c->heard = 1;
-    c->rbuf.len += (size_t)nread;
     /* Until authenticated only small handshake frames are accepted. */
     uint32_t limit = c->state == SC_UP ? c->o.max_body : 4096;
-    while (c->state != SC_CLOSING) {
+    while (c->state != SC_CLOSING && !c->paused) {
         size_t flen;
         int rc = baton__sp_frame_check((uint8_t *)c->rbuf.data, c->rbuf.len, limit, &flen);
         if (rc == 1)
@@ -336,6 +359,21 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         baton__sp_msg_free(&m);
         limit = c->state == SC_UP ? c->o.max_body : 4096;
     }
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    baton__sconn_t *c = s->data;
+    if (nread < 0) {
+        sc_fail(c, nread == UV_EOF ? BATON_XFER_EPEERDOWN : (int)nread);
+        return;
+    }
+    (void)buf;
+    if (nread == 0 || c->state == SC_CLOSING)
+        return;
+    c->heard = 1;
+    c->rbuf.len += (size_t)nread;
+    drain_frames(c);
 }
 
 static baton__sconn_t *sc_new(const baton__sconn_opts_t *o, int listener_side)
@@ -470,6 +508,11 @@ void baton__slisten_close(baton__slisten_t *l)
 uint64_t baton__slisten_refused(const baton__slisten_t *l)
 {
     return l->refused;
+}
+
+uint64_t baton__slisten_paused(const baton__slisten_t *l)
+{
+    return l->paused;
 }
 
 int baton__store_read_secret(const char *path, uint8_t *buf, size_t cap, size_t *len_p)

@@ -26,6 +26,10 @@ typedef struct {
     const char *id;        /* this end's id in the handshake (copied) */
     uint32_t max_body;     /* frames with a longer body close the connection */
     uint32_t handshake_ms; /* connect + authentication must end within this (default 5000) */
+    /* 0: unbounded. Else, when more than this many bytes wait to be sent to the peer, its
+     * frames stop being read until half of them are sent (a client that asks without reading
+     * the answers costs the loop nothing and the process at most this much memory). */
+    uint32_t max_queued;
     baton__sconn_msg_cb on_msg;
     baton__sconn_event_cb on_ready, on_close;
     void *data;
@@ -47,6 +51,17 @@ int baton__slisten_start(const baton__sconn_opts_t *o, const char *host, int por
 void baton__slisten_close(baton__slisten_t *l);
 /* Accepted connections refused (bad frame, failed authentication, handshake time-out). */
 uint64_t baton__slisten_refused(const baton__slisten_t *l);
+/* Times an accepted connection stopped being read because its unsent bytes passed max_queued. */
+uint64_t baton__slisten_paused(const baton__slisten_t *l);
+
+/* The handshake's MAC (libbaton's transcript over both ids and nonces, the store's labels): the
+ * listener's proof (listener 1) or the connector's (0). For connections made without sconn (the
+ * client's blocking inline reads, client_inline.c), so both speak the one handshake. */
+int baton__sconn_auth_mac(const uint8_t *secret, size_t secret_len, int listener,
+                          const char *conn_id, const uint8_t *conn_nonce, const char *lis_id,
+                          const uint8_t *lis_nonce, uint8_t *mac);
+/* Constant-time comparison of two BATON__SP_MAC-byte MACs: 1 when equal. */
+int baton__sconn_mac_equal(const uint8_t *a, const uint8_t *b);
 
 /* ---- srpc: calls to one "host:port" with replies matched by request id ------------------------
  */
