@@ -25,6 +25,7 @@ typedef struct {
     uint64_t size;
     uint32_t batch, rounds, replicas, duration_s, keys, interval_ms;
     uint32_t reads, reads_left; /* gets of each round's batch (after the first: located) */
+    uint32_t read_interval_ms;  /* pause between them */
     uint64_t last_print_ms;
     uint8_t secret[BATON_XFER_SECRET_MAX];
     size_t secret_len;
@@ -93,6 +94,12 @@ static void round_done(bench_t *b)
 
 static void on_get(void *data, int status, const baton_store_result_t *res, size_t n,
                    size_t prefix);
+static void start_get(bench_t *b);
+
+static void on_read_pause(uv_timer_t *t)
+{
+    start_get(t->data);
+}
 
 static void start_get(bench_t *b)
 {
@@ -134,7 +141,9 @@ static void on_get(void *data, int status, const baton_store_result_t *res, size
         b->bytes_got += b->size;
     }
     free(want);
-    if (b->reads_left > 0 && status == 0)
+    if (b->reads_left > 0 && status == 0 && b->read_interval_ms)
+        uv_timer_start(&b->pause, on_read_pause, b->read_interval_ms, 0);
+    else if (b->reads_left > 0 && status == 0)
         start_get(b);
     else
         round_done(b);
@@ -578,6 +587,7 @@ int baton__bench_main(int argc, char **argv)
         {"meta-objects", required_argument, NULL, 'M'},
         {"own-progress", no_argument, NULL, 'O'},
         {"inline-max", required_argument, NULL, 'I'},
+        {"read-interval-ms", required_argument, NULL, 'T'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -630,6 +640,9 @@ int baton__bench_main(int argc, char **argv)
         case 'G':
             b.reads = (uint32_t)atoi(optarg);
             break;
+        case 'T':
+            b.read_interval_ms = (uint32_t)atoi(optarg);
+            break;
         case 'E':
             exists_n = strtoull(optarg, NULL, 10);
             if (exists_n == 0)
@@ -661,9 +674,9 @@ int baton__bench_main(int argc, char **argv)
                    "[--rounds N | --duration-s S] [--replicas N] [--kv-secret-file F] "
                    "[--host H] [--namespace NS] [--interval-ms N] [--latency N] "
                    "[--transport tcp|shm|rdma] [--reads N] [--exists N] [--meta-objects N] "
-                   "[--own-progress] [--inline-max N[K]]\n"
+                   "[--own-progress] [--inline-max N[K]] [--read-interval-ms N]\n"
                    "--reads N: gets of each round's batch (default 1; later ones find the "
-                   "objects through the location cache)\n"
+                   "objects through the location cache), --read-interval-ms N apart (0)\n"
                    "--exists N: N objects of --size put in batches, then exists over them for "
                    "--duration-s (3) locating and plain: keys/s\n"
                    "--meta-objects N: the master's object table in this process with N objects "

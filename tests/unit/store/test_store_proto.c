@@ -1,7 +1,7 @@
 /* test_store_proto.c — baton-store's control frames: every field round-trips, and the decoder
  * refuses truncation at every length, bad headers, oversized bodies, hostile counts, NULs in
- * strings, reply slices outside the table and trailing bytes. With an argument (a directory) it
- * writes the fuzz harness's seed frames there. */
+ * strings, reply slices outside the table and trailing bytes; NODE_READ and its binary answer.
+ * With an argument (a directory) it writes the fuzz harness's seed frames there. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -204,10 +204,81 @@ static void test_refusals(void **state)
     baton_buf_free(&b);
 }
 
+/* NODE_READ and its answer: slices out, the bytes back as the reply's text — binary, NULs
+ * included, up to the text's bound —, and the hostile shapes of both refused. */
+static void test_node_read(void **state)
+{
+    (void)state;
+    baton__sp_msg_t m, d;
+    memset(&m, 0, sizeof(m));
+    m.type = BATON__SP_NODE_READ;
+    m.req_id = 9;
+    baton__slice_t sl[2] = {{0, 0, 4096, 4096}, {0, 0, 1ull << 40, 1}};
+    m.n_slices = 2;
+    m.slices = sl;
+    baton_buf_t b = BATON_BUF_INIT;
+    assert_int_equal(baton__sp_encode(&b, &m), 0);
+    assert_int_equal(baton__sp_decode((uint8_t *)b.data, b.len, BATON__SP_REQ_MAX, &d), 0);
+    assert_int_equal(d.type, BATON__SP_NODE_READ);
+    assert_string_equal(baton__sp_type_name(d.type), "node_read");
+    assert_int_equal(d.n_slices, 2);
+    assert_memory_equal(d.slices, sl, sizeof(sl));
+    baton__sp_msg_free(&d);
+    /* a slice count beyond the bytes left, and beyond the table's limit */
+    size_t slices_at = b.len - 2 * 24 - 4 - 6;
+    assert_int_equal((uint8_t)b.data[slices_at], 2);
+    patch_le(&b, slices_at, 3, 4);
+    assert_int_equal(baton__sp_decode((uint8_t *)b.data, b.len, BATON__SP_REQ_MAX, &d),
+                     BATON_XFER_EPROTO);
+    patch_le(&b, slices_at, 0xffffffffu, 4);
+    assert_int_equal(baton__sp_decode((uint8_t *)b.data, b.len, BATON__SP_REQ_MAX, &d),
+                     BATON_XFER_EPROTO);
+    baton_buf_free(&b);
+
+    /* the answer: 64 KiB of every byte value, NULs included, exactly back */
+    size_t n = BATON__SP_INLINE_DEFAULT;
+    char *bytes = malloc(n);
+    assert_non_null(bytes);
+    for (size_t i = 0; i < n; i++)
+        bytes[i] = (char)(i * 7);
+    memset(&m, 0, sizeof(m));
+    m.type = BATON__SP_REPLY;
+    m.req_id = 9;
+    m.text = bytes;
+    m.text_len = (uint32_t)n;
+    assert_int_equal(baton__sp_encode(&b, &m), 0);
+    assert_int_equal(baton__sp_decode((uint8_t *)b.data, b.len, BATON__SP_REPLY_MAX, &d), 0);
+    assert_int_equal(d.text_len, n);
+    assert_memory_equal(d.text, bytes, n);
+    baton__sp_msg_free(&d);
+    /* a reader bounded below the frame refuses it from the header (the client's inline bound) */
+    size_t flen;
+    assert_int_equal(baton__sp_frame_check((uint8_t *)b.data, b.len, (uint32_t)n, &flen),
+                     BATON_XFER_ETOOBIG);
+    /* a text length past the frame's end, and above the text's bound */
+    size_t text_at = b.len - n - 4;
+    patch_le(&b, text_at, n + 1, 4);
+    assert_int_equal(baton__sp_decode((uint8_t *)b.data, b.len, BATON__SP_REPLY_MAX, &d),
+                     BATON_XFER_EPROTO);
+    patch_le(&b, text_at, BATON__SP_TEXT_MAX + 1, 4);
+    assert_int_equal(baton__sp_decode((uint8_t *)b.data, b.len, BATON__SP_REPLY_MAX, &d),
+                     BATON_XFER_EPROTO);
+    /* a text shorter than the bytes left: trailing bytes */
+    patch_le(&b, text_at, n - 1, 4);
+    assert_int_equal(baton__sp_decode((uint8_t *)b.data, b.len, BATON__SP_REPLY_MAX, &d),
+                     BATON_XFER_EPROTO);
+    baton_buf_free(&b);
+    /* the encoder refuses a text above its bound */
+    m.text_len = BATON__SP_TEXT_MAX + 1;
+    assert_int_equal(baton__sp_encode(&b, &m), BATON_XFER_EINVAL);
+    baton_buf_free(&b);
+    free(bytes);
+}
+
 static void write_seeds(const char *dir)
 {
     uint8_t types[] = {BATON__SP_AUTH_CHALLENGE, BATON__SP_PUT_START, BATON__SP_GET,
-                       BATON__SP_NODE_WRITE, BATON__SP_REPLY};
+                       BATON__SP_NODE_WRITE, BATON__SP_NODE_READ, BATON__SP_REPLY};
     for (size_t i = 0; i < sizeof(types); i++) {
         baton__sp_msg_t m = sample(types[i]);
         baton_buf_t b = BATON_BUF_INIT;
@@ -231,6 +302,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_node_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
