@@ -278,7 +278,7 @@ static void test_node_read(void **state)
 static void write_seeds(const char *dir)
 {
     uint8_t types[] = {BATON__SP_AUTH_CHALLENGE, BATON__SP_PUT_START, BATON__SP_GET,
-                       BATON__SP_NODE_WRITE, BATON__SP_NODE_READ, BATON__SP_REPLY};
+                       BATON__SP_NODE_WRITE,     BATON__SP_NODE_READ, BATON__SP_REPLY};
     for (size_t i = 0; i < sizeof(types); i++) {
         baton__sp_msg_t m = sample(types[i]);
         baton_buf_t b = BATON_BUF_INIT;
