@@ -150,14 +150,15 @@ typedef struct {
      * cached read that fails, or a master connection that dropped since, falls back to asking
      * the master. Direct mapped: at most one entry per hash slot. */
     uint32_t location_cache;
-    /* Inline reads: a get of an object of at most this many bytes (default 65536; 0: never; at
-     * most 1 MiB) whose placement the client knows (location cache or the master's answer) asks
-     * the node for the bytes over the node's authenticated control port, on the client's thread
-     * (see Threads and ownership), instead of offering the buffer to the node's libbaton engine:
-     * one TCP round trip, no engine thread on either side. The CRC32C is checked as for every
-     * get; any failure (node gone or restarted, refused — a node answers at most its own
-     * --inline-max —, bytes that do not match) reads the object through the engines in the same
-     * call. Objects above the threshold always go through the engines (zero copy). */
+    /* Inline reads: a get whose objects total at most this many bytes (default 65536; 0: never;
+     * at most 1 MiB), their placement known (location cache or the master's answer), asks the
+     * nodes for the bytes over their authenticated control ports, on the client's thread (see
+     * Threads and ownership), instead of offering the buffers to the nodes' libbaton engines:
+     * one TCP round trip per object, no engine thread on either side, one copy. The CRC32C is
+     * checked as for every get; any failure (node gone or restarted, refused — a node answers
+     * at most its own --inline-max —, bytes that do not match) reads that object through the
+     * engines in the same call. Larger gets always go through the engines (zero copy, objects
+     * in parallel), so the thread never blocks for more than this many bytes' round trips. */
     uint32_t inline_max;
 } baton_store_config_t;
 

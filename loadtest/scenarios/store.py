@@ -8,9 +8,10 @@ own line) and iperf3 on loopback with one stream and with four (libbaton's tcp l
 when iperf3 is installed. Objects above 4 MiB are striped over the nodes (one slice per 4 MiB),
 so the 16 and 64 MiB rows across 1/2/4 nodes are the striping scaling.
 
-Then small-object latency (bench --latency: 4 KiB gets through the client's location cache, gets
-that ask the master each time, exists alone, beside loopback TCP's round trip in one thread and
-across two), and the master's metadata at scale: exists keys/s through the control protocol with
+Then small-object latency (bench --latency: 4 KiB gets through the client's location cache, read
+inline over the node's control port and through the engines alternately in one run, gets that ask
+the master each time, exists alone, beside loopback TCP's round trip in one thread and across
+two), and the master's metadata at scale: exists keys/s through the control protocol with
 --exists-objects objects stored (and the master's resident memory per object), and the object
 table itself in one process with --meta-objects objects (heap per object, exists/s on one core).
 """
@@ -152,9 +153,11 @@ def latency(lab, args, figures):
         x = lines[-1]
         x["transport"], x["command"] = tp, cmd
         figures["latency"].append(x)
-        rows.append([tp, x["get_p50_us"], x["get_p99_us"], x["get_via_master_p50_us"],
+        rows.append([tp, x["get_p50_us"], x["get_p99_us"], x["get_engine_p50_us"],
+                     x["get_engine_p99_us"], x["get_via_master_p50_us"],
                      x["get_via_master_p99_us"], x["exists_p50_us"], x["tcp_rtt_p50_us"],
-                     x["tcp_rtt_2threads_p50_us"], f"{x['p50_over_rtt']:.1f}x"])
+                     x["tcp_rtt_2threads_p50_us"], f"{x['p50_over_rtt']:.1f}x",
+                     f"{x['engine_p50_over_rtt']:.1f}x"])
     return rows
 
 
@@ -223,12 +226,16 @@ def main():
         lrows = latency(lab, args, figures)
         scenlib.print_table(
             "4 KiB get latency (us), 3 nodes",
-            ["transport", "get p50", "get p99", "via master p50", "via master p99", "exists p50",
-             "tcp rtt (1 thread)", "tcp rtt (2 threads)", "p50 / rtt"], lrows,
+            ["transport", "get p50 (inline)", "get p99 (inline)", "engine p50", "engine p99",
+             "via master p50", "via master p99", "exists p50", "tcp rtt (1 thread)",
+             "tcp rtt (2 threads)", "p50 / rtt", "engine p50 / rtt"], lrows,
             note="get: the object located within its lease (the client's location cache: no "
-                 "master request); via master: a client without the cache (lease + locate, then "
-                 "the data); rtt: one-byte ping-pong on loopback TCP within one thread (no wake-up)"
-                 " and across two threads (one wake-up each way). Goal: get p50 <= 3x rtt.")
+                 "master request), read inline over the node's control port; engine: the same "
+                 "gets by a client with inline reads off (offered to the node's libbaton engine),"
+                 " alternating with them; via master: a client without the cache (lease + locate,"
+                 " then the data, inline); rtt: one-byte ping-pong on loopback TCP within one "
+                 "thread (no wake-up) and across two threads (one wake-up each way). Goal: get "
+                 "p50 <= 3x rtt.")
         ex, meta = metadata(lab, args, figures)
         scenlib.print_table(
             "master metadata",

@@ -363,8 +363,9 @@ static void on_slice_read(void *data, uint64_t room_id, int status, const baton_
         get_done(op);
 }
 
-/* Starts the reads of every slice of object i (its placement known); a small object is read
- * inline first (client_inline.c), on this thread, and through the engines only when that fails. */
+/* Starts the reads of every slice of object i (its placement known); the objects of a small get
+ * (op->small: a batch that totals at most inline_max bytes, so the thread blocks for little) are
+ * read inline first (client_inline.c), and through the engines only when that fails. */
 static void read_obj(op_t *op, uint32_t i)
 {
     oobj_t *o = &op->o[i];
@@ -403,6 +404,10 @@ static void on_get_reply(void *data, int status, baton__sp_msg_t *r)
         baton__op_finish(op, status);
         return;
     }
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < op->n; i++)
+        total += r->ritems[i].status == 0 ? r->ritems[i].len : 0;
+    op->small = total <= op->cl->inline_max;
     op->pending = 1; /* guard */
     for (uint32_t i = 0; i < op->n; i++) {
         oobj_t *o = &op->o[i];
@@ -475,6 +480,10 @@ static int get_cached(op_t *op)
             return -1;
         }
     op->cached = 1;
+    uint64_t total = 0;
+    for (size_t i = 0; i < op->n; i++)
+        total += op->o[i].obj_len;
+    op->small = total <= op->cl->inline_max;
     op->pending = 1; /* guard */
     for (uint32_t i = 0; i < op->n; i++)
         read_obj(op, i);

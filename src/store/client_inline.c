@@ -242,7 +242,7 @@ static int read_slice_inline(baton_store_client_t *cl, baton__inode_t *n, const 
 
 int baton__inline_read(baton_store_client_t *cl, const op_t *op, oobj_t *o)
 {
-    if (cl->inline_max == 0 || o->obj_len == 0 || o->obj_len > cl->inline_max || o->n_slices == 0)
+    if (!op->small || cl->inline_max == 0 || o->obj_len == 0 || o->n_slices == 0)
         return -1;
     uint64_t now = baton_now_ms();
     for (uint32_t s = 0; s < o->n_slices; s++) {

@@ -83,6 +83,7 @@ struct op_s {
     uint32_t n_nodes;
     uint32_t pending; /* transfers, then the commit / revoke calls */
     int cached;       /* get: started from the location cache, without the master */
+    int small;        /* get: the objects found total at most inline_max bytes (read inline) */
     char *text;       /* the request's text (a put's blocks), freed once sent */
     uint32_t text_len;
     op_t *later_next; /* on the client's list of ops finished inside the call */
@@ -140,9 +141,9 @@ int baton__loc_take(baton_store_client_t *cl, oobj_t *o, uint64_t now_ms);
 void baton__loc_drop(baton_store_client_t *cl, const char *key);
 uint64_t baton__slice_obj_off(const oobj_t *o, uint32_t s);
 /* ---- inline reads (client_inline.c) ---- */
-/* Reads object o (its placement and checksum known, at most inline_max bytes) over the nodes'
- * control ports on this thread, checksum included: 0 with the bytes in o->addr, else -1 (the
- * engine path must read it; the buffer may hold anything meanwhile). */
+/* Reads object o of a small op (its placement and checksum known) over the nodes' control ports
+ * on this thread, checksum included: 0 with the bytes in o->addr, else -1 (the engine path must
+ * read it; the buffer may hold anything meanwhile). */
 int baton__inline_read(baton_store_client_t *cl, const op_t *op, oobj_t *o);
 void baton__inline_free(baton_store_client_t *cl);
 /* Finishes op (status 0, or ESHUTDOWN once closing) on the loop's next iteration. */

@@ -86,7 +86,8 @@ def ask(port, slices, req_id=1):
 
 def test_inline_bytes():
     """Objects up to the threshold come back exact through the nodes' control ports (the nodes
-    count them), larger ones through the engines; nothing is refused."""
+    count them), larger ones through the engines; nothing is refused. A batch is read inline
+    only when it totals at most the threshold."""
     with harness.Cluster("store-inline-bytes") as c:
         st = Store(c, nodes=2)
         rnd = random.Random(23)
@@ -107,6 +108,16 @@ def test_inline_bytes():
 
         harness.wait_until(counted, timeout=20, what="the nodes' inline reads logged")
         assert all(inline_counts(n)[2] == 0 for n in st.nodes)
+        # a batch is read inline only when it totals at most the threshold (64 KiB)
+        for batch, inline in ((8, 2 * 8), (32, 0)):
+            p = subprocess.run([harness.binary("baton-store"), "bench", "--master", st.addr,
+                                "--kv-secret-file", st.secret, "--size", "4K", "--batch",
+                                str(batch), "--rounds", "1", "--reads", "2"],
+                               capture_output=True, text=True, timeout=120)
+            assert p.returncode == 0, p.stdout + p.stderr
+            summary = json.loads(p.stdout.splitlines()[-1])
+            assert summary["corrupted"] == 0 and summary["get_ok"] == 2 * batch, summary
+            assert summary["inline_reads"] == inline and summary["inline_fallbacks"] == 0, summary
 
 
 def test_inline_refused_falls_back():
