@@ -78,6 +78,14 @@ extern "C" {
  *   A client whose mode differs from its engine's is refused (BATON_XFER_EINVAL).
  * Callbacks never fire inside the call that started the operation: a call that returns an error
  * fires none; a call that returns 0 fires its callback exactly once, later.
+ * Inline reads (cfg.inline_max) BLOCK the thread that runs them for the round trip to the node
+ * (at most 200 ms per socket call, or request_timeout_ms when shorter, for a node that does not
+ * answer; a node that failed is left to the engines for a second): in loop mode the caller's
+ * loop thread; in own-progress mode the CALLING thread when the location cache places every
+ * object of the get (its completion is queued for dispatch at once: no hand-off to the client's
+ * thread and back), else the client's own thread. A thread holds an inline connection only
+ * while it reads (each node keeps up to 4 idle, shared by all threads) and reads into a buffer
+ * of its own call. A loop-mode get read wholly inline completes on the loop's next iteration.
  * Buffers: a put's sources must stay valid and unchanged, a get's destinations untouched, until
  * the operation's callback (the engine may read or write them until then). Keys are copied.
  * Results passed to a callback are valid only during the callback.

@@ -565,7 +565,7 @@ static int parse_size(const char *s, uint64_t *v)
 int baton__bench_main(int argc, char **argv);
 int baton__bench_meta_scale(uint64_t n);
 int baton__bench_own_progress(const char *master, const uint8_t *secret, size_t secret_len,
-                              uint64_t size, uint32_t batch);
+                              uint64_t size, uint32_t batch, int lat_n);
 
 int baton__bench_main(int argc, char **argv)
 {
@@ -682,7 +682,8 @@ int baton__bench_main(int argc, char **argv)
                    "--meta-objects N: the master's object table in this process with N objects "
                    "(no master needed): heap per object, exists/s on one core\n"
                    "--own-progress: one batch put, read back, checked, from a client and an "
-                   "engine without a loop (own-progress mode)\n"
+                   "engine without a loop (own-progress mode); with --latency N, N gets of one "
+                   "4 KiB object from the calling thread\n"
                    "--latency N: one object of --size read N times through the location cache "
                    "inline and N times through the engines (alternating), N times asking the "
                    "master, and N exists: p50 / p99 beside loopback TCP's round trip (one "
@@ -705,7 +706,8 @@ int baton__bench_main(int argc, char **argv)
         baton__store_read_secret(b.secret_file, b.secret, sizeof(b.secret), &b.secret_len) != 0)
         return 2;
     if (own_progress)
-        return baton__bench_own_progress(b.master, b.secret, b.secret_len, b.size, b.batch);
+        return baton__bench_own_progress(b.master, b.secret, b.secret_len, b.size, b.batch,
+                                         latency_n);
     b.loop = uv_default_loop();
     baton_xfer_config_t xc;
     baton_xfer_config_init(&xc);

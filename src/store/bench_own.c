@@ -1,8 +1,9 @@
 /* store/bench_own.c — `baton-store bench --own-progress`: the client API without a caller loop
  * (an engine and a client created with loop NULL): put, get (every byte compared), exists, remove
  * (answered, the objects being leased) from this thread and exists from a second one, every
- * callback run by polling the client's fd and calling baton_store_client_dispatch; then the
- * client's and the engine's orderly close. */
+ * callback run by polling the client's fd and calling baton_store_client_dispatch; with
+ * --latency N, N gets of one 4 KiB object from this thread (located: read inline on it), timed
+ * from the call to its callback; then the client's and the engine's orderly close. */
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +13,11 @@
 #include "baton/store.h"
 
 int baton__bench_own_progress(const char *master, const uint8_t *secret, size_t secret_len,
-                              uint64_t size, uint32_t batch);
+                              uint64_t size, uint32_t batch, int lat_n);
+void baton__client_inline_stats(const baton_store_client_t *cl, uint64_t *reads,
+                                uint64_t *fallbacks);
+
+#define SMALL 4096
 
 typedef struct {
     int done, status, ok;
@@ -92,8 +97,47 @@ static void other_thread(void *arg)
         o->thread_ok = -1;
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* n gets of one small object (put, then located by the first get), each timed from the call to
+ * its callback's dispatch; bytes compared. How many came back right; p50 / p99 in *p50, *p99. */
+static int small_gets(own_t *o, int fd, uint8_t *s, uint8_t *d, int n, double *p50, double *p99)
+{
+    char key[48];
+    snprintf(key, sizeof(key), "own-small-%d", (int)getpid());
+    baton_store_obj_t obj = {key, s, SMALL};
+    uint64_t *t = calloc((size_t)n + 1, sizeof(*t));
+    int ok = 0;
+    o->done = 0;
+    if (t == NULL || baton_store_put(o->cl, &obj, 1, NULL, on_batch, o) != 0 ||
+        wait_client(o->cl, fd, &o->done) != 0 || o->ok != 1) {
+        free(t);
+        return -1;
+    }
+    obj.addr = d;
+    for (int i = 0; i <= n; i++) { /* the first locates it */
+        memset(d, 0, SMALL);
+        o->done = 0;
+        uint64_t t0 = uv_hrtime();
+        if (baton_store_get(o->cl, &obj, 1, on_batch, o) != 0 ||
+            wait_client(o->cl, fd, &o->done) != 0)
+            break;
+        t[i] = uv_hrtime() - t0;
+        ok += i > 0 && o->ok == 1 && memcmp(s, d, SMALL) == 0;
+    }
+    qsort(t + 1, (size_t)n, sizeof(*t), cmp_u64);
+    *p50 = (double)t[1 + n / 2] / 1e3;
+    *p99 = (double)t[1 + (size_t)n * 99 / 100] / 1e3;
+    free(t);
+    return ok;
+}
+
 int baton__bench_own_progress(const char *master, const uint8_t *secret, size_t secret_len,
-                              uint64_t size, uint32_t batch)
+                              uint64_t size, uint32_t batch, int lat_n)
 {
     baton_xfer_config_t xc;
     baton_xfer_config_init(&xc);
@@ -144,6 +188,10 @@ int baton__bench_own_progress(const char *master, const uint8_t *secret, size_t 
         wait_client(o.cl, fd, &o.done) == 0)
         get_ok = o.ok;
     corrupted = memcmp(s, d, size * batch) != 0;
+    int small_ok = 0;
+    double p50 = 0, p99 = 0;
+    if (lat_n > 0 && size >= SMALL)
+        small_ok = small_gets(&o, fd, s, d, lat_n, &p50, &p99);
     /* a call from another thread, while this one dispatches */
     o.keys = keys;
     o.n = batch;
@@ -160,6 +208,8 @@ int baton__bench_own_progress(const char *master, const uint8_t *secret, size_t 
     if (baton_store_remove(o.cl, keys, batch, on_batch, &o) == 0 &&
         wait_client(o.cl, fd, &o.done) == 0 && o.status == 0)
         removed = o.ok;
+    uint64_t inl = 0, fell = 0;
+    baton__client_inline_stats(o.cl, &inl, &fell);
     baton_store_client_destroy(o.cl, on_closed, &o);
     int closed = wait_client(o.cl, fd, &o.closed) == 0;
     /* the client no longer dispatches the engine: this thread does, until it has closed */
@@ -173,14 +223,18 @@ int baton__bench_own_progress(const char *master, const uint8_t *secret, size_t 
     }
     printf("{\"own_progress\":true,\"objects\":%u,\"put_ok\":%d,\"get_ok\":%d,\"corrupted\":%d,"
            "\"other_thread_exists\":%d,\"exists_prefix\":%d,\"removed\":%d,\"closed\":%d,"
-           "\"engine_closed\":%d}\n",
+           "\"engine_closed\":%d,\"small_gets\":%d,\"small_gets_ok\":%d,"
+           "\"small_get_p50_us\":%.1f,\"small_get_p99_us\":%.1f,\"inline_reads\":%llu,"
+           "\"inline_fallbacks\":%llu}\n",
            batch, put_ok, get_ok, corrupted, o.thread_ok, exists_prefix, removed, closed,
-           o.eng_closed);
+           o.eng_closed, lat_n, small_ok, p50, p99, (unsigned long long)inl,
+           (unsigned long long)fell);
     fflush(stdout);
     free(kb);
     free(keys);
     free(objs);
     int good = put_ok == (int)batch && get_ok == (int)batch && !corrupted && o.thread_ok == 1 &&
-               exists_prefix == (int)batch && removed == 0 && closed && o.eng_closed;
+               exists_prefix == (int)batch && removed == 0 && closed && o.eng_closed &&
+               small_ok == (lat_n > 0 && size >= SMALL ? lat_n : 0);
     return good ? 0 : 1;
 }

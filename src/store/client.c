@@ -97,6 +97,8 @@ int baton_store_client_create(uv_loop_t *loop, const baton_store_config_t *cfg_i
     snprintf(cl->id, sizeof(cl->id), "%s", baton_xfer_engine_id(cfg.engine));
     cl->timeout_ms = cfg.request_timeout_ms ? cfg.request_timeout_ms : 5000;
     cl->inline_max = cfg.inline_max;
+    uv_mutex_init(&cl->loc_lock);
+    uv_mutex_init(&cl->inline_lock);
     cl->so.loop = loop;
     if (cfg.secret) {
         memcpy(cl->secret, cfg.secret, cfg.secret_len);
@@ -114,16 +116,22 @@ int baton_store_client_create(uv_loop_t *loop, const baton_store_config_t *cfg_i
         rc = baton__srpc_create(&cl->so, mhost, mport, BATON_STORE_ENOLEADER, &cl->master);
     if (rc == 0 && cl->resolver)
         baton__srpc_set_resolver(cl->master, cl->resolver);
+    if (rc == 0)
+        baton__srpc_mirror_epoch(cl->master, &cl->master_epoch);
     if (rc == 0 && cl->own)
         rc = baton__own_run(cl);
     if (rc != 0) {
-        if (cl->master)
+        if (cl->master) {
+            baton__srpc_mirror_epoch(cl->master, NULL); /* cl goes before the srpc closes */
             baton__srpc_destroy(cl->master);
+        }
         if (cl->resolver)
             baton__resolver_close(cl->resolver);
         if (cl->own)
             baton__own_abort(cl);
         baton__loc_free(cl);
+        uv_mutex_destroy(&cl->loc_lock);
+        uv_mutex_destroy(&cl->inline_lock);
         free(cl);
         return rc;
     }
@@ -135,6 +143,8 @@ void baton__client_free(baton_store_client_t *cl)
 {
     baton__loc_free(cl);
     baton__inline_free(cl);
+    uv_mutex_destroy(&cl->loc_lock);
+    uv_mutex_destroy(&cl->inline_lock);
     free(cl->nodes);
     free(cl);
 }

@@ -1,6 +1,7 @@
 /* store/client_cache.c — the store client's location cache: where an object it got or found lies,
  * kept with the lease that pins it there, so that a get within the lease reads straight from the
- * nodes without asking the master again. */
+ * nodes without asking the master again. The client's thread fills it; in own-progress mode the
+ * host's threads read it too (inline gets on the calling thread), hence the lock. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,16 +61,20 @@ void baton__loc_drop(baton_store_client_t *cl, const char *key)
 {
     if (cl->n_locs == 0)
         return;
+    loc_t *gone = NULL;
+    uv_mutex_lock(&cl->loc_lock);
     loc_t **s = slot(cl, key);
     if (*s && strcmp((*s)->key, key) == 0) {
-        loc_free(*s);
+        gone = *s;
         *s = NULL;
     }
+    uv_mutex_unlock(&cl->loc_lock);
+    loc_free(gone);
 }
 
 void baton__loc_put(baton_store_client_t *cl, const op_t *op, const oobj_t *o)
 {
-    uint64_t epoch = baton__srpc_epoch(cl->master);
+    uint64_t epoch = atomic_load(&cl->master_epoch);
     if (cl->n_locs == 0 || epoch == 0 || o->lease_ms == 0 || o->slices == NULL)
         return;
     size_t n = (size_t)o->n_replicas * o->n_slices;
@@ -100,22 +105,34 @@ void baton__loc_put(baton_store_client_t *cl, const op_t *op, const oobj_t *o)
         if (k == e->n_nodes)
             e->nodes[e->n_nodes++] = *nd;
     }
-    loc_t **s = slot(cl, o->key);
-    loc_free(*s);
+    uv_mutex_lock(&cl->loc_lock);
+    loc_t **s = slot(cl, o->key), *old = *s;
     *s = e;
+    uv_mutex_unlock(&cl->loc_lock);
+    loc_free(old);
 }
+
+static int take(baton_store_client_t *cl, oobj_t *o, uint64_t now_ms);
 
 int baton__loc_take(baton_store_client_t *cl, oobj_t *o, uint64_t now_ms)
 {
     if (cl->n_locs == 0)
         return -1;
+    uv_mutex_lock(&cl->loc_lock);
+    int rc = take(cl, o, now_ms);
+    uv_mutex_unlock(&cl->loc_lock);
+    return rc;
+}
+
+static int take(baton_store_client_t *cl, oobj_t *o, uint64_t now_ms)
+{
     const loc_t *e = *slot(cl, o->key);
     if (e == NULL || strcmp(e->key, o->key) != 0)
         return -1;
     /* Only while the lease outlives this read by far: a read that ends after it fails
      * (BATON_STORE_ELEASE), and the slowest read allowed takes the request time-out. */
     uint64_t margin = cl->timeout_ms > e->lease_ms / 2 ? cl->timeout_ms : e->lease_ms / 2;
-    if (e->epoch != baton__srpc_epoch(cl->master) ||
+    if (e->epoch != atomic_load(&cl->master_epoch) ||
         now_ms + margin >= e->lease_start_ms + e->lease_ms || e->len > o->len)
         return -1;
     size_t n = (size_t)e->n_replicas * e->n_slices;

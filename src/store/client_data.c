@@ -507,6 +507,10 @@ int baton_store_get(baton_store_client_t *cl, const baton_store_obj_t *objs, siz
     for (size_t i = 0; i < n; i++)
         if (objs[i].addr == NULL || objs[i].len == 0)
             return BATON_XFER_EINVAL;
+    /* Own-progress mode: a small get the location cache places is read here, on the calling
+     * thread (no hand-off to the client's thread and back); any other goes there. */
+    if (cl->own && !baton__own_here(cl) && baton__inline_get_here(cl, objs, n, cb, data) == 0)
+        return 0;
     if (cl->own && !baton__own_here(cl))
         return baton__own_post(cl, BATON__SP_GET, objs, NULL, n, NULL, cb, data);
     if (cl->closing)

@@ -1,5 +1,5 @@
 /* store/client_inline.c — the store client's inline reads: a small object's bytes asked of its node
- * over a blocking control connection the client's thread owns (NODE_READ, proto.h), without
+ * over a blocking control connection the calling thread holds (NODE_READ, proto.h), without
  * either side's libbaton engine; any failure leaves the read to the engine path. Also the
  * deferred completion of gets that finished inside the caller's call. */
 #include <errno.h>
@@ -23,22 +23,27 @@
 #define COMP "store"
 
 /*
- * Threads: every function here runs on the client's thread (the caller's loop thread in loop
- * mode, the client's own thread in own-progress mode), one call at a time, so the connections,
- * their buffer and the counters need no lock. That thread blocks in the read: one round trip to
- * the node, at most INLINE_WAIT_MS per socket call when the node does not answer (capped by
- * request_timeout_ms); a node that failed is then read through the engine path for
- * INLINE_BACKOFF_MS. One connection per node suffices: one read at a time is ever in flight.
+ * Threads: an inline read runs on the thread that called get — the loop's thread in loop mode;
+ * in own-progress mode any host thread (a get read wholly from the location cache) or the
+ * client's own thread (the rest) — and blocks it: one round trip to the node, at most
+ * INLINE_WAIT_MS per socket call when the node does not answer (capped by request_timeout_ms);
+ * a node that failed is then left to the engine path for INLINE_BACKOFF_MS.
+ * A connection belongs to one thread while it reads (taken from its node's idle list under
+ * cl->inline_lock, given back after); each node keeps at most INLINE_POOL idle. The frame buffer
+ * is the reading call's own. The nodes' list only grows (freed with the client), so a node
+ * stays valid without the lock; its idle list and back-off are read and written under it.
  */
 #define INLINE_WAIT_MS    200
 #define INLINE_BACKOFF_MS 1000
+#define INLINE_POOL       4
 #define REPLY_OVERHEAD    4096 /* a REPLY's body beyond its text (fixed fields, empty tables) */
 
 struct baton__inode_s {
+    struct baton__inode_s *next;
     char host[BATON__SP_HOST_MAX + 1];
     int port; /* the node's control port */
-    int fd;   /* -1: not connected */
-    uint32_t req_id;
+    int idle[INLINE_POOL];
+    int n_idle;
     uint64_t retry_ms; /* after a failure: the engine path until then */
 };
 
@@ -47,45 +52,65 @@ static uint32_t wait_ms(const baton_store_client_t *cl)
     return cl->timeout_ms < INLINE_WAIT_MS ? cl->timeout_ms : INLINE_WAIT_MS;
 }
 
-static void inode_drop(baton__inode_t *n)
-{
-    if (n->fd >= 0)
-        close(n->fd);
-    n->fd = -1;
-}
-
 void baton__inline_free(baton_store_client_t *cl)
 {
-    for (size_t i = 0; i < cl->n_inodes; i++)
-        inode_drop(&cl->inodes[i]);
-    free(cl->inodes);
-    cl->inodes = NULL;
-    cl->n_inodes = 0;
-    baton_buf_free(&cl->inline_buf);
+    while (cl->inodes) {
+        baton__inode_t *n = cl->inodes;
+        cl->inodes = n->next;
+        for (int i = 0; i < n->n_idle; i++)
+            close(n->idle[i]);
+        free(n);
+    }
 }
 
 static baton__inode_t *inode_get(baton_store_client_t *cl, const char *host, int port)
 {
-    for (size_t i = 0; i < cl->n_inodes; i++)
-        if (cl->inodes[i].port == port && strcmp(cl->inodes[i].host, host) == 0)
-            return &cl->inodes[i];
-    baton__inode_t *v = realloc(cl->inodes, (cl->n_inodes + 1) * sizeof(*v));
-    if (v == NULL)
-        return NULL;
-    cl->inodes = v;
-    baton__inode_t *n = &v[cl->n_inodes++];
-    memset(n, 0, sizeof(*n));
-    snprintf(n->host, sizeof(n->host), "%s", host);
-    n->port = port;
-    n->fd = -1;
+    uv_mutex_lock(&cl->inline_lock);
+    baton__inode_t *n = cl->inodes;
+    while (n && !(n->port == port && strcmp(n->host, host) == 0))
+        n = n->next;
+    if (n == NULL && (n = calloc(1, sizeof(*n))) != NULL) {
+        snprintf(n->host, sizeof(n->host), "%s", host);
+        n->port = port;
+        n->next = cl->inodes;
+        cl->inodes = n;
+    }
+    uv_mutex_unlock(&cl->inline_lock);
     return n;
+}
+
+/* An idle connection to n (-1: none), or -2 while n is left to the engines. */
+static int conn_take(baton_store_client_t *cl, baton__inode_t *n, uint64_t now)
+{
+    uv_mutex_lock(&cl->inline_lock);
+    int fd = n->retry_ms > now ? -2 : n->n_idle > 0 ? n->idle[--n->n_idle] : -1;
+    uv_mutex_unlock(&cl->inline_lock);
+    return fd;
+}
+
+static void conn_give(baton_store_client_t *cl, baton__inode_t *n, int fd)
+{
+    uv_mutex_lock(&cl->inline_lock);
+    if (n->n_idle < INLINE_POOL) {
+        n->idle[n->n_idle++] = fd;
+        fd = -1;
+    }
+    uv_mutex_unlock(&cl->inline_lock);
+    if (fd >= 0)
+        close(fd);
+}
+
+static void back_off(baton_store_client_t *cl, baton__inode_t *n)
+{
+    uv_mutex_lock(&cl->inline_lock);
+    n->retry_ms = baton_now_ms() + INLINE_BACKOFF_MS;
+    uv_mutex_unlock(&cl->inline_lock);
 }
 
 /* ---- blocking frames ---------------------------------------------------------------------- */
 
-static int send_msg(baton_store_client_t *cl, int fd, const baton__sp_msg_t *m)
+static int send_msg(baton_buf_t *b, int fd, const baton__sp_msg_t *m)
 {
-    baton_buf_t *b = &cl->inline_buf;
     b->len = 0;
     int rc = baton__sp_encode(b, m);
     for (size_t at = 0; rc == 0 && at < b->len;) {
@@ -98,10 +123,9 @@ static int send_msg(baton_store_client_t *cl, int fd, const baton__sp_msg_t *m)
 }
 
 /* Reads exactly one frame (the only one in flight) and decodes it into *m. */
-static int recv_msg(baton_store_client_t *cl, int fd, uint32_t max_body, uint64_t deadline_ms,
+static int recv_msg(baton_buf_t *b, int fd, uint32_t max_body, uint64_t deadline_ms,
                     baton__sp_msg_t *m)
 {
-    baton_buf_t *b = &cl->inline_buf;
     b->len = 0;
     size_t want = BATON__SP_HDR;
     int judged = 0;
@@ -123,7 +147,7 @@ static int recv_msg(baton_store_client_t *cl, int fd, uint32_t max_body, uint64_
 }
 
 /* The connector's side of the store handshake (sconn.c speaks the listener's). */
-static int handshake(baton_store_client_t *cl, int fd, uint64_t deadline_ms)
+static int handshake(baton_store_client_t *cl, baton_buf_t *b, int fd, uint64_t deadline_ms)
 {
     baton__sp_msg_t m, r;
     memset(&m, 0, sizeof(m));
@@ -133,9 +157,9 @@ static int handshake(baton_store_client_t *cl, int fd, uint64_t deadline_ms)
         return BATON_XFER_ENODEV;
     uint8_t my_nonce[BATON__SP_NONCE], want[BATON__SP_MAC];
     memcpy(my_nonce, m.nonce, sizeof(my_nonce));
-    int rc = send_msg(cl, fd, &m);
+    int rc = send_msg(b, fd, &m);
     if (rc == 0)
-        rc = recv_msg(cl, fd, 4096, deadline_ms, &r);
+        rc = recv_msg(b, fd, 4096, deadline_ms, &r);
     if (rc != 0)
         return rc;
     const char *lis_id = r.id[0] ? r.id : "-";
@@ -150,12 +174,13 @@ static int handshake(baton_store_client_t *cl, int fd, uint64_t deadline_ms)
         rc = baton__sconn_auth_mac(cl->so.secret, cl->so.secret_len, 0, cl->id, my_nonce, lis_id,
                                    r.nonce, m.mac);
     baton__sp_msg_free(&r);
-    return rc == 0 ? send_msg(cl, fd, &m) : rc;
+    return rc == 0 ? send_msg(b, fd, &m) : rc;
 }
 
 /* Connects within the deadline (a non-blocking connect), then blocking with SO_RCVTIMEO and
  * SO_SNDTIMEO: each read and write of the fast path is one system call. */
-static int inode_connect(baton_store_client_t *cl, baton__inode_t *n, uint64_t deadline_ms)
+static int conn_open(baton_store_client_t *cl, baton_buf_t *b, const baton__inode_t *n,
+                     uint64_t deadline_ms)
 {
     struct sockaddr_storage sa;
     socklen_t sl = sizeof(struct sockaddr_in);
@@ -191,101 +216,162 @@ static int inode_connect(baton_store_client_t *cl, baton__inode_t *n, uint64_t d
                     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0 || fl < 0 ||
                     fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0))
         rc = -1;
-    if (rc == 0 && cl->so.secret && handshake(cl, fd, deadline_ms) != 0)
+    if (rc == 0 && cl->so.secret && handshake(cl, b, fd, deadline_ms) != 0)
         rc = -1;
     if (rc != 0) {
         close(fd);
         return BATON_XFER_EPEERDOWN;
     }
-    n->fd = fd;
-    return 0;
+    return fd;
 }
 
 /* ---- the read ----------------------------------------------------------------------------- */
 
-/* One slice into dst over n's connection (made here when there is none). 0, or why not; a
- * failure closes the connection (nothing else may be left in it). */
-static int read_slice_inline(baton_store_client_t *cl, baton__inode_t *n, const baton__slice_t *sl,
-                             uint8_t *dst)
+/* One NODE_READ exchange on fd: 0 with the bytes in dst, the node's refusal (the connection
+ * stays usable), or why the connection is not (it must be closed). */
+static int exchange(baton_store_client_t *cl, baton_buf_t *b, int fd, const baton__slice_t *sl,
+                    uint8_t *dst, uint64_t deadline, int *usable)
 {
-    uint64_t deadline = baton_now_ms() + wait_ms(cl);
-    int rc = n->fd < 0 ? inode_connect(cl, n, deadline) : 0;
-    if (rc != 0)
-        return rc;
     baton__slice_t one = *sl;
     baton__sp_msg_t m, r;
     memset(&m, 0, sizeof(m));
     m.type = BATON__SP_NODE_READ;
-    m.req_id = ++n->req_id;
+    m.req_id = (uint32_t)atomic_fetch_add(&cl->inline_req, 1);
     m.n_slices = 1;
     m.slices = &one;
-    rc = send_msg(cl, n->fd, &m);
+    *usable = 0;
+    int rc = send_msg(b, fd, &m);
     if (rc == 0)
-        rc = recv_msg(cl, n->fd, cl->inline_max + REPLY_OVERHEAD, deadline, &r);
-    if (rc != 0) {
-        inode_drop(n);
+        rc = recv_msg(b, fd, cl->inline_max + REPLY_OVERHEAD, deadline, &r);
+    if (rc != 0)
         return rc;
-    }
-    if (r.type != BATON__SP_REPLY || r.req_id != m.req_id)
+    if (r.type != BATON__SP_REPLY || r.req_id != m.req_id) {
         rc = BATON_XFER_EPROTO;
-    else if (r.status != 0)
-        rc = r.status; /* refused (too big, a range outside the segment): the connection stays */
-    else if (r.text_len != sl->len)
+    } else if (r.status != 0) {
+        rc = r.status; /* refused (too big, a range outside the segment) */
+        *usable = 1;
+    } else if (r.text_len != sl->len) {
         rc = BATON_XFER_EPROTO;
-    else
+    } else {
         memcpy(dst, r.text, sl->len);
-    if (rc == BATON_XFER_EPROTO)
-        inode_drop(n);
+        *usable = 1;
+    }
     baton__sp_msg_free(&r);
     return rc;
 }
 
-int baton__inline_read(baton_store_client_t *cl, const op_t *op, oobj_t *o)
+/* One slice into dst from node n: over an idle connection, and when that one turns out to be
+ * closed by the node (it restarted), over a fresh one. */
+static int read_slice_inline(baton_store_client_t *cl, baton_buf_t *b, baton__inode_t *n,
+                             const baton__slice_t *sl, uint8_t *dst)
+{
+    uint64_t deadline = baton_now_ms() + wait_ms(cl);
+    int fd = conn_take(cl, n, baton_now_ms());
+    if (fd == -2)
+        return BATON_XFER_EPEERDOWN;
+    int rc = BATON_XFER_EPEERDOWN, usable = 0;
+    for (int fresh = fd < 0; fresh < 2; fresh++) {
+        if (fd < 0 && (fd = conn_open(cl, b, n, deadline)) < 0)
+            break;
+        rc = exchange(cl, b, fd, sl, dst, deadline, &usable);
+        if (usable || rc == BATON_XFER_ETIMEOUT)
+            break;
+        close(fd);
+        fd = -1;
+    }
+    if (fd >= 0 && usable)
+        conn_give(cl, n, fd);
+    else if (fd >= 0)
+        close(fd);
+    if (rc == BATON_XFER_ETOOBIG || rc == BATON_XFER_EPEERDOWN || rc == BATON_XFER_ETIMEOUT ||
+        rc == BATON_XFER_EPROTO)
+        back_off(cl, n);
+    if (rc != 0)
+        log_debug(COMP, "store_inline_read_failed node=%s:%d reason=\"%s\"", n->host, n->port,
+                  baton_store_strerror(rc));
+    return rc;
+}
+
+static int read_obj_inline(baton_store_client_t *cl, baton_buf_t *b, const op_t *op, oobj_t *o)
 {
     if (!op->small || cl->inline_max == 0 || o->obj_len == 0 || o->n_slices == 0)
         return -1;
-    uint64_t now = baton_now_ms();
     for (uint32_t s = 0; s < o->n_slices; s++) {
         int rc = -1;
         for (uint32_t rep = 0; rc != 0 && rep < o->n_replicas; rep++) {
             const baton__slice_t *sl = &o->slices[(size_t)rep * o->n_slices + s];
             const baton__sp_node_t *nd = baton__op_node(op, o, sl->node);
             baton__inode_t *n = nd ? inode_get(cl, nd->host, nd->ctrl_port) : NULL;
-            if (n == NULL || n->retry_ms > now)
-                continue;
-            uint8_t *dst = o->addr + baton__slice_obj_off(o, s);
-            int reused = n->fd >= 0;
-            rc = read_slice_inline(cl, n, sl, dst);
-            /* A kept connection may be one the node closed since (it restarted): a fresh one. */
-            if (rc != 0 && reused && n->fd < 0)
-                rc = read_slice_inline(cl, n, sl, dst);
-            if (rc == BATON_XFER_ETOOBIG || rc == BATON_XFER_EPEERDOWN ||
-                rc == BATON_XFER_ETIMEOUT || rc == BATON_XFER_EPROTO)
-                n->retry_ms = baton_now_ms() + INLINE_BACKOFF_MS;
-            if (rc != 0)
-                log_debug(COMP, "store_inline_read_failed node=%s:%d reason=\"%s\"", n->host,
-                          n->port, baton_store_strerror(rc));
+            if (n != NULL)
+                rc = read_slice_inline(cl, b, n, sl, o->addr + baton__slice_obj_off(o, s));
         }
         if (rc != 0) {
-            cl->inline_fallbacks++;
+            atomic_fetch_add(&cl->inline_fallbacks, 1);
             return -1;
         }
     }
     /* Bytes that are not the object's (evicted and reused, a node that restarted on the same
      * port): the engine path reads it again, and fails the same way if they really changed. */
     if (baton_store_crc32c(0, o->addr, o->obj_len) != o->crc) {
-        cl->inline_fallbacks++;
+        atomic_fetch_add(&cl->inline_fallbacks, 1);
         return -1;
     }
-    cl->inline_reads++;
+    atomic_fetch_add(&cl->inline_reads, 1);
     return 0;
+}
+
+int baton__inline_read(baton_store_client_t *cl, const op_t *op, oobj_t *o)
+{
+    baton_buf_t b = BATON_BUF_INIT;
+    int rc = read_obj_inline(cl, &b, op, o);
+    baton_buf_free(&b);
+    return rc;
+}
+
+int baton__inline_get_here(baton_store_client_t *cl, const baton_store_obj_t *objs, size_t n,
+                           baton_store_batch_cb cb, void *data)
+{
+    if (cl->inline_max == 0 || cl->n_locs == 0)
+        return -1;
+    op_t op; /* only what the reads look at: the client, small; the nodes are the objects' */
+    memset(&op, 0, sizeof(op));
+    op.cl = cl;
+    op.n = n;
+    op.o = calloc(n, sizeof(*op.o));
+    baton_store_result_t *res = calloc(n, sizeof(*res));
+    int rc = op.o && res ? baton__op_copy_keys(&op, NULL, objs) : -1;
+    uint64_t now = baton_now_ms(), total = 0;
+    size_t taken = 0;
+    while (rc == 0 && taken < n && baton__loc_take(cl, &op.o[taken], now) == 0)
+        total += op.o[taken++].obj_len;
+    op.small = taken == n && total <= cl->inline_max;
+    baton_buf_t b = BATON_BUF_INIT;
+    for (size_t i = 0; rc == 0 && op.small && i < n; i++) {
+        oobj_t *o = &op.o[i];
+        rc = read_obj_inline(cl, &b, &op, o);
+        /* the lease outlives the read, as for every get (the cache left room for it) */
+        if (rc == 0 && !baton__store_lease_ok(o->lease_start_ms, o->lease_ms, baton_now_ms()))
+            rc = -1;
+        if (rc == 0)
+            res[i] = (baton_store_result_t){0, o->obj_len, o->n_replicas};
+    }
+    baton_buf_free(&b);
+    if (rc == 0 && op.small)
+        rc = baton__own_complete(cl, res, n, n, cb, data);
+    else
+        rc = -1;
+    for (size_t i = 0; i < taken; i++)
+        baton__obj_reset(&op.o[i]);
+    free(op.o);
+    free(res);
+    return rc == 0 ? 0 : -1;
 }
 
 void baton__client_inline_stats(const baton_store_client_t *cl, uint64_t *reads,
                                 uint64_t *fallbacks)
 {
-    *reads = cl->inline_reads;
-    *fallbacks = cl->inline_fallbacks;
+    *reads = atomic_load(&cl->inline_reads);
+    *fallbacks = atomic_load(&cl->inline_fallbacks);
 }
 
 /* ---- finishing after the call ---------------------------------------------------------------

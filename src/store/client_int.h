@@ -34,12 +34,14 @@ struct baton_store_client_s {
     baton__own_t *own; /* own-progress mode: the client's thread and queues, else NULL */
     loc_t **locs;      /* the location cache: n_locs slots (a power of two), 0: off */
     uint32_t n_locs;
-    /* inline reads (client_inline.c): the client's thread owns all of these (no lock) */
-    uint32_t inline_max;    /* objects up to this many bytes are read inline (0: never) */
-    baton__inode_t *inodes; /* one blocking connection per node read inline */
-    size_t n_inodes;
-    baton_buf_t inline_buf; /* the frame being sent or received */
-    uint64_t inline_reads, inline_fallbacks;
+    uv_mutex_t loc_lock; /* the cache's entries (own-progress: the host's threads read them) */
+    atomic_uint_fast64_t master_epoch; /* baton__srpc_epoch(master), readable on any thread */
+    /* inline reads (client_inline.c), on whichever thread calls get (see store.h) */
+    uint32_t inline_max;    /* gets up to this many bytes are read inline (0: never) */
+    uv_mutex_t inline_lock; /* the nodes' list and their idle connections */
+    baton__inode_t *inodes; /* a node read inline: its idle connections, its back-off */
+    atomic_uint_fast64_t inline_reads, inline_fallbacks;
+    atomic_uint_fast32_t inline_req;
     op_t *later; /* gets finished inside the call, their callbacks next iteration */
     uv_idle_t *later_idle;
     size_t ops;
@@ -146,6 +148,14 @@ uint64_t baton__slice_obj_off(const oobj_t *o, uint32_t s);
  * read it; the buffer may hold anything meanwhile). */
 int baton__inline_read(baton_store_client_t *cl, const op_t *op, oobj_t *o);
 void baton__inline_free(baton_store_client_t *cl);
+/* Own-progress mode, on a host's thread: the get read wholly inline from the location cache on
+ * this thread, its completion queued for dispatch: 0; -1 when it could not be (nothing was
+ * queued: post the call to the client's thread). */
+int baton__inline_get_here(baton_store_client_t *cl, const baton_store_obj_t *objs, size_t n,
+                           baton_store_batch_cb cb, void *data);
+/* Queues a completion for the host's dispatch (own-progress mode, any thread). */
+int baton__own_complete(baton_store_client_t *cl, const baton_store_result_t *res, size_t n,
+                        size_t prefix, baton_store_batch_cb cb, void *data);
 /* Finishes op (status 0, or ESHUTDOWN once closing) on the loop's next iteration. */
 int baton__op_finish_later(op_t *op);
 void baton__later_close(baton_store_client_t *cl);

@@ -247,6 +247,37 @@ int baton__own_here(const baton_store_client_t *cl)
     return uv_thread_equal(&self, &cl->own->thread);
 }
 
+int baton__own_complete(baton_store_client_t *cl, const baton_store_result_t *res, size_t n,
+                        size_t prefix, baton_store_batch_cb cb, void *data)
+{
+    baton__own_t *o = cl->own;
+    ocall_t *c = calloc(1, sizeof(*c));
+    if (c == NULL || (c->res = malloc(n * sizeof(*res))) == NULL) {
+        free(c);
+        return BATON_XFER_ENOMEM;
+    }
+    memcpy(c->res, res, n * sizeof(*res));
+    c->cl_own = o;
+    c->type = BATON__SP_GET;
+    c->n = n;
+    c->prefix = prefix;
+    c->cb = cb;
+    c->data = data;
+    uv_mutex_lock(&o->lock);
+    int rc = o->destroying ? BATON_XFER_ESHUTDOWN : 0;
+    if (rc == 0) {
+        c->next = NULL;
+        *o->dones_tail = c;
+        o->dones_tail = &c->next;
+    }
+    uv_mutex_unlock(&o->lock);
+    if (rc != 0)
+        ocall_free(c);
+    else
+        signal_host(o);
+    return rc;
+}
+
 static int post(baton__own_t *o, ocall_t *c)
 {
     uv_mutex_lock(&o->lock);

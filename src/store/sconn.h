@@ -3,6 +3,7 @@
 #ifndef BATON_STORE_SCONN_H
 #define BATON_STORE_SCONN_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -84,6 +85,9 @@ int baton__srpc_call(baton__srpc_t *r, baton__sp_msg_t *m, uint32_t timeout_ms, 
 /* Identifies the connection now up (odd, changes whenever it goes down or another comes up), or 0
  * while none is: what a reply said about the peer's state holds at most as long as this stays. */
 uint64_t baton__srpc_epoch(const baton__srpc_t *r);
+/* Keeps *out equal to baton__srpc_epoch(r) (atomically: other threads may read it) until r is
+ * freed; its last value is 0. */
+void baton__srpc_mirror_epoch(baton__srpc_t *r, atomic_uint_fast64_t *out);
 /* Fails every pending call with BATON_XFER_ESHUTDOWN (their callbacks may run inside this call),
  * closes; freed once closed. */
 void baton__srpc_destroy(baton__srpc_t *r);

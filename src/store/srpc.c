@@ -1,6 +1,7 @@
 /* store/srpc.c — calls over one control connection: request ids, replies matched to them, a
  * deadline per call, and a fresh connection on the next call after a failure (so a client cut off
  * for a while recovers by itself). */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,8 +38,15 @@ struct baton__srpc_s {
     int destroyed;
     baton__resolver_t *resolver; /* the target is looked up before each connection */
     int resolving;
-    uint64_t epoch; /* counts connections up and down (baton__srpc_epoch) */
+    uint64_t epoch;               /* counts connections up and down (baton__srpc_epoch) */
+    atomic_uint_fast64_t *mirror; /* NULL, or where baton__srpc_epoch's value is also kept */
 };
+
+static void publish_epoch(baton__srpc_t *r)
+{
+    if (r->mirror)
+        atomic_store(r->mirror, baton__srpc_epoch(r));
+}
 
 /* Deep copy of the request (its arrays), kept until the connection is up. */
 static baton__sp_msg_t *msg_dup(const baton__sp_msg_t *m)
@@ -180,6 +188,7 @@ static void on_ready(baton__sconn_t *c, int status, void *data)
     (void)status;
     r->up = 1;
     r->epoch++;
+    publish_epoch(r);
     send_waiting(r);
 }
 
@@ -193,6 +202,7 @@ static void on_closed(baton__sconn_t *c, int status, void *data)
     r->conn = NULL;
     r->up = 0;
     r->epoch++;
+    publish_epoch(r);
     fail_all(r, r->destroyed ? BATON_XFER_ESHUTDOWN : r->down_status);
     if (r->destroyed) {
         report_failed(r);
@@ -264,6 +274,12 @@ static int open_conn(baton__srpc_t *r)
 uint64_t baton__srpc_epoch(const baton__srpc_t *r)
 {
     return r->up ? r->epoch : 0;
+}
+
+void baton__srpc_mirror_epoch(baton__srpc_t *r, atomic_uint_fast64_t *out)
+{
+    r->mirror = out;
+    publish_epoch(r);
 }
 
 void baton__srpc_set_resolver(baton__srpc_t *r, baton__resolver_t *resolver)

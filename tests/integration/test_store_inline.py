@@ -171,6 +171,22 @@ def test_inline_node_restarted():
         assert inline_counts(again)[0] > 0, again.tail(20)
 
 
+def test_inline_own_progress():
+    """Own-progress mode: a located 4 KiB object read 200 times from the calling thread (inline,
+    its completion through the client's fd and dispatch), every byte compared, beside the mode's
+    batch put / get / exists / remove and its orderly close."""
+    with harness.Cluster("store-inline-own") as c:
+        st = Store(c, nodes=2)
+        p = subprocess.run([harness.binary("baton-store"), "bench", "--master", st.addr,
+                            "--kv-secret-file", st.secret, "--size", "300K", "--batch", "4",
+                            "--own-progress", "--latency", "200"],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout + p.stderr
+        line = json.loads(p.stdout.splitlines()[-1])
+        assert line["small_gets_ok"] == 200 and line["corrupted"] == 0, line
+        assert line["inline_reads"] >= 200 and line["inline_fallbacks"] == 0, line
+
+
 def test_inline_hostile_and_slow():
     """NODE_READ on a node's control port (no secret here, so raw frames reach it): too large,
     out of range, no slice, too many slices get their error replies on a connection that stays;
@@ -235,5 +251,6 @@ if __name__ == "__main__":
     r.run(test_inline_bytes)
     r.run(test_inline_refused_falls_back)
     r.run(test_inline_node_restarted)
+    r.run(test_inline_own_progress)
     r.run(test_inline_hostile_and_slow)
     r.finish()
