@@ -172,6 +172,8 @@ void baton_store_client_destroy(baton_store_client_t *cl, baton_store_close_cb c
     cl->closing = 1;
     cl->close_cb = close_cb;
     cl->close_data = data;
+    baton__srpc_mirror_epoch(cl->master, NULL); /* the srpc may close after cl is freed */
+    atomic_store(&cl->master_epoch, 0);
     baton__srpc_destroy(cl->master);
     for (size_t i = 0; i < cl->n_nodes; i++)
         baton__srpc_destroy(cl->nodes[i].rpc);
