@@ -4,7 +4,6 @@
  * deferred completion of gets that finished inside the caller's call. */
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +114,8 @@ static int send_msg(baton_buf_t *b, int fd, const baton__sp_msg_t *m)
     int rc = baton__sp_encode(b, m);
     for (size_t at = 0; rc == 0 && at < b->len;) {
         ssize_t w = send(fd, b->data + at, b->len - at, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue; /* a signal on the calling thread */
         if (w <= 0)
             return BATON_XFER_EPEERDOWN; /* a send time-out (SO_SNDTIMEO) too */
         at += (size_t)w;
@@ -133,6 +134,8 @@ static int recv_msg(baton_buf_t *b, int fd, uint32_t max_body, uint64_t deadline
         if (baton_buf_reserve(b, want - b->len) != 0)
             return BATON_XFER_ENOMEM;
         ssize_t r = recv(fd, b->data + b->len, want - b->len, 0);
+        if (r < 0 && errno == EINTR && baton_now_ms() <= deadline_ms)
+            continue;
         if (r <= 0 || baton_now_ms() > deadline_ms)
             return r == 0 ? BATON_XFER_EPEERDOWN : BATON_XFER_ETIMEOUT;
         b->len += (size_t)r;
