@@ -153,7 +153,7 @@ def test_inline_node_restarted():
         harness.wait_until(lambda: st.stat().get("nodes") == 2, timeout=20, what="2 nodes")
         p = subprocess.Popen([harness.binary("baton-store"), "bench", "--master", st.addr,
                               "--kv-secret-file", st.secret, "--size", "4K", "--batch", "16",
-                              "--replicas", "2", "--rounds", "1", "--reads", "20",
+                              "--replicas", "2", "--rounds", "1", "--reads", "30",
                               "--read-interval-ms", "400"], stdout=subprocess.PIPE, text=True)
         harness.wait_until(lambda: any(inline_counts(n)[0] > 0 for n in nodes), timeout=20,
                            what="inline reads served")
@@ -164,7 +164,7 @@ def test_inline_node_restarted():
         assert p.returncode == 0, out
         summary = [json.loads(x) for x in out.splitlines() if x.startswith("{")][-1]
         assert summary["corrupted"] == 0 and summary["missing"] == 0, summary
-        assert summary["get_failed"] == 0 and summary["get_ok"] == 16 * 20, summary
+        assert summary["get_failed"] == 0 and summary["get_ok"] == 16 * 30, summary
         assert summary["inline_reads"] > 0 and summary["inline_fallbacks"] > 0, summary
         # the restarted node answered some of them: bytes the client's checksum refused
         again.stop()
