@@ -23,6 +23,11 @@ from harness import (Cluster, SkipTest, TestRunner, binary, get, post, request, 
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
 ROUTER_ARGS = ("--threads", "2", "--check-interval-ms", "0", "--max-retries", "2")
+# A router listens once its first read of etcd is applied, or after --registry-timeout-ms
+# (2 s) with what it has. Where a test asserts on a new router's very first answer, a loaded
+# host's slow read must not let it start empty: the wait is made long enough to be a bound only
+# (inside the harness's 20 s wait for the listen line).
+FIRST_READ = ("--registry-timeout-ms", "15000")
 
 
 def urls(r):
@@ -261,14 +266,15 @@ def test_lease_expiry_removes_killed_worker(etcd):
         w.kill()
         converge([a, b], lambda u: url(w.port) not in u, "lease expiry", timeout=15)
         assert etcd.keys(prefix + "/") == {}
-        # A clean stop revokes the lease at once.
-        p = c.worker("prefill", "--register", etcd.url(prefix), "--register-ttl", "30")
+        # A clean stop revokes the lease at once: the key goes long before its 60 s TTL would
+        # (the wait is a bound for a loaded host, well under the TTL).
+        p = c.worker("prefill", "--register", etcd.url(prefix), "--register-ttl", "60")
         converge([a, b], lambda u: url(p.port) in u, "prefill worker")
         got = get(a.port, "/workers").json()["workers"][0]
         assert got["worker_type"] == "prefill" and got["bootstrap_port"] == p.wait_port(
             "bootstrap"), got
         p.stop()
-        converge([a, b], lambda u: url(p.port) not in u, "revoked on SIGTERM", timeout=5)
+        converge([a, b], lambda u: url(p.port) not in u, "revoked on SIGTERM", timeout=30)
 
 
 def put_key(etcd, key, value):
@@ -300,7 +306,8 @@ def test_delete_self_registered_removes_for_all(etcd):
         wait_until(lambda: etcd.keys(prefix + "/") == {}, timeout=10,
                    what="the worker's own key deleted")
         converge([a, b], lambda u: url(w.port) not in u, "removed for every router")
-        late = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, name="router-late")
+        late = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, *FIRST_READ,
+                        name="router-late")
         assert url(w.port) not in urls(late)
 
 
@@ -332,7 +339,8 @@ def test_two_keys_one_url(etcd):
         converge(routers, lambda u: url(marker.port) in u, "marker after the delete")
         for r in routers:
             assert prio(r) == 1, (r.name, worker_entry(r, url(w.port)))
-        late = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, name="router-late")
+        late = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, *FIRST_READ,
+                        name="router-late")
         routers.append(late)
         assert prio(late) == 1
         del_key(etcd, k1)
@@ -354,7 +362,8 @@ def test_new_router_consistent_from_first_answer(etcd):
         wait_until(lambda: len(etcd.keys(prefix + "/")) == 2, what="both keys in etcd")
         want = {url(w.port) for w in ws}
         for i in range(3):
-            r = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, name=f"router-new{i}")
+            r = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, *FIRST_READ,
+                         name=f"router-new{i}")
             got = urls(r)  # the first request it answers
             assert want <= got, (r.name, got)
             assert readiness(r)["status"] == "ready"
@@ -381,6 +390,15 @@ def test_compacted_revision_resyncs():
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/v3/kv/range" and body.get("count_only"):
+                # the router's liveness read (every 2 s): answered, not counted, so a slow
+                # run that reads between the watches does not move the full reads' revisions
+                out = json.dumps({"header": {"revision": "30"}, "count": "1"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+                return
             calls.append((self.path, body))
             if self.path == "/v3/kv/range":
                 rev = 10 * len([c for c in calls if c[0] == "/v3/kv/range"])
