@@ -452,6 +452,82 @@ def test_compacted_revision_resyncs():
         srv.shutdown()
 
 
+def test_watch_checked_on_its_own_member():
+    """The liveness read is compared with the member the watch really is on, even when another
+    call moved the client to another member while the watch waited for "created" (a publish
+    that failed there, as on a loaded member). Two stand-ins for the gateway: F1 serves the
+    first read and the watch, refuses the publish (5xx), sends "created" only once F2 took the
+    publish, then goes quiet; F2 has a key F1's watch never delivers. The router must notice that
+    F1's watch is not checked by F2's answers and resync through F2."""
+    took_put = threading.Event()
+    stop = threading.Event()
+    other = json.dumps({"url": "http://127.0.0.1:19", "worker_type": "regular"})
+
+    def reply(h, obj):
+        out = json.dumps(obj).encode()
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(out)))
+        h.end_headers()
+        h.wfile.write(out)
+
+    def chunk(h, obj):
+        data = (json.dumps(obj) + "\n").encode()
+        h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        h.wfile.flush()
+
+    def handler(first):
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/v3/kv/range":
+                    kvs = [] if first or body.get("count_only") else [
+                        {"key": b64("/w/workers/other"), "value": b64(other),
+                         "mod_revision": "12"}]
+                    reply(self, {"header": {"revision": "12"}, "kvs": kvs, "count": "1"})
+                elif self.path == "/v3/kv/put" and first:
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                elif self.path == "/v3/kv/put":
+                    took_put.set()
+                    reply(self, {"header": {"revision": "11"}})
+                elif self.path == "/v3/watch":
+                    self.send_response(200)
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    if first:
+                        took_put.wait(20)
+                    chunk(self, {"result": {"header": {"revision": "12"}, "created": True}})
+                    stop.wait(30)  # then quiet: no event, no close
+                else:
+                    reply(self, {})
+        return H
+
+    servers = [FakeGateway(("127.0.0.1", 0), handler(first)) for first in (True, False)]
+    for srv in servers:
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    f1, f2 = (srv.server_address[1] for srv in servers)
+    try:
+        with Cluster("etcd-watch-ep") as c:
+            r = c.router("--registry", f"etcd://127.0.0.1:{f1},127.0.0.1:{f2}/w", *ROUTER_ARGS)
+            assert post(r.port, "/workers", {"url": "http://127.0.0.1:18"}).status == 202
+            assert took_put.wait(10), "the publish never reached F2"
+            r.wait_log(r"watch_created endpoint=127\.0\.0\.1:%d " % f1)
+            r.wait_log(r"watch_stale watch_endpoint=127\.0\.0\.1:%d answered_by=127\.0\.0\.1:%d"
+                       % (f1, f2), timeout=15)
+            wait_until(lambda: "http://127.0.0.1:19" in urls(r), timeout=15,
+                       what="the key only F2 has, read after the resync")
+    finally:
+        stop.set()
+        for srv in servers:
+            srv.shutdown()
+
+
 def token(e):
     t = e.call("/v3/auth/authenticate", {"name": "root", "password": "rootpw"})["token"]
     return {"Authorization": t}
@@ -558,6 +634,7 @@ def main():
         t.run(test_two_keys_one_url, etcd)
         t.run(test_new_router_consistent_from_first_answer, etcd)
     t.run(test_compacted_revision_resyncs)
+    t.run(test_watch_checked_on_its_own_member)
     t.run(test_auth_user_password)
     t.run(test_convergence_scenario_smoke)
     t.finish()

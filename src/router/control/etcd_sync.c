@@ -294,7 +294,9 @@ static void on_watch_msg(void *data, json_t *res)
         baton_gauge_set(s->m_workers, (double)baton_registry_size(s->reg));
     }
     if (json_is_true(json_object_get(res, "created"))) {
-        snprintf(s->watch_ep, sizeof(s->watch_ep), "%s", baton_etcd_endpoint(s->etcd));
+        /* The member this stream is on, which the liveness read is compared with: the
+         * client's current endpoint may be another one if a call failed over meanwhile. */
+        baton_etcd_watch_endpoint(s->watch, s->watch_ep, sizeof(s->watch_ep));
         s->uncreated = 0;
         log_info("etcd", "watch_created endpoint=%s revision=%lld", s->watch_ep,
                  (long long)s->revision);
