@@ -24,9 +24,10 @@ from harness import (Cluster, SkipTest, TestRunner, binary, get, post, request, 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
 ROUTER_ARGS = ("--threads", "2", "--check-interval-ms", "0", "--max-retries", "2")
 # A router listens once its first read of etcd is applied, or after --registry-timeout-ms
-# (2 s) with what it has. Where a test asserts on a new router's very first answer, a loaded
-# host's slow read must not let it start empty: the wait is made long enough to be a bound only
-# (inside the harness's 20 s wait for the listen line).
+# (2 s) with what it has; that time-out also ends each call, which then goes to the next
+# member. Where a test asserts on a new router's very first answer, or on the calls it makes, a
+# loaded host's slow read must not let it start empty or send the read twice: the wait is made
+# long enough to be a bound only (inside the harness's 20 s wait for the listen line).
 FIRST_READ = ("--registry-timeout-ms", "15000")
 
 
@@ -439,8 +440,9 @@ def test_compacted_revision_resyncs():
     th.start()
     try:
         with Cluster("etcd-compact") as c:
+            # (FIRST_READ: a stand-in slowed past 2 s must not see its read sent twice)
             r = c.router("--registry", f"etcd://127.0.0.1:{srv.server_address[1]}/fake",
-                         *ROUTER_ARGS)
+                         *ROUTER_ARGS, *FIRST_READ)
             r.wait_log(r"watch_canceled compact_revision=25", timeout=10)
             wait_until(lambda: len([x for x in calls if x[0] == "/v3/kv/range"]) >= 2,
                        timeout=10, what="a second full read after compaction")
@@ -518,7 +520,9 @@ def test_watch_checked_on_its_own_member():
     f1, f2 = (srv.server_address[1] for srv in servers)
     try:
         with Cluster("etcd-watch-ep") as c:
-            r = c.router("--registry", f"etcd://127.0.0.1:{f1},127.0.0.1:{f2}/w", *ROUTER_ARGS)
+            # (FIRST_READ: a slow first read must not fail over to F2 before the watch is on F1)
+            r = c.router("--registry", f"etcd://127.0.0.1:{f1},127.0.0.1:{f2}/w", *ROUTER_ARGS,
+                         *FIRST_READ)
             assert post(r.port, "/workers", {"url": "http://127.0.0.1:18"}).status == 202
             assert took_put.wait(10), "the publish never reached F2"
             r.wait_log(r"watch_created endpoint=127\.0\.0\.1:%d " % f1)
