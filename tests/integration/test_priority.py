@@ -1,5 +1,6 @@
-"""test_priority.py — priority classes end to end: a real router in front of a real baton-worker
-with one admission slot (and, for interactive, its one reserve slot), so queues form. An
+"""test_priority.py — priority classes end to end: a real router with one admission slot (and,
+for interactive, its one reserve slot) in front of a scripted worker that holds chosen requests
+until the test releases them, so queues form however slow the machine is. An
 interactive request takes the reserve slot at once, and a second one overtakes queued bulk ones;
 bulk is shed first when the queue fills; --priority-preempt sheds a queued bulk request for a
 default one; an API key's default class and the reserved system class; bad x-priority and body
@@ -11,7 +12,6 @@ import os
 import sys
 import tempfile
 import threading
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,22 +19,47 @@ from harness import Cluster, TestRunner, post, url, wait_until  # noqa: E402
 from router_upstream import Upstream  # noqa: E402
 from test_resilience import err_of, metrics, mval  # noqa: E402
 
-# Each request holds the one slot for 12 decode steps of 40 ms (about half a second): long
-# enough for the next ones to be queued behind it on a loaded machine, short enough to keep the
-# test quick. Nothing below depends on how long it really takes, only on the order.
-WORKER_ARGS = ("--decode-us-per-token", "40000", "--max-batch", "8")
 COMP = {"model": "m", "prompt": "hello there", "max_tokens": 12}
 ONE_SLOT = ("--threads", "1", "--max-concurrent-requests", "1", "--queue-timeout-ms", "60000",
             "--check-interval-ms", "0")
 
 
+class GatedWorker(Upstream):
+    """A worker whose requests are named by their prompt. A name passed to hold() is answered
+    only after release(name): it keeps its admission slot as long as the test needs, on any
+    machine. Every other request is answered at once. With one slot serving a queue, the order
+    in which requests reach the worker (arrived()) is the order the router admitted them."""
+
+    def __init__(self, *held):
+        self.gates = {name: threading.Event() for name in held}
+        super().__init__("gated", self._script)
+
+    def _script(self, req, io):
+        name = req.json().get("prompt")
+        gate = self.gates.get(name)
+        if gate is not None:
+            gate.wait(120)
+        io.respond(200, {"id": f"cmpl-{name}", "object": "text_completion",
+                         "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]})
+
+    def release(self, *names):
+        for name in names:
+            self.gates[name].set()
+
+    def arrived(self):
+        return [q.json().get("prompt") for q in self.requests]
+
+    def __exit__(self, exc_type, exc, tb):
+        self.release(*self.gates)  # a failed test must not leave a script thread waiting
+        return super().__exit__(exc_type, exc, tb)
+
+
 class Flight:
-    """Requests sent from threads; the order in which their answers came back."""
+    """Requests sent from threads, each named by its prompt; their answers by name."""
 
     def __init__(self, port):
         self.port = port
         self.res = {}
-        self.done = []
         self.lock = threading.Lock()
         self.threads = []
 
@@ -44,10 +69,10 @@ class Flight:
             hdrs["x-priority"] = prio
 
         def go():
-            r = post(self.port, "/v1/completions", body or COMP, headers=hdrs, timeout=120)
+            r = post(self.port, "/v1/completions", body or dict(COMP, prompt=name),
+                     headers=hdrs, timeout=150)
             with self.lock:
                 self.res[name] = r
-                self.done.append(name)
 
         t = threading.Thread(target=go)
         t.start()
@@ -55,8 +80,12 @@ class Flight:
 
     def join(self):
         for t in self.threads:
-            t.join(150)
+            t.join(160)
         assert not any(t.is_alive() for t in self.threads)
+
+    def answered(self, name):
+        wait_until(lambda: name in self.res, 30, what=f"{name} answered")
+        return self.res[name]
 
 
 def depth(port, prio):
@@ -76,9 +105,8 @@ def test_interactive_overtakes_bulk():
     """The one slot busy: an interactive request takes the reserve slot beyond the cap at once;
     with both busy, two bulk requests and then a second interactive one wait, and the
     interactive one is served before both older bulk requests."""
-    with Cluster("prio-order") as c:
-        w = c.worker("regular", *WORKER_ARGS)
-        r = c.router("--worker", url(w.port), *ONE_SLOT)
+    with GatedWorker("first", "inter0") as w, Cluster("prio-order") as c:
+        r = c.router("--worker", w.url, *ONE_SLOT)
         f = Flight(r.port)
         f.send("first")
         wait_active(r.port)
@@ -91,11 +119,12 @@ def test_interactive_overtakes_bulk():
         wait_depth(r.port, "bulk", 2)
         f.send("inter1", "interactive")
         wait_depth(r.port, "interactive", 1)
+        w.release("first", "inter0")  # from here the queue is served one at a time
         f.join()
         for name, res in f.res.items():
             assert res.status == 200, (name, res.status, res.text)
-        assert sorted(f.done[:2]) == ["first", "inter0"], f.done
-        assert f.done[2:] == ["inter1", "bulk1", "bulk2"], f.done
+        assert sorted(w.arrived()[:2]) == ["first", "inter0"], w.arrived()
+        assert w.arrived()[2:] == ["inter1", "bulk1", "bulk2"], w.arrived()
         ms = metrics(r.port)
         assert mval(ms, "baton_priority_admitted_total", priority="bulk") == 2
         assert mval(ms, "baton_priority_admitted_total", priority="interactive") == 2
@@ -111,9 +140,8 @@ def test_bulk_shed_first():
     (the cap's and interactive's reserve) the third bulk request is refused (429, Retry-After)
     while default and interactive still queue; then default is refused at 4 and interactive
     still gets the fifth place."""
-    with Cluster("prio-shed") as c:
-        w = c.worker("regular", *WORKER_ARGS)
-        r = c.router("--worker", url(w.port), *ONE_SLOT, "--queue-size", "4")
+    with GatedWorker("first", "inter0") as w, Cluster("prio-shed") as c:
+        r = c.router("--worker", w.url, *ONE_SLOT, "--queue-size", "4")
         f = Flight(r.port)
         f.send("first")
         wait_active(r.port)
@@ -133,10 +161,11 @@ def test_bulk_shed_first():
         wait_depth(r.port, "interactive", 1)
         err_of(post(r.port, "/v1/completions", COMP, headers={"x-priority": "interactive"}),
                429, "queue_full")
+        w.release("first", "inter0")
         f.join()
         assert all(x.status == 200 for x in f.res.values()), f.res
-        assert sorted(f.done[:2]) == ["first", "inter0"], f.done
-        assert f.done[2:] == ["inter1", "def0", "def1", "bulk0", "bulk1"], f.done
+        assert sorted(w.arrived()[:2]) == ["first", "inter0"], w.arrived()
+        assert w.arrived()[2:] == ["inter1", "def0", "def1", "bulk0", "bulk1"], w.arrived()
         ms = metrics(r.port)
         assert mval(ms, "baton_priority_shed_total", priority="bulk", reason="queue_full") == 1
         assert mval(ms, "baton_priority_shed_total", priority="default", reason="queue_full") == 1
@@ -149,9 +178,8 @@ def test_preemption_and_timeout():
     """--priority-preempt, --queue-size 2: a default request finding the queue full sheds the
     queued bulk one (429) and takes its place; a waiter past --queue-timeout-ms gets 408,
     counted for its class."""
-    with Cluster("prio-preempt") as c:
-        w = c.worker("regular", *WORKER_ARGS)
-        r = c.router("--worker", url(w.port), "--threads", "1", "--max-concurrent-requests",
+    with GatedWorker("first") as w, Cluster("prio-preempt") as c:
+        r = c.router("--worker", w.url, "--threads", "1", "--max-concurrent-requests",
                      "1", "--check-interval-ms", "0", "--queue-size", "2",
                      "--queue-timeout-ms", "60000", "--priority-preempt")
         f = Flight(r.port)
@@ -162,25 +190,26 @@ def test_preemption_and_timeout():
         f.send("def0")
         wait_depth(r.port, "default", 1)
         f.send("def1")  # the queue (2) is full for default: the bulk waiter goes
+        err_of(f.answered("bulk"), 429, "queue_full")
+        w.release("first")
         f.join()
-        err_of(f.res["bulk"], 429, "queue_full")
         assert f.res["bulk"].headers.get("retry-after") == "1"
-        assert [n for n in f.done if n != "bulk"] == ["first", "def0", "def1"], f.done
+        assert w.arrived() == ["first", "def0", "def1"], w.arrived()
         assert all(f.res[n].status == 200 for n in ("first", "def0", "def1"))
         ms = metrics(r.port)
         assert mval(ms, "baton_priority_shed_total", priority="bulk", reason="preempted") == 1
         assert mval(ms, "baton_priority_admitted_total", priority="bulk") == 0
 
-    with Cluster("prio-timeout") as c:
-        w = c.worker("regular", "--decode-us-per-token", "100000", "--max-batch", "8")
-        r = c.router("--worker", url(w.port), "--threads", "1", "--max-concurrent-requests",
+    with GatedWorker("first") as w, Cluster("prio-timeout") as c:
+        r = c.router("--worker", w.url, "--threads", "1", "--max-concurrent-requests",
                      "1", "--check-interval-ms", "0", "--queue-timeout-ms", "300")
         f = Flight(r.port)
-        f.send("first", body=dict(COMP, max_tokens=40))
+        f.send("first")
         wait_active(r.port)
         f.send("late", "bulk")
+        err_of(f.answered("late"), 408, "queue_timeout")
+        w.release("first")
         f.join()
-        err_of(f.res["late"], 408, "queue_timeout")
         assert f.res["first"].status == 200
         ms = metrics(r.port)
         assert mval(ms, "baton_priority_shed_total", priority="bulk",
@@ -192,13 +221,12 @@ def test_preemption_across_threads():
     whichever event loops the kernel gives their connections; every newcomer still finds its
     bulk victim (another loop sheds it when this one has none), so every bulk request gets 429
     and every default request is served."""
-    with Cluster("prio-preempt-mt") as c:
-        w = c.worker("regular", *WORKER_ARGS)
-        r = c.router("--worker", url(w.port), "--threads", "4", "--max-concurrent-requests",
+    with GatedWorker("first") as w, Cluster("prio-preempt-mt") as c:
+        r = c.router("--worker", w.url, "--threads", "4", "--max-concurrent-requests",
                      "1", "--check-interval-ms", "0", "--queue-size", "8",
                      "--queue-timeout-ms", "60000", "--priority-preempt")
         f = Flight(r.port)
-        f.send("first", body=dict(COMP, max_tokens=250))  # holds the slot ~10 s: queues form
+        f.send("first")  # holds the slot until released: queues form
         wait_active(r.port)
         for i in range(4):  # bulk may fill 4 of 8 places
             f.send(f"bulk{i}", "bulk")
@@ -206,9 +234,10 @@ def test_preemption_across_threads():
         for i in range(8):  # from the fifth on, each sheds a bulk waiter
             f.send(f"def{i}")
             wait_depth(r.port, "default", i + 1)
-        f.join()
         for i in range(4):
-            err_of(f.res[f"bulk{i}"], 429, "queue_full")
+            err_of(f.answered(f"bulk{i}"), 429, "queue_full")
+        w.release("first")
+        f.join()
         for n in ["first"] + [f"def{i}" for i in range(8)]:
             assert f.res[n].status == 200, (n, f.res[n].status, f.res[n].text)
         ms = metrics(r.port)
