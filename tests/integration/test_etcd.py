@@ -10,6 +10,7 @@ registry_convergence.py).
 import http.server
 import json
 import os
+import queue
 import signal
 import socketserver
 import sys
@@ -536,6 +537,118 @@ def test_watch_checked_on_its_own_member():
             srv.shutdown()
 
 
+def test_publish_answer_after_newer_events():
+    """etcd's answer to a router's own put or delete may reach it after watch events newer than
+    that change (another router acting at once, a loaded host): the answer must not undo what
+    those events applied. A stand-in gateway holds each answer until the router has applied the
+    newer events, then a last change shows whether the router's view of the keys is right."""
+    events = queue.Queue()
+    release = threading.Event()
+    hold = {"put": False, "txn": False}
+    stop = threading.Event()
+
+    def reply(h, obj):
+        out = json.dumps(obj).encode()
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(out)))
+        h.end_headers()
+        h.wfile.write(out)
+
+    def value(u, **kw):
+        return b64(json.dumps(dict({"url": u, "worker_type": "regular"}, **kw)))
+
+    def ev_put(key, val, rev):
+        return {"kv": {"key": key, "value": val, "mod_revision": str(rev)}}
+
+    def ev_del(key, rev):
+        return {"type": "DELETE", "kv": {"key": key, "mod_revision": str(rev)}}
+
+    def send(rev, *evs):
+        events.put({"result": {"header": {"revision": str(rev)}, "events": list(evs)}})
+
+    class H(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/v3/kv/range":
+                reply(self, {"header": {"revision": "10"}, "kvs": [], "count": "0"})
+            elif self.path == "/v3/watch":
+                self.send_response(200)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                events.put({"result": {"header": {"revision": "10"}, "created": True}})
+                while not stop.is_set():
+                    try:
+                        msg = events.get(timeout=0.1)
+                    except queue.Empty:
+                        continue
+                    data = (json.dumps(msg) + "\n").encode()
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+            elif self.path in ("/v3/kv/put", "/v3/kv/txn"):
+                op = self.path.rsplit("/", 1)[1]
+                if hold[op]:  # the scripted events go out first; the answer when released
+                    hold[op] = False
+                    hold["script"](body)
+                    release.wait(20)
+                    release.clear()
+                reply(self, {"header": {"revision": str(hold.get("rev", 10))}})
+            else:
+                reply(self, {})
+
+    srv = FakeGateway(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    u1, u2, self_key = "http://127.0.0.1:11", "http://127.0.0.1:12", b64("/p/workers/self")
+    try:
+        with Cluster("etcd-late-answer") as c:
+            r = c.router("--registry", f"etcd://127.0.0.1:{srv.server_address[1]}/p",
+                         *ROUTER_ARGS, *FIRST_READ)
+            r.wait_log(r"watch_created")
+
+            # A put answered after its own event and another router's delete of the key.
+            def put_then_deleted(body):
+                send(12, ev_put(body["key"], body["value"], 11), ev_del(body["key"], 12))
+                hold["rev"] = 11
+            hold["script"], hold["put"] = put_then_deleted, True
+            wid = post(r.port, "/workers", {"url": u1}).json()["id"]
+            r.wait_log(r"comp=etcd worker_removed id=%s" % wid)
+            release.set()
+            r.wait_log(r"published op=put id=%s" % wid)
+            # A worker's own key for the same URL comes and goes: nothing may bring it back.
+            send(15, ev_put(self_key, value(u1, priority=5), 13), ev_del(self_key, 14),
+                 ev_put(b64("/p/workers/m1"), value("http://127.0.0.1:13"), 15))
+            wait_until(lambda: "http://127.0.0.1:13" in urls(r), what="marker 1")
+            assert u1 not in urls(r), "a key deleted in etcd brought its worker back"
+
+            # A delete answered after its own event and another router's new put of the key.
+            hold["rev"] = 16
+            wid2 = post(r.port, "/workers", {"url": u2}).json()["id"]
+            key2 = b64(f"/p/workers/{wid2}")
+            send(16, ev_put(key2, value(u2), 16))
+            r.wait_log(r"published op=put id=%s" % wid2)
+
+            def deleted_then_put(body):
+                send(18, ev_del(key2, 17), ev_put(key2, value(u2), 18))
+                hold["rev"] = 17
+            hold["script"], hold["txn"] = deleted_then_put, True
+            assert request(r.port, "DELETE", f"/workers/{wid2}").status == 202
+            r.wait_log(r"comp=etcd worker_added id=%s" % wid2)
+            release.set()
+            r.wait_log(r"published op=delete id=%s" % wid2)
+            # That other router deletes it again: every router drops it.
+            send(20, ev_del(key2, 19), ev_put(b64("/p/workers/m2"), value("http://127.0.0.1:14"), 20))
+            wait_until(lambda: "http://127.0.0.1:14" in urls(r), what="marker 2")
+            assert u2 not in urls(r), "a worker whose only key was deleted stayed"
+    finally:
+        stop.set()
+        release.set()
+        srv.shutdown()
+
+
 def token(e):
     t = e.call("/v3/auth/authenticate", {"name": "root", "password": "rootpw"})["token"]
     return {"Authorization": t}
@@ -643,6 +756,7 @@ def main():
         t.run(test_new_router_consistent_from_first_answer, etcd)
     t.run(test_compacted_revision_resyncs)
     t.run(test_watch_checked_on_its_own_member)
+    t.run(test_publish_answer_after_newer_events)
     t.run(test_auth_user_password)
     t.run(test_convergence_scenario_smoke)
     t.finish()
