@@ -380,6 +380,49 @@ class FakeGateway(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
 
 
+class GatewayHandler(http.server.BaseHTTPRequestHandler):
+    """A stand-in for etcd's JSON gateway: a subclass's answer(path, body) serves each POST with
+    reply (one JSON object), refuse (a 5xx) or stream + chunk (a watch)."""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        self.answer(self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+
+    def reply(self, obj):
+        out = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def refuse(self):
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def stream(self):
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def chunk(self, obj):
+        data = (json.dumps(obj) + "\n").encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def end(self):
+        self.wfile.write(b"0\r\n\r\n")
+
+
+def serve_gateway(handler):
+    srv = FakeGateway(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
 def test_compacted_revision_resyncs():
     """A watch cancelled because its start revision was compacted → full read + new watch.
 
@@ -388,57 +431,34 @@ def test_compacted_revision_resyncs():
     """
     calls = []
 
-    class H(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *a):
-            pass
-
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            if self.path == "/v3/kv/range" and body.get("count_only"):
+    class H(GatewayHandler):
+        def answer(self, path, body):
+            if path == "/v3/kv/range" and body.get("count_only"):
                 # the router's liveness read (every 2 s): answered, not counted, so a slow
                 # run that reads between the watches does not move the full reads' revisions
-                out = json.dumps({"header": {"revision": "30"}, "count": "1"}).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
+                self.reply({"header": {"revision": "30"}, "count": "1"})
                 return
-            calls.append((self.path, body))
-            if self.path == "/v3/kv/range":
+            calls.append((path, body))
+            if path == "/v3/kv/range":
                 rev = 10 * len([c for c in calls if c[0] == "/v3/kv/range"])
                 value = json.dumps({"url": "http://127.0.0.1:9", "worker_type": "regular"})
-                out = json.dumps({"header": {"revision": str(rev)}, "kvs": [
+                self.reply({"header": {"revision": str(rev)}, "kvs": [
                     {"key": b64("/fake/workers/x"), "value": b64(value),
-                     "mod_revision": str(rev)}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
+                     "mod_revision": str(rev)}]})
                 return
             n_watch = len([c for c in calls if c[0] == "/v3/watch"])
-            self.send_response(200)
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-
-            def chunk(obj):
-                data = (json.dumps(obj) + "\n").encode()
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-                self.wfile.flush()
+            self.stream()
             if n_watch == 1:
-                chunk({"result": {"header": {"revision": "30"}, "created": True}})
-                chunk({"result": {"header": {"revision": "30"}, "canceled": True,
-                                  "compact_revision": "25"}})
-                self.wfile.write(b"0\r\n\r\n")
+                self.chunk({"result": {"header": {"revision": "30"}, "created": True}})
+                self.chunk({"result": {"header": {"revision": "30"}, "canceled": True,
+                                       "compact_revision": "25"}})
+                self.end()
                 return
-            chunk({"result": {"header": {"revision": "30"}, "created": True}})
+            self.chunk({"result": {"header": {"revision": "30"}, "created": True}})
             time.sleep(5)
-            self.wfile.write(b"0\r\n\r\n")
+            self.end()
 
-    srv = FakeGateway(("127.0.0.1", 0), H)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
+    srv = serve_gateway(H)
     try:
         with Cluster("etcd-compact") as c:
             # (FIRST_READ: a stand-in slowed past 2 s must not see its read sent twice)
@@ -470,54 +490,30 @@ def test_watch_checked_on_its_own_member():
     stop = threading.Event()
     other = json.dumps({"url": "http://127.0.0.1:19", "worker_type": "regular"})
 
-    def reply(h, obj):
-        out = json.dumps(obj).encode()
-        h.send_response(200)
-        h.send_header("Content-Length", str(len(out)))
-        h.end_headers()
-        h.wfile.write(out)
-
-    def chunk(h, obj):
-        data = (json.dumps(obj) + "\n").encode()
-        h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        h.wfile.flush()
-
     def handler(first):
-        class H(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                if self.path == "/v3/kv/range":
+        class H(GatewayHandler):
+            def answer(self, path, body):
+                if path == "/v3/kv/range":
                     kvs = [] if first or body.get("count_only") else [
                         {"key": b64("/w/workers/other"), "value": b64(other),
                          "mod_revision": "12"}]
-                    reply(self, {"header": {"revision": "12"}, "kvs": kvs, "count": "1"})
-                elif self.path == "/v3/kv/put" and first:
-                    self.send_response(503)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                elif self.path == "/v3/kv/put":
+                    self.reply({"header": {"revision": "12"}, "kvs": kvs, "count": "1"})
+                elif path == "/v3/kv/put" and first:
+                    self.refuse()
+                elif path == "/v3/kv/put":
                     took_put.set()
-                    reply(self, {"header": {"revision": "11"}})
-                elif self.path == "/v3/watch":
-                    self.send_response(200)
-                    self.send_header("Transfer-Encoding", "chunked")
-                    self.end_headers()
+                    self.reply({"header": {"revision": "11"}})
+                elif path == "/v3/watch":
+                    self.stream()
                     if first:
                         took_put.wait(20)
-                    chunk(self, {"result": {"header": {"revision": "12"}, "created": True}})
+                    self.chunk({"result": {"header": {"revision": "12"}, "created": True}})
                     stop.wait(30)  # then quiet: no event, no close
                 else:
-                    reply(self, {})
+                    self.reply({})
         return H
 
-    servers = [FakeGateway(("127.0.0.1", 0), handler(first)) for first in (True, False)]
-    for srv in servers:
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    servers = [serve_gateway(handler(first)) for first in (True, False)]
     f1, f2 = (srv.server_address[1] for srv in servers)
     try:
         with Cluster("etcd-watch-ep") as c:
@@ -547,13 +543,6 @@ def test_publish_answer_after_newer_events():
     hold = {"put": False, "txn": False}
     stop = threading.Event()
 
-    def reply(h, obj):
-        out = json.dumps(obj).encode()
-        h.send_response(200)
-        h.send_header("Content-Length", str(len(out)))
-        h.end_headers()
-        h.wfile.write(out)
-
     def value(u, **kw):
         return b64(json.dumps(dict({"url": u, "worker_type": "regular"}, **kw)))
 
@@ -566,42 +555,30 @@ def test_publish_answer_after_newer_events():
     def send(rev, *evs):
         events.put({"result": {"header": {"revision": str(rev)}, "events": list(evs)}})
 
-    class H(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *a):
-            pass
-
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            if self.path == "/v3/kv/range":
-                reply(self, {"header": {"revision": "10"}, "kvs": [], "count": "0"})
-            elif self.path == "/v3/watch":
-                self.send_response(200)
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
+    class H(GatewayHandler):
+        def answer(self, path, body):
+            if path == "/v3/kv/range":
+                self.reply({"header": {"revision": "10"}, "kvs": [], "count": "0"})
+            elif path == "/v3/watch":
+                self.stream()
                 events.put({"result": {"header": {"revision": "10"}, "created": True}})
                 while not stop.is_set():
                     try:
-                        msg = events.get(timeout=0.1)
+                        self.chunk(events.get(timeout=0.1))
                     except queue.Empty:
                         continue
-                    data = (json.dumps(msg) + "\n").encode()
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-                    self.wfile.flush()
-            elif self.path in ("/v3/kv/put", "/v3/kv/txn"):
-                op = self.path.rsplit("/", 1)[1]
+            elif path in ("/v3/kv/put", "/v3/kv/txn"):
+                op = path.rsplit("/", 1)[1]
                 if hold[op]:  # the scripted events go out first; the answer when released
                     hold[op] = False
                     hold["script"](body)
                     release.wait(20)
                     release.clear()
-                reply(self, {"header": {"revision": str(hold.get("rev", 10))}})
+                self.reply({"header": {"revision": str(hold.get("rev", 10))}})
             else:
-                reply(self, {})
+                self.reply({})
 
-    srv = FakeGateway(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv = serve_gateway(H)
     u1, u2, self_key = "http://127.0.0.1:11", "http://127.0.0.1:12", b64("/p/workers/self")
     try:
         with Cluster("etcd-late-answer") as c:
@@ -640,7 +617,8 @@ def test_publish_answer_after_newer_events():
             release.set()
             r.wait_log(r"published op=delete id=%s" % wid2)
             # That other router deletes it again: every router drops it.
-            send(20, ev_del(key2, 19), ev_put(b64("/p/workers/m2"), value("http://127.0.0.1:14"), 20))
+            send(20, ev_del(key2, 19),
+                 ev_put(b64("/p/workers/m2"), value("http://127.0.0.1:14"), 20))
             wait_until(lambda: "http://127.0.0.1:14" in urls(r), what="marker 2")
             assert u2 not in urls(r), "a worker whose only key was deleted stayed"
     finally:
