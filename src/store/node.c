@@ -19,6 +19,11 @@
 #define HEARTBEAT_MS       500
 #define CLIENT_PEERS_MAX   1024 /* default --max-client-peers */
 #define PEERS_LOG_EVERY_MS 5000
+/* Default --write-timeout-ms: the master's put timeout. A put older than that may be taken over
+ * and its space is reclaimed 10 min later, so a pull bounded by it never lands in space another
+ * object holds; and a client whose engine keeps a pull without answering it (its export gone,
+ * its room callback holding the room) cannot hold a write, and its answer, for ever. */
+#define WRITE_TIMEOUT_MS 30000
 
 /* A client engine this node pulled puts from (its libbaton listener host:port): the node's engine
  * keeps a peer for it while the client's control connections to this node live (conns), and
@@ -40,6 +45,8 @@ typedef struct pwrite_s {
     baton__sconn_t *conn; /* NULL once the client's connection closed */
     uint32_t req_id;
     uint64_t key;
+    char host[BATON__SP_HOST_MAX + 1]; /* the client engine it pulls from */
+    int port;
 } pwrite_t;
 
 typedef struct node_s {
@@ -226,6 +233,9 @@ static void on_pulled(void *data, uint64_t room_id, int status, const baton_xfer
         }
     if (status == 0)
         nd->writes_done++;
+    else
+        log_warn_limited(COMP, "node_write_failed", "node_write_failed peer=%s:%d err=%s", w->host,
+                         w->port, baton_store_strerror(status));
     reply(w->conn, w->req_id, status);
     free(w);
 }
@@ -260,6 +270,8 @@ static void do_write(node_t *nd, baton__sconn_t *c, const baton__sp_msg_t *m)
     w->conn = c;
     w->req_id = m->req_id;
     w->key = m->export_key;
+    snprintf(w->host, sizeof(w->host), "%s", m->host);
+    w->port = m->xfer_port;
     cpeer_use(nd, c, m->host, m->xfer_port);
     int rc = baton_xfer_pull(nd->eng, m->host, m->xfer_port, &offer, on_pulled, w);
     free(pages);
@@ -398,6 +410,7 @@ static void usage(FILE *f)
                "  --transport tcp|shm|rdma     libbaton transport (tcp)\n"
                "  --id ID                      node id (hostname-pid)\n"
                "  --max-client-peers N         client engines kept connected at once (1024)\n"
+               "  --write-timeout-ms N         a put's pull into the segment fails after (30000)\n"
                "  --no-prefault                leave the segment's pages to the first puts\n"
                "  --kv-secret-file F           shared secret (control and data channels)\n");
 }
@@ -436,6 +449,7 @@ int baton__node_main(int argc, char **argv)
         {"transport", required_argument, NULL, 't'},
         {"id", required_argument, NULL, 'i'},
         {"max-client-peers", required_argument, NULL, 'P'},
+        {"write-timeout-ms", required_argument, NULL, 'W'},
         {"no-prefault", no_argument, NULL, 'F'},
         {"kv-secret-file", required_argument, NULL, 'k'},
         {"help", no_argument, NULL, 'h'},
@@ -450,6 +464,7 @@ int baton__node_main(int argc, char **argv)
     const char *secret_file = NULL, *registry = NULL;
     int ctrl_port = 0;
     int no_prefault = 0;
+    uint32_t write_timeout_ms = WRITE_TIMEOUT_MS;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -504,6 +519,16 @@ int baton__node_main(int argc, char **argv)
             nd.max_cpeers = (uint32_t)v;
             break;
         }
+        case 'W': {
+            char *end;
+            unsigned long v = strtoul(optarg, &end, 10);
+            if (*optarg == '\0' || *optarg == '-' || *end != '\0' || v == 0 || v > 3600000) {
+                fprintf(stderr, "baton-store node: bad --write-timeout-ms '%s'\n", optarg);
+                return 2;
+            }
+            write_timeout_ms = (uint32_t)v;
+            break;
+        }
         case 'k':
             secret_file = optarg;
             break;
@@ -544,6 +569,9 @@ int baton__node_main(int argc, char **argv)
     xc.listen_port = 0;
     xc.transports[0] = nd.transport;
     xc.n_transports = 1;
+    /* The node's engine offers rooms only to pull puts (gets are served): every write is bounded;
+     * a timed-out pull is aborted and reported once no byte of it can still land. */
+    xc.room_timeout_ms = write_timeout_ms;
     if (nd.secret_len) {
         xc.secret = nd.secret;
         xc.secret_len = nd.secret_len;
@@ -595,9 +623,10 @@ int baton__node_main(int argc, char **argv)
     log_info(COMP, "node_listening addr=%s:%d", nd.host, nd.ctrl_port);
     log_info(COMP,
              "node_started id=%s host=%s xfer_port=%d ctrl_port=%d segment_bytes=%llu "
-             "transport=%s",
+             "transport=%s write_timeout_ms=%u",
              nd.id, nd.host, baton_xfer_engine_listen_port(nd.eng), nd.ctrl_port,
-             (unsigned long long)nd.seg_bytes, baton_xfer_transport_name(nd.transport));
+             (unsigned long long)nd.seg_bytes, baton_xfer_transport_name(nd.transport),
+             (unsigned)write_timeout_ms);
     uv_timer_init(nd.loop, &nd.hb);
     nd.hb.data = &nd;
     uv_timer_start(&nd.hb, on_hb, 0, HEARTBEAT_MS);

@@ -56,6 +56,12 @@ static void metrics_init(wk_tier_t *t)
     f = baton_metrics_counter(m, "baton_worker_tier_store_errors_total",
                               "Store batches (exists, get, put) that failed as a whole.", 0, NULL);
     t->m_store_err = baton_metric_child(f, NULL);
+    f = baton_metrics_counter(m, "baton_worker_tier_l3_present_bytes_total",
+                              "KV bytes a write to L3 did not send: the store held them already "
+                              "(exists before put) or another writer was putting them. Counted "
+                              "when the write ends, beside the l3 written bytes.",
+                              0, NULL);
+    t->m_l3_present = baton_metric_child(f, NULL);
     f = baton_metrics_counter(m, "baton_worker_tier_loaded_pages_total",
                               "Prefill: L2 pages (hits and L3 fetches) copied into a request's KV "
                               "pages instead of filled from the definition.",
@@ -132,6 +138,9 @@ typedef struct {
     unsigned inflight;
     int32_t *slots; /* n */
     int writeback;  /* dirty pages evicted from L2: cleaned when done */
+    /* Bytes the store held already or another writer was putting (a decode's offload writes the
+     * prompt pages its prefill writes too): not sent, yet in L3, so counted when the op ends. */
+    uint64_t present;
     char *name_buf;
     const char **names; /* 2n */
     baton_store_obj_t *objs;
@@ -148,6 +157,7 @@ static void put_op_release(put_op_t *op)
     if (op->inflight)
         return;
     wk_tier_t *t = op->t;
+    baton_counter_add(t->m_l3_present, (double)op->present);
     for (uint32_t i = 0; i < op->n; i++) {
         if (op->writeback)
             wk_l2_clean(t->l2, op->slots[i]);
@@ -175,9 +185,12 @@ static void on_put(void *data, int status, const baton_store_result_t *res, size
         log_warn_limited(COMP, "tier_put_failed", "tier_put_failed err=%s",
                          baton_store_strerror(status));
     } else {
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < n; i++) {
             if (res[i].status == 0)
                 baton_counter_add(t->m_written[2], (double)res[i].len);
+            else if (res[i].status == BATON_XFER_EEXIST) /* committed or being put meanwhile */
+                op->present += t->half;
+        }
     }
     put_op_release(op);
 }
@@ -201,8 +214,10 @@ static void on_put_exists(void *data, int status, const baton_store_result_t *re
     /* exists before put: only the objects the store does not hold yet */
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
-        if (res[i].status == 0)
+        if (res[i].status == 0) {
+            op->present += t->half;
             continue;
+        }
         uint32_t page = (uint32_t)(i / 2);
         uint8_t *base = wk_l2_addr(t->l2, op->slots[page]);
         op->objs[m].key = op->names[i];
@@ -217,6 +232,8 @@ static void on_put_exists(void *data, int status, const baton_store_result_t *re
     po.blocks = op->put_blk;
     if (m > 0 && baton_store_put(t->sc, op->objs, m, &po, on_put, op) == 0)
         op->inflight++;
+    else if (m > 0)
+        baton_counter_add(t->m_store_err, 1);
     put_op_release(op);
 }
 

@@ -39,6 +39,7 @@ struct wk_tier_s {
     baton_metric_child_t *m_work_bytes[3][2], *m_work_secs[3][2];
     baton_metric_child_t *m_joined; /* tokens found in L2 after waiting for another's copy */
     baton_metric_child_t *m_pf_timeouts, *m_corrupt, *m_store_err, *m_l2_pages, *m_loaded;
+    baton_metric_child_t *m_l3_present; /* bytes an L3 write found held or being put already */
 };
 
 /* Names of the K and V objects of n pages: names[2i], names[2i+1], in buf (2n × name_cap). */

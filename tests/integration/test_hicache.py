@@ -112,9 +112,12 @@ def test_write_policies():
         wait_until(lambda: metric(w.port, "baton_worker_tier_written_bytes_total",
                                   {"tier": "l3"}) == 25 * PAGE_BYTES, timeout=20,
                    what="selective pages in the store after their second use")
-        # exists before put: the same pages again write nothing more to the store
+        # exists before put: the same pages again write nothing more to the store; the write
+        # ends, finding every page there
+        assert metric(w.port, "baton_worker_tier_l3_present_bytes_total") == 0
         generate(w.port, t)
-        time.sleep(0.3)
+        wait_until(lambda: metric(w.port, "baton_worker_tier_l3_present_bytes_total") ==
+                   25 * PAGE_BYTES, timeout=20, what="the third use's pages found in the store")
         assert metric(w.port, "baton_worker_tier_written_bytes_total",
                       {"tier": "l3"}) == 25 * PAGE_BYTES
         # write_back: L2 (32 pages) at once, L3 only for what L2 evicts

@@ -440,6 +440,29 @@ def test_node_peer_bound():
         harness.wait_until(forgot_live_ones, timeout=20, what="clients forgotten past the bound")
 
 
+def test_node_write_bounded():
+    """A put's pull is bounded on the node (--write-timeout-ms): a client that asks the node to
+    write a slice and then holds the node's pull without answering it (its export gone, its room
+    callback keeping the room; tests/unit/store/store_hold_client.c) gets the node's answer, a
+    time-out, instead of a write that never ends while the client lives; the node aborts the pull
+    (the client sees its room end), logs the failed write and goes on serving puts and gets."""
+    hold = os.path.join(harness.BUILD_DIR, "tests", "unit", "store", "store_hold_client")
+    with harness.Cluster("store-write-bound") as c:
+        st = Store(c, nodes=1, node_args=("--write-timeout-ms", "500"))
+        node = st.nodes[0]
+        # its own deadline far above the node's bound: "no_reply" means the write never ended
+        p = subprocess.run([hold, f"{HOST}:{node.wait_port('node')}", st.secret, "60000"],
+                           capture_output=True, text=True, timeout=90)
+        assert p.returncode == 0, p.stderr
+        assert "held_room n=1" in p.stderr, p.stderr  # the pull reached it and was held
+        assert p.stdout.strip() == "reply status=BATON_XFER_ETIMEOUT", (p.stdout, p.stderr)
+        assert "room_closed status=BATON_XFER_EABORTED" in p.stderr, p.stderr
+        node.wait_log(r"node_write_failed peer=127\.0\.0\.1:\d+ err=timed out")
+        data = os.urandom(5000)
+        assert st.put("after", data)[0] == 0
+        assert st.get("after")[1] == data
+
+
 def test_metrics_promtool():
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -468,5 +491,6 @@ if __name__ == "__main__":
     r.run(test_node_forgets_clients)
     r.run(test_own_progress)
     r.run(test_node_peer_bound)
+    r.run(test_node_write_bounded)
     r.run(test_metrics_promtool)
     r.finish()
