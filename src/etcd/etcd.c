@@ -573,6 +573,12 @@ int baton_etcd_watch(baton_etcd_watch_t **w_p, baton_etcd_t *e, const char *key,
     return 0;
 }
 
+void baton_etcd_watch_endpoint(const baton_etcd_watch_t *w, char *out, size_t outlen)
+{
+    const call_t *c = &w->call;
+    snprintf(out, outlen, "%s:%d", c->e->url.host[c->ep], c->e->url.port[c->ep]);
+}
+
 void baton_etcd_watch_cancel(baton_etcd_watch_t *w)
 {
     call_t *c = &w->call;

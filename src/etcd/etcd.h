@@ -95,6 +95,10 @@ int baton_etcd_watch(baton_etcd_watch_t **w_p, baton_etcd_t *etcd, const char *k
                      baton_etcd_cb on_end, void *data);
 void baton_etcd_watch_cancel(baton_etcd_watch_t *w);
 
+/* "host:port" of the endpoint the watch's stream is on, written to out. Its own endpoint, not
+ * the client's current one: another call's fail-over may have moved the client since. */
+void baton_etcd_watch_endpoint(const baton_etcd_watch_t *w, char *out, size_t outlen);
+
 /* ---- helpers for request bodies and results ---- */
 
 /* A JSON string holding base64(s[0..len)), or NULL on ENOMEM. */

@@ -135,8 +135,10 @@ class EtcdCluster:
         scheme = "etcds://" if self.tls else "etcd://"
         return scheme + ",".join(m.endpoint for m in order) + prefix
 
-    def call(self, api, body, member=None, timeout=3.0, headers=None):
-        """One JSON-gateway call to a live member (the first that answers)."""
+    def call(self, api, body, member=None, timeout=10.0, headers=None):
+        """One JSON-gateway call to a live member (the first that answers). The time-out is a
+        bound, not a speed check: a loaded host's member may take seconds to commit a write, and
+        one tried again on the next member after a time-out may already have been applied."""
         last = None
         for m in ([member] if member else self.members):
             if not m.alive():

@@ -162,24 +162,40 @@ def test_admin_routes():
 
 
 def test_rate_limit():
+    # A token every 100 s: the burst is spent and stays spent however slowly the requests
+    # below are served (a fast rate would let a slow run earn a token between them).
     with Upstream("regular") as w, Cluster("auth-rate") as c:
         r = c.router("--worker", w.url, "--api-key", "a", "--api-key", "b", "--rate-limit",
-                     "0.5:3", *QUIET)
+                     "0.01:3", *QUIET)
+        t0 = time.monotonic()
         codes = [post(r.port, "/generate", GEN, headers=bearer("a")).status for _ in range(3)]
         assert codes == [200] * 3, codes
         res = post(r.port, "/generate", GEN, headers=bearer("a"))
+        elapsed = time.monotonic() - t0
         assert res.status == 429, (res.status, res.text)
         err = res.json()["error"]
         assert err["code"] == "rate_limit_exceeded" and err["type"] == "rate_limit_error", err
+        # 0.01/s: the next token is 100 s after the first request, less the time gone since
         retry = int(res.headers["retry-after"])
-        assert 1 <= retry <= 2, res.headers  # 0.5/s: a token in at most 2 s
+        assert 100 - elapsed <= retry <= 100, (res.headers, elapsed)
         n_before = len(w.requests)
         assert post(r.port, "/generate", GEN, headers=bearer("a")).status == 429
         assert len(w.requests) == n_before, "a rate-limited request reached the worker"
         # another key has its own bucket; health is never limited
         assert post(r.port, "/generate", GEN, headers=bearer("b")).status == 200
         assert all(get(r.port, "/health").status == 200 for _ in range(10))
-        # the bucket refills: after Retry-After the key is served again
+        r.kill()
+
+        # The bucket refills: after Retry-After the key is served again. One token, one every
+        # 2 s: requests until one is refused (a slow host may serve a few first), then the wait.
+        r = c.router("--worker", w.url, "--api-key", "a", "--rate-limit", "0.5:1", *QUIET)
+        for _ in range(10):
+            res = post(r.port, "/generate", GEN, headers=bearer("a"))
+            if res.status != 200:
+                break
+        assert res.status == 429, (res.status, res.text)
+        retry = int(res.headers["retry-after"])
+        assert 1 <= retry <= 2, res.headers  # 0.5/s: a token in at most 2 s
         time.sleep(retry + 0.2)
         assert post(r.port, "/generate", GEN, headers=bearer("a")).status == 200
 

@@ -10,6 +10,7 @@ registry_convergence.py).
 import http.server
 import json
 import os
+import queue
 import signal
 import socketserver
 import sys
@@ -23,6 +24,12 @@ from harness import (Cluster, SkipTest, TestRunner, binary, get, post, request, 
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
 ROUTER_ARGS = ("--threads", "2", "--check-interval-ms", "0", "--max-retries", "2")
+# A router listens once its first read of etcd is applied, or after --registry-timeout-ms
+# (2 s) with what it has; that time-out also ends each call, which then goes to the next
+# member. Where a test asserts on a new router's very first answer, or on the calls it makes, a
+# loaded host's slow read must not let it start empty or send the read twice: the wait is made
+# long enough to be a bound only (inside the harness's 20 s wait for the listen line).
+FIRST_READ = ("--registry-timeout-ms", "15000")
 
 
 def urls(r):
@@ -166,7 +173,9 @@ def test_kill_leader_under_load(etcd):
         assert not load.failed, load.failed[:5]
         for r in (a, b):
             r.wait_log(r"watch_ended err=")  # the watch on the dead leader broke and resynced
-            assert metric(r, "baton_registry_etcd_resyncs_total") >= 2
+            # (B's resync follows its own publication, which A converging on does not wait for)
+            wait_until(lambda: metric(r, "baton_registry_etcd_resyncs_total") >= 2,
+                       what=f"{r.name} resynced after the leader died")
         assert load.ok > 0
         print(f"  {load.ok} requests, none failed", flush=True)
         etcd.start(leader)  # back for the next tests
@@ -225,9 +234,11 @@ def test_all_members_down_keep_serving_then_resync(etcd):
             etcd.start(m)
         etcd.wait_leader(timeout=60)
         for r in (a, b):
-            wait_until(lambda: readiness_registry(r).get("connected") is True, timeout=30,
+            # /readiness and the gauge in one wait: a watch that breaks again right after the
+            # reconnect flips both, and a check of one then the other would race it
+            wait_until(lambda: readiness_registry(r).get("connected") is True and
+                       metric(r, "baton_registry_etcd_up") == 1, timeout=30,
                        what=f"{r.name} reconnects")
-            assert metric(r, "baton_registry_etcd_up") == 1
         assert metric(b, "baton_registry_etcd_resyncs_total") > resyncs
         converge([a, b], lambda u: {url(w1.port), url(w2.port)} <= u,
                  "the change made during the outage", timeout=20)
@@ -261,14 +272,15 @@ def test_lease_expiry_removes_killed_worker(etcd):
         w.kill()
         converge([a, b], lambda u: url(w.port) not in u, "lease expiry", timeout=15)
         assert etcd.keys(prefix + "/") == {}
-        # A clean stop revokes the lease at once.
-        p = c.worker("prefill", "--register", etcd.url(prefix), "--register-ttl", "30")
+        # A clean stop revokes the lease at once: the key goes long before its 60 s TTL would
+        # (the wait is a bound for a loaded host, well under the TTL).
+        p = c.worker("prefill", "--register", etcd.url(prefix), "--register-ttl", "60")
         converge([a, b], lambda u: url(p.port) in u, "prefill worker")
         got = get(a.port, "/workers").json()["workers"][0]
         assert got["worker_type"] == "prefill" and got["bootstrap_port"] == p.wait_port(
             "bootstrap"), got
         p.stop()
-        converge([a, b], lambda u: url(p.port) not in u, "revoked on SIGTERM", timeout=5)
+        converge([a, b], lambda u: url(p.port) not in u, "revoked on SIGTERM", timeout=30)
 
 
 def put_key(etcd, key, value):
@@ -300,7 +312,8 @@ def test_delete_self_registered_removes_for_all(etcd):
         wait_until(lambda: etcd.keys(prefix + "/") == {}, timeout=10,
                    what="the worker's own key deleted")
         converge([a, b], lambda u: url(w.port) not in u, "removed for every router")
-        late = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, name="router-late")
+        late = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, *FIRST_READ,
+                        name="router-late")
         assert url(w.port) not in urls(late)
 
 
@@ -332,7 +345,8 @@ def test_two_keys_one_url(etcd):
         converge(routers, lambda u: url(marker.port) in u, "marker after the delete")
         for r in routers:
             assert prio(r) == 1, (r.name, worker_entry(r, url(w.port)))
-        late = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, name="router-late")
+        late = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, *FIRST_READ,
+                        name="router-late")
         routers.append(late)
         assert prio(late) == 1
         del_key(etcd, k1)
@@ -354,7 +368,8 @@ def test_new_router_consistent_from_first_answer(etcd):
         wait_until(lambda: len(etcd.keys(prefix + "/")) == 2, what="both keys in etcd")
         want = {url(w.port) for w in ws}
         for i in range(3):
-            r = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, name=f"router-new{i}")
+            r = c.router("--registry", etcd.url(prefix), *ROUTER_ARGS, *FIRST_READ,
+                         name=f"router-new{i}")
             got = urls(r)  # the first request it answers
             assert want <= got, (r.name, got)
             assert readiness(r)["status"] == "ready"
@@ -365,6 +380,49 @@ class FakeGateway(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
 
 
+class GatewayHandler(http.server.BaseHTTPRequestHandler):
+    """A stand-in for etcd's JSON gateway: a subclass's answer(path, body) serves each POST with
+    reply (one JSON object), refuse (a 5xx) or stream + chunk (a watch)."""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        self.answer(self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+
+    def reply(self, obj):
+        out = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def refuse(self):
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def stream(self):
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def chunk(self, obj):
+        data = (json.dumps(obj) + "\n").encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def end(self):
+        self.wfile.write(b"0\r\n\r\n")
+
+
+def serve_gateway(handler):
+    srv = FakeGateway(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
 def test_compacted_revision_resyncs():
     """A watch cancelled because its start revision was compacted → full read + new watch.
 
@@ -373,52 +431,39 @@ def test_compacted_revision_resyncs():
     """
     calls = []
 
-    class H(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *a):
-            pass
-
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            calls.append((self.path, body))
-            if self.path == "/v3/kv/range":
+    class H(GatewayHandler):
+        def answer(self, path, body):
+            if path == "/v3/kv/range" and body.get("count_only"):
+                # the router's liveness read (every 2 s): answered, not counted, so a slow
+                # run that reads between the watches does not move the full reads' revisions
+                self.reply({"header": {"revision": "30"}, "count": "1"})
+                return
+            calls.append((path, body))
+            if path == "/v3/kv/range":
                 rev = 10 * len([c for c in calls if c[0] == "/v3/kv/range"])
                 value = json.dumps({"url": "http://127.0.0.1:9", "worker_type": "regular"})
-                out = json.dumps({"header": {"revision": str(rev)}, "kvs": [
+                self.reply({"header": {"revision": str(rev)}, "kvs": [
                     {"key": b64("/fake/workers/x"), "value": b64(value),
-                     "mod_revision": str(rev)}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
+                     "mod_revision": str(rev)}]})
                 return
             n_watch = len([c for c in calls if c[0] == "/v3/watch"])
-            self.send_response(200)
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-
-            def chunk(obj):
-                data = (json.dumps(obj) + "\n").encode()
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-                self.wfile.flush()
+            self.stream()
             if n_watch == 1:
-                chunk({"result": {"header": {"revision": "30"}, "created": True}})
-                chunk({"result": {"header": {"revision": "30"}, "canceled": True,
-                                  "compact_revision": "25"}})
-                self.wfile.write(b"0\r\n\r\n")
+                self.chunk({"result": {"header": {"revision": "30"}, "created": True}})
+                self.chunk({"result": {"header": {"revision": "30"}, "canceled": True,
+                                       "compact_revision": "25"}})
+                self.end()
                 return
-            chunk({"result": {"header": {"revision": "30"}, "created": True}})
+            self.chunk({"result": {"header": {"revision": "30"}, "created": True}})
             time.sleep(5)
-            self.wfile.write(b"0\r\n\r\n")
+            self.end()
 
-    srv = FakeGateway(("127.0.0.1", 0), H)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
+    srv = serve_gateway(H)
     try:
         with Cluster("etcd-compact") as c:
+            # (FIRST_READ: a stand-in slowed past 2 s must not see its read sent twice)
             r = c.router("--registry", f"etcd://127.0.0.1:{srv.server_address[1]}/fake",
-                         *ROUTER_ARGS)
+                         *ROUTER_ARGS, *FIRST_READ)
             r.wait_log(r"watch_canceled compact_revision=25", timeout=10)
             wait_until(lambda: len([x for x in calls if x[0] == "/v3/kv/range"]) >= 2,
                        timeout=10, what="a second full read after compaction")
@@ -431,6 +476,154 @@ def test_compacted_revision_resyncs():
             assert watches[0]["create_request"]["key"] == b64("/fake/workers/")
             assert urls(r) == {"http://127.0.0.1:9"}
     finally:
+        srv.shutdown()
+
+
+def test_watch_checked_on_its_own_member():
+    """The liveness read is compared with the member the watch really is on, even when another
+    call moved the client to another member while the watch waited for "created" (a publish
+    that failed there, as on a loaded member). Two stand-ins for the gateway: F1 serves the
+    first read and the watch, refuses the publish (5xx), sends "created" only once F2 took the
+    publish, then goes quiet; F2 has a key F1's watch never delivers. The router must notice that
+    F1's watch is not checked by F2's answers and resync through F2."""
+    took_put = threading.Event()
+    stop = threading.Event()
+    other = json.dumps({"url": "http://127.0.0.1:19", "worker_type": "regular"})
+
+    def handler(first):
+        class H(GatewayHandler):
+            def answer(self, path, body):
+                if path == "/v3/kv/range":
+                    kvs = [] if first or body.get("count_only") else [
+                        {"key": b64("/w/workers/other"), "value": b64(other),
+                         "mod_revision": "12"}]
+                    self.reply({"header": {"revision": "12"}, "kvs": kvs, "count": "1"})
+                elif path == "/v3/kv/put" and first:
+                    self.refuse()
+                elif path == "/v3/kv/put":
+                    took_put.set()
+                    self.reply({"header": {"revision": "11"}})
+                elif path == "/v3/watch":
+                    self.stream()
+                    if first:
+                        took_put.wait(20)
+                    self.chunk({"result": {"header": {"revision": "12"}, "created": True}})
+                    stop.wait(30)  # then quiet: no event, no close
+                else:
+                    self.reply({})
+        return H
+
+    servers = [serve_gateway(handler(first)) for first in (True, False)]
+    f1, f2 = (srv.server_address[1] for srv in servers)
+    try:
+        with Cluster("etcd-watch-ep") as c:
+            # (FIRST_READ: a slow first read must not fail over to F2 before the watch is on F1)
+            r = c.router("--registry", f"etcd://127.0.0.1:{f1},127.0.0.1:{f2}/w", *ROUTER_ARGS,
+                         *FIRST_READ)
+            assert post(r.port, "/workers", {"url": "http://127.0.0.1:18"}).status == 202
+            assert took_put.wait(10), "the publish never reached F2"
+            r.wait_log(r"watch_created endpoint=127\.0\.0\.1:%d " % f1)
+            r.wait_log(r"watch_stale watch_endpoint=127\.0\.0\.1:%d answered_by=127\.0\.0\.1:%d"
+                       % (f1, f2), timeout=15)
+            wait_until(lambda: "http://127.0.0.1:19" in urls(r), timeout=15,
+                       what="the key only F2 has, read after the resync")
+    finally:
+        stop.set()
+        for srv in servers:
+            srv.shutdown()
+
+
+def test_publish_answer_after_newer_events():
+    """etcd's answer to a router's own put or delete may reach it after watch events newer than
+    that change (another router acting at once, a loaded host): the answer must not undo what
+    those events applied. A stand-in gateway holds each answer until the router has applied the
+    newer events, then a last change shows whether the router's view of the keys is right."""
+    events = queue.Queue()
+    release = threading.Event()
+    hold = {"put": False, "txn": False}
+    stop = threading.Event()
+
+    def value(u, **kw):
+        return b64(json.dumps(dict({"url": u, "worker_type": "regular"}, **kw)))
+
+    def ev_put(key, val, rev):
+        return {"kv": {"key": key, "value": val, "mod_revision": str(rev)}}
+
+    def ev_del(key, rev):
+        return {"type": "DELETE", "kv": {"key": key, "mod_revision": str(rev)}}
+
+    def send(rev, *evs):
+        events.put({"result": {"header": {"revision": str(rev)}, "events": list(evs)}})
+
+    class H(GatewayHandler):
+        def answer(self, path, body):
+            if path == "/v3/kv/range":
+                self.reply({"header": {"revision": "10"}, "kvs": [], "count": "0"})
+            elif path == "/v3/watch":
+                self.stream()
+                events.put({"result": {"header": {"revision": "10"}, "created": True}})
+                while not stop.is_set():
+                    try:
+                        self.chunk(events.get(timeout=0.1))
+                    except queue.Empty:
+                        continue
+            elif path in ("/v3/kv/put", "/v3/kv/txn"):
+                op = path.rsplit("/", 1)[1]
+                if hold[op]:  # the scripted events go out first; the answer when released
+                    hold[op] = False
+                    hold["script"](body)
+                    release.wait(20)
+                    release.clear()
+                self.reply({"header": {"revision": str(hold.get("rev", 10))}})
+            else:
+                self.reply({})
+
+    srv = serve_gateway(H)
+    u1, u2, self_key = "http://127.0.0.1:11", "http://127.0.0.1:12", b64("/p/workers/self")
+    try:
+        with Cluster("etcd-late-answer") as c:
+            r = c.router("--registry", f"etcd://127.0.0.1:{srv.server_address[1]}/p",
+                         *ROUTER_ARGS, *FIRST_READ)
+            r.wait_log(r"watch_created")
+
+            # A put answered after its own event and another router's delete of the key.
+            def put_then_deleted(body):
+                send(12, ev_put(body["key"], body["value"], 11), ev_del(body["key"], 12))
+                hold["rev"] = 11
+            hold["script"], hold["put"] = put_then_deleted, True
+            wid = post(r.port, "/workers", {"url": u1}).json()["id"]
+            r.wait_log(r"comp=etcd worker_removed id=%s" % wid)
+            release.set()
+            r.wait_log(r"published op=put id=%s" % wid)
+            # A worker's own key for the same URL comes and goes: nothing may bring it back.
+            send(15, ev_put(self_key, value(u1, priority=5), 13), ev_del(self_key, 14),
+                 ev_put(b64("/p/workers/m1"), value("http://127.0.0.1:13"), 15))
+            wait_until(lambda: "http://127.0.0.1:13" in urls(r), what="marker 1")
+            assert u1 not in urls(r), "a key deleted in etcd brought its worker back"
+
+            # A delete answered after its own event and another router's new put of the key.
+            hold["rev"] = 16
+            wid2 = post(r.port, "/workers", {"url": u2}).json()["id"]
+            key2 = b64(f"/p/workers/{wid2}")
+            send(16, ev_put(key2, value(u2), 16))
+            r.wait_log(r"published op=put id=%s" % wid2)
+
+            def deleted_then_put(body):
+                send(18, ev_del(key2, 17), ev_put(key2, value(u2), 18))
+                hold["rev"] = 17
+            hold["script"], hold["txn"] = deleted_then_put, True
+            assert request(r.port, "DELETE", f"/workers/{wid2}").status == 202
+            r.wait_log(r"comp=etcd worker_added id=%s" % wid2)
+            release.set()
+            r.wait_log(r"published op=delete id=%s" % wid2)
+            # That other router deletes it again: every router drops it.
+            send(20, ev_del(key2, 19),
+                 ev_put(b64("/p/workers/m2"), value("http://127.0.0.1:14"), 20))
+            wait_until(lambda: "http://127.0.0.1:14" in urls(r), what="marker 2")
+            assert u2 not in urls(r), "a worker whose only key was deleted stayed"
+    finally:
+        stop.set()
+        release.set()
         srv.shutdown()
 
 
@@ -540,6 +733,8 @@ def main():
         t.run(test_two_keys_one_url, etcd)
         t.run(test_new_router_consistent_from_first_answer, etcd)
     t.run(test_compacted_revision_resyncs)
+    t.run(test_watch_checked_on_its_own_member)
+    t.run(test_publish_answer_after_newer_events)
     t.run(test_auth_user_password)
     t.run(test_convergence_scenario_smoke)
     t.finish()

@@ -294,7 +294,9 @@ static void on_watch_msg(void *data, json_t *res)
         baton_gauge_set(s->m_workers, (double)baton_registry_size(s->reg));
     }
     if (json_is_true(json_object_get(res, "created"))) {
-        snprintf(s->watch_ep, sizeof(s->watch_ep), "%s", baton_etcd_endpoint(s->etcd));
+        /* The member this stream is on, which the liveness read is compared with: the
+         * client's current endpoint may be another one if a call failed over meanwhile. */
+        baton_etcd_watch_endpoint(s->watch, s->watch_ep, sizeof(s->watch_ep));
         s->uncreated = 0;
         log_info("etcd", "watch_created endpoint=%s revision=%lld", s->watch_ep,
                  (long long)s->revision);
@@ -469,15 +471,19 @@ static void on_op_done(void *data, int err, json_t *res)
         step(s);
         return;
     }
-    if (op->is_put) {
+    /* The answer travels apart from the watch: when the watch (or a full read) has already
+     * applied etcd at this change's revision or later, the keys it knows are newer than this
+     * answer (another router may have changed them since) and stay as they are. */
+    int64_t rev = baton_etcd_int(json_object_get(res, "header"), "revision", 0);
+    int applied = rev > 0 && rev <= s->revision;
+    if (op->is_put && !applied) {
         char key[300 + BATON_WORKER_ID_MAX];
         int klen = snprintf(key, sizeof(key), "%s%s", s->key_prefix, op->id);
-        int64_t rev = baton_etcd_int(json_object_get(res, "header"), "revision", 0);
         known_free(baton_u64map_del(&s->known, key_hash(key, (size_t)klen)));
         char *id = strdup(op->id);
         if (id != NULL)
             remember(s, key, (size_t)klen, op->value, rev, id);
-    } else {
+    } else if (!applied) {
         forget_id(s, op->id); /* every key that named it is gone */
     }
     log_info("etcd", "published op=%s id=%s", op->is_put ? "put" : "delete", op->id);
