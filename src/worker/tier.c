@@ -664,6 +664,10 @@ int wk_tier_create(wk_tier_t **t_p, wk_worker_t *w)
             sc.secret = slen ? secret : NULL;
             sc.secret_len = slen;
             sc.request_timeout_ms = 2000;
+            /* Inline reads block the calling thread, here the loop that runs every stream of
+             * this worker: a node that stops answering would stall them all for up to 200 ms.
+             * The engines' path never blocks the loop. */
+            sc.inline_max = 0;
             rc = baton_store_client_create(w->loop, &sc, &t->sc);
         }
         explicit_bzero(secret, sizeof(secret));
