@@ -60,6 +60,73 @@ int read_frame(int fd, uint8_t *buf, size_t cap, baton__frame_t *f)
     return baton__frame_decode(buf, BATON__FRAME_HDR + len, f, &used, NULL);
 }
 
+/* What a fake prefill announces in its HELLO. */
+typedef struct {
+    uint16_t proto;     /* its protocol version */
+    uint16_t min_proto; /* the decode's HELLO must announce at least this */
+    const char *engine_id;
+    uint64_t incarnation, generation;
+} fake_hello_t;
+
+/* Plays a prefill's side of the handshake on listener lfd: the decode's HELLO (proto checked),
+ * this HELLO echoing its generation with one TCP lane, the decode's LANE_HELLO (its incarnation
+ * and generation checked), LANE_ACK. 0 with the control and lane sockets, or -1. */
+static int fake_handshake(int lfd, const fake_hello_t *fh, int *c_p, int *lane_p, uint8_t *buf,
+                          size_t cap)
+{
+    baton__frame_t f;
+    int c = accept(lfd, NULL, NULL);
+    if (c < 0 || read_frame(c, buf, cap, &f) != 0 || f.type != BATON__F_HELLO ||
+        f.u.hello.proto < fh->min_proto)
+        return -1;
+    uint64_t decode_gen = f.u.hello.generation, decode_inc = f.u.hello.incarnation;
+    baton__hello_t h;
+    memset(&h, 0, sizeof(h));
+    h.proto = fh->proto;
+    h.role = BATON__ROLE_PREFILL;
+    snprintf(h.engine_id, sizeof(h.engine_id), "%s", fh->engine_id);
+    h.incarnation = fh->incarnation;
+    h.generation = fh->generation;
+    h.echo_generation = decode_gen;
+    h.heartbeat_ms = 1000;
+    h.n_tp = 1;
+    static const uint8_t tcp_blob[2] = {1, 1}; /* version 1, one lane */
+    h.tp[0].id = BATON_XFER_TRANSPORT_TCP;
+    h.tp[0].len = 2;
+    h.tp[0].blob = tcp_blob;
+    baton_buf_t b = BATON_BUF_INIT;
+    baton__enc_hello(&b, &h);
+    send_buf(c, &b);
+    baton_buf_reset(&b);
+    int lane = accept(lfd, NULL, NULL);
+    if (lane < 0 || read_frame(lane, buf, cap, &f) != 0 || f.type != BATON__F_LANE_HELLO ||
+        f.u.lane_hello.incarnation != decode_inc || f.u.lane_hello.generation != decode_gen) {
+        baton_buf_free(&b);
+        return -1;
+    }
+    baton__enc_lane_ack(&b, 0, 0);
+    send_buf(lane, &b);
+    baton_buf_free(&b);
+    *c_p = c;
+    *lane_p = lane;
+    return 0;
+}
+
+/* Reads control frames (MEM ...) up to the next OFFER: its room and first page. */
+static int fake_next_offer(int c, uint8_t *buf, size_t cap, baton__offer_page_t *pg, uint64_t *room)
+{
+    baton__frame_t f;
+    for (;;) {
+        if (read_frame(c, buf, cap, &f) != 0)
+            return -1;
+        if (f.type == BATON__F_OFFER)
+            break;
+    }
+    *room = f.u.offer.room;
+    baton__offer_page(&f.u.offer, 0, pg);
+    return 0;
+}
+
 static struct {
     int lfd;
     int port;
@@ -74,45 +141,13 @@ static struct {
 static void *fake_prefill(void *arg)
 {
     static uint8_t buf[1 << 20];
+    static const fake_hello_t fh = {1, 0, "fake-prefill", 77, 5};
     baton__frame_t f;
-    int c = accept(F.lfd, NULL, NULL);
-    if (c < 0 || read_frame(c, buf, sizeof(buf), &f) != 0 || f.type != BATON__F_HELLO)
+    int c, lane;
+    if (fake_handshake(F.lfd, &fh, &c, &lane, buf, sizeof(buf)) != 0 ||
+        fake_next_offer(c, buf, sizeof(buf), &F.page, &F.room) != 0)
         return NULL;
-    uint64_t decode_gen = f.u.hello.generation, decode_inc = f.u.hello.incarnation;
-    baton__hello_t h;
-    memset(&h, 0, sizeof(h));
-    h.proto = 1;
-    h.role = BATON__ROLE_PREFILL;
-    strcpy(h.engine_id, "fake-prefill");
-    h.incarnation = 77;
-    h.generation = 5;
-    h.echo_generation = decode_gen;
-    h.heartbeat_ms = 1000;
-    h.n_tp = 1;
-    static const uint8_t tcp_blob[2] = {1, 1}; /* version 1, one lane */
-    h.tp[0].id = BATON_XFER_TRANSPORT_TCP;
-    h.tp[0].len = 2;
-    h.tp[0].blob = tcp_blob;
     baton_buf_t b = BATON_BUF_INIT;
-    baton__enc_hello(&b, &h);
-    send_buf(c, &b);
-    baton_buf_reset(&b);
-    int lane = accept(F.lfd, NULL, NULL);
-    if (lane < 0 || read_frame(lane, buf, sizeof(buf), &f) != 0 || f.type != BATON__F_LANE_HELLO ||
-        f.u.lane_hello.incarnation != decode_inc || f.u.lane_hello.generation != decode_gen)
-        return NULL;
-    baton__enc_lane_ack(&b, 0, 0);
-    send_buf(lane, &b);
-    baton_buf_reset(&b);
-    /* MEM frames, then the OFFER. */
-    for (;;) {
-        if (read_frame(c, buf, sizeof(buf), &f) != 0)
-            return NULL;
-        if (f.type == BATON__F_OFFER)
-            break;
-    }
-    F.room = f.u.offer.room;
-    baton__offer_page(&f.u.offer, 0, &F.page);
     uint8_t data[8192];
     for (size_t i = 0; i < sizeof(data); i++)
         data[i] = (uint8_t)(i * 7 + 1);
@@ -228,55 +263,11 @@ static struct {
     uint16_t proto; /* what the fake announces; 0: BATON__PROTO_VERSION */
 } G;
 
-static int fake_handshake(int *c_p, int *lane_p, uint8_t *buf, size_t cap)
+static int g_handshake(int *c_p, int *lane_p, uint8_t *buf, size_t cap)
 {
-    baton__frame_t f;
-    int c = accept(G.lfd, NULL, NULL);
-    if (c < 0 || read_frame(c, buf, cap, &f) != 0 || f.type != BATON__F_HELLO ||
-        f.u.hello.proto < BATON__PROTO_LAYER_DONE)
-        return -1;
-    uint64_t gen = f.u.hello.generation;
-    baton__hello_t h;
-    memset(&h, 0, sizeof(h));
-    h.proto = G.proto ? G.proto : BATON__PROTO_VERSION;
-    h.role = BATON__ROLE_PREFILL;
-    strcpy(h.engine_id, "fake-prefill-2");
-    h.incarnation = 78;
-    h.generation = 6;
-    h.echo_generation = gen;
-    h.heartbeat_ms = 1000;
-    h.n_tp = 1;
-    static const uint8_t tcp_blob[2] = {1, 1};
-    h.tp[0].id = BATON_XFER_TRANSPORT_TCP;
-    h.tp[0].len = 2;
-    h.tp[0].blob = tcp_blob;
-    baton_buf_t b = BATON_BUF_INIT;
-    baton__enc_hello(&b, &h);
-    send_buf(c, &b);
-    baton_buf_reset(&b);
-    int lane = accept(G.lfd, NULL, NULL);
-    if (lane < 0 || read_frame(lane, buf, cap, &f) != 0 || f.type != BATON__F_LANE_HELLO)
-        return -1;
-    baton__enc_lane_ack(&b, 0, 0);
-    send_buf(lane, &b);
-    baton_buf_free(&b);
-    *c_p = c;
-    *lane_p = lane;
-    return 0;
-}
-
-static int fake_next_offer(int c, uint8_t *buf, size_t cap, baton__offer_page_t *pg, uint64_t *room)
-{
-    baton__frame_t f;
-    for (;;) {
-        if (read_frame(c, buf, cap, &f) != 0)
-            return -1;
-        if (f.type == BATON__F_OFFER)
-            break;
-    }
-    *room = f.u.offer.room;
-    baton__offer_page(&f.u.offer, 0, pg);
-    return 0;
+    const fake_hello_t fh = {G.proto ? G.proto : BATON__PROTO_VERSION, BATON__PROTO_LAYER_DONE,
+                             "fake-prefill-2", 78, 6};
+    return fake_handshake(G.lfd, &fh, c_p, lane_p, buf, cap);
 }
 
 static void *fake_prefill_layers(void *arg)
@@ -285,7 +276,7 @@ static void *fake_prefill_layers(void *arg)
     int c, lane;
     baton__frame_t f;
     baton__offer_page_t pg;
-    if (fake_handshake(&c, &lane, buf, sizeof(buf)) != 0 ||
+    if (g_handshake(&c, &lane, buf, sizeof(buf)) != 0 ||
         fake_next_offer(c, buf, sizeof(buf), &pg, &G.room1) != 0)
         return NULL;
     uint8_t data[4096];
@@ -379,7 +370,7 @@ static void *fake_granting_holder(void *arg)
     int c, lane;
     baton__frame_t f;
     baton__offer_page_t pg;
-    if (fake_handshake(&c, &lane, buf, sizeof(buf)) != 0)
+    if (g_handshake(&c, &lane, buf, sizeof(buf)) != 0)
         return NULL;
     for (int k = 0; k < 2; k++) {
         if (fake_next_offer(c, buf, sizeof(buf), &pg, k ? &G.room2 : &G.room1) != 0)
@@ -439,7 +430,7 @@ static void *fake_old_prefill(void *arg)
     static uint8_t buf[1 << 20];
     int c, lane;
     baton__frame_t f;
-    if (fake_handshake(&c, &lane, buf, sizeof(buf)) != 0)
+    if (g_handshake(&c, &lane, buf, sizeof(buf)) != 0)
         return NULL;
     for (;;) {
         if (read_frame(c, buf, sizeof(buf), &f) != 0)
