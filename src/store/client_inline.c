@@ -268,8 +268,8 @@ static int exchange(baton_store_client_t *cl, baton_buf_t *b, int fd, const bato
 static int read_slice_inline(baton_store_client_t *cl, baton_buf_t *b, baton__inode_t *n,
                              const baton__slice_t *sl, uint8_t *dst)
 {
-    uint64_t deadline = baton_now_ms() + wait_ms(cl);
-    int fd = conn_take(cl, n, baton_now_ms());
+    uint64_t now = baton_now_ms(), deadline = now + wait_ms(cl);
+    int fd = conn_take(cl, n, now);
     if (fd == -2)
         return BATON_XFER_EPEERDOWN;
     int rc = BATON_XFER_EPEERDOWN, usable = 0;
